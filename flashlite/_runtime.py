@@ -1,0 +1,37 @@
+"""Where flashlite's Triton kernels run: compiled on a CUDA GPU, interpreted on the CPU otherwise.
+
+Triton reads ``TRITON_INTERPRET`` when a kernel is defined, so this module must be imported before any module
+under ``flashlite.kernels``; ``flashlite/__init__.py`` imports it first.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    # Without a GPU the only way to execute a Triton kernel is its interpreter; a user who set the variable
+    # explicitly (to 0 or 1) keeps their choice.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def interpreting() -> bool:
+    """True when Triton kernels run through the CPU interpreter (``TRITON_INTERPRET=1``).
+
+    Example:
+        >>> isinstance(interpreting(), bool)
+        True
+    """
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def kernel_device_ok(t: torch.Tensor) -> bool:
+    """Whether a tensor lives where the kernels can run: a CUDA device, or the CPU when interpreting.
+
+    Example:
+        >>> kernel_device_ok(torch.zeros(1)) == interpreting()
+        True
+    """
+    if t.is_cuda:
+        return True
+    return t.device.type == "cpu" and interpreting()

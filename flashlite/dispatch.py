@@ -1,0 +1,137 @@
+"""Shape-aware choice between flashlite's Triton kernel and PyTorch's SDPA.
+
+A decision is looked up per (GPU model, dtype, head dim, causal, batch, sequence-length bucket) in a table of
+measured A/B verdicts shipped in ``flashlite/dispatch_tables/<gpu>.json``; the table is generated from the JSON
+report that ``pytest --kernel-ab --kernel-ab-report`` writes (``scripts/make_dispatch_table.py``) and records the
+GPU, date and commit it came from. Where no table or entry applies, a fixed rule decides:
+
+* the kernel cannot run the call (CPU tensors without the interpreter, an arbitrary float bias, ...): SDPA;
+* float32 inputs on CUDA: the kernel, because SDPA has only its memory-efficient kernel for float32 while the
+  Triton kernel uses tensor cores with fp32 accumulation (see ``precision`` in ``flashlite.attention``);
+* anything else: SDPA, the safe choice when nothing has been measured.
+
+Decisions are cached per key, so a repeated shape costs a dictionary lookup.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+Backend = Literal["triton", "sdpa"]
+TABLE_DIR = Path(__file__).with_name("dispatch_tables")
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Which implementation runs a call, and why.
+
+    Example:
+        >>> Decision("sdpa", "no table entry").backend
+        'sdpa'
+    """
+
+    backend: Backend
+    reason: str
+
+
+def seq_bucket(seq_len: int) -> int:
+    """Round a sequence length up to a power of two (minimum 64), the granularity of the dispatch table.
+
+    Example:
+        >>> seq_bucket(100), seq_bucket(128), seq_bucket(100_000)
+        (128, 128, 131072)
+    """
+    if seq_len < 1:
+        raise ValueError(f"sequence length must be positive, got {seq_len}")
+    return max(64, 1 << (seq_len - 1).bit_length())
+
+
+def gpu_slug(name: str) -> str:
+    """File-name form of a GPU model name: ``'NVIDIA H200'`` -> ``'nvidia-h200'``.
+
+    Example:
+        >>> gpu_slug("NVIDIA H200")
+        'nvidia-h200'
+    """
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def table_key(dtype: torch.dtype, head_dim: int, causal: bool | str, batch: int, seq_len: int) -> str:
+    """Key of one entry of a dispatch table.
+
+    Example:
+        >>> table_key(torch.bfloat16, 64, True, 64, 256)
+        'bfloat16/D64/causal/B64/S256'
+    """
+    mode = "causal" if causal is True else ("lower_right" if causal == "lower_right" else "full")
+    return f"{_dtype_name(dtype)}/D{head_dim}/{mode}/B{batch}/S{seq_bucket(seq_len)}"
+
+
+@functools.lru_cache(maxsize=None)
+def load_table(slug: str) -> dict[str, Any] | None:
+    """The dispatch table for a GPU model slug, or None when none is shipped.
+
+    Example:
+        >>> load_table("no-such-gpu") is None
+        True
+    """
+    path = TABLE_DIR / f"{slug}.json"
+    if not path.is_file():
+        return None
+    with path.open() as f:
+        table = json.load(f)
+    if "entries" not in table or "origin" not in table:
+        raise ValueError(f"{path}: a dispatch table needs 'origin' and 'entries'")
+    return table
+
+
+@functools.lru_cache(maxsize=None)
+def _device_slug(index: int) -> str:
+    return gpu_slug(torch.cuda.get_device_name(index))
+
+
+@functools.lru_cache(maxsize=4096)
+def _decide_cached(slug: str | None, dtype: torch.dtype, head_dim: int, causal: bool | str, batch: int,
+                   seq_len: int) -> Decision:
+    if slug is None:
+        return Decision("sdpa", "CPU tensors: SDPA runs natively, the Triton kernel only through its interpreter")
+    table = load_table(slug)
+    if table is not None:
+        entry = table["entries"].get(table_key(dtype, head_dim, causal, batch, seq_len))
+        if entry is not None:
+            origin = table["origin"]
+            return Decision(entry["backend"], f"{slug} table ({origin.get('date', '?')}, commit "
+                                              f"{origin.get('commit', '?')}): {entry.get('why', entry['backend'])}")
+    where = f"no {slug} table entry" if table is not None else f"no dispatch table for {slug}"
+    if dtype == torch.float32:
+        return Decision("triton", f"{where}; rule: float32 inputs use the tensor-core kernel (SDPA has only its "
+                                  "memory-efficient kernel for float32)")
+    return Decision("sdpa", f"{where}; rule: SDPA unless a measurement says otherwise")
+
+
+def choose_backend(q: torch.Tensor, *, causal: bool | str, seq_k: int,
+                   unsupported: str | None = None) -> Decision:
+    """Pick the implementation for an attention call on ``q`` of shape [B, H, S_q, D].
+
+    ``unsupported`` is the reason the Triton kernel cannot run this call at all, if there is one; SDPA then runs.
+
+    Example:
+        >>> choose_backend(torch.randn(1, 2, 8, 16), causal=True, seq_k=8).backend
+        'sdpa'
+    """
+    if unsupported is not None:
+        return Decision("sdpa", f"kernel cannot run this call: {unsupported}")
+    slug = _device_slug(q.device.index if q.device.index is not None else torch.cuda.current_device()) \
+        if q.is_cuda else None
+    batch, _, seq_q, head_dim = q.shape
+    return _decide_cached(slug, q.dtype, head_dim, causal, batch, max(seq_q, seq_k))

@@ -1,0 +1,1 @@
+"""pytest-kernelcheck: correctness and speed assertions for GPU kernels."""
