@@ -1,0 +1,26 @@
+"""Shared inputs for the A/B suite: fresh random tensors on the GPU, never zeros."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+needs_cuda = pytest.mark.skipif(
+    not torch.cuda.is_available(),
+    reason="GPU speed needs a CUDA GPU: CPU timings of an interpreted Triton kernel say nothing about GPU speed",
+)
+
+
+def qkv(B: int, H: int, S: int, D: int, dtype: torch.dtype, *, requires_grad: bool = False, seed: int = 0):
+    """Random q, k, v of shape [B, H, S, D] on the current CUDA device (or CPU without one)."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    gen = torch.Generator(device=device).manual_seed(seed)
+    return tuple(
+        torch.randn(B, H, S, D, device=device, dtype=dtype, generator=gen).requires_grad_(requires_grad)
+        for _ in range(3)
+    )
+
+
+def attention_bytes(shape, copies: int = 5) -> int:
+    """Memory estimate for an A/B pair: q, k, v and one output per side, with headroom for statistics."""
+    elem = torch.empty((), dtype=shape.dtype).element_size()
+    return int(copies * shape.B * shape.H * shape.S * shape.D * elem * 1.1)
