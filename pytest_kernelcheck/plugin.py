@@ -1,2 +1,227 @@
-"""pytest wiring for pytest-kernelcheck; placeholder until the plugin lands."""
+"""pytest wiring for pytest-kernelcheck's correctness checks: options, markers, fixtures and hooks only.
+
+The logic lives in ``shapes`` (parametrization and ids), ``tolerance`` (policies, overrides, assert_close),
+``reference`` (float64 attention references) and ``memory`` (estimates, free memory, OOM handling). torch is
+imported inside hooks and fixtures, and only for tests that use a marker needing it, so ``pytest --help`` stays
+fast.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from .memory import (
+    evaluate_estimate,
+    forget_frames,
+    intractable_reason,
+    is_out_of_memory,
+    memory_shortfall,
+    parse_intractable_marker,
+    parse_memory_marker,
+    release_memory,
+    resolve_device,
+)
+from .shapes import Shape, expand_shape_marker
+
 pytest_plugins = ["pytest_kernelcheck.plugin_ab"]
+
+# Internal argname the shape marker parametrizes; the public ``shape`` fixture reads it.
+SHAPE_ARGNAME = "_kernelcheck_shape"
+# user_properties key carrying an intractable case's reason on its report (survives pytest-xdist).
+INTRACTABLE_PROPERTY = "kernelcheck_intractable"
+OOM_CHOICES = ("skip", "fail")
+
+_had_oom = pytest.StashKey[bool]()
+_tolerance_override = pytest.StashKey[Any]()
+
+MARKERS = (
+    "shape(*cases, **axes): parametrize over named sizes. Each case is a mapping such as dict(B=4, S=2048, H=16, "
+    "D=64); a keyword given as a list (dtype=[torch.float16, torch.bfloat16]) is crossed with every case, a scalar "
+    "keyword is added to every case. The test takes the `shape` fixture (shape.B, shape.as_dict()); ids read "
+    "B4-S2048-H16-D64-bfloat16, booleans as causal/nocausal.",
+    "tolerance(policy=None, **fields): override the tolerance of assert_close calls in this test that pass no "
+    "policy: a name ('tf32'), a dtype, a TolerancePolicy, fields (atol=, rtol=, baseline_factor=, baseline_floor=) "
+    "or a per-dtype mapping {torch.float16: dict(atol=2e-3)}.",
+    "memory(estimate, device=None): bytes the test needs (or a callable of the shape returning them). The test is "
+    "skipped when the device's free memory is smaller. device None means the shape's or params' `device`, else "
+    "CUDA when available, else the host.",
+    "intractable(when, reason=None): do not run this case. `when` is a bool or a callable of the shape returning a "
+    "reason string (or True to use `reason`). Skipped cases are listed in the terminal summary.",
+)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("kernelcheck", "pytest-kernelcheck: kernel correctness and speed")
+    group.addoption(
+        "--kernel-oom",
+        action="store",
+        choices=OOM_CHOICES,
+        default=None,
+        dest="kernel_oom",
+        help="what an out-of-memory error raised by a test becomes: 'skip' (default) or 'fail'. ini: kernel_oom.",
+    )
+    parser.addini("kernel_oom", "out-of-memory errors in tests: 'skip' (default) or 'fail'", default="skip")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for line in MARKERS:
+        config.addinivalue_line("markers", line)
+    mode = _oom_mode(config)
+    if mode not in OOM_CHOICES:
+        raise pytest.UsageError(f"kernel_oom must be one of {', '.join(OOM_CHOICES)}; got {mode!r}")
+
+
+def _oom_mode(config: pytest.Config) -> str:
+    return config.getoption("kernel_oom", None) or str(config.getini("kernel_oom")).strip() or "skip"
+
+
+@pytest.fixture
+def _kernelcheck_shape(request: pytest.FixtureRequest) -> Shape | None:
+    return getattr(request, "param", None)
+
+
+@pytest.fixture
+def shape(_kernelcheck_shape: Shape | None) -> Shape:
+    """The test's case from ``@pytest.mark.shape``: ``shape.B``, ``shape.get("causal", False)``, ``shape.as_dict()``."""
+    if _kernelcheck_shape is None:
+        pytest.fail("the `shape` fixture needs @pytest.mark.shape(...) on the test", pytrace=False)
+    return _kernelcheck_shape
+
+
+@pytest.fixture
+def sdpa_reference():
+    """A float64 attention reference with SDPA's semantics, and ``.check(out, q, k, v, ...)`` against it."""
+    from .reference import SdpaReference
+
+    return SdpaReference()
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    definition = metafunc.definition
+    marker = definition.get_closest_marker("shape")
+    problem = None
+    try:
+        _check_markers(definition, has_shape=marker is not None)
+        shapes = expand_shape_marker(marker.args, marker.kwargs) if marker is not None else []
+    except (TypeError, ValueError) as exc:
+        problem = f"{definition.nodeid}: {exc}"
+    if problem is not None:  # raised outside the except block, so no chained traceback is shown
+        pytest.fail(problem, pytrace=False)
+    if marker is None:
+        return
+    if SHAPE_ARGNAME not in metafunc.fixturenames:
+        pytest.fail(
+            f"{definition.nodeid}: @pytest.mark.shape needs the test to take the `shape` fixture", pytrace=False
+        )
+    metafunc.parametrize(SHAPE_ARGNAME, shapes, ids=[s.id for s in shapes], indirect=True)
+
+
+def _check_markers(definition: pytest.Function, has_shape: bool) -> None:
+    """Surface bad marker arguments at collection rather than when each test runs."""
+    tolerance = definition.get_closest_marker("tolerance")
+    if tolerance is not None:
+        from .tolerance import parse_tolerance_marker
+
+        parse_tolerance_marker(tolerance.args, tolerance.kwargs)
+    memory = definition.get_closest_marker("memory")
+    if memory is not None:
+        parse_memory_marker(memory.args, memory.kwargs, has_shape)
+    intractable = definition.get_closest_marker("intractable")
+    if intractable is not None:
+        parse_intractable_marker(intractable.args, intractable.kwargs, has_shape)
+
+
+def _shape_of(item: pytest.Item) -> Shape | None:
+    callspec = getattr(item, "callspec", None)
+    return callspec.params.get(SHAPE_ARGNAME) if callspec is not None else None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    shape = _shape_of(item)
+    marker = item.get_closest_marker("intractable")
+    if marker is not None:
+        try:
+            when, default_reason = parse_intractable_marker(marker.args, marker.kwargs, shape is not None)
+            reason, problem = intractable_reason(when, default_reason, shape), None
+        except (TypeError, ValueError) as exc:
+            problem = str(exc)
+        if problem is not None:
+            pytest.fail(problem, pytrace=False)
+        if reason is not None:
+            item.user_properties.append((INTRACTABLE_PROPERTY, reason))
+            raise _skip(f"intractable: {reason}")
+    marker = item.get_closest_marker("memory")
+    if marker is not None:
+        params = dict(item.callspec.params) if hasattr(item, "callspec") else {}
+        try:
+            request = parse_memory_marker(marker.args, marker.kwargs, shape is not None)
+            needed = evaluate_estimate(request.estimate, shape)
+            device, problem = resolve_device(request.device, shape, params), None
+        except (TypeError, ValueError) as exc:
+            problem = str(exc)
+        if problem is not None:
+            pytest.fail(problem, pytrace=False)
+        reason = memory_shortfall(needed, device)
+        if reason is not None:
+            raise _skip(reason)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    marker = item.get_closest_marker("tolerance")
+    if marker is None:
+        return (yield from _call_catching_oom(item))
+    from .tolerance import parse_tolerance_marker, use_override
+
+    with use_override(parse_tolerance_marker(marker.args, marker.kwargs)):
+        return (yield from _call_catching_oom(item))
+
+
+def _call_catching_oom(item: pytest.Item):
+    try:
+        return (yield)
+    except BaseException as exc:
+        if not is_out_of_memory(exc):
+            raise
+        # Tensors referenced from the failed frames would otherwise live on in the traceback (and in
+        # sys.last_traceback), holding the memory the next test needs.
+        forget_frames(exc)
+        item.stash[_had_oom] = True
+        release_memory()
+        if _oom_mode(item.config) == "fail":
+            raise
+        summary = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise _skip(f"out of memory: {summary}") from None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
+    try:
+        return (yield)
+    finally:
+        if item.stash.get(_had_oom, False):
+            release_memory()  # fixtures are gone now; give their memory back too
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    entries = []
+    seen = set()
+    for report in terminalreporter.stats.get("skipped", []):
+        for name, value in getattr(report, "user_properties", ()):
+            if name == INTRACTABLE_PROPERTY and report.nodeid not in seen:
+                seen.add(report.nodeid)
+                entries.append((report.nodeid, value))
+    if entries:
+        terminalreporter.section("kernelcheck: intractable cases", sep="-")
+        for nodeid, reason in entries:
+            terminalreporter.line(f"{nodeid}: {reason}")
+
+
+def _skip(reason: str) -> BaseException:
+    """A skip reported at the test's own location, as pytest's skipif marker does."""
+    try:
+        return pytest.skip.Exception(reason, _use_item_location=True)
+    except TypeError:  # pytest without the keyword: the location is this module's, the reason is intact
+        return pytest.skip.Exception(reason)

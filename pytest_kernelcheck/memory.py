@@ -1,0 +1,295 @@
+"""Byte estimates, free memory per device, out-of-memory recognition and clean-up.
+
+Device rule for the ``memory`` marker (:func:`resolve_device`): an explicit ``device=`` wins; otherwise a
+``device`` entry of the test's shape, then a ``device`` parameter of the test; otherwise CUDA when available, else
+the host. Free memory is ``torch.cuda.mem_get_info`` on CUDA devices and ``MemAvailable`` from /proc/meminfo (or
+psutil, when installed, on systems without /proc) for the host.
+
+torch is imported lazily: collecting a test suite that never touches these functions does not import it.
+"""
+from __future__ import annotations
+
+import gc
+import math
+import sys
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
+
+
+def human_bytes(count: float) -> str:
+    """Bytes in binary units with three significant figures.
+
+    Example::
+
+        >>> human_bytes(20.5 * 2**40), human_bytes(512)
+        ('20.5 TiB', '512 B')
+    """
+    value = float(count)
+    for unit in _UNITS:
+        if abs(value) < 1024 or unit == _UNITS[-1]:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.3g} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def validate_estimate(value: Any, source: str = "memory estimate") -> int:
+    """Check that ``value`` is a usable byte count (a finite number >= 0) and return it as an int.
+
+    Example::
+
+        >>> validate_estimate(2.5e9)
+        2500000000
+
+    Raises:
+        TypeError: not a number (bools are refused too).
+        ValueError: negative, NaN or infinite.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{source} must be a number of bytes; got {value!r} ({type(value).__name__})")
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{source} must be a finite number of bytes >= 0; got {value!r}")
+    return int(value)
+
+
+def evaluate_estimate(estimate: Any, shape: Any) -> int:
+    """The byte count of a ``memory`` marker: a number, or a callable of the shape returning one.
+
+    Example::
+
+        >>> evaluate_estimate(lambda s: s["n"] * 8, {"n": 4})
+        32
+    """
+    if callable(estimate):
+        return validate_estimate(estimate(shape), source=f"memory estimate {_name(estimate)}(shape)")
+    return validate_estimate(estimate)
+
+
+def resolve_device(requested: Any = None, shape: Any = None, params: dict[str, Any] | None = None) -> str:
+    """The device whose memory a test needs, as text: explicit, else shape's or params' ``device``, else default.
+
+    Example::
+
+        >>> resolve_device("cpu"), resolve_device(None, {"device": "cuda:1"})
+        ('cpu', 'cuda:1')
+    """
+    for candidate in (requested, _lookup(shape, "device"), (params or {}).get("device")):
+        if candidate is not None:
+            text = str(candidate)
+            if not (text == "cpu" or text.startswith("cuda")):
+                raise ValueError(f"memory checks know the devices 'cpu' and 'cuda[:N]'; got {candidate!r}")
+            return text
+    return "cuda" if _cuda_available() else "cpu"
+
+
+def free_memory(device: str) -> int | None:
+    """Free bytes on ``device`` ("cpu", "cuda", "cuda:N"), or None when it cannot be measured.
+
+    Example::
+
+        >>> free_memory("cpu") > 0
+        True
+    """
+    if device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        free, _total = torch.cuda.mem_get_info(torch.device(device))
+        return int(free)
+    return _host_available()
+
+
+def _host_available() -> int | None:
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:  # psutil covers hosts without /proc (macOS, Windows); it is optional
+        import psutil
+    except ImportError:
+        return None
+    return int(psutil.virtual_memory().available)
+
+
+def memory_shortfall(needed: int, device: str) -> str | None:
+    """A skip reason when ``needed`` bytes exceed the free memory of ``device``, else None.
+
+    Example::
+
+        >>> memory_shortfall(2**60, "cpu")  # doctest: +ELLIPSIS
+        'needs 1 EiB, ... free on cpu'
+    """
+    free = free_memory(device)
+    if free is None or needed <= free:
+        return None
+    return f"needs {human_bytes(needed)}, {human_bytes(free)} free on {device}"
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` reports memory exhaustion: torch's OutOfMemoryError, MemoryError, or a RuntimeError
+    whose message says "out of memory" (older torch builds and some backends raise that).
+
+    Example::
+
+        >>> is_out_of_memory(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+        True
+    """
+    if isinstance(exc, MemoryError):
+        return True
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        oom_types = tuple(
+            t for t in (getattr(torch, "OutOfMemoryError", None), getattr(torch.cuda, "OutOfMemoryError", None)) if t
+        )
+        if oom_types and isinstance(exc, oom_types):
+            return True
+    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+
+
+def forget_frames(exc: BaseException) -> None:
+    """Drop the local variables held by ``exc``'s traceback (and chained exceptions), so tensors they
+    reference can be freed while the exception itself is still reported."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if current.__traceback__ is not None:
+            traceback.clear_frames(current.__traceback__)
+        current = current.__cause__ or current.__context__
+
+
+def release_memory() -> None:
+    """Collect garbage and, when CUDA was used in this process, return cached blocks to the driver."""
+    gc.collect()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _lookup(shape: Any, name: str) -> Any:
+    if shape is None:
+        return None
+    getter: Callable[[str, Any], Any] | None = getattr(shape, "get", None)
+    return getter(name, None) if getter is not None else None
+
+
+def _name(function: Any) -> str:
+    return getattr(function, "__qualname__", None) or getattr(function, "__name__", None) or repr(function)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Marker arguments: ``memory(estimate, device=None)`` and ``intractable(when, reason=None)``
+
+
+class MemoryRequest:
+    """The parsed arguments of a ``memory`` marker: a byte count or a callable of the shape, and a device."""
+
+    __slots__ = ("estimate", "device")
+
+    def __init__(self, estimate: Any, device: Any) -> None:
+        self.estimate = estimate
+        self.device = device
+
+
+def parse_memory_marker(args: tuple[Any, ...], kwargs: dict[str, Any], has_shape: bool) -> MemoryRequest:
+    """Check the arguments of ``@pytest.mark.memory(estimate, device=None)`` at collection time.
+
+    Example::
+
+        >>> parse_memory_marker((2**30,), {"device": "cpu"}, has_shape=False).device
+        'cpu'
+
+    Raises:
+        TypeError / ValueError: a missing, negative or non-numeric estimate, a callable estimate on a test
+            without a shape marker, an unknown keyword or device.
+    """
+    unknown = set(kwargs) - {"estimate", "device"}
+    if unknown:
+        raise TypeError(f"memory marker: unknown keyword(s) {sorted(unknown)}; it takes (estimate, device=None)")
+    values = list(args)
+    if "estimate" in kwargs:
+        values.insert(0, kwargs["estimate"])
+    if len(values) != 1:
+        raise TypeError(f"memory marker takes one estimate (bytes, or a callable of the shape); got {len(values)}")
+    estimate = values[0]
+    if callable(estimate):
+        if not has_shape:
+            raise TypeError(
+                "memory marker: a callable estimate receives the shape, but the test has no @pytest.mark.shape"
+            )
+    else:
+        validate_estimate(estimate)
+    device = kwargs.get("device")
+    if device is not None:
+        resolve_device(device)
+    return MemoryRequest(estimate, device)
+
+
+def parse_intractable_marker(args: tuple[Any, ...], kwargs: dict[str, Any], has_shape: bool) -> tuple[Any, str | None]:
+    """Check the arguments of ``@pytest.mark.intractable(when, reason=None)``; returns (when, reason).
+
+    Example::
+
+        >>> parse_intractable_marker((True,), {"reason": "scores need 20 TiB"}, has_shape=False)
+        (True, 'scores need 20 TiB')
+    """
+    unknown = set(kwargs) - {"when", "reason"}
+    if unknown:
+        raise TypeError(f"intractable marker: unknown keyword(s) {sorted(unknown)}; it takes (when, reason=None)")
+    values = list(args)
+    if "when" in kwargs:
+        values.insert(0, kwargs["when"])
+    if "reason" in kwargs:
+        values.append(kwargs["reason"])
+    if not 1 <= len(values) <= 2:
+        raise TypeError("intractable marker takes (when, reason=None): a bool or a callable of the shape, and a reason")
+    when = values[0]
+    reason = values[1] if len(values) == 2 else None
+    if not (isinstance(when, bool) or callable(when)):
+        raise TypeError(
+            f"intractable marker: `when` must be a bool or a callable of the shape; got {type(when).__name__}"
+        )
+    if callable(when) and not has_shape:
+        raise TypeError(
+            "intractable marker: a callable `when` receives the shape, but the test has no @pytest.mark.shape"
+        )
+    if reason is not None and not isinstance(reason, str):
+        raise TypeError(f"intractable marker: reason must be a string; got {type(reason).__name__}")
+    return when, reason
+
+
+def intractable_reason(when: Any, reason: str | None, shape: Any) -> str | None:
+    """Why this case cannot run, or None when it can.
+
+    ``when`` is a bool or a callable of the shape returning a reason string, True/False or None. True uses
+    ``reason`` (or "marked intractable").
+
+    Example::
+
+        >>> intractable_reason(lambda s: f"scores need {human_bytes(s['n'] ** 2 * 8)}" if s["n"] > 10**5 else None,
+        ...                    None, {"n": 10**6})
+        'scores need 7.28 TiB'
+    """
+    verdict = when(shape) if callable(when) else when
+    if verdict is None or verdict is False or verdict == "":
+        return None
+    if verdict is True:
+        return reason or "marked intractable"
+    if isinstance(verdict, str):
+        return verdict
+    raise TypeError(
+        f"intractable marker: `when` returned {verdict!r} ({type(verdict).__name__}); return a reason string, "
+        "True/False or None"
+    )

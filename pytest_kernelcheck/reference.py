@@ -1,0 +1,639 @@
+"""Float64 attention references with SDPA's semantics: whole, in chunks of query rows, or on sampled rows.
+
+Semantics (q, k, v are [B, H, S, D]; k and v may have H_kv heads):
+
+- ``causal=False``: no causal mask. ``causal=True`` (or ``"top_left"``): query i sees keys j <= i, as SDPA's
+  ``is_causal``. ``causal="lower_right"``: query i sees keys j <= i + S_k - S_q (the diagonal ends in the
+  bottom-right corner, as ``torch.nn.attention.bias.causal_lower_right``).
+- ``attn_mask``: bool (True = attend) or floating (added to the scores), broadcastable to [B, H, S_q, S_k]. It
+  may be combined with ``causal`` here (SDPA refuses that; the baseline then gets the two merged into one mask).
+- ``scale`` defaults to 1 / sqrt(D).
+- ``enable_gqa=True``: H must be a multiple of H_kv and head h uses kv head h // (H // H_kv). Different head
+  counts without the flag are an error, as in SDPA.
+- A query row that sees no key gets zeros, as flash-style kernels give (older torch builds return NaN there from
+  SDPA's math path; a kernel returning NaN for such rows fails the check).
+
+Cost control: the scores of one block of (heads, query rows) are materialized in float64, never the whole
+S_q x S_k matrix when it does not fit. :func:`plan_reference` picks the block sizes from a memory budget (a
+fraction of the device's free memory) and, when the float64 work over all rows would exceed a FLOP budget,
+picks a seeded random sample of query rows (always with the first and the last row) to check instead. For
+B=32, S=100,000, H=16, D=64 this computes a few thousand rows per (batch, head) against all keys, one batch
+entry and a block of rows at a time.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import warnings
+from collections.abc import Sequence
+from typing import Any, Union
+
+import torch
+
+from .memory import free_memory, human_bytes
+from .tolerance import CloseReport, PolicyLike, assert_close, override_sets_policy
+
+Causal = Union[bool, str]
+
+# Share of the free device memory the reference may use for its float64 blocks.
+DEFAULT_MEMORY_FRACTION = 0.5
+# Float64 work allowed before the check falls back to sampled rows: about a second on an H100/H200 (fp64
+# tensor cores near 60 TFLOP/s) and a few seconds on a few host cores.
+DEFAULT_FLOP_BUDGET = {"cuda": 5e13, "cpu": 2e10}
+# Float64 score-sized temporaries alive at once per (head, row, key): scores, exponentials, one mask/spare.
+_SCORE_TEMPORARIES = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionProblem:
+    """Validated sizes and options of one attention call."""
+
+    batch: int
+    heads: int
+    kv_heads: int
+    q_len: int
+    k_len: int
+    head_dim: int
+    v_dim: int
+    causal: str | None  # None, "top_left" or "lower_right"
+    scale: float
+    device: torch.device
+
+    @property
+    def group_size(self) -> int:
+        return self.heads // self.kv_heads
+
+    def flops_per_row(self) -> float:
+        """Float64 FLOPs of one query row of one (batch, head) against all keys (QK^T and PV)."""
+        return 2.0 * self.k_len * (self.head_dim + self.v_dim)
+
+
+def describe_problem(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: Causal = False,
+    attn_mask: torch.Tensor | None = None,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> AttentionProblem:
+    """Check q, k, v, mask and options against SDPA's rules and return the sizes.
+
+    Example::
+
+        >>> q = k = v = torch.randn(1, 2, 8, 4)
+        >>> describe_problem(q, k, v, causal="lower_right").causal
+        'lower_right'
+
+    Raises:
+        TypeError: a non-tensor input, an integer or complex tensor, a mask of an unsupported dtype.
+        ValueError: wrong ranks, sizes that do not agree, a bad ``causal`` value, heads that need
+            ``enable_gqa``, tensors on different devices.
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor; got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D [B, H, S, D]; got shape {tuple(t.shape)}")
+        if not t.dtype.is_floating_point:
+            raise TypeError(f"{name} must be floating point; got {t.dtype}")
+        if t.device != q.device:
+            raise ValueError(f"q is on {q.device} but {name} is on {t.device}")
+    batch, heads, q_len, head_dim = q.shape
+    if k.shape[0] != batch or v.shape[0] != batch:
+        raise ValueError(f"batch sizes differ: q {q.shape[0]}, k {k.shape[0]}, v {v.shape[0]}")
+    if k.shape[3] != head_dim:
+        raise ValueError(f"q and k head dims differ: {head_dim} vs {k.shape[3]}")
+    if k.shape[2] != v.shape[2]:
+        raise ValueError(f"k and v sequence lengths differ: {k.shape[2]} vs {v.shape[2]}")
+    if k.shape[1] != v.shape[1]:
+        raise ValueError(f"k and v head counts differ: {k.shape[1]} vs {v.shape[1]}")
+    kv_heads = k.shape[1]
+    if kv_heads != heads:
+        if not enable_gqa:
+            raise ValueError(
+                f"q has {heads} heads but k and v have {kv_heads}; pass enable_gqa=True for grouped-query attention"
+            )
+        if kv_heads == 0 or heads % kv_heads:
+            raise ValueError(f"grouped-query attention needs q heads ({heads}) divisible by kv heads ({kv_heads})")
+    if causal is True or causal == "top_left":
+        mode = "top_left"
+    elif causal is False or causal is None:
+        mode = None
+    elif causal == "lower_right":
+        mode = "lower_right"
+    else:
+        raise ValueError(f"causal must be False, True, 'top_left' or 'lower_right'; got {causal!r}")
+    if attn_mask is not None:
+        if not isinstance(attn_mask, torch.Tensor):
+            raise TypeError(f"attn_mask must be a torch.Tensor; got {type(attn_mask).__name__}")
+        if attn_mask.dtype != torch.bool and not attn_mask.dtype.is_floating_point:
+            raise TypeError(f"attn_mask must be bool (True = attend) or floating (added); got {attn_mask.dtype}")
+        if attn_mask.device != q.device:
+            raise ValueError(f"q is on {q.device} but attn_mask is on {attn_mask.device}")
+        full = (batch, heads, q_len, k.shape[2])
+        try:
+            broadcast = torch.broadcast_shapes(attn_mask.shape, full)
+        except RuntimeError:
+            broadcast = None
+        if broadcast != torch.Size(full):
+            raise ValueError(
+                f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to [B, H, S_q, S_k] = {full}"
+            )
+    if scale is None:
+        scale = 1.0 / math.sqrt(head_dim)
+    elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        raise ValueError(f"scale must be a finite number; got {scale!r}")
+    return AttentionProblem(
+        batch=batch, heads=heads, kv_heads=kv_heads, q_len=q_len, k_len=k.shape[2], head_dim=head_dim,
+        v_dim=v.shape[3], causal=mode, scale=float(scale), device=q.device,
+    )
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Planning
+
+
+@dataclasses.dataclass(frozen=True)
+class ReferencePlan:
+    """How a reference is computed: ``mode`` is "full" (everything in one block per batch entry), "chunked"
+    (blocks of heads and query rows) or "sampled" (only ``rows``, in blocks)."""
+
+    mode: str
+    rows: torch.Tensor | None  # sorted query-row indices (CPU, int64); None means every row
+    heads_per_block: int
+    rows_per_block: int
+    block_bytes: int
+    total_flops: float
+    memory_budget: int
+    flop_budget: float
+    reason: str
+
+    @property
+    def rows_checked(self) -> int | None:
+        return None if self.rows is None else int(self.rows.numel())
+
+
+def sample_query_rows(q_len: int, count: int, seed: int = 0) -> torch.Tensor:
+    """``count`` distinct query rows out of ``q_len``, seeded, sorted, always with the first and the last.
+
+    Example::
+
+        >>> rows = sample_query_rows(100_000, 64, seed=1)
+        >>> int(rows[0]), int(rows[-1]), rows.numel()
+        (0, 99999, 64)
+    """
+    if q_len <= 0:
+        raise ValueError(f"cannot sample rows of an empty sequence (q_len={q_len})")
+    count = max(1, min(int(count), q_len))
+    if count >= q_len:
+        return torch.arange(q_len)
+    if count == 1:
+        return torch.tensor([0])
+    generator = torch.Generator().manual_seed(seed)
+    inner = torch.randperm(q_len - 2, generator=generator)[: count - 2] + 1
+    return torch.cat([torch.tensor([0, q_len - 1]), inner]).sort().values
+
+
+def default_memory_budget(device: torch.device) -> int:
+    """DEFAULT_MEMORY_FRACTION of the free memory of ``device`` (4 GiB when it cannot be measured)."""
+    free = free_memory("cpu" if device.type == "cpu" else str(device))
+    return int(DEFAULT_MEMORY_FRACTION * free) if free is not None else 4 * 2**30
+
+
+def plan_reference(
+    problem: AttentionProblem,
+    *,
+    memory_budget: int | None = None,
+    flop_budget: float | None = None,
+    sample_rows: int | None = None,
+    allow_sampling: bool = True,
+    seed: int = 0,
+    rows: torch.Tensor | None = None,
+) -> ReferencePlan:
+    """Choose full, chunked or sampled computation for ``problem`` under the two budgets.
+
+    ``rows`` (sorted int64 indices) fixes the query rows to compute. ``sample_rows`` forces a sample of that many
+    query rows (all rows when it is >= S_q). Without either, rows are sampled only when the float64 work over all
+    rows exceeds ``flop_budget`` and ``allow_sampling`` is true.
+
+    Example::
+
+        >>> p = describe_problem(*[torch.randn(1, 1, 64, 8)] * 3)
+        >>> plan_reference(p, flop_budget=1e3, allow_sampling=True).mode
+        'sampled'
+
+    Raises:
+        MemoryError: not even one query row of one head fits ``memory_budget`` (or, without sampling, the float64
+            output itself does not fit).
+    """
+    if memory_budget is None:
+        memory_budget = default_memory_budget(problem.device)
+    if flop_budget is None:
+        flop_budget = DEFAULT_FLOP_BUDGET["cpu" if problem.device.type == "cpu" else "cuda"]
+    heads_total = problem.batch * problem.heads
+    full_flops = heads_total * problem.q_len * problem.flops_per_row()
+
+    reason = "the float64 reference fits the budgets"
+    if rows is not None:
+        reason = f"{rows.numel()} query rows were requested"
+    elif sample_rows is not None:
+        if isinstance(sample_rows, bool) or not isinstance(sample_rows, int) or sample_rows < 1:
+            raise ValueError(f"sample_rows must be a positive int; got {sample_rows!r}")
+        if sample_rows < problem.q_len:
+            rows = sample_query_rows(problem.q_len, sample_rows, seed)
+            reason = f"sample_rows={sample_rows} was requested"
+    elif full_flops > flop_budget and allow_sampling:
+        affordable = int(flop_budget // (heads_total * problem.flops_per_row()))
+        if affordable < problem.q_len:
+            rows = sample_query_rows(problem.q_len, max(2, affordable), seed)
+            reason = (
+                f"the float64 reference over all {problem.q_len} query rows needs {full_flops:.3g} FLOPs, over the "
+                f"budget of {flop_budget:.3g}"
+            )
+    row_count = problem.q_len if rows is None else int(rows.numel())
+
+    # Bytes: the float64 output and row-validity flags, then per block the float64 K/V of its heads (plus their
+    # gathered copies in the input precision for GQA) and the score temporaries per (head, row).
+    output_bytes = heads_total * row_count * (problem.v_dim * 8 + 1)
+    per_head = problem.k_len * (problem.head_dim + problem.v_dim) * (8 + 4)
+    per_head_row = problem.k_len * (8 * _SCORE_TEMPORARIES + 1) + (problem.head_dim + problem.v_dim) * 8
+    available = memory_budget - output_bytes
+    heads_per_block = problem.heads
+    rows_per_block = 0
+    while heads_per_block >= 1:
+        rows_per_block = (available - heads_per_block * per_head) // (heads_per_block * per_head_row)
+        if rows_per_block >= 1 or heads_per_block == 1:
+            break
+        heads_per_block = max(1, heads_per_block // 2)
+    if rows_per_block < 1:
+        need = output_bytes + per_head + per_head_row
+        if rows is None and allow_sampling:
+            # The float64 output over all rows does not fit: check as many rows as memory allows.
+            spare = memory_budget - per_head - per_head_row
+            affordable = spare // (heads_total * (problem.v_dim * 8 + 1) + per_head_row) if spare > 0 else 0
+            if affordable >= 2:
+                return plan_reference(
+                    problem, memory_budget=memory_budget, flop_budget=flop_budget, sample_rows=int(affordable),
+                    allow_sampling=True, seed=seed,
+                )
+        raise MemoryError(
+            f"the float64 attention reference needs at least {human_bytes(need)} (output "
+            f"{human_bytes(output_bytes)} plus one row of one head), over the memory budget of "
+            f"{human_bytes(memory_budget)}"
+        )
+    rows_per_block = int(min(rows_per_block, row_count))
+    block_bytes = heads_per_block * (per_head + rows_per_block * per_head_row)
+    if rows is not None:
+        mode = "sampled"
+    elif heads_per_block == problem.heads and rows_per_block == row_count:
+        mode = "full"
+    else:
+        mode = "chunked"
+        reason = (
+            f"the float64 scores ({human_bytes(heads_total * problem.q_len * problem.k_len * 8)}) exceed the memory "
+            f"budget of {human_bytes(memory_budget)}"
+        )
+    return ReferencePlan(
+        mode=mode, rows=rows, heads_per_block=int(heads_per_block), rows_per_block=rows_per_block,
+        block_bytes=int(block_bytes), total_flops=heads_total * row_count * problem.flops_per_row(),
+        memory_budget=int(memory_budget), flop_budget=float(flop_budget), reason=reason,
+    )
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Computing
+
+
+def attention_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: Causal = False,
+    attn_mask: torch.Tensor | None = None,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+    rows: torch.Tensor | Sequence[int] | None = None,
+    memory_budget: int | None = None,
+) -> torch.Tensor:
+    """Float64 attention ``softmax(q k^T * scale + mask) v`` with SDPA's semantics (module docstring).
+
+    Returns [B, H, S_q, D_v] in float64 on q's device, or [B, H, len(rows), D_v] for the given query ``rows``.
+    Works in blocks of heads and query rows when the float64 scores exceed ``memory_budget`` (bytes; default
+    half the device's free memory). Rows that see no key are zeros.
+
+    Example::
+
+        >>> q, k, v = (torch.randn(2, 4, 16, 8, dtype=torch.float16) for _ in range(3))
+        >>> attention_reference(q, k, v, causal=True).dtype
+        torch.float64
+    """
+    problem = describe_problem(q, k, v, causal=causal, attn_mask=attn_mask, scale=scale, enable_gqa=enable_gqa)
+    plan = plan_reference(
+        problem, memory_budget=memory_budget, flop_budget=math.inf, allow_sampling=False,
+        rows=_as_rows(rows, problem.q_len),
+    )
+    out, _ = compute_reference(q, k, v, problem, plan, attn_mask)
+    return out
+
+
+def _as_rows(rows: Any, q_len: int) -> torch.Tensor | None:
+    if rows is None:
+        return None
+    index = torch.as_tensor(rows, dtype=torch.long).reshape(-1).cpu()
+    if index.numel() == 0:
+        raise ValueError("rows is empty")
+    if int(index.min()) < 0 or int(index.max()) >= q_len:
+        raise ValueError(f"rows must lie in [0, {q_len}); got values from {int(index.min())} to {int(index.max())}")
+    return index
+
+
+@torch.no_grad()
+def compute_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    problem: AttentionProblem,
+    plan: ReferencePlan,
+    attn_mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run ``plan``: returns the float64 output [B, H, rows, D_v] and a bool [B, H, rows] that is False
+    where a query row saw no key (its output row is zero)."""
+    device = problem.device
+    all_rows = plan.rows.to(device) if plan.rows is not None else torch.arange(problem.q_len, device=device)
+    row_count = all_rows.numel()
+    out = torch.empty(problem.batch, problem.heads, row_count, problem.v_dim, dtype=torch.float64, device=device)
+    has_keys = torch.empty(problem.batch, problem.heads, row_count, dtype=torch.bool, device=device)
+    mask4 = None
+    if attn_mask is not None:
+        mask4 = attn_mask.reshape((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))
+    keys = torch.arange(problem.k_len, device=device)
+    diagonal_offset = problem.k_len - problem.q_len if problem.causal == "lower_right" else 0
+
+    for b in range(problem.batch):
+        for h0 in range(0, problem.heads, plan.heads_per_block):
+            h1 = min(problem.heads, h0 + plan.heads_per_block)
+            kv_index = torch.arange(h0, h1, device=device) // problem.group_size
+            k64 = k[b].index_select(0, kv_index).to(torch.float64)  # [h, S_k, D]
+            v64 = v[b].index_select(0, kv_index).to(torch.float64)  # [h, S_k, D_v]
+            for r0 in range(0, row_count, plan.rows_per_block):
+                r1 = min(row_count, r0 + plan.rows_per_block)
+                block_rows = all_rows[r0:r1]
+                q64 = q[b, h0:h1].index_select(1, block_rows).to(torch.float64)  # [h, r, D]
+                scores = torch.matmul(q64, k64.transpose(1, 2)).mul_(problem.scale)  # [h, r, S_k]
+                del q64
+                allowed = None
+                if problem.causal is not None:
+                    allowed = keys[None, :] <= (block_rows[:, None] + diagonal_offset)  # [r, S_k]
+                if mask4 is not None:
+                    block_mask = _mask_block(mask4, b, h0, h1, block_rows, problem.q_len)
+                    if block_mask.dtype == torch.bool:
+                        allowed = block_mask if allowed is None else allowed & block_mask
+                    else:
+                        scores += block_mask.to(torch.float64)
+                if allowed is not None:
+                    scores.masked_fill_(~allowed, -math.inf)
+                row_max = scores.amax(dim=-1, keepdim=True)
+                # Rows with no visible key have max -inf; shifting by 0 keeps exp(-inf) = 0 instead of NaN.
+                row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
+                weights = scores.sub_(row_max).exp_()
+                total = weights.sum(dim=-1, keepdim=True)
+                block_out = torch.matmul(weights, v64)
+                del weights, scores
+                seen = total > 0
+                block_out = torch.where(seen, block_out / torch.where(seen, total, torch.ones_like(total)), 0.0)
+                out[b, h0:h1, r0:r1] = block_out
+                has_keys[b, h0:h1, r0:r1] = seen.squeeze(-1)
+    return out, has_keys
+
+
+def _mask_block(mask4: torch.Tensor, b: int, h0: int, h1: int, rows: torch.Tensor, q_len: int) -> torch.Tensor:
+    """The [h or 1, r or 1, S_k] piece of a broadcastable 4-D mask for batch entry b, heads h0:h1, rows."""
+    piece = mask4[b if mask4.shape[0] > 1 else 0]
+    piece = piece[h0:h1] if piece.shape[0] > 1 else piece
+    if piece.shape[1] > 1 or q_len == 1:
+        piece = piece.index_select(1, rows) if piece.shape[1] > 1 else piece
+    return piece
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Baseline and check
+
+
+def sdpa_baseline(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    problem: AttentionProblem,
+    attn_mask: torch.Tensor | None = None,
+    rows: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """torch's scaled_dot_product_attention in the input precision, on the given query rows (all by default).
+
+    Raises whatever SDPA raises when it cannot run this dtype or device.
+    """
+    import torch.nn.functional as F
+
+    q_in = q if rows is None else q.index_select(2, rows.to(q.device))
+    is_causal = False
+    whole_causal_bias = False  # torch's CausalBias object: passed through as is
+    mask = attn_mask
+    if problem.causal is not None:
+        whole = rows is None and attn_mask is None
+        if whole and problem.causal == "top_left":
+            is_causal = True
+        elif whole:
+            from torch.nn.attention.bias import causal_lower_right
+
+            with warnings.catch_warnings():  # its NaN warning for S_q > S_k: those rows are zeroed afterwards
+                warnings.simplefilter("ignore")
+                mask = causal_lower_right(problem.q_len, problem.k_len)
+            whole_causal_bias = True
+        else:
+            query_rows = rows.to(q.device) if rows is not None else torch.arange(problem.q_len, device=q.device)
+            offset = problem.k_len - problem.q_len if problem.causal == "lower_right" else 0
+            allowed = torch.arange(problem.k_len, device=q.device)[None, :] <= query_rows[:, None] + offset
+            mask = _merge_masks(allowed, _mask_rows(attn_mask, rows, problem.q_len), q.dtype)
+    elif attn_mask is not None and rows is not None:
+        mask = _mask_rows(attn_mask, rows, problem.q_len)
+    if mask is not None and not whole_causal_bias and mask.dtype != torch.bool:
+        mask = mask.to(q.dtype)  # SDPA wants a float mask in the query's dtype
+    k_in, v_in = k, v
+    extra: dict[str, Any] = {}
+    if problem.kv_heads != problem.heads:
+        extra["enable_gqa"] = True
+    with torch.no_grad():
+        try:
+            return F.scaled_dot_product_attention(
+                q_in, k_in, v_in, attn_mask=mask, is_causal=is_causal, scale=problem.scale, **extra
+            )
+        except TypeError:
+            if not extra:
+                raise
+            # Older torch without enable_gqa: repeat the kv heads instead.
+            k_in = k.repeat_interleave(problem.group_size, dim=1)
+            v_in = v.repeat_interleave(problem.group_size, dim=1)
+            return F.scaled_dot_product_attention(
+                q_in, k_in, v_in, attn_mask=mask, is_causal=is_causal, scale=problem.scale
+            )
+
+
+def _mask_rows(attn_mask: torch.Tensor | None, rows: torch.Tensor | None, q_len: int) -> torch.Tensor | None:
+    if attn_mask is None or rows is None:
+        return attn_mask
+    mask4 = attn_mask.reshape((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))
+    return mask4.index_select(2, rows.to(attn_mask.device)) if mask4.shape[2] > 1 else mask4
+
+
+def _merge_masks(allowed: torch.Tensor, attn_mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    if attn_mask is None:
+        return allowed
+    if attn_mask.dtype == torch.bool:
+        return allowed & attn_mask
+    return attn_mask.to(dtype).masked_fill(~allowed, -math.inf)
+
+
+@dataclasses.dataclass
+class ReferenceCheck:
+    """The outcome of :meth:`SdpaReference.check`: how the reference was computed and what the comparison found."""
+
+    mode: str
+    rows_checked: int
+    rows_total: int
+    rows: torch.Tensor | None
+    baseline_used: bool
+    notes: tuple[str, ...]
+    close: CloseReport | None
+    passed: bool
+    message: str
+
+
+class SdpaReference:
+    """The ``sdpa_reference`` fixture: a float64 SDPA reference and a check against it.
+
+    Example::
+
+        def test_kernel(sdpa_reference):
+            q, k, v = (torch.randn(2, 4, 128, 64, dtype=torch.float16) for _ in range(3))
+            out = my_attention(q, k, v, causal=True)
+            sdpa_reference.check(out, q, k, v, causal=True)
+            assert torch.equal(sdpa_reference(q, k, v)[0, 0], ...)  # the float64 reference itself
+    """
+
+    def __init__(
+        self, *, memory_budget: int | None = None, flop_budget: float | None = None, seed: int = 0
+    ) -> None:
+        self.memory_budget = memory_budget
+        self.flop_budget = flop_budget
+        self.seed = seed
+        self.last_check: ReferenceCheck | None = None
+
+    def __call__(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        *,
+        causal: Causal = False,
+        attn_mask: torch.Tensor | None = None,
+        scale: float | None = None,
+        enable_gqa: bool = False,
+    ) -> torch.Tensor:
+        """The whole float64 reference [B, H, S_q, D_v], chunked when it must be (never sampled)."""
+        return attention_reference(
+            q, k, v, causal=causal, attn_mask=attn_mask, scale=scale, enable_gqa=enable_gqa,
+            memory_budget=self.memory_budget,
+        )
+
+    def check(
+        self,
+        out: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        *,
+        causal: Causal = False,
+        attn_mask: torch.Tensor | None = None,
+        scale: float | None = None,
+        enable_gqa: bool = False,
+        policy: PolicyLike | None = None,
+        sample_rows: int | None = None,
+        use_baseline: bool | None = None,
+    ) -> ReferenceCheck:
+        """Assert that ``out`` matches the float64 reference, with the policy for ``out.dtype`` (or ``policy``)
+        and, when SDPA can run in the input precision, the baseline-relative rule.
+
+        ``use_baseline=None`` (the default) uses the baseline unless ``policy=`` is given or the test's
+        ``tolerance`` marker names a policy (``tolerance("tf32")``); marker fields such as ``baseline_factor=3``
+        keep it. Under the baseline rule atol and rtol are not used; ``use_baseline=False`` applies them instead.
+
+        Large problems are checked on a seeded sample of query rows (``sample_rows`` forces one); the result, also
+        kept as ``self.last_check``, says how many rows were checked, and so does the failure message.
+
+        Raises:
+            AssertionError: the output is not close; the message gives the error figures and the rows checked.
+            ValueError / TypeError: inputs that do not describe an attention call, or ``out`` of the wrong shape.
+        """
+        __tracebackhide__ = True
+        problem = describe_problem(q, k, v, causal=causal, attn_mask=attn_mask, scale=scale, enable_gqa=enable_gqa)
+        expected_shape = (problem.batch, problem.heads, problem.q_len, problem.v_dim)
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"out must be a torch.Tensor; got {type(out).__name__}")
+        if tuple(out.shape) != expected_shape:
+            raise ValueError(f"out has shape {tuple(out.shape)}; attention of these inputs gives {expected_shape}")
+        if out.device != problem.device:
+            raise ValueError(f"out is on {out.device} but q is on {problem.device}")
+        plan = plan_reference(
+            problem, memory_budget=self.memory_budget, flop_budget=self.flop_budget, sample_rows=sample_rows,
+            seed=self.seed,
+        )
+        expected, has_keys = compute_reference(q, k, v, problem, plan, attn_mask)
+        rows = plan.rows
+        actual = out.detach() if rows is None else out.detach().index_select(2, rows.to(out.device))
+        notes = []
+        if rows is not None:
+            notes.append(
+                f"checked {rows.numel()} of {problem.q_len} query rows in every (batch, head) (seeded sample, seed "
+                f"{self.seed}, first and last row included): {plan.reason}"
+            )
+        elif plan.mode == "chunked":
+            notes.append(f"reference computed in blocks of {plan.rows_per_block} query rows: {plan.reason}")
+
+        baseline = None
+        if use_baseline is None:
+            # A policy chosen for this call or by the test's marker names a precision of its own (say tf32 for a
+            # float32 output); SDPA's float32 result says nothing about that precision, so its atol/rtol rule.
+            use_baseline = policy is None and not override_sets_policy(out.dtype)
+            if not use_baseline:
+                notes.append("a policy was chosen explicitly, so its per-element rule was used without a baseline")
+        if use_baseline:
+            try:
+                baseline = sdpa_baseline(q.detach(), k.detach(), v.detach(), problem, attn_mask, rows)
+            except (RuntimeError, NotImplementedError, TypeError, ValueError) as exc:
+                first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                notes.append(f"no SDPA baseline for {q.dtype} on {q.device} ({first_line}); per-dtype policy used")
+            if baseline is not None:
+                # Some torch builds leave NaN in rows that see no key; the reference defines them as zeros.
+                baseline = baseline.masked_fill(~has_keys[..., None], 0)
+                if not torch.isfinite(baseline).all():
+                    notes.append("the SDPA baseline holds NaN or Inf; per-dtype policy used")
+                    baseline = None
+
+        rows_checked = problem.q_len if rows is None else int(rows.numel())
+        try:
+            report = assert_close(actual, expected, policy=policy, baseline=baseline, notes=tuple(notes))
+        except AssertionError as failure:
+            self.last_check = ReferenceCheck(
+                mode=plan.mode, rows_checked=rows_checked, rows_total=problem.q_len, rows=rows,
+                baseline_used=baseline is not None, notes=tuple(notes), close=None, passed=False,
+                message=str(failure),
+            )
+            raise
+        self.last_check = ReferenceCheck(
+            mode=plan.mode, rows_checked=rows_checked, rows_total=problem.q_len, rows=rows,
+            baseline_used=baseline is not None, notes=tuple(notes), close=report, passed=True,
+            message=report.message,
+        )
+        return self.last_check

@@ -1,0 +1,232 @@
+"""The ``shape`` marker: named problem sizes, their cross product with keyword axes, and readable test ids.
+
+A marker such as ``shape(dict(B=4, S=2048), dtype=[torch.float16, torch.bfloat16], causal=True)`` expands into
+one :class:`Shape` per (case, axis combination). Cases come first in the order given; for each case the keyword
+axes are crossed in the order they were written (the last axis varies fastest).
+
+Test ids join one piece per entry with ``-``:
+
+- a number: the name followed by the value, ``B4``, ``S2048``, ``p0.1`` (``name=value`` when the name ends in a
+  digit, so ``D2=64`` cannot be misread);
+- a torch dtype: its bare name, ``float16``, ``bfloat16``;
+- a bool: the name when true, ``no`` + the name when false: ``causal`` / ``nocausal``;
+- a string: the string itself, ``lower_right``;
+- a torch device: its text, ``cuda:0``;
+- anything else: ``name=value``.
+
+This module does not import torch: torch values are recognised through ``sys.modules``.
+"""
+from __future__ import annotations
+
+import itertools
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+
+class ShapeSpecError(ValueError):
+    """A ``shape`` marker that cannot be expanded; the message names the problem."""
+
+
+class Shape(Mapping):
+    """One test case: an ordered, immutable, hashable set of named sizes and options.
+
+    Entries read as attributes (``shape.B``) or items (``shape["B"]``); a name that is also a method of a
+    mapping (``items``, ``keys``, ``values``, ``get``) or ``id`` reads as an item only.
+
+    Example::
+
+        >>> s = Shape({"B": 4, "S": 2048, "H": 16, "D": 64})
+        >>> s.B, s.get("causal", False), s.as_dict()["S"]
+        (4, False, 2048)
+        >>> s.id
+        'B4-S2048-H16-D64'
+    """
+
+    __slots__ = ("_items", "_hash")
+
+    def __init__(self, entries: Mapping[str, Any] | Sequence[tuple[str, Any]] = ()) -> None:
+        items = tuple(entries.items()) if isinstance(entries, Mapping) else tuple(entries)
+        names = [name for name, _ in items]
+        if len(set(names)) != len(names):
+            raise ShapeSpecError(f"a shape may name each size once; got {names}")
+        for name in names:
+            _check_name(name)
+        object.__setattr__(self, "_items", items)
+        object.__setattr__(self, "_hash", None)
+
+    # Mapping protocol: ``dict(shape)`` and ``**shape`` work.
+    def __getitem__(self, name: str) -> Any:
+        for key, value in self._items:
+            if key == name:
+                return value
+        raise KeyError(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return (name for name, _ in self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached when normal lookup fails, so slots and methods are never shadowed.
+        if name.startswith("__"):
+            raise AttributeError(name)
+        for key, value in self._items:
+            if key == name:
+                return value
+        available = ", ".join(key for key, _ in self._items) or "(none)"
+        raise AttributeError(f"this shape has no entry {name!r}; available: {available}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("Shape is immutable; build a new one with Shape({**shape.as_dict(), ...})")
+
+    def __hash__(self) -> int:
+        if self._hash is None:
+            object.__setattr__(self, "_hash", hash(tuple((k, _hashable(v)) for k, v in self._items)))
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Shape):
+            return self._items == other._items
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{k}={_short_repr(v)}" for k, v in self._items)
+        return f"Shape({inner})"
+
+    def __reduce__(self):
+        # Picklable for pytest-xdist, whose workers may send parameters home.
+        return (Shape, (self._items,))
+
+    def as_dict(self) -> dict[str, Any]:
+        """A new ``dict`` of the entries, in order."""
+        return dict(self._items)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        """The value of ``name``, or ``default`` when this shape has no such entry."""
+        for key, value in self._items:
+            if key == name:
+                return value
+        return default
+
+    @property
+    def id(self) -> str:
+        """The test id piece for this shape, e.g. ``B4-S2048-H16-D64-bfloat16-causal``."""
+        return format_id(self)
+
+
+def format_id(shape: Mapping[str, Any]) -> str:
+    """The test id for ``shape``: one piece per entry, joined with ``-`` (rules in the module docstring).
+
+    Example::
+
+        >>> format_id({"B": 2, "causal": False, "mask": "lower_right"})
+        'B2-nocausal-lower_right'
+    """
+    return "-".join(_id_piece(name, value) for name, value in shape.items()) or "noshape"
+
+
+def expand_shape_marker(cases: Sequence[Any], axes: Mapping[str, Any]) -> list[Shape]:
+    """Expand the positional cases and keyword axes of a ``shape`` marker into :class:`Shape` objects.
+
+    Each case is a mapping of named sizes. A keyword given as a list, tuple or range is an axis crossed with
+    every case; any other keyword value (a number, string, bool, dtype, ...) is added to every case as is.
+    With no positional case, the axes alone are crossed.
+
+    Example::
+
+        >>> [s.id for s in expand_shape_marker([dict(B=1, S=8)], {"causal": [True, False], "D": 64})]
+        ['B1-S8-causal-D64', 'B1-S8-nocausal-D64']
+
+    Raises:
+        ShapeSpecError: an empty marker, a case that is not a mapping, a name that is not an identifier, an
+            axis that is empty or an unordered collection, or an axis that repeats a name of a case.
+    """
+    if not cases and not axes:
+        raise ShapeSpecError(
+            "the shape marker is empty: give at least one case, e.g. shape(dict(B=4, S=2048)), or an axis, "
+            "e.g. shape(S=[128, 256])"
+        )
+    checked_cases: list[dict[str, Any]] = []
+    for position, case in enumerate(cases):
+        if not isinstance(case, Mapping):
+            raise ShapeSpecError(
+                f"case {position} of the shape marker is {_short_repr(case)} ({type(case).__name__}); each case "
+                "must be a mapping of named sizes such as dict(B=4, S=2048)"
+            )
+        for name in case:
+            _check_name(name, where=f"case {position}")
+        checked_cases.append(dict(case))
+    if not checked_cases:
+        checked_cases = [{}]
+
+    axis_values: list[tuple[str, tuple[Any, ...]]] = []
+    for name, value in axes.items():
+        _check_name(name, where="keyword axis")
+        axis_values.append((name, _axis_values(name, value)))
+    for position, case in enumerate(checked_cases):
+        clash = [name for name, _ in axis_values if name in case]
+        if clash:
+            raise ShapeSpecError(
+                f"keyword axis {clash[0]!r} is also set in case {position} ({_short_repr(case)}); set it in one "
+                "place only"
+            )
+
+    shapes = []
+    for case in checked_cases:
+        for combination in itertools.product(*(values for _, values in axis_values)):
+            entries = list(case.items()) + [(name, v) for (name, _), v in zip(axis_values, combination)]
+            shapes.append(Shape(entries))
+    return shapes
+
+
+def _axis_values(name: str, value: Any) -> tuple[Any, ...]:
+    if isinstance(value, (list, tuple, range)):
+        if len(value) == 0:
+            raise ShapeSpecError(f"keyword axis {name!r} is empty; give at least one value")
+        return tuple(value)
+    if isinstance(value, (set, frozenset, Mapping)) or _is_iterator(value):
+        raise ShapeSpecError(
+            f"keyword axis {name!r} is a {type(value).__name__}; an axis must be a list or tuple (its order sets "
+            "the test order) or a single scalar value applied to every case"
+        )
+    return (value,)
+
+
+def _is_iterator(value: Any) -> bool:
+    return hasattr(value, "__next__") and hasattr(value, "__iter__")
+
+
+def _check_name(name: Any, where: str = "shape") -> None:
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ShapeSpecError(f"{where}: size names must be Python identifiers (for shape.NAME); got {name!r}")
+
+
+def _id_piece(name: str, value: Any) -> str:
+    if isinstance(value, bool):
+        return name if value else f"no{name}"
+    if isinstance(value, str):
+        return value
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        if isinstance(value, torch.dtype):
+            return str(value).removeprefix("torch.")
+        if isinstance(value, torch.device):
+            return str(value)
+    if isinstance(value, (int, float)) and not name[-1].isdigit():
+        return f"{name}{value}"
+    return f"{name}={value}"
+
+
+def _hashable(value: Any) -> Any:
+    try:
+        hash(value)
+        return value
+    except TypeError:
+        return repr(value)
+
+
+def _short_repr(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -1,0 +1,112 @@
+"""The intractable marker: cases not run, skipped with their reason and listed in the terminal summary."""
+import os
+
+import pytest
+
+from pytest_kernelcheck.memory import human_bytes, intractable_reason, parse_intractable_marker
+from pytest_kernelcheck.shapes import Shape
+
+INTRACTABLE_TESTS = """
+import pytest
+from pytest_kernelcheck import human_bytes
+
+def scores_bytes(s):
+    return s.B * s.H * s.S**2 * 4
+
+@pytest.mark.shape(dict(B=32, S=100_000, H=16, D=64), dict(B=2, S=128, H=2, D=64))
+@pytest.mark.intractable(lambda s: f"materialized scores need {human_bytes(scores_bytes(s))}"
+                         if scores_bytes(s) > 2**40 else None)
+def test_reference(shape):
+    assert shape.S == 128
+
+@pytest.mark.intractable(True, reason="needs a cluster")
+def test_flagged():
+    raise AssertionError("must not run")
+
+@pytest.mark.shape(dict(S=8), dict(S=9))
+@pytest.mark.intractable(lambda s: s.S % 2 == 1, reason="odd lengths unsupported")
+def test_odd(shape):
+    assert shape.S == 8
+
+@pytest.mark.intractable(False)
+def test_tractable():
+    pass
+"""
+
+
+def test_reason_from_bool_callable_and_string():
+    shape = Shape({"S": 100_000})
+    assert intractable_reason(True, None, shape) == "marked intractable"
+    assert intractable_reason(True, "too big", shape) == "too big"
+    assert intractable_reason(False, "too big", shape) is None
+    assert intractable_reason(lambda s: s.S > 10, "long", shape) == "long"
+    assert intractable_reason(lambda s: f"needs {human_bytes(s.S**2 * 8)}", None, shape) == "needs 74.5 GiB"
+    assert intractable_reason(lambda s: None, None, shape) is None
+    with pytest.raises(TypeError, match=r"`when` returned 3 \(int\)"):
+        intractable_reason(lambda s: 3, None, shape)
+
+
+def test_marker_arguments_are_checked():
+    assert parse_intractable_marker((), {"when": True, "reason": "r"}, has_shape=False) == (True, "r")
+    with pytest.raises(TypeError, match="`when` must be a bool or a callable of the shape; got str"):
+        parse_intractable_marker(("always",), {}, has_shape=False)
+    with pytest.raises(TypeError, match="receives the shape, but the test has no @pytest.mark.shape"):
+        parse_intractable_marker((lambda s: True,), {}, has_shape=False)
+    with pytest.raises(TypeError, match="takes \\(when, reason=None\\)"):
+        parse_intractable_marker((), {}, has_shape=False)
+    with pytest.raises(TypeError, match="reason must be a string"):
+        parse_intractable_marker((True, 5), {}, has_shape=False)
+
+
+def test_intractable_cases_are_skipped_and_listed(pytester):
+    pytester.makepyfile(INTRACTABLE_TESTS)
+    result = pytester.runpytest("-ra")
+    result.assert_outcomes(passed=3, skipped=3)
+    result.stdout.fnmatch_lines(
+        [
+            "*- kernelcheck: intractable cases -*",
+            "*::test_reference[[]B32-S100000-H16-D64[]]: materialized scores need 18.6 TiB",
+            "*::test_flagged: needs a cluster",
+            "*::test_odd[[]S9[]]: odd lengths unsupported",
+        ]
+    )
+    result.stdout.fnmatch_lines(["SKIPPED [[]1[]] *.py:*: intractable: materialized scores need 18.6 TiB"])
+    assert "test_tractable:" not in result.stdout.str()
+
+
+def test_no_summary_section_without_intractable_cases(pytester):
+    pytester.makepyfile("def test_a():\n    pass\n")
+    result = pytester.runpytest()
+    result.assert_outcomes(passed=1)
+    assert "kernelcheck: intractable cases" not in result.stdout.str()
+
+
+def test_bad_intractable_marker_is_a_collection_error(pytester):
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.intractable("always")
+        def test_a():
+            pass
+        """
+    )
+    result = pytester.runpytest()
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*::test_a: intractable marker: `when` must be a bool or a callable of the shape; got str"])
+
+
+def test_summary_works_under_xdist(pytester, monkeypatch):
+    # Worker processes import the plugin afresh; make sure they find this checkout.
+    repo_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [repo_root, os.environ.get("PYTHONPATH")])))
+    pytester.makepyfile(INTRACTABLE_TESTS)
+    result = pytester.runpytest_subprocess("-n", "2", "-p", "xdist")
+    result.assert_outcomes(passed=3, skipped=3)
+    result.stdout.fnmatch_lines_random(
+        [
+            "*::test_reference[[]B32-S100000-H16-D64[]]: materialized scores need 18.6 TiB",
+            "*::test_flagged: needs a cluster",
+            "*::test_odd[[]S9[]]: odd lengths unsupported",
+        ]
+    )

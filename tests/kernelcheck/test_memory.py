@@ -1,0 +1,203 @@
+"""The memory marker, free-memory checks, and out-of-memory errors turned into skips (or failures)."""
+import math
+
+import pytest
+import torch
+
+from pytest_kernelcheck.memory import (
+    evaluate_estimate,
+    forget_frames,
+    free_memory,
+    human_bytes,
+    is_out_of_memory,
+    memory_shortfall,
+    parse_memory_marker,
+    resolve_device,
+    validate_estimate,
+)
+
+
+def test_human_bytes_uses_binary_units():
+    assert human_bytes(0) == "0 B"
+    assert human_bytes(1023) == "1023 B"
+    assert human_bytes(1536) == "1.5 KiB"
+    assert human_bytes(23.1 * 2**30) == "23.1 GiB"
+    # materialized float32 scores of B=32, H=16, S=100,000
+    assert human_bytes(32 * 16 * 100_000**2 * 4) == "18.6 TiB"  # the "about 20 TB" of the scores that cannot exist
+
+
+def test_estimates_must_be_finite_non_negative_numbers():
+    assert validate_estimate(3.9) == 3
+    assert evaluate_estimate(lambda shape: shape["n"] * 4, {"n": 10}) == 40
+    for bad, error, message in [
+        (-1, ValueError, "finite number of bytes >= 0; got -1"),
+        (math.nan, ValueError, "got nan"),
+        ("1GB", TypeError, "must be a number of bytes; got '1GB' \\(str\\)"),
+        (True, TypeError, "got True"),
+    ]:
+        with pytest.raises(error, match=message):
+            validate_estimate(bad)
+    with pytest.raises(ValueError, match=r"memory estimate .*<lambda>\(shape\) must be a finite number"):
+        evaluate_estimate(lambda shape: -5, {})
+
+
+def test_marker_arguments_are_checked():
+    assert parse_memory_marker((10,), {"device": "cpu"}, has_shape=False).device == "cpu"
+    with pytest.raises(TypeError, match="receives the shape, but the test has no @pytest.mark.shape"):
+        parse_memory_marker((lambda s: 1,), {}, has_shape=False)
+    with pytest.raises(TypeError, match="takes one estimate"):
+        parse_memory_marker((), {}, has_shape=False)
+    with pytest.raises(TypeError, match=r"unknown keyword\(s\) \['bytes'\]"):
+        parse_memory_marker((1,), {"bytes": 1}, has_shape=False)
+    with pytest.raises(ValueError, match="devices 'cpu' and 'cuda"):
+        parse_memory_marker((1,), {"device": "tpu"}, has_shape=False)
+
+
+def test_device_rule():
+    default = "cuda" if torch.cuda.is_available() else "cpu"
+    assert resolve_device(None) == default
+    assert resolve_device("cpu", {"device": "cuda"}) == "cpu"
+    assert resolve_device(None, {"device": "cuda:1"}) == "cuda:1"
+    assert resolve_device(None, None, {"device": torch.device("cpu")}) == "cpu"
+
+
+def test_free_host_memory_and_shortfall_message():
+    free = free_memory("cpu")
+    assert free is not None and free > 0
+    assert memory_shortfall(1024, "cpu") is None
+    reason = memory_shortfall(2**60, "cpu")
+    assert reason.startswith("needs 1 EiB, ") and reason.endswith(" free on cpu")
+
+
+def test_out_of_memory_recognition():
+    assert is_out_of_memory(torch.OutOfMemoryError("CUDA out of memory"))
+    assert is_out_of_memory(MemoryError())
+    assert is_out_of_memory(RuntimeError("HIP out of memory. Tried to allocate 2.00 GiB"))
+    assert not is_out_of_memory(RuntimeError("shape mismatch"))
+    assert not is_out_of_memory(ValueError("out of memory"))
+
+
+def test_forget_frames_releases_tensors_held_by_a_traceback():
+    import weakref
+
+    class Holder:
+        pass
+
+    def fail():
+        held = Holder()
+        ref.append(weakref.ref(held))
+        raise MemoryError("out of memory")
+
+    ref = []
+    try:
+        fail()
+    except MemoryError as exc:
+        caught = exc
+    assert ref[0]() is not None  # the traceback keeps the frame's locals alive
+    forget_frames(caught)
+    assert ref[0]() is None
+
+
+def test_memory_marker_skips_with_readable_numbers_and_runs_small_cases(pytester):
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.memory(2**60, device="cpu")
+        def test_huge():
+            raise AssertionError("must not run")
+
+        @pytest.mark.memory(1024)
+        def test_small():
+            pass
+
+        @pytest.mark.shape(dict(B=32, S=100_000, H=16), dict(B=1, S=64, H=1))
+        @pytest.mark.memory(lambda s: s.B * s.H * s.S**2 * 4, device="cpu")
+        def test_by_shape(shape):
+            assert shape.S == 64
+
+        @pytest.mark.shape(dict(n=1))
+        @pytest.mark.memory(lambda s: "lots")
+        def test_bad_callable(shape):
+            pass
+        """
+    )
+    result = pytester.runpytest("-ra")
+    result.assert_outcomes(passed=2, skipped=2, errors=1)
+    result.stdout.fnmatch_lines_random(
+        [
+            "SKIPPED [[]1[]] test_memory_marker_skips*.py:3: needs 1 EiB, * free on cpu",
+            "SKIPPED [[]1[]] test_memory_marker_skips*.py:11: needs 18.6 TiB, *iB free on cpu",
+            "*memory estimate *<lambda>(shape) must be a number of bytes; got 'lots' (str)*",
+        ]
+    )
+
+
+def test_bad_memory_marker_is_a_collection_error(pytester):
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.memory(-3)
+        def test_negative():
+            pass
+        """
+    )
+    result = pytester.runpytest()
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*::test_negative: memory estimate must be a finite number of bytes >= 0; got -3"])
+
+
+OOM_TESTS = """
+import gc, weakref
+import pytest, torch
+
+refs = []
+
+class Block:
+    pass
+
+def test_runs_out():
+    block = Block()
+    refs.append(weakref.ref(block))
+    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+
+def test_runtime_error_form():
+    raise RuntimeError("DefaultCPUAllocator: not enough memory: you tried to allocate 1 bytes; out of memory")
+
+def test_memory_was_released():
+    assert refs and refs[0]() is None
+
+def test_other_errors_still_fail():
+    raise RuntimeError("index out of range")
+"""
+
+
+def test_out_of_memory_becomes_a_skip_and_memory_is_released(pytester):
+    pytester.makepyfile(OOM_TESTS)
+    result = pytester.runpytest("-ra", "-p", "no:randomly")
+    result.assert_outcomes(skipped=2, passed=1, failed=1)
+    result.stdout.fnmatch_lines_random(
+        [
+            "SKIPPED [[]1[]] test_out_of_memory_becomes*.py:9: out of memory: CUDA out of memory. Tried to allocate 20.00 GiB",
+            "SKIPPED [[]1[]] *: out of memory: DefaultCPUAllocator*",
+            "FAILED *test_other_errors_still_fail*",
+        ]
+    )
+
+
+def test_out_of_memory_fails_with_kernel_oom_fail(pytester):
+    pytester.makepyfile(OOM_TESTS)
+    result = pytester.runpytest("--kernel-oom=fail", "-p", "no:randomly")
+    result.assert_outcomes(failed=3, passed=1)
+    result.stdout.fnmatch_lines(["*OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 GiB"])
+
+
+def test_kernel_oom_ini_setting(pytester):
+    pytester.makeini("[pytest]\nkernel_oom = fail\n")
+    pytester.makepyfile(OOM_TESTS)
+    pytester.runpytest("-p", "no:randomly").assert_outcomes(failed=3, passed=1)
+    pytester.makeini("[pytest]\nkernel_oom = sometimes\n")
+    result = pytester.runpytest()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*kernel_oom must be one of skip, fail; got 'sometimes'*"])
