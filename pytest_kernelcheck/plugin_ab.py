@@ -1,1 +1,197 @@
-"""pytest wiring for A/B speed comparisons (``--kernel-ab``); placeholder until the A/B engine lands."""
+"""pytest wiring for A/B speed comparisons: options, the ``kernel_ab`` fixture, report, pytest-xdist transport.
+
+The work lives in :mod:`pytest_kernelcheck.ab` (comparisons), :mod:`.stats` and :mod:`.report`; this module only
+connects them to pytest. Results travel on the test report as the ``kernel_ab_records`` attribute (a JSON
+string), which pytest-xdist serialises with the report, so the controller's summary sees every worker's results.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+RECORDS_ATTRIBUTE = "kernel_ab_records"
+_PENDING = pytest.StashKey[list]()
+_SESSION = pytest.StashKey["_ABSession"]()
+_COLLECTOR_NAME = "kernelcheck-ab-collector"
+
+ENABLE_HINT = "A/B speed comparisons are off; pass --kernel-ab (or set kernel_ab = true in the ini file) to run them"
+
+# name: (type, default, help); each has a --kernel-ab-NAME option and a kernel_ab_NAME ini key.
+_NUMBER_SETTINGS = {
+    "alpha": (float, 0.05, "false win/loss rate per comparison, over all its looks (default 0.05)"),
+    "margin": (float, 0.02, "equivalence margin: a speedup interval inside [1/(1+m), 1+m] is a tie (default 0.02)"),
+    "max_time": (float, 2.0, "seconds of sampling per comparison after warm-up (default 2.0)"),
+}
+
+
+@dataclass
+class _ABSession:
+    enabled: bool
+    settings: dict[str, Any]
+    report_path: str | None
+    previous: dict[str, Any] | None
+    records: list[dict[str, Any]] = field(default_factory=list)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("kernelcheck", "GPU kernel correctness and A/B speed checks")
+    group.addoption(
+        "--kernel-ab", action="store_true", default=None, dest="kernel_ab",
+        help="run A/B speed comparisons (tests using the kernel_ab fixture); without it they are skipped",
+    )
+    parser.addini("kernel_ab", "run A/B speed comparisons without --kernel-ab", type="bool", default=False)
+    for name, (_, default, text) in _NUMBER_SETTINGS.items():
+        group.addoption(f"--kernel-ab-{name.replace('_', '-')}", dest=f"kernel_ab_{name}", default=None, help=text)
+        parser.addini(f"kernel_ab_{name}", text, default=str(default))
+    group.addoption(
+        "--kernel-ab-report", dest="kernel_ab_report", default=None, metavar="PATH",
+        help="write the A/B report as JSON to PATH, with a markdown table (.md) and a plot (.png) beside it",
+    )
+    parser.addini("kernel_ab_report", "path of the A/B JSON report", default="")
+    group.addoption(
+        "--kernel-ab-compare", dest="kernel_ab_compare", default=None, metavar="PATH",
+        help="compare with an earlier A/B JSON report: adds a 'vs last run' column and flags regressions",
+    )
+    parser.addini("kernel_ab_compare", "path of an earlier A/B JSON report to compare with", default="")
+
+
+def _setting(config: pytest.Config, name: str) -> Any:
+    value = config.getoption(f"kernel_ab_{name}")
+    return value if value is not None else config.getini(f"kernel_ab_{name}")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    from . import report
+
+    settings: dict[str, Any] = {}
+    for name, (kind, _, _) in _NUMBER_SETTINGS.items():
+        raw = _setting(config, name)
+        try:
+            settings[name] = kind(raw)
+        except (TypeError, ValueError):
+            raise pytest.UsageError(f"--kernel-ab-{name.replace('_', '-')} / kernel_ab_{name}: not a number: {raw!r}")
+    try:
+        _budget_from(settings)
+    except ValueError as exc:
+        raise pytest.UsageError(f"kernel A/B settings: {exc}") from None
+    enabled = bool(config.getoption("kernel_ab") or config.getini("kernel_ab"))
+    report_path = _setting(config, "report") or None
+    compare_path = _setting(config, "compare") or None
+    previous = None
+    try:
+        if report_path:
+            report.check_writable(report_path)
+        if compare_path:
+            previous = report.load_report(compare_path)
+    except report.ReportError as exc:
+        raise pytest.UsageError(f"kernel A/B: {exc}") from None
+    session = _ABSession(enabled, settings, report_path, previous)
+    config.stash[_SESSION] = session
+    config.pluginmanager.register(_Collector(session), _COLLECTOR_NAME)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    collector = config.pluginmanager.get_plugin(_COLLECTOR_NAME)
+    if collector is not None:
+        config.pluginmanager.unregister(collector)
+
+
+def _budget_from(settings: dict[str, Any]) -> Any:
+    from .ab import Budget
+
+    return Budget().replace(**settings)
+
+
+@pytest.fixture
+def kernel_ab(request: pytest.FixtureRequest) -> Any:
+    """Statistically tested speed comparisons: ``compare``, ``assert_faster``, ``assert_not_slower``, ``tournament``.
+
+    Skipped unless the run has ``--kernel-ab``.
+    """
+    session = request.config.stash[_SESSION]
+    if not session.enabled:
+        pytest.skip(ENABLE_HINT)
+    from .ab import KernelAB
+
+    pending = request.node.stash.setdefault(_PENDING, [])
+    return KernelAB(
+        _budget_from(session.settings),
+        nodeid=request.node.nodeid,
+        test_name=request.node.name,
+        shape=lambda: _shape_of(request),
+        record=pending.append,
+    )
+
+
+def _shape_of(request: pytest.FixtureRequest) -> dict[str, Any] | None:
+    """The test's ``shape`` (fixture or parameter) as a dict, when the test has one."""
+    funcargs = getattr(request.node, "funcargs", {})
+    if "shape" in funcargs:
+        value = funcargs["shape"]
+    elif "shape" in request.fixturenames:
+        value = request.getfixturevalue("shape")
+    else:
+        return None
+    if value is None:
+        return None
+    if hasattr(value, "as_dict"):
+        return dict(value.as_dict())
+    if isinstance(value, dict):
+        return dict(value)
+    return {"shape": str(value)}
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
+    outcome = yield
+    pending = item.stash.get(_PENDING, None)
+    if pending:
+        # A JSON string survives every transport (xdist's execnet included) whatever the records hold.
+        setattr(outcome.get_result(), RECORDS_ATTRIBUTE, json.dumps(pending, default=str))
+        pending.clear()
+
+
+class _Collector:
+    """Per-run plugin object: gathers records from test reports (local or from xdist workers) and reports them."""
+
+    def __init__(self, session: _ABSession) -> None:
+        self.session = session
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        payload = getattr(report, RECORDS_ATTRIBUTE, None)
+        if payload:
+            self.session.records.extend(json.loads(payload))
+
+    def pytest_terminal_summary(self, terminalreporter: Any, config: pytest.Config) -> None:
+        if not self.session.enabled or hasattr(config, "workerinput"):  # xdist workers send, the controller reports
+            return
+        _summarise(self.session, terminalreporter)
+
+
+def _summarise(session: _ABSession, terminalreporter: Any) -> None:
+    from . import report
+
+    if not session.records:
+        terminalreporter.write_sep("=", "kernel A/B comparisons")
+        terminalreporter.write_line("no A/B comparisons ran")
+        return
+    environment = report.environment_info() if session.report_path else {}
+    built = report.build_report(
+        session.records, settings=session.settings, environment=environment, previous=session.previous
+    )
+    notes = []
+    if session.report_path:
+        markdown_path, plot_path = report.companion_paths(session.report_path)
+        try:
+            report.write_json(built, session.report_path)
+            report.write_markdown(built, markdown_path)
+            note = report.write_plot(built, plot_path)
+            notes.append(f"A/B report: {session.report_path}, {markdown_path}" + ("" if note else f", {plot_path}"))
+            if note:
+                notes.append(f"A/B plot skipped: {note}")
+        except report.ReportError as exc:
+            notes.append(f"A/B report not written: {exc}")
+    report.write_terminal(terminalreporter, built, notes)

@@ -1,0 +1,736 @@
+"""A/B speed comparisons: the ``kernel_ab`` fixture object and the orchestration behind it.
+
+``run_comparison`` and ``run_tournament`` do the work and need no pytest: check the callables, call each once
+(keeping its output), pick a timer, take the device lock, warm up, choose calls per sample (or a CUDA graph),
+sample rounds in random order with looks at 20, 40, 80, ... rounds until a verdict is clear or the budget is
+spent, then check that every output is unchanged. :class:`KernelAB` wraps them for tests: defaults from the
+command line, names, shapes, records for the report, and assertion helpers.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+from . import stats, timing
+from .gpu_lock import device_lock
+
+__all__ = [
+    "Budget",
+    "ComparisonResult",
+    "KernelAB",
+    "KernelABAssertionError",
+    "PairwiseResult",
+    "TournamentResult",
+    "run_comparison",
+    "run_tournament",
+]
+
+# Seconds of sampling (per comparison) that fit a default A/B budget: thousands of pairs for kernels under 1 ms.
+DEFAULT_MAX_TIME_S = 2.0
+# How long each look's chunk of rounds may run before the budget is checked again.
+CHUNK_SECONDS = 0.05
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How long and how strictly one comparison samples; every field is a keyword of ``compare``.
+
+    >>> Budget().replace(max_time=0.5, alpha=0.01).max_time
+    0.5
+    >>> Budget().replace(max_tme=1)
+    Traceback (most recent call last):
+    ...
+    TypeError: unknown budget keyword 'max_tme'; expected one of: alpha, calls_per_sample, check_output, flush_l2, margin, max_pairs, max_time, min_pairs, seed, use_cuda_graph, warmup
+    """
+
+    max_time: float = DEFAULT_MAX_TIME_S  # seconds of sampling, after warm-up; min_pairs overrides it
+    min_pairs: int = 20  # first look; never stop before it (20 pairs can reach p ~ 2e-6)
+    max_pairs: int = 10_240  # last look (10 looks in all with min_pairs 20)
+    alpha: float = 0.05  # false win/loss rate over all looks
+    margin: float = 0.02  # equivalence margin: a speedup inside [1/1.02, 1.02] can be a tie
+    flush_l2: bool = False  # CUDA only: write 256 MiB before each sample
+    calls_per_sample: int | str = "auto"  # "auto": batch calls shorter than 50 us
+    use_cuda_graph: bool | str = False  # True: always replay a graph; "auto": when calls are batched
+    warmup: float = 0.025  # seconds of warm-up rounds (at least 3) before sampling
+    check_output: bool = True  # outputs after timing must equal the first call's
+    seed: int | None = None  # seeds the random order inside rounds
+
+    def replace(self, **changes: Any) -> "Budget":
+        known = {f.name for f in dataclasses.fields(self)}
+        for key in changes:
+            if key not in known:
+                raise TypeError(f"unknown budget keyword {key!r}; expected one of: {', '.join(sorted(known))}")
+        budget = dataclasses.replace(self, **changes)
+        budget.validate()
+        return budget
+
+    def validate(self) -> None:
+        def positive_number(name: str, value: Any, allow_zero: bool = False) -> None:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"budget {name} must be a finite number of seconds, got {value!r}")
+            if value < 0 or (value == 0 and not allow_zero):
+                raise ValueError(f"budget {name} must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+
+        def positive_int(name: str, value: Any) -> None:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"budget {name} must be a positive integer, got {value!r}")
+
+        positive_number("max_time", self.max_time)
+        positive_number("warmup", self.warmup, allow_zero=True)
+        positive_int("min_pairs", self.min_pairs)
+        positive_int("max_pairs", self.max_pairs)
+        if self.max_pairs < self.min_pairs:
+            raise ValueError(f"budget max_pairs ({self.max_pairs}) must be >= min_pairs ({self.min_pairs})")
+        if isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float)) or not 0 < self.alpha < 1:
+            raise ValueError(f"budget alpha must be between 0 and 1 (exclusive), got {self.alpha!r}")
+        if isinstance(self.margin, bool) or not isinstance(self.margin, (int, float)) or not 0 <= self.margin < 1:
+            raise ValueError(f"budget margin must be in [0, 1) (0.02 means 2%), got {self.margin!r}")
+        if self.calls_per_sample != "auto":
+            positive_int("calls_per_sample", self.calls_per_sample)
+        if self.use_cuda_graph not in (True, False, "auto"):
+            raise ValueError(f"budget use_cuda_graph must be True, False or 'auto', got {self.use_cuda_graph!r}")
+        for name in ("flush_l2", "check_output"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"budget {name} must be True or False, got {getattr(self, name)!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            raise ValueError(f"budget seed must be an integer or None, got {self.seed!r}")
+
+    @property
+    def planned_looks(self) -> int:
+        return len(stats.look_schedule(self.min_pairs, self.max_pairs))
+
+
+@dataclass
+class ComparisonResult:
+    """Outcome of ``compare``: speedup is baseline time / candidate time, verdicts are the candidate's."""
+
+    name: str
+    verdict: str
+    speedup: float
+    ci: tuple[float, float]
+    ci_level: float
+    p_value: float  # corrected for the looks (Bonferroni), comparable with alpha
+    p_value_raw: float  # signed-rank p-value at the last look
+    n_pairs: int
+    candidate_ms: float  # median per call
+    baseline_ms: float
+    method: str
+    calls_per_sample: int
+    flush_l2: bool
+    alpha: float
+    margin: float
+    looks_planned: int
+    looks_done: int
+    stop_reason: str
+    elapsed_s: float
+    device: str
+    clock: dict[str, Any]
+    throttled: bool
+    candidate_samples_ms: list[float]
+    baseline_samples_ms: list[float]
+    candidate_first: list[bool]
+    notes: list[str] = field(default_factory=list)
+    nodeid: str = ""
+    shape: dict[str, Any] | None = None
+
+    def describe(self) -> str:
+        """One line with every number behind the verdict.
+
+        >>> r = ComparisonResult("x", "win", 1.1, (1.05, 1.15), 0.995, 1e-4, 1e-5, 80, 1.0, 1.1, "cpu-clock", 1,
+        ...     False, 0.05, 0.02, 11, 3, "decided", 0.2, "cpu", {}, False, [], [], [])
+        >>> r.describe()
+        'verdict win: speedup 1.100x, 99.5% CI [1.050, 1.150], p=0.0001, n=80 pairs, candidate 1 ms, baseline 1.1 ms (cpu-clock)'
+        """
+        return (
+            f"verdict {self.verdict}: speedup {self.speedup:.3f}x, {_percent(self.ci_level)} CI "
+            f"[{self.ci[0]:.3f}, {self.ci[1]:.3f}], p={self.p_value:.2g}, n={self.n_pairs} pairs, "
+            f"candidate {self.candidate_ms:.4g} ms, baseline {self.baseline_ms:.4g} ms ({self.method})"
+        )
+
+    def to_record(self) -> dict[str, Any]:
+        """JSON-ready record for the report (infinite interval ends become ``None``)."""
+        record = {"kind": "comparison", "error": None}
+        record.update(dataclasses.asdict(self))
+        record["ci"] = [_finite_or_none(v) for v in self.ci]
+        record["samples"] = {
+            "candidate_ms": record.pop("candidate_samples_ms"),
+            "baseline_ms": record.pop("baseline_samples_ms"),
+            "candidate_first": record.pop("candidate_first"),
+        }
+        return record
+
+
+@dataclass
+class PairwiseResult:
+    """One pair of a tournament: ``speedup`` is ``slower``'s time over ``faster``'s (so >= 1 means as ranked)."""
+
+    faster: str
+    slower: str
+    verdict: str  # from ``faster``'s side: "win" means ``faster`` is significantly faster
+    speedup: float
+    ci: tuple[float, float]
+    p_value: float  # Holm-adjusted across all pairs and corrected for the looks
+    p_value_raw: float
+
+
+@dataclass
+class TournamentResult:
+    """Outcome of ``tournament``: ranking best first and the variants the data cannot tell from the best."""
+
+    name: str
+    ranking: list[str]
+    best: str
+    indistinguishable_from_best: list[str]
+    median_ms: dict[str, float]
+    pairwise: list[PairwiseResult]
+    n_rounds: int
+    method: str
+    calls_per_sample: int
+    alpha: float
+    margin: float
+    ci_level: float
+    looks_planned: int
+    looks_done: int
+    stop_reason: str
+    elapsed_s: float
+    device: str
+    clock: dict[str, Any]
+    throttled: bool
+    samples_ms: dict[str, list[float]]
+    orders: list[list[str]]
+    notes: list[str] = field(default_factory=list)
+    nodeid: str = ""
+    shape: dict[str, Any] | None = None
+
+    def versus(self, a: str, b: str) -> PairwiseResult:
+        """The pairwise result for two variant names, in either order."""
+        for pair in self.pairwise:
+            if {pair.faster, pair.slower} == {a, b}:
+                return pair
+        raise KeyError(f"no pairwise result for {a!r} and {b!r}; variants: {', '.join(self.ranking)}")
+
+    def describe(self) -> str:
+        parts = []
+        for variant in self.ranking:
+            text = f"{variant} {self.median_ms[variant]:.4g} ms"
+            if variant != self.best:
+                pair = self.versus(self.best, variant)
+                text += f" ({pair.speedup:.3f}x [{pair.ci[0]:.3f}, {pair.ci[1]:.3f}] vs best, {pair.verdict})"
+            parts.append(text)
+        return (
+            f"best {self.best}; indistinguishable from best: {', '.join(self.indistinguishable_from_best)}; "
+            f"ranking: {' > '.join(parts)}; n={self.n_rounds} rounds ({self.method})"
+        )
+
+    def to_record(self) -> dict[str, Any]:
+        record = {"kind": "tournament", "error": None}
+        record.update(dataclasses.asdict(self))
+        for pair in record["pairwise"]:
+            pair["ci"] = [_finite_or_none(v) for v in pair["ci"]]
+        record["samples"] = {"ms": record.pop("samples_ms"), "orders": record.pop("orders")}
+        return record
+
+
+class KernelABAssertionError(AssertionError):
+    """``assert_faster`` / ``assert_not_slower`` failed; the message carries the numbers."""
+
+
+@dataclass
+class _Measurement:
+    samples: timing.RoundSamples
+    method: str
+    calls_per_sample: int
+    clock: dict[str, Any]
+    elapsed_s: float
+    stop_reason: str
+    looks_done: int
+    device: str
+    notes: list[str]
+
+
+def _resolve_timer(timer: Any, first_outputs: Sequence[Any], budget: Budget) -> timing.Timer:
+    if timer not in (None, "auto", "cpu", "cuda"):
+        if not hasattr(timer, "time_calls") or not hasattr(timer, "now"):
+            raise TypeError(
+                f"timer must be 'auto', 'cpu', 'cuda' or an object with time_calls() and now(), got {timer!r}"
+            )
+        return timer
+    if timer == "cpu":
+        return timing.CpuTimer()
+    torch = sys.modules.get("torch")
+    if timer == "cuda":
+        return timing.CudaEventTimer(None, flush_l2=budget.flush_l2)
+    # "auto": outputs on a GPU mean GPU work; outputs of None mean in-place work, on the GPU when there is one.
+    for output in first_outputs:
+        device = _first_cuda_device(output)
+        if device is not None:
+            return timing.CudaEventTimer(device, flush_l2=budget.flush_l2)
+    if all(o is None for o in first_outputs) and torch is not None and torch.cuda.is_available():
+        return timing.CudaEventTimer(None, flush_l2=budget.flush_l2)
+    return timing.CpuTimer()
+
+
+def _first_cuda_device(value: Any) -> Any:
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    if isinstance(value, torch.Tensor):
+        return value.device if value.is_cuda else None
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
+    for item in items:
+        device = _first_cuda_device(item)
+        if device is not None:
+            return device
+    return None
+
+
+def _measure(
+    fns: Sequence[Callable[[], Any]],
+    sides: Sequence[str],
+    budget: Budget,
+    timer: Any,
+    on_look: Callable[[timing.RoundSamples], bool],
+) -> _Measurement:
+    """Everything between "these callables" and "these samples": the shared engine of compare and tournament."""
+    for fn, side in zip(fns, sides):
+        timing.require_zero_arguments(fn, side)
+    first_outputs = [timing.snapshot(timing.call_once(fn, side, "its first call")) for fn, side in zip(fns, sides)]
+    if budget.check_output:
+        for output, side in zip(first_outputs, sides):
+            problem = timing.output_difference(output, output)  # compared with itself, only NaN can differ
+            if problem:
+                raise ValueError(f"{side} {problem}")
+    timer = _resolve_timer(timer, first_outputs, budget)
+    is_cuda = isinstance(timer, timing.CudaEventTimer)
+    notes: list[str] = []
+    if budget.flush_l2 and not is_cuda:
+        notes.append("flush_l2 ignored: it applies to CUDA event timing only")
+    with device_lock(timer.lock_key) as locked:
+        if not locked:
+            notes.append("ran without a device lock (no fcntl on this platform)")
+        warm = timing.warm_up(timer, fns, sides, budget.warmup)
+        if budget.calls_per_sample == "auto":
+            calls = timing.choose_calls_per_sample(timing.calibrated_single_call(warm))
+        else:
+            calls = int(budget.calls_per_sample)
+        timed_fns, repeat, method = _timed_callables(timer, fns, calls, budget, notes)
+        monitor = timing.ClockMonitor(timer.device if is_cuda else None)
+        monitor.sample()
+        start = timer.now()
+        samples, looks_done, stop_reason = _sample_with_looks(
+            timer, timed_fns, sides, repeat, calls, warm, budget, on_look, monitor
+        )
+        elapsed = timer.now() - start
+        monitor.sample()
+        if budget.check_output:
+            for fn, side, first in zip(fns, sides, first_outputs):
+                again = timing.call_once(fn, side, "the output check after timing")
+                difference = timing.output_difference(first, again)
+                if difference:
+                    raise timing.OutputChanged(
+                        f"{side} output is not the same after timing as on its first call: {difference}. "
+                        "Callables must return the same result on every call (pass check_output=False for "
+                        "kernels that are nondeterministic by design, e.g. atomics)"
+                    )
+    device = f"{timer.device} ({timer.device_name})" if is_cuda else timer.name
+    return _Measurement(samples, method, calls, monitor.summary(), elapsed, stop_reason, looks_done, device, notes)
+
+
+def _timed_callables(
+    timer: Any, fns: Sequence[Callable[[], Any]], calls: int, budget: Budget, notes: list[str]
+) -> tuple[list[Callable[[], Any]], int, str]:
+    """What one sample runs: the callables ``calls`` times each, or one replay of a CUDA graph of them."""
+    method = timer.name if calls == 1 else f"{timer.name}-batched x{calls}"
+    want_graph = budget.use_cuda_graph is True or (budget.use_cuda_graph == "auto" and calls > 1)
+    if not want_graph:
+        return list(fns), calls, method
+    if not isinstance(timer, timing.CudaEventTimer):
+        notes.append("use_cuda_graph ignored: not a CUDA comparison")
+        return list(fns), calls, method
+    try:
+        return [timing.capture_cuda_graph(fn, calls) for fn in fns], 1, f"cuda-graph x{calls}"
+    except Exception as exc:  # capture is fragile (host syncs, allocations): batching still measures
+        notes.append(f"CUDA graph capture failed ({type(exc).__name__}: {exc}); timed batched calls instead")
+        return list(fns), calls, method
+
+
+def _sample_with_looks(
+    timer: Any,
+    timed_fns: Sequence[Callable[[], Any]],
+    sides: Sequence[str],
+    repeat: int,
+    calls: int,
+    warm: Sequence[Sequence[float]],
+    budget: Budget,
+    on_look: Callable[[timing.RoundSamples], bool],
+    monitor: timing.ClockMonitor,
+) -> tuple[timing.RoundSamples, int, str]:
+    """Sample rounds in chunks, looking at the data at each scheduled count, until decided or out of budget."""
+    rng = random.Random(budget.seed)
+    samples = timing.RoundSamples.empty(len(timed_fns))
+    start = timer.now()
+    looks_done, last_look = 0, 0
+    for look_at in stats.look_schedule(budget.min_pairs, budget.max_pairs):
+        out_of_time = False
+        while samples.n_rounds < look_at:
+            spent = timer.now() - start
+            if spent >= budget.max_time and samples.n_rounds >= budget.min_pairs:
+                out_of_time = True
+                break
+            round_s = _round_seconds(samples, warm, calls)
+            chunk = max(1, min(look_at - samples.n_rounds, int(CHUNK_SECONDS / round_s) if round_s > 0 else 64))
+            if samples.n_rounds >= budget.min_pairs and round_s > 0:
+                chunk = max(1, min(chunk, int((budget.max_time - spent) / round_s) + 1))
+            timing.sample_rounds(timer, timed_fns, sides, chunk, repeat, rng, samples, calls_per_sample=calls)
+        if samples.n_rounds > last_look:  # a look only when there is new data
+            monitor.sample()
+            looks_done, last_look = looks_done + 1, samples.n_rounds
+            if on_look(samples):
+                return samples, looks_done, "decided"
+        if out_of_time:
+            return samples, looks_done, "max_time"
+    return samples, looks_done, "max_pairs"
+
+
+def _round_seconds(samples: timing.RoundSamples, warm: Sequence[Sequence[float]], calls: int) -> float:
+    """Expected seconds per round, from the latest samples (or the warm-up before there are any)."""
+    source = samples.times if samples.n_rounds else warm
+    return sum(sorted(times[-16:])[len(times[-16:]) // 2] for times in source) * calls
+
+
+def _positive_times(times: Sequence[float], side: str) -> Any:
+    import numpy as np
+
+    values = np.asarray(times, dtype=float)
+    if np.any(values <= 0):
+        raise ValueError(
+            f"the timer returned a zero duration for {side}: its calls are faster than the clock resolution; "
+            "raise calls_per_sample"
+        )
+    return values
+
+
+def _log_ratios(numerator: Sequence[float], denominator: Sequence[float], sides: tuple[str, str]) -> Any:
+    import numpy as np
+
+    return np.log(_positive_times(numerator, sides[0]) / _positive_times(denominator, sides[1]))
+
+
+def run_comparison(
+    candidate: Callable[[], Any],
+    baseline: Callable[[], Any],
+    budget: Budget | None = None,
+    *,
+    name: str = "comparison",
+    timer: Any = None,
+) -> ComparisonResult:
+    """Time two zero-argument callables in interleaved pairs and return the verdict for the candidate.
+
+    ``timer``: ``None``/``"auto"`` (CUDA events when outputs live on a GPU, else the CPU clock), ``"cpu"``,
+    ``"cuda"``, or any object following :class:`pytest_kernelcheck.timing.Timer`.
+
+    >>> import numpy as np
+    >>> x = np.random.default_rng(0).random(20_000)
+    >>> r = run_comparison(lambda: np.sort(x), lambda: np.sort(np.concatenate([x, x])), Budget(max_time=0.3))
+    >>> r.verdict
+    'win'
+    """
+    import numpy as np
+
+    budget = budget or Budget()
+    budget.validate()
+    looks = budget.planned_looks
+    alpha_look = budget.alpha / looks
+    latest: dict[str, stats.PairedAnalysis] = {}
+
+    def on_look(samples: timing.RoundSamples) -> bool:
+        d = _log_ratios(samples.times[1], samples.times[0], ("baseline", "candidate"))
+        latest["analysis"] = stats.analyse_log_ratios(d, alpha=alpha_look, margin=budget.margin)
+        return latest["analysis"].verdict != "inconclusive"
+
+    measured = _measure([candidate, baseline], ["candidate", "baseline"], budget, timer, on_look)
+    analysis = latest["analysis"]
+
+    return ComparisonResult(
+        name=name,
+        verdict=analysis.verdict,
+        speedup=analysis.speedup,
+        ci=analysis.ci,
+        ci_level=analysis.level,
+        p_value=min(1.0, analysis.p_value * looks),
+        p_value_raw=analysis.p_value,
+        n_pairs=analysis.n_pairs,
+        candidate_ms=float(np.median(measured.samples.times[0])) * 1e3,
+        baseline_ms=float(np.median(measured.samples.times[1])) * 1e3,
+        method=measured.method,
+        calls_per_sample=measured.calls_per_sample,
+        flush_l2=budget.flush_l2 and measured.method.startswith(("events", "cuda-graph")),
+        alpha=budget.alpha,
+        margin=budget.margin,
+        looks_planned=looks,
+        looks_done=measured.looks_done,
+        stop_reason=measured.stop_reason,
+        elapsed_s=measured.elapsed_s,
+        device=measured.device,
+        clock=measured.clock,
+        throttled=bool(measured.clock.get("throttled", False)),
+        candidate_samples_ms=[t * 1e3 for t in measured.samples.times[0]],
+        baseline_samples_ms=[t * 1e3 for t in measured.samples.times[1]],
+        candidate_first=[order[0] == 0 for order in measured.samples.orders],
+        notes=measured.notes,
+    )
+
+
+def _tournament_look(
+    names: Sequence[str], times: Sequence[Sequence[float]], alpha_look: float, margin: float
+) -> tuple[list[str], list[PairwiseResult]]:
+    """Rank by the median of per-round centred log times; test every pair, Holm-adjusted across all pairs.
+
+    Testing all pairs (not just "best vs the rest") keeps the error rate honest although the best is chosen
+    from the same data.
+    """
+    import numpy as np
+
+    logs = np.log(np.asarray(times, dtype=float))
+    centred = logs - logs.mean(axis=0)  # per-round centring cancels drift shared by the round
+    scores = np.median(centred, axis=1)
+    order = [int(i) for i in np.argsort(scores, kind="stable")]
+    ranking = [names[i] for i in order]
+    pairs = [(order[a], order[b]) for a in range(len(order)) for b in range(a + 1, len(order))]
+    interval_alpha = alpha_look / len(pairs)  # Bonferroni for the intervals, Holm for the tests
+    analyses = [
+        stats.analyse_log_ratios(logs[slow] - logs[fast], alpha=interval_alpha, margin=margin) for fast, slow in pairs
+    ]
+    adjusted = stats.holm([a.p_value for a in analyses])
+    results = [
+        PairwiseResult(
+            faster=names[fast],
+            slower=names[slow],
+            verdict=stats.decide(p, a.ci, alpha_look, margin),
+            speedup=a.speedup,
+            ci=a.ci,
+            p_value=p,
+            p_value_raw=a.p_value,
+        )
+        for (fast, slow), a, p in zip(pairs, analyses, adjusted)
+    ]
+    return ranking, results
+
+
+def run_tournament(
+    variants: Mapping[str, Callable[[], Any]],
+    budget: Budget | None = None,
+    *,
+    name: str = "tournament",
+    timer: Any = None,
+) -> TournamentResult:
+    """Rank several zero-argument callables on one input by rounds of calls in random order.
+
+    Stops when every pair involving the current best has a verdict, or when the budget is spent.
+
+    >>> import numpy as np
+    >>> x = np.random.default_rng(0).random(20_000)
+    >>> t = run_tournament({"one": lambda: np.sort(x), "two": lambda: np.sort(np.concatenate([x, x]))},
+    ...                    Budget(max_time=0.3))
+    >>> t.best, t.ranking
+    ('one', ['one', 'two'])
+    """
+    import numpy as np
+
+    budget = budget or Budget()
+    budget.validate()
+    if not isinstance(variants, Mapping) or len(variants) < 2:
+        raise ValueError(f"a tournament needs a mapping of at least two named callables, got {variants!r}")
+    names = [str(n) for n in variants]
+    if len(set(names)) != len(names):
+        raise ValueError(f"tournament variant names must be distinct as text, got {names}")
+    fns = list(variants.values())
+    if len({id(f) for f in fns}) != len(fns):
+        raise ValueError("each tournament variant must be its own callable object (wrap repeats in a lambda)")
+    looks = budget.planned_looks
+    alpha_look = budget.alpha / looks
+    latest: dict[str, Any] = {}
+
+    def on_look(samples: timing.RoundSamples) -> bool:
+        for name, times in zip(names, samples.times):
+            _positive_times(times, f"variant {name!r}")
+        ranking, pairwise = _tournament_look(names, samples.times, alpha_look, budget.margin)
+        latest["ranking"], latest["pairwise"] = ranking, pairwise
+        return all(p.verdict != "inconclusive" for p in pairwise if p.faster == ranking[0])
+
+    measured = _measure(fns, [f"variant {n!r}" for n in names], budget, timer, on_look)
+
+    ranking, pairwise = latest["ranking"], latest["pairwise"]
+    best = ranking[0]
+    separated = {p.slower for p in pairwise if p.faster == best and p.verdict == "win"}
+    return TournamentResult(
+        name=name,
+        ranking=ranking,
+        best=best,
+        indistinguishable_from_best=[v for v in ranking if v not in separated],
+        median_ms={n: float(np.median(t)) * 1e3 for n, t in zip(names, measured.samples.times)},
+        pairwise=pairwise,
+        n_rounds=measured.samples.n_rounds,
+        method=measured.method,
+        calls_per_sample=measured.calls_per_sample,
+        alpha=budget.alpha,
+        margin=budget.margin,
+        ci_level=1 - alpha_look / max(1, len(pairwise)),
+        looks_planned=looks,
+        looks_done=measured.looks_done,
+        stop_reason=measured.stop_reason,
+        elapsed_s=measured.elapsed_s,
+        device=measured.device,
+        clock=measured.clock,
+        throttled=bool(measured.clock.get("throttled", False)),
+        samples_ms={n: [t * 1e3 for t in times] for n, times in zip(names, measured.samples.times)},
+        orders=[[names[i] for i in order] for order in measured.samples.orders],
+        notes=measured.notes,
+    )
+
+
+class KernelAB:
+    """The ``kernel_ab`` fixture: statistically tested speed comparisons inside a test.
+
+    >>> def test_fused_is_faster(kernel_ab):  # doctest: +SKIP
+    ...     x = torch.randn(4096, 4096, device="cuda")
+    ...     kernel_ab.assert_faster(lambda: fused(x), lambda: unfused(x), name="fused vs unfused")
+    """
+
+    def __init__(
+        self,
+        defaults: Budget | None = None,
+        *,
+        nodeid: str = "",
+        test_name: str = "comparison",
+        shape: Callable[[], dict[str, Any] | None] = lambda: None,
+        record: Callable[[dict[str, Any]], None] = lambda record: None,
+    ) -> None:
+        self.defaults = defaults or Budget()
+        self._nodeid = nodeid
+        self._test_name = test_name
+        self._shape = shape
+        self._record = record
+        self._unnamed = 0
+        self.results: list[ComparisonResult | TournamentResult] = []
+
+    def _name(self, name: str | None) -> str:
+        if name is not None:
+            return str(name)
+        self._unnamed += 1
+        return self._test_name if self._unnamed == 1 else f"{self._test_name} #{self._unnamed}"
+
+    def _run(self, kind: str, name: str | None, work: Callable[[Budget, str], Any], budget: dict[str, Any]) -> Any:
+        settings = self.defaults.replace(**budget)  # bad keywords fail before anything runs
+        label = self._name(name)
+        shape = self._shape()
+        started = time.perf_counter()
+        try:
+            result = work(settings, label)
+        except Exception as exc:
+            # Recorded so the report keeps every other comparison and shows this one failed, then re-raised.
+            self._record(_error_record(kind, label, self._nodeid, shape, exc, time.perf_counter() - started))
+            raise
+        result.nodeid, result.shape = self._nodeid, shape
+        self.results.append(result)
+        self._record(result.to_record())
+        return result
+
+    def compare(
+        self,
+        candidate: Callable[[], Any],
+        baseline: Callable[[], Any],
+        *,
+        name: str | None = None,
+        timer: Any = None,
+        **budget: Any,
+    ) -> ComparisonResult:
+        """Time ``candidate`` against ``baseline`` (zero-argument callables); never fails on the verdict.
+
+        Budget keywords: max_time, min_pairs, max_pairs, alpha, margin, flush_l2, calls_per_sample,
+        use_cuda_graph, warmup, check_output, seed.
+
+        >>> result = kernel_ab.compare(lambda: new(x), lambda: old(x), max_time=1.0)  # doctest: +SKIP
+        >>> result.verdict, result.speedup, result.ci  # doctest: +SKIP
+        ('win', 1.18, (1.15, 1.21))
+        """
+        return self._run(
+            "comparison",
+            name,
+            lambda settings, label: run_comparison(candidate, baseline, settings, name=label, timer=timer),
+            budget,
+        )
+
+    def assert_faster(
+        self, candidate: Callable[[], Any], baseline: Callable[[], Any], *, name: str | None = None, **budget: Any
+    ) -> ComparisonResult:
+        """Compare, and fail unless the candidate is significantly faster (verdict "win").
+
+        >>> kernel_ab.assert_faster(lambda: new(x), lambda: old(x))  # doctest: +SKIP
+        """
+        __tracebackhide__ = True
+        result = self.compare(candidate, baseline, name=name, **budget)
+        if result.verdict != "win":
+            raise KernelABAssertionError(f"{result.name}: candidate is not faster than baseline; {result.describe()}")
+        return result
+
+    def assert_not_slower(
+        self, candidate: Callable[[], Any], baseline: Callable[[], Any], *, name: str | None = None, **budget: Any
+    ) -> ComparisonResult:
+        """Compare, and fail only when the candidate is significantly slower (verdict "loss").
+
+        >>> kernel_ab.assert_not_slower(lambda: dispatch(x), lambda: sdpa(x))  # doctest: +SKIP
+        """
+        __tracebackhide__ = True
+        result = self.compare(candidate, baseline, name=name, **budget)
+        if result.verdict == "loss":
+            raise KernelABAssertionError(f"{result.name}: candidate is slower than baseline; {result.describe()}")
+        return result
+
+    def tournament(
+        self, variants: Mapping[str, Callable[[], Any]], *, name: str | None = None, timer: Any = None, **budget: Any
+    ) -> TournamentResult:
+        """Rank named variants on one input; says which cannot be told apart from the best.
+
+        >>> t = kernel_ab.tournament({"a": lambda: a(x), "b": lambda: b(x), "c": lambda: c(x)})  # doctest: +SKIP
+        >>> t.best, t.indistinguishable_from_best  # doctest: +SKIP
+        ('b', ['b', 'c'])
+        """
+        return self._run(
+            "tournament",
+            name,
+            lambda settings, label: run_tournament(variants, settings, name=label, timer=timer),
+            budget,
+        )
+
+
+def _error_record(kind: str, name: str, nodeid: str, shape: Any, exc: BaseException, elapsed: float) -> dict[str, Any]:
+    return {
+        "kind": kind,
+        "name": name,
+        "nodeid": nodeid,
+        "shape": shape,
+        "verdict": "error",
+        "error": f"{type(exc).__name__}: {exc}",
+        "speedup": None,
+        "ci": [None, None],
+        "p_value": None,
+        "candidate_ms": None,
+        "baseline_ms": None,
+        "n_pairs": 0,
+        "method": None,
+        "elapsed_s": elapsed,
+    }
+
+
+def _finite_or_none(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def _percent(level: float) -> str:
+    return f"{level * 100:.1f}%"

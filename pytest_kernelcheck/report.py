@@ -1,0 +1,450 @@
+"""A/B report: summary statistics, terminal table, JSON, markdown, plot, and comparison with an earlier report.
+
+The report is a plain dict (see :func:`build_report`) so that it can be written, read back and compared without
+the objects that produced it. Records are the ``to_record()`` dicts of comparisons and tournaments.
+"""
+from __future__ import annotations
+
+import datetime as _datetime
+import json
+import math
+import platform
+import sys
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from . import stats
+
+SCHEMA = "pytest-kernelcheck/ab-report"
+SCHEMA_VERSION = 1
+VERDICT_MARKUP = {
+    "win": {"green": True},
+    "loss": {"red": True},
+    "tie": {"yellow": True},
+    "inconclusive": {"yellow": True},
+    "error": {"red": True, "bold": True},
+}
+PLOT_MISSING_NOTE = "install pytest-kernelcheck[plot] for the plot"
+
+
+class ReportError(Exception):
+    """An earlier report cannot be read, or a report cannot be written; the message names the path."""
+
+
+def build_report(
+    records: Sequence[dict[str, Any]],
+    *,
+    settings: dict[str, Any],
+    environment: dict[str, Any] | None = None,
+    previous: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Assemble the report: comparisons with Benjamini-Hochberg columns, tournaments, totals, regressions.
+
+    >>> r = build_report([{"kind": "comparison", "nodeid": "t.py::a", "name": "a", "verdict": "win",
+    ...                    "speedup": 1.2, "ci": [1.1, 1.3], "p_value": 0.001}], settings={"alpha": 0.05})
+    >>> r["summary"]["win"], r["comparisons"][0]["verdict_bh"]
+    (1, 'win')
+    """
+    alpha = float(settings.get("alpha", 0.05))
+    comparisons = sorted(
+        (dict(r) for r in records if r.get("kind") == "comparison"), key=lambda r: str(r.get("nodeid", ""))
+    )
+    tournaments = sorted(
+        (dict(r) for r in records if r.get("kind") == "tournament"), key=lambda r: str(r.get("nodeid", ""))
+    )
+    tested = [r for r in comparisons if r.get("verdict") != "error" and r.get("p_value") is not None]
+    for record, adjusted in zip(tested, stats.benjamini_hochberg([float(r["p_value"]) for r in tested])):
+        record["p_bh"] = adjusted
+        verdict = record["verdict"]
+        record["verdict_bh"] = verdict if verdict not in ("win", "loss") or adjusted < alpha else "inconclusive"
+    counts = {v: sum(r.get("verdict") == v for r in comparisons) for v in (*stats.VERDICTS, "error")}
+    speedups = [float(r["speedup"]) for r in tested if r.get("speedup")]
+    summary: dict[str, Any] = {
+        "comparisons": len(comparisons),
+        **counts,
+        "geomean_speedup": stats.geometric_mean(speedups) if speedups else None,
+        "bh_alpha": alpha,
+        "bh_win": sum(r.get("verdict_bh") == "win" for r in tested),
+        "bh_loss": sum(r.get("verdict_bh") == "loss" for r in tested),
+        "throttled": sum(bool(r.get("throttled")) for r in comparisons),
+        "tournaments": len(tournaments),
+    }
+    if previous is not None:
+        summary["regressions"] = _mark_against_previous(comparisons, previous)
+    return {
+        "schema": SCHEMA,
+        "version": SCHEMA_VERSION,
+        "created": _now(),
+        "settings": dict(settings),
+        "environment": environment or {},
+        "summary": summary,
+        "comparisons": comparisons,
+        "tournaments": tournaments,
+    }
+
+
+def _mark_against_previous(comparisons: list[dict[str, Any]], previous: dict[str, Any]) -> list[str]:
+    """Add ``vs_last`` to each comparison found in the earlier report; return the names that regressed.
+
+    A regression: the speedup interval now sits entirely below the earlier one, or the verdict went from win
+    to loss.
+    """
+    earlier = {(r.get("nodeid"), r.get("name")): r for r in previous.get("comparisons", [])}
+    regressions = []
+    for record in comparisons:
+        old = earlier.get((record.get("nodeid"), record.get("name")))
+        if old is None or record.get("verdict") == "error":
+            record["vs_last"] = None
+            continue
+        old_low = (old.get("ci") or [None, None])[0]
+        new_high = (record.get("ci") or [None, None])[1]
+        reasons = []
+        if old_low is not None and new_high is not None and new_high < old_low:
+            reasons.append(f"interval now below the last run's ({new_high:.3f} < {old_low:.3f})")
+        if old.get("verdict") == "win" and record.get("verdict") == "loss":
+            reasons.append("verdict went from win to loss")
+        ratio = None
+        if old.get("speedup") and record.get("speedup"):
+            ratio = float(record["speedup"]) / float(old["speedup"])
+        record["vs_last"] = {
+            "speedup": old.get("speedup"),
+            "ci": old.get("ci"),
+            "verdict": old.get("verdict"),
+            "ratio": ratio,
+            "regression": bool(reasons),
+            "reason": "; ".join(reasons) or None,
+        }
+        if reasons:
+            regressions.append(record.get("name") or record.get("nodeid"))
+    return regressions
+
+
+def environment_info() -> dict[str, Any]:
+    """Where the numbers came from: host, versions, GPU, date and git commit.
+
+    Machine and commit details reuse pytest-benchmark's helpers (the same fields its saved runs carry).
+    """
+    from importlib import metadata
+
+    environment: dict[str, Any] = {
+        "date": _now(),
+        "hostname": platform.node(),
+        "python": platform.python_version(),
+        "packages": {},
+    }
+    for package in ("torch", "triton", "numpy", "scipy", "pytest", "pytest-kernelcheck"):
+        try:
+            environment["packages"][package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            environment["packages"][package] = None
+    try:
+        from pytest_benchmark.plugin import pytest_benchmark_generate_machine_info
+        from pytest_benchmark.utils import get_commit_info
+
+        environment["machine_info"] = pytest_benchmark_generate_machine_info()
+        environment["commit_info"] = get_commit_info()
+    except Exception as exc:  # environment details must never cost the report itself
+        environment["machine_info_error"] = f"{type(exc).__name__}: {exc}"
+    environment["gpu"] = _gpu_info()
+    return environment
+
+
+def _gpu_info() -> dict[str, Any]:
+    torch = sys.modules.get("torch")  # only describe a GPU the tests actually used torch for
+    if torch is None or not torch.cuda.is_available():
+        return {"available": False}
+    info: dict[str, Any] = {
+        "available": True,
+        "devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+        "cuda": torch.version.cuda,
+    }
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        info["driver"] = pynvml.nvmlSystemGetDriverVersion()
+    except Exception as exc:
+        info["driver"] = f"unavailable ({type(exc).__name__})"
+    return info
+
+
+def _now() -> str:
+    return _datetime.datetime.now(_datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def companion_paths(json_path: str | Path) -> tuple[Path, Path]:
+    """Markdown and PNG paths beside the JSON report (same stem).
+
+    >>> [p.name for p in companion_paths("out/ab.json")]
+    ['ab.md', 'ab.png']
+    """
+    path = Path(json_path)
+    return path.with_suffix(".md"), path.with_suffix(".png")
+
+
+def check_writable(json_path: str | Path) -> None:
+    """Raise ``ReportError`` unless the report (and its companions) can be written there.
+
+    Missing directories are fine (they are created when the report is written) as long as the nearest existing
+    one is a writable directory.
+    """
+    import os
+
+    path = Path(json_path)
+    if path.is_dir():
+        raise ReportError(f"report path {str(path)!r} is a directory; give a file name such as ab.json")
+    ancestor = path.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise ReportError(f"cannot write report {str(path)!r}: {str(ancestor)!r} is not a directory")
+    if not os.access(ancestor, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise ReportError(f"cannot write report {str(path)!r}: permission denied")
+
+
+def load_report(path: str | Path) -> dict[str, Any]:
+    """Read an earlier JSON report, with a clear error when it is missing or not an A/B report."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ReportError(f"earlier report {str(path)!r} does not exist") from None
+    except (OSError, ValueError) as exc:
+        raise ReportError(f"earlier report {str(path)!r} cannot be read as JSON: {exc}") from None
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("comparisons"), list):
+        raise ReportError(f"{str(path)!r} is not a kernel A/B report (expected schema {SCHEMA!r} with 'comparisons')")
+    return data
+
+
+def write_json(report: dict[str, Any], path: str | Path) -> None:
+    """Write the report as standard JSON (non-finite numbers become null)."""
+    _write(path, json.dumps(_finite(report), indent=1, default=str, allow_nan=False) + "\n")
+
+
+def write_markdown(report: dict[str, Any], path: str | Path) -> None:
+    """Write the comparison table, totals and tournaments as markdown."""
+    lines = ["# Kernel A/B comparisons", ""]
+    header, rows = table_rows(report)
+    lines.append("| " + " | ".join(header) + " |")
+    lines.append("|" + "---|" * len(header))
+    lines.extend("| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows)
+    lines += [""] + error_lines(report) + ["", summary_line(report), ""]
+    for tournament in report["tournaments"]:
+        lines += tournament_lines(tournament) + [""]
+    environment = report.get("environment") or {}
+    if environment:
+        gpu = environment.get("gpu") or {}
+        commit = (environment.get("commit_info") or {}).get("id")
+        lines.append(
+            f"Run {environment.get('date')} on {environment.get('hostname')}; GPU: "
+            f"{', '.join(gpu.get('devices', [])) or 'none'}; packages: "
+            + ", ".join(f"{k} {v}" for k, v in (environment.get("packages") or {}).items() if v)
+            + (f"; commit {commit}" if commit else "")
+        )
+    _write(path, "\n".join(lines) + "\n")
+
+
+def write_plot(report: dict[str, Any], path: str | Path) -> str | None:
+    """Plot speedup per comparison with its interval; returns a note instead when matplotlib is missing."""
+    comparisons = [r for r in report["comparisons"] if r.get("speedup")]
+    if not comparisons:
+        return None
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")  # files only, never a window
+        import matplotlib.patches
+        import matplotlib.pyplot as plt
+        import matplotlib.ticker
+    except ImportError:
+        return PLOT_MISSING_NOTE
+    colours = {"win": "tab:green", "loss": "tab:red", "tie": "tab:olive", "inconclusive": "tab:gray"}
+    figure, axes = plt.subplots(figsize=(max(6.0, 0.45 * len(comparisons) + 2), 4.5))
+    margin = float(report["settings"].get("margin", 0.02))
+    axes.axhspan(1 / (1 + margin), 1 + margin, color="0.9", label=f"tie margin ±{margin:.0%}")
+    axes.axhline(1.0, color="black", linewidth=0.8)
+    for x, record in enumerate(comparisons):
+        speedup = float(record["speedup"])
+        low, high = record.get("ci") or (None, None)
+        low = speedup if low is None else float(low)
+        high = speedup if high is None else float(high)
+        axes.errorbar(
+            x, speedup, yerr=[[speedup - low], [high - speedup]], fmt="o", capsize=3,
+            color=colours.get(record.get("verdict"), "black"),
+        )
+    axes.set_xticks(range(len(comparisons)))
+    axes.set_xticklabels([_label(r) for r in comparisons], rotation=60, ha="right", fontsize=7)
+    axes.set_yscale("log")
+    axes.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:.3g}x"))
+    axes.yaxis.set_minor_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:.3g}x"))
+    axes.set_ylabel("speedup (baseline time / candidate time)")
+    axes.set_title("Kernel A/B: speedup with interval, per comparison")
+    handles = [plt.Line2D([], [], marker="o", linestyle="", color=c, label=v) for v, c in colours.items()]
+    handles.append(matplotlib.patches.Patch(color="0.9", label=f"tie margin ±{margin:.0%}"))
+    axes.legend(handles=handles, fontsize=7, loc="best")
+    figure.tight_layout()
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        figure.savefig(path, dpi=120)
+    except OSError as exc:
+        raise ReportError(f"cannot write plot {str(path)!r}: {exc}") from None
+    finally:
+        plt.close(figure)
+    return None
+
+
+def _label(record: dict[str, Any]) -> str:
+    shape = format_shape(record.get("shape"))
+    return f"{record.get('name')}" + (f" ({shape})" if shape and shape not in str(record.get("name")) else "")
+
+
+def format_shape(shape: Any) -> str:
+    """Compact text for a shape dict.
+
+    >>> format_shape({"B": 1, "S": 128})
+    'B=1 S=128'
+    """
+    if not shape:
+        return ""
+    if isinstance(shape, dict):
+        return " ".join(f"{k}={v}" for k, v in shape.items())
+    return str(shape)
+
+
+def _number(value: Any, spec: str) -> str:
+    return "-" if value is None or (isinstance(value, float) and not math.isfinite(value)) else format(value, spec)
+
+
+def _interval(ci: Any) -> str:
+    low, high = ci or (None, None)
+    return f"[{_number(low, '.3f') if low is not None else '0'}, {_number(high, '.3f') if high is not None else 'inf'}]"
+
+
+def table_rows(report: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Header and text rows of the comparison table (the terminal and markdown share them)."""
+    with_previous = "regressions" in report["summary"]
+    header = ["comparison", "shape", "cand ms", "base ms", "speedup [CI]", "p", "verdict", "method"]
+    if with_previous:
+        header.append("vs last run")
+    rows = []
+    for record in report["comparisons"]:
+        verdict = str(record.get("verdict"))
+        if record.get("throttled"):
+            verdict += " (throttled)"
+        if record.get("verdict_bh") and record.get("verdict_bh") != record.get("verdict"):
+            verdict += " (not after BH)"
+        if record.get("verdict") == "error":
+            speed = _shorten(str(record.get("error")), 40)
+        else:
+            speed = f"{_number(record.get('speedup'), '.3f')}x {_interval(record.get('ci'))}"
+        row = [
+            str(record.get("name")),
+            format_shape(record.get("shape")),
+            _number(record.get("candidate_ms"), ".4g"),
+            _number(record.get("baseline_ms"), ".4g"),
+            speed,
+            _number(record.get("p_value"), ".2g"),
+            verdict,
+            str(record.get("method") or "-"),
+        ]
+        if with_previous:
+            row.append(_vs_last(record.get("vs_last")))
+        rows.append(row)
+    return header, rows
+
+
+def _vs_last(vs_last: dict[str, Any] | None) -> str:
+    if not vs_last:
+        return "new"
+    text = f"was {_number(vs_last.get('speedup'), '.3f')}x {vs_last.get('verdict')}"
+    return f"REGRESSION: {text}; {vs_last['reason']}" if vs_last.get("regression") else text
+
+
+def _shorten(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def error_lines(report: dict[str, Any]) -> list[str]:
+    """Full error messages of failed comparisons (the table shows them shortened)."""
+    return [f"error in {r.get('name')}: {r.get('error')}" for r in report["comparisons"] if r.get("verdict") == "error"]
+
+
+def summary_line(report: dict[str, Any]) -> str:
+    s = report["summary"]
+    parts = [
+        f"{s['win']} win, {s['loss']} loss, {s['tie']} tie, {s['inconclusive']} inconclusive"
+        + (f", {s['error']} error" if s["error"] else ""),
+        f"geometric-mean speedup {_number(s['geomean_speedup'], '.3f')}x over {s['comparisons'] - s['error']}",
+        f"after Benjamini-Hochberg (FDR {s['bh_alpha']:g}): {s['bh_win']} win, {s['bh_loss']} loss survive",
+    ]
+    if s.get("throttled"):
+        parts.append(f"{s['throttled']} ran while the SM clock dropped below 90% (see clock in the JSON)")
+    if "regressions" in s:
+        parts.append(f"{len(s['regressions'])} regression(s) vs last run")
+    return "; ".join(parts)
+
+
+def tournament_lines(record: dict[str, Any]) -> list[str]:
+    """Text lines for one tournament record (or its error)."""
+    title = f"tournament {record.get('name')}" + (
+        f" ({format_shape(record.get('shape'))})" if record.get("shape") else ""
+    )
+    if record.get("verdict") == "error":
+        return [f"{title}: error: {record.get('error')}"]
+    best = record["best"]
+    ranking = []
+    for variant in record["ranking"]:
+        text = f"{variant} {_number(record['median_ms'][variant], '.4g')} ms"
+        for pair in record["pairwise"]:
+            if pair["faster"] == best and pair["slower"] == variant:
+                speed = f"{_number(pair['speedup'], '.3f')}x {_interval(pair['ci'])}"
+                text += f" ({speed} slower, {pair['verdict']} for {best})"
+        ranking.append(text)
+    return [
+        f"{title}: best {best}; indistinguishable from best: {', '.join(record['indistinguishable_from_best'])}",
+        "  ranking: " + " > ".join(ranking),
+        f"  {record['n_rounds']} rounds, {record['method']}",
+    ]
+
+
+def write_terminal(terminal: Any, report: dict[str, Any], notes: Iterable[str] = ()) -> None:
+    """Write the A/B section to pytest's terminal reporter, verdicts coloured where the terminal allows."""
+    terminal.write_sep("=", "kernel A/B comparisons")
+    header, rows = table_rows(report)
+    if rows:
+        widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+        terminal.write_line("  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip())
+        verdict_column = header.index("verdict")
+        for record, row in zip(report["comparisons"], rows):
+            for index, (cell, width) in enumerate(zip(row, widths)):
+                text = cell.ljust(width) + ("  " if index < len(row) - 1 else "")
+                markup = VERDICT_MARKUP.get(str(record.get("verdict")), {}) if index == verdict_column else {}
+                if header[index] == "vs last run" and cell.startswith("REGRESSION"):
+                    markup = {"red": True, "bold": True}
+                terminal.write(text, **markup)
+            terminal.write_line("")
+        for line in error_lines(report):
+            terminal.write_line(line, red=True)
+        terminal.write_line(summary_line(report))
+    for tournament in report["tournaments"]:
+        for line in tournament_lines(tournament):
+            terminal.write_line(line)
+    for note in notes:
+        terminal.write_line(note)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _write(path: str | Path, text: str) -> None:
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(text)
+    except OSError as exc:
+        raise ReportError(f"cannot write report {str(path)!r}: {exc}") from None

@@ -1,0 +1,517 @@
+"""Timing engine for A/B comparisons: timers, warm-up, interleaved sampling, CUDA graphs, clocks, output checks.
+
+A timer times a sequence of zero-argument callables back to back and returns one duration per element. Rounds
+(pairs, for two variants) run every variant once in a fresh random order, so drift, throttling and cache state
+hit all variants alike and the per-round ratios cancel them.
+
+Timers:
+
+- :class:`CpuTimer` (``time.perf_counter_ns``) for functions that run on the host.
+- :class:`CudaEventTimer`: CUDA events around each element, the whole sequence queued before one synchronisation,
+  so the GPU runs the calls back to back and the events measure device time, not host latency. An optional L2
+  flush (a 256 MiB write, as ``triton.testing.do_bench`` does) runs before each element, outside its events.
+- :class:`SimulatedTimer`: draws durations from given models on a virtual clock; it lets tests check the
+  statistics against known truths (A/A, known slowdowns, drift) quickly and reproducibly.
+"""
+from __future__ import annotations
+
+import inspect
+import math
+import random
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Protocol, Sequence
+
+# Below this median single-call time a sample batches several calls (or replays a CUDA graph): launch overhead
+# and timer resolution would otherwise dominate (an 8 us kernel timed alone varies by ~16% on an H200).
+BATCH_THRESHOLD_S = 50e-6
+# A batched sample aims at this duration; 20 calls of an 8 us kernel halved the noise on an H200.
+BATCH_TARGET_S = 200e-6
+MAX_CALLS_PER_SAMPLE = 1000
+L2_FLUSH_BYTES = 256 * 1024 * 1024
+# A comparison is flagged as throttled when the SM clock drops below this fraction of its starting value.
+THROTTLE_FRACTION = 0.9
+
+
+class TimedCallError(Exception):
+    """Raised by a timer when the callable at ``index`` of the sequence raised; the cause is chained."""
+
+    def __init__(self, index: int, error: BaseException) -> None:
+        super().__init__(f"callable {index} raised {type(error).__name__}: {error}")
+        self.index = index
+        self.error = error
+
+
+class CallableFailed(Exception):
+    """A compared callable raised; the message names the side (candidate, baseline or variant name)."""
+
+    def __init__(self, side: str, error: BaseException, during: str) -> None:
+        super().__init__(f"{side} raised {type(error).__name__} during {during}: {error}")
+        self.side = side
+        self.error = error
+
+
+class OutputChanged(Exception):
+    """A compared callable returned something different after timing than on its first call."""
+
+
+class Timer(Protocol):
+    """What the A/B engine needs from a timer.
+
+    ``time_calls(fns, repeat)`` runs each callable of ``fns`` ``repeat`` times back to back, in order, and returns
+    the seconds each element took (all ``repeat`` calls). When ``fns[i]`` raises it raises
+    ``TimedCallError(i, exc)``. ``now()`` is the clock that time budgets are counted on.
+    """
+
+    name: str
+    lock_key: str
+
+    def time_calls(self, fns: Sequence[Callable[[], Any]], repeat: int) -> list[float]: ...
+
+    def now(self) -> float: ...
+
+
+class CpuTimer:
+    """Wall-clock timer for host functions (``time.perf_counter_ns``).
+
+    >>> CpuTimer().time_calls([lambda: sum(range(100))], repeat=3)[0] > 0
+    True
+    """
+
+    name = "cpu-clock"
+    # One lock for the host: two pytest-xdist workers timing at once would share (and disturb) the same cores.
+    lock_key = "cpu"
+
+    def time_calls(self, fns: Sequence[Callable[[], Any]], repeat: int) -> list[float]:
+        clock = time.perf_counter_ns
+        durations = []
+        for index, fn in enumerate(fns):
+            try:
+                start = clock()
+                for _ in range(repeat):
+                    fn()
+                end = clock()
+            except Exception as exc:
+                raise TimedCallError(index, exc) from exc
+            durations.append((end - start) * 1e-9)
+        return durations
+
+    def now(self) -> float:
+        return time.perf_counter()
+
+
+class CudaEventTimer:
+    """CUDA-event timer on one device; work must be queued on the current stream.
+
+    >>> timer = CudaEventTimer("cuda:0", flush_l2=True)  # doctest: +SKIP
+    >>> timer.time_calls([lambda: a @ b], repeat=1)  # doctest: +SKIP
+    [0.000412]
+    """
+
+    name = "events"
+
+    def __init__(self, device: Any = None, flush_l2: bool = False, flush_bytes: int = L2_FLUSH_BYTES) -> None:
+        import torch
+
+        self._torch = torch
+        self.device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+        properties = torch.cuda.get_device_properties(self.device)
+        uuid = getattr(properties, "uuid", None)
+        # The lock must follow the physical GPU: with CUDA_VISIBLE_DEVICES, index 0 differs between processes.
+        self.lock_key = f"cuda-{uuid}" if uuid else f"cuda-{self.device.index}"
+        self.device_name = properties.name
+        self._flush_buffer = (
+            torch.empty(flush_bytes // 4, dtype=torch.int32, device=self.device) if flush_l2 else None
+        )
+
+    def time_calls(self, fns: Sequence[Callable[[], Any]], repeat: int) -> list[float]:
+        torch = self._torch
+        starts = [torch.cuda.Event(enable_timing=True) for _ in fns]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in fns]
+        with torch.cuda.device(self.device):
+            for index, fn in enumerate(fns):
+                if self._flush_buffer is not None:
+                    self._flush_buffer.zero_()
+                try:
+                    starts[index].record()
+                    for _ in range(repeat):
+                        fn()
+                    ends[index].record()
+                except Exception as exc:
+                    raise TimedCallError(index, exc) from exc
+            # One synchronisation per sequence: the host queues ahead, so the device never waits between calls.
+            torch.cuda.synchronize(self.device)
+        return [start.elapsed_time(end) * 1e-3 for start, end in zip(starts, ends)]
+
+    def now(self) -> float:
+        return time.perf_counter()
+
+
+DurationModel = Callable[[random.Random, float], float]
+
+
+class SimulatedTimer:
+    """Timer with known truth: each callable's duration is drawn from its model on a virtual clock.
+
+    ``models`` maps each callable (by identity) to ``model(rng, now) -> seconds``; ``now`` lets a model drift.
+    The clock advances by every simulated duration plus ``overhead_s`` per element. The callables themselves are
+    not run unless ``run_callables`` is true.
+
+    >>> fast, slow = (lambda: None), (lambda: None)
+    >>> timer = SimulatedTimer({fast: lambda rng, now: 1e-3, slow: lambda rng, now: 2e-3})
+    >>> timer.time_calls([fast, slow], repeat=2), timer.now()
+    ([0.002, 0.004], 0.006)
+    """
+
+    name = "simulated"
+    lock_key = "simulated"
+
+    def __init__(
+        self,
+        models: Mapping[Callable[[], Any], DurationModel],
+        seed: int = 0,
+        overhead_s: float = 0.0,
+        run_callables: bool = False,
+    ) -> None:
+        self._models = {id(fn): model for fn, model in models.items()}
+        self._rng = random.Random(seed)
+        self._clock = 0.0
+        self._overhead_s = overhead_s
+        self._run_callables = run_callables
+
+    def time_calls(self, fns: Sequence[Callable[[], Any]], repeat: int) -> list[float]:
+        durations = []
+        for index, fn in enumerate(fns):
+            model = self._models.get(id(fn))
+            if model is None:
+                raise ValueError(f"SimulatedTimer has no model for callable {index} ({fn!r})")
+            if self._run_callables:
+                try:
+                    fn()
+                except Exception as exc:
+                    raise TimedCallError(index, exc) from exc
+            total = 0.0
+            for _ in range(repeat):
+                total += model(self._rng, self._clock)
+            durations.append(total)
+            self._clock += total + self._overhead_s
+        return durations
+
+    def now(self) -> float:
+        return self._clock
+
+
+def require_zero_arguments(fn: Any, side: str) -> None:
+    """Raise ``TypeError`` unless ``fn`` can be called with no arguments.
+
+    >>> require_zero_arguments(lambda x: x, "candidate")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    TypeError: candidate must be callable with no arguments; it requires 'x' ...
+    """
+    if not callable(fn):
+        raise TypeError(f"{side} must be a callable taking no arguments, got {type(fn).__name__}: {fn!r}")
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # some builtins have no signature; calling them will tell
+        return
+    required = [
+        p.name
+        for p in signature.parameters.values()
+        if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    ]
+    if required:
+        names = ", ".join(repr(n) for n in required)
+        raise TypeError(
+            f"{side} must be callable with no arguments; it requires {names} "
+            f"(bind inputs first, e.g. functools.partial or a lambda)"
+        )
+
+
+def call_once(fn: Callable[[], Any], side: str, during: str) -> Any:
+    """Call ``fn`` and name the side when it raises."""
+    try:
+        return fn()
+    except Exception as exc:
+        raise CallableFailed(side, exc, during) from exc
+
+
+@dataclass
+class RoundSamples:
+    """Per-call seconds of each variant, one entry per round, and the order each round ran in."""
+
+    times: list[list[float]]
+    orders: list[tuple[int, ...]] = field(default_factory=list)
+
+    @classmethod
+    def empty(cls, n_variants: int) -> "RoundSamples":
+        return cls(times=[[] for _ in range(n_variants)])
+
+    @property
+    def n_rounds(self) -> int:
+        return len(self.orders)
+
+
+def sample_rounds(
+    timer: Timer,
+    fns: Sequence[Callable[[], Any]],
+    sides: Sequence[str],
+    n_rounds: int,
+    repeat: int,
+    rng: random.Random,
+    into: RoundSamples,
+    calls_per_sample: int | None = None,
+) -> None:
+    """Run ``n_rounds`` rounds, each timing every callable once in a fresh random order, and append to ``into``.
+
+    Each sample runs its callable ``repeat`` times; stored times are per call, dividing by ``calls_per_sample``
+    (default ``repeat``; a CUDA graph replay runs once but holds several calls).
+
+    >>> samples = RoundSamples.empty(2)
+    >>> sample_rounds(CpuTimer(), [int, float], ["candidate", "baseline"], 5, 1, random.Random(0), samples)
+    >>> samples.n_rounds, len(samples.times[1])
+    (5, 5)
+    """
+    indices = list(range(len(fns)))
+    orders = []
+    sequence = []
+    for _ in range(n_rounds):
+        order = indices[:]
+        rng.shuffle(order)
+        orders.append(tuple(order))
+        sequence.extend(order)
+    try:
+        durations = timer.time_calls([fns[i] for i in sequence], repeat)
+    except TimedCallError as exc:
+        raise CallableFailed(sides[sequence[exc.index]], exc.error, "timing") from exc.error
+    divisor = calls_per_sample or repeat
+    for position, variant in enumerate(sequence):
+        into.times[variant].append(durations[position] / divisor)
+    into.orders.extend(orders)
+
+
+def warm_up(
+    timer: Timer,
+    fns: Sequence[Callable[[], Any]],
+    sides: Sequence[str],
+    seconds: float,
+    min_rounds: int = 3,
+    max_rounds: int = 10_000,
+) -> list[list[float]]:
+    """Run rounds of single calls until ``seconds`` have passed (at least ``min_rounds``); return their times.
+
+    Compilation and autotuning happen on the first calls and stay out of the samples; the later warm-up times
+    serve to calibrate how many calls a sample needs.
+    """
+    samples = RoundSamples.empty(len(fns))
+    start = timer.now()
+    rng = random.Random(0)
+    while samples.n_rounds < min_rounds or (timer.now() - start < seconds and samples.n_rounds < max_rounds):
+        sample_rounds(timer, fns, sides, 1, 1, rng, samples)
+    return samples.times
+
+
+def choose_calls_per_sample(single_call_s: float) -> int:
+    """Calls per sample so that a sample lasts about ``BATCH_TARGET_S`` when one call is under the threshold.
+
+    >>> choose_calls_per_sample(1e-3), choose_calls_per_sample(8e-6)
+    (1, 25)
+    """
+    if single_call_s >= BATCH_THRESHOLD_S:
+        return 1
+    if single_call_s <= 0:
+        return MAX_CALLS_PER_SAMPLE
+    return max(1, min(MAX_CALLS_PER_SAMPLE, math.ceil(BATCH_TARGET_S / single_call_s - 1e-9)))
+
+
+def calibrated_single_call(warmup_times: Sequence[Sequence[float]]) -> float:
+    """Median single-call time of the fastest variant over the second half of the warm-up."""
+    medians = []
+    for times in warmup_times:
+        tail = list(times[len(times) // 2 :]) or list(times)
+        medians.append(statistics.median(tail))
+    return min(medians)
+
+
+def capture_cuda_graph(fn: Callable[[], Any], calls: int) -> Callable[[], Any]:
+    """Capture ``calls`` calls of ``fn`` into a CUDA graph and return its replay; raises if capture fails.
+
+    Replay removes host launch overhead entirely: it measures device time of the captured kernels, not what an
+    eager caller pays.
+    """
+    import torch
+
+    side_stream = torch.cuda.Stream()
+    side_stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side_stream):  # capture needs a warm-up on a side stream (allocator, lazy init)
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(side_stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    torch.cuda.synchronize()
+    return graph.replay
+
+
+class ClockMonitor:
+    """SM clock and temperature of a CUDA device through NVML (nvidia-ml-py), sampled during a comparison.
+
+    Without a CUDA device or without nvidia-ml-py, ``summary()`` says it was unavailable and why.
+
+    >>> ClockMonitor(None).summary()["available"]
+    False
+    """
+
+    def __init__(self, device: Any) -> None:
+        self._device = device
+        self._samples: list[tuple[float, int, int]] = []
+        self._reason = ""
+        self._max_sm_mhz: int | None = None
+        if device is None:
+            self._reason = "not a CUDA comparison"
+            return
+        try:
+            import pynvml  # noqa: F401  (nvidia-ml-py; torch's clock_rate/temperature need it)
+            import torch
+
+            self._torch = torch
+            handle = torch.cuda._get_pynvml_handler(device)
+            self._max_sm_mhz = int(pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM))
+        except ImportError:
+            self._reason = "nvidia-ml-py is not installed (pip install pytest-kernelcheck[nvml])"
+        except Exception as exc:  # NVML can be missing or refuse (containers, MIG): record, never fail a test
+            self._reason = f"NVML unavailable: {type(exc).__name__}: {exc}"
+
+    def sample(self) -> None:
+        if self._reason:
+            return
+        try:
+            clock = int(self._torch.cuda.clock_rate(self._device))
+            temperature = int(self._torch.cuda.temperature(self._device))
+        except Exception as exc:
+            self._reason = f"NVML query failed: {type(exc).__name__}: {exc}"
+            return
+        self._samples.append((time.perf_counter(), clock, temperature))
+
+    def summary(self) -> dict[str, Any]:
+        if self._reason or not self._samples:
+            return {"available": False, "reason": self._reason or "no samples", "throttled": False}
+        clocks = [c for _, c, _ in self._samples]
+        temperatures = [t for _, _, t in self._samples]
+        return {
+            "available": True,
+            "sm_clock_mhz": {
+                "start": clocks[0], "min": min(clocks), "end": clocks[-1], "max_supported": self._max_sm_mhz
+            },
+            "temperature_c": {"start": temperatures[0], "max": max(temperatures), "end": temperatures[-1]},
+            "samples": len(self._samples),
+            "throttled": min(clocks) < THROTTLE_FRACTION * clocks[0],
+        }
+
+
+def snapshot(value: Any) -> Any:
+    """A copy of an output that later calls cannot overwrite (tensors and arrays are cloned)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and isinstance(value, numpy.ndarray):
+        return value.copy()
+    if isinstance(value, (list, tuple)):
+        return type(value)(snapshot(v) for v in value) if not hasattr(value, "_fields") else type(value)(
+            *(snapshot(v) for v in value)
+        )
+    if isinstance(value, dict):
+        return {k: snapshot(v) for k, v in value.items()}
+    return value
+
+
+def contains_cuda_tensor(value: Any) -> bool:
+    """Whether an output holds a tensor on a CUDA device (anywhere inside lists, tuples, dicts)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return False
+    if isinstance(value, torch.Tensor):
+        return value.is_cuda
+    if isinstance(value, (list, tuple)):
+        return any(contains_cuda_tensor(v) for v in value)
+    if isinstance(value, dict):
+        return any(contains_cuda_tensor(v) for v in value.values())
+    return False
+
+
+def output_difference(first: Any, again: Any, path: str = "output") -> str | None:
+    """Describe how ``again`` differs from ``first`` (exact equality), or ``None`` when it does not.
+
+    NaN counts as a difference: an output with NaN is never accepted as unchanged.
+
+    >>> output_difference((1, [2, 3]), (1, [2, 4]))
+    'output[1][1] changed: 3 -> 4'
+    """
+    torch = sys.modules.get("torch")
+    numpy = sys.modules.get("numpy")
+    if torch is not None and isinstance(first, torch.Tensor):
+        return _tensor_difference(torch, first, again, path)
+    if numpy is not None and isinstance(first, numpy.ndarray):
+        if not isinstance(again, numpy.ndarray):
+            return f"{path} changed type: ndarray -> {type(again).__name__}"
+        if first.shape != again.shape or first.dtype != again.dtype:
+            return f"{path} changed: shape {first.shape} {first.dtype} -> {again.shape} {again.dtype}"
+        if first.dtype.kind in "fc" and (numpy.isnan(first).any() or numpy.isnan(again).any()):
+            return f"{path} contains NaN; an output with NaN is not worth timing"
+        if not numpy.array_equal(first, again):
+            return f"{path} values changed ({int(numpy.sum(first != again))} of {first.size} elements differ)"
+        return None
+    if isinstance(first, (list, tuple)):
+        if not isinstance(again, (list, tuple)) or len(first) != len(again):
+            return f"{path} changed structure: {_brief(first)} -> {_brief(again)}"
+        for index, (a, b) in enumerate(zip(first, again)):
+            difference = output_difference(a, b, f"{path}[{index}]")
+            if difference:
+                return difference
+        return None
+    if isinstance(first, dict):
+        if not isinstance(again, dict) or first.keys() != again.keys():
+            return f"{path} changed structure: {_brief(first)} -> {_brief(again)}"
+        for key in first:
+            difference = output_difference(first[key], again[key], f"{path}[{key!r}]")
+            if difference:
+                return difference
+        return None
+    if isinstance(first, float) and math.isnan(first):
+        return f"{path} is NaN"
+    try:
+        same = bool(first == again)
+    except Exception:  # objects whose == is not a plain bool: fall back to their text
+        same = repr(first) == repr(again)
+    return None if same else f"{path} changed: {first!r} -> {again!r}"
+
+
+def _tensor_difference(torch: Any, first: Any, again: Any, path: str) -> str | None:
+    if not isinstance(again, torch.Tensor):
+        return f"{path} changed type: Tensor -> {type(again).__name__}"
+    if first.shape != again.shape or first.dtype != again.dtype:
+        return f"{path} changed: shape {tuple(first.shape)} {first.dtype} -> {tuple(again.shape)} {again.dtype}"
+    if first.is_floating_point() or first.is_complex():
+        if bool(torch.isnan(first).any()) or bool(torch.isnan(again).any()):
+            return f"{path} contains NaN; an output with NaN is not worth timing"
+    again = again.to(first.device)
+    if torch.equal(first, again):
+        return None
+    differing = first != again
+    message = f"{path} values changed ({int(differing.sum())} of {first.numel()} elements differ"
+    if first.is_floating_point():
+        message += f", max |diff| {float((first.double() - again.double()).abs().max()):.3g}"
+    return message + ")"
+
+
+def _brief(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return f"{type(value).__name__} of {len(value)}"
+    if isinstance(value, dict):
+        return f"dict with keys {sorted(map(str, value))}"
+    return type(value).__name__

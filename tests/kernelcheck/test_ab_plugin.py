@@ -1,0 +1,305 @@
+"""End to end with pytester: --kernel-ab, the kernel_ab fixture, the report files, --kernel-ab-compare, xdist."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+FAST = ["--kernel-ab", "--kernel-ab-max-time", "0.2", "-p", "no:cacheprovider"]
+
+# Sorting 2x more numbers is a difference no noisy CI machine can hide; the A/A pair must not be a win.
+SORTS = """
+import numpy as np
+import pytest
+
+rng = np.random.default_rng(0)
+small, large = rng.random(5_000), rng.random(10_000)
+
+def sort_small():
+    return np.sort(small)
+
+def sort_large():
+    return np.sort(large)
+"""
+
+
+def test_without_the_option_ab_tests_are_skipped_naming_it(pytester):
+    pytester.makepyfile(
+        SORTS
+        + """
+def test_speed(kernel_ab):
+    kernel_ab.assert_faster(sort_small, sort_large)
+"""
+    )
+    result = pytester.runpytest("-rs", "-p", "no:cacheprovider")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*A/B speed comparisons are off; pass --kernel-ab*"])
+    assert "kernel A/B comparisons" not in result.stdout.str()
+
+
+def test_report_section_files_and_a_failed_comparison_that_loses_nothing(pytester):
+    pytester.makepyfile(
+        SORTS
+        + """
+@pytest.fixture(params=[{"n": 5000}], ids=["n5000"])
+def shape(request):
+    return request.param
+
+def test_faster(kernel_ab, shape):
+    result = kernel_ab.assert_faster(sort_small, sort_large)
+    assert result.speedup > 1.5
+
+def test_named(kernel_ab):
+    kernel_ab.compare(sort_small, sort_small, name="same sort")
+
+def test_raises(kernel_ab):
+    def broken():
+        raise ValueError("kernel exploded")
+    kernel_ab.compare(sort_small, broken)
+"""
+    )
+    result = pytester.runpytest(*FAST, "--kernel-ab-report", "out/ab.json")
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*= kernel A/B comparisons =*",
+            "comparison*shape*cand ms*base ms*speedup [[]CI[]]*p*verdict*method",
+            "test_faster[[]n5000[]]*n=5000*x [[]*[]]*win*cpu-clock*",
+            "same sort*x [[]*[]]*cpu-clock*",
+            "test_raises*CallableFailed*error*",
+            "error in test_raises: CallableFailed: baseline raised ValueError during its first call: kernel exploded",
+            "1 win, 0 loss, * error; geometric-mean speedup *x over 2; after Benjamini-Hochberg (FDR 0.05): *",
+            "A/B report: out/ab.json, out/ab.md, out/ab.png",
+        ]
+    )
+    data = json.loads((pytester.path / "out" / "ab.json").read_text())
+    assert set(data) == {"schema", "version", "created", "settings", "environment", "summary", "comparisons", "tournaments"}
+    assert data["settings"]["max_time"] == 0.2
+    faster = next(r for r in data["comparisons"] if r["name"] == "test_faster[n5000]")
+    for key in ("nodeid", "name", "shape", "verdict", "speedup", "ci", "p_value", "candidate_ms", "baseline_ms",
+                "n_pairs", "method", "samples", "p_bh", "verdict_bh", "clock", "throttled"):
+        assert key in faster, key
+    assert faster["nodeid"] == "test_report_section_files_and_a_failed_comparison_that_loses_nothing.py::test_faster[n5000]"
+    assert faster["shape"] == {"n": 5000} and faster["verdict"] == "win"
+    samples = faster["samples"]
+    assert len(samples["candidate_ms"]) == len(samples["baseline_ms"]) == len(samples["candidate_first"]) == faster["n_pairs"]
+    assert faster["candidate_ms"] < faster["baseline_ms"]
+    assert {"machine_info", "commit_info", "packages", "gpu"} <= set(data["environment"])
+    assert "| test_faster[n5000] | n=5000 |" in (pytester.path / "out" / "ab.md").read_text()
+    assert (pytester.path / "out" / "ab.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_assert_faster_failure_message_carries_the_numbers(pytester):
+    pytester.makepyfile(
+        SORTS
+        + """
+def test_not_faster(kernel_ab):
+    kernel_ab.assert_faster(sort_small, sort_small, name="a against itself", alpha=0.001)
+
+def test_not_slower_passes_on_a_tie(kernel_ab):
+    kernel_ab.assert_not_slower(sort_small, sort_small, alpha=0.001)
+
+def test_not_slower_fails_on_a_loss(kernel_ab):
+    kernel_ab.assert_not_slower(sort_large, sort_small)
+"""
+    )
+    result = pytester.runpytest(*FAST)
+    result.assert_outcomes(passed=1, failed=2)
+    result.stdout.fnmatch_lines(
+        [
+            "*KernelABAssertionError: a against itself: candidate is not faster than baseline; verdict *: speedup *x, "
+            "*% CI [[]*, *[]], p=*, n=* pairs, candidate * ms, baseline * ms (cpu-clock*)",
+            "*KernelABAssertionError: test_not_slower_fails_on_a_loss: candidate is slower than baseline; verdict loss: "
+            "speedup 0.*x*",
+        ]
+    )
+
+
+def test_compare_with_an_earlier_report_flags_a_regression(pytester):
+    pytester.makepyfile(
+        SORTS
+        + """
+def test_sorts(kernel_ab):
+    kernel_ab.compare(sort_small, sort_large, name="small vs large")
+"""
+    )
+    first = pytester.runpytest(*FAST, "--kernel-ab-report", "first.json")
+    first.assert_outcomes(passed=1)
+    earlier = json.loads((pytester.path / "first.json").read_text())
+    # Pretend the last run was far faster, so this run's interval sits entirely below it.
+    earlier["comparisons"][0].update(speedup=50.0, ci=[45.0, 55.0], verdict="win")
+    (pytester.path / "first.json").write_text(json.dumps(earlier))
+    second = pytester.runpytest(*FAST, "--kernel-ab-compare", "first.json", "--kernel-ab-report", "second.json")
+    second.assert_outcomes(passed=1)
+    second.stdout.fnmatch_lines(
+        [
+            "comparison*verdict*method*vs last run",
+            "small vs large*REGRESSION: was 50.000x win; interval now below the last run's*",
+            "*1 regression(s) vs last run",
+        ]
+    )
+    record = json.loads((pytester.path / "second.json").read_text())["comparisons"][0]
+    assert record["vs_last"]["regression"] is True
+
+
+def test_tournament_is_reported(pytester):
+    pytester.makepyfile(
+        SORTS
+        + """
+def test_variants(kernel_ab):
+    result = kernel_ab.tournament({"small": sort_small, "large": sort_large, "small again": lambda: np.sort(small)})
+    assert result.best in ("small", "small again")
+    assert result.ranking[-1] == "large"
+    assert "large" not in result.indistinguishable_from_best
+"""
+    )
+    result = pytester.runpytest(*FAST, "--kernel-ab-report", "t.json")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "tournament test_variants: best small*; indistinguishable from best: small*",
+            "  ranking: small* ms > * > large * ms (*x [[]*[]] slower, win for small*)",
+        ]
+    )
+    tournament = json.loads((pytester.path / "t.json").read_text())["tournaments"][0]
+    assert tournament["ranking"][-1] == "large" and len(tournament["pairwise"]) == 3
+
+
+def test_xdist_workers_results_reach_the_controller_report(pytester):
+    pytester.makepyfile(
+        test_one=SORTS + "\ndef test_one(kernel_ab):\n    kernel_ab.compare(sort_small, sort_large, name='one')\n",
+        test_two=SORTS + "\ndef test_two(kernel_ab):\n    kernel_ab.compare(sort_small, sort_large, name='two')\n",
+    )
+    result = pytester.runpytest_subprocess(*FAST, "-n", "2", "--kernel-ab-report", "x.json")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["*2 workers*"])
+    result.stdout.fnmatch_lines(["*= kernel A/B comparisons =*", "one *", "two *"])
+    names = sorted(r["name"] for r in json.loads((pytester.path / "x.json").read_text())["comparisons"])
+    assert names == ["one", "two"]
+
+
+def test_bad_inputs_in_tests_get_clear_errors(pytester):
+    pytester.makepyfile(
+        SORTS
+        + """
+def test_needs_argument(kernel_ab):
+    kernel_ab.compare(lambda x: np.sort(x), sort_small)
+
+def test_unknown_keyword(kernel_ab):
+    kernel_ab.compare(sort_small, sort_large, max_tiem=1)
+
+def test_zero_budget(kernel_ab):
+    kernel_ab.compare(sort_small, sort_large, max_time=0)
+
+def test_changing_output(kernel_ab):
+    sizes = iter(range(1, 10**6))
+    kernel_ab.compare(lambda: np.zeros(next(sizes)), sort_small)
+"""
+    )
+    result = pytester.runpytest(*FAST)
+    result.assert_outcomes(failed=4)
+    result.stdout.fnmatch_lines_random(
+        [
+            "*TypeError: candidate must be callable with no arguments; it requires 'x'*",
+            "*TypeError: unknown budget keyword 'max_tiem'; expected one of: *",
+            "*ValueError: budget max_time must be > 0, got 0",
+            "*OutputChanged: candidate output is not the same after timing as on its first call: output changed: "
+            "shape (1,) float64 -> *",
+        ]
+    )
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--kernel-ab-report", "test_bad_options_are_usage_errors.py/ab.json"],
+         "kernel A/B: cannot write report 'test_bad_options_are_usage_errors.py/ab.json': "
+         "'test_bad_options_are_usage_errors.py' is not a directory"),
+        (["--kernel-ab-compare", "missing.json"], "kernel A/B: earlier report 'missing.json' does not exist"),
+        (["--kernel-ab-alpha", "2"], "kernel A/B settings: budget alpha must be between 0 and 1*"),
+        (["--kernel-ab-max-time", "-1"], "kernel A/B settings: budget max_time must be > 0, got -1.0"),
+        (["--kernel-ab-margin", "two"], "--kernel-ab-margin / kernel_ab_margin: not a number: 'two'"),
+    ],
+)
+def test_bad_options_are_usage_errors(pytester, args, message):
+    pytester.makepyfile("def test_nothing():\n    pass\n")
+    result = pytester.runpytest("--kernel-ab", *args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*{message}*"])
+
+
+def test_ini_settings_and_help(pytester):
+    pytester.makeini("[pytest]\nkernel_ab = true\nkernel_ab_max_time = 0.15\nkernel_ab_alpha = 0.01\n")
+    pytester.makepyfile(
+        SORTS + "\ndef test_one(kernel_ab):\n    assert kernel_ab.compare(sort_small, sort_large).alpha == 0.01\n"
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider", "--kernel-ab-report", "ini.json")
+    result.assert_outcomes(passed=1)
+    assert json.loads((pytester.path / "ini.json").read_text())["settings"] == {
+        "alpha": 0.01, "margin": 0.02, "max_time": 0.15
+    }
+    help_text = pytester.runpytest("--help")
+    help_text.stdout.fnmatch_lines(
+        ["*--kernel-ab *", "*--kernel-ab-alpha*", "*--kernel-ab-margin*", "*--kernel-ab-max-time*",
+         "*--kernel-ab-report=PATH*", "*--kernel-ab-compare=PATH*", "*kernel_ab_max_time*"]
+    )
+
+
+def test_report_that_cannot_be_written_at_the_end_is_a_message_not_a_traceback(pytester):
+    pytester.makepyfile(
+        SORTS
+        + """
+import os
+
+def test_one(kernel_ab):
+    kernel_ab.compare(sort_small, sort_large)
+    os.mkdir("gone.json")  # the report path turns into a directory during the run
+"""
+    )
+    result = pytester.runpytest(*FAST, "--kernel-ab-report", "gone.json")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["A/B report not written: cannot write report 'gone.json': *"])
+    assert "Traceback" not in result.stdout.str()
+
+
+def test_shape_marker_cases_are_recorded_as_dicts(pytester):
+    pytester.makepyfile(
+        SORTS
+        + """
+@pytest.mark.shape(dict(n=2000), dict(n=4000))
+def test_cases(kernel_ab, shape):
+    data = np.random.default_rng(0).random(shape.n)
+    kernel_ab.compare(lambda: np.sort(data), lambda: np.sort(np.concatenate([data, data])))
+"""
+    )
+    result = pytester.runpytest(*FAST, "--kernel-ab-report", "s.json")
+    result.assert_outcomes(passed=2)
+    shapes = sorted(r["shape"]["n"] for r in json.loads((pytester.path / "s.json").read_text())["comparisons"])
+    assert shapes == [2000, 4000]
+
+
+def test_fixture_object_names_records_and_keeps_failures():
+    from pytest_kernelcheck.ab import Budget, KernelAB
+    from pytest_kernelcheck.timing import CallableFailed, SimulatedTimer
+
+    records = []
+    ab = KernelAB(Budget(max_time=0.1), nodeid="t.py::test_x", test_name="test_x",
+                  shape=lambda: {"S": 64}, record=records.append)
+    a, b = (lambda: None), (lambda: None)
+    timer = SimulatedTimer({a: lambda rng, now: 1e-3, b: lambda rng, now: 2e-3})
+    first = ab.compare(a, b, timer=timer)
+    second = ab.compare(a, b, timer=timer)
+    assert (first.name, second.name) == ("test_x", "test_x #2")
+    assert first.verdict == "win" and first.speedup == pytest.approx(2.0) and first.shape == {"S": 64}
+
+    def broken():
+        raise RuntimeError("no kernel image")
+
+    with pytest.raises(CallableFailed, match="candidate raised RuntimeError"):
+        ab.compare(broken, b, name="broken")
+    assert [r["verdict"] for r in records] == ["win", "win", "error"]
+    assert records[2]["name"] == "broken" and "no kernel image" in records[2]["error"]
+    assert records[0]["nodeid"] == "t.py::test_x" and records[0]["shape"] == {"S": 64}
+    json.dumps(records)  # records are plain JSON

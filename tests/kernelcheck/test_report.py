@@ -1,0 +1,187 @@
+"""A/B report: totals, Benjamini-Hochberg, regressions against an earlier run, files, terminal markup."""
+from __future__ import annotations
+
+import builtins
+import json
+import math
+
+import pytest
+
+from pytest_kernelcheck import report
+
+SETTINGS = {"alpha": 0.05, "margin": 0.02, "max_time": 2.0}
+
+
+def comparison(name, verdict, speedup, ci, p, **extra):
+    record = {
+        "kind": "comparison",
+        "nodeid": f"test_x.py::{name}",
+        "name": name,
+        "shape": {"B": 1, "S": 128},
+        "verdict": verdict,
+        "speedup": speedup,
+        "ci": list(ci),
+        "p_value": p,
+        "candidate_ms": 1.0,
+        "baseline_ms": speedup,
+        "method": "events",
+        "throttled": False,
+        "error": None,
+    }
+    record.update(extra)
+    return record
+
+
+RECORDS = [
+    comparison("fast", "win", 1.20, (1.15, 1.25), 0.001),
+    comparison("borderline", "win", 1.05, (1.01, 1.09), 0.04),
+    comparison("slow", "loss", 0.8, (0.75, 0.85), 0.002),
+    comparison("same", "tie", 1.0, (0.99, 1.01), 0.9),
+    {"kind": "comparison", "nodeid": "test_x.py::broken", "name": "broken", "shape": None, "verdict": "error",
+     "error": "CallableFailed: candidate raised ValueError during timing: boom", "speedup": None,
+     "ci": [None, None], "p_value": None, "candidate_ms": None, "baseline_ms": None, "method": None},
+]
+
+
+def test_summary_counts_geomean_and_benjamini_hochberg():
+    built = report.build_report(RECORDS, settings=SETTINGS)
+    summary = built["summary"]
+    assert (summary["win"], summary["loss"], summary["tie"], summary["inconclusive"], summary["error"]) == (2, 1, 1, 0, 1)
+    assert summary["geomean_speedup"] == pytest.approx((1.2 * 1.05 * 0.8 * 1.0) ** 0.25)
+    by_name = {r["name"]: r for r in built["comparisons"]}
+    # BH over 4 p-values: 0.001*4/1, 0.002*4/2, 0.04*4/3, 0.9 -> the borderline win does not survive.
+    assert by_name["fast"]["p_bh"] == pytest.approx(0.004)
+    assert by_name["borderline"]["p_bh"] == pytest.approx(0.04 * 4 / 3)
+    assert by_name["borderline"]["verdict_bh"] == "inconclusive"
+    assert by_name["slow"]["verdict_bh"] == "loss"
+    assert (summary["bh_win"], summary["bh_loss"]) == (1, 1)
+    assert "p_bh" not in by_name["broken"]
+
+
+def test_regressions_against_an_earlier_report():
+    earlier = report.build_report(
+        [
+            comparison("fast", "win", 1.5, (1.4, 1.6), 0.001),  # now 1.15-1.25: interval below the old one
+            comparison("borderline", "win", 1.06, (1.0, 1.1), 0.04),  # overlapping: no regression
+            comparison("slow", "win", 1.1, (1.05, 1.15), 0.01),  # win -> loss
+        ],
+        settings=SETTINGS,
+    )
+    built = report.build_report(RECORDS, settings=SETTINGS, previous=earlier)
+    by_name = {r["name"]: r for r in built["comparisons"]}
+    assert built["summary"]["regressions"] == ["fast", "slow"]
+    assert "interval now below" in by_name["fast"]["vs_last"]["reason"]
+    assert "win to loss" in by_name["slow"]["vs_last"]["reason"]
+    assert by_name["borderline"]["vs_last"]["regression"] is False
+    assert by_name["same"]["vs_last"] is None  # not in the earlier run
+    header, rows = report.table_rows(built)
+    assert header[-1] == "vs last run"
+    assert rows[[r[0] for r in rows].index("fast")][-1].startswith("REGRESSION: was 1.500x win")
+
+
+def test_json_round_trip_is_standard_json(tmp_path):
+    records = RECORDS + [comparison("unbounded", "inconclusive", 1.0, (0.0, math.inf), 0.5)]
+    built = report.build_report(records, settings=SETTINGS, environment={"hostname": "h"})
+    path = tmp_path / "ab.json"
+    report.write_json(built, path)
+    text = path.read_text()
+    assert "Infinity" not in text and "NaN" not in text
+    loaded = report.load_report(path)
+    assert loaded["schema"] == report.SCHEMA and len(loaded["comparisons"]) == 6
+    unbounded = next(r for r in loaded["comparisons"] if r["name"] == "unbounded")
+    assert unbounded["ci"] == [0.0, None]
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [(None, "does not exist"), ("{not json", "cannot be read as JSON"), ('{"schema": "other"}', "is not a kernel A/B report")],
+)
+def test_load_report_errors_name_the_problem(tmp_path, content, message):
+    path = tmp_path / "old.json"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(report.ReportError, match=message):
+        report.load_report(path)
+
+
+def test_check_writable(tmp_path):
+    report.check_writable(tmp_path / "ab.json")
+    report.check_writable(tmp_path / "new" / "dirs" / "ab.json")  # created when written
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(report.ReportError, match="is not a directory"):
+        report.check_writable(tmp_path / "afile" / "ab.json")
+    with pytest.raises(report.ReportError, match="is a directory"):
+        report.check_writable(tmp_path)
+
+
+def test_markdown_and_plot(tmp_path):
+    built = report.build_report(RECORDS, settings=SETTINGS)
+    markdown, plot = report.companion_paths(tmp_path / "ab.json")
+    report.write_markdown(built, markdown)
+    text = markdown.read_text()
+    assert "| comparison | shape | cand ms | base ms | speedup [CI] | p | verdict | method |" in text
+    assert "| fast | B=1 S=128 | 1 | 1.2 | 1.200x [1.150, 1.250] | 0.001 | win | events |" in text
+    assert "error in broken: CallableFailed" in text
+    assert report.write_plot(built, plot) is None
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_without_matplotlib_says_how_to_get_it(tmp_path, monkeypatch):
+    real_import = builtins.__import__
+
+    def no_matplotlib(name, *args, **kwargs):
+        if name.startswith("matplotlib"):
+            raise ImportError("No module named 'matplotlib'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    built = report.build_report(RECORDS, settings=SETTINGS)
+    assert report.write_plot(built, tmp_path / "ab.png") == "install pytest-kernelcheck[plot] for the plot"
+    assert not (tmp_path / "ab.png").exists()
+
+
+class RecordingTerminal:
+    def __init__(self):
+        self.pieces = []
+
+    def write_sep(self, sep, title):
+        self.pieces.append((title, {}))
+
+    def write_line(self, line, **markup):
+        self.pieces.append((line + "\n", markup))
+
+    def write(self, text, **markup):
+        self.pieces.append((text, markup))
+
+
+def test_terminal_colours_verdicts():
+    terminal = RecordingTerminal()
+    report.write_terminal(terminal, report.build_report(RECORDS, settings=SETTINGS), notes=["a note"])
+    marked = {text.strip(): markup for text, markup in terminal.pieces if markup}
+    assert marked["win"] == {"green": True}
+    assert marked["loss"] == {"red": True}
+    assert marked["tie"] == {"yellow": True}
+    assert marked["win (not after BH)"] == {"green": True}
+    text = "".join(t for t, _ in terminal.pieces)
+    assert "2 win, 1 loss, 1 tie, 0 inconclusive, 1 error" in text
+    assert "after Benjamini-Hochberg (FDR 0.05): 1 win, 1 loss survive" in text
+    assert text.rstrip().endswith("a note")
+
+
+def test_tournament_lines():
+    record = {
+        "kind": "tournament", "name": "variants", "shape": {"S": 64}, "best": "b", "ranking": ["b", "a"],
+        "indistinguishable_from_best": ["b"], "median_ms": {"a": 1.2, "b": 1.0}, "n_rounds": 80, "method": "events",
+        "pairwise": [{"faster": "b", "slower": "a", "speedup": 1.2, "ci": [1.1, 1.3], "verdict": "win"}],
+    }
+    lines = report.tournament_lines(record)
+    assert lines[0] == "tournament variants (S=64): best b; indistinguishable from best: b"
+    assert "a 1.2 ms (1.200x [1.100, 1.300] slower, win for b)" in lines[1]
+
+
+def test_environment_reuses_pytest_benchmark_machine_and_commit_info():
+    environment = report.environment_info()
+    assert {"date", "hostname", "python", "packages", "machine_info", "commit_info", "gpu"} <= set(environment)
+    assert environment["machine_info"]["python_version"] == environment["python"]
+    assert "id" in environment["commit_info"]
+    json.dumps(environment, default=str)

@@ -1,0 +1,265 @@
+"""Timing engine: timers, interleaving, batching, output checks, locks, bad input, and real CPU A/B runs."""
+from __future__ import annotations
+
+import fcntl
+import math
+import random
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from pytest_kernelcheck import timing
+from pytest_kernelcheck.ab import Budget, run_comparison, run_tournament
+from pytest_kernelcheck.gpu_lock import device_lock, lock_path
+
+QUICK = Budget(max_time=0.2, warmup=0.0)
+
+
+def constant(seconds: float):
+    return lambda rng, now: seconds
+
+
+def test_cpu_timer_measures_what_runs():
+    durations = timing.CpuTimer().time_calls([lambda: time.sleep(0.002), lambda: None], repeat=2)
+    assert durations[0] >= 0.004
+    assert durations[1] < durations[0] / 10
+
+
+def test_rounds_interleave_in_random_order_and_keep_sides_apart():
+    a, b = (lambda: None), (lambda: None)
+    timer = timing.SimulatedTimer({a: constant(1e-3), b: constant(2e-3)})
+    samples = timing.RoundSamples.empty(2)
+    timing.sample_rounds(timer, [a, b], ["candidate", "baseline"], 400, 3, random.Random(1), samples)
+    assert samples.times[0] == [1e-3] * 400  # per call, although each sample held 3 calls
+    assert samples.times[1] == [2e-3] * 400
+    first_a = sum(order[0] == 0 for order in samples.orders)
+    assert 150 < first_a < 250  # random order, not alternation by construction
+
+    # A CUDA graph replay is one timed call holding several kernel calls: times are still stored per call.
+    replayed = timing.RoundSamples.empty(2)
+    timing.sample_rounds(timer, [a, b], ["candidate", "baseline"], 2, 1, random.Random(1), replayed, calls_per_sample=4)
+    assert replayed.times == [[0.25e-3] * 2, [0.5e-3] * 2]
+
+
+def test_a_callable_failing_during_timing_is_named():
+    calls = {"n": 0}
+
+    def flaky():
+        calls["n"] += 1
+        if calls["n"] > 5:
+            raise RuntimeError("device lost")
+
+    with pytest.raises(timing.CallableFailed, match=r"baseline raised RuntimeError during timing: device lost"):
+        run_comparison(lambda: None, flaky, QUICK)
+
+
+def test_a_callable_failing_on_its_first_call_is_named():
+    def broken():
+        raise ValueError("bad shape")
+
+    with pytest.raises(timing.CallableFailed, match=r"candidate raised ValueError during its first call: bad shape"):
+        run_comparison(broken, lambda: None, QUICK)
+
+
+@pytest.mark.parametrize(
+    "fn, message",
+    [
+        (lambda x: x, "candidate must be callable with no arguments; it requires 'x'"),
+        (lambda *, scale: scale, "requires 'scale'"),
+        (42, "candidate must be a callable taking no arguments, got int"),
+    ],
+)
+def test_callables_needing_arguments_are_refused_before_timing(fn, message):
+    with pytest.raises(TypeError, match=message):
+        run_comparison(fn, lambda: None, QUICK)
+
+
+def test_defaults_and_varargs_are_fine():
+    timing.require_zero_arguments(lambda x=1, *args, **kwargs: x, "candidate")
+
+
+def test_output_changing_shape_between_calls_is_detected():
+    state = {"n": 0}
+
+    def growing():
+        state["n"] += 1
+        return torch.zeros(4, 4 + state["n"] // 50)
+
+    with pytest.raises(timing.OutputChanged, match=r"candidate output is not the same.*shape \(4, 4\)"):
+        run_comparison(growing, lambda: torch.zeros(4, 4), QUICK)
+
+
+def test_nan_outputs_are_refused_before_timing():
+    with pytest.raises(ValueError, match="baseline output contains NaN"):
+        run_comparison(lambda: torch.ones(2), lambda: torch.tensor([1.0, float("nan")]), QUICK)
+    with pytest.raises(ValueError, match=r"candidate output\[0\] contains NaN"):
+        run_comparison(lambda: [np.array([np.nan])], lambda: None, QUICK)
+
+
+def test_zero_durations_are_refused_with_a_hint():
+    a, b = (lambda: None), (lambda: None)
+    timer = timing.SimulatedTimer({a: constant(0.0), b: constant(1e-3)})
+    with pytest.raises(ValueError, match="zero duration for candidate.*raise calls_per_sample"):
+        run_comparison(a, b, QUICK.replace(calls_per_sample=1), timer=timer)
+
+
+def test_output_check_can_be_disabled_for_nondeterministic_kernels():
+    noisy = lambda: torch.rand(3)  # noqa: E731
+    result = run_comparison(noisy, noisy, QUICK.replace(check_output=False))
+    assert result.verdict in ("win", "loss", "tie", "inconclusive")
+
+
+@pytest.mark.parametrize(
+    "first, again, expected",
+    [
+        (torch.ones(3), torch.ones(3), None),
+        (torch.ones(3), torch.ones(4), "output changed: shape (3,) torch.float32 -> (4,) torch.float32"),
+        (torch.ones(3), torch.tensor([1.0, 2.0, 1.0]), "output values changed (1 of 3 elements differ, max |diff| 1)"),
+        (torch.tensor([float("nan")]), torch.tensor([float("nan")]), "output contains NaN"),
+        ((torch.ones(2), None), (torch.ones(2), None), None),
+        ([1, {"k": np.arange(3)}], [1, {"k": np.array([0, 1, 3])}], "output[1]['k'] values changed"),
+        ((1, 2), (1, 2, 3), "output changed structure: tuple of 2 -> tuple of 3"),
+        (None, None, None),
+        (float("nan"), float("nan"), "output is NaN"),
+    ],
+)
+def test_output_difference(first, again, expected):
+    difference = timing.output_difference(first, again)
+    if expected is None:
+        assert difference is None
+    else:
+        assert difference is not None and difference.startswith(expected)
+
+
+def test_snapshot_protects_the_first_output_from_in_place_reuse():
+    buffer = torch.arange(4.0)
+    kept = timing.snapshot((buffer, [buffer]))
+    buffer.add_(1)
+    assert torch.equal(kept[0], torch.arange(4.0)) and torch.equal(kept[1][0], torch.arange(4.0))
+
+
+@pytest.mark.parametrize("single_call_s, calls", [(1e-3, 1), (50e-6, 1), (49e-6, 5), (2e-6, 100), (0.0, 1000)])
+def test_calls_per_sample_batches_only_tiny_calls(single_call_s, calls):
+    assert timing.choose_calls_per_sample(single_call_s) == calls
+
+
+def test_tiny_calls_are_batched_and_the_method_says_so():
+    a, b = (lambda: None), (lambda: None)
+    timer = timing.SimulatedTimer({a: constant(5e-6), b: constant(5e-6)})
+    result = run_comparison(a, b, Budget(warmup=0.001), timer=timer)
+    assert result.method == "simulated-batched x40" and result.calls_per_sample == 40
+    assert result.candidate_ms == pytest.approx(5e-3)  # reported per call, not per sample
+
+
+def test_explicit_calls_per_sample_and_cpu_only_options_are_recorded():
+    x = np.random.default_rng(0).random(1000)
+    result = run_comparison(
+        lambda: x.sum(), lambda: x.sum(), QUICK.replace(calls_per_sample=7, flush_l2=True, use_cuda_graph=True)
+    )
+    assert result.method == "cpu-clock-batched x7"
+    assert any("flush_l2 ignored" in n for n in result.notes)
+    assert any("use_cuda_graph ignored" in n for n in result.notes)
+    assert result.clock == {"available": False, "reason": "not a CUDA comparison", "throttled": False}
+
+
+def test_warm_up_runs_until_its_time_is_spent():
+    a = lambda: None  # noqa: E731
+    timer = timing.SimulatedTimer({a: constant(1e-3)})
+    times = timing.warm_up(timer, [a], ["candidate"], seconds=0.05)
+    assert len(times[0]) == 50
+    assert len(timing.warm_up(timer, [a], ["candidate"], seconds=0.0)[0]) == 3  # the minimum
+
+
+def test_time_budget_bounds_sampling():
+    a, b = (lambda: None), (lambda: None)
+    timer = timing.SimulatedTimer({a: constant(1e-3), b: lambda rng, now: 1e-3 * math.exp(rng.gauss(0, 0.5))})
+    result = run_comparison(a, b, Budget(max_time=0.5, margin=0.0, seed=1), timer=timer)
+    assert result.stop_reason == "max_time"
+    assert result.elapsed_s <= 0.5 + 0.05
+    assert 150 <= result.n_pairs <= 260
+
+
+def test_min_pairs_overrides_the_time_budget():
+    a, b = (lambda: None), (lambda: None)
+    timer = timing.SimulatedTimer({a: constant(0.1), b: lambda rng, now: 0.1 * math.exp(rng.gauss(0, 0.5))})
+    result = run_comparison(a, b, Budget(max_time=0.01, min_pairs=12, margin=0.0), timer=timer)
+    assert result.n_pairs == 12
+
+
+@pytest.mark.parametrize(
+    "changes, error, message",
+    [
+        ({"max_time": 0}, ValueError, "max_time must be > 0"),
+        ({"max_time": -1.0}, ValueError, "max_time must be > 0"),
+        ({"min_pairs": 0}, ValueError, "min_pairs must be a positive integer"),
+        ({"max_pairs": 5}, ValueError, r"max_pairs \(5\) must be >= min_pairs \(20\)"),
+        ({"alpha": 1.5}, ValueError, "alpha must be between 0 and 1"),
+        ({"margin": -0.1}, ValueError, r"margin must be in \[0, 1\)"),
+        ({"calls_per_sample": "many"}, ValueError, "calls_per_sample must be a positive integer"),
+        ({"use_cuda_graph": "yes"}, ValueError, "use_cuda_graph must be True, False or 'auto'"),
+        ({"max_time": float("inf")}, ValueError, "max_time must be a finite number"),
+        ({"maxtime": 1}, TypeError, "unknown budget keyword 'maxtime'"),
+    ],
+)
+def test_bad_budgets_are_refused_with_the_name(changes, error, message):
+    with pytest.raises(error, match=message):
+        Budget().replace(**changes)
+
+
+def test_device_lock_excludes_a_second_holder():
+    key = f"test-{time.time_ns()}"
+    with device_lock(key) as locked:
+        assert locked
+        with open(lock_path(key), "a+") as other:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(other.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    with open(lock_path(key), "a+") as other:
+        fcntl.flock(other.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)  # free again
+    lock_path(key).unlink()
+
+
+def test_clock_monitor_without_a_gpu_reports_unavailable():
+    summary = timing.ClockMonitor(None).summary()
+    assert summary["available"] is False and summary["throttled"] is False
+
+
+def test_tournament_refuses_bad_variants():
+    with pytest.raises(ValueError, match="at least two named callables"):
+        run_tournament({"only": lambda: None}, QUICK)
+    shared = lambda: None  # noqa: E731
+    with pytest.raises(ValueError, match="its own callable object"):
+        run_tournament({"a": shared, "b": shared}, QUICK)
+    with pytest.raises(TypeError, match="variant 'b' must be callable with no arguments"):
+        run_tournament({"a": lambda: None, "b": lambda n: n}, QUICK)
+
+
+def test_real_cpu_work_ten_percent_heavier_baseline_is_a_win():
+    # End to end with the CPU clock: sorting 10% more numbers costs ~11% more; noisy shared machines included.
+    rng = np.random.default_rng(0)
+    light, heavy = rng.random(20_000), rng.random(22_000)
+    results = [
+        run_comparison(lambda: np.sort(light), lambda: np.sort(heavy), Budget(max_time=1.0, seed=s)) for s in range(3)
+    ]
+    verdicts = [r.verdict for r in results]
+    assert verdicts.count("win") >= 2, [r.describe() for r in results]
+    assert "loss" not in verdicts
+    assert all(1.0 < r.speedup < 1.3 for r in results if r.verdict == "win")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_events_time_a_matmul_and_detect_extra_work():
+    a = torch.randn(2048, 2048, device="cuda")
+    b = torch.randn(2048, 2304, device="cuda")
+    result = run_comparison(lambda: a @ a, lambda: a @ b, Budget(max_time=1.0, flush_l2=True))
+    assert result.method == "events" and result.flush_l2
+    assert result.verdict == "win"
+    assert result.clock["available"] in (True, False)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_graph_replay_for_tiny_kernels():
+    x = torch.randn(256, device="cuda")
+    result = run_comparison(lambda: x * 2, lambda: x * 2 + 1, Budget(max_time=0.5, use_cuda_graph="auto"))
+    assert result.method.startswith("cuda-graph x")
