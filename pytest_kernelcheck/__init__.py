@@ -23,6 +23,12 @@ _EXPORTS = {
     "SdpaReference": "reference",
     "ReferenceCheck": "reference",
     "human_bytes": "memory",
+    "KernelAB": "ab",
+    "Budget": "ab",
+    "ComparisonResult": "ab",
+    "TournamentResult": "ab",
+    "run_comparison": "ab",
+    "run_tournament": "ab",
 }
 
 __all__ = sorted(_EXPORTS)

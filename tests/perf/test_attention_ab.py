@@ -20,8 +20,9 @@ from .conftest import attention_bytes, needs_cuda, qkv
 pytestmark = needs_cuda
 
 CASE_SHAPES = [dict(case=c.number, B=c.B, S=c.S, H=c.H, D=c.D) for c in CASES]
-# Case 14 takes over a second per call: a handful of pairs is all a budget allows, and all its noise needs.
-LONG_CASE_BUDGET = dict(max_time=25.0)
+# Case 14 takes over a second per call: ten pairs is what a budget allows, and the fewest with which the
+# signed-rank test (at alpha split over its looks) can reach significance at all.
+LONG_CASE_BUDGET = dict(min_pairs=10, max_pairs=10)
 
 
 def _budget(shape) -> dict:
@@ -35,7 +36,7 @@ def _agrees_with_sdpa(out: torch.Tensor, expected: torch.Tensor) -> None:
 
 
 @pytest.mark.shape(*CASE_SHAPES, dtype=[torch.bfloat16, torch.float16])
-@pytest.mark.memory(attention_bytes)
+@pytest.mark.memory(lambda shape: attention_bytes(shape))
 def test_forward_triton_vs_sdpa(shape, kernel_ab):
     q, k, v = qkv(shape.B, shape.H, shape.S, shape.D, shape.dtype)
     candidate = lambda: attention(q, k, v, causal=True, backend="triton")  # noqa: E731
@@ -45,7 +46,7 @@ def test_forward_triton_vs_sdpa(shape, kernel_ab):
 
 
 @pytest.mark.shape(*CASE_SHAPES, dtype=[torch.bfloat16])
-@pytest.mark.memory(attention_bytes)
+@pytest.mark.memory(lambda shape: attention_bytes(shape))
 def test_forward_auto_never_slower_than_sdpa(shape, kernel_ab):
     q, k, v = qkv(shape.B, shape.H, shape.S, shape.D, shape.dtype)
     candidate = lambda: attention(q, k, v, causal=True, backend="auto")  # noqa: E731
@@ -55,7 +56,7 @@ def test_forward_auto_never_slower_than_sdpa(shape, kernel_ab):
 
 
 @pytest.mark.shape(*CASE_SHAPES, dtype=[torch.float32])
-@pytest.mark.memory(attention_bytes)
+@pytest.mark.memory(lambda shape: attention_bytes(shape))
 def test_forward_fp32_triton_vs_sdpa(shape, kernel_ab):
     if shape.case == 14:
         pytest.skip("case 14 in fp32: SDPA's memory-efficient kernel needs ~19 s a call (anchors), too long here")
@@ -67,7 +68,7 @@ def test_forward_fp32_triton_vs_sdpa(shape, kernel_ab):
 
 
 @pytest.mark.shape(*[s | dict(D=128) for s in CASE_SHAPES if s["case"] != 14], dtype=[torch.bfloat16])
-@pytest.mark.memory(attention_bytes)
+@pytest.mark.memory(lambda shape: attention_bytes(shape))
 def test_forward_d128_triton_vs_sdpa(shape, kernel_ab):
     q, k, v = qkv(shape.B, shape.H, shape.S, shape.D, shape.dtype)
     candidate = lambda: attention(q, k, v, causal=True, backend="triton")  # noqa: E731
@@ -95,4 +96,6 @@ def test_forward_backward_triton_vs_sdpa(shape, kernel_ab):
 
     candidate = step(lambda q, k, v: attention(q, k, v, causal=True, backend="triton"))
     baseline = step(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True))
-    kernel_ab.compare(candidate, baseline, name="fwd+bwd triton vs sdpa", **_budget(shape))
+    # SDPA's backward accumulates dQ with atomics on the GPU, so its gradients differ between calls by rounding:
+    # the exact repeat-output check would reject the baseline for that, not for skipped work.
+    kernel_ab.compare(candidate, baseline, name="fwd+bwd triton vs sdpa", check_output=False, **_budget(shape))
