@@ -1,0 +1,592 @@
+"""A pre-LN transformer layer on flashlite's kernels, the plain PyTorch block it is checked against, and a CUDA-graph
+runner for small, launch-bound shapes.
+
+* :class:`TransformerLayer`: ``x + Attn(LN1(x))`` then ``+ MLP(LN2(.))`` with exact GELU, LayerNorm and attention on
+  flashlite's Triton kernels, under one of the precision policies of ``flashlite.precision``.
+* :class:`PlainTransformerBlock`: the same block written with ``nn.LayerNorm``, ``nn.Linear``,
+  ``F.scaled_dot_product_attention`` and ``F.gelu``: the module a user already has, the float64 reference of the
+  tests and the baseline of the benchmarks. ``TransformerLayer.from_plain`` / ``to_plain`` convert between them.
+* :class:`CudaGraphRunner`: captures the layer's forward once per input signature and replays it (inference).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from flashlite._runtime import kernel_device_ok
+from flashlite.norm import add_layer_norm, bias_gelu, layer_norm
+from flashlite.precision import PrecisionPolicy, resolve_policy
+
+# Kernel choices that ``TransformerLayer(fusions=...)`` switches, so that an A/B suite can compare variants:
+#   "triton_layer_norm": LayerNorms on flashlite's kernel (writing the matmul operand dtype directly), else
+#                        F.layer_norm followed by a cast;
+#   "add_layer_norm":    the first residual add fused into the second LayerNorm (one kernel), else add, then norm;
+#   "bias_gelu":         fc1's bias add, exact GELU and the cast to fc2's operand dtype in one kernel, else
+#                        F.linear with bias, then F.gelu in float32, then a cast.
+FUSIONS = frozenset({"triton_layer_norm", "add_layer_norm", "bias_gelu"})
+# Fusions on by default; which ones pay on a GPU is decided by measurement (tests/perf).
+DEFAULT_FUSIONS = FUSIONS
+# ``backend`` of flashlite.attention.attention: "auto" is its per-shape dispatch (SDPA for CPU tensors).
+ATTENTION_BACKENDS = ("auto", "triton", "sdpa")
+
+
+def _check_fusions(fusions: Optional[Iterable[str]]) -> frozenset[str]:
+    if fusions is None:
+        return DEFAULT_FUSIONS
+    if isinstance(fusions, str):
+        raise TypeError(f"fusions must be a collection of names, not the string {fusions!r}; e.g. {{{fusions!r}}}")
+    chosen = frozenset(fusions)
+    unknown = chosen - FUSIONS
+    if unknown:
+        raise ValueError(f"unknown fusions {sorted(unknown)}; known: {sorted(FUSIONS)}")
+    return chosen
+
+
+def _check_dims(d_model: int, n_heads: int, n_kv_heads: Optional[int], d_ff: Optional[int]) -> tuple[int, int]:
+    for name, value in (("d_model", d_model), ("n_heads", n_heads)):
+        if not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if d_model % n_heads:
+        raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
+    n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+    if not isinstance(n_kv_heads, int) or n_kv_heads <= 0:
+        raise ValueError(f"n_kv_heads must be a positive integer, got {n_kv_heads!r}")
+    if n_heads % n_kv_heads:
+        raise ValueError(f"n_heads ({n_heads}) must be divisible by n_kv_heads ({n_kv_heads})")
+    d_ff = 4 * d_model if d_ff is None else d_ff
+    if not isinstance(d_ff, int) or d_ff <= 0:
+        raise ValueError(f"d_ff must be a positive integer, got {d_ff!r}")
+    return n_kv_heads, d_ff
+
+
+def _check_dropout(dropout: float) -> float:
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+    return float(dropout)
+
+
+def _check_input(x: torch.Tensor, key_padding_mask: Optional[torch.Tensor], d_model: int,
+                 param: torch.Tensor) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() != 3:
+        raise ValueError(f"x must have shape [batch, seq, d_model], got {tuple(x.shape)}")
+    if x.shape[-1] != d_model:
+        raise ValueError(f"x's last dimension is {x.shape[-1]} but the layer's d_model is {d_model}")
+    if not x.is_floating_point():
+        raise TypeError(f"x must be a floating-point tensor, got {x.dtype}")
+    if x.device != param.device:
+        raise ValueError(f"x is on {x.device} but the layer's parameters are on {param.device}")
+    if key_padding_mask is None:
+        return
+    if not isinstance(key_padding_mask, torch.Tensor) or key_padding_mask.dtype != torch.bool:
+        got = key_padding_mask.dtype if isinstance(key_padding_mask, torch.Tensor) else type(key_padding_mask).__name__
+        raise TypeError(f"key_padding_mask must be a bool tensor (True = attend), got {got}")
+    if tuple(key_padding_mask.shape) != tuple(x.shape[:2]):
+        raise ValueError(
+            f"key_padding_mask must have shape [batch, seq] = {tuple(x.shape[:2])}, got {tuple(key_padding_mask.shape)}"
+        )
+    if key_padding_mask.device != x.device:
+        raise ValueError(f"key_padding_mask is on {key_padding_mask.device} but x is on {x.device}")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The plain PyTorch block
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _attention_mask(key_padding_mask: Optional[torch.Tensor], seq_len: int, causal: bool,
+                    device: torch.device) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+    """Boolean SDPA mask [B, 1, S, S] (True = attend) and the [B, 1, S, 1] rows that see no key at all.
+
+    Rows with no visible key (left padding under a causal mask) are opened to every key, so that softmax has
+    something to normalize and neither output nor gradient becomes NaN, and their output is zeroed afterwards:
+    the same convention as flashlite's kernel (a fully masked row gives zeros).
+    """
+    if key_padding_mask is None:
+        return None, None
+    mask = key_padding_mask[:, None, None, :]
+    if causal:
+        mask = mask & torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril()
+    empty_rows = ~mask.any(dim=-1, keepdim=True)
+    return mask | empty_rows, empty_rows
+
+
+class PlainTransformerBlock(nn.Module):
+    """The pre-LN transformer block written with plain PyTorch modules: the reference for ``TransformerLayer``.
+
+    ``x + out_proj(SDPA(q_proj, k_proj, v_proj of ln1(x)))`` then ``+ fc2(gelu(fc1(ln2(.))))``, with exact GELU,
+    grouped-query attention when ``n_kv_heads < n_heads`` (query head h reads key/value head
+    ``h // (n_heads // n_kv_heads)``), dropout after each branch, and a boolean ``key_padding_mask`` [B, S]
+    (True = attend). Query rows that see no key give zeros, as in flashlite's kernel.
+
+    Example:
+        >>> block = PlainTransformerBlock(32, 2)
+        >>> block(torch.randn(2, 8, 32)).shape
+        torch.Size([2, 8, 32])
+    """
+
+    def __init__(self, d_model: int, n_heads: int, d_ff: Optional[int] = None, *, n_kv_heads: Optional[int] = None,
+                 causal: bool = True, dropout: float = 0.0, eps: float = 1e-5,
+                 device: Optional[torch.device | str] = None, dtype: Optional[torch.dtype] = None) -> None:
+        super().__init__()
+        n_kv_heads, d_ff = _check_dims(d_model, n_heads, n_kv_heads, d_ff)
+        self.d_model, self.n_heads, self.n_kv_heads, self.d_ff = d_model, n_heads, n_kv_heads, d_ff
+        self.head_dim = d_model // n_heads
+        self.causal, self.dropout, self.eps = causal, _check_dropout(dropout), eps
+        factory = {"device": device, "dtype": dtype}
+        kv_width = n_kv_heads * self.head_dim
+        self.ln1 = nn.LayerNorm(d_model, eps=eps, **factory)
+        self.q_proj = nn.Linear(d_model, d_model, **factory)
+        self.k_proj = nn.Linear(d_model, kv_width, **factory)
+        self.v_proj = nn.Linear(d_model, kv_width, **factory)
+        self.out_proj = nn.Linear(d_model, d_model, **factory)
+        self.ln2 = nn.LayerNorm(d_model, eps=eps, **factory)
+        self.fc1 = nn.Linear(d_model, d_ff, **factory)
+        self.fc2 = nn.Linear(d_ff, d_model, **factory)
+
+    def forward(self, x: torch.Tensor, key_padding_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        _check_input(x, key_padding_mask, self.d_model, self.ln1.weight)
+        batch, seq, _ = x.shape
+        h = self.ln1(x)
+        q = self.q_proj(h).view(batch, seq, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(h).view(batch, seq, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(h).view(batch, seq, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        mask, empty_rows = _attention_mask(key_padding_mask, seq, self.causal, x.device)
+        o = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=self.causal and mask is None,
+            enable_gqa=self.n_kv_heads != self.n_heads,
+        )
+        if empty_rows is not None:
+            o = o.masked_fill(empty_rows, 0.0)
+        o = o.transpose(1, 2).reshape(batch, seq, self.d_model)
+        x = x + F.dropout(self.out_proj(o), self.dropout, self.training)
+        mlp = self.fc2(F.gelu(self.fc1(self.ln2(x))))
+        return x + F.dropout(mlp, self.dropout, self.training)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Low-precision weight copies for inference
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _CastEntry:
+    source_ptr: int
+    version: int
+    copy: torch.Tensor
+
+
+class _WeightCastCache:
+    """Low-precision copies of parameters for inference, so a forward pass does not re-cast every weight.
+
+    A copy is refreshed in place when its parameter changes (optimizer step, ``load_state_dict``: the parameter's
+    version counter moves), so a CUDA graph that captured the copy stays valid; it is reallocated only when the
+    parameter's storage changes (``.to(device)``, ``param.data = ...``), which bumps ``generation``.
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple[str, torch.dtype], _CastEntry] = {}
+        self.generation = 0
+
+    def get(self, name: str, param: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        key = (name, dtype)
+        entry = self._entries.get(key)
+        source = param.detach()
+        stale_storage = entry is None or entry.source_ptr != param.data_ptr() or entry.copy.shape != param.shape
+        # A copy made under inference_mode cannot be written outside it: replace it instead.
+        if not stale_storage and entry.copy.is_inference() and not torch.is_inference_mode_enabled():
+            stale_storage = True
+        if stale_storage:
+            self._entries[key] = _CastEntry(param.data_ptr(), param._version, source.to(dtype))
+            self.generation += 1
+            return self._entries[key].copy
+        if entry.version != param._version:
+            entry.copy.copy_(source)
+            entry.version = param._version
+        return entry.copy
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self.generation += 1
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The layer
+# ----------------------------------------------------------------------------------------------------------------
+
+
+class _LayerNormParams(nn.Module):
+    """Holds a LayerNorm's ``weight`` and ``bias`` (the computation is in ``TransformerLayer.forward``)."""
+
+    def __init__(self, d_model: int, eps: float, device: Any, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d_model, device=device, dtype=dtype))
+        self.bias = nn.Parameter(torch.zeros(d_model, device=device, dtype=dtype))
+
+
+class TransformerLayer(nn.Module):
+    """Pre-LN transformer layer on flashlite's Triton kernels: ``x + Attn(LN1(x))``, then ``+ MLP(LN2(.))``.
+
+    The MLP is ``fc2(gelu(fc1(.)))`` with exact (erf) GELU; ``d_ff`` defaults to ``4 * d_model``. Attention is
+    ``flashlite.attention.attention`` with ``n_heads`` query heads and ``n_kv_heads`` key/value heads (grouped-query
+    attention when fewer; query head h reads key/value head ``h // (n_heads // n_kv_heads)``), causal or not, with
+    an optional boolean ``key_padding_mask`` [B, S] (True = attend; query rows that see no key give zeros, never NaN).
+    Dropout (``dropout``) applies to each branch's output before its residual add, in training mode.
+
+    Precision (``precision``; the full table is in ``flashlite.precision``, measured errors in docs/precision.md):
+
+    * ``"mixed"`` (default): fp32 parameters and residual stream; projections and attention dots on
+      ``compute_dtype`` operands (``torch.bfloat16`` default, or ``torch.float16``) with fp32 accumulation;
+      LayerNorm statistics, softmax and GELU in fp32.
+    * ``"fp32"``: everything fp32; the attention kernel's dots per ``attention_precision``: "ieee" (default),
+      "tf32" or "bf16". The projections follow PyTorch's matmul settings (``torch.backends.cuda.matmul.allow_tf32``).
+    * ``"bf16"`` / ``"fp16"``: parameters, activations and residual stream in that dtype; LayerNorm statistics,
+      softmax and GELU math still fp32 inside the kernels.
+
+    The output has ``x``'s dtype. Under ``torch.autocast`` the projections follow autocast (which only matters for
+    "fp32" mode: the other modes already cast their operands); the kernels take whatever dtype arrives.
+
+    ``attention_backend`` is passed to ``flashlite.attention.attention``: "auto" (its per-shape dispatch between
+    the Triton kernel and SDPA), "triton" or "sdpa".
+
+    ``fusions`` (default: all of ``flashlite.layer.FUSIONS``) switches the fused kernels on or off, for A/B
+    comparisons: "triton_layer_norm", "add_layer_norm", "bias_gelu" (see ``FUSIONS`` in this module). Tensors
+    on a device where Triton cannot run (CPU without ``TRITON_INTERPRET=1``) use the PyTorch path for LayerNorm
+    and GELU.
+
+    Parameters (``state_dict`` keys and shapes), with ``D = d_model // n_heads``, ``H = n_heads``,
+    ``H_kv = n_kv_heads``:
+
+    ===============  ================================  ==============================================
+    key              shape                             meaning
+    ===============  ================================  ==============================================
+    ln1.weight/bias  [d_model]                         LayerNorm before attention
+    qkv.weight       [(H + 2*H_kv) * D, d_model]       rows: H*D query, then H_kv*D key, H_kv*D value
+    qkv.bias         [(H + 2*H_kv) * D]                same row order
+    out.weight/bias  [d_model, H*D] / [d_model]        attention output projection
+    ln2.weight/bias  [d_model]                         LayerNorm before the MLP
+    fc1.weight/bias  [d_ff, d_model] / [d_ff]          MLP up-projection (GELU follows)
+    fc2.weight/bias  [d_model, d_ff] / [d_model]       MLP down-projection
+    ===============  ================================  ==============================================
+
+    :class:`PlainTransformerBlock` is the same block in plain PyTorch (separate ``q_proj``/``k_proj``/``v_proj``,
+    ``out_proj``); ``TransformerLayer.from_plain(block)`` and ``layer.to_plain()`` convert with identical weights,
+    ``load_plain_state_dict`` / ``plain_state_dict`` do the same for state dicts.
+
+    Example:
+        >>> layer = TransformerLayer(64, 4, n_kv_heads=2, precision="fp32")
+        >>> x = torch.randn(2, 16, 64)
+        >>> mask = torch.ones(2, 16, dtype=torch.bool); mask[1, 12:] = False
+        >>> layer(x, key_padding_mask=mask).shape
+        torch.Size([2, 16, 64])
+        >>> plain = layer.to_plain()  # the same weights in nn.LayerNorm / nn.Linear / SDPA form
+        >>> torch.allclose(plain(x, mask), layer(x, mask), atol=1e-4)
+        True
+    """
+
+    def __init__(self, d_model: int, n_heads: int, d_ff: Optional[int] = None, *, n_kv_heads: Optional[int] = None,
+                 causal: bool = True, dropout: float = 0.0, precision: str = "mixed",
+                 compute_dtype: Optional[torch.dtype] = None, attention_precision: Optional[str] = None,
+                 fusions: Optional[Iterable[str]] = None, attention_backend: str = "auto", eps: float = 1e-5,
+                 device: Optional[torch.device | str] = None, dtype: Optional[torch.dtype] = None) -> None:
+        super().__init__()
+        n_kv_heads, d_ff = _check_dims(d_model, n_heads, n_kv_heads, d_ff)
+        if attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(f"unknown attention_backend {attention_backend!r}; choose one of {ATTENTION_BACKENDS}")
+        self.attention_backend = attention_backend
+        self.policy: PrecisionPolicy = resolve_policy(
+            precision, compute_dtype=compute_dtype, attention_precision=attention_precision
+        )
+        if dtype is not None and dtype != self.policy.param_dtype:
+            raise ValueError(
+                f"dtype={dtype} conflicts with precision={precision!r}, whose parameters are "
+                f"{self.policy.param_dtype}; leave dtype unset or pick the matching precision mode"
+            )
+        if not eps > 0:
+            raise ValueError(f"eps must be positive, got {eps}")
+        self.d_model, self.n_heads, self.n_kv_heads, self.d_ff = d_model, n_heads, n_kv_heads, d_ff
+        self.head_dim = d_model // n_heads
+        self.causal, self.dropout, self.eps = bool(causal), _check_dropout(dropout), eps
+        self.fusions = _check_fusions(fusions)
+        factory = {"device": device, "dtype": self.policy.param_dtype}
+        self.ln1 = _LayerNormParams(d_model, eps, device, self.policy.param_dtype)
+        self.qkv = nn.Linear(d_model, (n_heads + 2 * n_kv_heads) * self.head_dim, **factory)
+        self.out = nn.Linear(d_model, d_model, **factory)
+        self.ln2 = _LayerNormParams(d_model, eps, device, self.policy.param_dtype)
+        self.fc1 = nn.Linear(d_model, d_ff, **factory)
+        self.fc2 = nn.Linear(d_ff, d_model, **factory)
+        self._casts = _WeightCastCache()
+
+    @property
+    def precision(self) -> str:
+        """The precision mode name ("mixed", "fp32", "bf16" or "fp16")."""
+        return self.policy.mode
+
+    def extra_repr(self) -> str:
+        return (f"d_model={self.d_model}, n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}, d_ff={self.d_ff}, "
+                f"causal={self.causal}, dropout={self.dropout}, precision={self.precision!r}, "
+                f"attention_backend={self.attention_backend!r}, "
+                f"matmul_dtype={self.policy.matmul_dtype}, fusions={sorted(self.fusions)}")
+
+    # -- forward ------------------------------------------------------------------------------------------------
+
+    def forward(self, x: torch.Tensor, key_padding_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Apply the layer to ``x`` [B, S, d_model]; ``key_padding_mask`` is bool [B, S] with True = attend.
+
+        Example:
+            >>> TransformerLayer(32, 2, precision="fp32")(torch.randn(1, 8, 32)).shape
+            torch.Size([1, 8, 32])
+        """
+        _check_input(x, key_padding_mask, self.d_model, self.qkv.weight)
+        policy = self.policy
+        fusions = self.fusions if kernel_device_ok(x) else frozenset()
+        operand = policy.matmul_dtype
+        stream = x.to(policy.residual_dtype)
+
+        attn = self._attention_branch(self._norm(self.ln1, stream, operand, fusions), key_padding_mask)
+        attn = F.dropout(attn, self.dropout, self.training)
+        if "add_layer_norm" in fusions:
+            normed, stream = add_layer_norm(stream, attn, self.ln2.weight, self.ln2.bias, self.eps, out_dtype=operand)
+        else:
+            stream = stream + attn.to(stream.dtype)
+            normed = self._norm(self.ln2, stream, operand, fusions)
+
+        mlp = F.dropout(self._mlp_branch(normed, fusions), self.dropout, self.training)
+        return (stream + mlp.to(stream.dtype)).to(x.dtype)
+
+    def _weight(self, name: str, param: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """``param`` in ``dtype``: a cached copy for inference, a differentiable cast when autograd needs one."""
+        if param.dtype == dtype:
+            return param
+        if (torch.is_grad_enabled() and param.requires_grad) or torch.compiler.is_compiling():
+            return param.to(dtype)
+        return self._casts.get(name, param, dtype)
+
+    def _linear(self, name: str, module: nn.Linear, h: torch.Tensor, with_bias: bool = True) -> torch.Tensor:
+        dtype = self.policy.matmul_dtype
+        weight = self._weight(f"{name}.weight", module.weight, dtype)
+        bias = self._weight(f"{name}.bias", module.bias, dtype) if with_bias else None
+        return F.linear(h.to(dtype), weight, bias)
+
+    def _norm(self, params: _LayerNormParams, stream: torch.Tensor, out_dtype: torch.dtype,
+              fusions: frozenset[str]) -> torch.Tensor:
+        if "triton_layer_norm" in fusions:
+            return layer_norm(stream, params.weight, params.bias, self.eps, out_dtype=out_dtype)
+        # F.layer_norm computes its statistics in fp32 for low-precision inputs too.
+        weight, bias = params.weight.to(stream.dtype), params.bias.to(stream.dtype)
+        return F.layer_norm(stream, (self.d_model,), weight, bias, self.eps).to(out_dtype)
+
+    def _attention_branch(self, h: torch.Tensor, key_padding_mask: Optional[torch.Tensor]) -> torch.Tensor:
+        batch, seq, _ = h.shape
+        heads, kv_heads, head_dim = self.n_heads, self.n_kv_heads, self.head_dim
+        qkv = self._linear("qkv", self.qkv, h)
+        q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+        q = q.view(batch, seq, heads, head_dim).transpose(1, 2)
+        k = k.view(batch, seq, kv_heads, head_dim).transpose(1, 2)
+        v = v.view(batch, seq, kv_heads, head_dim).transpose(1, 2)
+        o = _attend(q, k, v, self.causal, key_padding_mask, self.policy.attention_precision, self.attention_backend)
+        o = o.transpose(1, 2).reshape(batch, seq, heads * head_dim)
+        return self._linear("out", self.out, o)
+
+    def _mlp_branch(self, h: torch.Tensor, fusions: frozenset[str]) -> torch.Tensor:
+        policy = self.policy
+        if "bias_gelu" in fusions:
+            up = self._linear("fc1", self.fc1, h, with_bias=False)
+            act = bias_gelu(up, self.fc1.bias, out_dtype=policy.gelu_out_dtype)
+        else:
+            up = self._linear("fc1", self.fc1, h)
+            act = F.gelu(up.to(policy.gelu_math_dtype)).to(policy.gelu_out_dtype)
+        return self._linear("fc2", self.fc2, act)
+
+    # -- conversion from and to the plain block ----------------------------------------------------------------
+
+    def plain_state_dict(self) -> dict[str, torch.Tensor]:
+        """This layer's weights under :class:`PlainTransformerBlock`'s keys (``q_proj``/``k_proj``/``v_proj``,
+        ``out_proj``); tensors are detached copies in the parameter dtype.
+
+        Example:
+            >>> sorted(TransformerLayer(32, 2).plain_state_dict())[:3]
+            ['fc1.bias', 'fc1.weight', 'fc2.bias']
+        """
+        own = {k: v.detach().clone() for k, v in self.state_dict().items()}
+        q_rows, kv_rows = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
+        plain = {k: v for k, v in own.items() if not k.startswith(("qkv.", "out."))}
+        for kind in ("weight", "bias"):
+            q, k, v = own[f"qkv.{kind}"].split([q_rows, kv_rows, kv_rows], dim=0)
+            plain[f"q_proj.{kind}"], plain[f"k_proj.{kind}"], plain[f"v_proj.{kind}"] = q, k, v
+            plain[f"out_proj.{kind}"] = own[f"out.{kind}"]
+        return plain
+
+    def load_plain_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Load weights saved from a :class:`PlainTransformerBlock` (or any module with its keys and shapes),
+        converting them to this layer's parameter dtype.
+
+        Example:
+            >>> plain = PlainTransformerBlock(32, 2)
+            >>> layer = TransformerLayer(32, 2)
+            >>> layer.load_plain_state_dict(plain.state_dict())
+            >>> torch.equal(layer.out.weight, plain.out_proj.weight)
+            True
+        """
+        expected = set(self.plain_state_dict())
+        missing, unexpected = expected - set(state_dict), set(state_dict) - expected
+        if missing or unexpected:
+            raise KeyError(
+                f"plain state dict does not match: missing {sorted(missing)}, unexpected {sorted(unexpected)}"
+            )
+        own = {k: v for k, v in state_dict.items() if not k.startswith(("q_proj.", "k_proj.", "v_proj.", "out_proj."))}
+        for kind in ("weight", "bias"):
+            own[f"qkv.{kind}"] = torch.cat([state_dict[f"{p}.{kind}"] for p in ("q_proj", "k_proj", "v_proj")])
+            own[f"out.{kind}"] = state_dict[f"out_proj.{kind}"]
+        params = dict(self.named_parameters())
+        for key, value in own.items():
+            if tuple(value.shape) != tuple(params[key].shape):
+                raise ValueError(f"{key}: plain weights have shape {tuple(value.shape)}, the layer expects "
+                                 f"{tuple(params[key].shape)}")
+        with torch.no_grad():
+            for key, value in own.items():
+                params[key].copy_(value)
+
+    @classmethod
+    def from_plain(cls, block: PlainTransformerBlock, **kwargs: Any) -> "TransformerLayer":
+        """A layer with ``block``'s configuration and weights; ``kwargs`` (precision, fusions, ...) pass through.
+
+        Example:
+            >>> block = PlainTransformerBlock(32, 2, n_kv_heads=1, causal=False)
+            >>> layer = TransformerLayer.from_plain(block, precision="fp32")
+            >>> layer.n_kv_heads, layer.causal
+            (1, False)
+        """
+        config = dict(d_model=block.d_model, n_heads=block.n_heads, d_ff=block.d_ff, n_kv_heads=block.n_kv_heads,
+                      causal=block.causal, dropout=block.dropout, eps=block.eps, device=block.ln1.weight.device)
+        config.update(kwargs)
+        layer = cls(**config)
+        layer.load_plain_state_dict(block.state_dict())
+        return layer
+
+    def to_plain(self, dtype: Optional[torch.dtype] = None) -> PlainTransformerBlock:
+        """The equivalent :class:`PlainTransformerBlock` with this layer's weights (in ``dtype``, default the
+        parameter dtype), e.g. a float64 reference: ``layer.to_plain(torch.float64)``.
+
+        Example:
+            >>> layer = TransformerLayer(32, 2)
+            >>> layer.to_plain(torch.float64).fc1.weight.dtype
+            torch.float64
+        """
+        block = PlainTransformerBlock(self.d_model, self.n_heads, self.d_ff, n_kv_heads=self.n_kv_heads,
+                                      causal=self.causal, dropout=self.dropout, eps=self.eps,
+                                      device=self.qkv.weight.device, dtype=dtype or self.policy.param_dtype)
+        block.load_state_dict({k: v.to(block.ln1.weight.dtype) for k, v in self.plain_state_dict().items()})
+        return block
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+            key_padding_mask: Optional[torch.Tensor], fp32_precision: Optional[str], backend: str) -> torch.Tensor:
+    """Attention through ``flashlite.attention``; ``fp32_precision`` sets the dot precision of float32 operands."""
+    from flashlite.attention import attention  # imported on first use: it pulls in the attention kernels
+
+    precision = fp32_precision if q.dtype == torch.float32 else None
+    return attention(q, k, v, causal=causal, key_padding_mask=key_padding_mask, backend=backend,
+                     precision=precision)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# CUDA graphs for launch-bound shapes
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _CapturedCall:
+    graph: "torch.cuda.CUDAGraph"
+    static_x: torch.Tensor
+    static_mask: Optional[torch.Tensor]
+    static_out: torch.Tensor
+    generation: int
+
+
+class CudaGraphRunner:
+    """Runs a layer's inference forward as a replayed CUDA graph: one capture per (shape, dtype, mask present).
+
+    At small shapes (B=1, S=128) the layer's time is mostly kernel-launch overhead; a graph replays all of its
+    kernels with one launch. The first call with a new input signature warms the layer up on a side stream
+    (compiling and autotuning Triton kernels outside the capture), captures one forward, and then every call
+    copies its inputs into the graph's static buffers and replays. Inference only: forward runs under
+    ``torch.no_grad()``, and the layer must be in eval mode or have no dropout. Parameter updates made in place
+    (optimizer steps, ``load_state_dict``) are picked up; moving the layer to a new device or replacing parameter
+    storage triggers a re-capture.
+
+    The returned tensor is a fresh copy unless ``clone_output=False``, in which case it is the graph's static
+    output, overwritten by the next call with the same signature.
+
+    Example (needs a CUDA device):
+        >>> layer = TransformerLayer(1024, 16, device="cuda").eval()  # doctest: +SKIP
+        >>> run = CudaGraphRunner(layer)  # doctest: +SKIP
+        >>> y = run(torch.randn(1, 128, 1024, device="cuda"))  # doctest: +SKIP
+    """
+
+    def __init__(self, layer: TransformerLayer, *, warmup_calls: int = 3, clone_output: bool = True) -> None:
+        device = layer.qkv.weight.device
+        if device.type != "cuda":
+            raise RuntimeError(
+                f"CUDA graphs need a CUDA device, but the layer's parameters are on {device}; call the layer "
+                "directly (on the CPU there is no launch overhead to save)"
+            )
+        self.layer = layer
+        self.warmup_calls = warmup_calls
+        self.clone_output = clone_output
+        self._captured: dict[tuple, _CapturedCall] = {}
+
+    def __call__(self, x: torch.Tensor, key_padding_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        layer = self.layer
+        _check_input(x, key_padding_mask, layer.d_model, layer.qkv.weight)
+        if x.requires_grad:
+            raise ValueError("CudaGraphRunner is for inference: x requires grad; call the layer directly to train")
+        if layer.training and layer.dropout > 0:
+            raise ValueError("CudaGraphRunner replays a fixed graph: put the layer in eval() mode (dropout > 0)")
+        key = (tuple(x.shape), x.dtype, x.device, key_padding_mask is not None)
+        with torch.no_grad():
+            generation = self._refresh_weight_copies()
+            call = self._captured.get(key)
+            if call is None or call.generation != generation:
+                call = self._capture(x, key_padding_mask)
+                self._captured[key] = call
+            call.static_x.copy_(x)
+            if call.static_mask is not None:
+                call.static_mask.copy_(key_padding_mask)
+            call.graph.replay()
+        return call.static_out.clone() if self.clone_output else call.static_out
+
+    def clear(self) -> None:
+        """Drop every captured graph and its buffers."""
+        self._captured.clear()
+
+    def _refresh_weight_copies(self) -> int:
+        # Bring the layer's low-precision weight copies up to date (in place), before a replay reads them.
+        layer = self.layer
+        dtype = layer.policy.matmul_dtype
+        for name in ("qkv", "out", "fc1", "fc2"):
+            module = getattr(layer, name)
+            for kind in ("weight", "bias"):
+                layer._weight(f"{name}.{kind}", getattr(module, kind), dtype)
+        return layer._casts.generation
+
+    def _capture(self, x: torch.Tensor, key_padding_mask: Optional[torch.Tensor]) -> _CapturedCall:
+        static_x = x.clone()
+        static_mask = key_padding_mask.clone() if key_padding_mask is not None else None
+        side = torch.cuda.Stream(device=x.device)
+        side.wait_stream(torch.cuda.current_stream(x.device))
+        with torch.cuda.stream(side):
+            for _ in range(self.warmup_calls):
+                self.layer(static_x, static_mask)
+        torch.cuda.current_stream(x.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_out = self.layer(static_x, static_mask)
+        return _CapturedCall(graph, static_x, static_mask, static_out, self.layer._casts.generation)

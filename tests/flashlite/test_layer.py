@@ -1,0 +1,308 @@
+"""flashlite.TransformerLayer against a float64 plain-PyTorch block with the same weights, on tiny shapes.
+
+Every precision mode, causal and not, with and without key padding, with grouped-query attention; outputs, input
+gradients and every parameter gradient. Attention is forced onto the Triton kernel (on the CPU it runs through
+the interpreter), so these tests cover the kernels the layer is built on, not SDPA.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flashlite._runtime import interpreting
+from flashlite.layer import FUSIONS, CudaGraphRunner, PlainTransformerBlock, TransformerLayer
+from pytest_kernelcheck import assert_close, policy_for
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+# precision mode name of a test case -> TransformerLayer keywords
+MODES = {
+    "fp32": dict(precision="fp32"),
+    "fp32-tf32": dict(precision="fp32", attention_precision="tf32"),
+    "mixed-bf16": dict(precision="mixed"),
+    "mixed-fp16": dict(precision="mixed", compute_dtype=torch.float16),
+    "bf16": dict(precision="bf16"),
+    "fp16": dict(precision="fp16"),
+}
+# Two layer configurations that together cover causal/non-causal, padding/none and GQA/MHA.
+CONFIGS = (
+    dict(B=2, S=16, d_model=64, n_heads=4, n_kv_heads=2, causal=True, padding="right"),
+    dict(B=2, S=12, d_model=32, n_heads=2, n_kv_heads=2, causal=False, padding="none"),
+)
+
+
+def _padding_mask(batch: int, seq: int, padding: str) -> torch.Tensor | None:
+    if padding == "none":
+        return None
+    mask = torch.ones(batch, seq, dtype=torch.bool, device=DEVICE)
+    if padding == "right":  # a shorter second sequence
+        mask[-1, seq - seq // 3:] = False
+    elif padding == "left":  # under a causal mask the first queries of row 1 see no key at all
+        mask[-1, : seq // 3] = False
+    return mask
+
+
+def _plain_grads(block: PlainTransformerBlock) -> dict[str, torch.Tensor]:
+    """The block's parameter gradients under TransformerLayer's names (q/k/v concatenated into qkv)."""
+    grads = {name: p.grad for name, p in block.named_parameters()}
+    out = {k: v for k, v in grads.items() if not k.startswith(("q_proj", "k_proj", "v_proj", "out_proj"))}
+    for kind in ("weight", "bias"):
+        out[f"qkv.{kind}"] = torch.cat([grads[f"{p}.{kind}"] for p in ("q_proj", "k_proj", "v_proj")])
+        out[f"out.{kind}"] = grads[f"out_proj.{kind}"]
+    return out
+
+
+def _run(module, x, mask, dy):
+    x = x.detach().clone().requires_grad_(True)
+    y = module(x, mask)
+    y.backward(dy.to(y.dtype))
+    return y.detach(), x.grad
+
+
+def _baseline(layer: TransformerLayer, x, mask, dy):
+    """The same computation by PyTorch in the layer's precision: autocast for "mixed", the block in the layer's
+    dtype otherwise."""
+    policy = layer.policy
+    block = layer.to_plain()
+    if policy.mode == "mixed":
+        with torch.autocast(x.device.type, dtype=policy.matmul_dtype):
+            y, dx = _run(block, x, mask, dy)
+    else:
+        y, dx = _run(block, x, mask, dy)
+    return y, dx, _plain_grads(block)
+
+
+def _check_layer(layer: TransformerLayer, x: torch.Tensor, mask: torch.Tensor | None) -> None:
+    gen = torch.Generator().manual_seed(11)
+    dy = torch.randn(x.shape, generator=gen).to(device=x.device, dtype=x.dtype)
+    reference = layer.to_plain(torch.float64)
+    y_ref, dx_ref = _run(reference, x.double(), mask, dy.double())
+    grads_ref = _plain_grads(reference)
+    y_low, dx_low, grads_low = _baseline(layer, x, mask, dy)
+
+    y, dx = _run(layer, x, mask, dy)
+    assert y.dtype == x.dtype and y.shape == x.shape
+    assert torch.isfinite(y).all() and torch.isfinite(dx).all()
+    policy = policy_for(layer.policy.matmul_dtype)
+    if layer.policy.matmul_dtype == torch.bfloat16 and interpreting():
+        # Triton's CPU interpreter rounds float32 -> bfloat16 by truncation, twice the error of the GPU's
+        # round-to-nearest, and the attention kernel's bf16 rounding goes through it: its q/k/v gradients measured
+        # 2.1-2.3x PyTorch's bf16 error under the interpreter (1.4x at most with SDPA in the layer instead).
+        policy = policy.replace(baseline_factor=3.0)
+    if layer.policy.attention_precision == "tf32":
+        # PyTorch has no tf32 attention to serve as a baseline: the tf32 policy alone decides.
+        policy, y_low, dx_low, grads_low = "tf32", None, None, dict.fromkeys(grads_low)
+    assert_close(y, y_ref, policy=policy, baseline=y_low, notes=("output",))
+    assert_close(dx, dx_ref, policy=policy, baseline=dx_low, notes=("dx",))
+    for name, p in layer.named_parameters():
+        assert p.grad is not None and p.grad.dtype == p.dtype, name
+        low = grads_low[name]
+        assert_close(p.grad, grads_ref[name], policy=policy, baseline=None if low is None else low.to(p.dtype),
+                     notes=(f"grad of {name}",))
+
+
+@pytest.mark.shape(*CONFIGS, mode=list(MODES))
+def test_matches_float64_plain_block(shape):
+    torch.manual_seed(0)
+    kwargs = MODES[shape.mode]
+    plain = PlainTransformerBlock(shape.d_model, shape.n_heads, n_kv_heads=shape.n_kv_heads, causal=shape.causal,
+                                  device=DEVICE)
+    layer = TransformerLayer.from_plain(plain, attention_backend="triton", **kwargs)
+    x = torch.randn(shape.B, shape.S, shape.d_model, device=DEVICE).to(layer.policy.param_dtype)
+    _check_layer(layer, x, _padding_mask(shape.B, shape.S, shape.padding))
+
+
+@pytest.mark.shape(dict(B=2, S=12, d_model=32, n_heads=2), mode=["fp32", "mixed-bf16"])
+def test_unfused_path_matches_float64_plain_block(shape):
+    # The variant an A/B comparison runs against: PyTorch LayerNorm, separate residual add, F.gelu.
+    torch.manual_seed(1)
+    plain = PlainTransformerBlock(shape.d_model, shape.n_heads, device=DEVICE)
+    layer = TransformerLayer.from_plain(plain, attention_backend="triton", fusions=(), **MODES[shape.mode])
+    x = torch.randn(shape.B, shape.S, shape.d_model, device=DEVICE)
+    _check_layer(layer, x, _padding_mask(shape.B, shape.S, "right"))
+
+
+@pytest.mark.parametrize("fusion", sorted(FUSIONS))
+def test_each_fusion_alone_matches_the_unfused_layer(fusion):
+    torch.manual_seed(2)
+    unfused = TransformerLayer(32, 2, precision="fp32", attention_backend="sdpa", fusions=(), device=DEVICE)
+    fused = TransformerLayer.from_plain(unfused.to_plain(), precision="fp32", attention_backend="sdpa",
+                                        fusions={fusion})
+    x = torch.randn(2, 8, 32, device=DEVICE)
+    dy = torch.randn_like(x)
+    y0, dx0 = _run(unfused, x, None, dy)
+    y1, dx1 = _run(fused, x, None, dy)
+    torch.testing.assert_close(y1, y0, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(dx1, dx0, rtol=1e-5, atol=1e-5)
+    for (name, p0), p1 in zip(unfused.named_parameters(), fused.parameters()):
+        torch.testing.assert_close(p1.grad, p0.grad, rtol=1e-4, atol=1e-5, msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("mode", ["fp32", "mixed-bf16"])
+def test_fully_masked_rows_stay_finite_forward_and_backward(mode):
+    # Left padding under a causal mask: the first queries of the second sequence see no key. Their attention gives
+    # zeros (the kernel's convention, and the plain block's), and no NaN reaches any output or gradient.
+    torch.manual_seed(3)
+    plain = PlainTransformerBlock(32, 2, causal=True, device=DEVICE)
+    layer = TransformerLayer.from_plain(plain, attention_backend="triton", **MODES[mode])
+    x = torch.randn(2, 12, 32, device=DEVICE)
+    _check_layer(layer, x, _padding_mask(2, 12, "left"))
+
+
+def test_state_dict_keys_and_shapes_are_the_documented_ones():
+    layer = TransformerLayer(64, 4, 96, n_kv_heads=2, device=DEVICE)
+    d, h, h_kv, d_ff = 16, 4, 2, 96
+    expected = {
+        "ln1.weight": (64,), "ln1.bias": (64,),
+        "qkv.weight": ((h + 2 * h_kv) * d, 64), "qkv.bias": ((h + 2 * h_kv) * d,),
+        "out.weight": (64, h * d), "out.bias": (64,),
+        "ln2.weight": (64,), "ln2.bias": (64,),
+        "fc1.weight": (d_ff, 64), "fc1.bias": (d_ff,),
+        "fc2.weight": (64, d_ff), "fc2.bias": (64,),
+    }
+    assert {k: tuple(v.shape) for k, v in layer.state_dict().items()} == expected
+    assert TransformerLayer(64, 4).d_ff == 256  # default 4 * d_model
+
+
+@pytest.mark.parametrize("precision", ["mixed", "bf16"])
+def test_plain_round_trip_is_exact(precision):
+    plain = PlainTransformerBlock(32, 4, n_kv_heads=2, causal=False, device=DEVICE)
+    layer = TransformerLayer.from_plain(plain, precision=precision)
+    assert (layer.n_heads, layer.n_kv_heads, layer.d_ff, layer.causal) == (4, 2, 128, False)
+    back = layer.to_plain(torch.float32)
+    dtype = layer.policy.param_dtype
+    for key, value in plain.state_dict().items():
+        torch.testing.assert_close(back.state_dict()[key], value.to(dtype).float(), rtol=0, atol=0, msg=key)
+    # q, k, v rows land where the docstring says: query rows first, then key, then value.
+    torch.testing.assert_close(layer.qkv.weight[32:48].float(), plain.k_proj.weight.to(dtype).float(), rtol=0, atol=0)
+
+
+def test_load_plain_state_dict_rejects_mismatches():
+    layer = TransformerLayer(32, 2)
+    state = PlainTransformerBlock(32, 2).state_dict()
+    with pytest.raises(KeyError, match="missing.*q_proj.weight"):
+        layer.load_plain_state_dict({k: v for k, v in state.items() if k != "q_proj.weight"})
+    state["fc1.weight"] = torch.zeros(64, 32)
+    with pytest.raises(ValueError, match=r"fc1.weight: plain weights have shape \(64, 32\)"):
+        layer.load_plain_state_dict(state)
+
+
+def test_inference_weight_copies_follow_parameter_updates():
+    # In no-grad mode the "mixed" layer reuses bf16 copies of its weights; an optimizer step must still show.
+    torch.manual_seed(4)
+    layer = TransformerLayer(32, 2, attention_backend="sdpa", device=DEVICE)
+    x = torch.randn(1, 8, 32, device=DEVICE)
+    with torch.no_grad():
+        before = layer(x)
+    layer(x).sum().backward()
+    torch.optim.SGD(layer.parameters(), lr=0.5).step()
+    with torch.no_grad():
+        after = layer(x)
+    expected = layer(x).detach()  # grad mode: casts the current weights afresh
+    assert not torch.allclose(before, after)
+    torch.testing.assert_close(after, expected, rtol=0, atol=0)
+
+
+def test_dropout_only_in_training():
+    torch.manual_seed(5)
+    layer = TransformerLayer(32, 2, dropout=0.5, precision="fp32", attention_backend="sdpa", device=DEVICE)
+    plain = layer.to_plain().eval()
+    x = torch.randn(2, 8, 32, device=DEVICE)
+    layer.eval()
+    torch.testing.assert_close(layer(x), plain(x), rtol=1e-5, atol=1e-5)
+    layer.train()
+    assert not torch.allclose(layer(x), plain(x), atol=1e-3)
+
+
+@pytest.mark.parametrize("mode", ["fp32", "mixed-bf16"])
+def test_torch_compile_matches_eager(mode):
+    torch.manual_seed(6)
+    layer = TransformerLayer(32, 2, n_kv_heads=1, attention_backend="triton", device=DEVICE, **MODES[mode])
+    x = torch.randn(2, 8, 32, device=DEVICE)
+    mask = _padding_mask(2, 8, "right")
+    dy = torch.randn_like(x)
+    y_eager, dx_eager = _run(layer, x, mask, dy)
+    grads_eager = [p.grad.clone() for p in layer.parameters()]
+    layer.zero_grad()
+    compiled = torch.compile(layer, backend="aot_eager", fullgraph=True)
+    y, dx = _run(compiled, x, mask, dy)
+    torch.testing.assert_close(y, y_eager, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(dx, dx_eager, rtol=1e-5, atol=1e-5)
+    for p, g in zip(layer.parameters(), grads_eager):
+        torch.testing.assert_close(p.grad, g, rtol=1e-5, atol=1e-5)
+
+
+def test_autocast_bf16():
+    torch.manual_seed(7)
+    x = torch.randn(2, 8, 32, device=DEVICE)
+    # "mixed" already casts its operands to bf16: autocast changes nothing.
+    mixed = TransformerLayer(32, 2, attention_backend="triton", device=DEVICE)
+    eager = mixed(x)
+    with torch.autocast(DEVICE, dtype=torch.bfloat16):
+        under = mixed(x)
+    assert under.dtype == torch.float32
+    torch.testing.assert_close(under, eager, rtol=1e-5, atol=1e-5)
+    # "fp32" projections follow autocast into bf16: within bf16 error of the float64 block, like PyTorch's own.
+    fp32 = TransformerLayer.from_plain(mixed.to_plain(), precision="fp32", attention_backend="triton")
+    reference = fp32.to_plain(torch.float64)(x.double())
+    with torch.autocast(DEVICE, dtype=torch.bfloat16):
+        under = fp32(x)
+        baseline = fp32.to_plain()(x)
+    assert under.dtype == torch.float32
+    assert_close(under, reference, policy=torch.bfloat16, baseline=baseline)
+
+
+def test_output_keeps_input_dtype_and_layer_repr_names_the_policy():
+    layer = TransformerLayer(32, 2, precision="bf16", attention_backend="sdpa", device=DEVICE)
+    assert layer(torch.randn(1, 4, 32, device=DEVICE)).dtype == torch.float32
+    assert layer.qkv.weight.dtype == torch.bfloat16
+    assert "precision='bf16'" in repr(layer) and "fusions=" in repr(layer)
+
+
+# ------------------------------------------------------------------------------------------------ bad input
+
+
+def test_bad_construction_names_the_problem():
+    with pytest.raises(ValueError, match=r"d_model \(30\) must be divisible by n_heads \(4\)"):
+        TransformerLayer(30, 4)
+    with pytest.raises(ValueError, match=r"n_heads \(4\) must be divisible by n_kv_heads \(3\)"):
+        TransformerLayer(32, 4, n_kv_heads=3)
+    with pytest.raises(ValueError, match="unknown precision mode 'fp8'"):
+        TransformerLayer(32, 4, precision="fp8")
+    with pytest.raises(ValueError, match="compute_dtype applies to precision='mixed' only"):
+        TransformerLayer(32, 4, precision="fp32", compute_dtype=torch.float16)
+    with pytest.raises(ValueError, match="compute_dtype must be torch.bfloat16 or torch.float16"):
+        TransformerLayer(32, 4, compute_dtype=torch.float32)
+    with pytest.raises(ValueError, match="attention_precision applies to precision='fp32' only"):
+        TransformerLayer(32, 4, attention_precision="tf32")
+    with pytest.raises(ValueError, match="dtype=torch.float16 conflicts with precision='mixed'"):
+        TransformerLayer(32, 4, dtype=torch.float16)
+    with pytest.raises(ValueError, match=r"unknown fusions \['bias_relu'\]"):
+        TransformerLayer(32, 4, fusions={"bias_relu"})
+    with pytest.raises(TypeError, match="fusions must be a collection of names"):
+        TransformerLayer(32, 4, fusions="bias_gelu")
+    with pytest.raises(ValueError, match="dropout must be in"):
+        TransformerLayer(32, 4, dropout=1.0)
+    with pytest.raises(ValueError, match="unknown attention_backend 'flash'"):
+        TransformerLayer(32, 4, attention_backend="flash")
+
+
+def test_bad_forward_inputs_name_the_problem():
+    layer = TransformerLayer(32, 2, attention_backend="sdpa", device=DEVICE)
+    x = torch.randn(2, 8, 32, device=DEVICE)
+    with pytest.raises(ValueError, match="x's last dimension is 16 but the layer's d_model is 32"):
+        layer(torch.randn(2, 8, 16, device=DEVICE))
+    with pytest.raises(ValueError, match=r"x must have shape \[batch, seq, d_model\]"):
+        layer(torch.randn(8, 32, device=DEVICE))
+    with pytest.raises(ValueError, match=r"key_padding_mask must have shape \[batch, seq\] = \(2, 8\), got \(2, 7\)"):
+        layer(x, torch.ones(2, 7, dtype=torch.bool, device=DEVICE))
+    with pytest.raises(TypeError, match="key_padding_mask must be a bool tensor"):
+        layer(x, torch.ones(2, 8, device=DEVICE))
+    with pytest.raises(TypeError, match="floating-point"):
+        layer(torch.ones(2, 8, 32, dtype=torch.int64, device=DEVICE))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU refusal; the GPU path is in test_layer_gpu.py")
+def test_cuda_graph_runner_refuses_cpu_layers():
+    with pytest.raises(RuntimeError, match="CUDA graphs need a CUDA device"):
+        CudaGraphRunner(TransformerLayer(32, 2))

@@ -1,0 +1,156 @@
+"""TransformerLayer, its CUDA-graph runner and layer_norm at real sizes on a CUDA GPU.
+
+The same checks as test_layer.py / test_layer_norm.py (float64 plain-PyTorch reference with the same weights,
+PyTorch in the layer's precision as the baseline), at d_model 1024, 16 heads, d_ff 4096.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from flashlite.layer import FUSIONS, CudaGraphRunner, PlainTransformerBlock, TransformerLayer
+from flashlite.norm import layer_norm
+from pytest_kernelcheck import assert_close, policy_for
+
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available(),
+    reason="needs a CUDA GPU; test_layer.py and test_layer_norm.py run the same checks at tiny sizes on the CPU",
+)
+
+D_MODEL, HEADS, D_FF = 1024, 16, 4096
+REAL_SHAPES = (dict(B=1, S=128), dict(B=4, S=2048), dict(B=32, S=512))
+
+
+def _plain_grads(block: PlainTransformerBlock) -> dict[str, torch.Tensor]:
+    grads = {name: p.grad for name, p in block.named_parameters()}
+    out = {k: v for k, v in grads.items() if not k.startswith(("q_proj", "k_proj", "v_proj", "out_proj"))}
+    for kind in ("weight", "bias"):
+        out[f"qkv.{kind}"] = torch.cat([grads[f"{p}.{kind}"] for p in ("q_proj", "k_proj", "v_proj")])
+        out[f"out.{kind}"] = grads[f"out_proj.{kind}"]
+    return out
+
+
+def _run(module, x, mask, dy):
+    x = x.detach().clone().requires_grad_(True)
+    y = module(x, mask)
+    y.backward(dy.to(y.dtype))
+    return y.detach(), x.grad
+
+
+def _right_padding(batch: int, seq: int) -> torch.Tensor:
+    mask = torch.ones(batch, seq, dtype=torch.bool, device="cuda")
+    mask[-1, seq - seq // 4:] = False
+    return mask
+
+
+@pytest.mark.shape(*REAL_SHAPES, precision=["mixed", "bf16"], padding=[False, True])
+def test_layer_matches_float64_block_at_real_sizes(shape):
+    torch.manual_seed(0)
+    plain = PlainTransformerBlock(D_MODEL, HEADS, D_FF, causal=True, device="cuda")
+    layer = TransformerLayer.from_plain(plain, precision=shape.precision)
+    x = torch.randn(shape.B, shape.S, D_MODEL, device="cuda").to(layer.policy.param_dtype)
+    dy = torch.randn_like(x)
+    mask = _right_padding(shape.B, shape.S) if shape.padding else None
+
+    reference = layer.to_plain(torch.float64)
+    y_ref, dx_ref = _run(reference, x.double(), mask, dy.double())
+    grads_ref = _plain_grads(reference)
+    del reference
+    baseline = layer.to_plain()
+    if shape.precision == "mixed":
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            y_low, dx_low = _run(baseline, x, mask, dy)
+    else:
+        y_low, dx_low = _run(baseline, x, mask, dy)
+    grads_low = _plain_grads(baseline)
+
+    y, dx = _run(layer, x, mask, dy)
+    policy = policy_for(torch.bfloat16)
+    assert_close(y, y_ref, policy=policy, baseline=y_low, notes=("output",))
+    assert_close(dx, dx_ref, policy=policy, baseline=dx_low, notes=("dx",))
+    for name, p in layer.named_parameters():
+        assert_close(p.grad, grads_ref[name], policy=policy, baseline=grads_low[name].to(p.dtype),
+                     notes=(f"grad of {name}",))
+
+
+@pytest.mark.parametrize("fusion", sorted(FUSIONS))
+def test_each_fusion_matches_the_unfused_layer(fusion):
+    torch.manual_seed(1)
+    unfused = TransformerLayer(D_MODEL, HEADS, D_FF, fusions=(), device="cuda")
+    fused = TransformerLayer.from_plain(unfused.to_plain(), fusions={fusion})
+    x = torch.randn(4, 256, D_MODEL, device="cuda")
+    with torch.no_grad():
+        reference = unfused.to_plain(torch.float64)(x.double())
+        # Both variants are bf16-operand computations; they may round differently but equally well.
+        assert_close(fused(x), reference, policy=torch.bfloat16, baseline=unfused(x))
+
+
+@pytest.mark.parametrize("shape", [(1, 128), (4, 256)], ids=lambda s: f"B{s[0]}-S{s[1]}")
+@pytest.mark.parametrize("with_mask", [False, True], ids=["nomask", "mask"])
+def test_cuda_graph_runner_equals_eager(shape, with_mask):
+    torch.manual_seed(2)
+    layer = TransformerLayer(D_MODEL, HEADS, D_FF, device="cuda").eval()
+    runner = CudaGraphRunner(layer)
+    batch, seq = shape
+    for call in range(3):  # capture on the first call, replay with new inputs afterwards
+        x = torch.randn(batch, seq, D_MODEL, device="cuda")
+        mask = _right_padding(batch, seq) if with_mask else None
+        with torch.no_grad():
+            eager = layer(x, mask)
+        replayed = runner(x, mask)
+        torch.testing.assert_close(replayed, eager, rtol=1e-5, atol=1e-5, msg=lambda m: f"call {call}: {m}")
+    assert len(runner._captured) == 1
+
+
+def test_cuda_graph_runner_sees_in_place_parameter_updates():
+    torch.manual_seed(3)
+    layer = TransformerLayer(D_MODEL, HEADS, D_FF, device="cuda").eval()
+    runner = CudaGraphRunner(layer)
+    x = torch.randn(1, 128, D_MODEL, device="cuda")
+    before = runner(x)
+    with torch.no_grad():
+        layer.fc2.weight.mul_(0.5)
+        eager = layer(x)
+    after = runner(x)
+    assert not torch.allclose(before, after)
+    torch.testing.assert_close(after, eager, rtol=1e-5, atol=1e-5)
+
+
+def test_cuda_graph_runner_is_inference_only():
+    layer = TransformerLayer(D_MODEL, HEADS, D_FF, device="cuda")
+    runner = CudaGraphRunner(layer)
+    with pytest.raises(ValueError, match="inference"):
+        runner(torch.randn(1, 16, D_MODEL, device="cuda", requires_grad=True))
+
+
+def test_torch_compile_inductor_matches_eager():
+    torch.manual_seed(4)
+    layer = TransformerLayer(D_MODEL, HEADS, D_FF, device="cuda")
+    x = torch.randn(2, 256, D_MODEL, device="cuda")
+    compiled = torch.compile(layer)
+    with torch.no_grad():
+        reference = layer.to_plain(torch.float64)(x.double())
+        assert_close(compiled(x), reference, policy=torch.bfloat16, baseline=layer(x))
+
+
+@pytest.mark.parametrize("n", [4096, 8192, 16384, 32768])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_layer_norm_large_rows(n, dtype):
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    x = (3.0 + torch.randn(64, n, device="cuda", generator=gen)).to(dtype).requires_grad_()
+    w = (1 + 0.1 * torch.randn(n, device="cuda", generator=gen)).to(dtype).requires_grad_()
+    b = torch.randn(n, device="cuda", generator=gen).to(dtype).requires_grad_()
+    dy = torch.randn(64, n, device="cuda", generator=gen).to(dtype)
+    y = layer_norm(x, w, b)
+    y.backward(dy)
+    leaves = [t.detach().double().requires_grad_() for t in (x, w, b)]
+    ref = F.layer_norm(leaves[0], (n,), leaves[1], leaves[2])
+    ref.backward(dy.double())
+    base_leaves = [t.detach().clone().requires_grad_() for t in (x, w, b)]
+    base = F.layer_norm(base_leaves[0], (n,), base_leaves[1], base_leaves[2])
+    base.backward(dy)
+    assert_close(y, ref, baseline=base.detach())
+    for got, expected, low, name in zip((x.grad, w.grad, b.grad), (l.grad for l in leaves),
+                                        (l.grad for l in base_leaves), ("dx", "dweight", "dbias")):
+        assert_close(got, expected, baseline=low, notes=(name,))
