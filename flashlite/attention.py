@@ -1,0 +1,507 @@
+"""flashlite's attention: the public ``attention()``, its dispatch, launchers and torch.library ops.
+
+Layers, bottom up:
+
+* kernels (``flashlite.kernels.attention_fwd`` / ``attention_bwd``): raw Triton code;
+* launchers ``attention_forward`` / ``attention_backward``: check what the kernels assume, allocate, compute
+  the grid, launch (autotuned, or with a forced config for tests);
+* custom ops ``flashlite::attention_forward`` -> (out, lse) and ``flashlite::attention_backward`` ->
+  (dq, dk, dv), with fake implementations, and autograd registered on the forward op, so ``torch.compile``
+  treats the kernel as one opaque node instead of tracing into it;
+* ``attention()``: validates the call, picks Triton or SDPA (``backend="auto"`` asks ``flashlite.dispatch``)
+  and makes both paths agree, including zeros for rows that see no key.
+
+Precision: float16/bfloat16 inputs multiply in their own precision. Float32 inputs take ``precision``:
+"tf32" (the default: tensor cores, relative error near 3e-4), "ieee" (true float32, several times slower)
+or "bf16" (operands rounded to bfloat16). Accumulation and softmax are always float32. ``precision`` shapes the
+Triton kernel only; the SDPA path computes float32 in SDPA's own way.
+
+The log-sum-exp saved for the backward pass is in base 2 of the scaled scores (natural lse * log2(e)), float32,
+shape [B, H, S_q]; -inf for rows that see no key.
+"""
+import logging
+import math
+import os
+from dataclasses import dataclass
+from typing import Optional, Union
+
+import torch
+import torch.nn.functional as F
+
+from flashlite import _runtime
+from flashlite.dispatch import Decision, choose_backend, seq_bucket
+
+try:  # Triton has wheels for Linux x86_64 only; elsewhere every call goes to SDPA.
+    import triton
+
+    from flashlite.kernels import attention_bwd as _bwd
+    from flashlite.kernels import attention_fwd as _fwd
+    _TRITON_ERROR: Optional[str] = None
+except ImportError as error:  # pragma: no cover - exercised only on platforms without Triton
+    _TRITON_ERROR = f"Triton is not available ({error})"
+
+__all__ = ["attention", "explain_dispatch", "attention_forward", "attention_backward", "CAUSAL_MODES"]
+
+_log = logging.getLogger(__name__)
+
+# Integer causal modes of the custom ops (a fixed op signature cannot take bool-or-str).
+CAUSAL_NONE, CAUSAL_TOP_LEFT, CAUSAL_BOTTOM_RIGHT = 0, 1, 2
+CAUSAL_MODES = {False: CAUSAL_NONE, True: CAUSAL_TOP_LEFT, "top_left": CAUSAL_TOP_LEFT,
+                "lower_right": CAUSAL_BOTTOM_RIGHT}
+
+# The canonical user-facing value of each mode, as flashlite.dispatch keys its table.
+_CAUSAL_ARGUMENT = {CAUSAL_NONE: False, CAUSAL_TOP_LEFT: True, CAUSAL_BOTTOM_RIGHT: "lower_right"}
+
+MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
+DEFAULT_FP32_PRECISION = "tf32"
+_FP32_PRECISIONS = ("ieee", "tf32", "bf16")
+_NATIVE_PRECISION = {torch.float16: "fp16", torch.bfloat16: "bf16"}
+_PRECISION_ALIASES = {"fp16": "fp16", "float16": "fp16", "half": "fp16", "bf16": "bf16", "bfloat16": "bf16"}
+_SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_BACKENDS = ("auto", "triton", "sdpa")
+_INT32_LIMIT = 2 ** 31
+# Grid axis 1 holds batch * heads; CUDA caps it at 65535, beyond which the kernels use a flattened 1-D grid.
+_GRID_AXIS1_LIMIT = 65535
+
+BlockConfig = tuple[int, int, int, int]  # (BLOCK_M, BLOCK_N, num_warps, num_stages)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Validation
+
+
+@dataclass(frozen=True)
+class _Call:
+    """A validated attention call, in the form the custom ops take."""
+
+    causal_mode: int
+    scale: float
+    precision: str
+    key_padding_mask: Optional[torch.Tensor]
+    key_lengths: Optional[torch.Tensor]
+
+
+def _causal_mode(causal: Union[bool, str]) -> int:
+    if isinstance(causal, bool) or (isinstance(causal, str) and causal in CAUSAL_MODES):
+        return CAUSAL_MODES[causal]
+    raise ValueError(f"causal must be False, True (top-left, like SDPA's is_causal) or 'lower_right', "
+                     f"got {causal!r}")
+
+
+def _resolve_precision(dtype: torch.dtype, precision: Optional[str]) -> str:
+    """The dot-product operand precision for inputs of ``dtype``: fp16, bf16, ieee or tf32."""
+    if precision is not None and not isinstance(precision, str):
+        raise TypeError(f"precision must be a string or None, got {type(precision).__name__}")
+    if dtype == torch.float32:
+        if precision is None:
+            return DEFAULT_FP32_PRECISION
+        if precision not in _FP32_PRECISIONS:
+            raise ValueError(f"precision for float32 inputs must be one of {_FP32_PRECISIONS} (or None for "
+                             f"{DEFAULT_FP32_PRECISION!r}), got {precision!r}")
+        return precision
+    native = _NATIVE_PRECISION[dtype]
+    if precision is not None and _PRECISION_ALIASES.get(precision) != native:
+        raise ValueError(f"precision applies to float32 inputs only; {dtype} inputs always multiply in "
+                         f"{native} with float32 accumulation, so pass precision=None (got {precision!r})")
+    return native
+
+
+def _check_tensor(name: str, t: object) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != 4:
+        raise ValueError(f"{name} must have 4 dimensions [B, H, S, D], got shape {tuple(t.shape)}")
+    return t
+
+
+def _validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: Union[bool, str], scale: Optional[float],
+              key_padding_mask: Optional[torch.Tensor], key_lengths: Optional[torch.Tensor],
+              backend: str, precision: Optional[str]) -> _Call:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _check_tensor(name, t)
+    if q.dtype not in _SUPPORTED_DTYPES:
+        raise TypeError(f"q has dtype {q.dtype}; supported: float16, bfloat16, float32")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise TypeError(f"q, k and v must share one dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}")
+    if k.device != q.device or v.device != q.device:
+        raise ValueError(f"q, k and v must be on one device, got q {q.device}, k {k.device}, v {v.device}")
+    batch, heads, seq_q, head_dim = q.shape
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got k {tuple(k.shape)} and v {tuple(v.shape)}")
+    batch_k, kv_heads, seq_k, head_dim_k = k.shape
+    if batch_k != batch:
+        raise ValueError(f"batch size differs: q has {batch}, k and v have {batch_k}")
+    if head_dim_k != head_dim:
+        raise ValueError(f"head dim differs: q has {head_dim}, k and v have {head_dim_k}")
+    if kv_heads == 0 or heads % kv_heads != 0:
+        raise ValueError(f"q has {heads} heads and k, v have {kv_heads}: the number of q heads must be a multiple "
+                         f"of the k/v heads (grouped-query attention)")
+    if min(batch, heads, seq_q, seq_k, head_dim) == 0:
+        raise ValueError(f"empty input: q {tuple(q.shape)}, k {tuple(k.shape)}")
+    causal_mode = _causal_mode(causal)
+    if scale is None:
+        scale = 1.0 / math.sqrt(head_dim)
+    elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        raise TypeError(f"scale must be a finite float or None, got {scale!r}")
+    if key_padding_mask is not None and key_lengths is not None:
+        raise ValueError("pass key_padding_mask or key_lengths, not both")
+    if key_padding_mask is not None:
+        if not isinstance(key_padding_mask, torch.Tensor) or key_padding_mask.dtype != torch.bool:
+            raise TypeError(f"key_padding_mask must be a bool tensor [B, S_k] (True = attend), got "
+                            f"{getattr(key_padding_mask, 'dtype', type(key_padding_mask).__name__)}")
+        if tuple(key_padding_mask.shape) != (batch, seq_k):
+            raise ValueError(f"key_padding_mask must have shape [B, S_k] = {[batch, seq_k]}, got "
+                             f"{list(key_padding_mask.shape)}")
+        if key_padding_mask.device != q.device:
+            raise ValueError(f"key_padding_mask is on {key_padding_mask.device}, q on {q.device}")
+    if key_lengths is not None:
+        if not isinstance(key_lengths, torch.Tensor) or key_lengths.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"key_lengths must be an int32 or int64 tensor [B], got "
+                            f"{getattr(key_lengths, 'dtype', type(key_lengths).__name__)}")
+        if tuple(key_lengths.shape) != (batch,):
+            raise ValueError(f"key_lengths must have shape [B] = [{batch}], got {list(key_lengths.shape)}")
+        if key_lengths.device != q.device:
+            raise ValueError(f"key_lengths is on {key_lengths.device}, q on {q.device}")
+    if backend not in _BACKENDS:
+        raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
+    return _Call(causal_mode, float(scale), _resolve_precision(q.dtype, precision), key_padding_mask, key_lengths)
+
+
+def _slice_span(t: torch.Tensor) -> int:
+    """Elements spanned by one [S, D] slice (the kernels index inside a slice with 32-bit offsets)."""
+    return (t.shape[-2] - 1) * t.stride(-2) + (t.shape[-1] - 1) * t.stride(-1) + 1
+
+
+def _kernel_unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                        key_padding_mask: Optional[torch.Tensor]) -> Optional[str]:
+    """Why the Triton kernel cannot run this (validated) call, or None when it can."""
+    if _TRITON_ERROR is not None:
+        return _TRITON_ERROR
+    if not _runtime.kernel_device_ok(q):
+        return (f"tensors on {q.device}; the Triton kernel runs on CUDA devices, or on the CPU only through the "
+                f"Triton interpreter (TRITON_INTERPRET=1)")
+    head_dim = q.shape[-1]
+    if not MIN_HEAD_DIM <= head_dim <= MAX_HEAD_DIM:
+        return f"head dim {head_dim} is outside the kernel's range {MIN_HEAD_DIM}..{MAX_HEAD_DIM}"
+    if max(_slice_span(q), _slice_span(k), _slice_span(v)) >= _INT32_LIMIT:
+        return "one (batch, head) slice spans 2**31 elements or more (the kernel indexes slices with 32 bits)"
+    if key_padding_mask is not None and (key_padding_mask.shape[1] - 1) * key_padding_mask.stride(1) >= _INT32_LIMIT:
+        return "key_padding_mask rows span 2**31 elements or more"
+    return None
+
+
+def _decide(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: _Call, backend: str) -> Decision:
+    if backend == "sdpa":
+        return Decision("sdpa", "forced by backend='sdpa'")
+    unsupported = _kernel_unsupported(q, k, v, call.key_padding_mask)
+    if backend == "triton":
+        if unsupported is not None:
+            raise ValueError(f"backend='triton' cannot run this call: {unsupported}")
+        return Decision("triton", "forced by backend='triton'")
+    return choose_backend(q, causal=_CAUSAL_ARGUMENT[call.causal_mode], seq_k=k.shape[2], unsupported=unsupported)
+
+
+def _log_decision(decision: Decision, q: torch.Tensor, k: torch.Tensor) -> None:
+    if os.environ.get("FLASHLITE_DEBUG_DISPATCH", "0") not in ("", "0"):
+        _log.debug("flashlite.attention q %s k %s %s -> %s: %s", tuple(q.shape), tuple(k.shape), q.dtype,
+                   decision.backend, decision.reason)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Launchers
+
+
+def _dot_mode(precision: str) -> str:
+    # The interpreter's tl.dot on bf16 operands is broken: round operands to bf16, multiply in fp32 instead.
+    if precision == "bf16" and _runtime.interpreting():
+        return "bf16_emulated"
+    return precision
+
+
+def _key_mask_args(q: torch.Tensor, key_padding_mask: Optional[torch.Tensor],
+                   key_lengths: Optional[torch.Tensor]) -> tuple[str, torch.Tensor, torch.Tensor, int, int]:
+    """(KEY_MASK mode, mask pointer, lengths pointer, mask strides); unused pointers get a placeholder tensor."""
+    if key_padding_mask is not None:
+        mask = key_padding_mask.view(torch.uint8)  # same bytes; Triton loads bytes more predictably than i1
+        return "bool", mask, q, mask.stride(0), mask.stride(1)
+    if key_lengths is not None:
+        return "lengths", q, key_lengths, 0, 0
+    return "none", q, q, 0, 0
+
+
+def _check_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: Optional[torch.Tensor],
+                  key_lengths: Optional[torch.Tensor], causal_mode: int, scale: float, precision: str) -> None:
+    # The custom ops are public through torch.ops: check what the kernels would otherwise get silently wrong.
+    if causal_mode not in _CAUSAL_ARGUMENT:
+        raise ValueError(f"causal_mode must be 0, 1 or 2, got {causal_mode}")
+    call = _validate(q, k, v, _CAUSAL_ARGUMENT[causal_mode], scale, key_padding_mask, key_lengths, "triton",
+                     precision if q.dtype == torch.float32 else None)
+    if precision != call.precision:
+        raise ValueError(f"precision {precision!r} does not fit {q.dtype} inputs (expected {call.precision!r})")
+    reason = _kernel_unsupported(q, k, v, key_padding_mask)
+    if reason is not None:
+        raise ValueError(f"the Triton kernel cannot run this call: {reason}")
+
+
+def _grid(seq: int, block_key: str, programs_per_block: int):
+    """Grid: sequence blocks on axis 0 (no practical limit), batch * heads on axis 1, flattened if too many."""
+    if programs_per_block > _GRID_AXIS1_LIMIT:
+        return lambda meta: (triton.cdiv(seq, meta[block_key]) * programs_per_block,)
+    return lambda meta: (triton.cdiv(seq, meta[block_key]), programs_per_block)
+
+
+def _block_d(head_dim: int) -> int:
+    return max(16, triton.next_power_of_2(head_dim))
+
+
+def _config_kwargs(config: "triton.Config") -> dict:
+    return {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
+
+
+def _kernel_and_config(autotuned, fixed, config: Optional[BlockConfig], gpu_blocks, prune, q: torch.Tensor,
+                       block_d: int):
+    """The kernel to launch and its forced meta-parameters: a given ``config``; else the autotuner; else, with
+    FLASHLITE_AUTOTUNE=0, the first of ``gpu_blocks`` that fits (one compile per shape class, no benchmarking)."""
+    if config is not None:
+        block_m, block_n, num_warps, num_stages = config
+        return fixed, {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": num_warps, "num_stages": num_stages}
+    if _runtime.interpreting() or os.environ.get("FLASHLITE_AUTOTUNE", "1") not in ("0", ""):
+        return autotuned, {}
+    first = prune(_fwd.make_configs(gpu_blocks), {"Q": q}, BLOCK_D=block_d)[0]
+    return fixed, _config_kwargs(first)
+
+
+def _tuning_bucket(seq_len: int) -> int:
+    return min(seq_bucket(seq_len), _fwd.MAX_SEQ_BUCKET)
+
+
+def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      key_padding_mask: Optional[torch.Tensor], key_lengths: Optional[torch.Tensor],
+                      causal_mode: int, scale: float, precision: str,
+                      config: Optional[BlockConfig] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch the forward kernel; returns (out [B, H, S_q, D] in q's dtype, base-2 lse [B, H, S_q] float32).
+
+    Inputs are assumed validated as ``attention()`` does. ``config`` = (BLOCK_M, BLOCK_N, num_warps, num_stages)
+    skips autotuning.
+
+    Example:
+        >>> q = torch.randn(1, 2, 20, 16)
+        >>> out, lse = attention_forward(q, q, q, None, None, 1, 0.25, "ieee")  # doctest: +SKIP
+    """
+    _check_launch(q, k, v, key_padding_mask, key_lengths, causal_mode, scale, precision)
+    batch, heads, seq_q, head_dim = q.shape
+    kv_heads, seq_k = k.shape[1], k.shape[2]
+    out = torch.empty((batch, heads, seq_q, head_dim), dtype=q.dtype, device=q.device)
+    lse = torch.empty((batch, heads, seq_q), dtype=torch.float32, device=q.device)
+    key_mask, mask_arg, lengths_arg, stride_mask_b, stride_mask_n = _key_mask_args(q, key_padding_mask,
+                                                                                    key_lengths)
+    block_d = _block_d(head_dim)
+    kernel, forced = _kernel_and_config(_fwd.attn_fwd, _fwd.attn_fwd_fixed, config, _fwd.FWD_GPU_BLOCKS,
+                                        _fwd.prune_fwd_configs, q, block_d)
+    kernel[_grid(seq_q, "BLOCK_M", batch * heads)](
+        q, k, v, out, lse, mask_arg, lengths_arg,
+        *q.stride(), *k.stride(), *v.stride(), *out.stride(), stride_mask_b, stride_mask_n,
+        heads, heads // kv_heads, seq_q, seq_k, scale * math.log2(math.e),
+        _tuning_bucket(seq_q), _tuning_bucket(seq_k),
+        HEAD_DIM=head_dim, BLOCK_D=block_d, CAUSAL=causal_mode, KEY_MASK=key_mask,
+        DOT=_dot_mode(precision), FLAT_GRID=batch * heads > _GRID_AXIS1_LIMIT, **forced)
+    return out, lse
+
+
+def attention_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       out: torch.Tensor, lse: torch.Tensor,
+                       key_padding_mask: Optional[torch.Tensor], key_lengths: Optional[torch.Tensor],
+                       causal_mode: int, scale: float, precision: str,
+                       dkdv_config: Optional[BlockConfig] = None,
+                       dq_config: Optional[BlockConfig] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Launch the backward kernels; returns (dq, dk, dv) shaped and typed like q, k, v.
+
+    Example:
+        >>> dq, dk, dv = attention_backward(do, q, k, v, out, lse, None, None, 1, 0.25, "ieee")  # doctest: +SKIP
+    """
+    _check_launch(q, k, v, key_padding_mask, key_lengths, causal_mode, scale, precision)
+    batch, heads, seq_q, head_dim = q.shape
+    kv_heads, seq_k = k.shape[1], k.shape[2]
+    block_d = _block_d(head_dim)
+    dot = _dot_mode(precision)
+    lse = lse.contiguous()
+    delta = torch.empty_like(lse)
+    _bwd.attn_bwd_delta[_grid(seq_q, "BLOCK_M", batch * heads)({"BLOCK_M": _bwd.DELTA_BLOCK_M})](
+        out, grad_out, delta, *out.stride(), *grad_out.stride(), heads, seq_q,
+        HEAD_DIM=head_dim, BLOCK_D=block_d, FLAT_GRID=batch * heads > _GRID_AXIS1_LIMIT,
+        BLOCK_M=_bwd.DELTA_BLOCK_M)
+
+    dq = torch.empty((batch, heads, seq_q, head_dim), dtype=q.dtype, device=q.device)
+    dk = torch.empty((batch, kv_heads, seq_k, head_dim), dtype=k.dtype, device=k.device)
+    dv = torch.empty((batch, kv_heads, seq_k, head_dim), dtype=v.dtype, device=v.device)
+    key_mask, mask_arg, lengths_arg, stride_mask_b, stride_mask_n = _key_mask_args(q, key_padding_mask,
+                                                                                    key_lengths)
+    qk_scale = scale * math.log2(math.e)
+    buckets = (_tuning_bucket(seq_q), _tuning_bucket(seq_k))
+    meta = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, CAUSAL=causal_mode, KEY_MASK=key_mask, DOT=dot)
+
+    kernel, forced = _kernel_and_config(_bwd.attn_bwd_dkdv, _bwd.attn_bwd_dkdv_fixed, dkdv_config,
+                                        _bwd.DKDV_GPU_BLOCKS, _bwd.prune_dkdv_configs, q, block_d)
+    kernel[_grid(seq_k, "BLOCK_N", batch * kv_heads)](
+        q, k, v, grad_out, lse, delta, dk, dv, mask_arg, lengths_arg,
+        *q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *dk.stride(), *dv.stride(),
+        stride_mask_b, stride_mask_n,
+        heads, kv_heads, heads // kv_heads, seq_q, seq_k, qk_scale, scale, *buckets,
+        FLAT_GRID=batch * kv_heads > _GRID_AXIS1_LIMIT, **meta, **forced)
+
+    kernel, forced = _kernel_and_config(_bwd.attn_bwd_dq, _bwd.attn_bwd_dq_fixed, dq_config, _bwd.DQ_GPU_BLOCKS,
+                                        _bwd.prune_dq_configs, q, block_d)
+    kernel[_grid(seq_q, "BLOCK_M", batch * heads)](
+        q, k, v, grad_out, lse, delta, dq, mask_arg, lengths_arg,
+        *q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *dq.stride(),
+        stride_mask_b, stride_mask_n,
+        heads, heads // kv_heads, seq_q, seq_k, qk_scale, scale, *buckets,
+        FLAT_GRID=batch * heads > _GRID_AXIS1_LIMIT, **meta, **forced)
+    return dq, dk, dv
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Custom ops and autograd
+
+
+@torch.library.custom_op("flashlite::attention_forward", mutates_args=())
+def attention_forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                         key_padding_mask: Optional[torch.Tensor], key_lengths: Optional[torch.Tensor],
+                         causal_mode: int, scale: float, precision: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Triton attention forward as an opaque op: (out [B, H, S_q, D], base-2 lse [B, H, S_q] float32)."""
+    return attention_forward(q, k, v, key_padding_mask, key_lengths, causal_mode, scale, precision)
+
+
+@attention_forward_op.register_fake
+def _attention_forward_fake(q, k, v, key_padding_mask, key_lengths, causal_mode, scale, precision):
+    batch, heads, seq_q, head_dim = q.shape
+    return (q.new_empty((batch, heads, seq_q, head_dim)),
+            q.new_empty((batch, heads, seq_q), dtype=torch.float32))
+
+
+@torch.library.custom_op("flashlite::attention_backward", mutates_args=())
+def attention_backward_op(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                          out: torch.Tensor, lse: torch.Tensor,
+                          key_padding_mask: Optional[torch.Tensor], key_lengths: Optional[torch.Tensor],
+                          causal_mode: int, scale: float, precision: str
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Triton attention backward as an opaque op: (dq, dk, dv), contiguous, in the dtypes of q, k, v."""
+    return attention_backward(grad_out, q, k, v, out, lse, key_padding_mask, key_lengths, causal_mode, scale,
+                              precision)
+
+
+@attention_backward_op.register_fake
+def _attention_backward_fake(grad_out, q, k, v, out, lse, key_padding_mask, key_lengths, causal_mode, scale,
+                             precision):
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape))
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, key_padding_mask, key_lengths, causal_mode, scale, precision = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, key_padding_mask, key_lengths)
+    ctx.mark_non_differentiable(lse)
+    ctx.causal_mode, ctx.scale, ctx.precision = causal_mode, scale, precision
+
+
+def _backward(ctx, grad_out, grad_lse):
+    q, k, v, out, lse, key_padding_mask, key_lengths = ctx.saved_tensors
+    dq, dk, dv = attention_backward_op(grad_out, q, k, v, out, lse, key_padding_mask, key_lengths,
+                                       ctx.causal_mode, ctx.scale, ctx.precision)
+    return dq, dk, dv, None, None, None, None, None
+
+
+attention_forward_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# SDPA path
+
+
+def _visibility_mask(q: torch.Tensor, k: torch.Tensor, call: _Call) -> torch.Tensor:
+    """Bool [B or 1, 1, S_q, S_k]: True where query i may attend key j, from causal mode and key padding."""
+    seq_q, seq_k = q.shape[2], k.shape[2]
+    mask = torch.ones((1, 1, seq_q, seq_k), dtype=torch.bool, device=q.device)
+    if call.causal_mode != CAUSAL_NONE:
+        shift = 0 if call.causal_mode == CAUSAL_TOP_LEFT else seq_k - seq_q
+        mask = mask.tril(diagonal=shift)
+    if call.key_padding_mask is not None:
+        mask = mask & call.key_padding_mask[:, None, None, :]
+    elif call.key_lengths is not None:
+        keys = torch.arange(seq_k, device=q.device)
+        mask = mask & (keys[None, :] < call.key_lengths[:, None])[:, None, None, :]
+    return mask
+
+
+def _sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: _Call) -> torch.Tensor:
+    gqa = {"enable_gqa": True} if q.shape[1] != k.shape[1] else {}
+    if call.key_padding_mask is None and call.key_lengths is None and call.causal_mode != CAUSAL_BOTTOM_RIGHT:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=call.causal_mode == CAUSAL_TOP_LEFT,
+                                              scale=call.scale, **gqa)
+    mask = _visibility_mask(q, k, call)
+    # SDPA returns NaN for a row that sees no key; let such rows see every key (finite), then zero them, so the
+    # output and its gradients match the kernel's zeros.
+    empty_rows = ~mask.any(dim=-1, keepdim=True)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | empty_rows, scale=call.scale, **gqa)
+    return out.masked_fill(empty_rows, 0.0)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Public API
+
+
+def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: Union[bool, str] = False,
+                     scale: Optional[float] = None, key_padding_mask: Optional[torch.Tensor] = None,
+                     key_lengths: Optional[torch.Tensor] = None, backend: str = "auto",
+                     precision: Optional[str] = None) -> Decision:
+    """Which implementation ``attention(q, k, v, **same arguments)`` would run, and why.
+
+    Raises the same errors as ``attention`` for invalid calls. With FLASHLITE_DEBUG_DISPATCH=1 the decision is
+    also logged (logger ``flashlite.attention``, level DEBUG).
+
+    Example:
+        >>> q = torch.randn(1, 2, 16, 8)
+        >>> print(explain_dispatch(q, q, q).reason)
+        kernel cannot run this call: head dim 8 is outside the kernel's range 16..256
+    """
+    call = _validate(q, k, v, causal, scale, key_padding_mask, key_lengths, backend, precision)
+    decision = _decide(q, k, v, call, backend)
+    _log_decision(decision, q, k)
+    return decision
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: Union[bool, str] = False,
+              scale: Optional[float] = None, key_padding_mask: Optional[torch.Tensor] = None,
+              key_lengths: Optional[torch.Tensor] = None, backend: str = "auto",
+              precision: Optional[str] = None) -> torch.Tensor:
+    """Scaled dot-product attention, softmax(scale * q k^T) v, with flashlite's Triton kernel or SDPA.
+
+    Args:
+        q: [B, H, S_q, D]; k, v: [B, H_kv, S_k, D] with H a multiple of H_kv (grouped-query attention, k and v
+            are not copied). float16, bfloat16 or float32; any strides.
+        causal: False; True for SDPA's ``is_causal`` (top-left: query i sees keys j <= i); "lower_right" for
+            bottom-right alignment (j <= i + S_k - S_q, as for decoding against a KV cache).
+        scale: defaults to 1 / sqrt(D).
+        key_padding_mask: bool [B, S_k], True = attend. Or key_lengths: int [B], keys j >= length masked
+            (lengths are clamped to [0, S_k]). Rows that see no key return zeros, with zero gradients.
+        backend: "auto" (per-shape choice from ``flashlite.dispatch``; see ``explain_dispatch``), "triton" or
+            "sdpa".
+        precision: float32 inputs only: "tf32" (default), "ieee" or "bf16" dot products in the Triton kernel.
+
+    Returns:
+        [B, H, S_q, D] in q's dtype.
+
+    Example:
+        >>> q, k, v = (torch.randn(2, 4, 10, 16) for _ in range(3))
+        >>> attention(q, k, v, causal=True, backend="sdpa").shape
+        torch.Size([2, 4, 10, 16])
+    """
+    call = _validate(q, k, v, causal, scale, key_padding_mask, key_lengths, backend, precision)
+    decision = _decide(q, k, v, call, backend)
+    _log_decision(decision, q, k)
+    if decision.backend == "triton":
+        out, _ = attention_forward_op(q, k, v, call.key_padding_mask, call.key_lengths, call.causal_mode,
+                                      call.scale, call.precision)
+        return out
+    return _sdpa_attention(q, k, v, call)
+

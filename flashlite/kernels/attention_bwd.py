@@ -1,0 +1,354 @@
+"""Backward kernels of flashlite's attention, recomputing probabilities from the forward's base-2 log-sum-exp.
+
+With P = softmax(scale * Q K^T) recomputed tile by tile as ``exp2(qk_scale * q.k - lse)``:
+
+    dV = P^T dO,   dP = dO V^T,   dS = P * (dP - delta),   dQ = scale * dS K,   dK = scale * dS^T Q,
+    where delta_i = sum_d dO_id * O_id  (``_attn_bwd_delta``).
+
+``_attn_bwd_dkdv`` runs one program per key block per (batch, kv head) and loops over the query blocks of every
+query head of its group, so grouped-query attention needs no atomics; ``_attn_bwd_dq`` runs one program per query
+block per (batch, head) and loops over key blocks. Masked keys and rows that see no key (lse = -inf, read as
++inf so that P = 0) get exactly zero gradient. Mask, causal and precision conventions: see ``attention_fwd``.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from flashlite import _runtime
+from flashlite.kernels.attention_fwd import (AUTOTUNE_KEY, _cast_out, _load_cols, _load_rows, _mma, make_configs,
+                                             prune_by_resources)
+
+
+@triton.jit
+def _attn_bwd_delta(Out,  # [B, H, S_q, D]
+                    dOut,  # [B, H, S_q, D]
+                    Delta,  # [B, H, S_q] float32, contiguous
+                    stride_ob, stride_oh, stride_om, stride_od,
+                    stride_dob, stride_doh, stride_dom, stride_dod,
+                    num_heads, seq_q,
+                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, FLAT_GRID: tl.constexpr,
+                    BLOCK_M: tl.constexpr):
+    num_m_blocks = tl.cdiv(seq_q, BLOCK_M)
+    if FLAT_GRID:
+        pid = tl.program_id(0)
+        pid_m = pid % num_m_blocks
+        pid_bh = pid // num_m_blocks
+    else:
+        pid_m = tl.program_id(0)
+        pid_bh = tl.program_id(1)
+    b = pid_bh // num_heads
+    h = pid_bh % num_heads
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    o = _load_rows(Out + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
+                   + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
+                   offs_m, seq_q, offs_d, HEAD_DIM, BLOCK_D, True)
+    do = _load_rows(dOut + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
+                    + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
+                    offs_m, seq_q, offs_d, HEAD_DIM, BLOCK_D, True)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    tl.store(Delta + pid_bh.to(tl.int64) * seq_q + offs_m, delta, mask=offs_m < seq_q)
+
+
+@triton.jit
+def _load_lse(Lse, offs_m, seq_q, CHECK_ROWS: tl.constexpr):
+    """Base-2 lse of a query block; rows past seq_q and rows that saw no key read +inf so that exp2(s - lse) = 0."""
+    if CHECK_ROWS:
+        lse = tl.load(Lse + offs_m, mask=offs_m < seq_q, other=float("inf"))
+    else:
+        lse = tl.load(Lse + offs_m)
+    return tl.where(lse == float("-inf"), float("inf"), lse)
+
+
+@triton.jit
+def _attn_bwd_dkdv_inner(dk, dv, k, v, key_ok, q_base, do_base, lse_row, delta_row,  # *_row: [S_q] of one (b, h)
+                         stride_qm, stride_qd, stride_dom, stride_dod,
+                         offs_n, offs_d, start, end, seq_q, diag_shift, qk_scale,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+                         BLOCK_D: tl.constexpr, CAUSAL_BLOCKS: tl.constexpr, KEY_MASK: tl.constexpr,
+                         DOT: tl.constexpr, EVEN_M: tl.constexpr):
+    """Accumulate dK, dV of one key block over query blocks [start, end). CAUSAL_BLOCKS: they cross the diagonal."""
+    offs_m0 = tl.arange(0, BLOCK_M)
+    for start_m in range(start, end, BLOCK_M):
+        offs_m = start_m + offs_m0
+        q = _load_rows(q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+                       offs_m, seq_q, offs_d, HEAD_DIM, BLOCK_D, not EVEN_M)
+        do = _load_rows(do_base + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
+                        offs_m, seq_q, offs_d, HEAD_DIM, BLOCK_D, not EVEN_M)
+        lse = _load_lse(lse_row, offs_m, seq_q, not EVEN_M)
+        if EVEN_M:
+            delta = tl.load(delta_row + offs_m)
+        else:
+            delta = tl.load(delta_row + offs_m, mask=offs_m < seq_q, other=0.0)
+        qk_t = _mma(k, tl.trans(q), tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), DOT) * qk_scale
+        p_t = tl.math.exp2(qk_t - lse[None, :])
+        if CAUSAL_BLOCKS:
+            p_t = tl.where(offs_n[:, None] <= offs_m[None, :] + diag_shift, p_t, 0.0)
+        if KEY_MASK != "none":
+            p_t = tl.where(key_ok[:, None], p_t, 0.0)
+        dv = _mma(p_t, do, dv, DOT)
+        dp_t = _mma(v, tl.trans(do), tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), DOT)
+        ds_t = p_t * (dp_t - delta[None, :])
+        dk = _mma(ds_t, q, dk, DOT)
+    return dk, dv
+
+
+@triton.jit
+def _attn_bwd_dkdv(Q,  # [B, H, S_q, D]
+                   K,  # [B, H_kv, S_k, D]
+                   V,  # [B, H_kv, S_k, D]
+                   dOut,  # [B, H, S_q, D]
+                   Lse,  # [B, H, S_q] float32, contiguous (forward's base-2 lse)
+                   Delta,  # [B, H, S_q] float32, contiguous
+                   dK,  # [B, H_kv, S_k, D], dtype of K
+                   dV,  # [B, H_kv, S_k, D], dtype of V
+                   KeyMask,  # [B, S_k] uint8 when KEY_MASK == "bool"
+                   KeyLen,  # [B] int when KEY_MASK == "lengths"
+                   stride_qb, stride_qh, stride_qm, stride_qd,
+                   stride_kb, stride_kh, stride_kn, stride_kd,
+                   stride_vb, stride_vh, stride_vn, stride_vd,
+                   stride_dob, stride_doh, stride_dom, stride_dod,
+                   stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+                   stride_dvb, stride_dvh, stride_dvn, stride_dvd,
+                   stride_mask_b, stride_mask_n,
+                   num_heads, num_kv_heads, group_size, seq_q, seq_k, qk_scale, sm_scale,
+                   SEQ_Q_BUCKET, SEQ_K_BUCKET,  # autotuning keys only
+                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, KEY_MASK: tl.constexpr,
+                   DOT: tl.constexpr, FLAT_GRID: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_M: tl.constexpr):
+    num_n_blocks = tl.cdiv(seq_k, BLOCK_N)
+    if FLAT_GRID:
+        pid = tl.program_id(0)
+        pid_n = pid % num_n_blocks
+        pid_bkv = pid // num_n_blocks
+    else:
+        pid_n = tl.program_id(0)
+        pid_bkv = tl.program_id(1)
+    b = pid_bkv // num_kv_heads
+    kv_h = pid_bkv % num_kv_heads
+    start_n = pid_n * BLOCK_N
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+
+    k = _load_rows(K + b.to(tl.int64) * stride_kb + kv_h.to(tl.int64) * stride_kh
+                   + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
+                   offs_n, seq_k, offs_d, HEAD_DIM, BLOCK_D, True)
+    v = _load_rows(V + b.to(tl.int64) * stride_vb + kv_h.to(tl.int64) * stride_vh
+                   + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
+                   offs_n, seq_k, offs_d, HEAD_DIM, BLOCK_D, True)
+
+    # Keys past seq_k are never stored, so only padding needs a per-key mask.
+    q_end = seq_q
+    if KEY_MASK == "lengths":
+        n_len = tl.minimum(tl.maximum(tl.load(KeyLen + b), 0), seq_k).to(tl.int32)
+        key_ok = offs_n < n_len
+        q_end = tl.where(start_n < n_len, seq_q, 0)  # a block of padding only: its gradients are zero
+    elif KEY_MASK == "bool":
+        key_ok = tl.load(KeyMask + b.to(tl.int64) * stride_mask_b + offs_n * stride_mask_n,
+                         mask=offs_n < seq_k, other=0) != 0
+    else:
+        key_ok = offs_n < seq_k
+
+    if CAUSAL != 0:
+        if CAUSAL == 1:
+            diag_shift = 0
+        else:
+            diag_shift = seq_k - seq_q
+        # Query i sees key j when i >= j - diag_shift: rows before `lo` see none of this block, rows from
+        # `full_from` on see all of it, and the query blocks in between need the diagonal mask.
+        lo = tl.minimum(tl.maximum(start_n - diag_shift, 0), q_end)
+        lo = (lo // BLOCK_M) * BLOCK_M
+        full_from = tl.minimum(tl.maximum(start_n + BLOCK_N - 1 - diag_shift, 0), q_end)
+        mid = tl.cdiv(full_from, BLOCK_M) * BLOCK_M
+    else:
+        diag_shift = 0
+        lo = 0
+        mid = 0
+
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    for g in range(0, group_size):
+        h = kv_h * group_size + g
+        q_base = Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
+        do_base = dOut + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
+        row = (b * num_heads + h).to(tl.int64) * seq_q
+        dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, key_ok, q_base, do_base, Lse + row, Delta + row,
+                                      stride_qm, stride_qd, stride_dom, stride_dod,
+                                      offs_n, offs_d, lo, tl.minimum(mid, q_end), seq_q, diag_shift, qk_scale,
+                                      BLOCK_M, BLOCK_N, HEAD_DIM, BLOCK_D, CAUSAL != 0, KEY_MASK, DOT, EVEN_M)
+        dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, key_ok, q_base, do_base, Lse + row, Delta + row,
+                                      stride_qm, stride_qd, stride_dom, stride_dod,
+                                      offs_n, offs_d, mid, q_end, seq_q, diag_shift, qk_scale,
+                                      BLOCK_M, BLOCK_N, HEAD_DIM, BLOCK_D, False, KEY_MASK, DOT, EVEN_M)
+    dk = dk * sm_scale
+
+    store_mask = (offs_n[:, None] < seq_k) & (offs_d[None, :] < HEAD_DIM)
+    tl.store(dK + b.to(tl.int64) * stride_dkb + kv_h.to(tl.int64) * stride_dkh
+             + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd,
+             _cast_out(dk, dK.dtype.element_ty, DOT), mask=store_mask)
+    tl.store(dV + b.to(tl.int64) * stride_dvb + kv_h.to(tl.int64) * stride_dvh
+             + offs_n[:, None] * stride_dvn + offs_d[None, :] * stride_dvd,
+             _cast_out(dv, dV.dtype.element_ty, DOT), mask=store_mask)
+
+
+@triton.jit
+def _attn_bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, mask_row,  # k_base, v_base: one (b, kv head)
+                       stride_kn, stride_kd, stride_vn, stride_vd, stride_mask_n,
+                       offs_m, offs_d, start, end, n_len, diag_shift, qk_scale,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                       CAUSAL: tl.constexpr, KEY_MASK: tl.constexpr, DOT: tl.constexpr, BOUNDARY: tl.constexpr):
+    """Accumulate dQ of one query block over key blocks [start, end); BOUNDARY as in the forward."""
+    offs_n0 = tl.arange(0, BLOCK_N)
+    for start_n in range(start, end, BLOCK_N):
+        offs_n = start_n + offs_n0
+        kt = _load_cols(k_base + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd,
+                        offs_d, HEAD_DIM, BLOCK_D, offs_n, n_len, BOUNDARY)
+        vt = _load_cols(v_base + offs_n[None, :] * stride_vn + offs_d[:, None] * stride_vd,
+                        offs_d, HEAD_DIM, BLOCK_D, offs_n, n_len, BOUNDARY)
+        qk = _mma(q, kt, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), DOT) * qk_scale
+        p = tl.math.exp2(qk - lse[:, None])
+        if BOUNDARY:
+            visible = offs_n[None, :] < n_len
+            if CAUSAL != 0:
+                visible = visible & (offs_n[None, :] <= offs_m[:, None] + diag_shift)
+            p = tl.where(visible, p, 0.0)
+        if KEY_MASK == "bool":
+            keep = tl.load(mask_row + offs_n * stride_mask_n, mask=offs_n < n_len, other=0) != 0
+            p = tl.where(keep[None, :], p, 0.0)
+        dp = _mma(do, vt, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), DOT)
+        ds = p * (dp - delta[:, None])
+        dq = _mma(ds, tl.trans(kt), dq, DOT)
+    return dq
+
+
+@triton.jit
+def _attn_bwd_dq(Q,  # [B, H, S_q, D]
+                 K,  # [B, H_kv, S_k, D]
+                 V,  # [B, H_kv, S_k, D]
+                 dOut,  # [B, H, S_q, D]
+                 Lse,  # [B, H, S_q] float32, contiguous
+                 Delta,  # [B, H, S_q] float32, contiguous
+                 dQ,  # [B, H, S_q, D], dtype of Q
+                 KeyMask,  # [B, S_k] uint8 when KEY_MASK == "bool"
+                 KeyLen,  # [B] int when KEY_MASK == "lengths"
+                 stride_qb, stride_qh, stride_qm, stride_qd,
+                 stride_kb, stride_kh, stride_kn, stride_kd,
+                 stride_vb, stride_vh, stride_vn, stride_vd,
+                 stride_dob, stride_doh, stride_dom, stride_dod,
+                 stride_dqb, stride_dqh, stride_dqm, stride_dqd,
+                 stride_mask_b, stride_mask_n,
+                 num_heads, group_size, seq_q, seq_k, qk_scale, sm_scale,
+                 SEQ_Q_BUCKET, SEQ_K_BUCKET,  # autotuning keys only
+                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, KEY_MASK: tl.constexpr,
+                 DOT: tl.constexpr, FLAT_GRID: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_M: tl.constexpr):
+    num_m_blocks = tl.cdiv(seq_q, BLOCK_M)
+    if FLAT_GRID:
+        pid = tl.program_id(0)
+        pid_m = pid % num_m_blocks
+        pid_bh = pid // num_m_blocks
+    else:
+        pid_m = tl.program_id(0)
+        pid_bh = tl.program_id(1)
+    if CAUSAL != 0:
+        pid_m = num_m_blocks - 1 - pid_m  # longest rows first, as in the forward
+    b = pid_bh // num_heads
+    h = pid_bh % num_heads
+    kv_h = h // group_size
+    start_m = pid_m * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+
+    q = _load_rows(Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
+                   + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+                   offs_m, seq_q, offs_d, HEAD_DIM, BLOCK_D, not EVEN_M)
+    do = _load_rows(dOut + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
+                    + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
+                    offs_m, seq_q, offs_d, HEAD_DIM, BLOCK_D, not EVEN_M)
+    row = pid_bh.to(tl.int64) * seq_q
+    lse = _load_lse(Lse + row, offs_m, seq_q, not EVEN_M)
+    if EVEN_M:
+        delta = tl.load(Delta + row + offs_m)
+    else:
+        delta = tl.load(Delta + row + offs_m, mask=offs_m < seq_q, other=0.0)
+
+    if KEY_MASK == "lengths":
+        n_len = tl.minimum(tl.maximum(tl.load(KeyLen + b), 0), seq_k).to(tl.int32)
+    else:
+        n_len = seq_k
+    if CAUSAL != 0:
+        if CAUSAL == 1:
+            diag_shift = 0
+        else:
+            diag_shift = seq_k - seq_q
+        full_lim = tl.minimum(tl.maximum(start_m + diag_shift + 1, 0), n_len)
+        hi = tl.minimum(tl.maximum(tl.minimum(start_m + BLOCK_M, seq_q) + diag_shift, 0), n_len)
+    else:
+        diag_shift = 0
+        full_lim = n_len
+        hi = n_len
+    full_end = (full_lim // BLOCK_N) * BLOCK_N
+
+    k_base = K + b.to(tl.int64) * stride_kb + kv_h.to(tl.int64) * stride_kh
+    v_base = V + b.to(tl.int64) * stride_vb + kv_h.to(tl.int64) * stride_vh
+    mask_row = KeyMask + b.to(tl.int64) * stride_mask_b
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    dq = _attn_bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, mask_row,
+                            stride_kn, stride_kd, stride_vn, stride_vd, stride_mask_n,
+                            offs_m, offs_d, 0, full_end, n_len, diag_shift, qk_scale,
+                            BLOCK_M, BLOCK_N, HEAD_DIM, BLOCK_D, CAUSAL, KEY_MASK, DOT, False)
+    dq = _attn_bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, mask_row,
+                            stride_kn, stride_kd, stride_vn, stride_vd, stride_mask_n,
+                            offs_m, offs_d, full_end, hi, n_len, diag_shift, qk_scale,
+                            BLOCK_M, BLOCK_N, HEAD_DIM, BLOCK_D, CAUSAL, KEY_MASK, DOT, True)
+    dq = dq * sm_scale
+
+    dq_ptrs = (dQ + b.to(tl.int64) * stride_dqb + h.to(tl.int64) * stride_dqh
+               + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd)
+    tl.store(dq_ptrs, _cast_out(dq, dQ.dtype.element_ty, DOT),
+             mask=(offs_m[:, None] < seq_q) & (offs_d[None, :] < HEAD_DIM))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Autotuning.
+
+# dK/dV: a key block (BLOCK_N rows, resident with its dK, dV accumulators) against streamed query blocks.
+# Most promising first, as for the forward.
+DKDV_GPU_BLOCKS = [(32, 128, 4, 3), (64, 128, 8, 2), (32, 64, 4, 3), (64, 64, 4, 3), (16, 32, 4, 2)]
+# dQ: a query block (BLOCK_M rows, resident) against streamed key blocks.
+DQ_GPU_BLOCKS = [(128, 32, 4, 3), (128, 64, 8, 2), (64, 64, 4, 3), (64, 32, 4, 3), (32, 16, 4, 2)]
+# Interpreter: unequal blocks, the mirror of the forward's, so the diagonal logic is exercised both ways.
+DKDV_INTERPRETER_BLOCKS = [(16, 32, 4, 1)]
+DQ_INTERPRETER_BLOCKS = [(32, 16, 4, 1)]
+# The delta preprocessing is a plain row reduction; one config suffices.
+DELTA_BLOCK_M = 64
+
+
+def dkdv_configs() -> list[triton.Config]:
+    """dK/dV configs for where the kernels run."""
+    return make_configs(DKDV_INTERPRETER_BLOCKS if _runtime.interpreting() else DKDV_GPU_BLOCKS)
+
+
+def dq_configs() -> list[triton.Config]:
+    """dQ configs for where the kernels run."""
+    return make_configs(DQ_INTERPRETER_BLOCKS if _runtime.interpreting() else DQ_GPU_BLOCKS)
+
+
+def prune_dkdv_configs(configs, named_args, **kwargs):
+    return prune_by_resources(configs, named_args, streamed=("BLOCK_M", "BLOCK_N"), resident="BLOCK_N", **kwargs)
+
+
+def prune_dq_configs(configs, named_args, **kwargs):
+    return prune_by_resources(configs, named_args, streamed=("BLOCK_N", "BLOCK_M"), resident="BLOCK_M", **kwargs)
+
+
+_even_m = triton.heuristics({"EVEN_M": lambda a: a["seq_q"] % a["BLOCK_M"] == 0})
+
+attn_bwd_delta = _attn_bwd_delta
+attn_bwd_dkdv_fixed = _even_m(_attn_bwd_dkdv)
+attn_bwd_dq_fixed = _even_m(_attn_bwd_dq)
+attn_bwd_dkdv = triton.autotune(configs=dkdv_configs(), key=AUTOTUNE_KEY,
+                                prune_configs_by={"early_config_prune": prune_dkdv_configs})(attn_bwd_dkdv_fixed)
+attn_bwd_dq = triton.autotune(configs=dq_configs(), key=AUTOTUNE_KEY,
+                              prune_configs_by={"early_config_prune": prune_dq_configs})(attn_bwd_dq_fixed)

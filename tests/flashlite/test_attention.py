@@ -1,0 +1,292 @@
+"""Forward correctness of flashlite.attention's Triton kernel against float64 references.
+
+On a CPU-only machine the kernel runs through the Triton interpreter, so every shape here is tiny; the same
+checks at real sizes live in test_attention_gpu.py.
+"""
+import importlib
+import inspect
+
+import pytest
+import torch
+
+import flashlite
+from flashlite.attention import attention, attention_forward
+from flashlite.kernels import attention_bwd, attention_fwd
+from pytest_kernelcheck import Shape, assert_close
+
+# The package attribute flashlite.attention is the function; the module is reached through the import system.
+attention_module = importlib.import_module("flashlite.attention")
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+FP32_POLICY = {"ieee": "fp32", "tf32": "tf32", "bf16": "bf16"}
+
+
+def make_qkv(shape, *, dtype=None, seed=0):
+    """Fresh N(0, 1) q [B, H, S, D] and k, v [B, H_kv, S_k, D] in ``dtype`` (default shape.dtype)."""
+    gen = torch.Generator().manual_seed(seed)
+    dtype = dtype or shape.get("dtype", torch.float16)
+    kv_heads = shape.get("H_kv", shape.H)
+    seq_k = shape.get("S_k", shape.S)
+
+    def rand(*size):
+        return torch.randn(*size, generator=gen).to(device=DEVICE, dtype=dtype)
+
+    return rand(shape.B, shape.H, shape.S, shape.D), rand(shape.B, kv_heads, seq_k, shape.D), \
+        rand(shape.B, kv_heads, seq_k, shape.D)
+
+
+def policy_of(dtype, precision=None):
+    """The tolerance policy name for a call, or None for the default per-dtype policy with its baseline rule."""
+    if dtype != torch.float32:
+        return None
+    return FP32_POLICY[precision or attention_module.DEFAULT_FP32_PRECISION]
+
+
+def padding_mask(batch, seq_k, *, seed=1, empty_batch=0):
+    """Random key padding (True = attend) with batch entry ``empty_batch`` fully masked."""
+    gen = torch.Generator().manual_seed(seed)
+    mask = torch.rand(batch, seq_k, generator=gen) > 0.35
+    mask[:, 0] = True
+    if empty_batch is not None:
+        mask[empty_batch] = False
+    return mask.to(DEVICE)
+
+
+@pytest.mark.shape(dict(B=2, H=4, S=64, D=32), dict(B=1, H=2, S=37, D=24), dict(B=2, H=2, S=50, D=40),
+                   dict(B=1, H=2, S=33, D=80), dict(B=1, H=1, S=19, D=64),
+                   dtype=[torch.float16, torch.bfloat16, torch.float32], causal=[False, True])
+def test_forward_matches_reference(shape, sdpa_reference):
+    q, k, v = make_qkv(shape)
+    out = attention(q, k, v, causal=shape.causal, backend="triton")
+    assert out.dtype == q.dtype and out.shape == q.shape
+    sdpa_reference.check(out, q, k, v, causal=shape.causal, policy=policy_of(shape.dtype))
+
+
+@pytest.mark.shape(dict(B=2, H=2, S=24, S_k=56, D=32), dict(B=1, H=2, S=50, S_k=20, D=16),
+                   dtype=[torch.float16, torch.float32], causal=[False, True, "lower_right"])
+def test_query_and_key_lengths_differ(shape, sdpa_reference):
+    # lower_right with S_q > S_k leaves the first S_q - S_k rows without keys: they must be zeros.
+    q, k, v = make_qkv(shape)
+    out = attention(q, k, v, causal=shape.causal, backend="triton")
+    sdpa_reference.check(out, q, k, v, causal=shape.causal, policy=policy_of(shape.dtype))
+    if shape.causal == "lower_right" and shape.S > shape.S_k:
+        assert torch.equal(out[:, :, : shape.S - shape.S_k], torch.zeros_like(out[:, :, : shape.S - shape.S_k]))
+
+
+@pytest.mark.shape(dict(B=2, H=4, S=40, D=32), H_kv=[2, 1], causal=[False, True], dtype=torch.float16)
+def test_grouped_query_attention(shape, sdpa_reference):
+    q, k, v = make_qkv(shape)
+    k_before, v_before = k.clone(), v.clone()
+    out = attention(q, k, v, causal=shape.causal, backend="triton")
+    sdpa_reference.check(out, q, k, v, causal=shape.causal, enable_gqa=True)
+    assert torch.equal(k, k_before) and torch.equal(v, v_before)
+
+
+@pytest.mark.shape(dict(B=2, H=2, S=45, D=32), dict(B=2, H=4, H_kv=2, S=30, S_k=52, D=16),
+                   dtype=[torch.float16, torch.float32], causal=[False, True, "lower_right"])
+def test_key_padding_mask(shape, sdpa_reference):
+    q, k, v = make_qkv(shape)
+    mask = padding_mask(shape.B, k.shape[2])
+    out = attention(q, k, v, causal=shape.causal, key_padding_mask=mask, backend="triton")
+    sdpa_reference.check(out, q, k, v, causal=shape.causal, attn_mask=mask[:, None, None, :],
+                         enable_gqa=q.shape[1] != k.shape[1], policy=policy_of(shape.dtype))
+    # Batch entry 0 has no key at all: zeros, never NaN.
+    assert torch.equal(out[0], torch.zeros_like(out[0]))
+
+
+@pytest.mark.shape(dict(B=3, H=2, S=40, S_k=47, D=32), dtype=torch.float16, causal=[False, True, "lower_right"])
+def test_key_lengths_match_the_equivalent_mask(shape, sdpa_reference):
+    q, k, v = make_qkv(shape)
+    lengths = torch.tensor([0, 20, shape.S_k + 5], device=DEVICE)  # none, some, more than S_k (clamped)
+    mask = torch.arange(shape.S_k, device=DEVICE)[None, :] < lengths[:, None]
+    out = attention(q, k, v, causal=shape.causal, key_lengths=lengths, backend="triton")
+    sdpa_reference.check(out, q, k, v, causal=shape.causal, attn_mask=mask[:, None, None, :])
+    masked = attention(q, k, v, causal=shape.causal, key_padding_mask=mask, backend="triton")
+    assert_close(out, masked.double(), policy="exact")  # the same kernel arithmetic either way
+
+
+@pytest.mark.shape(dict(B=1, H=2, S=48, D=32), precision=["ieee", "tf32", "bf16"], causal=[False, True])
+def test_float32_precisions(shape, sdpa_reference):
+    q, k, v = make_qkv(shape, dtype=torch.float32)
+    out = attention(q, k, v, causal=shape.causal, backend="triton", precision=shape.precision)
+    assert out.dtype == torch.float32
+    sdpa_reference.check(out, q, k, v, causal=shape.causal, policy=FP32_POLICY[shape.precision])
+    if shape.precision == "bf16":
+        # The bf16 mode really rounds its operands: it differs from true float32 by more than float32 noise.
+        exact = attention(q, k, v, causal=shape.causal, backend="triton", precision="ieee")
+        assert (out - exact).abs().max() > 1e-4
+
+
+@pytest.mark.shape(dict(B=2, H=3, S=29, D=48), dtype=[torch.float16, torch.float32], causal=[False, True])
+def test_non_contiguous_inputs(shape, sdpa_reference):
+    # q, k, v as views of a [B, S, H, D] layout, and k with a padded last dimension.
+    q_bshd, k_bshd, v_bshd = (t.transpose(1, 2).contiguous() for t in make_qkv(shape))
+    q, v = q_bshd.transpose(1, 2), v_bshd.transpose(1, 2)
+    k_wide = torch.zeros(*k_bshd.transpose(1, 2).shape[:3], shape.D + 8, dtype=shape.dtype, device=DEVICE)
+    k_wide[..., : shape.D] = k_bshd.transpose(1, 2)
+    k = k_wide[..., : shape.D]
+    assert not q.is_contiguous() and not k.is_contiguous()
+    out = attention(q, k, v, causal=shape.causal, backend="triton")
+    sdpa_reference.check(out, q, k, v, causal=shape.causal, policy=policy_of(shape.dtype))
+
+
+@pytest.mark.shape(dict(B=2, H=2, S=45, S_k=70, D=32), config=[(16, 32, 4, 1), (64, 64, 4, 1), (16, 16, 4, 1)],
+                   causal=[True, "lower_right"], dtype=torch.float16)
+def test_block_configs(shape, sdpa_reference):
+    # Tile sizes the interpreter's default config does not use: BLOCK_N > BLOCK_M, one block over S, square.
+    q, k, v = make_qkv(shape)
+    mask = padding_mask(shape.B, shape.S_k, empty_batch=None)
+    mode = attention_module.CAUSAL_MODES[shape.causal]
+    out, lse = attention_forward(q, k, v, mask, None, mode, shape.D ** -0.5, "fp16", config=shape.config)
+    sdpa_reference.check(out, q, k, v, causal=shape.causal, attn_mask=mask[:, None, None, :])
+    assert lse.dtype == torch.float32 and lse.shape == q.shape[:3]
+
+
+def test_log_sum_exp_is_base_2():
+    q, k, v = make_qkv(Shape(dict(B=1, H=2, S=21, S_k=30, D=16, dtype=torch.float32)))
+    scale = 0.3
+    _, lse = attention_forward(q, k, v, None, None, attention_module.CAUSAL_BOTTOM_RIGHT, scale, "ieee")
+    scores = (q.double() @ k.double().transpose(-1, -2)) * scale
+    visible = torch.ones(21, 30, dtype=torch.bool, device=DEVICE).tril(30 - 21)
+    expected = torch.logsumexp(scores.masked_fill(~visible, float("-inf")), dim=-1) / torch.log(
+        torch.tensor(2.0, dtype=torch.float64))
+    assert_close(lse, expected.to(DEVICE), policy="fp32")
+
+
+def test_flattened_grid(monkeypatch, sdpa_reference):
+    # B * H over grid axis 1's limit switches to a 1-D grid; lower the limit to exercise that path cheaply.
+    monkeypatch.setattr(attention_module, "_GRID_AXIS1_LIMIT", 3)
+    shape = Shape(dict(B=2, H=2, S=40, D=16, dtype=torch.float16))
+    q, k, v = make_qkv(shape)
+    out = attention(q, k, v, causal=True, backend="triton")
+    sdpa_reference.check(out, q, k, v, causal=True)
+
+
+@pytest.mark.shape(dict(B=2, H=4, H_kv=2, S=33, S_k=41, D=32), dtype=[torch.float16, torch.float32],
+                   causal=[False, True, "lower_right"], padding=["mask", "lengths", "none"])
+def test_sdpa_backend_agrees_with_kernel(shape, sdpa_reference):
+    q, k, v = make_qkv(shape)
+    masks = {"mask": dict(key_padding_mask=padding_mask(shape.B, shape.S_k)),
+             "lengths": dict(key_lengths=torch.tensor([0, 17], device=DEVICE)), "none": {}}[shape.padding]
+    via_sdpa = attention(q, k, v, causal=shape.causal, backend="sdpa", **masks)
+    via_kernel = attention(q, k, v, causal=shape.causal, backend="triton", **masks)
+    assert not via_sdpa.isnan().any()
+    if masks:
+        mask = masks.get("key_padding_mask")
+        if mask is None:
+            mask = torch.arange(shape.S_k, device=DEVICE)[None, :] < masks["key_lengths"][:, None]
+        attn_mask = mask[:, None, None, :]
+    else:
+        attn_mask = None
+    sdpa_reference.check(via_sdpa, q, k, v, causal=shape.causal, attn_mask=attn_mask, enable_gqa=True,
+                         policy="fp32" if shape.dtype == torch.float32 else None)
+    # Both paths near the float64 truth means they agree; check them against each other too.
+    assert_close(via_kernel, via_sdpa.double(), policy=policy_of(shape.dtype) or shape.dtype)
+
+
+def test_auto_backend_follows_explain_dispatch():
+    q, k, v = make_qkv(Shape(dict(B=1, H=2, S=24, D=32, dtype=torch.float16)))
+    decision = flashlite.explain_dispatch(q, k, v, causal=True)
+    auto = attention(q, k, v, causal=True)
+    forced = attention(q, k, v, causal=True, backend=decision.backend)
+    assert torch.equal(auto, forced)
+
+
+def test_autotune_keys_are_bucketed():
+    # Sequence lengths reach the autotuner only as power-of-two buckets, and the kernels do not specialise on them.
+    for kernel in (attention_fwd.attn_fwd, attention_bwd.attn_bwd_dkdv, attention_bwd.attn_bwd_dq):
+        assert kernel.keys == ["SEQ_Q_BUCKET", "SEQ_K_BUCKET", "HEAD_DIM", "CAUSAL", "KEY_MASK", "DOT"]
+        python_fn = kernel.fn.fn.fn  # autotuner -> heuristics -> jit (or interpreted) function -> Python function
+        constexprs = {name for name, p in inspect.signature(python_fn).parameters.items()
+                      if "constexpr" in str(p.annotation)}
+        assert {"HEAD_DIM", "BLOCK_M", "BLOCK_N", "CAUSAL"} <= constexprs
+        assert not {"seq_q", "seq_k", "SEQ_Q_BUCKET", "SEQ_K_BUCKET"} & constexprs
+
+
+@pytest.mark.parametrize("head_dim, dtype", [(64, torch.float16), (128, torch.bfloat16), (256, torch.float16),
+                                             (256, torch.float32)])
+def test_gpu_configs_are_pruned_to_fit(head_dim, dtype):
+    block_d = max(16, 1 << (head_dim - 1).bit_length())
+    q = torch.empty(0, dtype=dtype)
+    for blocks, prune in ((attention_fwd.FWD_GPU_BLOCKS, attention_fwd.prune_fwd_configs),
+                          (attention_bwd.DKDV_GPU_BLOCKS, attention_bwd.prune_dkdv_configs),
+                          (attention_bwd.DQ_GPU_BLOCKS, attention_bwd.prune_dq_configs)):
+        configs = attention_fwd.make_configs(blocks)
+        kept = prune(configs, {"Q": q}, BLOCK_D=block_d)
+        assert kept and all(config in configs for config in kept)
+        biggest = max(configs, key=lambda c: c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] * c.num_stages)
+        if head_dim <= 64 and dtype == torch.float16:
+            assert len(kept) == len(configs)  # nothing is lost at the common head dims
+        if head_dim == 256 and dtype == torch.float32:
+            assert biggest not in kept and len(kept) < len(configs)
+
+
+def test_autotuning_can_be_switched_off(monkeypatch):
+    # FLASHLITE_AUTOTUNE=0 on a GPU: the first GPU config that fits, launched directly, no benchmarking.
+    monkeypatch.setattr(attention_module._runtime, "interpreting", lambda: False)
+    monkeypatch.setenv("FLASHLITE_AUTOTUNE", "0")
+    q = torch.empty(0, dtype=torch.float32)
+    kernel, forced = attention_module._kernel_and_config(
+        attention_fwd.attn_fwd, attention_fwd.attn_fwd_fixed, None, attention_fwd.FWD_GPU_BLOCKS,
+        attention_fwd.prune_fwd_configs, q, 256)
+    assert kernel is attention_fwd.attn_fwd_fixed
+    assert (forced["BLOCK_M"], forced["BLOCK_N"], forced["num_warps"], forced["num_stages"]) == (64, 32, 4, 2)
+    monkeypatch.setenv("FLASHLITE_AUTOTUNE", "1")
+    kernel, forced = attention_module._kernel_and_config(
+        attention_fwd.attn_fwd, attention_fwd.attn_fwd_fixed, None, attention_fwd.FWD_GPU_BLOCKS,
+        attention_fwd.prune_fwd_configs, q, 256)
+    assert kernel is attention_fwd.attn_fwd and forced == {}
+
+
+_COMPILE_FOR_HOPPER = r'''
+import os, sys
+os.environ["TRITON_INTERPRET"] = "0"
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+import flashlite
+from flashlite.kernels import attention_bwd, attention_fwd
+
+def compile_for_sm90(fn, blocks):
+    # Mirror the JIT's specialization for contiguous [B, H, S, D] inputs: unit strides are constants, pointers
+    # and other strides divisible by 16.
+    pointers = dict(Lse="*fp32", Delta="*fp32", KeyMask="*u8", KeyLen="*i64")
+    constants = dict(HEAD_DIM=80, BLOCK_D=128, CAUSAL=2, KEY_MASK="bool", DOT="bf16", FLAT_GRID=False,
+                     EVEN_M=False, **blocks)
+    signature, attrs = {}, {}
+    for i, name in enumerate(fn.arg_names):
+        if name in constants:
+            signature[name] = "constexpr"
+        elif name.startswith("stride_") and (name.endswith("d") or name == "stride_mask_n"):
+            signature[name], constants[name] = "constexpr", 1
+        elif name[0].isupper() or name[:2] in ("dO", "dQ", "dK", "dV"):  # tensors: Q, K, ..., dOut, dQ, ...
+            signature[name] = pointers.get(name, "*bf16")
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        else:
+            signature[name] = "fp32" if "scale" in name else "i32"
+            if name.startswith("stride_"):
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    kernel = triton.compile(ASTSource(fn, signature, constants, attrs), target=GPUTarget("cuda", 90, 32),
+                            options={"num_warps": 4, "num_stages": 3})
+    ttgir = kernel.asm["ttgir"]
+    # Tensor-core (wgmma) dots and software-pipelined (cp.async) loads of the streamed tiles.
+    print(fn.__name__, "warp_group_dot" in ttgir, "async_copy_global_to_local" in ttgir)
+
+compile_for_sm90(attention_fwd._attn_fwd, dict(BLOCK_M=128, BLOCK_N=64))
+compile_for_sm90(attention_bwd._attn_bwd_dkdv, dict(BLOCK_M=32, BLOCK_N=128))
+compile_for_sm90(attention_bwd._attn_bwd_dq, dict(BLOCK_M=128, BLOCK_N=32))
+'''
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU suite compiles the kernels for real")
+def test_kernels_compile_for_hopper_without_a_gpu():
+    # The interpreter runs the kernels as Python; this compiles them the way a GPU run would (to sm_90 machine
+    # code), so errors that only compilation finds show up on a CPU-only machine too.
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton.backends.nvidia")
+    done = subprocess.run([sys.executable, "-c", _COMPILE_FOR_HOPPER], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["_attn_fwd", "True", "True", "_attn_bwd_dkdv", "True", "True",
+                                   "_attn_bwd_dq", "True", "True"]
