@@ -1,0 +1,79 @@
+"""Turn an A/B report of the attention suite into flashlite's dispatch table for one GPU model.
+
+Reads the JSON that ``pytest tests/perf --kernel-ab --kernel-ab-report PATH`` writes and, for every forward
+"triton vs sdpa" comparison, records which backend ``flashlite.attention(backend="auto")`` should use for that
+(dtype, head dim, causal, batch, sequence bucket): the Triton kernel only where its win survives the report's
+Benjamini-Hochberg correction; SDPA on a loss, a tie or an inconclusive result, since SDPA is the safe default.
+
+Usage: python scripts/make_dispatch_table.py REPORT.json [--out flashlite/dispatch_tables]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from flashlite.dispatch import gpu_slug, table_key  # noqa: E402
+
+FORWARD_PREFIXES = ("fwd triton vs sdpa", "fwd fp32 triton vs sdpa", "fwd D128 triton vs sdpa")
+
+
+def _dtype(value: str) -> torch.dtype:
+    dtype = getattr(torch, str(value).removeprefix("torch."), None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"unknown dtype {value!r} in report shape")
+    return dtype
+
+
+def build_table(report: dict) -> dict:
+    """The dispatch table (origin + entries) for the GPU a report was measured on."""
+    env = report.get("environment", {})
+    devices = (env.get("gpu") or {}).get("devices") or []
+    if not devices:
+        raise SystemExit("the report records no GPU: dispatch tables come from GPU runs only")
+    gpu = devices[0]["name"] if isinstance(devices[0], dict) else str(devices[0])
+    commit = (env.get("commit_info") or {}).get("id", "unknown")
+    entries: dict[str, dict] = {}
+    for rec in report.get("comparisons", []):
+        if not str(rec.get("name", "")).startswith(FORWARD_PREFIXES) or not rec.get("shape"):
+            continue
+        shape = rec["shape"]
+        key = table_key(_dtype(shape["dtype"]), int(shape["D"]), shape.get("causal", True), int(shape["B"]),
+                        int(shape["S"]))
+        if rec.get("verdict") in (None, "error"):
+            entries[key] = {"backend": "sdpa", "why": f"comparison failed: {rec.get('error')}"}
+            continue
+        lo, hi = rec["ci"]
+        hi_text = "inf" if hi is None else f"{hi:.2f}"
+        backend = "triton" if rec.get("verdict_bh") == "win" else "sdpa"
+        entries[key] = {
+            "backend": backend,
+            "why": f"Triton {rec['speedup']:.2f}x SDPA [{lo:.2f}, {hi_text}], {rec['verdict']} "
+                   f"(after Benjamini-Hochberg: {rec.get('verdict_bh')}), {rec['n_pairs']} pairs",
+            "speedup": rec["speedup"],
+        }
+    origin = {"gpu": gpu, "date": report.get("created", "unknown")[:10], "commit": str(commit)[:12],
+              "torch": (env.get("packages") or {}).get("torch"), "source": "pytest tests/perf --kernel-ab"}
+    return {"origin": origin, "entries": dict(sorted(entries.items()))}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("report", type=Path)
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "flashlite" /
+                        "dispatch_tables")
+    args = parser.parse_args()
+    table = build_table(json.loads(args.report.read_text()))
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"{gpu_slug(table['origin']['gpu'])}.json"
+    path.write_text(json.dumps(table, indent=1) + "\n")
+    n_triton = sum(e["backend"] == "triton" for e in table["entries"].values())
+    print(f"wrote {path}: {len(table['entries'])} entries, {n_triton} use the Triton kernel")
+
+
+if __name__ == "__main__":
+    main()
