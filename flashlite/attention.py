@@ -289,6 +289,13 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         >>> out, lse = attention_forward(q, q, q, None, None, 1, 0.25, "ieee")  # doctest: +SKIP
     """
     _check_launch(q, k, v, key_padding_mask, key_lengths, causal_mode, scale, precision)
+    return _launch_forward(q, k, v, key_padding_mask, key_lengths, causal_mode, scale, precision, config)
+
+
+def _launch_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    key_padding_mask: Optional[torch.Tensor], key_lengths: Optional[torch.Tensor],
+                    causal_mode: int, scale: float, precision: str,
+                    config: Optional[BlockConfig] = None) -> tuple[torch.Tensor, torch.Tensor]:
     batch, heads, seq_q, head_dim = q.shape
     kv_heads, seq_k = k.shape[1], k.shape[2]
     out = torch.empty((batch, heads, seq_q, head_dim), dtype=q.dtype, device=q.device)
@@ -320,6 +327,16 @@ def attention_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
         >>> dq, dk, dv = attention_backward(do, q, k, v, out, lse, None, None, 1, 0.25, "ieee")  # doctest: +SKIP
     """
     _check_launch(q, k, v, key_padding_mask, key_lengths, causal_mode, scale, precision)
+    return _launch_backward(grad_out, q, k, v, out, lse, key_padding_mask, key_lengths, causal_mode, scale,
+                            precision, dkdv_config, dq_config)
+
+
+def _launch_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     out: torch.Tensor, lse: torch.Tensor,
+                     key_padding_mask: Optional[torch.Tensor], key_lengths: Optional[torch.Tensor],
+                     causal_mode: int, scale: float, precision: str,
+                     dkdv_config: Optional[BlockConfig] = None,
+                     dq_config: Optional[BlockConfig] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     batch, heads, seq_q, head_dim = q.shape
     kv_heads, seq_k = k.shape[1], k.shape[2]
     block_d = _block_d(head_dim)
@@ -414,6 +431,38 @@ def _backward(ctx, grad_out, grad_lse):
 attention_forward_op.register_autograd(_backward, setup_context=_setup_context)
 
 
+class _EagerTritonAttention(torch.autograd.Function):
+    """The custom op's forward and backward for eager calls, without its dispatcher round trips.
+
+    A call through ``torch.ops`` crosses between Python and the C++ dispatcher several times (autograd, then the
+    device kernel), which costs tens of microseconds: as much as the whole kernel on small shapes. Eager calls
+    take this Function instead; ``torch.compile`` sees the custom op. Both run the same launchers."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, key_padding_mask, key_lengths, causal_mode, scale, precision):
+        out, lse = _launch_forward(q, k, v, key_padding_mask, key_lengths, causal_mode, scale, precision)
+        ctx.save_for_backward(q, k, v, out, lse, key_padding_mask, key_lengths)
+        ctx.mark_non_differentiable(lse)
+        ctx.causal_mode, ctx.scale, ctx.precision = causal_mode, scale, precision
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_lse):
+        q, k, v, out, lse, key_padding_mask, key_lengths = ctx.saved_tensors
+        dq, dk, dv = _launch_backward(grad_out, q, k, v, out, lse, key_padding_mask, key_lengths,
+                                      ctx.causal_mode, ctx.scale, ctx.precision)
+        return dq, dk, dv, None, None, None, None, None
+
+
+def _triton_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: _Call) -> torch.Tensor:
+    args = (q, k, v, call.key_padding_mask, call.key_lengths, call.causal_mode, call.scale, call.precision)
+    if torch.compiler.is_compiling():
+        return attention_forward_op(*args)[0]
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return _EagerTritonAttention.apply(*args)[0]
+    return _launch_forward(*args)[0]
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # SDPA path
 
@@ -500,8 +549,6 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: Unio
     decision = _decide(q, k, v, call, backend)
     _log_decision(decision, q, k)
     if decision.backend == "triton":
-        out, _ = attention_forward_op(q, k, v, call.key_padding_mask, call.key_lengths, call.causal_mode,
-                                      call.scale, call.precision)
-        return out
+        return _triton_attention(q, k, v, call)
     return _sdpa_attention(q, k, v, call)
 

@@ -1,0 +1,71 @@
+"""Per-call host cost and pure GPU time of attention paths on small shapes (CUDA only; a tuning aid).
+
+Host cost: wall time per call over many back-to-back calls (the GPU queue never drains when the host is the
+bottleneck, so this is what an eager caller pays). GPU time: CUDA-graph replay of 20 calls, timed with events.
+Usage: python scripts/overhead_probe.py
+"""
+from __future__ import annotations
+
+import importlib
+import time
+
+import torch
+import torch.nn.functional as F
+
+attn_mod = importlib.import_module("flashlite.attention")
+
+
+def host_us(fn, n: int = 400) -> float:
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+def graph_us(fn, n: int = 20) -> float:
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(n):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    best = float("inf")
+    for _ in range(10):
+        start.record()
+        g.replay()
+        end.record()
+        torch.cuda.synchronize()
+        best = min(best, start.elapsed_time(end) * 1000 / n)
+    return best
+
+
+def main() -> None:
+    for B, S in ((1, 128), (64, 256), (128, 128), (256, 64)):
+        q, k, v = (torch.randn(B, 16, S, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        call = attn_mod._validate(q, k, v, True, None, None, None, "triton", None)
+        args = (q, k, v, None, None, 1, call.scale, call.precision)
+        paths = {
+            "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+            "attention(triton)": lambda: attn_mod.attention(q, k, v, causal=True, backend="triton"),
+            "attention(auto)": lambda: attn_mod.attention(q, k, v, causal=True, backend="auto"),
+            "custom op": lambda: attn_mod.attention_forward_op(*args),
+            "launcher only": lambda: attn_mod._launch_forward(*args),
+        }
+        for name, fn in paths.items():
+            print(f"B={B:<4} S={S:<4} {name:>18}: host {host_us(fn):8.1f} us/call, GPU {graph_us(fn):8.1f} us/call",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()
