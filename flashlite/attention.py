@@ -258,17 +258,30 @@ def _config_kwargs(config: "triton.Config") -> dict:
     return {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
 
 
-def _kernel_and_config(autotuned, fixed, config: Optional[BlockConfig], gpu_blocks, prune, q: torch.Tensor,
-                       block_d: int):
-    """The kernel to launch and its forced meta-parameters: a given ``config``; else the autotuner; else, with
-    FLASHLITE_AUTOTUNE=0, the first of ``gpu_blocks`` that fits (one compile per shape class, no benchmarking)."""
+# Configs the autotuner chose, per (autotuned kernel, tuning key). Once a key is tuned, launches go straight to the
+# kernel with that config: the autotuner's per-call bookkeeping costs tens of microseconds of host time, as much
+# as a whole small kernel.
+_TUNED_CONFIGS: dict[tuple, dict] = {}
+
+
+def _launch(autotuned, fixed, config: Optional[BlockConfig], gpu_blocks, prune, q: torch.Tensor, block_d: int,
+            grid, tuning_key: tuple, args: tuple, meta: dict) -> None:
+    """Launch with a given ``config``; else the config tuned for ``tuning_key`` (tuning it on first use); else,
+    with FLASHLITE_AUTOTUNE=0, the first of ``gpu_blocks`` that fits (one compile per shape class, no
+    benchmarking)."""
     if config is not None:
         block_m, block_n, num_warps, num_stages = config
-        return fixed, {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": num_warps, "num_stages": num_stages}
-    if _runtime.interpreting() or os.environ.get("FLASHLITE_AUTOTUNE", "1") not in ("0", ""):
-        return autotuned, {}
-    first = prune(_fwd.make_configs(gpu_blocks), {"Q": q}, BLOCK_D=block_d)[0]
-    return fixed, _config_kwargs(first)
+        forced = {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": num_warps, "num_stages": num_stages}
+    elif _runtime.interpreting() or os.environ.get("FLASHLITE_AUTOTUNE", "1") not in ("0", ""):
+        cache_key = (id(autotuned), *tuning_key)
+        forced = _TUNED_CONFIGS.get(cache_key)
+        if forced is None:
+            autotuned[grid](*args, **meta)
+            _TUNED_CONFIGS[cache_key] = _config_kwargs(autotuned.best_config)
+            return
+    else:
+        forced = _config_kwargs(prune(_fwd.make_configs(gpu_blocks), {"Q": q}, BLOCK_D=block_d)[0])
+    fixed[grid](*args, **meta, **forced)
 
 
 def _tuning_bucket(seq_len: int) -> int:
@@ -303,15 +316,16 @@ def _launch_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     key_mask, mask_arg, lengths_arg, stride_mask_b, stride_mask_n = _key_mask_args(q, key_padding_mask,
                                                                                     key_lengths)
     block_d = _block_d(head_dim)
-    kernel, forced = _kernel_and_config(_fwd.attn_fwd, _fwd.attn_fwd_fixed, config, _fwd.FWD_GPU_BLOCKS,
-                                        _fwd.prune_fwd_configs, q, block_d)
-    kernel[_grid(seq_q, "BLOCK_M", batch * heads)](
-        q, k, v, out, lse, mask_arg, lengths_arg,
-        *q.stride(), *k.stride(), *v.stride(), *out.stride(), stride_mask_b, stride_mask_n,
-        heads, heads // kv_heads, seq_q, seq_k, scale * math.log2(math.e),
-        _tuning_bucket(seq_q), _tuning_bucket(seq_k),
-        HEAD_DIM=head_dim, BLOCK_D=block_d, CAUSAL=causal_mode, KEY_MASK=key_mask,
-        DOT=_dot_mode(precision), FLAT_GRID=batch * heads > _GRID_AXIS1_LIMIT, **forced)
+    buckets = (_tuning_bucket(seq_q), _tuning_bucket(seq_k))
+    dot = _dot_mode(precision)
+    _launch(_fwd.attn_fwd, _fwd.attn_fwd_fixed, config, _fwd.FWD_GPU_BLOCKS, _fwd.prune_fwd_configs, q, block_d,
+            _grid(seq_q, "BLOCK_M", batch * heads),
+            (*buckets, head_dim, causal_mode, key_mask, dot, q.dtype, mask_arg.dtype, lengths_arg.dtype),
+            (q, k, v, out, lse, mask_arg, lengths_arg,
+             *q.stride(), *k.stride(), *v.stride(), *out.stride(), stride_mask_b, stride_mask_n,
+             heads, heads // kv_heads, seq_q, seq_k, scale * math.log2(math.e), *buckets),
+            dict(HEAD_DIM=head_dim, BLOCK_D=block_d, CAUSAL=causal_mode, KEY_MASK=key_mask, DOT=dot,
+                 FLAT_GRID=batch * heads > _GRID_AXIS1_LIMIT))
     return out, lse
 
 
@@ -357,23 +371,22 @@ def _launch_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v
     buckets = (_tuning_bucket(seq_q), _tuning_bucket(seq_k))
     meta = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, CAUSAL=causal_mode, KEY_MASK=key_mask, DOT=dot)
 
-    kernel, forced = _kernel_and_config(_bwd.attn_bwd_dkdv, _bwd.attn_bwd_dkdv_fixed, dkdv_config,
-                                        _bwd.DKDV_GPU_BLOCKS, _bwd.prune_dkdv_configs, q, block_d)
-    kernel[_grid(seq_k, "BLOCK_N", batch * kv_heads)](
-        q, k, v, grad_out, lse, delta, dk, dv, mask_arg, lengths_arg,
-        *q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *dk.stride(), *dv.stride(),
-        stride_mask_b, stride_mask_n,
-        heads, kv_heads, heads // kv_heads, seq_q, seq_k, qk_scale, scale, *buckets,
-        FLAT_GRID=batch * kv_heads > _GRID_AXIS1_LIMIT, **meta, **forced)
-
-    kernel, forced = _kernel_and_config(_bwd.attn_bwd_dq, _bwd.attn_bwd_dq_fixed, dq_config, _bwd.DQ_GPU_BLOCKS,
-                                        _bwd.prune_dq_configs, q, block_d)
-    kernel[_grid(seq_q, "BLOCK_M", batch * heads)](
-        q, k, v, grad_out, lse, delta, dq, mask_arg, lengths_arg,
-        *q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *dq.stride(),
-        stride_mask_b, stride_mask_n,
-        heads, heads // kv_heads, seq_q, seq_k, qk_scale, scale, *buckets,
-        FLAT_GRID=batch * heads > _GRID_AXIS1_LIMIT, **meta, **forced)
+    tuning_key = (*buckets, head_dim, causal_mode, key_mask, dot, q.dtype, mask_arg.dtype, lengths_arg.dtype,
+                  grad_out.dtype)
+    _launch(_bwd.attn_bwd_dkdv, _bwd.attn_bwd_dkdv_fixed, dkdv_config, _bwd.DKDV_GPU_BLOCKS,
+            _bwd.prune_dkdv_configs, q, block_d, _grid(seq_k, "BLOCK_N", batch * kv_heads), tuning_key,
+            (q, k, v, grad_out, lse, delta, dk, dv, mask_arg, lengths_arg,
+             *q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *dk.stride(), *dv.stride(),
+             stride_mask_b, stride_mask_n,
+             heads, kv_heads, heads // kv_heads, seq_q, seq_k, qk_scale, scale, *buckets),
+            dict(FLAT_GRID=batch * kv_heads > _GRID_AXIS1_LIMIT, **meta))
+    _launch(_bwd.attn_bwd_dq, _bwd.attn_bwd_dq_fixed, dq_config, _bwd.DQ_GPU_BLOCKS, _bwd.prune_dq_configs, q,
+            block_d, _grid(seq_q, "BLOCK_M", batch * heads), tuning_key,
+            (q, k, v, grad_out, lse, delta, dq, mask_arg, lengths_arg,
+             *q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *dq.stride(),
+             stride_mask_b, stride_mask_n,
+             heads, heads // kv_heads, seq_q, seq_k, qk_scale, scale, *buckets),
+            dict(FLAT_GRID=batch * heads > _GRID_AXIS1_LIMIT, **meta))
     return dq, dk, dv
 
 
@@ -545,10 +558,41 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: Unio
         >>> attention(q, k, v, causal=True, backend="sdpa").shape
         torch.Size([2, 4, 10, 16])
     """
+    plan_key = None
+    if key_padding_mask is None and key_lengths is None and not torch.compiler.is_compiling():
+        try:
+            plan_key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
+                        q.device, k.device, v.device, causal, scale, backend, precision)
+            plan = _PLANS.get(plan_key)
+        except (AttributeError, TypeError):  # not tensors, or unhashable arguments: _validate names the problem
+            plan_key = plan = None
+        if plan is not None:
+            if plan.sdpa_is_causal is not None:
+                return F.scaled_dot_product_attention(q, k, v, is_causal=plan.sdpa_is_causal, scale=plan.call.scale,
+                                                      enable_gqa=plan.gqa)
+            return _triton_attention(q, k, v, plan.call)
     call = _validate(q, k, v, causal, scale, key_padding_mask, key_lengths, backend, precision)
     decision = _decide(q, k, v, call, backend)
     _log_decision(decision, q, k)
+    if plan_key is not None and len(_PLANS) < _MAX_PLANS:
+        direct_sdpa = decision.backend == "sdpa" and call.causal_mode != CAUSAL_BOTTOM_RIGHT
+        _PLANS[plan_key] = _Plan(call, call.causal_mode == CAUSAL_TOP_LEFT if direct_sdpa else None,
+                                 q.shape[1] != k.shape[1])
     if decision.backend == "triton":
         return _triton_attention(q, k, v, call)
     return _sdpa_attention(q, k, v, call)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """A validated, decided call without masks, replayed for later calls with the same shapes, strides, dtypes,
+    devices and arguments: repeated calls then cost a dictionary lookup, not a validation and a dispatch."""
+
+    call: _Call
+    sdpa_is_causal: Optional[bool]  # None: the Triton kernel runs
+    gqa: bool
+
+
+_PLANS: dict[tuple, _Plan] = {}
+_MAX_PLANS = 4096  # past this many distinct call signatures, new ones are validated every time
 

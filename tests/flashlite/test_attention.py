@@ -8,6 +8,7 @@ import inspect
 
 import pytest
 import torch
+import triton
 
 import flashlite
 from flashlite.attention import attention, attention_forward
@@ -221,21 +222,50 @@ def test_gpu_configs_are_pruned_to_fit(head_dim, dtype):
             assert biggest not in kept and len(kept) < len(configs)
 
 
+class _RecordingKernel:
+    """Stands in for a Triton kernel: records each launch's meta-parameters."""
+
+    def __init__(self, best=None):
+        self.launches = []
+        self.best_config = best
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.launches.append(kwargs)
+
+
 def test_autotuning_can_be_switched_off(monkeypatch):
     # FLASHLITE_AUTOTUNE=0 on a GPU: the first GPU config that fits, launched directly, no benchmarking.
     monkeypatch.setattr(attention_module._runtime, "interpreting", lambda: False)
     monkeypatch.setenv("FLASHLITE_AUTOTUNE", "0")
     q = torch.empty(0, dtype=torch.float32)
-    kernel, forced = attention_module._kernel_and_config(
-        attention_fwd.attn_fwd, attention_fwd.attn_fwd_fixed, None, attention_fwd.FWD_GPU_BLOCKS,
-        attention_fwd.prune_fwd_configs, q, 256)
-    assert kernel is attention_fwd.attn_fwd_fixed
+    autotuned, fixed = _RecordingKernel(), _RecordingKernel()
+    attention_module._launch(autotuned, fixed, None, attention_fwd.FWD_GPU_BLOCKS, attention_fwd.prune_fwd_configs,
+                             q, 256, None, ("key",), (), {"HEAD_DIM": 256})
+    assert autotuned.launches == []
+    (forced,) = fixed.launches
     assert (forced["BLOCK_M"], forced["BLOCK_N"], forced["num_warps"], forced["num_stages"]) == (64, 32, 4, 2)
+    assert forced["HEAD_DIM"] == 256
+
+
+def test_tuned_config_is_reused_without_the_autotuner(monkeypatch):
+    # With autotuning on, the first launch of a tuning key goes through the autotuner; later ones launch the
+    # kernel directly with the config it chose.
+    monkeypatch.setattr(attention_module._runtime, "interpreting", lambda: False)
     monkeypatch.setenv("FLASHLITE_AUTOTUNE", "1")
-    kernel, forced = attention_module._kernel_and_config(
-        attention_fwd.attn_fwd, attention_fwd.attn_fwd_fixed, None, attention_fwd.FWD_GPU_BLOCKS,
-        attention_fwd.prune_fwd_configs, q, 256)
-    assert kernel is attention_fwd.attn_fwd and forced == {}
+    monkeypatch.setattr(attention_module, "_TUNED_CONFIGS", {})
+    best = triton.Config({"BLOCK_M": 64, "BLOCK_N": 128}, num_warps=4, num_stages=3)
+    autotuned, fixed = _RecordingKernel(best), _RecordingKernel()
+    launch = lambda key: attention_module._launch(  # noqa: E731
+        autotuned, fixed, None, attention_fwd.FWD_GPU_BLOCKS, attention_fwd.prune_fwd_configs,
+        torch.empty(0), 64, None, key, (), {"HEAD_DIM": 64})
+    launch(("a",))
+    assert len(autotuned.launches) == 1 and fixed.launches == []
+    launch(("a",))
+    launch(("a",))
+    assert len(autotuned.launches) == 1
+    assert fixed.launches == [{"HEAD_DIM": 64, "BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 3}] * 2
+    launch(("b",))  # a new tuning key is tuned again
+    assert len(autotuned.launches) == 2
 
 
 _COMPILE_FOR_HOPPER = r'''
@@ -290,3 +320,23 @@ def test_kernels_compile_for_hopper_without_a_gpu():
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == ["_attn_fwd", "True", "True", "_attn_bwd_dkdv", "True", "True",
                                    "_attn_bwd_dq", "True", "True"]
+
+
+def test_repeated_calls_replay_the_plan_and_never_a_stale_one():
+    # The second identical call is served from the cached plan; any changed argument or shape is not.
+    gen = torch.Generator(device=DEVICE).manual_seed(7)
+    q, k, v = (torch.randn(1, 2, 24, 16, device=DEVICE, generator=gen) for _ in range(3))
+    for backend in ("sdpa", "triton"):
+        first = attention(q, k, v, causal=True, backend=backend)
+        assert any(key[:3] == (q.shape, k.shape, v.shape) and key[-4:] == (True, None, backend, None)
+                   for key in attention_module._PLANS)
+        again = attention(q, k, v, causal=True, backend=backend)
+        torch.testing.assert_close(again, first, rtol=0, atol=0)
+        full = attention(q, k, v, causal=False, backend=backend)
+        expected_full = torch.softmax(q.double() @ k.double().transpose(-2, -1) / 4.0, -1) @ v.double()
+        assert_close(full, expected_full, policy="tf32")
+        assert not torch.allclose(full, first)
+        shorter = attention(q[:, :, :20], k, v, causal=True, backend=backend)
+        assert shorter.shape == (1, 2, 20, 16)
+    with pytest.raises(TypeError, match="dtype"):
+        attention(q, k.double(), v, causal=True)
