@@ -95,6 +95,9 @@ def load_table(slug: str) -> dict[str, Any] | None:
     return table
 
 
+# A GPU's model does not change while the process runs; telling torch.compile so lets it trace a dispatch
+# decision without a graph break (the name lookup itself returns a string, which Dynamo cannot put in a graph).
+@torch.compiler.assume_constant_result
 @functools.lru_cache(maxsize=None)
 def _device_slug(index: int) -> str:
     return gpu_slug(torch.cuda.get_device_name(index))

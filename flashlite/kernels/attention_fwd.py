@@ -283,7 +283,9 @@ def prune_by_resources(configs: list[triton.Config], named_args: dict, *, stream
     for config in configs:
         meta = config.kwargs
         stream_rows = meta[streamed[0]]
-        smem = (max(config.num_stages - 1, 1) * 2 * stream_rows * block_d * elem
+        # Triton allocates num_stages buffers of each streamed tile (measured on an H200: 3 stages of two
+        # 64 x 128 fp32 tiles plus a 128 x 128 fp32 resident tile asked for exactly 262,144 bytes).
+        smem = (config.num_stages * 2 * stream_rows * block_d * elem
                 + meta[resident] * block_d * elem)
         # Rough register bound: a float32 [resident, BLOCK_D] accumulator over num_warps * 32 threads.
         acc_regs = meta[resident] * block_d // (config.num_warps * 32)

@@ -10,7 +10,14 @@ import pytest
 import torch
 
 from flashlite.attention import CAUSAL_MODES, attention, attention_backward, attention_forward
-from pytest_kernelcheck import assert_close
+from pytest_kernelcheck import assert_close, policy_for
+
+# Gradients with tf32 dot products: Hopper's tensor cores read tf32 operands by dropping the low 13 mantissa bits
+# (truncation, not rounding), and the backward pass chains three such products (dP = dO V^T, dQ = dS K,
+# dK = dS^T Q). On an H200 (2026-11-29, benchmarks/results/h200-2026-11-29-gpu-tests) the kernel's tf32 gradients
+# measured 2.5x to 5.1x the error of fp16 SDPA's (same 10-bit mantissa, rounded), so they get a factor of 6.
+TF32_GRAD_POLICY = policy_for("tf32").replace(baseline_factor=6.0, name="tf32 gradients")
+
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -78,7 +85,7 @@ def check_gradients(shape, *, precision=None, key_padding_mask=None, key_lengths
         _, sdpa_grads = grads(lambda *t: attention(*t, causal=causal, backend="sdpa", **masks),
                               q.to(low), k.to(low), v.to(low), grad_out.to(low))
         if shape.dtype == torch.float32:
-            policy = mode
+            policy = TF32_GRAD_POLICY if mode == "tf32" else mode
     for name, got, ref, base in zip(("dq", "dk", "dv"), kernel_grads, ref_grads, sdpa_grads):
         assert got.dtype == shape.dtype and got.shape == ref.shape, name
         assert not got.isnan().any(), f"{name} holds NaN"

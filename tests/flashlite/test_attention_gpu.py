@@ -11,7 +11,14 @@ import torch
 
 from flashlite.attention import attention
 from flashlite.cases import CASES, case
-from pytest_kernelcheck import assert_close
+from pytest_kernelcheck import assert_close, policy_for
+
+# Gradients with tf32 dot products: Hopper's tensor cores read tf32 operands by dropping the low 13 mantissa bits
+# (truncation, not rounding), and the backward pass chains three such products (dP = dO V^T, dQ = dS K,
+# dK = dS^T Q). On an H200 (2026-11-29, benchmarks/results/h200-2026-11-29-gpu-tests) the kernel's tf32 gradients
+# measured 2.5x to 5.1x the error of fp16 SDPA's (same 10-bit mantissa, rounded), so they get a factor of 6.
+TF32_GRAD_POLICY = policy_for("tf32").replace(baseline_factor=6.0, name="tf32 gradients")
+
 
 from .test_attention_backward import reference_attention
 
@@ -117,8 +124,11 @@ def test_batch_times_heads_past_grid_axis_limit(sdpa_reference):
     attention(*leaves, causal=True, backend="triton").sum().backward()
     reference = [t.detach().double().requires_grad_() for t in (q, k, v)]
     reference_attention(*reference, causal=True).sum().backward()
-    for got, ref in zip(leaves, reference):
-        assert_close(got.grad, ref.grad, policy="fp16")
+    # 50 million gradient elements: the per-element fp16 rule meets its tail; judge against SDPA's own fp16 error.
+    baseline = [t.detach().requires_grad_() for t in (q, k, v)]
+    torch.nn.functional.scaled_dot_product_attention(*baseline, is_causal=True).sum().backward()
+    for got, ref, base in zip(leaves, reference, baseline):
+        assert_close(got.grad, ref.grad, baseline=base.grad)
 
 
 def backward_bytes(shape):
@@ -144,7 +154,7 @@ def test_backward(shape):
     # Baseline: SDPA's gradients in the precision of the kernel's products (fp16 for tf32: same mantissa).
     low = torch.float16 if shape.dtype == torch.float32 else shape.dtype
     base = grads(lambda *t: attention(*t, causal=shape.causal, backend="sdpa"), q.to(low), k.to(low), v.to(low))
-    policy = "tf32" if shape.dtype == torch.float32 else None
+    policy = TF32_GRAD_POLICY if shape.dtype == torch.float32 else None
     for name, g, r, b in zip(("dq", "dk", "dv"), got, ref, base):
         assert not g.isnan().any(), name
         assert_close(g, r, policy=policy, baseline=b)
