@@ -95,12 +95,18 @@ def load_table(slug: str) -> dict[str, Any] | None:
     return table
 
 
+_DEVICE_SLUGS: dict[int, str] = {}
+
+
 # A GPU's model does not change while the process runs; telling torch.compile so lets it trace a dispatch
-# decision without a graph break (the name lookup itself returns a string, which Dynamo cannot put in a graph).
+# decision without a graph break (the name lookup returns a string, which Dynamo cannot put in a graph). The mark
+# sits on a plain function: Dynamo looks through an lru_cache wrapper and would trace the lookup instead.
 @torch.compiler.assume_constant_result
-@functools.lru_cache(maxsize=None)
 def _device_slug(index: int) -> str:
-    return gpu_slug(torch.cuda.get_device_name(index))
+    slug = _DEVICE_SLUGS.get(index)
+    if slug is None:
+        slug = _DEVICE_SLUGS[index] = gpu_slug(torch.cuda.get_device_name(index))
+    return slug
 
 
 @functools.lru_cache(maxsize=4096)

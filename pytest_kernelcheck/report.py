@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime as _datetime
 import json
 import math
+import os
 import platform
 import sys
 from pathlib import Path
@@ -122,7 +123,9 @@ def _mark_against_previous(comparisons: list[dict[str, Any]], previous: dict[str
 def environment_info() -> dict[str, Any]:
     """Where the numbers came from: host, versions, GPU, date and git commit.
 
-    Machine and commit details reuse pytest-benchmark's helpers (the same fields its saved runs carry).
+    Commit details reuse pytest-benchmark's helper (the same fields its saved runs carry). Its machine-info
+    helper is not used: it starts py-cpuinfo in a subprocess, which took long enough on a GPU virtual machine
+    that a time-limited run was killed while writing its report; the fields that matter are read directly.
     """
     from importlib import metadata
 
@@ -138,10 +141,14 @@ def environment_info() -> dict[str, Any]:
         except metadata.PackageNotFoundError:
             environment["packages"][package] = None
     try:
-        from pytest_benchmark.plugin import pytest_benchmark_generate_machine_info
         from pytest_benchmark.utils import get_commit_info
 
-        environment["machine_info"] = pytest_benchmark_generate_machine_info()
+        environment["machine_info"] = {
+            "node": platform.node(), "machine": platform.machine(), "processor": platform.processor(),
+            "system": platform.system(), "release": platform.release(), "cpu_count": os.cpu_count(),
+            "python_version": platform.python_version(),
+            "python_implementation": platform.python_implementation(),
+        }
         environment["commit_info"] = get_commit_info()
     except Exception as exc:  # environment details must never cost the report itself
         environment["machine_info_error"] = f"{type(exc).__name__}: {exc}"

@@ -5,7 +5,7 @@ Reads the JSON that ``pytest tests/perf --kernel-ab --kernel-ab-report PATH`` wr
 (dtype, head dim, causal, batch, sequence bucket): the Triton kernel only where its win survives the report's
 Benjamini-Hochberg correction; SDPA on a loss, a tie or an inconclusive result, since SDPA is the safe default.
 
-Usage: python scripts/make_dispatch_table.py REPORT.json [--out flashlite/dispatch_tables]
+Usage: python scripts/make_dispatch_table.py REPORT.json [--commit SHA] [--out flashlite/dispatch_tables]
 """
 from __future__ import annotations
 
@@ -29,14 +29,17 @@ def _dtype(value: str) -> torch.dtype:
     return dtype
 
 
-def build_table(report: dict) -> dict:
-    """The dispatch table (origin + entries) for the GPU a report was measured on."""
+def build_table(report: dict, commit: str | None = None, source: str | None = None) -> dict:
+    """The dispatch table (origin + entries) for the GPU a report was measured on.
+
+    ``commit`` names the code that was measured when the report could not read it (no git on the GPU machine).
+    """
     env = report.get("environment", {})
     devices = (env.get("gpu") or {}).get("devices") or []
     if not devices:
         raise SystemExit("the report records no GPU: dispatch tables come from GPU runs only")
     gpu = devices[0]["name"] if isinstance(devices[0], dict) else str(devices[0])
-    commit = (env.get("commit_info") or {}).get("id", "unknown")
+    commit = commit or (env.get("commit_info") or {}).get("id") or "unknown"
     entries: dict[str, dict] = {}
     for rec in report.get("comparisons", []):
         if not str(rec.get("name", "")).startswith(FORWARD_PREFIXES) or not rec.get("shape"):
@@ -57,17 +60,20 @@ def build_table(report: dict) -> dict:
             "speedup": rec["speedup"],
         }
     origin = {"gpu": gpu, "date": report.get("created", "unknown")[:10], "commit": str(commit)[:12],
-              "torch": (env.get("packages") or {}).get("torch"), "source": "pytest tests/perf --kernel-ab"}
+              "torch": (env.get("packages") or {}).get("torch"),
+              "triton": (env.get("packages") or {}).get("triton"),
+              "source": source or "pytest tests/perf --kernel-ab"}
     return {"origin": origin, "entries": dict(sorted(entries.items()))}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("report", type=Path)
+    parser.add_argument("--commit", help="commit of the measured code, when the report does not record it")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "flashlite" /
                         "dispatch_tables")
     args = parser.parse_args()
-    table = build_table(json.loads(args.report.read_text()))
+    table = build_table(json.loads(args.report.read_text()), commit=args.commit, source=str(args.report))
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"{gpu_slug(table['origin']['gpu'])}.json"
     path.write_text(json.dumps(table, indent=1) + "\n")

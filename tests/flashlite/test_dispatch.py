@@ -1,0 +1,88 @@
+"""flashlite.dispatch: table lookups, the fallback rule, and the dispatch-table generator."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from flashlite import dispatch
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_shipped_h200_table_records_its_origin_and_measured_choices():
+    table = dispatch.load_table("nvidia-h200")
+    assert table is not None
+    assert table["origin"]["gpu"] == "NVIDIA H200" and table["origin"]["commit"] != "unknown"
+    assert (ROOT / table["origin"]["source"]).is_file(), "the report a table came from is committed"
+    # fp32 case 5 (B=4, S=2048) was a measured win for the kernel; bf16 case 3 (B=1, S=8192) a loss.
+    fp32 = dispatch._decide_cached("nvidia-h200", torch.float32, 64, True, 4, 2048)
+    assert fp32.backend == "triton" and "nvidia-h200 table" in fp32.reason and "win" in fp32.reason
+    bf16 = dispatch._decide_cached("nvidia-h200", torch.bfloat16, 64, True, 1, 8192)
+    assert bf16.backend == "sdpa" and "loss" in bf16.reason
+
+
+def test_every_triton_entry_is_a_significant_win():
+    table = dispatch.load_table("nvidia-h200")
+    for key, entry in table["entries"].items():
+        if entry["backend"] == "triton":
+            assert "Benjamini-Hochberg: win" in entry["why"] and entry["speedup"] > 1, key
+
+
+def test_fallback_rule_for_shapes_and_gpus_without_an_entry():
+    unknown_gpu = dispatch._decide_cached("some-new-gpu", torch.bfloat16, 64, True, 3, 3000)
+    assert unknown_gpu.backend == "sdpa" and "no dispatch table for some-new-gpu" in unknown_gpu.reason
+    fp32 = dispatch._decide_cached("some-new-gpu", torch.float32, 64, True, 3, 3000)
+    assert fp32.backend == "triton" and "float32" in fp32.reason
+    unmeasured_batch = dispatch._decide_cached("nvidia-h200", torch.bfloat16, 64, True, 3, 3000)
+    assert unmeasured_batch.backend == "sdpa" and "no nvidia-h200 table entry" in unmeasured_batch.reason
+    cpu = dispatch.choose_backend(torch.randn(1, 2, 8, 16), causal=True, seq_k=8)
+    assert cpu.backend == "sdpa" and "CPU" in cpu.reason
+    assert dispatch.choose_backend(torch.randn(1, 2, 8, 16), causal=True, seq_k=8,
+                                   unsupported="head dim 300").reason.endswith("head dim 300")
+
+
+def test_seq_bucket_and_key():
+    assert [dispatch.seq_bucket(s) for s in (1, 64, 65, 100_000)] == [64, 64, 128, 131072]
+    assert dispatch.table_key(torch.float16, 80, "lower_right", 2, 300) == "float16/D80/lower_right/B2/S512"
+    with pytest.raises(ValueError, match="positive"):
+        dispatch.seq_bucket(0)
+
+
+def test_a_table_missing_its_origin_is_rejected(tmp_path, monkeypatch):
+    (tmp_path / "broken-gpu.json").write_text(json.dumps({"entries": {}}))
+    monkeypatch.setattr(dispatch, "TABLE_DIR", tmp_path)
+    dispatch.load_table.cache_clear()
+    try:
+        with pytest.raises(ValueError, match="origin"):
+            dispatch.load_table("broken-gpu")
+    finally:
+        dispatch.load_table.cache_clear()
+
+
+def test_generator_turns_a_report_into_a_table(tmp_path):
+    def record(B, S, verdict, verdict_bh, speedup):
+        return {"name": "fwd triton vs sdpa torch.bfloat16", "nodeid": "t", "verdict": verdict,
+                "verdict_bh": verdict_bh, "speedup": speedup, "ci": [speedup * 0.9, None], "n_pairs": 40,
+                "shape": {"B": B, "S": S, "H": 16, "D": 64, "dtype": "torch.bfloat16"}}
+
+    report = {"created": "2026-01-02T03:04:05+00:00",
+              "environment": {"gpu": {"devices": ["Test GPU X"]}, "packages": {"torch": "2.11.0"}},
+              "comparisons": [record(256, 64, "win", "win", 1.6), record(1, 128, "win", "inconclusive", 1.05),
+                              record(8, 4096, "loss", "loss", 0.9),
+                              {"name": "something else", "verdict": "win", "shape": {"B": 1}}]}
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps(report))
+    out = tmp_path / "tables"
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "make_dispatch_table.py"), str(path),
+                           "--commit", "abc123", "--out", str(out)], capture_output=True, text=True, check=True)
+    assert "3 entries, 1 use the Triton kernel" in done.stdout
+    table = json.loads((out / "test-gpu-x.json").read_text())
+    assert table["origin"]["commit"] == "abc123" and table["origin"]["date"] == "2026-01-02"
+    entries = table["entries"]
+    assert entries["bfloat16/D64/causal/B256/S64"]["backend"] == "triton"
+    # A win that does not survive the correction across shapes is not trusted.
+    assert entries["bfloat16/D64/causal/B1/S128"]["backend"] == "sdpa"
+    assert entries["bfloat16/D64/causal/B8/S4096"]["backend"] == "sdpa"
