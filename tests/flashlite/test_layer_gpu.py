@@ -13,6 +13,8 @@ from flashlite.layer import FUSIONS, CudaGraphRunner, PlainTransformerBlock, Tra
 from flashlite.norm import layer_norm
 from pytest_kernelcheck import assert_close, policy_for
 
+from .test_layer import _plain_grads, _run
+
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available(),
     reason="needs a CUDA GPU; test_layer.py and test_layer_norm.py run the same checks at tiny sizes on the CPU",
@@ -20,22 +22,6 @@ pytestmark = pytest.mark.skipif(
 
 D_MODEL, HEADS, D_FF = 1024, 16, 4096
 REAL_SHAPES = (dict(B=1, S=128), dict(B=4, S=2048), dict(B=32, S=512))
-
-
-def _plain_grads(block: PlainTransformerBlock) -> dict[str, torch.Tensor]:
-    grads = {name: p.grad for name, p in block.named_parameters()}
-    out = {k: v for k, v in grads.items() if not k.startswith(("q_proj", "k_proj", "v_proj", "out_proj"))}
-    for kind in ("weight", "bias"):
-        out[f"qkv.{kind}"] = torch.cat([grads[f"{p}.{kind}"] for p in ("q_proj", "k_proj", "v_proj")])
-        out[f"out.{kind}"] = grads[f"out_proj.{kind}"]
-    return out
-
-
-def _run(module, x, mask, dy):
-    x = x.detach().clone().requires_grad_(True)
-    y = module(x, mask)
-    y.backward(dy.to(y.dtype))
-    return y.detach(), x.grad
 
 
 def _right_padding(batch: int, seq: int) -> torch.Tensor:

@@ -35,24 +35,25 @@ def _agrees_with_sdpa(out: torch.Tensor, expected: torch.Tensor) -> None:
     assert_close(out[:, :, :4096].float(), expected[:, :, :4096].double(), policy=policy)
 
 
+def _forward_pair(shape, backend: str):
+    """flashlite's forward (candidate) and SDPA's (baseline) on fresh inputs, checked to agree before timing."""
+    q, k, v = qkv(shape.B, shape.H, shape.S, shape.D, shape.dtype)
+    candidate = lambda: attention(q, k, v, causal=True, backend=backend)  # noqa: E731
+    baseline = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
+    _agrees_with_sdpa(candidate(), baseline())
+    return candidate, baseline
+
+
 @pytest.mark.shape(*CASE_SHAPES, dtype=[torch.bfloat16, torch.float16])
 @pytest.mark.memory(lambda shape: attention_bytes(shape))
 def test_forward_triton_vs_sdpa(shape, kernel_ab):
-    q, k, v = qkv(shape.B, shape.H, shape.S, shape.D, shape.dtype)
-    candidate = lambda: attention(q, k, v, causal=True, backend="triton")  # noqa: E731
-    baseline = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
-    _agrees_with_sdpa(candidate(), baseline())
-    kernel_ab.compare(candidate, baseline, name=f"fwd triton vs sdpa {shape.dtype}", **_budget(shape))
+    kernel_ab.compare(*_forward_pair(shape, "triton"), name=f"fwd triton vs sdpa {shape.dtype}", **_budget(shape))
 
 
 @pytest.mark.shape(*CASE_SHAPES, dtype=[torch.bfloat16])
 @pytest.mark.memory(lambda shape: attention_bytes(shape))
 def test_forward_auto_never_slower_than_sdpa(shape, kernel_ab):
-    q, k, v = qkv(shape.B, shape.H, shape.S, shape.D, shape.dtype)
-    candidate = lambda: attention(q, k, v, causal=True, backend="auto")  # noqa: E731
-    baseline = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
-    _agrees_with_sdpa(candidate(), baseline())
-    kernel_ab.assert_not_slower(candidate, baseline, name="fwd auto vs sdpa", **_budget(shape))
+    kernel_ab.assert_not_slower(*_forward_pair(shape, "auto"), name="fwd auto vs sdpa", **_budget(shape))
 
 
 @pytest.mark.shape(*CASE_SHAPES, dtype=[torch.float32])
@@ -60,21 +61,13 @@ def test_forward_auto_never_slower_than_sdpa(shape, kernel_ab):
 def test_forward_fp32_triton_vs_sdpa(shape, kernel_ab):
     if shape.case == 14:
         pytest.skip("case 14 in fp32: SDPA's memory-efficient kernel needs ~19 s a call (anchors), too long here")
-    q, k, v = qkv(shape.B, shape.H, shape.S, shape.D, shape.dtype)
-    candidate = lambda: attention(q, k, v, causal=True, backend="triton")  # noqa: E731
-    baseline = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
-    _agrees_with_sdpa(candidate(), baseline())
-    kernel_ab.compare(candidate, baseline, name="fwd fp32 triton vs sdpa", **_budget(shape))
+    kernel_ab.compare(*_forward_pair(shape, "triton"), name="fwd fp32 triton vs sdpa", **_budget(shape))
 
 
 @pytest.mark.shape(*[s | dict(D=128) for s in CASE_SHAPES if s["case"] != 14], dtype=[torch.bfloat16])
 @pytest.mark.memory(lambda shape: attention_bytes(shape))
 def test_forward_d128_triton_vs_sdpa(shape, kernel_ab):
-    q, k, v = qkv(shape.B, shape.H, shape.S, shape.D, shape.dtype)
-    candidate = lambda: attention(q, k, v, causal=True, backend="triton")  # noqa: E731
-    baseline = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
-    _agrees_with_sdpa(candidate(), baseline())
-    kernel_ab.compare(candidate, baseline, name="fwd D128 triton vs sdpa", **_budget(shape))
+    kernel_ab.compare(*_forward_pair(shape, "triton"), name="fwd D128 triton vs sdpa", **_budget(shape))
 
 
 BACKWARD_SHAPES = [dict(B=B, S=S, H=16, D=D) for D in (64, 128)
