@@ -137,7 +137,9 @@ def _shape_of(item: pytest.Item) -> Shape | None:
     return callspec.params.get(SHAPE_ARGNAME) if callspec is not None else None
 
 
-@pytest.hookimpl(tryfirst=True)
+# After pytest's own skip/skipif evaluation: a test skipped for a more basic reason (no GPU) should say that,
+# not that its memory does not fit.
+@pytest.hookimpl(trylast=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     shape = _shape_of(item)
     marker = item.get_closest_marker("intractable")

@@ -201,3 +201,25 @@ def test_kernel_oom_ini_setting(pytester):
     result = pytester.runpytest()
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*kernel_oom must be one of skip, fail; got 'sometimes'*"])
+
+
+def test_skipif_reason_comes_before_the_memory_check(pytester):
+    # A test skipped for a more basic reason says that reason, not that its memory does not fit.
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.skipif(True, reason="needs a CUDA GPU")
+        @pytest.mark.memory(10**18)
+        def test_huge():
+            pass
+
+        @pytest.mark.memory(10**18)
+        def test_huge_without_skipif():
+            pass
+        """
+    )
+    result = pytester.runpytest("-rs", "-v")
+    result.assert_outcomes(skipped=2)
+    result.stdout.fnmatch_lines(["*needs a CUDA GPU*"])
+    assert result.stdout.str().count("PiB") == 1
