@@ -567,17 +567,22 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: Unio
         except (AttributeError, TypeError):  # not tensors, or unhashable arguments: _validate names the problem
             plan_key = plan = None
         if plan is not None:
-            if plan.sdpa_is_causal is not None:
-                return F.scaled_dot_product_attention(q, k, v, is_causal=plan.sdpa_is_causal, scale=plan.call.scale,
-                                                      enable_gqa=plan.gqa)
+            if plan.sdpa_kwargs is not None:
+                return F.scaled_dot_product_attention(q, k, v, **plan.sdpa_kwargs)
             return _triton_attention(q, k, v, plan.call)
     call = _validate(q, k, v, causal, scale, key_padding_mask, key_lengths, backend, precision)
     decision = _decide(q, k, v, call, backend)
     _log_decision(decision, q, k)
     if plan_key is not None and len(_PLANS) < _MAX_PLANS:
-        direct_sdpa = decision.backend == "sdpa" and call.causal_mode != CAUSAL_BOTTOM_RIGHT
-        _PLANS[plan_key] = _Plan(call, call.causal_mode == CAUSAL_TOP_LEFT if direct_sdpa else None,
-                                 q.shape[1] != k.shape[1])
+        sdpa_kwargs = None
+        if decision.backend == "sdpa" and call.causal_mode != CAUSAL_BOTTOM_RIGHT:
+            # Only the arguments the call needs: SDPA parses every keyword it is given, on every call.
+            sdpa_kwargs = {"is_causal": call.causal_mode == CAUSAL_TOP_LEFT}
+            if scale is not None:
+                sdpa_kwargs["scale"] = call.scale
+            if q.shape[1] != k.shape[1]:
+                sdpa_kwargs["enable_gqa"] = True
+        _PLANS[plan_key] = _Plan(call, sdpa_kwargs)
     if decision.backend == "triton":
         return _triton_attention(q, k, v, call)
     return _sdpa_attention(q, k, v, call)
@@ -589,8 +594,7 @@ class _Plan:
     devices and arguments: repeated calls then cost a dictionary lookup, not a validation and a dispatch."""
 
     call: _Call
-    sdpa_is_causal: Optional[bool]  # None: the Triton kernel runs
-    gqa: bool
+    sdpa_kwargs: Optional[dict]  # keyword arguments of a direct SDPA call; None: the Triton kernel runs
 
 
 _PLANS: dict[tuple, _Plan] = {}

@@ -1,7 +1,8 @@
 """A/B comparisons that run on any machine, timed with the CPU clock (they say nothing about GPU speed).
 
-They show the engine end to end where no GPU exists, and check a claim that holds on the CPU too:
-``flashlite.attention(backend="auto")`` adds no measurable cost over calling SDPA directly.
+They show the engine end to end where no GPU exists, and measure what ``flashlite.attention(backend="auto")``
+costs over calling SDPA directly on the CPU: about 2 microseconds of Python per call (a plan lookup), which on
+these ~1 ms calls comes out as a tie, inconclusive, or now and then a loss of about 1%; the report says which.
 """
 from __future__ import annotations
 
@@ -38,9 +39,9 @@ def test_cpu_sdpa_vs_materialized(shape, kernel_ab):
 
 
 @pytest.mark.shape(*CPU_SHAPES)
-def test_cpu_auto_dispatch_costs_nothing(shape, kernel_ab):
+def test_cpu_auto_dispatch_overhead(shape, kernel_ab):
     q, k, v = _cpu_qkv(shape)
     candidate = lambda: attention(q, k, v, causal=True, backend="auto")  # noqa: E731
     baseline = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
     torch.testing.assert_close(candidate(), baseline())
-    kernel_ab.assert_not_slower(candidate, baseline, name="cpu: auto vs sdpa", max_time=1.0)
+    kernel_ab.compare(candidate, baseline, name="cpu: auto vs sdpa", max_time=1.0)
