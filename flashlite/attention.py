@@ -495,16 +495,57 @@ def _visibility_mask(q: torch.Tensor, k: torch.Tensor, call: _Call) -> torch.Ten
     return mask
 
 
-def _sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: _Call) -> torch.Tensor:
+def _check_attn_mask(q: torch.Tensor, k: torch.Tensor, attn_mask: object) -> torch.Tensor:
+    if not isinstance(attn_mask, torch.Tensor):
+        raise TypeError(f"attn_mask must be a tensor, got {type(attn_mask).__name__}")
+    if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
+        raise TypeError(f"attn_mask must be bool (True = attend) or floating (an additive bias), got "
+                        f"{attn_mask.dtype}")
+    if attn_mask.device != q.device:
+        raise ValueError(f"attn_mask is on {attn_mask.device}, q on {q.device}")
+    target = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+    try:
+        if attn_mask.dim() > 4 or torch.broadcast_shapes(attn_mask.shape, target) != torch.Size(target):
+            raise RuntimeError
+    except RuntimeError:
+        raise ValueError(f"attn_mask of shape {list(attn_mask.shape)} does not broadcast to [B, H, S_q, S_k] = "
+                         f"{list(target)}") from None
+    return attn_mask
+
+
+def _decide_with_mask(q: torch.Tensor, k: torch.Tensor, call: _Call, backend: str,
+                      attn_mask: object) -> Decision:
+    _check_attn_mask(q, k, attn_mask)
+    reason = "an explicit attn_mask (arbitrary mask or bias) is not an input of the Triton kernel"
+    if backend == "triton":
+        raise ValueError(f"backend='triton' cannot run this call: {reason}; use key_padding_mask / key_lengths "
+                         f"and causal, or backend='sdpa'")
+    return Decision("sdpa", "forced by backend='sdpa'" if backend == "sdpa" else f"kernel cannot run this call: "
+                                                                                f"{reason}")
+
+
+def _sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: _Call,
+                    attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
     gqa = {"enable_gqa": True} if q.shape[1] != k.shape[1] else {}
-    if call.key_padding_mask is None and call.key_lengths is None and call.causal_mode != CAUSAL_BOTTOM_RIGHT:
+    if (attn_mask is None and call.key_padding_mask is None and call.key_lengths is None
+            and call.causal_mode != CAUSAL_BOTTOM_RIGHT):
         return F.scaled_dot_product_attention(q, k, v, is_causal=call.causal_mode == CAUSAL_TOP_LEFT,
                                               scale=call.scale, **gqa)
-    mask = _visibility_mask(q, k, call)
+    visible = _visibility_mask(q, k, call)
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        visible = visible & attn_mask
+    elif attn_mask is not None:
+        # A float bias: positions the causal or padding mask hides get -inf; rows are empty where nothing finite
+        # is left.
+        bias = torch.where(visible, attn_mask.to(q.dtype), float("-inf"))
+        empty_rows = torch.isneginf(bias).all(dim=-1, keepdim=True)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.masked_fill(empty_rows, 0.0),
+                                             scale=call.scale, **gqa)
+        return out.masked_fill(empty_rows, 0.0)
     # SDPA returns NaN for a row that sees no key; let such rows see every key (finite), then zero them, so the
     # output and its gradients match the kernel's zeros.
-    empty_rows = ~mask.any(dim=-1, keepdim=True)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | empty_rows, scale=call.scale, **gqa)
+    empty_rows = ~visible.any(dim=-1, keepdim=True)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=visible | empty_rows, scale=call.scale, **gqa)
     return out.masked_fill(empty_rows, 0.0)
 
 
@@ -514,8 +555,8 @@ def _sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: _Ca
 
 def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: Union[bool, str] = False,
                      scale: Optional[float] = None, key_padding_mask: Optional[torch.Tensor] = None,
-                     key_lengths: Optional[torch.Tensor] = None, backend: str = "auto",
-                     precision: Optional[str] = None) -> Decision:
+                     key_lengths: Optional[torch.Tensor] = None, attn_mask: Optional[torch.Tensor] = None,
+                     backend: str = "auto", precision: Optional[str] = None) -> Decision:
     """Which implementation ``attention(q, k, v, **same arguments)`` would run, and why.
 
     Raises the same errors as ``attention`` for invalid calls. With FLASHLITE_DEBUG_DISPATCH=1 the decision is
@@ -527,15 +568,16 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causa
         kernel cannot run this call: head dim 8 is outside the kernel's range 16..256
     """
     call = _validate(q, k, v, causal, scale, key_padding_mask, key_lengths, backend, precision)
-    decision = _decide(q, k, v, call, backend)
+    decision = _decide_with_mask(q, k, call, backend, attn_mask) if attn_mask is not None else \
+        _decide(q, k, v, call, backend)
     _log_decision(decision, q, k)
     return decision
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: Union[bool, str] = False,
               scale: Optional[float] = None, key_padding_mask: Optional[torch.Tensor] = None,
-              key_lengths: Optional[torch.Tensor] = None, backend: str = "auto",
-              precision: Optional[str] = None) -> torch.Tensor:
+              key_lengths: Optional[torch.Tensor] = None, attn_mask: Optional[torch.Tensor] = None,
+              backend: str = "auto", precision: Optional[str] = None) -> torch.Tensor:
     """Scaled dot-product attention, softmax(scale * q k^T) v, with flashlite's Triton kernel or SDPA.
 
     Args:
@@ -546,6 +588,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: Unio
         scale: defaults to 1 / sqrt(D).
         key_padding_mask: bool [B, S_k], True = attend. Or key_lengths: int [B], keys j >= length masked
             (lengths are clamped to [0, S_k]). Rows that see no key return zeros, with zero gradients.
+        attn_mask: an arbitrary mask or additive bias broadcastable to [B, H, S_q, S_k]: bool (True = attend) or
+            floating (added to the scaled scores), combined with ``causal`` and key padding. The Triton kernel
+            has no such input, so these calls run on SDPA (``backend="triton"`` refuses them); rows that see no
+            key still give zeros.
         backend: "auto" (per-shape choice from ``flashlite.dispatch``; see ``explain_dispatch``), "triton" or
             "sdpa".
         precision: float32 inputs only: "tf32" (default), "ieee" or "bf16" dot products in the Triton kernel.
@@ -558,6 +604,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: Unio
         >>> attention(q, k, v, causal=True, backend="sdpa").shape
         torch.Size([2, 4, 10, 16])
     """
+    if attn_mask is not None:
+        call = _validate(q, k, v, causal, scale, key_padding_mask, key_lengths, backend, precision)
+        decision = _decide_with_mask(q, k, call, backend, attn_mask)
+        _log_decision(decision, q, k)
+        return _sdpa_attention(q, k, v, call, attn_mask)
     plan_key = None
     if key_padding_mask is None and key_lengths is None and not torch.compiler.is_compiling():
         try:

@@ -340,3 +340,34 @@ def test_repeated_calls_replay_the_plan_and_never_a_stale_one():
         assert shorter.shape == (1, 2, 20, 16)
     with pytest.raises(TypeError, match="dtype"):
         attention(q, k.double(), v, causal=True)
+
+
+@pytest.mark.shape(dict(B=2, H=4, H_kv=2, S=12, S_k=17, D=16), causal=[False, True, "lower_right"],
+                   mask_kind=["bias", "bool"])
+def test_explicit_attn_mask_runs_on_sdpa_and_matches_the_reference(shape, sdpa_reference):
+    gen = torch.Generator(device=DEVICE).manual_seed(11)
+    q = torch.randn(shape.B, shape.H, shape.S, shape.D, device=DEVICE, generator=gen)
+    k, v = (torch.randn(shape.B, shape.H_kv, shape.S_k, shape.D, device=DEVICE, generator=gen) for _ in range(2))
+    if shape.mask_kind == "bias":  # broadcast over batch; one query row of batch 0 masked out entirely
+        attn_mask = torch.randn(1, shape.H, shape.S, shape.S_k, device=DEVICE, generator=gen)
+        attn_mask[0, :, 3] = float("-inf")
+    else:
+        attn_mask = torch.rand(shape.B, 1, shape.S, shape.S_k, device=DEVICE, generator=gen) > 0.3
+        attn_mask[1, :, 5] = False
+    out = attention(q, k, v, causal=shape.causal, attn_mask=attn_mask)
+    assert not out.isnan().any()
+    sdpa_reference.check(out, q, k, v, causal=shape.causal, attn_mask=attn_mask, enable_gqa=True)
+    decision = flashlite.explain_dispatch(q, k, v, causal=shape.causal, attn_mask=attn_mask)
+    assert decision.backend == "sdpa" and "attn_mask" in decision.reason
+    with pytest.raises(ValueError, match="attn_mask"):
+        attention(q, k, v, causal=shape.causal, attn_mask=attn_mask, backend="triton")
+
+
+def test_attn_mask_bad_input_is_named():
+    q = k = v = torch.randn(1, 2, 8, 16, device=DEVICE)
+    with pytest.raises(ValueError, match=r"does not broadcast to \[B, H, S_q, S_k\]"):
+        attention(q, k, v, attn_mask=torch.zeros(3, 8, 8, device=DEVICE))
+    with pytest.raises(TypeError, match="bool .* or floating"):
+        attention(q, k, v, attn_mask=torch.zeros(8, 8, dtype=torch.int64, device=DEVICE))
+    with pytest.raises(TypeError, match="must be a tensor"):
+        attention(q, k, v, attn_mask=[[1.0]])
