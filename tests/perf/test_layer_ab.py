@@ -89,3 +89,23 @@ def test_fusion_tournament(shape, kernel_ab, blocks):
     result = kernel_ab.tournament({name: (lambda m=m: m(x)) for name, m in variants.items()},
                                   name="layer fusion variants")
     assert result.best in variants
+
+
+def _peak_extra_bytes(fn) -> int:
+    fn()  # compile, tune and capture outside the measurement
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    fn()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - before
+
+
+@pytest.mark.shape(dict(case=5, B=4, S=2048), dict(case=8, B=32, S=512))
+@torch.no_grad()
+def test_layer_peak_memory_not_above_plain_block(shape, blocks):
+    # Target: the layer's inference peak is no more than the eager plain block's, same weights and input.
+    plain, _, layer, _ = blocks
+    x = _inputs(shape)
+    layer_peak, plain_peak = _peak_extra_bytes(lambda: layer(x)), _peak_extra_bytes(lambda: plain(x))
+    assert layer_peak <= plain_peak, f"layer peak {layer_peak} bytes above its input, plain block {plain_peak}"
