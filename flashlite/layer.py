@@ -117,6 +117,23 @@ def _attention_mask(key_padding_mask: Optional[torch.Tensor], seq_len: int, caus
     return mask | empty_rows, empty_rows
 
 
+def plain_to_layer_names(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Tensors keyed like :class:`PlainTransformerBlock`'s parameters (weights, or their gradients) under
+    :class:`TransformerLayer`'s names: ``q_proj``/``k_proj``/``v_proj`` concatenated into ``qkv``, ``out_proj``
+    renamed ``out``.
+
+    Example:
+        >>> block = PlainTransformerBlock(32, 2)
+        >>> plain_to_layer_names(block.state_dict())["qkv.weight"].shape
+        torch.Size([96, 32])
+    """
+    own = {k: v for k, v in tensors.items() if not k.startswith(("q_proj.", "k_proj.", "v_proj.", "out_proj."))}
+    for kind in ("weight", "bias"):
+        own[f"qkv.{kind}"] = torch.cat([tensors[f"{p}.{kind}"] for p in ("q_proj", "k_proj", "v_proj")])
+        own[f"out.{kind}"] = tensors[f"out_proj.{kind}"]
+    return own
+
+
 class PlainTransformerBlock(nn.Module):
     """The pre-LN transformer block written with plain PyTorch modules: the reference for ``TransformerLayer``.
 
@@ -441,10 +458,7 @@ class TransformerLayer(nn.Module):
             raise KeyError(
                 f"plain state dict does not match: missing {sorted(missing)}, unexpected {sorted(unexpected)}"
             )
-        own = {k: v for k, v in state_dict.items() if not k.startswith(("q_proj.", "k_proj.", "v_proj.", "out_proj."))}
-        for kind in ("weight", "bias"):
-            own[f"qkv.{kind}"] = torch.cat([state_dict[f"{p}.{kind}"] for p in ("q_proj", "k_proj", "v_proj")])
-            own[f"out.{kind}"] = state_dict[f"out_proj.{kind}"]
+        own = plain_to_layer_names(state_dict)
         params = dict(self.named_parameters())
         for key, value in own.items():
             if tuple(value.shape) != tuple(params[key].shape):

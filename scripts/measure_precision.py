@@ -17,7 +17,7 @@ import torch
 
 # flashlite first: it selects the Triton interpreter on a CPU-only machine, which must happen before triton loads.
 from flashlite._runtime import interpreting
-from flashlite.layer import PlainTransformerBlock, TransformerLayer
+from flashlite.layer import PlainTransformerBlock, TransformerLayer, plain_to_layer_names
 
 import triton  # noqa: E402  (after flashlite, see above)
 
@@ -37,12 +37,7 @@ MODES = [
 
 def _qkv_grads(block: PlainTransformerBlock) -> dict[str, torch.Tensor]:
     """Parameter gradients of the plain block under TransformerLayer's names."""
-    grads = {name: p.grad for name, p in block.named_parameters()}
-    out = {k: v for k, v in grads.items() if not k.startswith(("q_proj", "k_proj", "v_proj", "out_proj"))}
-    for kind in ("weight", "bias"):
-        out[f"qkv.{kind}"] = torch.cat([grads[f"{p}.{kind}"] for p in ("q_proj", "k_proj", "v_proj")])
-        out[f"out.{kind}"] = grads[f"out_proj.{kind}"]
-    return out
+    return plain_to_layer_names({name: p.grad for name, p in block.named_parameters()})
 
 
 def _forward_backward(module, x, dy, autocast_dtype=None):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from flashlite._runtime import interpreting
-from flashlite.layer import FUSIONS, CudaGraphRunner, PlainTransformerBlock, TransformerLayer
+from flashlite.layer import FUSIONS, CudaGraphRunner, PlainTransformerBlock, TransformerLayer, plain_to_layer_names
 from pytest_kernelcheck import assert_close, policy_for
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -44,12 +44,7 @@ def _padding_mask(batch: int, seq: int, padding: str) -> torch.Tensor | None:
 
 def _plain_grads(block: PlainTransformerBlock) -> dict[str, torch.Tensor]:
     """The block's parameter gradients under TransformerLayer's names (q/k/v concatenated into qkv)."""
-    grads = {name: p.grad for name, p in block.named_parameters()}
-    out = {k: v for k, v in grads.items() if not k.startswith(("q_proj", "k_proj", "v_proj", "out_proj"))}
-    for kind in ("weight", "bias"):
-        out[f"qkv.{kind}"] = torch.cat([grads[f"{p}.{kind}"] for p in ("q_proj", "k_proj", "v_proj")])
-        out[f"out.{kind}"] = grads[f"out_proj.{kind}"]
-    return out
+    return plain_to_layer_names({name: p.grad for name, p in block.named_parameters()})
 
 
 def _run(module, x, mask, dy):
