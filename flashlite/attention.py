@@ -593,7 +593,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: Unio
             has no such input, so these calls run on SDPA (``backend="triton"`` refuses them); rows that see no
             key still give zeros.
         backend: "auto" (per-shape choice from ``flashlite.dispatch``; see ``explain_dispatch``), "triton" or
-            "sdpa".
+            "sdpa". Calls without masks are validated and decided once per signature (shapes, strides, dtypes,
+            devices, arguments) and replayed after that; with FLASHLITE_DEBUG_DISPATCH=1 each signature's
+            decision is logged when it is made (logger ``flashlite.attention``, level DEBUG).
         precision: float32 inputs only: "tf32" (default), "ieee" or "bf16" dot products in the Triton kernel.
 
     Returns:

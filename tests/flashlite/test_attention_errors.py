@@ -1,4 +1,5 @@
 """Bad calls to flashlite.attention fail with an error that names the problem; dispatch explains itself."""
+import importlib
 import logging
 
 import pytest
@@ -100,12 +101,15 @@ def test_cpu_without_interpreter_is_unsupported(monkeypatch):
 
 def test_debug_dispatch_logging(monkeypatch, caplog):
     q, k, v = qkv()
+    # Start with no replayable plans, so the first attention() call of this signature decides (and logs).
+    monkeypatch.setattr(importlib.import_module("flashlite.attention"), "_PLANS", {})
     with caplog.at_level(logging.DEBUG, logger="flashlite.attention"):
         explain_dispatch(q, k, v)
         assert not caplog.records  # silent unless asked
         monkeypatch.setenv("FLASHLITE_DEBUG_DISPATCH", "1")
         decision = explain_dispatch(q, k, v, causal=True)
         attention(q, k, v, causal=True)
+        attention(q, k, v, causal=True)  # replayed from its plan: decided, and logged, once per signature
     assert len(caplog.records) == 2
     assert all(r.levelno == logging.DEBUG and decision.reason in r.getMessage() for r in caplog.records)
 
