@@ -16,8 +16,8 @@ import triton
 import triton.language as tl
 
 from flashlite import _runtime
-from flashlite.kernels.attention_fwd import (AUTOTUNE_KEY, _cast_out, _load_cols, _load_rows, _mma, make_configs,
-                                             prune_by_resources)
+from flashlite.kernels.attention_fwd import (AUTOTUNE_KEY, _cast_out, _key_range, _load_cols, _load_rows, _mma,
+                                             make_configs, prune_by_resources)
 
 
 @triton.jit
@@ -273,22 +273,8 @@ def _attn_bwd_dq(Q,  # [B, H, S_q, D]
     else:
         delta = tl.load(Delta + row + offs_m, mask=offs_m < seq_q, other=0.0)
 
-    if KEY_MASK == "lengths":
-        n_len = tl.minimum(tl.maximum(tl.load(KeyLen + b), 0), seq_k).to(tl.int32)
-    else:
-        n_len = seq_k
-    if CAUSAL != 0:
-        if CAUSAL == 1:
-            diag_shift = 0
-        else:
-            diag_shift = seq_k - seq_q
-        full_lim = tl.minimum(tl.maximum(start_m + diag_shift + 1, 0), n_len)
-        hi = tl.minimum(tl.maximum(tl.minimum(start_m + BLOCK_M, seq_q) + diag_shift, 0), n_len)
-    else:
-        diag_shift = 0
-        full_lim = n_len
-        hi = n_len
-    full_end = (full_lim // BLOCK_N) * BLOCK_N
+    n_len, diag_shift, full_end, hi = _key_range(KeyLen, b, start_m, seq_q, seq_k, BLOCK_M, BLOCK_N, CAUSAL,
+                                                 KEY_MASK)
 
     k_base = K + b.to(tl.int64) * stride_kb + kv_h.to(tl.int64) * stride_kh
     v_base = V + b.to(tl.int64) * stride_vb + kv_h.to(tl.int64) * stride_vh

@@ -140,6 +140,33 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, mask_row,  # k_base, v_bas
 
 
 @triton.jit
+def _key_range(KeyLen,  # [B] int32/int64 when KEY_MASK == "lengths" (else unused)
+               b, start_m, seq_q, seq_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+               KEY_MASK: tl.constexpr):
+    """The keys a block of query rows [start_m, start_m + BLOCK_M) visits, shared by the forward and dQ kernels:
+    (n_len: keys that exist for batch b, diag_shift: causal offset, full_end: keys [0, full_end) need no mask,
+    hi: keys [full_end, hi) need the causal/length mask; keys past hi are invisible to every row)."""
+    if KEY_MASK == "lengths":
+        n_len = tl.minimum(tl.maximum(tl.load(KeyLen + b), 0), seq_k).to(tl.int32)
+    else:
+        n_len = seq_k
+    if CAUSAL != 0:
+        if CAUSAL == 1:
+            diag_shift = 0
+        else:
+            diag_shift = seq_k - seq_q
+        # Keys below every row's diagonal need no mask; keys up to the last real row's diagonal need one.
+        full_lim = tl.minimum(tl.maximum(start_m + diag_shift + 1, 0), n_len)
+        hi = tl.minimum(tl.maximum(tl.minimum(start_m + BLOCK_M, seq_q) + diag_shift, 0), n_len)
+    else:
+        diag_shift = 0
+        full_lim = n_len
+        hi = n_len
+    full_end = (full_lim // BLOCK_N) * BLOCK_N
+    return n_len, diag_shift, full_end, hi
+
+
+@triton.jit
 def _attn_fwd(Q,  # [B, H, S_q, D], any strides
               K,  # [B, H_kv, S_k, D], any strides
               V,  # [B, H_kv, S_k, D], any strides
@@ -184,23 +211,8 @@ def _attn_fwd(Q,  # [B, H, S_q, D], any strides
     q = _load_rows(q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
                    offs_m, seq_q, offs_d, HEAD_DIM, BLOCK_D, not EVEN_M)
 
-    if KEY_MASK == "lengths":
-        n_len = tl.minimum(tl.maximum(tl.load(KeyLen + b), 0), seq_k).to(tl.int32)
-    else:
-        n_len = seq_k
-    if CAUSAL != 0:
-        if CAUSAL == 1:
-            diag_shift = 0
-        else:
-            diag_shift = seq_k - seq_q
-        # Keys below every row's diagonal need no mask; keys up to the last real row's diagonal need one.
-        full_lim = tl.minimum(tl.maximum(start_m + diag_shift + 1, 0), n_len)
-        hi = tl.minimum(tl.maximum(tl.minimum(start_m + BLOCK_M, seq_q) + diag_shift, 0), n_len)
-    else:
-        diag_shift = 0
-        full_lim = n_len
-        hi = n_len
-    full_end = (full_lim // BLOCK_N) * BLOCK_N
+    n_len, diag_shift, full_end, hi = _key_range(KeyLen, b, start_m, seq_q, seq_k, BLOCK_M, BLOCK_N, CAUSAL,
+                                                 KEY_MASK)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
