@@ -17,7 +17,7 @@ import triton.language as tl
 
 from flashlite import _runtime
 from flashlite.kernels.attention_fwd import (AUTOTUNE_KEY, _cast_out, _key_range, _load_cols, _load_rows, _mma,
-                                             make_configs, prune_by_resources)
+                                             _program_ids, make_configs, prune_by_resources)
 
 
 @triton.jit
@@ -30,13 +30,7 @@ def _attn_bwd_delta(Out,  # [B, H, S_q, D]
                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, FLAT_GRID: tl.constexpr,
                     BLOCK_M: tl.constexpr):
     num_m_blocks = tl.cdiv(seq_q, BLOCK_M)
-    if FLAT_GRID:
-        pid = tl.program_id(0)
-        pid_m = pid % num_m_blocks
-        pid_bh = pid // num_m_blocks
-    else:
-        pid_m = tl.program_id(0)
-        pid_bh = tl.program_id(1)
+    pid_m, pid_bh = _program_ids(num_m_blocks, FLAT_GRID)
     b = pid_bh // num_heads
     h = pid_bh % num_heads
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -118,13 +112,7 @@ def _attn_bwd_dkdv(Q,  # [B, H, S_q, D]
                    DOT: tl.constexpr, FLAT_GRID: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_M: tl.constexpr):
     num_n_blocks = tl.cdiv(seq_k, BLOCK_N)
-    if FLAT_GRID:
-        pid = tl.program_id(0)
-        pid_n = pid % num_n_blocks
-        pid_bkv = pid // num_n_blocks
-    else:
-        pid_n = tl.program_id(0)
-        pid_bkv = tl.program_id(1)
+    pid_n, pid_bkv = _program_ids(num_n_blocks, FLAT_GRID)
     b = pid_bkv // num_kv_heads
     kv_h = pid_bkv % num_kv_heads
     start_n = pid_n * BLOCK_N
@@ -244,13 +232,7 @@ def _attn_bwd_dq(Q,  # [B, H, S_q, D]
                  DOT: tl.constexpr, FLAT_GRID: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_M: tl.constexpr):
     num_m_blocks = tl.cdiv(seq_q, BLOCK_M)
-    if FLAT_GRID:
-        pid = tl.program_id(0)
-        pid_m = pid % num_m_blocks
-        pid_bh = pid // num_m_blocks
-    else:
-        pid_m = tl.program_id(0)
-        pid_bh = tl.program_id(1)
+    pid_m, pid_bh = _program_ids(num_m_blocks, FLAT_GRID)
     if CAUSAL != 0:
         pid_m = num_m_blocks - 1 - pid_m  # longest rows first, as in the forward
     b = pid_bh // num_heads

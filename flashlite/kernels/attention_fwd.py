@@ -140,6 +140,16 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, mask_row,  # k_base, v_bas
 
 
 @triton.jit
+def _program_ids(num_seq_blocks, FLAT_GRID: tl.constexpr):
+    """(sequence block, batch * head) of this program. The launchers put sequence blocks on grid axis 0 and
+    batch * heads on axis 1, or flatten both into axis 0 when batch * heads passes axis 1's limit of 65,535."""
+    if FLAT_GRID:
+        pid = tl.program_id(0)
+        return pid % num_seq_blocks, pid // num_seq_blocks
+    return tl.program_id(0), tl.program_id(1)
+
+
+@triton.jit
 def _key_range(KeyLen,  # [B] int32/int64 when KEY_MASK == "lengths" (else unused)
                b, start_m, seq_q, seq_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
                KEY_MASK: tl.constexpr):
@@ -186,13 +196,7 @@ def _attn_fwd(Q,  # [B, H, S_q, D], any strides
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_M: tl.constexpr):
     # Grid: axis 0 query blocks, axis 1 batch * heads; flattened into axis 0 when B*H exceeds axis 1's limit.
     num_m_blocks = tl.cdiv(seq_q, BLOCK_M)
-    if FLAT_GRID:
-        pid = tl.program_id(0)
-        pid_m = pid % num_m_blocks
-        pid_bh = pid // num_m_blocks
-    else:
-        pid_m = tl.program_id(0)
-        pid_bh = tl.program_id(1)
+    pid_m, pid_bh = _program_ids(num_m_blocks, FLAT_GRID)
     if CAUSAL != 0:
         # Later query blocks see more keys; launch them first so the short ones fill the tail.
         pid_m = num_m_blocks - 1 - pid_m
