@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call on a CUDA machine: environment record, then the stages asked for.
-# Usage: scripts/gpu_check.sh [tests|ab|scaling|all] [extra pytest args for the A/B stage, e.g. -k "fp16"]
+# Usage: scripts/gpu_check.sh [tests|ab|scaling|all] [extra pytest args for the test and A/B stages, e.g. -k "fp16"]
 #   tests    tests/flashlite and tests/kernelcheck on the GPU (one config per kernel: FLASHLITE_AUTOTUNE=0)
 #   ab       the A/B suite, tests/perf --kernel-ab, report JSON/markdown/plot
 #   scaling  benchmarks/scaling.py --quick (time and memory as S and B grow)
@@ -26,8 +26,9 @@ cat "$R/env.txt"
 if [[ $stage == tests || $stage == all ]]; then
   # One config per kernel instead of autotuning every shape class the tests touch: the tests check results, and
   # tuning each of their tiny shapes would cost minutes of compile and benchmark time.
-  FLASHLITE_AUTOTUNE=0 python3 -m pytest tests/flashlite tests/kernelcheck -q --maxfail=20 --durations=15 \
-    -p no:cacheprovider > "$R/gpu_tests.log" 2>&1
+  # SIGINT at the limit makes pytest print what passed and failed so far (the device tool stops a call at 600 s).
+  FLASHLITE_AUTOTUNE=0 timeout -s INT -k 20 "${TESTS_LIMIT:-540}" python3 -m pytest tests/flashlite tests/kernelcheck \
+    -q --maxfail=20 --durations=15 -p no:cacheprovider "$@" > "$R/gpu_tests.log" 2>&1
 fi
 if [[ $stage == ab || $stage == all ]]; then
   # SIGINT at the limit lets pytest write the report of what finished.
