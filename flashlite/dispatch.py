@@ -109,12 +109,31 @@ def _device_slug(index: int) -> str:
     return slug
 
 
+_TABLES: dict[str, dict[str, Any] | None] = {}
+
+
+# Reading a table file is nothing torch.compile can trace; marked constant, the load runs once at trace time and
+# the lookups that follow read a dictionary, which Dynamo can trace.
+@torch.compiler.assume_constant_result
+def _table_loaded(slug: str) -> bool:
+    if slug not in _TABLES:
+        _TABLES[slug] = load_table(slug)
+    return _TABLES[slug] is not None
+
+
+def _slug_of(q: torch.Tensor) -> str | None:
+    """The GPU model slug of q's device; None for CPU tensors."""
+    if not q.is_cuda:
+        return None
+    return _device_slug(q.device.index if q.device.index is not None else torch.cuda.current_device())
+
+
 @functools.lru_cache(maxsize=4096)
 def _decide_cached(slug: str | None, dtype: torch.dtype, head_dim: int, causal: bool | str, batch: int,
                    seq_len: int) -> Decision:
     if slug is None:
         return Decision("sdpa", "CPU tensors: SDPA runs natively, the Triton kernel only through its interpreter")
-    table = load_table(slug)
+    table = _TABLES[slug] if _table_loaded(slug) else None
     if table is not None:
         entry = table["entries"].get(table_key(dtype, head_dim, causal, batch, seq_len))
         if entry is not None:
@@ -140,7 +159,6 @@ def choose_backend(q: torch.Tensor, *, causal: bool | str, seq_k: int,
     """
     if unsupported is not None:
         return Decision("sdpa", f"kernel cannot run this call: {unsupported}")
-    slug = _device_slug(q.device.index if q.device.index is not None else torch.cuda.current_device()) \
-        if q.is_cuda else None
+    slug = _slug_of(q)
     batch, _, seq_q, head_dim = q.shape
     return _decide_cached(slug, q.dtype, head_dim, causal, batch, max(seq_q, seq_k))

@@ -23,12 +23,21 @@ python3 -m pip install --no-deps --no-build-isolation -e . > "$R/install.log" 2>
 } > "$R/env.txt" 2>&1
 cat "$R/env.txt"
 
+# Pure-Python test helpers the GPU machine lacks (pytest-xdist), copied from a local install into .gpu_deps/ and
+# carried with the checkout: the machine has no network.
+test_workers=()
+if [[ -d .gpu_deps ]]; then
+  export PYTHONPATH="$PYTHONPATH:$PWD/.gpu_deps"
+  python3 -c "import xdist" 2>/dev/null && test_workers=(-n "${TEST_WORKERS:-8}")
+fi
+
 if [[ $stage == tests || $stage == all ]]; then
   # One config per kernel instead of autotuning every shape class the tests touch: the tests check results, and
-  # tuning each of their tiny shapes would cost minutes of compile and benchmark time.
+  # tuning each of their tiny shapes would cost minutes of compile and benchmark time. Kernel compiles dominate
+  # the run (about 20 min serially), so it is spread over test_workers processes when xdist is available.
   # SIGINT at the limit makes pytest print what passed and failed so far (the device tool stops a call at 600 s).
   FLASHLITE_AUTOTUNE=0 timeout -s INT -k 20 "${TESTS_LIMIT:-540}" python3 -m pytest tests/flashlite tests/kernelcheck \
-    -q --maxfail=20 --durations=15 -p no:cacheprovider "$@" > "$R/gpu_tests.log" 2>&1
+    -q --maxfail=20 --durations=15 -p no:cacheprovider "${test_workers[@]}" "$@" > "$R/gpu_tests.log" 2>&1
 fi
 if [[ $stage == ab || $stage == all ]]; then
   # SIGINT at the limit lets pytest write the report of what finished.
