@@ -4,7 +4,7 @@ For flashlite's kernel, SDPA's default backend and, where it fits, a materialize
 time (triton.testing.do_bench, L2 flushed, CUDA events), TFLOP/s, the percentage of the bf16 matmul ceiling measured
 in the same run, and peak memory above the inputs. Writes JSON and a PNG plot.
 
-Usage: python benchmarks/scaling.py OUTDIR [--tokens 65536] [--quick]
+Usage: python benchmarks/scaling.py OUTDIR [--tokens 65536] [--quick] [--plot-only]
 """
 from __future__ import annotations
 
@@ -48,10 +48,10 @@ def measure(fn, inputs_bytes: int) -> dict:
     return {"ms": ms, "peak_extra_bytes": int(peak), "inputs_bytes": inputs_bytes}
 
 
-def sweep(points, H: int, D: int, dtype, ceiling: float) -> list[dict]:
+def sweep(points, H: int, D: int, dtype, ceiling: float, rows: list[dict], save) -> None:
+    """Measure each (B, S) point; append one row per implementation to ``rows`` and call ``save`` after each."""
     from flashlite.attention import attention
 
-    rows = []
     for B, S in points:
         q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=dtype) for _ in range(3))
         flops = 2.0 * B * H * S * S * D  # causal: half of 4*B*H*S*S*D
@@ -69,11 +69,11 @@ def sweep(points, H: int, D: int, dtype, ceiling: float) -> list[dict]:
                      tflops=flops / (r["ms"] * 1e-3) / 1e12)
             r["pct_of_matmul_ceiling"] = 100 * r["tflops"] / ceiling
             rows.append(r)
+            save()
             print(f"{name:>12} B={B:<4} S={S:<6} {r['ms']:9.4f} ms {r['tflops']:7.1f} TFLOP/s "
                   f"{r['pct_of_matmul_ceiling']:5.1f}% peak+{r['peak_extra_bytes'] / 2**20:9.1f} MiB", flush=True)
         del q, k, v
         torch.cuda.empty_cache()
-    return rows
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -104,7 +104,11 @@ def main() -> None:
     parser.add_argument("outdir", type=Path)
     parser.add_argument("--tokens", type=int, default=65536)
     parser.add_argument("--quick", action="store_true", help="fewer points")
+    parser.add_argument("--plot-only", action="store_true", help="redraw OUTDIR/scaling.png from OUTDIR/scaling.json")
     args = parser.parse_args()
+    if args.plot_only:
+        plot(json.loads((args.outdir / "scaling.json").read_text())["rows"], args.outdir / "scaling.png")
+        return
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/scaling.py measures GPU speed and needs a CUDA GPU")
     args.outdir.mkdir(parents=True, exist_ok=True)
@@ -115,14 +119,21 @@ def main() -> None:
                                                                    32768, 65536]
     fixed_tokens = [(max(1, args.tokens // S), S) for S in seqs]
     batches = [1, 4, 16, 64] if args.quick else [1, 2, 4, 8, 16, 32, 64, 128]
-    rows = [r | {"sweep": "fixed_tokens"} for r in sweep(fixed_tokens, H, D, dtype, ceiling)]
-    rows += [r | {"sweep": "fixed_S"} for r in sweep([(B, 2048) for B in batches], H, D, dtype, ceiling)]
     import triton
 
     env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
            "python": platform.python_version(), "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-           "bf16_matmul_ceiling_tflops": ceiling}
-    (args.outdir / "scaling.json").write_text(json.dumps({"environment": env, "rows": rows}, indent=1))
+           "bf16_matmul_ceiling_tflops": ceiling, "tokens": args.tokens, "quick": args.quick}
+    rows: list[dict] = []
+    current = {"sweep": "fixed_tokens"}
+
+    def save() -> None:
+        rows[-1].update(current)
+        (args.outdir / "scaling.json").write_text(json.dumps({"environment": env, "rows": rows}, indent=1))
+
+    sweep(fixed_tokens, H, D, dtype, ceiling, rows, save)
+    current["sweep"] = "fixed_S"
+    sweep([(B, 2048) for B in batches], H, D, dtype, ceiling, rows, save)
     plot(rows, args.outdir / "scaling.png")
     print(f"wrote {args.outdir / 'scaling.json'} and scaling.png")
 

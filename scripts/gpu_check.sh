@@ -3,7 +3,7 @@
 # Usage: scripts/gpu_check.sh [tests|ab|scaling|all] [extra pytest args for the test and A/B stages, e.g. -k "fp16"]
 #   tests    tests/flashlite and tests/kernelcheck on the GPU (one config per kernel: FLASHLITE_AUTOTUNE=0)
 #   ab       the A/B suite, tests/perf --kernel-ab, report JSON/markdown/plot
-#   scaling  benchmarks/scaling.py --quick (time and memory as S and B grow)
+#   scaling  benchmarks/scaling.py (time and memory as S and B grow; SCALING_ARGS, default --quick)
 # Writes logs and reports under $OUT/results (default .gpu_out/results), packs them into $OUT/results.tar.gz (the
 # device tool returns at most 8 files) and prints a short summary last.
 set -uo pipefail
@@ -17,7 +17,7 @@ python3 -m pip install --no-deps --no-build-isolation -e . > "$R/install.log" 2>
 
 {
   date -u +"date: %Y-%m-%dT%H:%M:%SZ"
-  echo "commit: $(git rev-parse --short HEAD 2>/dev/null || cat .commit 2>/dev/null || echo unknown)"
+  echo "commit: $(cat .commit 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo unknown)"  # .commit: carried by the device tool, whose copy has no history of its own
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader 2>&1
   python3 -c "import sys, torch, triton; print('python', sys.version.split()[0], '| torch', torch.__version__, '| triton', triton.__version__, '| cuda', torch.version.cuda, '| cudnn', torch.backends.cudnn.version())"
 } > "$R/env.txt" 2>&1
@@ -41,11 +41,14 @@ if [[ $stage == tests || $stage == all ]]; then
 fi
 if [[ $stage == ab || $stage == all ]]; then
   # SIGINT at the limit lets pytest write the report of what finished.
-  timeout -s INT -k 20 "${AB_LIMIT:-420}" python3 -m pytest tests/perf --kernel-ab \
+  # AB_PATHS picks the files (and their order) when one call cannot hold the whole suite.
+  timeout -s INT -k 20 "${AB_LIMIT:-420}" python3 -m pytest ${AB_PATHS:-tests/perf} --kernel-ab \
     --kernel-ab-report "$R/ab_report.json" -q -p no:cacheprovider "$@" > "$R/ab.log" 2>&1
 fi
 if [[ $stage == scaling || $stage == all ]]; then
-  python3 benchmarks/scaling.py "$R" --quick > "$R/scaling.log" 2>&1
+  # scaling.json is rewritten after every point, so a run stopped at SCALING_LIMIT keeps what it measured.
+  timeout -s INT -k 20 "${SCALING_LIMIT:-420}" python3 benchmarks/scaling.py "$R" ${SCALING_ARGS:---quick} \
+    > "$R/scaling.log" 2>&1
 fi
 tar -czf "$OUT/results.tar.gz" -C "$OUT" results
 

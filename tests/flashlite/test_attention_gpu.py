@@ -187,8 +187,12 @@ def test_inductor_compile_matches_eager():
     def block(q, k, v):
         return torch.nn.functional.gelu(attention(q, k, v, causal=True, key_lengths=lengths, backend="triton")) + q
 
-    def run(fn):
-        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    def reference_block(q, k, v):
+        key_mask = torch.arange(1024, device="cuda")[None, :] < lengths[:, None]
+        return torch.nn.functional.gelu(reference_attention(q, k, v, causal=True, key_mask=key_mask)) + q
+
+    def run(fn, dtype=None):
+        leaves = [t.detach().to(dtype or t.dtype).requires_grad_() for t in (q, k, v)]
         out = fn(*leaves)
         out.float().square().sum().backward()
         return [out.detach()] + [t.grad for t in leaves]
@@ -196,9 +200,11 @@ def test_inductor_compile_matches_eager():
     torch._dynamo.reset()
     compiled = run(torch.compile(block, fullgraph=True, backend="inductor"))
     eager = run(block)
-    for c, e in zip(compiled, eager):
-        # Inductor may fuse the elementwise work around the op differently, never the kernel itself.
-        assert_close(c, e.double())
+    reference = run(reference_block, torch.float64)
+    for name, c, e, ref in zip(("output", "dq", "dk", "dv"), compiled, eager, reference):
+        # Inductor fuses the GELU and the residual add (one bf16 rounding where eager has two), never the kernel
+        # itself: the compiled result must be as close to float64 as eager's is.
+        assert_close(c, ref, baseline=e, notes=(name,))
 
 
 CASE_14 = case(14)

@@ -92,7 +92,14 @@ def _check_layer(layer: TransformerLayer, x: torch.Tensor, mask: torch.Tensor | 
     for name, p in layer.named_parameters():
         assert p.grad is not None and p.grad.dtype == p.dtype, name
         low = grads_low[name]
-        assert_close(p.grad, grads_ref[name], policy=policy, baseline=None if low is None else low.to(p.dtype),
+        grad_policy = policy
+        if low is None and policy == "tf32":
+            # A parameter gradient sums over every token: tf32 rounding error grows with the sum of |terms|, so an
+            # element that cancels to near zero carries the error of the large ones. Floor: 1e-3 of the largest
+            # element (one tf32 step, 2^-10, of it).
+            grad_policy = policy_for("tf32").replace(
+                atol=max(policy_for("tf32").atol, 1e-3 * grads_ref[name].abs().max().item()))
+        assert_close(p.grad, grads_ref[name], policy=grad_policy, baseline=None if low is None else low.to(p.dtype),
                      notes=(f"grad of {name}",))
 
 

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from flashlite import norm
 from flashlite.norm import MAX_ROW_LENGTH, add_layer_norm, bias_gelu, layer_norm
-from pytest_kernelcheck import assert_close
+from pytest_kernelcheck import assert_close, policy_for
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -56,7 +56,17 @@ def _check_against_float64(x, w, b, *, baseline: bool):
     assert [g.dtype for g in grads] == [x.dtype, w.dtype, b.dtype]
     assert_close(out, ref, baseline=base)
     for name, got, expected, low in zip(("dx", "dweight", "dbias"), grads, ref_grads, base_grads):
-        assert_close(got, expected, baseline=low, notes=(name,))
+        policy = None
+        if name == "dx" and low is None:
+            # dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * w: one rounding of g (an FMA on a
+            # GPU differs from separate multiply and add) comes back multiplied by rstd, which is 1/sqrt(eps) ~ 316
+            # for a constant row. The absolute error floor scales with rstd * |g|, not with |dx|.
+            xd = x.double()
+            rstd = (xd.var(dim=-1, unbiased=False) + 1e-5).rsqrt().max().item()
+            g_max = (dy.double() * w.double()).abs().max().item()
+            default = policy_for(x.dtype)
+            policy = default.replace(atol=max(default.atol, 4 * torch.finfo(x.dtype).eps * rstd * g_max))
+        assert_close(got, expected, policy=policy, baseline=low, notes=(name,))
 
 
 @pytest.mark.parametrize("n", [1, 37, 100, 1024])
