@@ -19,11 +19,12 @@ Triton kernel only; the SDPA path computes float32 in SDPA's own way.
 The log-sum-exp saved for the backward pass is in base 2 of the scaled scores (natural lse * log2(e)), float32,
 shape [B, H, S_q]; -inf for rows that see no key.
 """
+import functools
 import logging
 import math
 import os
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Callable, Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -620,36 +621,31 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: Unio
         except (AttributeError, TypeError):  # not tensors, or unhashable arguments: _validate names the problem
             plan_key = plan = None
         if plan is not None:
-            if plan.sdpa_kwargs is not None:
-                return F.scaled_dot_product_attention(q, k, v, **plan.sdpa_kwargs)
-            return _triton_attention(q, k, v, plan.call)
+            return plan(q, k, v)
     call = _validate(q, k, v, causal, scale, key_padding_mask, key_lengths, backend, precision)
     decision = _decide(q, k, v, call, backend)
     _log_decision(decision, q, k)
     if plan_key is not None and len(_PLANS) < _MAX_PLANS:
-        sdpa_kwargs = None
         if decision.backend == "sdpa" and call.causal_mode != CAUSAL_BOTTOM_RIGHT:
-            # Only the arguments the call needs: SDPA parses every keyword it is given, on every call.
+            # Only the arguments the call needs (SDPA parses every keyword it is given, on every call), bound in a
+            # partial so that a replay costs one C-level call.
             sdpa_kwargs = {"is_causal": call.causal_mode == CAUSAL_TOP_LEFT}
             if scale is not None:
                 sdpa_kwargs["scale"] = call.scale
             if q.shape[1] != k.shape[1]:
                 sdpa_kwargs["enable_gqa"] = True
-        _PLANS[plan_key] = _Plan(call, sdpa_kwargs)
+            _PLANS[plan_key] = functools.partial(F.scaled_dot_product_attention, **sdpa_kwargs)
+        elif decision.backend == "triton":
+            _PLANS[plan_key] = functools.partial(_triton_attention, call=call)
+        else:
+            _PLANS[plan_key] = functools.partial(_sdpa_attention, call=call)
     if decision.backend == "triton":
         return _triton_attention(q, k, v, call)
     return _sdpa_attention(q, k, v, call)
 
 
-@dataclass(frozen=True)
-class _Plan:
-    """A validated, decided call without masks, replayed for later calls with the same shapes, strides, dtypes,
-    devices and arguments: repeated calls then cost a dictionary lookup, not a validation and a dispatch."""
-
-    call: _Call
-    sdpa_kwargs: Optional[dict]  # keyword arguments of a direct SDPA call; None: the Triton kernel runs
-
-
-_PLANS: dict[tuple, _Plan] = {}
+# A validated, decided call without masks, keyed by shapes, strides, dtypes, devices and arguments, and replayed
+# for later calls with the same key: a repeated call costs a dictionary lookup, not a validation and a dispatch.
+_PLANS: dict[tuple, Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]] = {}
 _MAX_PLANS = 4096  # past this many distinct call signatures, new ones are validated every time
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -29,15 +29,20 @@ from flashlite.precision import PrecisionPolicy, resolve_policy
 #   "bias_gelu":         fc1's bias add, exact GELU and the cast to fc2's operand dtype in one kernel, else
 #                        F.linear with bias, then F.gelu in float32, then a cast.
 FUSIONS = frozenset({"triton_layer_norm", "add_layer_norm", "bias_gelu"})
-# Fusions on by default; which ones pay on a GPU is decided by measurement (tests/perf).
-DEFAULT_FUSIONS = FUSIONS
+# fusions="auto" (the default): on a CUDA device, all fusions from FUSED_MIN_TOKENS tokens (B * S) up and none
+# below. The H200 tournament (tests/perf/test_layer_ab.py::test_fusion_tournament,
+# benchmarks/results/h200-2026-11-29-b/ab.md) ranked "no fusions" first at 128 tokens (1.36x faster than all
+# fusions: each Triton launch costs more host time than the torch ops it replaces) and "all fusions" first at 8,192
+# and 16,384 tokens (1.42x and 1.48x faster than none). Elsewhere (the CPU interpreter) all fusions run.
+FUSED_MIN_TOKENS = 4096
 # ``backend`` of flashlite.attention.attention: "auto" is its per-shape dispatch (SDPA for CPU tensors).
 ATTENTION_BACKENDS = ("auto", "triton", "sdpa")
 
 
-def _check_fusions(fusions: Optional[Iterable[str]]) -> frozenset[str]:
-    if fusions is None:
-        return DEFAULT_FUSIONS
+def _check_fusions(fusions: Union[str, Iterable[str], None]) -> Optional[frozenset[str]]:
+    """The fusion set, or None for "auto" (chosen per call by token count)."""
+    if fusions is None or fusions == "auto":
+        return None
     if isinstance(fusions, str):
         raise TypeError(f"fusions must be a collection of names, not the string {fusions!r}; e.g. {{{fusions!r}}}")
     chosen = frozenset(fusions)
@@ -273,10 +278,12 @@ class TransformerLayer(nn.Module):
     ``attention_backend`` is passed to ``flashlite.attention.attention``: "auto" (its per-shape dispatch between
     the Triton kernel and SDPA), "triton" or "sdpa".
 
-    ``fusions`` (default: all of ``flashlite.layer.FUSIONS``) switches the fused kernels on or off, for A/B
-    comparisons: "triton_layer_norm", "add_layer_norm", "bias_gelu" (see ``FUSIONS`` in this module). Tensors
-    on a device where Triton cannot run (CPU without ``TRITON_INTERPRET=1``) use the PyTorch path for LayerNorm
-    and GELU.
+    ``fusions`` switches the fused kernels on or off: a collection of "triton_layer_norm", "add_layer_norm",
+    "bias_gelu" (see ``FUSIONS`` in this module), or "auto" (default): on CUDA, all of them for inputs of at
+    least ``FUSED_MIN_TOKENS`` tokens (B * S) or while a CUDA graph is captured (``CudaGraphRunner``), and none
+    otherwise, where their launch cost outweighs what they save (measured: see the comment at
+    ``FUSED_MIN_TOKENS``); under the CPU interpreter, all. Tensors on a device where
+    Triton cannot run (CPU without ``TRITON_INTERPRET=1``) use the PyTorch path for LayerNorm and GELU.
 
     Parameters (``state_dict`` keys and shapes), with ``D = d_model // n_heads``, ``H = n_heads``,
     ``H_kv = n_kv_heads``:
@@ -311,7 +318,7 @@ class TransformerLayer(nn.Module):
     def __init__(self, d_model: int, n_heads: int, d_ff: Optional[int] = None, *, n_kv_heads: Optional[int] = None,
                  causal: bool = True, dropout: float = 0.0, precision: str = "mixed",
                  compute_dtype: Optional[torch.dtype] = None, attention_precision: Optional[str] = None,
-                 fusions: Optional[Iterable[str]] = None, attention_backend: str = "auto", eps: float = 1e-5,
+                 fusions: Union[str, Iterable[str], None] = "auto", attention_backend: str = "auto", eps: float = 1e-5,
                  device: Optional[torch.device | str] = None, dtype: Optional[torch.dtype] = None) -> None:
         super().__init__()
         n_kv_heads, d_ff = _check_dims(d_model, n_heads, n_kv_heads, d_ff)
@@ -350,9 +357,20 @@ class TransformerLayer(nn.Module):
         return (f"d_model={self.d_model}, n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}, d_ff={self.d_ff}, "
                 f"causal={self.causal}, dropout={self.dropout}, precision={self.precision!r}, "
                 f"attention_backend={self.attention_backend!r}, "
-                f"matmul_dtype={self.policy.matmul_dtype}, fusions={sorted(self.fusions)}")
+                f"matmul_dtype={self.policy.matmul_dtype}, "
+                f"fusions={'auto' if self.fusions is None else sorted(self.fusions)!r}")
 
     # -- forward ------------------------------------------------------------------------------------------------
+
+    def _fusions_for(self, x: torch.Tensor) -> frozenset[str]:
+        if not kernel_device_ok(x):
+            return frozenset()
+        if self.fusions is not None:
+            return self.fusions
+        if not x.is_cuda or x.shape[0] * x.shape[1] >= FUSED_MIN_TOKENS:
+            return FUSIONS
+        # Below the threshold the fused kernels lose only by their launch cost, which a CUDA graph replay skips.
+        return FUSIONS if torch.cuda.is_current_stream_capturing() else frozenset()
 
     def forward(self, x: torch.Tensor, key_padding_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Apply the layer to ``x`` [B, S, d_model]; ``key_padding_mask`` is bool [B, S] with True = attend.
@@ -363,7 +381,7 @@ class TransformerLayer(nn.Module):
         """
         _check_input(x, key_padding_mask, self.d_model, self.qkv.weight)
         policy = self.policy
-        fusions = self.fusions if kernel_device_ok(x) else frozenset()
+        fusions = self._fusions_for(x)
         operand = policy.matmul_dtype
         stream = x.to(policy.residual_dtype)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flashlite._runtime import interpreting
+from flashlite._runtime import interpreting, kernel_device_ok
 from flashlite.layer import FUSIONS, CudaGraphRunner, PlainTransformerBlock, TransformerLayer, plain_to_layer_names
 from pytest_kernelcheck import assert_close, policy_for
 
@@ -258,7 +258,15 @@ def test_output_keeps_input_dtype_and_layer_repr_names_the_policy():
     layer = TransformerLayer(32, 2, precision="bf16", attention_backend="sdpa", device=DEVICE)
     assert layer(torch.randn(1, 4, 32, device=DEVICE)).dtype == torch.float32
     assert layer.qkv.weight.dtype == torch.bfloat16
-    assert "precision='bf16'" in repr(layer) and "fusions=" in repr(layer)
+    assert "precision='bf16'" in repr(layer) and "fusions='auto'" in repr(layer)
+    assert "fusions=['bias_gelu']" in repr(TransformerLayer(32, 2, fusions={"bias_gelu"}, device=DEVICE))
+
+
+def test_auto_fusions_run_every_kernel_under_the_interpreter():
+    # The token threshold is about GPU launch cost; under the CPU interpreter all kernels run (and get checked).
+    layer = TransformerLayer(32, 2, device=DEVICE)
+    x = torch.randn(1, 4, 32, device=DEVICE)
+    assert layer._fusions_for(x) == (FUSIONS if kernel_device_ok(x) else frozenset())
 
 
 # ------------------------------------------------------------------------------------------------ bad input

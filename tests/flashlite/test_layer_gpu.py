@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from flashlite.layer import FUSIONS, CudaGraphRunner, PlainTransformerBlock, TransformerLayer
+from flashlite.layer import FUSED_MIN_TOKENS, FUSIONS, CudaGraphRunner, PlainTransformerBlock, TransformerLayer
 from flashlite.norm import layer_norm
 from pytest_kernelcheck import assert_close, policy_for
 
@@ -70,6 +70,20 @@ def test_each_fusion_matches_the_unfused_layer(fusion):
         reference = unfused.to_plain(torch.float64)(x.double())
         # Both variants are bf16-operand computations; they may round differently but equally well.
         assert_close(fused(x), reference, policy=torch.bfloat16, baseline=unfused(x))
+
+
+def test_auto_fusions_follow_token_count_and_graph_capture():
+    layer = TransformerLayer(D_MODEL, HEADS, D_FF, device="cuda").eval()
+    small = torch.randn(1, 128, D_MODEL, device="cuda")
+    large = torch.randn(2, FUSED_MIN_TOKENS // 2, D_MODEL, device="cuda")
+    assert layer._fusions_for(small) == frozenset() and layer._fusions_for(large) == FUSIONS
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = layer._fusions_for(small)
+        small.mul(2)  # something to capture
+    assert captured == FUSIONS
+    assert TransformerLayer(D_MODEL, HEADS, D_FF, fusions={"bias_gelu"}, device="cuda")._fusions_for(large) == \
+        frozenset({"bias_gelu"})
 
 
 @pytest.mark.parametrize("shape", [(1, 128), (4, 256)], ids=lambda s: f"B{s[0]}-S{s[1]}")

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from flashlite.cases import CASES
-from flashlite.layer import CudaGraphRunner, PlainTransformerBlock, TransformerLayer
+from flashlite.layer import FUSIONS, CudaGraphRunner, PlainTransformerBlock, TransformerLayer
 from pytest_kernelcheck import assert_close
 
 from .conftest import needs_cuda
@@ -73,13 +73,15 @@ def test_cuda_graph_layer_vs_compiled_plain_block(shape, kernel_ab, blocks):
     kernel_ab.compare(lambda: runner(x), lambda: compiled(x), name="layer cuda-graph vs compiled plain bf16")
 
 
-@pytest.mark.shape(dict(case=1, B=1, S=128), dict(case=5, B=4, S=2048), dict(case=8, B=32, S=512))
+# Token counts 128 to 16,384, so that the crossover behind flashlite.layer.FUSED_MIN_TOKENS is measured.
+@pytest.mark.shape(dict(case=1, B=1, S=128), dict(case=2, B=1, S=1024), dict(B=2, S=1024), dict(B=1, S=4096),
+                   dict(case=5, B=4, S=2048), dict(case=8, B=32, S=512))
 @torch.no_grad()
 def test_fusion_tournament(shape, kernel_ab, blocks):
     plain, _, _, _ = blocks
     x = _inputs(shape)
     variants = {
-        "all fusions": TransformerLayer.from_plain(plain, precision="mixed").eval(),
+        "all fusions": TransformerLayer.from_plain(plain, precision="mixed", fusions=FUSIONS).eval(),
         "no fusions": TransformerLayer.from_plain(plain, precision="mixed", fusions=()).eval(),
         "layer_norm only": TransformerLayer.from_plain(plain, precision="mixed",
                                                        fusions={"triton_layer_norm"}).eval(),
