@@ -370,6 +370,9 @@ class TransformerLayer(nn.Module):
         if not x.is_cuda or x.shape[0] * x.shape[1] >= FUSED_MIN_TOKENS:
             return FUSIONS
         # Below the threshold the fused kernels lose only by their launch cost, which a CUDA graph replay skips.
+        # (torch.compile fuses the plain ops itself, and cannot trace the capture query.)
+        if torch.compiler.is_compiling():
+            return frozenset()
         return FUSIONS if torch.cuda.is_current_stream_capturing() else frozenset()
 
     def forward(self, x: torch.Tensor, key_padding_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
