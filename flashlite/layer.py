@@ -31,9 +31,9 @@ from flashlite.precision import PrecisionPolicy, resolve_policy
 FUSIONS = frozenset({"triton_layer_norm", "add_layer_norm", "bias_gelu"})
 # fusions="auto" (the default): on a CUDA device, all fusions from FUSED_MIN_TOKENS tokens (B * S) up and none
 # below. The H200 tournament (tests/perf/test_layer_ab.py::test_fusion_tournament,
-# benchmarks/results/h200-2026-11-29-b/ab.md) ranked "no fusions" first at 128 tokens (1.36x faster than all
-# fusions: each Triton launch costs more host time than the torch ops it replaces) and "all fusions" first at 8,192
-# and 16,384 tokens (1.42x and 1.48x faster than none). Elsewhere (the CPU interpreter) all fusions run.
+# benchmarks/results/h200-2026-11-29-b/run4_ab.md) ranked "no fusions" first at 128, 1,024 and 2,048 tokens (each
+# Triton launch costs more host time than the torch ops it replaces) and "all fusions" first at 4,096 (1.13x over
+# none), 8,192 and 16,384 tokens (1.43x and 1.47x over none). Elsewhere (the CPU interpreter) all fusions run.
 FUSED_MIN_TOKENS = 4096
 # ``backend`` of flashlite.attention.attention: "auto" is its per-shape dispatch (SDPA for CPU tensors).
 ATTENTION_BACKENDS = ("auto", "triton", "sdpa")
