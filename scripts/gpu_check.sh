@@ -24,7 +24,9 @@ python3 -m pip install --no-deps --no-build-isolation -e . > "$R/install.log" 2>
 cat "$R/env.txt"
 
 # Pure-Python test helpers the GPU machine lacks (pytest-xdist), copied from a local install into .gpu_deps/ and
-# carried with the checkout: the machine has no network.
+# carried with the checkout, since the machine has no network. To make it:
+#   sp=$(python -c 'import xdist, os; print(os.path.dirname(os.path.dirname(xdist.__file__)))')
+#   mkdir -p .gpu_deps && cp -r "$sp"/{xdist,execnet,pytest_xdist-*.dist-info,execnet-*.dist-info} .gpu_deps/
 test_workers=()
 if [[ -d .gpu_deps ]]; then
   export PYTHONPATH="$PYTHONPATH:$PWD/.gpu_deps"
