@@ -137,7 +137,7 @@ def _decide_cached(slug: str | None, dtype: torch.dtype, head_dim: int, causal: 
     if table is not None:
         entry = table["entries"].get(table_key(dtype, head_dim, causal, batch, seq_len))
         if entry is not None:
-            origin = table["origin"]
+            origin = {**table["origin"], **entry}  # an entry merged from an older report names its own origin
             return Decision(entry["backend"], f"{slug} table ({origin.get('date', '?')}, commit "
                                               f"{origin.get('commit', '?')}): {entry.get('why', entry['backend'])}")
     where = f"no {slug} table entry" if table is not None else f"no dispatch table for {slug}"

@@ -1,23 +1,37 @@
 #!/usr/bin/env bash
-# One call on a CUDA machine: environment record, then the stages asked for.
+# The GPU side of the project in one command: environment record, then the stages asked for.
 # Usage: scripts/gpu_check.sh [tests|ab|scaling|all] [extra pytest args for the test and A/B stages, e.g. -k "fp16"]
 #   tests    tests/flashlite and tests/kernelcheck on the GPU (one config per kernel: FLASHLITE_AUTOTUNE=0)
-#   ab       the A/B suite, tests/perf --kernel-ab, report JSON/markdown/plot
-#   scaling  benchmarks/scaling.py (time and memory as S and B grow; SCALING_ARGS, default --quick)
-# Writes logs and reports under $OUT/results (default .gpu_out/results), packs them into $OUT/results.tar.gz (the
-# device tool returns at most 8 files) and prints a short summary last.
+#   ab       the A/B suite, tests/perf --kernel-ab: report JSON (every sample), markdown and plot; with "all", the
+#            dispatch table flashlite/dispatch_tables/<gpu>.json is regenerated from that report
+#   scaling  benchmarks/scaling.py (time and memory as S and B grow; SCALING_ARGS, default --quick for a single
+#            stage and the full sweep for "all")
+#   all      all of the above (about 30-40 minutes on an H200)
+# Results go to benchmarks/results/<gpu>-<date>/ (RESULTS_DIR overrides). When OUT is set (a remote runner that
+# returns files from $OUT), they go to $OUT/results and are also packed into $OUT/results.tar.gz. A short summary
+# is printed last.
 set -uo pipefail
 stage=${1:-all}; shift || true
-OUT=${OUT:-$PWD/.gpu_out}; R=$OUT/results
-mkdir -p "$R"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+if [[ -n ${OUT:-} ]]; then
+  R=$OUT/results
+else
+  gpu=$(python3 -c "import torch; from flashlite.dispatch import gpu_slug; print(gpu_slug(torch.cuda.get_device_name()))" 2>/dev/null || echo gpu)
+  R=${RESULTS_DIR:-benchmarks/results/$gpu-$(date -u +%F)}
+fi
+mkdir -p "$R"
+if [[ $stage == all ]]; then SCALING_ARGS=${SCALING_ARGS:- }; fi
+# Per-stage time limits (TESTS_LIMIT, AB_LIMIT, SCALING_LIMIT, seconds; 0 = none): none on a machine of one's own,
+# and within a remote runner's per-call limit when OUT is set.
+remote() { [[ -n ${OUT:-} ]] && echo "$1" || echo 0; }
 # The plugin registers through its entry point, so install into the interpreter that runs pytest (python3 -m pip:
 # a bare pip may belong to another Python). No network there: no build isolation, no dependencies.
 python3 -m pip install --no-deps --no-build-isolation -e . > "$R/install.log" 2>&1 || echo "install failed: see install.log"
 
 {
   date -u +"date: %Y-%m-%dT%H:%M:%SZ"
-  echo "commit: $(cat .commit 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo unknown)"  # .commit: carried by the device tool, whose copy has no history of its own
+  # .commit (git-ignored) is written before a remote run whose copy of the tree has no reliable history.
+  echo "commit: $(cat .commit 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo unknown)"
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader 2>&1
   python3 -c "import sys, torch, triton; print('python', sys.version.split()[0], '| torch', torch.__version__, '| triton', triton.__version__, '| cuda', torch.version.cuda, '| cudnn', torch.backends.cudnn.version())"
 } > "$R/env.txt" 2>&1
@@ -37,25 +51,31 @@ if [[ $stage == tests || $stage == all ]]; then
   # One config per kernel instead of autotuning every shape class the tests touch: the tests check results, and
   # tuning each of their tiny shapes would cost minutes of compile and benchmark time. Kernel compiles dominate
   # the run (about 20 min serially), so it is spread over test_workers processes when xdist is available.
-  # SIGINT at the limit makes pytest print what passed and failed so far (the device tool stops a call at 600 s).
-  FLASHLITE_AUTOTUNE=0 timeout -s INT -k 20 "${TESTS_LIMIT:-540}" python3 -m pytest tests/flashlite tests/kernelcheck \
+  # SIGINT at the limit makes pytest print what passed and failed so far.
+  FLASHLITE_AUTOTUNE=0 timeout -s INT -k 20 "${TESTS_LIMIT:-$(remote 540)}" python3 -m pytest tests/flashlite tests/kernelcheck \
     -q --maxfail=20 --durations=15 -p no:cacheprovider "${test_workers[@]}" "$@" > "$R/gpu_tests.log" 2>&1
 fi
 if [[ $stage == ab || $stage == all ]]; then
   # SIGINT at the limit lets pytest write the report of what finished.
   # AB_PATHS picks the files (and their order) when one call cannot hold the whole suite.
-  timeout -s INT -k 20 "${AB_LIMIT:-420}" python3 -m pytest ${AB_PATHS:-tests/perf} --kernel-ab \
+  timeout -s INT -k 20 "${AB_LIMIT:-$(remote 420)}" python3 -m pytest ${AB_PATHS:-tests/perf} --kernel-ab \
     --kernel-ab-report "$R/ab_report.json" -q -p no:cacheprovider "$@" > "$R/ab.log" 2>&1
 fi
 if [[ $stage == scaling || $stage == all ]]; then
   # scaling.json is rewritten after every point, so a run stopped at SCALING_LIMIT keeps what it measured.
-  timeout -s INT -k 20 "${SCALING_LIMIT:-420}" python3 benchmarks/scaling.py "$R" ${SCALING_ARGS:---quick} \
+  timeout -s INT -k 20 "${SCALING_LIMIT:-$(remote 420)}" python3 benchmarks/scaling.py "$R" ${SCALING_ARGS:---quick} \
     > "$R/scaling.log" 2>&1
 fi
-tar -czf "$OUT/results.tar.gz" -C "$OUT" results
+if [[ $stage == all && -f $R/ab_report.json ]]; then
+  python3 scripts/make_dispatch_table.py "$R/ab_report.json" --commit "$(sed -n 's/^commit: //p' "$R/env.txt")" \
+    > "$R/dispatch.log" 2>&1 && cp flashlite/dispatch_tables/*.json "$R/"
+fi
+[[ -n ${OUT:-} ]] && tar -czf "$OUT/results.tar.gz" -C "$OUT" results
 
 echo "===== summary ($stage) ====="
 [[ -f $R/gpu_tests.log ]] && { echo "--- gpu tests"; grep -E "^(FAILED|ERROR)|passed|failed" "$R/gpu_tests.log" | tail -25; }
 [[ -f $R/ab.log ]] && { echo "--- A/B"; sed -n '/kernel A\/B comparisons/,$p' "$R/ab.log" | tail -60; }
 [[ -f $R/scaling.log ]] && { echo "--- scaling"; tail -30 "$R/scaling.log"; }
+[[ -f $R/dispatch.log ]] && { echo "--- dispatch table"; cat "$R/dispatch.log"; }
+echo "results: $R"
 exit 0

@@ -5,7 +5,11 @@ Reads the JSON that ``pytest tests/perf --kernel-ab --kernel-ab-report PATH`` wr
 (dtype, head dim, causal, batch, sequence bucket): the Triton kernel only where its win survives the report's
 Benjamini-Hochberg correction; SDPA on a loss, a tie or an inconclusive result, since SDPA is the safe default.
 
-Usage: python scripts/make_dispatch_table.py REPORT.json [--commit SHA] [--out flashlite/dispatch_tables]
+Several reports (of the same GPU model) may be given, oldest first: a later report's entry replaces an earlier one
+for the same key, and every entry records the report, commit and date it came from.
+
+Usage: python scripts/make_dispatch_table.py REPORT.json [REPORT.json ...] [--commit SHA [SHA ...]]
+       [--out flashlite/dispatch_tables]
 """
 from __future__ import annotations
 
@@ -66,14 +70,38 @@ def build_table(report: dict, commit: str | None = None, source: str | None = No
     return {"origin": origin, "entries": dict(sorted(entries.items()))}
 
 
+def merge_tables(tables: list[dict]) -> dict:
+    """One table from several of the same GPU model, oldest first; each entry keeps the origin it came from.
+
+    The merged origin names the newest report and lists all of them under "sources".
+    """
+    gpus = {t["origin"]["gpu"] for t in tables}
+    if len(gpus) != 1:
+        raise SystemExit(f"reports from different GPU models cannot share a table: {sorted(gpus)}")
+    entries: dict[str, dict] = {}
+    for table in tables:
+        origin = table["origin"]
+        for key, entry in table["entries"].items():
+            entries[key] = {**entry, "date": origin["date"], "commit": origin["commit"], "source": origin["source"]}
+    origin = {**tables[-1]["origin"], "sources": [
+        {k: t["origin"][k] for k in ("source", "commit", "date")} for t in tables]}
+    return {"origin": origin, "entries": dict(sorted(entries.items()))}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("report", type=Path)
-    parser.add_argument("--commit", help="commit of the measured code, when the report does not record it")
+    parser.add_argument("reports", type=Path, nargs="+", metavar="report")
+    parser.add_argument("--commit", nargs="+", default=[],
+                        help="commit of the measured code per report, in the same order, when reports do not record it")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "flashlite" /
                         "dispatch_tables")
     args = parser.parse_args()
-    table = build_table(json.loads(args.report.read_text()), commit=args.commit, source=str(args.report))
+    if args.commit and len(args.commit) != len(args.reports):
+        parser.error(f"--commit needs one commit per report: {len(args.reports)} reports, {len(args.commit)} commits")
+    commits = args.commit or [None] * len(args.reports)
+    tables = [build_table(json.loads(path.read_text()), commit=commit, source=str(path))
+              for path, commit in zip(args.reports, commits)]
+    table = tables[0] if len(tables) == 1 else merge_tables(tables)
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"{gpu_slug(table['origin']['gpu'])}.json"
     path.write_text(json.dumps(table, indent=1) + "\n")

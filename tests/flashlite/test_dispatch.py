@@ -22,6 +22,12 @@ def test_shipped_h200_table_records_its_origin_and_measured_choices():
     assert fp32.backend == "triton" and "nvidia-h200 table" in fp32.reason and "win" in fp32.reason
     bf16 = dispatch._decide_cached("nvidia-h200", torch.bfloat16, 64, True, 1, 8192)
     assert bf16.backend == "sdpa" and "loss" in bf16.reason
+    for source in table["origin"].get("sources", []):
+        assert (ROOT / source["source"]).is_file() and source["commit"] != "unknown"
+    # fp16 case 11 (B=256, S=64) won in a later report than the bf16 one; each decision names its own report.
+    fp16 = dispatch._decide_cached("nvidia-h200", torch.float16, 64, True, 256, 64)
+    entry = table["entries"]["float16/D64/causal/B256/S64"]
+    assert fp16.backend == "triton" and f"commit {entry['commit']}" in fp16.reason
 
 
 def test_every_triton_entry_is_a_significant_win():
@@ -112,3 +118,29 @@ def test_generator_turns_a_report_into_a_table(tmp_path):
     # A win that does not survive the correction across shapes is not trusted.
     assert entries["bfloat16/D64/causal/B1/S128"]["backend"] == "sdpa"
     assert entries["bfloat16/D64/causal/B8/S4096"]["backend"] == "sdpa"
+
+
+def test_generator_merges_reports_newest_last(tmp_path):
+    def report(created, records):
+        return {"created": created, "environment": {"gpu": {"devices": ["Test GPU X"]}},
+                "comparisons": [{"name": f"fwd triton vs sdpa {dtype}", "verdict": v, "verdict_bh": v,
+                                 "speedup": sp, "ci": [sp * 0.9, sp * 1.1], "n_pairs": 20,
+                                 "shape": {"B": 4, "S": 2048, "H": 16, "D": 64, "dtype": dtype}}
+                                for dtype, v, sp in records]}
+
+    old, new = tmp_path / "old.json", tmp_path / "new.json"
+    old.write_text(json.dumps(report("2026-01-01T00:00:00", [("torch.bfloat16", "win", 1.5),
+                                                            ("torch.float16", "loss", 0.8)])))
+    new.write_text(json.dumps(report("2026-02-01T00:00:00", [("torch.float16", "win", 1.4)])))
+    out = tmp_path / "tables"
+    script = str(ROOT / "scripts" / "make_dispatch_table.py")
+    done = subprocess.run([sys.executable, script, str(old), str(new), "--commit", "aaa", "bbb", "--out", str(out)],
+                          capture_output=True, text=True, check=True)
+    assert "2 entries, 2 use the Triton kernel" in done.stdout
+    table = json.loads((out / "test-gpu-x.json").read_text())
+    assert [s["commit"] for s in table["origin"]["sources"]] == ["aaa", "bbb"]
+    assert table["entries"]["float16/D64/causal/B4/S2048"]["commit"] == "bbb"  # the newer report replaced it
+    assert table["entries"]["bfloat16/D64/causal/B4/S2048"]["commit"] == "aaa"
+    mismatched = subprocess.run([sys.executable, script, str(old), str(new), "--commit", "aaa", "--out", str(out)],
+                                capture_output=True, text=True)
+    assert mismatched.returncode != 0 and "one commit per report" in mismatched.stderr
