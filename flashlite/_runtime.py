@@ -15,14 +15,19 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+# Read once: Triton decides between compiling and interpreting when a kernel is defined, at import, so a later
+# change of the variable would not change how the kernels run (and launch code asks on every call).
+_INTERPRETING = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
 def interpreting() -> bool:
-    """True when Triton kernels run through the CPU interpreter (``TRITON_INTERPRET=1``).
+    """True when Triton kernels run through the CPU interpreter (``TRITON_INTERPRET=1`` when flashlite was imported).
 
     Example:
         >>> isinstance(interpreting(), bool)
         True
     """
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    return _INTERPRETING
 
 
 def kernel_device_ok(t: torch.Tensor) -> bool:

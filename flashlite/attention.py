@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from flashlite import _runtime
+from flashlite._intmath import cdiv, next_power_of_2
 from flashlite.dispatch import Decision, choose_backend, seq_bucket
 
 try:  # Triton has wheels for Linux x86_64 only; elsewhere every call goes to SDPA.
@@ -247,12 +248,12 @@ def _check_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding
 def _grid(seq: int, block_key: str, programs_per_block: int):
     """Grid: sequence blocks on axis 0 (no practical limit), batch * heads on axis 1, flattened if too many."""
     if programs_per_block > _GRID_AXIS1_LIMIT:
-        return lambda meta: (triton.cdiv(seq, meta[block_key]) * programs_per_block,)
-    return lambda meta: (triton.cdiv(seq, meta[block_key]), programs_per_block)
+        return lambda meta: (cdiv(seq, meta[block_key]) * programs_per_block,)
+    return lambda meta: (cdiv(seq, meta[block_key]), programs_per_block)
 
 
 def _block_d(head_dim: int) -> int:
-    return max(16, triton.next_power_of_2(head_dim))
+    return max(16, next_power_of_2(head_dim))
 
 
 def _config_kwargs(config: "triton.Config") -> dict:

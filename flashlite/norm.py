@@ -13,8 +13,8 @@ import functools
 from typing import Optional
 
 import torch
-import triton
 
+from flashlite._intmath import cdiv, next_power_of_2
 from flashlite._runtime import interpreting, kernel_device_ok
 from flashlite.kernels.layer_norm import (
     _bias_gelu_bwd_kernel,
@@ -77,15 +77,15 @@ def _row_launch(m: int, n: int) -> tuple[int, int, int]:
     On a GPU: tiles of at least ~1024 elements (one row when rows are that wide), about 8 elements per thread.
     Under the interpreter each program costs Python time, so a tile takes up to 64K elements.
     """
-    block_n = triton.next_power_of_2(n)
+    block_n = next_power_of_2(n)
     tile = _INTERPRETER_TILE if interpreting() else 1024
-    block_m = max(1, min(tile // block_n, triton.next_power_of_2(max(m, 1))))
+    block_m = max(1, min(tile // block_n, next_power_of_2(max(m, 1))))
     return block_m, block_n, min(max(block_m * block_n // 256, 1), 16)
 
 
 def _elementwise_block(numel: int) -> int:
     if interpreting():
-        return min(_INTERPRETER_TILE, triton.next_power_of_2(max(numel, 1)))
+        return min(_INTERPRETER_TILE, next_power_of_2(max(numel, 1)))
     return _ELEMENTWISE_BLOCK
 
 
@@ -126,7 +126,7 @@ def _launch_layer_norm_fwd(
         summed = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m > 0:
         block_m, block_n, warps = _row_launch(m, n)
-        _layer_norm_fwd_kernel[(triton.cdiv(m, block_m),)](
+        _layer_norm_fwd_kernel[(cdiv(m, block_m),)](
             x2, r2 if r2 is not None else x2, summed if summed is not None else x2,
             weight, bias, y, rstd,
             x2.stride(0), r2.stride(0) if r2 is not None else 0, summed.stride(0) if summed is not None else 0,
@@ -157,8 +157,8 @@ def _launch_layer_norm_bwd(
     block_m, block_n, warps = _row_launch(m, n)
     programs = _backward_programs(m, x.device) if m > 0 else 1
     # Each program takes a run of whole row tiles.
-    rows_per_program = triton.cdiv(triton.cdiv(max(m, 1), programs), block_m) * block_m
-    programs = triton.cdiv(max(m, 1), rows_per_program)
+    rows_per_program = cdiv(cdiv(max(m, 1), programs), block_m) * block_m
+    programs = cdiv(max(m, 1), rows_per_program)
     dw_partial = torch.zeros((programs, n), dtype=torch.float32, device=x.device)
     db_partial = torch.zeros((programs, n), dtype=torch.float32, device=x.device)
     if m > 0:
@@ -182,7 +182,7 @@ def _launch_bias_gelu_fwd(x: torch.Tensor, bias: torch.Tensor, out_dtype: Option
     numel = x.numel()
     if numel > 0:
         block = _elementwise_block(numel)
-        _bias_gelu_fwd_kernel[(triton.cdiv(numel, block),)](
+        _bias_gelu_fwd_kernel[(cdiv(numel, block),)](
             x, bias, y, numel, x.shape[-1], BLOCK=block, EMULATE_RTNE=interpreting(), num_warps=4
         )
     return y
@@ -194,7 +194,7 @@ def _launch_bias_gelu_bwd(dy: torch.Tensor, x: torch.Tensor, bias: torch.Tensor)
     numel = x.numel()
     if numel > 0:
         block = _elementwise_block(numel)
-        _bias_gelu_bwd_kernel[(triton.cdiv(numel, block),)](
+        _bias_gelu_bwd_kernel[(cdiv(numel, block),)](
             x, bias, dy, dx, numel, x.shape[-1], BLOCK=block, EMULATE_RTNE=interpreting(), num_warps=4
         )
     return dx
