@@ -45,7 +45,7 @@ class Budget:
     >>> Budget().replace(max_tme=1)
     Traceback (most recent call last):
     ...
-    TypeError: unknown budget keyword 'max_tme'; expected one of: alpha, calls_per_sample, check_output, flush_l2, margin, max_pairs, max_time, min_pairs, seed, use_cuda_graph, warmup
+    TypeError: unknown budget keyword 'max_tme'; expected one of: alpha, calls_per_sample, check_output, flush_l2, hold_gpu, margin, max_pairs, max_time, min_pairs, seed, use_cuda_graph, warmup
     """
 
     max_time: float = DEFAULT_MAX_TIME_S  # seconds of sampling, after warm-up; min_pairs overrides it
@@ -54,6 +54,7 @@ class Budget:
     alpha: float = 0.05  # false win/loss rate over all looks
     margin: float = 0.02  # equivalence margin: a speedup inside [1/1.02, 1.02] can be a tie
     flush_l2: bool = False  # CUDA only: write 256 MiB before each sample
+    hold_gpu: bool = False  # CUDA only: hold the GPU while a round is queued, so events time device work alone
     calls_per_sample: int | str = "auto"  # "auto": batch calls shorter than 50 us
     use_cuda_graph: bool | str = False  # True: always replay a graph; "auto": when calls are batched
     warmup: float = 0.025  # seconds of warm-up rounds (at least 3) before sampling
@@ -94,7 +95,7 @@ class Budget:
             positive_int("calls_per_sample", self.calls_per_sample)
         if self.use_cuda_graph not in (True, False, "auto"):
             raise ValueError(f"budget use_cuda_graph must be True, False or 'auto', got {self.use_cuda_graph!r}")
-        for name in ("flush_l2", "check_output"):
+        for name in ("flush_l2", "hold_gpu", "check_output"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"budget {name} must be True or False, got {getattr(self, name)!r}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
@@ -264,14 +265,14 @@ def _resolve_timer(timer: Any, first_outputs: Sequence[Any], budget: Budget) -> 
         return timing.CpuTimer()
     torch = sys.modules.get("torch")
     if timer == "cuda":
-        return timing.CudaEventTimer(None, flush_l2=budget.flush_l2)
+        return timing.CudaEventTimer(None, flush_l2=budget.flush_l2, hold_gpu=budget.hold_gpu)
     # "auto": outputs on a GPU mean GPU work; outputs of None mean in-place work, on the GPU when there is one.
     for output in first_outputs:
         device = _first_cuda_device(output)
         if device is not None:
-            return timing.CudaEventTimer(device, flush_l2=budget.flush_l2)
+            return timing.CudaEventTimer(device, flush_l2=budget.flush_l2, hold_gpu=budget.hold_gpu)
     if all(o is None for o in first_outputs) and torch is not None and torch.cuda.is_available():
-        return timing.CudaEventTimer(None, flush_l2=budget.flush_l2)
+        return timing.CudaEventTimer(None, flush_l2=budget.flush_l2, hold_gpu=budget.hold_gpu)
     return timing.CpuTimer()
 
 
@@ -310,10 +311,14 @@ def _measure(
     notes: list[str] = []
     if budget.flush_l2 and not is_cuda:
         notes.append("flush_l2 ignored: it applies to CUDA event timing only")
+    if budget.hold_gpu and not is_cuda:
+        notes.append("hold_gpu ignored: it applies to CUDA event timing only")
     with device_lock(timer.lock_key) as locked:
         if not locked:
             notes.append("ran without a device lock (no fcntl on this platform)")
         warm = timing.warm_up(timer, fns, sides, budget.warmup)
+        if is_cuda and timer.hold_gpu:
+            timer.holds = timer.short_holds = 0  # the hold adapts during warm-up; count sampling rounds only
         if budget.calls_per_sample == "auto":
             calls = timing.choose_calls_per_sample(timing.calibrated_single_call(warm))
         else:
@@ -327,6 +332,9 @@ def _measure(
         )
         elapsed = timer.now() - start
         monitor.sample()
+        if is_cuda and timer.hold_gpu and timer.short_holds:
+            notes.append(f"the GPU hold ended before the host had queued the round in {timer.short_holds} of "
+                         f"{timer.holds} sequences: those samples may include launch gaps")
         if budget.check_output:
             for fn, side, first in zip(fns, sides, first_outputs):
                 again = timing.call_once(fn, side, "the output check after timing")
@@ -652,7 +660,7 @@ class KernelAB:
     ) -> ComparisonResult:
         """Time ``candidate`` against ``baseline`` (zero-argument callables); never fails on the verdict.
 
-        Budget keywords: max_time, min_pairs, max_pairs, alpha, margin, flush_l2, calls_per_sample,
+        Budget keywords: max_time, min_pairs, max_pairs, alpha, margin, flush_l2, hold_gpu, calls_per_sample,
         use_cuda_graph, warmup, check_output, seed.
 
         >>> result = kernel_ab.compare(lambda: new(x), lambda: old(x), max_time=1.0)  # doctest: +SKIP

@@ -47,6 +47,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         group.addoption(f"--kernel-ab-{name.replace('_', '-')}", dest=f"kernel_ab_{name}", default=None, help=text)
         parser.addini(f"kernel_ab_{name}", text, default=str(default))
     group.addoption(
+        "--kernel-ab-hold-gpu", action="store_true", default=None, dest="kernel_ab_hold_gpu",
+        help="hold the GPU with a spin kernel while each round is queued, so CUDA events time device work alone "
+             "(host launch cost excluded); default: rounds queued back to back",
+    )
+    parser.addini("kernel_ab_hold_gpu", "hold the GPU while each A/B round is queued (device time alone)",
+                  type="bool", default=False)
+    group.addoption(
         "--kernel-ab-report", dest="kernel_ab_report", default=None, metavar="PATH",
         help="write the A/B report as JSON to PATH, with a markdown table (.md) and a plot (.png) beside it",
     )
@@ -73,6 +80,7 @@ def pytest_configure(config: pytest.Config) -> None:
             settings[name] = kind(raw)
         except (TypeError, ValueError):
             raise pytest.UsageError(f"--kernel-ab-{name.replace('_', '-')} / kernel_ab_{name}: not a number: {raw!r}")
+    settings["hold_gpu"] = bool(config.getoption("kernel_ab_hold_gpu") or config.getini("kernel_ab_hold_gpu"))
     try:
         _budget_from(settings)
     except ValueError as exc:

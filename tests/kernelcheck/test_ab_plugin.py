@@ -231,19 +231,21 @@ def test_bad_options_are_usage_errors(pytester, args, message):
 
 
 def test_ini_settings_and_help(pytester):
-    pytester.makeini("[pytest]\nkernel_ab = true\nkernel_ab_max_time = 0.15\nkernel_ab_alpha = 0.01\n")
+    pytester.makeini("[pytest]\nkernel_ab = true\nkernel_ab_max_time = 0.15\nkernel_ab_alpha = 0.01\n"
+                     "kernel_ab_hold_gpu = true\n")
     pytester.makepyfile(
         SORTS + "\ndef test_one(kernel_ab):\n    assert kernel_ab.compare(sort_small, sort_large).alpha == 0.01\n"
     )
     result = pytester.runpytest("-p", "no:cacheprovider", "--kernel-ab-report", "ini.json")
     result.assert_outcomes(passed=1)
     assert json.loads((pytester.path / "ini.json").read_text())["settings"] == {
-        "alpha": 0.01, "margin": 0.02, "max_time": 0.15
+        "alpha": 0.01, "margin": 0.02, "max_time": 0.15, "hold_gpu": True
     }
     help_text = pytester.runpytest("--help")
     help_text.stdout.fnmatch_lines(
         ["*--kernel-ab *", "*--kernel-ab-alpha*", "*--kernel-ab-margin*", "*--kernel-ab-max-time*",
-         "*--kernel-ab-report=PATH*", "*--kernel-ab-compare=PATH*", "*kernel_ab_max_time*"]
+         "*--kernel-ab-hold-gpu*", "*--kernel-ab-report=PATH*", "*--kernel-ab-compare=PATH*",
+         "*kernel_ab_max_time*"]
     )
 
 

@@ -160,6 +160,8 @@ def test_explicit_calls_per_sample_and_cpu_only_options_are_recorded():
     )
     assert result.method == "cpu-clock-batched x7"
     assert any("flush_l2 ignored" in n for n in result.notes)
+    assert any("hold_gpu ignored" in n for n in run_comparison(
+        lambda: x.sum(), lambda: x.sum(), QUICK.replace(hold_gpu=True)).notes)
     assert any("use_cuda_graph ignored" in n for n in result.notes)
     assert result.clock == {"available": False, "reason": "not a CUDA comparison", "throttled": False}
 
@@ -199,6 +201,7 @@ def test_min_pairs_overrides_the_time_budget():
         ({"margin": -0.1}, ValueError, r"margin must be in \[0, 1\)"),
         ({"calls_per_sample": "many"}, ValueError, "calls_per_sample must be a positive integer"),
         ({"use_cuda_graph": "yes"}, ValueError, "use_cuda_graph must be True, False or 'auto'"),
+        ({"hold_gpu": "yes"}, ValueError, "hold_gpu must be True or False"),
         ({"max_time": float("inf")}, ValueError, "max_time must be a finite number"),
         ({"maxtime": 1}, TypeError, "unknown budget keyword 'maxtime'"),
     ],
@@ -246,6 +249,93 @@ def test_real_cpu_work_ten_percent_heavier_baseline_is_a_win():
     assert verdicts.count("win") >= 2, [r.describe() for r in results]
     assert "loss" not in verdicts
     assert all(1.0 < r.speedup < 1.3 for r in results if r.verdict == "win")
+
+
+class _FakeCuda:
+    """Records what CudaEventTimer queues, in order, and lets the test set how long the host takes to queue."""
+
+    def __init__(self, host_s_per_call: float) -> None:
+        self.log: list[str] = []
+        self.host_s_per_call = host_s_per_call
+        fake = self
+
+        class Event:
+            def __init__(self, enable_timing: bool = False) -> None:
+                self.t = 0.0
+
+            def record(self) -> None:
+                fake.log.append("event")
+
+            def elapsed_time(self, other: "Event") -> float:
+                return 1.0  # milliseconds
+
+        self.Event = Event
+
+    def _sleep(self, cycles: int) -> None:
+        self.log.append(f"sleep {cycles}")
+
+    def synchronize(self, device=None) -> None:
+        self.log.append("sync")
+
+    def device(self, device):
+        import contextlib
+        return contextlib.nullcontext()
+
+    def call(self) -> None:
+        self.log.append("call")
+        time.sleep(self.host_s_per_call)
+
+
+def _held_timer(fake: _FakeCuda) -> timing.CudaEventTimer:
+    import types
+    timer = timing.CudaEventTimer.__new__(timing.CudaEventTimer)
+    timer._torch = types.SimpleNamespace(cuda=fake)
+    timer.name, timer.hold_gpu, timer.hold_s = "events-held", True, timing.HOLD_MIN_S
+    timer.holds = timer.short_holds = 0
+    timer._spin_cycles_per_s = 1e9  # as calibrated: a 1 GHz spin clock
+    timer.device, timer._flush_buffer = "cuda:0", None
+    return timer
+
+
+def test_hold_gpu_queues_the_spin_first_and_sizes_it_from_the_host_time():
+    fake = _FakeCuda(host_s_per_call=0.002)
+    timer = _held_timer(fake)
+    timer.time_calls([fake.call, fake.call], repeat=1)
+    # The spin kernel comes before every event and call of the sequence; one synchronisation at the end.
+    assert fake.log[0] == f"sleep {int(timing.HOLD_MIN_S * 1e9)}"
+    assert fake.log[1:] == ["event", "call", "event", "event", "call", "event", "sync"]
+    # The first hold (200 us) was shorter than the ~4 ms the host took: counted, and the next hold covers it.
+    assert (timer.holds, timer.short_holds) == (1, 1)
+    assert 2 * 0.004 <= timer.hold_s < 2 * 0.004 + 0.05
+    fake.log.clear()
+    next_hold_cycles = int(timer.hold_s * 1e9)
+    timer.time_calls([fake.call, fake.call], repeat=1)
+    assert fake.log[0] == f"sleep {next_hold_cycles}"
+    assert (timer.holds, timer.short_holds) == (2, 1)  # this one covered the host's ~4 ms
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_hold_gpu_times_a_host_bound_call_by_its_device_work_whatever_it_is_paired_with():
+    # 30 tiny kernels with host work between them: about 1.5 ms of host time, microseconds of device time.
+    x = torch.randn(1024, device="cuda")
+
+    def host_bound():
+        for _ in range(30):
+            x.mul_(1.0)
+            time.sleep(50e-6)
+
+    a = torch.randn(4096, 4096, device="cuda")
+    heavy = lambda: a @ a  # noqa: E731  (milliseconds of device work, little host work)
+    light = lambda: x.add(1.0)  # noqa: E731
+    held = Budget(max_time=0.5, min_pairs=20, max_pairs=40, hold_gpu=True, check_output=False)
+    with_heavy = run_comparison(host_bound, heavy, held)
+    with_light = run_comparison(host_bound, light, held)
+    assert with_heavy.method.startswith("events-held") and with_light.method.startswith("events-held")
+    # Device time of 30 tiny kernels: far below the 1.5 ms of host time, and the same with either partner.
+    assert with_heavy.candidate_ms < 0.5 and with_light.candidate_ms < 0.5
+    assert with_heavy.candidate_ms == pytest.approx(with_light.candidate_ms, rel=0.5)
+    queued = run_comparison(host_bound, light, held.replace(hold_gpu=False))
+    assert queued.candidate_ms > 1.0  # without the hold, the launch gaps are timed
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
