@@ -65,7 +65,8 @@ _INT32_LIMIT = 2 ** 31
 # Grid axis 1 holds batch * heads; CUDA caps it at 65535, beyond which the kernels use a flattened 1-D grid.
 _GRID_AXIS1_LIMIT = 65535
 
-BlockConfig = tuple[int, int, int, int]  # (BLOCK_M, BLOCK_N, num_warps, num_stages)
+# (BLOCK_M, BLOCK_N, num_warps, num_stages), and for the forward kernel optionally BH_PER_PROGRAM fifth
+BlockConfig = tuple[int, ...]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -245,11 +246,12 @@ def _check_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding
         raise ValueError(f"the Triton kernel cannot run this call: {reason}")
 
 
-def _grid(seq: int, block_key: str, programs_per_block: int):
-    """Grid: sequence blocks on axis 0 (no practical limit), batch * heads on axis 1, flattened if too many."""
-    if programs_per_block > _GRID_AXIS1_LIMIT:
-        return lambda meta: (cdiv(seq, meta[block_key]) * programs_per_block,)
-    return lambda meta: (cdiv(seq, meta[block_key]), programs_per_block)
+def _grid(seq: int, block_key: str, batch_heads: int):
+    """Grid: sequence blocks on axis 0 (no practical limit), groups of BH_PER_PROGRAM (batch, head) pairs (one
+    pair unless the config says more) on axis 1, flattened into axis 0 if batch * heads passes axis 1's limit."""
+    if batch_heads > _GRID_AXIS1_LIMIT:
+        return lambda meta: (cdiv(seq, meta[block_key]) * cdiv(batch_heads, meta.get("BH_PER_PROGRAM", 1)),)
+    return lambda meta: (cdiv(seq, meta[block_key]), cdiv(batch_heads, meta.get("BH_PER_PROGRAM", 1)))
 
 
 def _block_d(head_dim: int) -> int:
@@ -272,8 +274,9 @@ def _launch(autotuned, fixed, config: Optional[BlockConfig], gpu_blocks, prune, 
     with FLASHLITE_AUTOTUNE=0, the first of ``gpu_blocks`` that fits (one compile per shape class, no
     benchmarking)."""
     if config is not None:
-        block_m, block_n, num_warps, num_stages = config
-        forced = {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": num_warps, "num_stages": num_stages}
+        block_m, block_n, num_warps, num_stages, *pairs = config
+        forced = {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": num_warps, "num_stages": num_stages,
+                  **({"BH_PER_PROGRAM": pairs[0]} if pairs else {})}
     elif _runtime.interpreting() or os.environ.get("FLASHLITE_AUTOTUNE", "1") not in ("0", ""):
         cache_key = (id(autotuned), *tuning_key)
         forced = _TUNED_CONFIGS.get(cache_key)
@@ -325,7 +328,7 @@ def _launch_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             (*buckets, head_dim, causal_mode, key_mask, dot, q.dtype, mask_arg.dtype, lengths_arg.dtype),
             (q, k, v, out, lse, mask_arg, lengths_arg,
              *q.stride(), *k.stride(), *v.stride(), *out.stride(), stride_mask_b, stride_mask_n,
-             heads, heads // kv_heads, seq_q, seq_k, scale * math.log2(math.e), *buckets),
+             heads, heads // kv_heads, seq_q, seq_k, scale * math.log2(math.e), batch * heads, *buckets),
             dict(HEAD_DIM=head_dim, BLOCK_D=block_d, CAUSAL=causal_mode, KEY_MASK=key_mask, DOT=dot,
                  FLAT_GRID=batch * heads > _GRID_AXIS1_LIMIT))
     return out, lse

@@ -1,6 +1,7 @@
 """Forward kernel of flashlite's attention: online softmax over key blocks, scores never leave the chip.
 
-One program computes a block of BLOCK_M query rows of one (batch, head): the query tile stays in registers
+One program computes a block of BLOCK_M query rows of one (batch, head) pair, or of BH_PER_PROGRAM pairs one after
+another (a tuning choice for short sequences, where one block is little work): the query tile stays in registers
 while key and value tiles of BLOCK_N rows stream through, with a running row maximum ``m``, running sum ``l``
 and unnormalised accumulator ``acc`` in float32. Scores are kept in base 2: ``qk_scale = scale * log2(e)`` is
 folded into the dot product so the softmax uses ``exp2``. The output is normalised once at the end, and the
@@ -189,17 +190,48 @@ def _attn_fwd(Q,  # [B, H, S_q, D], any strides
               stride_vb, stride_vh, stride_vn, stride_vd,
               stride_ob, stride_oh, stride_om, stride_od,
               stride_mask_b, stride_mask_n,
-              num_heads, group_size, seq_q, seq_k, qk_scale,
+              num_heads, group_size, seq_q, seq_k, qk_scale, batch_heads,
               SEQ_Q_BUCKET, SEQ_K_BUCKET,  # autotuning keys only
               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, KEY_MASK: tl.constexpr,
               DOT: tl.constexpr, FLAT_GRID: tl.constexpr,
-              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_M: tl.constexpr):
-    # Grid: axis 0 query blocks, axis 1 batch * heads; flattened into axis 0 when B*H exceeds axis 1's limit.
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_M: tl.constexpr, BH_PER_PROGRAM: tl.constexpr = 1):
+    # Grid: axis 0 query blocks, axis 1 groups of BH_PER_PROGRAM (batch, head) pairs; flattened into axis 0 when
+    # the groups exceed axis 1's limit. Several pairs per program give short sequences, whose programs are tiny,
+    # more work per launch slot; the autotuner decides where that pays.
     num_m_blocks = tl.cdiv(seq_q, BLOCK_M)
-    pid_m, pid_bh = _program_ids(num_m_blocks, FLAT_GRID)
+    pid_m, pid_group = _program_ids(num_m_blocks, FLAT_GRID)
     if CAUSAL != 0:
         # Later query blocks see more keys; launch them first so the short ones fill the tail.
         pid_m = num_m_blocks - 1 - pid_m
+    if BH_PER_PROGRAM == 1:
+        _attn_fwd_block(Q, K, V, Out, Lse, KeyMask, KeyLen,
+                        stride_qb, stride_qh, stride_qm, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
+                        stride_vb, stride_vh, stride_vn, stride_vd, stride_ob, stride_oh, stride_om, stride_od,
+                        stride_mask_b, stride_mask_n, num_heads, group_size, seq_q, seq_k, qk_scale,
+                        pid_m, pid_group, HEAD_DIM, BLOCK_D, CAUSAL, KEY_MASK, DOT, BLOCK_M, BLOCK_N, EVEN_M)
+    else:
+        for i in tl.static_range(BH_PER_PROGRAM):
+            pid_bh = pid_group * BH_PER_PROGRAM + i
+            if pid_bh < batch_heads:
+                _attn_fwd_block(Q, K, V, Out, Lse, KeyMask, KeyLen,
+                                stride_qb, stride_qh, stride_qm, stride_qd, stride_kb, stride_kh, stride_kn,
+                                stride_kd, stride_vb, stride_vh, stride_vn, stride_vd, stride_ob, stride_oh,
+                                stride_om, stride_od, stride_mask_b, stride_mask_n, num_heads, group_size, seq_q,
+                                seq_k, qk_scale, pid_m, pid_bh, HEAD_DIM, BLOCK_D, CAUSAL, KEY_MASK, DOT, BLOCK_M,
+                                BLOCK_N, EVEN_M)
+
+
+@triton.jit
+def _attn_fwd_block(Q, K, V, Out, Lse, KeyMask, KeyLen,  # as in _attn_fwd
+                    stride_qb, stride_qh, stride_qm, stride_qd,
+                    stride_kb, stride_kh, stride_kn, stride_kd,
+                    stride_vb, stride_vh, stride_vn, stride_vd,
+                    stride_ob, stride_oh, stride_om, stride_od,
+                    stride_mask_b, stride_mask_n,
+                    num_heads, group_size, seq_q, seq_k, qk_scale, pid_m, pid_bh,
+                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, KEY_MASK: tl.constexpr,
+                    DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_M: tl.constexpr):
+    """Query block ``pid_m`` of the (batch, head) pair ``pid_bh``: output rows and their log-sum-exp."""
     b = pid_bh // num_heads
     h = pid_bh % num_heads
     kv_h = h // group_size
@@ -259,20 +291,28 @@ def _attn_fwd(Q,  # [B, H, S_q, D], any strides
 FWD_GPU_BLOCKS = [
     (128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3), (128, 32, 4, 4), (64, 128, 4, 3),
     (64, 32, 4, 2),
+    # A fifth entry: (batch, head) pairs per program (BH_PER_PROGRAM), tried for short sequences only.
+    (128, 64, 4, 3, 2), (64, 64, 4, 3, 2), (128, 64, 4, 3, 4), (64, 64, 4, 3, 4),
 ]
+# Sequences (bucketed) up to this length also try several (batch, head) pairs per program.
+MULTI_PAIR_MAX_SEQ = 256
 # Under the interpreter autotuning would only cost time; one small config, with unequal blocks on purpose so that
 # CPU tests exercise the diagonal logic where BLOCK_M != BLOCK_N.
 FWD_INTERPRETER_BLOCKS = [(32, 16, 4, 1)]
 
 
-def make_configs(blocks: list[tuple[int, int, int, int]]) -> list[triton.Config]:
-    """Triton configs from (BLOCK_M, BLOCK_N, num_warps, num_stages) tuples.
+def make_configs(blocks: list[tuple[int, ...]]) -> list[triton.Config]:
+    """Triton configs from (BLOCK_M, BLOCK_N, num_warps, num_stages[, BH_PER_PROGRAM]) tuples.
 
     Example:
-        >>> make_configs([(32, 16, 4, 1)])[0].kwargs
-        {'BLOCK_M': 32, 'BLOCK_N': 16}
+        >>> make_configs([(32, 16, 4, 1)])[0].kwargs, make_configs([(64, 64, 4, 3, 2)])[0].kwargs
+        ({'BLOCK_M': 32, 'BLOCK_N': 16}, {'BLOCK_M': 64, 'BLOCK_N': 64, 'BH_PER_PROGRAM': 2})
     """
-    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s) for bm, bn, w, s in blocks]
+    configs = []
+    for bm, bn, warps, stages, *pairs in blocks:
+        meta = {"BLOCK_M": bm, "BLOCK_N": bn, **({"BH_PER_PROGRAM": pairs[0]} if pairs else {})}
+        configs.append(triton.Config(meta, num_warps=warps, num_stages=stages))
+    return configs
 
 
 def fwd_configs() -> list[triton.Config]:
@@ -313,6 +353,9 @@ def prune_by_resources(configs: list[triton.Config], named_args: dict, *, stream
 
 
 def prune_fwd_configs(configs, named_args, **kwargs):
+    # Several (batch, head) pairs per program only where a sequence gives each program little work.
+    short = named_args.get("SEQ_Q_BUCKET", MULTI_PAIR_MAX_SEQ + 1) <= MULTI_PAIR_MAX_SEQ
+    configs = [c for c in configs if short or c.kwargs.get("BH_PER_PROGRAM", 1) == 1]
     return prune_by_resources(configs, named_args, streamed=("BLOCK_N", "BLOCK_M"), resident="BLOCK_M", **kwargs)
 
 

@@ -131,10 +131,12 @@ def test_non_contiguous_inputs(shape, sdpa_reference):
     sdpa_reference.check(out, q, k, v, causal=shape.causal, policy=policy_of(shape.dtype))
 
 
-@pytest.mark.shape(dict(B=2, H=2, S=45, S_k=70, D=32), config=[(16, 32, 4, 1), (64, 64, 4, 1), (16, 16, 4, 1)],
+@pytest.mark.shape(dict(B=2, H=2, S=45, S_k=70, D=32),
+                   config=[(16, 32, 4, 1), (64, 64, 4, 1), (16, 16, 4, 1), (16, 16, 4, 1, 2), (32, 16, 4, 1, 3)],
                    causal=[True, "lower_right"], dtype=torch.float16)
 def test_block_configs(shape, sdpa_reference):
-    # Tile sizes the interpreter's default config does not use: BLOCK_N > BLOCK_M, one block over S, square.
+    # Tile sizes the interpreter's default config does not use: BLOCK_N > BLOCK_M, one block over S, square; and
+    # several (batch, head) pairs per program, 3 of them leaving the last program of the 4 pairs part empty.
     q, k, v = make_qkv(shape)
     mask = padding_mask(shape.B, shape.S_k, empty_batch=None)
     mode = attention_module.CAUSAL_MODES[shape.causal]
@@ -160,6 +162,10 @@ def test_flattened_grid(monkeypatch, sdpa_reference):
     shape = Shape(dict(B=2, H=2, S=40, D=16, dtype=torch.float16))
     q, k, v = make_qkv(shape)
     out = attention(q, k, v, causal=True, backend="triton")
+    sdpa_reference.check(out, q, k, v, causal=True)
+    # With 3 (batch, head) pairs per program the flat grid holds 2 groups per query block, the second part empty.
+    out, _ = attention_forward(q, k, v, None, None, attention_module.CAUSAL_TOP_LEFT, 0.25, "fp16",
+                               config=(16, 16, 4, 1, 3))
     sdpa_reference.check(out, q, k, v, causal=True)
 
 
@@ -213,13 +219,17 @@ def test_gpu_configs_are_pruned_to_fit(head_dim, dtype):
                           (attention_bwd.DKDV_GPU_BLOCKS, attention_bwd.prune_dkdv_configs),
                           (attention_bwd.DQ_GPU_BLOCKS, attention_bwd.prune_dq_configs)):
         configs = attention_fwd.make_configs(blocks)
-        kept = prune(configs, {"Q": q}, BLOCK_D=block_d)
+        # A short sequence: the forward's several-pairs-per-program configs are candidates too.
+        kept = prune(configs, {"Q": q, "SEQ_Q_BUCKET": 128}, BLOCK_D=block_d)
         assert kept and all(config in configs for config in kept)
         biggest = max(configs, key=lambda c: c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] * c.num_stages)
         if head_dim <= 64 and dtype == torch.float16:
             assert len(kept) == len(configs)  # nothing is lost at the common head dims
         if head_dim == 256 and dtype == torch.float32:
             assert biggest not in kept and len(kept) < len(configs)
+        # Longer sequences (and calls that do not say) keep one pair per program.
+        for named in ({"Q": q, "SEQ_Q_BUCKET": 4096}, {"Q": q}):
+            assert all(c.kwargs.get("BH_PER_PROGRAM", 1) == 1 for c in prune(configs, named, BLOCK_D=block_d))
 
 
 class _RecordingKernel:
@@ -302,7 +312,8 @@ def compile_for_sm90(fn, blocks):
     # Tensor-core (wgmma) dots and software-pipelined (cp.async) loads of the streamed tiles.
     print(fn.__name__, "warp_group_dot" in ttgir, "async_copy_global_to_local" in ttgir)
 
-compile_for_sm90(attention_fwd._attn_fwd, dict(BLOCK_M=128, BLOCK_N=64))
+compile_for_sm90(attention_fwd._attn_fwd, dict(BLOCK_M=128, BLOCK_N=64, BH_PER_PROGRAM=1))
+compile_for_sm90(attention_fwd._attn_fwd, dict(BLOCK_M=64, BLOCK_N=64, BH_PER_PROGRAM=2))
 compile_for_sm90(attention_bwd._attn_bwd_dkdv, dict(BLOCK_M=32, BLOCK_N=128))
 compile_for_sm90(attention_bwd._attn_bwd_dq, dict(BLOCK_M=128, BLOCK_N=32))
 '''
@@ -318,8 +329,8 @@ def test_kernels_compile_for_hopper_without_a_gpu():
     pytest.importorskip("triton.backends.nvidia")
     done = subprocess.run([sys.executable, "-c", _COMPILE_FOR_HOPPER], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split() == ["_attn_fwd", "True", "True", "_attn_bwd_dkdv", "True", "True",
-                                   "_attn_bwd_dq", "True", "True"]
+    assert done.stdout.split() == ["_attn_fwd", "True", "True", "_attn_fwd", "True", "True",
+                                   "_attn_bwd_dkdv", "True", "True", "_attn_bwd_dq", "True", "True"]
 
 
 def test_repeated_calls_replay_the_plan_and_never_a_stale_one():
