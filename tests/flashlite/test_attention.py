@@ -349,6 +349,14 @@ def test_repeated_calls_replay_the_plan_and_never_a_stale_one():
         assert not torch.allclose(full, first)
         shorter = attention(q[:, :, :20], k, v, causal=True, backend=backend)
         assert shorter.shape == (1, 2, 20, 16)
+    # Bottom-right causal on SDPA is not a plain SDPA call (SDPA's is_causal is top-left): its replay goes through
+    # flashlite's mask building, and matches the reference every time.
+    q_short = q[:, :, :10]
+    visible = torch.ones(10, 24, dtype=torch.bool, device=DEVICE).tril(24 - 10)
+    scores = (q_short.double() @ k.double().transpose(-2, -1) / 4.0).masked_fill(~visible, float("-inf"))
+    expected = torch.softmax(scores, -1) @ v.double()
+    for _ in range(2):
+        assert_close(attention(q_short, k, v, causal="lower_right", backend="sdpa"), expected, policy="fp32")
     with pytest.raises(TypeError, match="dtype"):
         attention(q, k.double(), v, causal=True)
 
