@@ -274,7 +274,13 @@ def _launch(autotuned, fixed, config: Optional[BlockConfig], gpu_blocks, prune, 
     with FLASHLITE_AUTOTUNE=0, the first of ``gpu_blocks`` that fits (one compile per shape class, no
     benchmarking)."""
     if config is not None:
+        if (not isinstance(config, tuple) or len(config) not in (4, 5)
+                or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in config)):
+            raise ValueError(f"config must be (BLOCK_M, BLOCK_N, num_warps, num_stages[, BH_PER_PROGRAM]) of positive "
+                             f"integers, got {config!r}")
         block_m, block_n, num_warps, num_stages, *pairs = config
+        if pairs and "BH_PER_PROGRAM" not in getattr(fixed, "arg_names", ("BH_PER_PROGRAM",)):
+            raise ValueError(f"config {config!r}: only the forward kernel takes a fifth entry (BH_PER_PROGRAM)")
         forced = {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": num_warps, "num_stages": num_stages,
                   **({"BH_PER_PROGRAM": pairs[0]} if pairs else {})}
     elif _runtime.interpreting() or os.environ.get("FLASHLITE_AUTOTUNE", "1") not in ("0", ""):

@@ -145,6 +145,13 @@ def test_block_configs(shape, sdpa_reference):
     assert lse.dtype == torch.float32 and lse.shape == q.shape[:3]
 
 
+@pytest.mark.parametrize("config", [(16, 16, 4), (16, 16, 4, 1, 2, 3), (16, 0, 4, 1), [16, 16, 4, 1], (16, 16.0, 4, 1)])
+def test_a_malformed_block_config_is_refused(config):
+    q, k, v = make_qkv(Shape(dict(B=1, H=2, S=8, D=16, dtype=torch.float32)))
+    with pytest.raises(ValueError, match=r"config must be \(BLOCK_M, BLOCK_N, num_warps, num_stages"):
+        attention_forward(q, k, v, None, None, 0, 0.25, "ieee", config=config)
+
+
 def test_log_sum_exp_is_base_2():
     q, k, v = make_qkv(Shape(dict(B=1, H=2, S=21, S_k=30, D=16, dtype=torch.float32)))
     scale = 0.3

@@ -140,6 +140,13 @@ def test_gradients_key_lengths(shape):
     assert torch.equal(dv[1], torch.zeros_like(dv[1]))
 
 
+def test_backward_refuses_a_pairs_per_program_config():
+    q, k, v, grad_out = inputs(1, 2, 16, 16, torch.float32)
+    out, lse = attention_forward(q, k, v, None, None, 0, 0.25, "ieee")
+    with pytest.raises(ValueError, match="only the forward kernel takes a fifth entry"):
+        attention_backward(grad_out, q, k, v, out, lse, None, None, 0, 0.25, "ieee", dq_config=(16, 16, 4, 1, 2))
+
+
 @pytest.mark.parametrize("dkdv_config, dq_config", [((32, 16, 4, 1), (16, 32, 4, 1)),
                                                     ((64, 64, 4, 1), (64, 64, 4, 1))])
 def test_backward_block_configs(dkdv_config, dq_config):
