@@ -49,8 +49,9 @@ def measure(fn, inputs_bytes: int) -> dict:
     return {"ms": ms, "peak_extra_bytes": int(peak), "inputs_bytes": inputs_bytes}
 
 
-def sweep(points, H: int, D: int, dtype, ceiling: float, rows: list[dict], save) -> None:
-    """Measure each (B, S) point; append one row per implementation to ``rows`` and call ``save`` after each."""
+def sweep(sweep_name: str, points, H: int, D: int, dtype, ceiling: float, rows: list[dict], save) -> None:
+    """Measure each (B, S) point of sweep ``sweep_name``; append one row per implementation to ``rows`` and call
+    ``save`` after each."""
     from flashlite.attention import attention
 
     for B, S in points:
@@ -64,14 +65,14 @@ def sweep(points, H: int, D: int, dtype, ceiling: float, rows: list[dict], save)
         # fp32 scores plus softmax output: keep the materialized reference to what fits comfortably.
         if B * H * S * S * 4 * 3 < 40e9:
             impls["materialized"] = lambda: materialized(q, k, v)
-        for name, fn in impls.items():
+        for impl, fn in impls.items():
             r = measure(fn, inputs)
-            r.update(impl=name, B=B, S=S, H=H, D=D, dtype=str(dtype).removeprefix("torch."),
+            r.update(sweep=sweep_name, impl=impl, B=B, S=S, H=H, D=D, dtype=str(dtype).removeprefix("torch."),
                      tflops=flops / (r["ms"] * 1e-3) / 1e12)
             r["pct_of_matmul_ceiling"] = 100 * r["tflops"] / ceiling
             rows.append(r)
             save()
-            print(f"{name:>12} B={B:<4} S={S:<6} {r['ms']:9.4f} ms {r['tflops']:7.1f} TFLOP/s "
+            print(f"{impl:>12} B={B:<4} S={S:<6} {r['ms']:9.4f} ms {r['tflops']:7.1f} TFLOP/s "
                   f"{r['pct_of_matmul_ceiling']:5.1f}% peak+{r['peak_extra_bytes'] / 2**20:9.1f} MiB", flush=True)
         del q, k, v
         torch.cuda.empty_cache()
@@ -126,15 +127,12 @@ def main() -> None:
            "python": platform.python_version(), "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
            "bf16_matmul_ceiling_tflops": ceiling, "tokens": args.tokens, "quick": args.quick}
     rows: list[dict] = []
-    current = {"sweep": "fixed_tokens"}
 
     def save() -> None:
-        rows[-1].update(current)
         (args.outdir / "scaling.json").write_text(json.dumps({"environment": env, "rows": rows}, indent=1))
 
-    sweep(fixed_tokens, H, D, dtype, ceiling, rows, save)
-    current["sweep"] = "fixed_S"
-    sweep([(B, 2048) for B in batches], H, D, dtype, ceiling, rows, save)
+    sweep("fixed_tokens", fixed_tokens, H, D, dtype, ceiling, rows, save)
+    sweep("fixed_S", [(B, 2048) for B in batches], H, D, dtype, ceiling, rows, save)
     plot(rows, args.outdir / "scaling.png")
     print(f"wrote {args.outdir / 'scaling.json'} and scaling.png")
 

@@ -145,6 +145,18 @@ def _layer_norm_bwd_kernel(
 
 
 @triton.jit
+def _biased_block(X,  # [M, N] matmul output without its bias, contiguous
+                  BIAS,  # [N]
+                  numel, N, BLOCK: tl.constexpr):
+    """This program's flat offsets, their in-bounds mask, and X + BIAS there in float32 (the GELU input)."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < numel
+    z = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
+    z += tl.load(BIAS + offs % N, mask=mask, other=0.0).to(tl.float32)
+    return offs, mask, z
+
+
+@triton.jit
 def _bias_gelu_fwd_kernel(
     X,  # [M, N] matmul output without its bias, contiguous
     BIAS,  # [N]
@@ -154,10 +166,7 @@ def _bias_gelu_fwd_kernel(
     BLOCK: tl.constexpr,
     EMULATE_RTNE: tl.constexpr,
 ):
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < numel
-    z = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
-    z += tl.load(BIAS + offs % N, mask=mask, other=0.0).to(tl.float32)
+    offs, mask, z = _biased_block(X, BIAS, numel, N, BLOCK)
     y = 0.5 * z * (1.0 + tl.math.erf(z * _INV_SQRT2))
     tl.store(Y + offs, _cast_for_store(y, Y.dtype.element_ty, EMULATE_RTNE), mask=mask)
 
@@ -173,10 +182,7 @@ def _bias_gelu_bwd_kernel(
     BLOCK: tl.constexpr,
     EMULATE_RTNE: tl.constexpr,
 ):
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < numel
-    z = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
-    z += tl.load(BIAS + offs % N, mask=mask, other=0.0).to(tl.float32)
+    offs, mask, z = _biased_block(X, BIAS, numel, N, BLOCK)
     dy = tl.load(DY + offs, mask=mask, other=0.0).to(tl.float32)
     cdf = 0.5 * (1.0 + tl.math.erf(z * _INV_SQRT2))
     pdf = tl.exp(-0.5 * z * z) * _INV_SQRT_2PI
