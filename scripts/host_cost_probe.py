@@ -1,0 +1,73 @@
+"""Host time of flashlite's launchers and of attention()'s dispatch, on the CPU, with the kernels stubbed out.
+
+Measures Python work only (argument handling, grid and block arithmetic, allocation), never kernel speed: every
+Triton kernel is replaced by a no-op before timing. Under the CPU interpreter the autotuned forward path would
+benchmark configs, so the stub reports a fixed best config and the timed calls reuse it, as tuned calls do on a GPU.
+Usage: python scripts/host_cost_probe.py   (prints best-of-5 timeit means in microseconds)
+"""
+from __future__ import annotations
+
+import importlib
+import platform
+import subprocess
+import timeit
+
+import torch
+import torch.nn.functional as F
+import triton
+
+attention_module = importlib.import_module("flashlite.attention")
+norm = importlib.import_module("flashlite.norm")
+attention_fwd = importlib.import_module("flashlite.kernels.attention_fwd")
+
+
+class _NoKernel:
+    """Stands in for a Triton kernel: calls the grid (as a launch would) and does nothing else."""
+
+    best_config = triton.Config({"BLOCK_M": 64, "BLOCK_N": 64}, num_warps=4, num_stages=2)
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            if callable(grid):
+                grid({"BLOCK_M": 64, **kwargs})
+        return launch
+
+
+def _us(stmt, env, number=5000) -> float:
+    return min(timeit.repeat(stmt, number=number, repeat=5, globals=env)) / number * 1e6
+
+
+def main() -> None:
+    sdpa_env = {"F": F, "attention": attention_module.attention}
+    q, k, v = (torch.randn(1, 2, 8, 16) for _ in range(3))
+    sdpa_env.update(q=q, k=k, v=v)
+    sdpa_us = _us("F.scaled_dot_product_attention(q, k, v, is_causal=True)", sdpa_env)
+    auto_us = _us("attention(q, k, v, causal=True)", sdpa_env)
+
+    attention_fwd.attn_fwd = attention_fwd.attn_fwd_fixed = _NoKernel()
+    for name in dir(norm):
+        if name.startswith("_") and name.endswith("_kernel"):
+            setattr(norm, name, _NoKernel())
+    q, k, v = (torch.randn(1, 16, 128, 64) for _ in range(3))
+    call = attention_module._validate(q, k, v, True, None, None, None, "triton", None)
+    args = (q, k, v, None, None, 1, call.scale, call.precision)
+    attention_module._launch_forward(*args)  # records the stub's config as the tuned one
+    x, w, b = torch.randn(1, 128, 1024), torch.randn(1024), torch.randn(1024)
+    env = {"A": attention_module, "N": norm, "args": args, "x": x, "w": w, "b": b, "torch": torch}
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        commit = "unknown"
+    print(f"commit {commit} | python {platform.python_version()} | torch {torch.__version__} | triton "
+          f"{triton.__version__} | {platform.processor() or platform.machine()} | CPU tensors, kernels stubbed")
+    print(f"SDPA call, B=1 H=2 S=8 D=16              {sdpa_us:7.2f} us")
+    print(f"attention(backend='auto') replaying SDPA  {auto_us:7.2f} us  (+{auto_us - sdpa_us:.2f} us)")
+    print(f"attention forward launcher, B=1 H=16 S=128 {_us('A._launch_forward(*args)', env):7.2f} us")
+    print(f"layer-norm forward launcher, 128 x 1024    "
+          f"{_us('N._launch_layer_norm_fwd(x, w, b, 1e-5, None, torch.bfloat16)', env):7.2f} us")
+    print(f"bias+GELU forward launcher, 128 x 1024     "
+          f"{_us('N._launch_bias_gelu_fwd(x, w, torch.bfloat16)', env):7.2f} us")
+
+
+if __name__ == "__main__":
+    main()
