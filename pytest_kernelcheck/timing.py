@@ -10,9 +10,9 @@ Timers:
 - :class:`CudaEventTimer`: CUDA events around each element, the whole sequence queued before one synchronisation,
   so the GPU runs the calls back to back. When a call's GPU work outlasts its launches the events measure device
   time; a host-bound call shows its launch gaps, more or fewer depending on the backlog the call before it left.
-  With ``hold_gpu`` a spin kernel holds the GPU while the host queues the whole sequence (the blocking-kernel
-  method of NVIDIA's nvbench), so every element runs from a full queue and its events measure device time alone;
-  the hold adapts to the host time of the sequence, and rounds the hold did not cover are counted. An optional L2
+  With ``hold_gpu`` a spin kernel holds the GPU while the host queues each element (the blocking-kernel method
+  of NVIDIA's nvbench), so every element runs from a full queue and its events measure device time alone; each
+  hold lasts a margin over that element's own last host time, and elements the hold did not cover are counted. An optional L2
   flush (a 256 MiB write, as ``triton.testing.do_bench`` does) runs before each element, outside its events.
 - :class:`SimulatedTimer`: draws durations from given models on a virtual clock; it lets tests check the
   statistics against known truths (A/A, known slowdowns, drift) quickly and reproducibly.
@@ -35,7 +35,8 @@ BATCH_THRESHOLD_S = 50e-6
 BATCH_TARGET_S = 200e-6
 MAX_CALLS_PER_SAMPLE = 1000
 L2_FLUSH_BYTES = 256 * 1024 * 1024
-# hold_gpu: the spin kernel lasts HOLD_MARGIN times the host time of the previous sequence, within these bounds.
+# hold_gpu: the spin kernel before an element lasts HOLD_MARGIN times that element's last host time (the time to
+# queue its calls), within these bounds.
 HOLD_MARGIN = 2.0
 HOLD_MIN_S = 200e-6
 HOLD_MAX_S = 0.5
@@ -113,8 +114,9 @@ class CpuTimer:
 class CudaEventTimer:
     """CUDA-event timer on one device; work must be queued on the current stream.
 
-    ``hold_gpu``: queue each sequence behind a spin kernel long enough for the host to queue all of it, so the
-    events time device work alone (see the module docstring).
+    ``hold_gpu``: queue each element behind a spin kernel long enough for the host to queue all of that element's
+    calls, so its events time device work alone (see the module docstring). The spin runs before the start event
+    and stays out of the measurement.
 
     >>> timer = CudaEventTimer("cuda:0", flush_l2=True, hold_gpu=True)  # doctest: +SKIP
     >>> timer.time_calls([lambda: a @ b], repeat=1)  # doctest: +SKIP
@@ -128,8 +130,10 @@ class CudaEventTimer:
         self._torch = torch
         self.name = "events-held" if hold_gpu else "events"
         self.hold_gpu = hold_gpu
-        self.hold_s = HOLD_MIN_S
         self.holds = self.short_holds = 0
+        # Host seconds to queue one call of each callable (keyed by identity; the callables of one comparison
+        # live as long as its timer): the next hold before that callable is sized from it.
+        self._host_s_per_call: dict[int, float] = {}
         self._spin_cycles_per_s = 0.0
         self.device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
         properties = torch.cuda.get_device_properties(self.device)
@@ -146,11 +150,11 @@ class CudaEventTimer:
         starts = [torch.cuda.Event(enable_timing=True) for _ in fns]
         ends = [torch.cuda.Event(enable_timing=True) for _ in fns]
         with torch.cuda.device(self.device):
-            hold_s = self._hold() if self.hold_gpu else 0.0
-            host_start = time.perf_counter()
             for index, fn in enumerate(fns):
                 if self._flush_buffer is not None:
                     self._flush_buffer.zero_()
+                hold_s = self._hold(fn, repeat) if self.hold_gpu else 0.0
+                host_start = time.perf_counter()
                 try:
                     starts[index].record()
                     for _ in range(repeat):
@@ -158,26 +162,34 @@ class CudaEventTimer:
                     ends[index].record()
                 except Exception as exc:
                     raise TimedCallError(index, exc) from exc
-            host_s = time.perf_counter() - host_start
+                if self.hold_gpu:
+                    self._account_hold(fn, repeat, hold_s, time.perf_counter() - host_start)
             # One synchronisation per sequence: the host queues ahead, so the device never waits between calls.
             torch.cuda.synchronize(self.device)
-        if self.hold_gpu:
-            self._adapt_hold(hold_s, host_s)
         return [start.elapsed_time(end) * 1e-3 for start, end in zip(starts, ends)]
 
-    def _hold(self) -> float:
-        """Queue the spin kernel for the current hold; returns the hold in seconds."""
+    def hold_for(self, fn: Callable[[], Any], repeat: int) -> float:
+        """Seconds of spin to queue before ``repeat`` calls of ``fn``: a margin over their last host time."""
+        per_call = self._host_s_per_call.get(id(fn))
+        if per_call is None:
+            # Not seen yet: as long as the slowest callable seen, so a new partner is not left uncovered.
+            per_call = max(self._host_s_per_call.values(), default=HOLD_MIN_S / HOLD_MARGIN)
+        return min(HOLD_MAX_S, max(HOLD_MIN_S, HOLD_MARGIN * per_call * repeat))
+
+    def _hold(self, fn: Callable[[], Any], repeat: int) -> float:
+        """Queue the spin kernel for ``fn``'s hold; returns the hold in seconds."""
         if not self._spin_cycles_per_s:
             self._spin_cycles_per_s = self._calibrate_spin()
-        self._torch.cuda._sleep(max(1, int(self.hold_s * self._spin_cycles_per_s)))
-        return self.hold_s
+        hold_s = self.hold_for(fn, repeat)
+        self._torch.cuda._sleep(max(1, int(hold_s * self._spin_cycles_per_s)))
+        return hold_s
 
-    def _adapt_hold(self, hold_s: float, host_s: float) -> None:
-        """Count a hold that ended before the host finished queueing; size the next one from this host time."""
+    def _account_hold(self, fn: Callable[[], Any], repeat: int, hold_s: float, host_s: float) -> None:
+        """Count a hold that ended before the host finished queueing; remember this host time for the next."""
         self.holds += 1
         if host_s > hold_s:
             self.short_holds += 1
-        self.hold_s = min(HOLD_MAX_S, max(HOLD_MIN_S, HOLD_MARGIN * host_s))
+        self._host_s_per_call[id(fn)] = host_s / repeat
 
     def _calibrate_spin(self) -> float:
         """Spin-kernel cycles per second on this device (the spin counts clock cycles, not time)."""

@@ -52,8 +52,14 @@ if [[ $stage == tests || $stage == all ]]; then
   # tuning each of their tiny shapes would cost minutes of compile and benchmark time. Kernel compiles dominate
   # the run (about 20 min serially), so it is spread over test_workers processes when xdist is available.
   # SIGINT at the limit makes pytest print what passed and failed so far.
+  # The timing engine's own tests assert on measured times, so they run afterwards, alone on the GPU: kernels of
+  # other workers would share the device with them.
+  timing_tests=tests/kernelcheck/test_timing.py
   FLASHLITE_AUTOTUNE=0 timeout -s INT -k 20 "${TESTS_LIMIT:-$(remote 540)}" python3 -m pytest tests/flashlite tests/kernelcheck \
-    -q --maxfail=20 --durations=15 -p no:cacheprovider "${test_workers[@]}" "$@" > "$R/gpu_tests.log" 2>&1
+    --deselect "$timing_tests" -q --maxfail=20 --durations=15 -p no:cacheprovider "${test_workers[@]}" "$@" \
+    > "$R/gpu_tests.log" 2>&1
+  timeout -s INT -k 20 "${TIMING_TESTS_LIMIT:-$(remote 120)}" python3 -m pytest "$timing_tests" -q -p no:cacheprovider \
+    "$@" > "$R/gpu_timing_tests.log" 2>&1
 fi
 if [[ $stage == ab || $stage == all ]]; then
   # SIGINT at the limit lets pytest write the report of what finished.
@@ -74,6 +80,7 @@ fi
 
 echo "===== summary ($stage) ====="
 [[ -f $R/gpu_tests.log ]] && { echo "--- gpu tests"; grep -E "^(FAILED|ERROR)|passed|failed" "$R/gpu_tests.log" | tail -25; }
+[[ -f $R/gpu_timing_tests.log ]] && { echo "--- timing tests (alone on the GPU)"; grep -E "^(FAILED|ERROR)|passed|failed" "$R/gpu_timing_tests.log" | tail -10; }
 [[ -f $R/ab.log ]] && { echo "--- A/B"; sed -n '/kernel A\/B comparisons/,$p' "$R/ab.log" | tail -60; }
 [[ -f $R/scaling.log ]] && { echo "--- scaling"; tail -30 "$R/scaling.log"; }
 [[ -f $R/dispatch.log ]] && { echo "--- dispatch table"; cat "$R/dispatch.log"; }

@@ -290,28 +290,44 @@ def _held_timer(fake: _FakeCuda) -> timing.CudaEventTimer:
     import types
     timer = timing.CudaEventTimer.__new__(timing.CudaEventTimer)
     timer._torch = types.SimpleNamespace(cuda=fake)
-    timer.name, timer.hold_gpu, timer.hold_s = "events-held", True, timing.HOLD_MIN_S
+    timer.name, timer.hold_gpu = "events-held", True
     timer.holds = timer.short_holds = 0
+    timer._host_s_per_call = {}
     timer._spin_cycles_per_s = 1e9  # as calibrated: a 1 GHz spin clock
     timer.device, timer._flush_buffer = "cuda:0", None
     return timer
 
 
-def test_hold_gpu_queues_the_spin_first_and_sizes_it_from_the_host_time():
-    fake = _FakeCuda(host_s_per_call=0.002)
-    timer = _held_timer(fake)
-    timer.time_calls([fake.call, fake.call], repeat=1)
-    # The spin kernel comes before every event and call of the sequence; one synchronisation at the end.
-    assert fake.log[0] == f"sleep {int(timing.HOLD_MIN_S * 1e9)}"
-    assert fake.log[1:] == ["event", "call", "event", "event", "call", "event", "sync"]
-    # The first hold (200 us) was shorter than the ~4 ms the host took: counted, and the next hold covers it.
-    assert (timer.holds, timer.short_holds) == (1, 1)
-    assert 2 * 0.004 <= timer.hold_s < 2 * 0.004 + 0.05
-    fake.log.clear()
-    next_hold_cycles = int(timer.hold_s * 1e9)
-    timer.time_calls([fake.call, fake.call], repeat=1)
-    assert fake.log[0] == f"sleep {next_hold_cycles}"
-    assert (timer.holds, timer.short_holds) == (2, 1)  # this one covered the host's ~4 ms
+def test_hold_gpu_queues_a_spin_before_each_element_sized_from_its_own_host_time():
+    slow = _FakeCuda(host_s_per_call=0.004)
+    timer = _held_timer(slow)
+    log = slow.log
+
+    def quick_call() -> None:
+        log.append("quick")
+
+    timer.time_calls([slow.call, quick_call], repeat=1)
+    # Each element: its spin first, then its events around its calls; one synchronisation at the end.
+    spins = [entry for entry in log if entry.startswith("sleep")]
+    assert [entry if not entry.startswith("sleep") else "sleep" for entry in log] == [
+        "sleep", "event", "call", "event", "sleep", "event", "quick", "event", "sync"]
+    # Nothing was known yet: the minimum hold (200 us), shorter than the ~4 ms the slow call took: counted.
+    assert spins[0] == f"sleep {int(timing.HOLD_MIN_S * 1e9)}"
+    assert (timer.holds, timer.short_holds) == (2, 1)
+    log.clear()
+    timer.time_calls([quick_call, slow.call], repeat=3)
+    spins = [int(entry.split()[1]) for entry in log if entry.startswith("sleep")]
+    # The quick call keeps the minimum hold; the slow one gets twice its last host time per call, times 3 calls.
+    assert spins[0] == int(timing.HOLD_MIN_S * 1e9)
+    assert 2 * 3 * 0.004 * 1e9 <= spins[1] < 2 * 3 * 0.006 * 1e9
+    assert (timer.holds, timer.short_holds) == (4, 1)  # both covered this time
+
+
+def test_hold_gpu_gives_an_unseen_callable_the_longest_known_hold():
+    timer = _held_timer(_FakeCuda(host_s_per_call=0.0))
+    timer._host_s_per_call = {1: 0.001, 2: 0.003}
+    assert timer.hold_for(lambda: None, repeat=2) == pytest.approx(2 * 0.003 * 2)
+    assert timer.hold_for(lambda: None, repeat=10_000) == timing.HOLD_MAX_S
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
