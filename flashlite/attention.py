@@ -299,6 +299,12 @@ def _tuning_bucket(seq_len: int) -> int:
     return min(seq_bucket(seq_len), _fwd.MAX_SEQ_BUCKET)
 
 
+def _tuning_buckets(seq_q: int, seq_k: int, batch_heads: int) -> tuple[int, int, int]:
+    """The autotuning key's size buckets: query length, key length, batch * heads."""
+    return (_tuning_bucket(seq_q), _tuning_bucket(seq_k),
+            min(next_power_of_2(batch_heads), _fwd.MAX_BATCH_HEADS_BUCKET))
+
+
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       key_padding_mask: Optional[torch.Tensor], key_lengths: Optional[torch.Tensor],
                       causal_mode: int, scale: float, precision: str,
@@ -327,7 +333,7 @@ def _launch_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     key_mask, mask_arg, lengths_arg, stride_mask_b, stride_mask_n = _key_mask_args(q, key_padding_mask,
                                                                                     key_lengths)
     block_d = _block_d(head_dim)
-    buckets = (_tuning_bucket(seq_q), _tuning_bucket(seq_k))
+    buckets = _tuning_buckets(seq_q, seq_k, batch * heads)
     dot = _dot_mode(precision)
     _launch(_fwd.attn_fwd, _fwd.attn_fwd_fixed, config, _fwd.FWD_GPU_BLOCKS, _fwd.prune_fwd_configs, q, block_d,
             _grid(seq_q, "BLOCK_M", batch * heads),
@@ -379,7 +385,7 @@ def _launch_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v
     key_mask, mask_arg, lengths_arg, stride_mask_b, stride_mask_n = _key_mask_args(q, key_padding_mask,
                                                                                     key_lengths)
     qk_scale = scale * math.log2(math.e)
-    buckets = (_tuning_bucket(seq_q), _tuning_bucket(seq_k))
+    buckets = _tuning_buckets(seq_q, seq_k, batch * heads)
     meta = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, CAUSAL=causal_mode, KEY_MASK=key_mask, DOT=dot)
 
     tuning_key = (*buckets, head_dim, causal_mode, key_mask, dot, q.dtype, mask_arg.dtype, lengths_arg.dtype,

@@ -107,7 +107,7 @@ def _attn_bwd_dkdv(Q,  # [B, H, S_q, D]
                    stride_dvb, stride_dvh, stride_dvn, stride_dvd,
                    stride_mask_b, stride_mask_n,
                    num_heads, num_kv_heads, group_size, seq_q, seq_k, qk_scale, sm_scale,
-                   SEQ_Q_BUCKET, SEQ_K_BUCKET,  # autotuning keys only
+                   SEQ_Q_BUCKET, SEQ_K_BUCKET, BATCH_HEADS_BUCKET,  # autotuning keys only
                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, KEY_MASK: tl.constexpr,
                    DOT: tl.constexpr, FLAT_GRID: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_M: tl.constexpr):
@@ -227,7 +227,7 @@ def _attn_bwd_dq(Q,  # [B, H, S_q, D]
                  stride_dqb, stride_dqh, stride_dqm, stride_dqd,
                  stride_mask_b, stride_mask_n,
                  num_heads, group_size, seq_q, seq_k, qk_scale, sm_scale,
-                 SEQ_Q_BUCKET, SEQ_K_BUCKET,  # autotuning keys only
+                 SEQ_Q_BUCKET, SEQ_K_BUCKET, BATCH_HEADS_BUCKET,  # autotuning keys only
                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, KEY_MASK: tl.constexpr,
                  DOT: tl.constexpr, FLAT_GRID: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_M: tl.constexpr):

@@ -22,8 +22,9 @@ Conventions shared with ``attention_bwd``:
   whose interpreted ``tl.dot`` is broken). Accumulation is always fp32.
 * Batch and head offsets are 64-bit (B*H*S*D passes 2**31 at B=32, S=100,000, H=16, D=64); offsets inside
   one (batch, head) are 32-bit, which the launcher checks.
-* ``SEQ_Q_BUCKET``/``SEQ_K_BUCKET`` are powers of two of the sequence lengths, passed only as autotuning keys:
-  the lengths themselves are runtime integers, so a new length reuses the compiled kernels of its bucket.
+* ``SEQ_Q_BUCKET``/``SEQ_K_BUCKET``/``BATCH_HEADS_BUCKET`` are powers of two of the sequence lengths and of
+  batch * heads, passed only as autotuning keys: the sizes themselves are runtime integers, so a new size reuses
+  the compiled kernels and tuned config of its bucket.
 """
 from __future__ import annotations
 
@@ -191,7 +192,7 @@ def _attn_fwd(Q,  # [B, H, S_q, D], any strides
               stride_ob, stride_oh, stride_om, stride_od,
               stride_mask_b, stride_mask_n,
               num_heads, group_size, seq_q, seq_k, qk_scale, batch_heads,
-              SEQ_Q_BUCKET, SEQ_K_BUCKET,  # autotuning keys only
+              SEQ_Q_BUCKET, SEQ_K_BUCKET, BATCH_HEADS_BUCKET,  # autotuning keys only
               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, KEY_MASK: tl.constexpr,
               DOT: tl.constexpr, FLAT_GRID: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_M: tl.constexpr, BH_PER_PROGRAM: tl.constexpr = 1):
@@ -362,7 +363,10 @@ def prune_fwd_configs(configs, named_args, **kwargs):
 # Sequence lengths enter the autotuning key as powers of two, capped here: past it the best tiles no longer change,
 # and the longest cases (S=100,000 takes over a second per call) reuse the tuning of a shorter one.
 MAX_SEQ_BUCKET = 16384
-AUTOTUNE_KEY = ["SEQ_Q_BUCKET", "SEQ_K_BUCKET", "HEAD_DIM", "CAUSAL", "KEY_MASK", "DOT"]
+# Batch * heads joins the key as a power of two (capped): it sets how many programs share the GPU, so a config tuned
+# at B=1 (a fraction of one wave) is not reused at B=16 (many waves) of the same sequence length.
+MAX_BATCH_HEADS_BUCKET = 4096
+AUTOTUNE_KEY = ["SEQ_Q_BUCKET", "SEQ_K_BUCKET", "BATCH_HEADS_BUCKET", "HEAD_DIM", "CAUSAL", "KEY_MASK", "DOT"]
 
 # The kernel with EVEN_M derived from the block size; launch it directly to force a config.
 attn_fwd_fixed = triton.heuristics({"EVEN_M": lambda a: a["seq_q"] % a["BLOCK_M"] == 0})(_attn_fwd)

@@ -207,14 +207,16 @@ def test_auto_backend_follows_explain_dispatch():
 
 
 def test_autotune_keys_are_bucketed():
-    # Sequence lengths reach the autotuner only as power-of-two buckets, and the kernels do not specialise on them.
+    # Sizes reach the autotuner only as power-of-two buckets, and the kernels do not specialise on them.
     for kernel in (attention_fwd.attn_fwd, attention_bwd.attn_bwd_dkdv, attention_bwd.attn_bwd_dq):
-        assert kernel.keys == ["SEQ_Q_BUCKET", "SEQ_K_BUCKET", "HEAD_DIM", "CAUSAL", "KEY_MASK", "DOT"]
+        assert kernel.keys == ["SEQ_Q_BUCKET", "SEQ_K_BUCKET", "BATCH_HEADS_BUCKET", "HEAD_DIM", "CAUSAL",
+                               "KEY_MASK", "DOT"]
         python_fn = kernel.fn.fn.fn  # autotuner -> heuristics -> jit (or interpreted) function -> Python function
         constexprs = {name for name, p in inspect.signature(python_fn).parameters.items()
                       if "constexpr" in str(p.annotation)}
         assert {"HEAD_DIM", "BLOCK_M", "BLOCK_N", "CAUSAL"} <= constexprs
-        assert not {"seq_q", "seq_k", "SEQ_Q_BUCKET", "SEQ_K_BUCKET"} & constexprs
+        assert not {"seq_q", "seq_k", "batch_heads", "SEQ_Q_BUCKET", "SEQ_K_BUCKET",
+                    "BATCH_HEADS_BUCKET"} & constexprs
 
 
 @pytest.mark.parametrize("head_dim, dtype", [(64, torch.float16), (128, torch.bfloat16), (256, torch.float16),
@@ -397,3 +399,14 @@ def test_attn_mask_bad_input_is_named():
         attention(q, k, v, attn_mask=torch.zeros(8, 8, dtype=torch.int64, device=DEVICE))
     with pytest.raises(TypeError, match="must be a tensor"):
         attention(q, k, v, attn_mask=[[1.0]])
+
+
+def test_tuning_buckets_separate_batch_sizes_of_one_sequence_length():
+    from flashlite.attention import _tuning_buckets
+    # Case 2 (B=1) and case 7 (B=16) share S=1024 but not a tuned config.
+    assert _tuning_buckets(1024, 1024, 1 * 16) == (1024, 1024, 16)
+    assert _tuning_buckets(1024, 1024, 16 * 16) == (1024, 1024, 256)
+    assert _tuning_buckets(1000, 77, 3 * 5) == (1024, 128, 16)
+    # Past the caps the best tiles stop changing: case 14 reuses the 16,384 bucket, huge batches the 4,096 one.
+    assert _tuning_buckets(100_000, 100_000, 32 * 16) == (16384, 16384, 512)
+    assert _tuning_buckets(64, 64, 256 * 16 * 4) == (64, 64, 4096)
