@@ -29,7 +29,7 @@ from typing import Callable, Optional, Union
 import torch
 import torch.nn.functional as F
 
-from flashlite import _runtime
+from flashlite import _direct_launch, _runtime
 from flashlite._intmath import cdiv, next_power_of_2
 from flashlite.dispatch import Decision, choose_backend, seq_bucket
 
@@ -269,10 +269,12 @@ _TUNED_CONFIGS: dict[tuple, dict] = {}
 
 
 def _launch(autotuned, fixed, config: Optional[BlockConfig], gpu_blocks, prune, q: torch.Tensor, block_d: int,
-            grid, tuning_key: tuple, args: tuple, meta: dict) -> None:
+            grid, tuning_key: tuple, args: tuple, meta: dict,
+            record_tensors: int = 0) -> Optional[_direct_launch.RecordedLaunch]:
     """Launch with a given ``config``; else the config tuned for ``tuning_key`` (tuning it on first use); else,
     with FLASHLITE_AUTOTUNE=0, the first of ``gpu_blocks`` that fits (one compile per shape class, no
-    benchmarking)."""
+    benchmarking). With ``record_tensors`` > 0, a launch of a known config is recorded for replay with new values
+    of its first ``record_tensors`` arguments (``flashlite._direct_launch``); returns the recording or None."""
     if config is not None:
         if (not isinstance(config, tuple) or len(config) not in (4, 5)
                 or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in config)):
@@ -289,10 +291,13 @@ def _launch(autotuned, fixed, config: Optional[BlockConfig], gpu_blocks, prune, 
         if forced is None:
             autotuned[grid](*args, **meta)
             _TUNED_CONFIGS[cache_key] = _config_kwargs(autotuned.best_config)
-            return
+            return None
     else:
         forced = _config_kwargs(prune(_fwd.make_configs(gpu_blocks), {"Q": q}, BLOCK_D=block_d)[0])
+    if record_tensors and not _runtime.interpreting():
+        return _direct_launch.record(fixed, grid, args, {**meta, **forced}, record_tensors)
     fixed[grid](*args, **meta, **forced)
+    return None
 
 
 def _tuning_bucket(seq_len: int) -> int:
@@ -326,6 +331,20 @@ def _launch_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     key_padding_mask: Optional[torch.Tensor], key_lengths: Optional[torch.Tensor],
                     causal_mode: int, scale: float, precision: str,
                     config: Optional[BlockConfig] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    out, lse, _ = _launch_forward_recorded(q, k, v, key_padding_mask, key_lengths, causal_mode, scale, precision,
+                                           config)
+    return out, lse
+
+
+# The forward kernel's leading tensor parameters, in order: Q, K, V, Out, Lse, KeyMask, KeyLen.
+_FWD_TENSOR_ARGS = 7
+
+
+def _launch_forward_recorded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                             key_padding_mask: Optional[torch.Tensor], key_lengths: Optional[torch.Tensor],
+                             causal_mode: int, scale: float, precision: str,
+                             config: Optional[BlockConfig] = None, record: bool = False
+                             ) -> tuple[torch.Tensor, torch.Tensor, Optional[_direct_launch.RecordedLaunch]]:
     batch, heads, seq_q, head_dim = q.shape
     kv_heads, seq_k = k.shape[1], k.shape[2]
     out = torch.empty((batch, heads, seq_q, head_dim), dtype=q.dtype, device=q.device)
@@ -335,15 +354,17 @@ def _launch_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     block_d = _block_d(head_dim)
     buckets = _tuning_buckets(seq_q, seq_k, batch * heads)
     dot = _dot_mode(precision)
-    _launch(_fwd.attn_fwd, _fwd.attn_fwd_fixed, config, _fwd.FWD_GPU_BLOCKS, _fwd.prune_fwd_configs, q, block_d,
-            _grid(seq_q, "BLOCK_M", batch * heads),
-            (*buckets, head_dim, causal_mode, key_mask, dot, q.dtype, mask_arg.dtype, lengths_arg.dtype),
-            (q, k, v, out, lse, mask_arg, lengths_arg,
-             *q.stride(), *k.stride(), *v.stride(), *out.stride(), stride_mask_b, stride_mask_n,
-             heads, heads // kv_heads, seq_q, seq_k, scale * math.log2(math.e), batch * heads, *buckets),
-            dict(HEAD_DIM=head_dim, BLOCK_D=block_d, CAUSAL=causal_mode, KEY_MASK=key_mask, DOT=dot,
-                 FLAT_GRID=batch * heads > _GRID_AXIS1_LIMIT))
-    return out, lse
+    recorded = _launch(_fwd.attn_fwd, _fwd.attn_fwd_fixed, config, _fwd.FWD_GPU_BLOCKS, _fwd.prune_fwd_configs, q,
+                       block_d, _grid(seq_q, "BLOCK_M", batch * heads),
+                       (*buckets, head_dim, causal_mode, key_mask, dot, q.dtype, mask_arg.dtype, lengths_arg.dtype),
+                       (q, k, v, out, lse, mask_arg, lengths_arg,
+                        *q.stride(), *k.stride(), *v.stride(), *out.stride(), stride_mask_b, stride_mask_n,
+                        heads, heads // kv_heads, seq_q, seq_k, scale * math.log2(math.e), batch * heads,
+                        *buckets),
+                       dict(HEAD_DIM=head_dim, BLOCK_D=block_d, CAUSAL=causal_mode, KEY_MASK=key_mask, DOT=dot,
+                            FLAT_GRID=batch * heads > _GRID_AXIS1_LIMIT),
+                       record_tensors=_FWD_TENSOR_ARGS if record else 0)
+    return out, lse, recorded
 
 
 def attention_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -491,6 +512,39 @@ def _triton_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: _
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return _EagerTritonAttention.apply(*args)[0]
     return _launch_forward(*args)[0]
+
+
+class _TritonPlan:
+    """A replayed Triton-backend call (no masks; fixed shapes, strides, dtypes, devices and arguments).
+
+    Inference calls replay the forward launch recorded on the plan's first inference replay straight into the
+    compiled kernel (``flashlite._direct_launch``), skipping Triton's per-call argument binding; calls that need
+    gradients, compiled code, and calls the recording cannot take (unaligned tensors) launch the ordinary way."""
+
+    __slots__ = ("call", "recorded", "tried")
+
+    def __init__(self, call: _Call) -> None:
+        self.call = call
+        self.recorded: Optional[_direct_launch.RecordedLaunch] = None
+        self.tried = False
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        call = self.call
+        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+            return _triton_attention(q, k, v, call)
+        recorded = self.recorded
+        if recorded is not None:
+            batch, heads, seq_q, head_dim = q.shape
+            out = torch.empty((batch, heads, seq_q, head_dim), dtype=q.dtype, device=q.device)
+            lse = torch.empty((batch, heads, seq_q), dtype=torch.float32, device=q.device)
+            if recorded.launch(q, k, v, out, lse, q, q):  # no masks: the mask slots hold q, as when recorded
+                return out
+        if self.tried or not q.is_cuda:
+            return _launch_forward(q, k, v, None, None, call.causal_mode, call.scale, call.precision)[0]
+        self.tried = True
+        out, _, self.recorded = _launch_forward_recorded(q, k, v, None, None, call.causal_mode, call.scale,
+                                                         call.precision, record=True)
+        return out
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -652,7 +706,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: Unio
                 sdpa_kwargs["enable_gqa"] = True
             _PLANS[plan_key] = functools.partial(F.scaled_dot_product_attention, **sdpa_kwargs)
         elif decision.backend == "triton":
-            _PLANS[plan_key] = functools.partial(_triton_attention, call=call)
+            _PLANS[plan_key] = _TritonPlan(call)
         else:
             _PLANS[plan_key] = functools.partial(_sdpa_attention, call=call)
     if decision.backend == "triton":

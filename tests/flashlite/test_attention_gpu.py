@@ -88,6 +88,33 @@ def test_forward_several_pairs_per_program(shape, sdpa_reference):
     sdpa_reference.check(out, q, k, v, causal=shape.causal, policy=policy_of(shape.dtype))
 
 
+@pytest.mark.shape(dict(B=2, H=8, S=200, D=64), dict(B=3, H=4, S=77, D=128), dtype=[torch.bfloat16, torch.float16],
+                   causal=[True, False])
+def test_replayed_plan_launches_the_compiled_kernel_directly(shape, sdpa_reference, monkeypatch):
+    monkeypatch.setattr(attention_module, "_PLANS", {})
+    q, k, v = cuda_qkv(shape.B, shape.H, shape.S, shape.D, shape.dtype)
+    with torch.no_grad():
+        planned = attention(q, k, v, causal=shape.causal, backend="triton")  # validates, decides, plans
+        attention(q, k, v, causal=shape.causal, backend="triton")  # first replay: ordinary launch, recorded
+        (plan,) = attention_module._PLANS.values()
+        assert plan.recorded is not None
+        direct = []
+        launch = plan.recorded.launch
+        plan.recorded.launch = lambda *tensors: direct.append(launch(*tensors)) or direct[-1]
+        assert torch.equal(attention(q, k, v, causal=shape.causal, backend="triton"), planned)
+        # Fresh tensors of the same signature go through the recorded launch too.
+        q2, k2, v2 = cuda_qkv(shape.B, shape.H, shape.S, shape.D, shape.dtype, seed=1)
+        replayed = attention(q2, k2, v2, causal=shape.causal, backend="triton")
+        assert direct == [True, True]
+        sdpa_reference.check(replayed, q2, k2, v2, causal=shape.causal)
+        # Same shape and strides, but q 2 bytes past 16-byte alignment: refused, launched the ordinary way.
+        storage = torch.empty(q2.numel() + 1, dtype=q2.dtype, device=q2.device)
+        q_unaligned = storage[1:].view(q2.shape).copy_(q2)
+        again = attention(q_unaligned, k2, v2, causal=shape.causal, backend="triton")
+        assert direct == [True, True, False]
+        assert torch.equal(again, replayed)
+
+
 @pytest.mark.memory(estimate=forward_bytes)
 @pytest.mark.shape(dict(B=2, H=16, S=1000, D=80), dict(B=2, H=8, S=777, D=96), dict(B=1, H=4, S=513, D=256),
                    dict(B=2, H=8, S=300, D=24), dtype=[torch.bfloat16, torch.float32], causal=[True])

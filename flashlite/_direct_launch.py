@@ -1,0 +1,122 @@
+"""Relaunch a compiled Triton kernel without Triton's per-call argument binding.
+
+``kernel[grid](...)`` binds and specializes every argument, formats the compile options into a cache key and looks
+the kernel up on every call: tens of microseconds of host time, longer than a small attention kernel runs on the
+GPU. A caller that launches one kernel again and again with the same non-tensor arguments (a replayed plan of
+``flashlite.attention``: fixed shapes, strides, dtypes and scalars) can keep the compiled kernel and its argument
+list from one ordinary launch and pass only new tensors after that.
+
+What a replay must match: Triton specializes pointer arguments on 16-byte alignment, so the recorded launch must
+have had every tensor aligned and a replay refuses tensors that are not (the caller then launches normally); the
+compiled function belongs to the device it was loaded on, so a replay on another current device is refused too.
+Recording relies on ``CompiledKernel.run`` (Triton 3.x); where recording fails the caller keeps launching normally.
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+
+_ALIGNMENT = 16
+
+
+def _jit_function(kernel: Any) -> Any:
+    """The JITFunction under ``triton.heuristics`` / ``triton.autotune`` wrappers."""
+    while hasattr(getattr(kernel, "fn", None), "arg_names"):
+        kernel = kernel.fn
+    return kernel
+
+
+def _bound_values(kernel: Any, args: Sequence[Any], kwargs: dict) -> list[Any]:
+    """Every parameter's value in signature order, as Triton's launcher receives them: positional arguments,
+    keywords, values from ``triton.heuristics`` wrappers (applied as their ``run`` applies them), defaults."""
+    kwargs = dict(kwargs)
+    wrapper = kernel
+    while hasattr(wrapper, "values") and hasattr(wrapper, "fn"):
+        for name, heuristic in wrapper.values.items():
+            kwargs[name] = heuristic({**dict(zip(wrapper.arg_names, args)), **kwargs})
+        wrapper = wrapper.fn
+    jit = _jit_function(kernel)
+    named = dict(zip(jit.arg_names, args))
+    named.update((name, value) for name, value in kwargs.items() if name in jit.arg_names)
+    parameters = inspect.signature(jit.fn).parameters
+    values = []
+    for name in jit.arg_names:
+        if name in named:
+            values.append(named[name])
+        elif parameters[name].default is not inspect.Parameter.empty:
+            values.append(parameters[name].default)
+        else:
+            raise TypeError(f"no value for kernel parameter {name}")
+    return values
+
+
+class RecordedLaunch:
+    """One ordinary launch, kept for replay with new leading tensor arguments.
+
+    Example (on a GPU; the first ``n_tensors`` parameters of the kernel are the tensors that change):
+        >>> recorded = record(kernel, grid, args, kwargs, n_tensors=2)  # doctest: +SKIP
+        >>> recorded.launch(x, out)  # False: not replayable here, launch normally  # doctest: +SKIP
+        True
+    """
+
+    def __init__(self, compiled: Any, grid: tuple[int, int, int], values: list[Any], n_tensors: int,
+                 device_index: int, driver: Any = None, hooks: Any = None) -> None:
+        self._compiled = compiled
+        self._grid = grid
+        self._rest = tuple(values[n_tensors:])
+        self._n_tensors = n_tensors
+        self._device_index = device_index
+        if driver is None or hooks is None:
+            from triton import knobs
+            from triton.runtime.driver import driver as triton_driver
+
+            driver, hooks = triton_driver.active, knobs.runtime
+        self._driver = driver  # current device and stream, as Triton's own launch reads them
+        self._hooks = hooks  # launch_enter_hook / launch_exit_hook, read at each launch
+
+    def launch(self, *tensors: torch.Tensor) -> bool:
+        """Launch with these tensors in place of the recorded ones; False (nothing launched) when the tensors'
+        alignment, the current device or an installed launch hook rules a replay out."""
+        if len(tensors) != self._n_tensors:
+            raise TypeError(f"expected {self._n_tensors} tensors, got {len(tensors)}")
+        for tensor in tensors:
+            if tensor.data_ptr() % _ALIGNMENT:
+                return False
+        if self._hooks.launch_enter_hook is not None or self._hooks.launch_exit_hook is not None:
+            return False  # profilers hook launches; the ordinary path calls them
+        driver = self._driver
+        device = driver.get_current_device()
+        if device != self._device_index:
+            return False
+        compiled = self._compiled
+        compiled.run(*self._grid, driver.get_current_stream(device), compiled.function, compiled.packed_metadata,
+                     None, None, None, *tensors, *self._rest)
+        return True
+
+
+def record(kernel: Any, grid: Callable[[dict], tuple] | tuple, args: Sequence[Any], kwargs: dict,
+           n_tensors: int) -> Optional[RecordedLaunch]:
+    """Launch ``kernel[grid](*args, **kwargs)`` once; return a replay of it, or None where replay cannot apply.
+
+    ``n_tensors``: the leading arguments that replays replace; each must be a CUDA tensor with a 16-byte aligned
+    address in this launch (the compiled kernel assumes it). The launch itself always happens.
+    """
+    compiled = kernel[grid](*args, **kwargs)
+    tensors = args[:n_tensors]
+    if (compiled is None or not hasattr(compiled, "run") or not hasattr(compiled, "function")
+            or not all(isinstance(t, torch.Tensor) and t.is_cuda and t.data_ptr() % _ALIGNMENT == 0
+                       for t in tensors)):
+        return None
+    try:
+        values = _bound_values(kernel, args, kwargs)
+        jit = _jit_function(kernel)
+        if callable(grid):
+            grid = grid(dict(zip(jit.arg_names, values)))
+        grid = tuple(grid) + (1,) * (3 - len(grid))
+        from triton.runtime.driver import driver
+
+        return RecordedLaunch(compiled, grid, values, n_tensors, driver.active.get_current_device())
+    except Exception:  # a Triton version whose internals differ: keep launching the ordinary way
+        return None
