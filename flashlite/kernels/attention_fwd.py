@@ -292,6 +292,8 @@ def _attn_fwd_block(Q, K, V, Out, Lse, KeyMask, KeyLen,  # as in _attn_fwd
 FWD_GPU_BLOCKS = [
     (128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3), (128, 32, 4, 4), (64, 128, 4, 3),
     (64, 32, 4, 2),
+    # Two stages leave room for 128-row key tiles at D=128 (three stages of them do not fit shared memory).
+    (128, 128, 8, 2), (128, 64, 8, 2),
     # A fifth entry: (batch, head) pairs per program (BH_PER_PROGRAM), tried for short sequences only.
     (128, 64, 4, 3, 2), (64, 64, 4, 3, 2), (128, 64, 4, 3, 4), (64, 64, 4, 3, 4),
 ]
