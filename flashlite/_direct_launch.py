@@ -52,6 +52,15 @@ def _bound_values(kernel: Any, args: Sequence[Any], kwargs: dict) -> list[Any]:
     return values
 
 
+def _hook_installed(hook: Any) -> bool:
+    """Whether a launch hook would do anything: Triton 3.6 keeps a chain of hooks (empty by default) where older
+    versions keep None or one callable."""
+    if hook is None:
+        return False
+    calls = getattr(hook, "calls", None)
+    return calls is None or len(calls) > 0
+
+
 class RecordedLaunch:
     """One ordinary launch, kept for replay with new leading tensor arguments.
 
@@ -84,7 +93,7 @@ class RecordedLaunch:
         for tensor in tensors:
             if tensor.data_ptr() % _ALIGNMENT:
                 return False
-        if self._hooks.launch_enter_hook is not None or self._hooks.launch_exit_hook is not None:
+        if _hook_installed(self._hooks.launch_enter_hook) or _hook_installed(self._hooks.launch_exit_hook):
             return False  # profilers hook launches; the ordinary path calls them
         driver = self._driver
         device = driver.get_current_device()

@@ -71,6 +71,11 @@ def test_a_replay_passes_new_tensors_then_the_recorded_arguments():
     recorded, compiled = _recorded()
     a, b = _AlignedTensor(4096), _AlignedTensor(8192)
     assert recorded.launch(a, b)
+    # Triton's own default: chains of launch hooks with nothing in them, which a replay may skip.
+    from triton import knobs
+    recorded, compiled = _recorded(hooks=knobs.runtime)
+    a, b = _AlignedTensor(4096), _AlignedTensor(8192)
+    assert recorded.launch(a, b)
     assert compiled.launches == [(3, 2, 1, "stream0", "function", "metadata", None, None, None, a, b, 7, "C")]
 
 
@@ -81,6 +86,10 @@ def test_a_replay_is_refused_for_unaligned_tensors_another_device_or_a_launch_ho
     assert not recorded.launch(_AlignedTensor(4096), _AlignedTensor(8192))
     hooks = types.SimpleNamespace(launch_enter_hook=print, launch_exit_hook=None)
     recorded, compiled = _recorded(hooks=hooks)
+    assert not recorded.launch(_AlignedTensor(4096), _AlignedTensor(8192))
+    chain_with_a_hook = types.SimpleNamespace(calls=[print])
+    recorded, compiled = _recorded(hooks=types.SimpleNamespace(launch_enter_hook=types.SimpleNamespace(calls=[]),
+                                                               launch_exit_hook=chain_with_a_hook))
     assert not recorded.launch(_AlignedTensor(4096), _AlignedTensor(8192))
     assert compiled.launches == []
     with pytest.raises(TypeError, match="expected 2 tensors"):

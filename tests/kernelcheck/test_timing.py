@@ -343,7 +343,9 @@ def test_hold_gpu_times_a_host_bound_call_by_its_device_work_whatever_it_is_pair
     a = torch.randn(4096, 4096, device="cuda")
     heavy = lambda: a @ a  # noqa: E731  (milliseconds of device work, little host work)
     light = lambda: x.add(1.0)  # noqa: E731
-    held = Budget(max_time=0.5, min_pairs=20, max_pairs=40, hold_gpu=True, check_output=False)
+    # One call per sample for both pairings, so the partner changes and nothing else (batching is the fake-CUDA
+    # tests' business).
+    held = Budget(max_time=0.5, min_pairs=20, max_pairs=40, hold_gpu=True, check_output=False, calls_per_sample=1)
     with_heavy = run_comparison(host_bound, heavy, held)
     with_light = run_comparison(host_bound, light, held)
     assert with_heavy.method.startswith("events-held") and with_light.method.startswith("events-held")
