@@ -129,3 +129,51 @@ def record(kernel: Any, grid: Callable[[dict], tuple] | tuple, args: Sequence[An
         return RecordedLaunch(compiled, grid, values, n_tensors, driver.active.get_current_device())
     except Exception:  # a Triton version whose internals differ: keep launching the ordinary way
         return None
+
+
+_MISSING = object()
+
+
+class LaunchCache:
+    """Recorded launches of any kernel, keyed by everything its compile and launch depend on.
+
+    The key holds the kernel, the device of the tensors, their dtypes, every non-tensor argument by value, the
+    keyword arguments (constexprs, num_warps, num_stages) and the grid, so two launches with one key differ only in
+    their tensors' addresses; launches with an unaligned tensor are never recorded or replayed. The caller passes
+    the grid as a hashable value: a tuple, or a callable that compares equal only to a callable giving the same
+    grids for the same arguments.
+
+    Example (on a GPU):
+        >>> cache = LaunchCache()
+        >>> cache.launch(kernel, (64, 16), (x, y, n), {"BLOCK": 128}, n_tensors=2)  # doctest: +SKIP
+    """
+
+    def __init__(self, max_entries: int = 4096) -> None:
+        self.max_entries = max_entries
+        self._entries: dict[tuple, Optional[RecordedLaunch]] = {}
+        self.replays = 0  # launches that went straight to a compiled kernel (for tests and diagnostics)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def launch(self, kernel: Any, grid: Any, args: Sequence[Any], kwargs: dict, n_tensors: int) -> None:
+        """Launch ``kernel[grid](*args, **kwargs)``: replayed when this key was recorded, else the ordinary way
+        (recording it when there is room). The first ``n_tensors`` arguments must be tensors, the rest not."""
+        tensors = args[:n_tensors]
+        for tensor in tensors:
+            if tensor.data_ptr() % _ALIGNMENT:
+                kernel[grid](*args, **kwargs)
+                return
+        key = (id(kernel), tensors[0].get_device(), tuple(t.dtype for t in tensors), tuple(args[n_tensors:]),
+               tuple(kwargs.items()), grid)
+        recorded = self._entries.get(key, _MISSING)
+        if recorded is _MISSING:
+            if len(self._entries) >= self.max_entries:
+                kernel[grid](*args, **kwargs)
+            else:
+                self._entries[key] = record(kernel, grid, args, kwargs, n_tensors)
+            return
+        if recorded is not None and recorded.launch(*tensors):
+            self.replays += 1
+            return
+        kernel[grid](*args, **kwargs)

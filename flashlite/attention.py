@@ -246,12 +246,21 @@ def _check_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding
         raise ValueError(f"the Triton kernel cannot run this call: {reason}")
 
 
-def _grid(seq: int, block_key: str, batch_heads: int):
+@dataclass(frozen=True)
+class _Grid:
     """Grid: sequence blocks on axis 0 (no practical limit), groups of BH_PER_PROGRAM (batch, head) pairs (one
-    pair unless the config says more) on axis 1, flattened into axis 0 if batch * heads passes axis 1's limit."""
-    if batch_heads > _GRID_AXIS1_LIMIT:
-        return lambda meta: (cdiv(seq, meta[block_key]) * cdiv(batch_heads, meta.get("BH_PER_PROGRAM", 1)),)
-    return lambda meta: (cdiv(seq, meta[block_key]), cdiv(batch_heads, meta.get("BH_PER_PROGRAM", 1)))
+    pair unless the config says more) on axis 1, flattened into axis 0 if batch * heads passes axis 1's limit.
+    A frozen dataclass rather than a closure so that it can key a launch cache: equal grids, equal fields."""
+
+    seq: int
+    block_key: str
+    batch_heads: int
+
+    def __call__(self, meta: dict) -> tuple[int, ...]:
+        pair_groups = cdiv(self.batch_heads, meta.get("BH_PER_PROGRAM", 1))
+        if self.batch_heads > _GRID_AXIS1_LIMIT:
+            return (cdiv(self.seq, meta[self.block_key]) * pair_groups,)
+        return (cdiv(self.seq, meta[self.block_key]), pair_groups)
 
 
 def _block_d(head_dim: int) -> int:
@@ -268,13 +277,20 @@ def _config_kwargs(config: "triton.Config") -> dict:
 _TUNED_CONFIGS: dict[tuple, dict] = {}
 
 
+# FLASHLITE_LAUNCH_CACHE=1: every launch of a known config goes through a cache of recorded launches
+# (flashlite._direct_launch.LaunchCache), the backward kernels and autograd calls included. Off by default until
+# the GPU suite has run with it; replayed inference plans record their forward launch either way.
+_USE_LAUNCH_CACHE = os.environ.get("FLASHLITE_LAUNCH_CACHE", "0") not in ("", "0")
+_LAUNCHES = _direct_launch.LaunchCache()
+
+
 def _launch(autotuned, fixed, config: Optional[BlockConfig], gpu_blocks, prune, q: torch.Tensor, block_d: int,
-            grid, tuning_key: tuple, args: tuple, meta: dict,
-            record_tensors: int = 0) -> Optional[_direct_launch.RecordedLaunch]:
+            grid, tuning_key: tuple, args: tuple, meta: dict, n_tensors: int,
+            record: bool = False) -> Optional[_direct_launch.RecordedLaunch]:
     """Launch with a given ``config``; else the config tuned for ``tuning_key`` (tuning it on first use); else,
     with FLASHLITE_AUTOTUNE=0, the first of ``gpu_blocks`` that fits (one compile per shape class, no
-    benchmarking). With ``record_tensors`` > 0, a launch of a known config is recorded for replay with new values
-    of its first ``record_tensors`` arguments (``flashlite._direct_launch``); returns the recording or None."""
+    benchmarking). ``n_tensors``: the kernel's leading tensor arguments. With ``record``, a launch of a known config
+    is recorded for replay with new tensors (``flashlite._direct_launch``); returns the recording or None."""
     if config is not None:
         if (not isinstance(config, tuple) or len(config) not in (4, 5)
                 or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in config)):
@@ -294,9 +310,12 @@ def _launch(autotuned, fixed, config: Optional[BlockConfig], gpu_blocks, prune, 
             return None
     else:
         forced = _config_kwargs(prune(_fwd.make_configs(gpu_blocks), {"Q": q}, BLOCK_D=block_d)[0])
-    if record_tensors and not _runtime.interpreting():
-        return _direct_launch.record(fixed, grid, args, {**meta, **forced}, record_tensors)
-    fixed[grid](*args, **meta, **forced)
+    if record and not _runtime.interpreting():
+        return _direct_launch.record(fixed, grid, args, {**meta, **forced}, n_tensors)
+    if _USE_LAUNCH_CACHE and q.is_cuda:
+        _LAUNCHES.launch(fixed, grid, args, {**meta, **forced}, n_tensors)
+    else:
+        fixed[grid](*args, **meta, **forced)
     return None
 
 
@@ -355,7 +374,7 @@ def _launch_forward_recorded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     buckets = _tuning_buckets(seq_q, seq_k, batch * heads)
     dot = _dot_mode(precision)
     recorded = _launch(_fwd.attn_fwd, _fwd.attn_fwd_fixed, config, _fwd.FWD_GPU_BLOCKS, _fwd.prune_fwd_configs, q,
-                       block_d, _grid(seq_q, "BLOCK_M", batch * heads),
+                       block_d, _Grid(seq_q, "BLOCK_M", batch * heads),
                        (*buckets, head_dim, causal_mode, key_mask, dot, q.dtype, mask_arg.dtype, lengths_arg.dtype),
                        (q, k, v, out, lse, mask_arg, lengths_arg,
                         *q.stride(), *k.stride(), *v.stride(), *out.stride(), stride_mask_b, stride_mask_n,
@@ -363,7 +382,7 @@ def _launch_forward_recorded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                         *buckets),
                        dict(HEAD_DIM=head_dim, BLOCK_D=block_d, CAUSAL=causal_mode, KEY_MASK=key_mask, DOT=dot,
                             FLAT_GRID=batch * heads > _GRID_AXIS1_LIMIT),
-                       record_tensors=_FWD_TENSOR_ARGS if record else 0)
+                       n_tensors=_FWD_TENSOR_ARGS, record=record)
     return out, lse, recorded
 
 
@@ -395,10 +414,14 @@ def _launch_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v
     dot = _dot_mode(precision)
     lse = lse.contiguous()
     delta = torch.empty_like(lse)
-    _bwd.attn_bwd_delta[_grid(seq_q, "BLOCK_M", batch * heads)({"BLOCK_M": _bwd.DELTA_BLOCK_M})](
-        out, grad_out, delta, *out.stride(), *grad_out.stride(), heads, seq_q,
-        HEAD_DIM=head_dim, BLOCK_D=block_d, FLAT_GRID=batch * heads > _GRID_AXIS1_LIMIT,
-        BLOCK_M=_bwd.DELTA_BLOCK_M)
+    delta_grid = _Grid(seq_q, "BLOCK_M", batch * heads)({"BLOCK_M": _bwd.DELTA_BLOCK_M})
+    delta_args = (out, grad_out, delta, *out.stride(), *grad_out.stride(), heads, seq_q)
+    delta_meta = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, FLAT_GRID=batch * heads > _GRID_AXIS1_LIMIT,
+                      BLOCK_M=_bwd.DELTA_BLOCK_M)
+    if _USE_LAUNCH_CACHE and q.is_cuda:
+        _LAUNCHES.launch(_bwd.attn_bwd_delta, delta_grid, delta_args, delta_meta, n_tensors=3)
+    else:
+        _bwd.attn_bwd_delta[delta_grid](*delta_args, **delta_meta)
 
     dq = torch.empty((batch, heads, seq_q, head_dim), dtype=q.dtype, device=q.device)
     dk = torch.empty((batch, kv_heads, seq_k, head_dim), dtype=k.dtype, device=k.device)
@@ -412,19 +435,19 @@ def _launch_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v
     tuning_key = (*buckets, head_dim, causal_mode, key_mask, dot, q.dtype, mask_arg.dtype, lengths_arg.dtype,
                   grad_out.dtype)
     _launch(_bwd.attn_bwd_dkdv, _bwd.attn_bwd_dkdv_fixed, dkdv_config, _bwd.DKDV_GPU_BLOCKS,
-            _bwd.prune_dkdv_configs, q, block_d, _grid(seq_k, "BLOCK_N", batch * kv_heads), tuning_key,
+            _bwd.prune_dkdv_configs, q, block_d, _Grid(seq_k, "BLOCK_N", batch * kv_heads), tuning_key,
             (q, k, v, grad_out, lse, delta, dk, dv, mask_arg, lengths_arg,
              *q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *dk.stride(), *dv.stride(),
              stride_mask_b, stride_mask_n,
              heads, kv_heads, heads // kv_heads, seq_q, seq_k, qk_scale, scale, *buckets),
-            dict(FLAT_GRID=batch * kv_heads > _GRID_AXIS1_LIMIT, **meta))
+            dict(FLAT_GRID=batch * kv_heads > _GRID_AXIS1_LIMIT, **meta), n_tensors=10)
     _launch(_bwd.attn_bwd_dq, _bwd.attn_bwd_dq_fixed, dq_config, _bwd.DQ_GPU_BLOCKS, _bwd.prune_dq_configs, q,
-            block_d, _grid(seq_q, "BLOCK_M", batch * heads), tuning_key,
+            block_d, _Grid(seq_q, "BLOCK_M", batch * heads), tuning_key,
             (q, k, v, grad_out, lse, delta, dq, mask_arg, lengths_arg,
              *q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *dq.stride(),
              stride_mask_b, stride_mask_n,
              heads, heads // kv_heads, seq_q, seq_k, qk_scale, scale, *buckets),
-            dict(FLAT_GRID=batch * heads > _GRID_AXIS1_LIMIT, **meta))
+            dict(FLAT_GRID=batch * heads > _GRID_AXIS1_LIMIT, **meta), n_tensors=9)
     return dq, dk, dv
 
 

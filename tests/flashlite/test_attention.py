@@ -259,7 +259,7 @@ def test_autotuning_can_be_switched_off(monkeypatch):
     q = torch.empty(0, dtype=torch.float32)
     autotuned, fixed = _RecordingKernel(), _RecordingKernel()
     attention_module._launch(autotuned, fixed, None, attention_fwd.FWD_GPU_BLOCKS, attention_fwd.prune_fwd_configs,
-                             q, 256, None, ("key",), (), {"HEAD_DIM": 256})
+                             q, 256, None, ("key",), (), {"HEAD_DIM": 256}, n_tensors=0)
     assert autotuned.launches == []
     (forced,) = fixed.launches
     assert (forced["BLOCK_M"], forced["BLOCK_N"], forced["num_warps"], forced["num_stages"]) == (64, 32, 4, 2)
@@ -276,7 +276,7 @@ def test_tuned_config_is_reused_without_the_autotuner(monkeypatch):
     autotuned, fixed = _RecordingKernel(best), _RecordingKernel()
     launch = lambda key: attention_module._launch(  # noqa: E731
         autotuned, fixed, None, attention_fwd.FWD_GPU_BLOCKS, attention_fwd.prune_fwd_configs,
-        torch.empty(0), 64, None, key, (), {"HEAD_DIM": 64})
+        torch.empty(0), 64, None, key, (), {"HEAD_DIM": 64}, n_tensors=0)
     launch(("a",))
     assert len(autotuned.launches) == 1 and fixed.launches == []
     launch(("a",))

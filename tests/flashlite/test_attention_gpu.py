@@ -115,6 +115,36 @@ def test_replayed_plan_launches_the_compiled_kernel_directly(shape, sdpa_referen
         assert torch.equal(again, replayed)
 
 
+def _forward_backward(q, k, v, causal):
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    out = attention(q, k, v, causal=causal, backend="triton")
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    out.backward(torch.randn(out.shape, device=out.device, dtype=out.dtype, generator=gen))
+    return out.detach(), q.grad, k.grad, v.grad
+
+
+@pytest.mark.shape(dict(B=2, H=8, H_kv=2, S=200, D=64), dict(B=3, H=4, H_kv=4, S=77, D=128),
+                   dtype=[torch.bfloat16], causal=[True, False])
+def test_launch_cache_replays_forward_and_backward_exactly(shape, monkeypatch):
+    # FLASHLITE_LAUNCH_CACHE=1: every launch of the forward and the three backward kernels is recorded once and
+    # replayed after; results must be bit-identical to ordinary launches, also when only the batch size changes
+    # (which changes the backward grids and nothing else among their arguments).
+    cache = attention_module._direct_launch.LaunchCache()
+    monkeypatch.setattr(attention_module, "_LAUNCHES", cache)
+    for batch in (shape.B, shape.B + 1):
+        for seed in (0, 1):
+            q, k, v = cuda_qkv(batch, shape.H, shape.S, shape.D, shape.dtype, H_kv=shape.H_kv, seed=seed)
+            monkeypatch.setattr(attention_module, "_USE_LAUNCH_CACHE", False)
+            expected = _forward_backward(q, k, v, shape.causal)
+            monkeypatch.setattr(attention_module, "_USE_LAUNCH_CACHE", True)
+            for _ in range(2):
+                got = _forward_backward(q, k, v, shape.causal)
+                for name, a, b in zip(("out", "dq", "dk", "dv"), got, expected):
+                    assert torch.equal(a, b), f"{name} differs with the launch cache (B={batch}, seed={seed})"
+    # Two batch sizes, four kernels each: eight recordings; every other cached launch was a replay.
+    assert len(cache) == 8 and cache.replays == 2 * 2 * 2 * 4 - 8
+
+
 @pytest.mark.memory(estimate=forward_bytes)
 @pytest.mark.shape(dict(B=2, H=16, S=1000, D=80), dict(B=2, H=8, S=777, D=96), dict(B=1, H=4, S=513, D=256),
                    dict(B=2, H=8, S=300, D=24), dtype=[torch.bfloat16, torch.float32], causal=[True])
