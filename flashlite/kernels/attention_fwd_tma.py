@@ -56,11 +56,14 @@ _GRID_AXIS1_LIMIT = 65535
 def _attn_fwd_tma_inner(acc, l_i, m_i, q, desc_k, desc_v, kv_row, offs_m, start, end, seq_k, diag_shift,
                         qk_scale,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
-                        CAUSAL: tl.constexpr, DOT: tl.constexpr, BOUNDARY: tl.constexpr):
+                        CAUSAL: tl.constexpr, DOT: tl.constexpr, BOUNDARY: tl.constexpr,
+                        WARP_SPECIALIZE: tl.constexpr):
     """Fold key blocks [start, end) of slice ``kv_row`` into the running softmax. BOUNDARY: the blocks may cross
-    the causal diagonal or the end of the keys, so mask; blocks before ``full_end`` need no mask at all."""
+    the causal diagonal or the end of the keys, so mask; blocks before ``full_end`` need no mask at all.
+    WARP_SPECIALIZE asks the compiler to split the loop into producer (TMA loads) and consumer (MMA, softmax)
+    warp groups."""
     offs_n0 = tl.arange(0, BLOCK_N)
-    for start_n in range(start, end, BLOCK_N):
+    for start_n in tl.range(start, end, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
         k = desc_k.load([kv_row, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
         qk = _mma(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), DOT) * qk_scale
         if BOUNDARY:
@@ -94,7 +97,7 @@ def _attn_fwd_tma(desc_q,  # [B*H, S_q, D] descriptor, block [1, BLOCK_M, D]
                   group_size, seq_q, seq_k, qk_scale,
                   SEQ_Q_BUCKET, SEQ_K_BUCKET, BATCH_HEADS_BUCKET,  # autotuning keys only
                   HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, DOT: tl.constexpr, FLAT_GRID: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WARP_SPECIALIZE: tl.constexpr = False):
     num_m_blocks = tl.cdiv(seq_q, BLOCK_M)
     pid_m, pid_bh = _program_ids(num_m_blocks, FLAT_GRID)
     if CAUSAL != 0:
@@ -113,9 +116,10 @@ def _attn_fwd_tma(desc_q,  # [B*H, S_q, D] descriptor, block [1, BLOCK_M, D]
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     acc, l_i, m_i = _attn_fwd_tma_inner(acc, l_i, m_i, q, desc_k, desc_v, kv_row, offs_m, 0, full_end, n_len,
-                                        diag_shift, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, DOT, False)
+                                        diag_shift, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, DOT, False,
+                                        WARP_SPECIALIZE)
     acc, l_i, m_i = _attn_fwd_tma_inner(acc, l_i, m_i, q, desc_k, desc_v, kv_row, offs_m, full_end, hi, n_len,
-                                        diag_shift, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, DOT, True)
+                                        diag_shift, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, DOT, True, False)
 
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
@@ -290,7 +294,8 @@ def _descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
 
 
 def attention_forward_tma(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal_mode: int, scale: float,
-                          config: Optional[Config] = None) -> tuple[torch.Tensor, torch.Tensor]:
+                          config: Optional[Config] = None,
+                          warp_specialize: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention forward through tensor descriptors (TMA on Hopper): returns (out, lse).
 
     Args:
@@ -300,6 +305,8 @@ def attention_forward_tma(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, 
             (j <= i + S_k - S_q).
         scale: multiplies q . k before the softmax (usually 1 / sqrt(D)).
         config: (BLOCK_M, BLOCK_N, num_warps, num_stages) to skip autotuning.
+        warp_specialize: compile the unmasked key loop with Triton's automatic warp specialization (separate
+            load and compute warp groups). Needs an explicit ``config``: tuned configs are kept without it.
 
     Returns:
         out [B, H, S_q, D] in q's dtype, and lse [B, H, S_q] float32, the base-2 log-sum-exp of the scaled scores
@@ -331,6 +338,10 @@ def attention_forward_tma(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, 
         raise TypeError(f"scale must be a finite float, got {scale!r}")
     if config is not None:
         config = _check_config(config)
+    if not isinstance(warp_specialize, bool):
+        raise TypeError(f"warp_specialize must be a bool, got {warp_specialize!r}")
+    if warp_specialize and config is None:
+        raise ValueError("warp_specialize=True needs an explicit config (BLOCK_M, BLOCK_N, num_warps, num_stages)")
 
     batch, heads, seq_q, head_dim = q.shape
     seq_k = k.shape[2]
@@ -366,7 +377,8 @@ def attention_forward_tma(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, 
     forced = dict(BLOCK_M=block_m, BLOCK_N=block_n)
     _set_block_shapes({"desc_q": desc_q, "desc_k": desc_k, "desc_v": desc_v, "desc_o": desc_o,
                        "HEAD_DIM": head_dim, **forced})
-    _attn_fwd_tma[grid](*args, **meta, **forced, num_warps=num_warps, num_stages=num_stages)
+    _attn_fwd_tma[grid](*args, **meta, **forced, WARP_SPECIALIZE=warp_specialize, num_warps=num_warps,
+                        num_stages=num_stages)
     return out, lse
 
 

@@ -99,6 +99,14 @@ def test_forced_configs(config, causal_mode):
     check(q, k, v, causal_mode, config=config)
 
 
+@pytest.mark.parametrize("causal_mode", [0, 1])
+def test_warp_specialized_loop_matches_reference(causal_mode):
+    # Under the interpreter the loop attribute changes nothing; on a GPU it changes the compiled code (see the
+    # CUDA-only test below). Either way the numbers must match float64.
+    q, k, v = make_qkv(1, 2, 1, 45, 61, 16, torch.float16, seed=19)
+    check(q, k, v, causal_mode, config=(32, 16, 4, 1), warp_specialize=True)
+
+
 def test_rows_without_keys_are_zero_with_lse_minus_inf():
     # Bottom-right causal with S_q = 40 > S_k = 19: query i sees keys j <= i - 21, so rows 0..20 see none.
     q, k, v = make_qkv(1, 2, 2, 40, 19, 16, torch.float16, seed=5)
@@ -177,6 +185,10 @@ ERRORS = {
     "scale": (lambda: good(), {"scale": float("nan")}, TypeError, r"scale must be a finite float"),
     "config length": (lambda: good(), {"config": (32, 16, 4)}, ValueError, r"config must be \(BLOCK_M"),
     "config block": (lambda: good(), {"config": (48, 16, 4, 1)}, ValueError, r"BLOCK_M must be a power of two"),
+    "warp_specialize type": (lambda: good(), {"warp_specialize": 1, "config": (32, 16, 4, 1)}, TypeError,
+                             r"warp_specialize must be a bool"),
+    "warp_specialize without config": (lambda: good(), {"warp_specialize": True}, ValueError,
+                                       r"warp_specialize=True needs an explicit config"),
 }
 
 
@@ -187,7 +199,7 @@ def test_bad_input_is_named(case):
     kwargs = {"causal_mode": 0, "scale": 0.125, **kwargs}
     with pytest.raises(error, match=message):
         attention_forward_tma(q, k, v, **kwargs)
-    if not {"causal_mode", "scale", "config"} & set(ERRORS[case][1]):
+    if not {"causal_mode", "scale", "config", "warp_specialize"} & set(ERRORS[case][1]):
         # tma_supported gives the same reason without raising.
         assert tma_supported(q, k, v) is not None
 
@@ -217,3 +229,14 @@ def test_gpu_real_size(dtype, head_dim, causal_mode):
     if reason is not None:
         pytest.skip(reason)
     check(q, k, v, causal_mode)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("config", [(128, 64, 4, 3), (128, 128, 8, 2)])
+@pytest.mark.parametrize("causal_mode", [0, 1])
+def test_gpu_warp_specialized_loop(config, causal_mode):
+    q, k, v = make_qkv(2, 16, 16, 1000, 1000, 64, torch.bfloat16, seed=23)
+    reason = tma_supported(q, k, v)
+    if reason is not None:
+        pytest.skip(reason)
+    check(q, k, v, causal_mode, config=config, warp_specialize=True)
