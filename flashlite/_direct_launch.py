@@ -87,21 +87,26 @@ class RecordedLaunch:
 
     def launch(self, *tensors: torch.Tensor) -> bool:
         """Launch with these tensors in place of the recorded ones; False (nothing launched) when the tensors'
-        alignment, the current device or an installed launch hook rules a replay out."""
+        alignment or device, the current device or an installed launch hook rules a replay out."""
         if len(tensors) != self._n_tensors:
             raise TypeError(f"expected {self._n_tensors} tensors, got {len(tensors)}")
+        device_index = self._device_index
+        pointers = []
         for tensor in tensors:
-            if tensor.data_ptr() % _ALIGNMENT:
+            pointer = tensor.data_ptr()
+            if pointer % _ALIGNMENT or tensor.get_device() != device_index:
                 return False
+            pointers.append(pointer)
         if _hook_installed(self._hooks.launch_enter_hook) or _hook_installed(self._hooks.launch_exit_hook):
             return False  # profilers hook launches; the ordinary path calls them
         driver = self._driver
-        device = driver.get_current_device()
-        if device != self._device_index:
+        if driver.get_current_device() != device_index:
             return False
         compiled = self._compiled
-        compiled.run(*self._grid, driver.get_current_stream(device), compiled.function, compiled.packed_metadata,
-                     None, None, None, *tensors, *self._rest)
+        # Addresses go in as integers: Triton's launcher then skips, per tensor, the data_ptr() call and the driver
+        # query that checks the address is device memory; the device check above stands in for that query.
+        compiled.run(*self._grid, driver.get_current_stream(device_index), compiled.function,
+                     compiled.packed_metadata, None, None, None, *pointers, *self._rest)
         return True
 
 

@@ -355,6 +355,14 @@ def _launch_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return out, lse
 
 
+def _launch_inference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: Optional[torch.Tensor],
+                      key_lengths: Optional[torch.Tensor], causal_mode: int, scale: float,
+                      precision: str) -> torch.Tensor:
+    """The forward output alone: no log-sum-exp is allocated or stored, since no backward pass will read it."""
+    return _launch_forward_recorded(q, k, v, key_padding_mask, key_lengths, causal_mode, scale, precision,
+                                    need_lse=False)[0]
+
+
 # The forward kernel's leading tensor parameters, in order: Q, K, V, Out, Lse, KeyMask, KeyLen.
 _FWD_TENSOR_ARGS = 7
 
@@ -362,12 +370,16 @@ _FWD_TENSOR_ARGS = 7
 def _launch_forward_recorded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                              key_padding_mask: Optional[torch.Tensor], key_lengths: Optional[torch.Tensor],
                              causal_mode: int, scale: float, precision: str,
-                             config: Optional[BlockConfig] = None, record: bool = False
-                             ) -> tuple[torch.Tensor, torch.Tensor, Optional[_direct_launch.RecordedLaunch]]:
+                             config: Optional[BlockConfig] = None, record: bool = False, need_lse: bool = True
+                             ) -> tuple[torch.Tensor, Optional[torch.Tensor], Optional[_direct_launch.RecordedLaunch]]:
+    """(out, lse or None without ``need_lse``, the recorded launch with ``record``). Without ``need_lse`` the
+    kernel skips its log-sum-exp store and ``out`` fills the unused pointer slot, so a replay passes
+    (q, k, v, out, out, q, q); the mask slots hold q when there are no masks."""
     batch, heads, seq_q, head_dim = q.shape
     kv_heads, seq_k = k.shape[1], k.shape[2]
-    out = torch.empty((batch, heads, seq_q, head_dim), dtype=q.dtype, device=q.device)
-    lse = torch.empty((batch, heads, seq_q), dtype=torch.float32, device=q.device)
+    # Contiguous [B, H, S_q, D], allocated as replayed plans allocate it (empty_like parses fewer arguments).
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty((batch, heads, seq_q), dtype=torch.float32, device=q.device) if need_lse else None
     key_mask, mask_arg, lengths_arg, stride_mask_b, stride_mask_n = _key_mask_args(q, key_padding_mask,
                                                                                     key_lengths)
     block_d = _block_d(head_dim)
@@ -376,12 +388,12 @@ def _launch_forward_recorded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     recorded = _launch(_fwd.attn_fwd, _fwd.attn_fwd_fixed, config, _fwd.FWD_GPU_BLOCKS, _fwd.prune_fwd_configs, q,
                        block_d, _Grid(seq_q, "BLOCK_M", batch * heads),
                        (*buckets, head_dim, causal_mode, key_mask, dot, q.dtype, mask_arg.dtype, lengths_arg.dtype),
-                       (q, k, v, out, lse, mask_arg, lengths_arg,
+                       (q, k, v, out, out if lse is None else lse, mask_arg, lengths_arg,
                         *q.stride(), *k.stride(), *v.stride(), *out.stride(), stride_mask_b, stride_mask_n,
                         heads, heads // kv_heads, seq_q, seq_k, scale * math.log2(math.e), batch * heads,
                         *buckets),
                        dict(HEAD_DIM=head_dim, BLOCK_D=block_d, CAUSAL=causal_mode, KEY_MASK=key_mask, DOT=dot,
-                            FLAT_GRID=batch * heads > _GRID_AXIS1_LIMIT),
+                            FLAT_GRID=batch * heads > _GRID_AXIS1_LIMIT, STORE_LSE=need_lse),
                        n_tensors=_FWD_TENSOR_ARGS, record=record)
     return out, lse, recorded
 
@@ -534,7 +546,7 @@ def _triton_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: _
         return attention_forward_op(*args)[0]
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return _EagerTritonAttention.apply(*args)[0]
-    return _launch_forward(*args)[0]
+    return _launch_inference(*args)
 
 
 class _TritonPlan:
@@ -557,16 +569,15 @@ class _TritonPlan:
             return _triton_attention(q, k, v, call)
         recorded = self.recorded
         if recorded is not None:
-            batch, heads, seq_q, head_dim = q.shape
-            out = torch.empty((batch, heads, seq_q, head_dim), dtype=q.dtype, device=q.device)
-            lse = torch.empty((batch, heads, seq_q), dtype=torch.float32, device=q.device)
-            if recorded.launch(q, k, v, out, lse, q, q):  # no masks: the mask slots hold q, as when recorded
+            out = torch.empty_like(q, memory_format=torch.contiguous_format)
+            # As recorded: out in the (unused) lse slot, q in the mask slots.
+            if recorded.launch(q, k, v, out, out, q, q):
                 return out
         if self.tried or not q.is_cuda:
-            return _launch_forward(q, k, v, None, None, call.causal_mode, call.scale, call.precision)[0]
+            return _launch_inference(q, k, v, None, None, call.causal_mode, call.scale, call.precision)
         self.tried = True
         out, _, self.recorded = _launch_forward_recorded(q, k, v, None, None, call.causal_mode, call.scale,
-                                                         call.precision, record=True)
+                                                         call.precision, record=True, need_lse=False)
         return out
 
 

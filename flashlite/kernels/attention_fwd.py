@@ -183,7 +183,7 @@ def _attn_fwd(Q,  # [B, H, S_q, D], any strides
               K,  # [B, H_kv, S_k, D], any strides
               V,  # [B, H_kv, S_k, D], any strides
               Out,  # [B, H, S_q, D], dtype of Q
-              Lse,  # [B, H, S_q] float32, contiguous; base-2 log-sum-exp of the scaled scores
+              Lse,  # [B, H, S_q] float32, contiguous; base-2 log-sum-exp of the scaled scores (unused: STORE_LSE off)
               KeyMask,  # [B, S_k] uint8 when KEY_MASK == "bool" (else unused)
               KeyLen,  # [B] int32/int64 when KEY_MASK == "lengths" (else unused)
               stride_qb, stride_qh, stride_qm, stride_qd,
@@ -195,7 +195,8 @@ def _attn_fwd(Q,  # [B, H, S_q, D], any strides
               SEQ_Q_BUCKET, SEQ_K_BUCKET, BATCH_HEADS_BUCKET,  # autotuning keys only
               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, KEY_MASK: tl.constexpr,
               DOT: tl.constexpr, FLAT_GRID: tl.constexpr,
-              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_M: tl.constexpr, BH_PER_PROGRAM: tl.constexpr = 1):
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_M: tl.constexpr, BH_PER_PROGRAM: tl.constexpr = 1,
+              STORE_LSE: tl.constexpr = True):
     # Grid: axis 0 query blocks, axis 1 groups of BH_PER_PROGRAM (batch, head) pairs; flattened into axis 0 when
     # the groups exceed axis 1's limit. Several pairs per program give short sequences, whose programs are tiny,
     # more work per launch slot; the autotuner decides where that pays.
@@ -209,7 +210,8 @@ def _attn_fwd(Q,  # [B, H, S_q, D], any strides
                         stride_qb, stride_qh, stride_qm, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
                         stride_vb, stride_vh, stride_vn, stride_vd, stride_ob, stride_oh, stride_om, stride_od,
                         stride_mask_b, stride_mask_n, num_heads, group_size, seq_q, seq_k, qk_scale,
-                        pid_m, pid_group, HEAD_DIM, BLOCK_D, CAUSAL, KEY_MASK, DOT, BLOCK_M, BLOCK_N, EVEN_M)
+                        pid_m, pid_group, HEAD_DIM, BLOCK_D, CAUSAL, KEY_MASK, DOT, BLOCK_M, BLOCK_N, EVEN_M,
+                        STORE_LSE)
     else:
         for i in tl.static_range(BH_PER_PROGRAM):
             pid_bh = pid_group * BH_PER_PROGRAM + i
@@ -219,7 +221,7 @@ def _attn_fwd(Q,  # [B, H, S_q, D], any strides
                                 stride_kd, stride_vb, stride_vh, stride_vn, stride_vd, stride_ob, stride_oh,
                                 stride_om, stride_od, stride_mask_b, stride_mask_n, num_heads, group_size, seq_q,
                                 seq_k, qk_scale, pid_m, pid_bh, HEAD_DIM, BLOCK_D, CAUSAL, KEY_MASK, DOT, BLOCK_M,
-                                BLOCK_N, EVEN_M)
+                                BLOCK_N, EVEN_M, STORE_LSE)
 
 
 @triton.jit
@@ -231,8 +233,10 @@ def _attn_fwd_block(Q, K, V, Out, Lse, KeyMask, KeyLen,  # as in _attn_fwd
                     stride_mask_b, stride_mask_n,
                     num_heads, group_size, seq_q, seq_k, qk_scale, pid_m, pid_bh,
                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, KEY_MASK: tl.constexpr,
-                    DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_M: tl.constexpr):
-    """Query block ``pid_m`` of the (batch, head) pair ``pid_bh``: output rows and their log-sum-exp."""
+                    DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_M: tl.constexpr,
+                    STORE_LSE: tl.constexpr):
+    """Query block ``pid_m`` of the (batch, head) pair ``pid_bh``: output rows and, with STORE_LSE (needed only
+    for a backward pass), their log-sum-exp."""
     b = pid_bh // num_heads
     h = pid_bh % num_heads
     kv_h = h // group_size
@@ -273,13 +277,15 @@ def _attn_fwd_block(Q, K, V, Out, Lse, KeyMask, KeyLen,  # as in _attn_fwd
     lse_ptrs = Lse + pid_bh.to(tl.int64) * seq_q + offs_m
     out = _cast_out(out, Out.dtype.element_ty, DOT)
     if EVEN_M:
-        tl.store(lse_ptrs, lse)
+        if STORE_LSE:
+            tl.store(lse_ptrs, lse)
         if BLOCK_D == HEAD_DIM:
             tl.store(o_ptrs, out)
         else:
             tl.store(o_ptrs, out, mask=offs_d[None, :] < HEAD_DIM)
     else:
-        tl.store(lse_ptrs, lse, mask=offs_m < seq_q)
+        if STORE_LSE:
+            tl.store(lse_ptrs, lse, mask=offs_m < seq_q)
         tl.store(o_ptrs, out, mask=(offs_m[:, None] < seq_q) & (offs_d[None, :] < HEAD_DIM))
 
 

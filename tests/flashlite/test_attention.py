@@ -163,6 +163,31 @@ def test_log_sum_exp_is_base_2():
     assert_close(lse, expected.to(DEVICE), policy="fp32")
 
 
+@pytest.mark.parametrize("causal_mode", [0, 1])
+def test_inference_launch_skips_the_log_sum_exp_and_gives_the_same_output(causal_mode, monkeypatch):
+    # S = 45 is not a multiple of the blocks, so the masked store path (EVEN_M false) runs without its lse store.
+    q, k, v = make_qkv(Shape(dict(B=2, H=2, S=45, D=32, dtype=torch.float16)), seed=3)
+    expected, expected_lse = attention_forward(q, k, v, None, None, causal_mode, 0.2, "fp16")
+    launches = []
+    original = attention_module._launch
+
+    def spy(*args, **kwargs):
+        kernel_args, meta = args[9], args[10]
+        launches.append((kernel_args[4] is kernel_args[3], meta["STORE_LSE"]))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(attention_module, "_launch", spy)
+    out, lse, _ = attention_module._launch_forward_recorded(q, k, v, None, None, causal_mode, 0.2, "fp16",
+                                                            need_lse=False)
+    with torch.no_grad():
+        public = attention(q, k, v, causal=bool(causal_mode), scale=0.2, backend="triton")
+    assert lse is None
+    # Both inference calls: out fills the lse slot and the store is compiled out.
+    assert launches == [(True, False), (True, False)]
+    assert torch.isfinite(expected_lse).all()
+    assert torch.equal(out, expected) and torch.equal(public, expected)
+
+
 def test_flattened_grid(monkeypatch, sdpa_reference):
     # B * H over grid axis 1's limit switches to a 1-D grid; lower the limit to exercise that path cheaply.
     monkeypatch.setattr(attention_module, "_GRID_AXIS1_LIMIT", 3)

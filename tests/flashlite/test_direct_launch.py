@@ -50,13 +50,16 @@ class _FakeDriver:
 
 
 class _AlignedTensor:
-    """Stands in for a CUDA tensor: a replay reads only the address."""
+    """Stands in for a CUDA tensor: a replay reads only the address and the device index (-1: the CPU)."""
 
-    def __init__(self, address: int) -> None:
-        self.address = address
+    def __init__(self, address: int, device: int = 0) -> None:
+        self.address, self.device = address, device
 
     def data_ptr(self) -> int:
         return self.address
+
+    def get_device(self) -> int:
+        return self.device
 
 
 def _recorded(device: int = 0, hooks=None) -> tuple[_direct_launch.RecordedLaunch, _FakeCompiled]:
@@ -76,7 +79,8 @@ def test_a_replay_passes_new_tensors_then_the_recorded_arguments():
     recorded, compiled = _recorded(hooks=knobs.runtime)
     a, b = _AlignedTensor(4096), _AlignedTensor(8192)
     assert recorded.launch(a, b)
-    assert compiled.launches == [(3, 2, 1, "stream0", "function", "metadata", None, None, None, a, b, 7, "C")]
+    # The tensors' addresses, as integers, then the recorded non-tensor arguments.
+    assert compiled.launches == [(3, 2, 1, "stream0", "function", "metadata", None, None, None, 4096, 8192, 7, "C")]
 
 
 def test_a_replay_is_refused_for_unaligned_tensors_another_device_or_a_launch_hook():
@@ -84,6 +88,9 @@ def test_a_replay_is_refused_for_unaligned_tensors_another_device_or_a_launch_ho
     assert not recorded.launch(_AlignedTensor(4096), _AlignedTensor(8194))  # 2 bytes past alignment
     recorded, compiled = _recorded(device=1)
     assert not recorded.launch(_AlignedTensor(4096), _AlignedTensor(8192))
+    recorded, compiled = _recorded()
+    assert not recorded.launch(_AlignedTensor(4096), _AlignedTensor(8192, device=1))  # a tensor on another GPU
+    assert not recorded.launch(_AlignedTensor(4096, device=-1), _AlignedTensor(8192))  # a CPU tensor
     hooks = types.SimpleNamespace(launch_enter_hook=print, launch_exit_hook=None)
     recorded, compiled = _recorded(hooks=hooks)
     assert not recorded.launch(_AlignedTensor(4096), _AlignedTensor(8192))
