@@ -277,10 +277,11 @@ def _config_kwargs(config: "triton.Config") -> dict:
 _TUNED_CONFIGS: dict[tuple, dict] = {}
 
 
-# FLASHLITE_LAUNCH_CACHE=1: every launch of a known config goes through a cache of recorded launches
-# (flashlite._direct_launch.LaunchCache), the backward kernels and autograd calls included. Off by default until
-# the GPU suite has run with it; replayed inference plans record their forward launch either way.
-_USE_LAUNCH_CACHE = os.environ.get("FLASHLITE_LAUNCH_CACHE", "0") not in ("", "0")
+# Every launch of a known config goes through a cache of recorded launches (flashlite._direct_launch.LaunchCache),
+# the backward kernels and autograd calls included: Triton's per-call argument binding costs more host time than a
+# small kernel runs. FLASHLITE_LAUNCH_CACHE=0 turns it off (ordinary launches); replayed inference plans record
+# their forward launch either way.
+_USE_LAUNCH_CACHE = os.environ.get("FLASHLITE_LAUNCH_CACHE", "1") not in ("", "0")
 _LAUNCHES = _direct_launch.LaunchCache()
 
 
