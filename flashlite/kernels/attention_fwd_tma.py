@@ -377,8 +377,16 @@ def attention_forward_tma(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, 
     forced = dict(BLOCK_M=block_m, BLOCK_N=block_n)
     _set_block_shapes({"desc_q": desc_q, "desc_k": desc_k, "desc_v": desc_v, "desc_o": desc_o,
                        "HEAD_DIM": head_dim, **forced})
-    _attn_fwd_tma[grid](*args, **meta, **forced, WARP_SPECIALIZE=warp_specialize, num_warps=num_warps,
-                        num_stages=num_stages)
+    try:
+        _attn_fwd_tma[grid](*args, **meta, **forced, WARP_SPECIALIZE=warp_specialize, num_warps=num_warps,
+                            num_stages=num_stages)
+    except RuntimeError as error:
+        if not warp_specialize or "PassManager" not in str(error):
+            raise
+        # Triton 3.6's Hopper warp-specialization pass rejects some configs (on an H200: every 4-warp one).
+        raise RuntimeError(f"Triton could not warp-specialize the key loop with config {config} "
+                           f"(BLOCK_M, BLOCK_N, num_warps, num_stages); use 8 warps or warp_specialize=False. "
+                           f"Compiler error: {str(error).splitlines()[0] if str(error) else error!r}") from error
     return out, lse
 
 

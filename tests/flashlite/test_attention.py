@@ -223,6 +223,16 @@ def test_sdpa_backend_agrees_with_kernel(shape, sdpa_reference):
     assert_close(via_kernel, via_sdpa.double(), policy=policy_of(shape.dtype) or shape.dtype)
 
 
+@pytest.mark.shape(dict(B=1, H=2, S=70, D=32), dtype=[torch.float16], causal=[False, True])
+@pytest.mark.parametrize("scale", [-0.4, 0.0, 0.7])
+def test_negative_and_zero_scales(shape, scale, sdpa_reference):
+    # Unmasked key blocks take their row maximum from the raw scores times the scale, so a negative scale must use
+    # the raw minimum; a zero scale gives a uniform average over the visible keys.
+    q, k, v = make_qkv(shape, seed=5)
+    out = attention(q, k, v, causal=shape.causal, scale=scale, backend="triton")
+    sdpa_reference.check(out, q, k, v, causal=shape.causal, scale=scale)
+
+
 def test_auto_backend_follows_explain_dispatch():
     q, k, v = make_qkv(Shape(dict(B=1, H=2, S=24, D=32, dtype=torch.float16)))
     decision = flashlite.explain_dispatch(q, k, v, causal=True)
@@ -264,6 +274,20 @@ def test_gpu_configs_are_pruned_to_fit(head_dim, dtype):
         # Longer sequences (and calls that do not say) keep one pair per program.
         for named in ({"Q": q, "SEQ_Q_BUCKET": 4096}, {"Q": q}):
             assert all(c.kwargs.get("BH_PER_PROGRAM", 1) == 1 for c in prune(configs, named, BLOCK_D=block_d))
+
+
+def test_three_stage_128_by_128_tiles_are_candidates_at_head_dim_128():
+    # 3 stages x (K and V: 128 x 128 bf16) + the 128 x 128 query tile = 224 KB, under the H200's 227 KB per block.
+    configs = attention_fwd.make_configs(attention_fwd.FWD_GPU_BLOCKS)
+    kept = attention_fwd.prune_fwd_configs(configs, {"Q": torch.empty(0, dtype=torch.bfloat16),
+                                                     "SEQ_Q_BUCKET": 8192}, BLOCK_D=128)
+    shapes = {(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) for c in kept}
+    assert (128, 128, 8, 3) in shapes
+    # float32 operands are twice the bytes: the same tiles would need 448 KB and are dropped.
+    kept32 = attention_fwd.prune_fwd_configs(configs, {"Q": torch.empty(0, dtype=torch.float32),
+                                                       "SEQ_Q_BUCKET": 8192}, BLOCK_D=128)
+    assert (128, 128, 8, 3) not in {(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages)
+                                    for c in kept32}
 
 
 class _RecordingKernel:
