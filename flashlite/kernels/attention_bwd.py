@@ -303,12 +303,19 @@ def dq_configs() -> list[triton.Config]:
     return make_configs(DQ_INTERPRETER_BLOCKS if _runtime.interpreting() else DQ_GPU_BLOCKS)
 
 
+# The backward kernels keep more on chip than the estimate counts (k and v, or q and dO, resident together, and a
+# second float32 accumulator), so they keep a margin under the 227 KB the forward may use.
+BACKWARD_SHARED_MEMORY_BUDGET = 200 * 1024
+
+
 def prune_dkdv_configs(configs, named_args, **kwargs):
-    return prune_by_resources(configs, named_args, streamed=("BLOCK_M", "BLOCK_N"), resident="BLOCK_N", **kwargs)
+    return prune_by_resources(configs, named_args, streamed=("BLOCK_M", "BLOCK_N"), resident="BLOCK_N",
+                              budget=BACKWARD_SHARED_MEMORY_BUDGET, **kwargs)
 
 
 def prune_dq_configs(configs, named_args, **kwargs):
-    return prune_by_resources(configs, named_args, streamed=("BLOCK_N", "BLOCK_M"), resident="BLOCK_M", **kwargs)
+    return prune_by_resources(configs, named_args, streamed=("BLOCK_N", "BLOCK_M"), resident="BLOCK_M",
+                              budget=BACKWARD_SHARED_MEMORY_BUDGET, **kwargs)
 
 
 _even_m = triton.heuristics({"EVEN_M": lambda a: a["seq_q"] % a["BLOCK_M"] == 0})

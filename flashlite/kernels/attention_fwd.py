@@ -350,11 +350,12 @@ def _operand_bytes(args: dict) -> int:
 
 
 def prune_by_resources(configs: list[triton.Config], named_args: dict, *, streamed: tuple[str, str],
-                       resident: str, **kwargs) -> list[triton.Config]:
+                       resident: str, budget: int = SHARED_MEMORY_BUDGET, **kwargs) -> list[triton.Config]:
     """Drop configs whose pipelined tiles cannot fit shared memory or whose accumulators cannot fit registers.
 
     ``streamed`` names the two block sizes of the tiles that are pipelined (two tiles of ``streamed[0]`` rows per
-    stage), ``resident`` the block size of the tile that stays on chip. Always keeps at least the smallest config.
+    stage), ``resident`` the block size of the tile that stays on chip, ``budget`` the shared-memory bytes the
+    estimate may reach. Always keeps at least the smallest config.
     """
     args = {**named_args, **kwargs}
     block_d = args["BLOCK_D"]
@@ -369,7 +370,7 @@ def prune_by_resources(configs: list[triton.Config], named_args: dict, *, stream
                 + meta[resident] * block_d * elem)
         # Rough register bound: a float32 [resident, BLOCK_D] accumulator over num_warps * 32 threads.
         acc_regs = meta[resident] * block_d // (config.num_warps * 32)
-        if smem <= SHARED_MEMORY_BUDGET and acc_regs <= 128:
+        if smem <= budget and acc_regs <= 128:
             kept.append(config)
     if not kept:
         kept = [min(configs, key=lambda c: c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] * c.num_stages)]
