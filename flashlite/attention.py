@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from flashlite import _direct_launch, _runtime
 from flashlite._intmath import cdiv, next_power_of_2
-from flashlite.dispatch import Decision, choose_backend, seq_bucket
+from flashlite.dispatch import Decision, choose_backend
 
 try:  # Triton has wheels for Linux x86_64 only; elsewhere every call goes to SDPA.
     import triton
@@ -62,8 +62,9 @@ _PRECISION_ALIASES = {"fp16": "fp16", "float16": "fp16", "half": "fp16", "bf16":
 _SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _BACKENDS = ("auto", "triton", "sdpa")
 _INT32_LIMIT = 2 ** 31
-# Grid axis 1 holds batch * heads; CUDA caps it at 65535, beyond which the kernels use a flattened 1-D grid.
-_GRID_AXIS1_LIMIT = 65535
+# Grid axis 1 holds batch * heads; past CUDA's cap the kernels use a flattened 1-D grid (a module name, so that tests
+# can lower it).
+_GRID_AXIS1_LIMIT = _fwd.GRID_AXIS1_LIMIT
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages), and for the forward kernel optionally BH_PER_PROGRAM fifth
 BlockConfig = tuple[int, ...]
@@ -320,16 +321,6 @@ def _launch(autotuned, fixed, config: Optional[BlockConfig], gpu_blocks, prune, 
     return None
 
 
-def _tuning_bucket(seq_len: int) -> int:
-    return min(seq_bucket(seq_len), _fwd.MAX_SEQ_BUCKET)
-
-
-def _tuning_buckets(seq_q: int, seq_k: int, batch_heads: int) -> tuple[int, int, int]:
-    """The autotuning key's size buckets: query length, key length, batch * heads."""
-    return (_tuning_bucket(seq_q), _tuning_bucket(seq_k),
-            min(next_power_of_2(batch_heads), _fwd.MAX_BATCH_HEADS_BUCKET))
-
-
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       key_padding_mask: Optional[torch.Tensor], key_lengths: Optional[torch.Tensor],
                       causal_mode: int, scale: float, precision: str,
@@ -384,7 +375,7 @@ def _launch_forward_recorded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     key_mask, mask_arg, lengths_arg, stride_mask_b, stride_mask_n = _key_mask_args(q, key_padding_mask,
                                                                                     key_lengths)
     block_d = _block_d(head_dim)
-    buckets = _tuning_buckets(seq_q, seq_k, batch * heads)
+    buckets = _fwd.tuning_buckets(seq_q, seq_k, batch * heads)
     dot = _dot_mode(precision)
     recorded = _launch(_fwd.attn_fwd, _fwd.attn_fwd_fixed, config, _fwd.FWD_GPU_BLOCKS, _fwd.prune_fwd_configs, q,
                        block_d, _Grid(seq_q, "BLOCK_M", batch * heads),
@@ -442,7 +433,7 @@ def _launch_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v
     key_mask, mask_arg, lengths_arg, stride_mask_b, stride_mask_n = _key_mask_args(q, key_padding_mask,
                                                                                     key_lengths)
     qk_scale = scale * math.log2(math.e)
-    buckets = _tuning_buckets(seq_q, seq_k, batch * heads)
+    buckets = _fwd.tuning_buckets(seq_q, seq_k, batch * heads)
     meta = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, CAUSAL=causal_mode, KEY_MASK=key_mask, DOT=dot)
 
     tuning_key = (*buckets, head_dim, causal_mode, key_mask, dot, q.dtype, mask_arg.dtype, lengths_arg.dtype,

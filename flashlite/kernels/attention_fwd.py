@@ -32,6 +32,8 @@ import triton
 import triton.language as tl
 
 from flashlite import _runtime
+from flashlite._intmath import next_power_of_2
+from flashlite.dispatch import seq_bucket
 
 # Shared memory per thread block on H100/H200: 227 KB. The pruning keeps configs up to that limit: a config that
 # Triton's own scratch pushes over it raises OutOfResources, which the autotuner scores as never fastest; with
@@ -391,6 +393,20 @@ MAX_SEQ_BUCKET = 16384
 # at B=1 (a fraction of one wave) is not reused at B=16 (many waves) of the same sequence length.
 MAX_BATCH_HEADS_BUCKET = 4096
 AUTOTUNE_KEY = ["SEQ_Q_BUCKET", "SEQ_K_BUCKET", "BATCH_HEADS_BUCKET", "HEAD_DIM", "CAUSAL", "KEY_MASK", "DOT"]
+# CUDA caps grid axis 1 at 65,535: past it the launchers set FLAT_GRID and put batch * heads on axis 0.
+GRID_AXIS1_LIMIT = 65535
+
+
+def tuning_buckets(seq_q: int, seq_k: int, batch_heads: int) -> tuple[int, int, int]:
+    """The autotuning key's size buckets (SEQ_Q_BUCKET, SEQ_K_BUCKET, BATCH_HEADS_BUCKET): powers of two, capped.
+
+    Example:
+        >>> tuning_buckets(1000, 77, 3 * 5), tuning_buckets(100_000, 100_000, 32 * 16)
+        ((1024, 128, 16), (16384, 16384, 512))
+    """
+    return (min(seq_bucket(seq_q), MAX_SEQ_BUCKET), min(seq_bucket(seq_k), MAX_SEQ_BUCKET),
+            min(next_power_of_2(batch_heads), MAX_BATCH_HEADS_BUCKET))
+
 
 # The kernel with EVEN_M derived from the block size; launch it directly to force a config.
 attn_fwd_fixed = triton.heuristics({"EVEN_M": lambda a: a["seq_q"] % a["BLOCK_M"] == 0})(_attn_fwd)

@@ -34,10 +34,9 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from flashlite import _runtime
-from flashlite._intmath import cdiv, next_power_of_2
-from flashlite.dispatch import seq_bucket
-from flashlite.kernels.attention_fwd import (MAX_BATCH_HEADS_BUCKET, MAX_SEQ_BUCKET, _cast_out, _key_range, _mma,
-                                             _program_ids, prune_by_resources)
+from flashlite._intmath import cdiv
+from flashlite.kernels.attention_fwd import (GRID_AXIS1_LIMIT, _cast_out, _key_range, _mma, _program_ids,
+                                             prune_by_resources, tuning_buckets)
 
 __all__ = ["attention_forward_tma", "tma_supported", "TMA_GPU_BLOCKS", "TMA_INTERPRETER_BLOCKS"]
 
@@ -48,8 +47,6 @@ _TMA_ALIGNMENT = 16
 # A tensor map's strides must stay below 2**40 bytes; descriptor coordinates are 32-bit.
 _TMA_STRIDE_LIMIT = 2 ** 40
 _INT32_LIMIT = 2 ** 31
-# CUDA caps grid axis 1 at 65,535; past that, batch * heads moves onto a flattened axis 0.
-_GRID_AXIS1_LIMIT = 65535
 
 
 @triton.jit
@@ -349,9 +346,8 @@ def attention_forward_tma(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, 
     out = torch.empty_like(q)
     lse = torch.empty((batch, heads, seq_q), dtype=torch.float32, device=q.device)
     dot = _dot_mode(q.dtype)
-    buckets = (min(seq_bucket(seq_q), MAX_SEQ_BUCKET), min(seq_bucket(seq_k), MAX_SEQ_BUCKET),
-               min(next_power_of_2(batch_heads), MAX_BATCH_HEADS_BUCKET))
-    flat_grid = batch_heads > _GRID_AXIS1_LIMIT
+    buckets = tuning_buckets(seq_q, seq_k, batch_heads)
+    flat_grid = batch_heads > GRID_AXIS1_LIMIT
 
     # Block shapes are placeholders until a config is chosen (see _set_block_shapes).
     desc_q, desc_o = _descriptor(q, 16), _descriptor(out, 16)

@@ -451,7 +451,7 @@ def test_attn_mask_bad_input_is_named():
 
 
 def test_tuning_buckets_separate_batch_sizes_of_one_sequence_length():
-    from flashlite.attention import _tuning_buckets
+    _tuning_buckets = attention_fwd.tuning_buckets
     # Case 2 (B=1) and case 7 (B=16) share S=1024 but not a tuned config.
     assert _tuning_buckets(1024, 1024, 1 * 16) == (1024, 1024, 16)
     assert _tuning_buckets(1024, 1024, 16 * 16) == (1024, 1024, 256)
