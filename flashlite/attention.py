@@ -548,8 +548,8 @@ class _TritonPlan:
     compiled kernel (``flashlite._direct_launch``), skipping Triton's per-call argument binding; calls that need
     gradients, compiled code, and calls the recording cannot take (unaligned tensors) launch the ordinary way. The
     plan keeps its own recording rather than going through the launch cache: its signature is already fixed, so a
-    replay needs no bucket arithmetic, argument tuple or cache key, which at B=1, S=128 are a measurable share of
-    the call."""
+    replay needs no bucket arithmetic, argument tuple or cache key, each of which would add host time to every
+    call at launch-bound sizes."""
 
     __slots__ = ("call", "recorded", "tried")
 
