@@ -283,9 +283,14 @@ def _attn_bwd_dq(Q,  # [B, H, S_q, D]
 
 # dK/dV: a key block (BLOCK_N rows, resident with its dK, dV accumulators) against streamed query blocks.
 # Most promising first, as for the forward.
-DKDV_GPU_BLOCKS = [(32, 128, 4, 3), (64, 128, 8, 2), (32, 64, 4, 3), (64, 64, 4, 3), (16, 32, 4, 2)]
+DKDV_GPU_BLOCKS = [(32, 128, 4, 3), (64, 128, 8, 2), (32, 64, 4, 3), (64, 64, 4, 3), (16, 32, 4, 2),
+                   # Deeper pipelines of the streamed q/dO tiles, and 8 warps over 64 x 128: 129-161 KB at D=128
+                   # (compiled for sm_90), candidates for the D=128 backward.
+                   (32, 128, 4, 4), (32, 128, 4, 5), (64, 128, 8, 3)]
 # dQ: a query block (BLOCK_M rows, resident) against streamed key blocks.
-DQ_GPU_BLOCKS = [(128, 32, 4, 3), (128, 64, 8, 2), (64, 64, 4, 3), (64, 32, 4, 3), (32, 16, 4, 2)]
+DQ_GPU_BLOCKS = [(128, 32, 4, 3), (128, 64, 8, 2), (64, 64, 4, 3), (64, 32, 4, 3), (32, 16, 4, 2),
+                 # The mirror of the dK/dV additions: 128-160 KB at D=128.
+                 (128, 32, 4, 4), (128, 32, 4, 5), (128, 64, 8, 3)]
 # Interpreter: unequal blocks, the mirror of the forward's, so the diagonal logic is exercised both ways.
 DKDV_INTERPRETER_BLOCKS = [(16, 32, 4, 1)]
 DQ_INTERPRETER_BLOCKS = [(32, 16, 4, 1)]

@@ -336,8 +336,8 @@ def test_tuned_config_is_reused_without_the_autotuner(monkeypatch):
     assert len(autotuned.launches) == 2
 
 
-_COMPILE_FOR_HOPPER = r'''
-import os, sys
+_SM90_COMPILER = r'''
+import inspect, os, sys
 os.environ["TRITON_INTERPRET"] = "0"
 import triton
 from triton.backends.compiler import GPUTarget
@@ -345,12 +345,16 @@ from triton.compiler import ASTSource
 import flashlite
 from flashlite.kernels import attention_bwd, attention_fwd
 
-def compile_for_sm90(fn, blocks):
+def compile_for_sm90(fn, blocks, *, head_dim=80, block_d=128, causal=2, key_mask="bool", warps=4, stages=3):
     # Mirror the JIT's specialization for contiguous [B, H, S, D] inputs: unit strides are constants, pointers
     # and other strides divisible by 16.
     pointers = dict(Lse="*fp32", Delta="*fp32", KeyMask="*u8", KeyLen="*i64")
-    constants = dict(HEAD_DIM=80, BLOCK_D=128, CAUSAL=2, KEY_MASK="bool", DOT="bf16", FLAT_GRID=False,
-                     EVEN_M=False, **blocks)
+    constants = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, CAUSAL=causal, KEY_MASK=key_mask, DOT="bf16",
+                     FLAT_GRID=False, EVEN_M=False, **blocks)
+    # Constexpr parameters with defaults (BH_PER_PROGRAM, STORE_LSE) take them, as a launch that omits them does.
+    for param in fn.params:
+        if param.is_constexpr and param.name not in constants and param.default is not inspect.Parameter.empty:
+            constants[param.name] = param.default
     signature, attrs = {}, {}
     for i, name in enumerate(fn.arg_names):
         if name in constants:
@@ -364,31 +368,73 @@ def compile_for_sm90(fn, blocks):
             signature[name] = "fp32" if "scale" in name else "i32"
             if name.startswith("stride_"):
                 attrs[(i,)] = [["tt.divisibility", 16]]
-    kernel = triton.compile(ASTSource(fn, signature, constants, attrs), target=GPUTarget("cuda", 90, 32),
-                            options={"num_warps": 4, "num_stages": 3})
-    ttgir = kernel.asm["ttgir"]
+    return triton.compile(ASTSource(fn, signature, constants, attrs), target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": warps, "num_stages": stages})
+'''
+
+_COMPILE_FOR_HOPPER = _SM90_COMPILER + r'''
+def report(fn, blocks):
+    ttgir = compile_for_sm90(fn, blocks).asm["ttgir"]
     # Tensor-core (wgmma) dots and software-pipelined (cp.async) loads of the streamed tiles.
     print(fn.__name__, "warp_group_dot" in ttgir, "async_copy_global_to_local" in ttgir)
 
-compile_for_sm90(attention_fwd._attn_fwd, dict(BLOCK_M=128, BLOCK_N=64, BH_PER_PROGRAM=1))
-compile_for_sm90(attention_fwd._attn_fwd, dict(BLOCK_M=64, BLOCK_N=64, BH_PER_PROGRAM=2))
-compile_for_sm90(attention_bwd._attn_bwd_dkdv, dict(BLOCK_M=32, BLOCK_N=128))
-compile_for_sm90(attention_bwd._attn_bwd_dq, dict(BLOCK_M=128, BLOCK_N=32))
+report(attention_fwd._attn_fwd, dict(BLOCK_M=128, BLOCK_N=64, BH_PER_PROGRAM=1))
+report(attention_fwd._attn_fwd, dict(BLOCK_M=64, BLOCK_N=64, BH_PER_PROGRAM=2))
+report(attention_bwd._attn_bwd_dkdv, dict(BLOCK_M=32, BLOCK_N=128))
+report(attention_bwd._attn_bwd_dq, dict(BLOCK_M=128, BLOCK_N=32))
 '''
+
+# Every config the pruning keeps for bf16 at D=128 (the largest tiles the lists hold that fit), compiled for sm_90:
+# prints the kernel, the config and the shared memory the compiled kernel asks for.
+_PRUNED_CONFIGS_FOR_HOPPER = _SM90_COMPILER + r'''
+import torch
+q = torch.empty(0, dtype=torch.bfloat16)
+for fn, blocks, prune in ((attention_fwd._attn_fwd, attention_fwd.FWD_GPU_BLOCKS, attention_fwd.prune_fwd_configs),
+                          (attention_bwd._attn_bwd_dkdv, attention_bwd.DKDV_GPU_BLOCKS,
+                           attention_bwd.prune_dkdv_configs),
+                          (attention_bwd._attn_bwd_dq, attention_bwd.DQ_GPU_BLOCKS, attention_bwd.prune_dq_configs)):
+    for config in prune(attention_fwd.make_configs(blocks), {"Q": q, "SEQ_Q_BUCKET": 8192}, BLOCK_D=128):
+        kernel = compile_for_sm90(fn, dict(config.kwargs), head_dim=128, block_d=128, causal=1, key_mask="none",
+                                  warps=config.num_warps, stages=config.num_stages)
+        print(fn.__name__, config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"], config.num_warps, config.num_stages,
+              kernel.metadata.shared)
+'''
+
+
+def _run_script(script):
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton.backends.nvidia")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU suite compiles the kernels for real")
 def test_kernels_compile_for_hopper_without_a_gpu():
     # The interpreter runs the kernels as Python; this compiles them the way a GPU run would (to sm_90 machine
     # code), so errors that only compilation finds show up on a CPU-only machine too.
-    import subprocess
-    import sys
+    assert _run_script(_COMPILE_FOR_HOPPER).split() == ["_attn_fwd", "True", "True", "_attn_fwd", "True", "True",
+                                                        "_attn_bwd_dkdv", "True", "True", "_attn_bwd_dq", "True",
+                                                        "True"]
 
-    pytest.importorskip("triton.backends.nvidia")
-    done = subprocess.run([sys.executable, "-c", _COMPILE_FOR_HOPPER], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split() == ["_attn_fwd", "True", "True", "_attn_fwd", "True", "True",
-                                   "_attn_bwd_dkdv", "True", "True", "_attn_bwd_dq", "True", "True"]
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU suite compiles the kernels for real")
+def test_every_config_kept_at_head_dim_128_compiles_within_hopper_shared_memory():
+    # The pruning estimates shared memory from tile sizes; the compiler knows. Every kept config must compile for
+    # sm_90 and ask for at most the 227 KB a thread block may have on an H100/H200, and the forward's estimate,
+    # which the forward prunes up to that limit, must not undercount.
+    rows = [line.split() for line in _run_script(_PRUNED_CONFIGS_FOR_HOPPER).splitlines()]
+    kernels = {row[0] for row in rows}
+    assert kernels == {"_attn_fwd", "_attn_bwd_dkdv", "_attn_bwd_dq"}
+    for name, block_m, block_n, warps, stages, shared in rows:
+        block_m, block_n, stages, shared = int(block_m), int(block_n), int(stages), int(shared)
+        assert 0 < shared <= 227 * 1024, (name, block_m, block_n, warps, stages, shared)
+        if name == "_attn_fwd":
+            estimate = stages * 2 * block_n * 128 * 2 + block_m * 128 * 2
+            assert shared <= estimate, (block_m, block_n, warps, stages, shared, estimate)
+    assert ("_attn_fwd", "128", "128", "8", "3", str(224 * 1024)) in {tuple(row) for row in rows}
 
 
 def test_repeated_calls_replay_the_plan_and_never_a_stale_one():
