@@ -15,6 +15,10 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+# CUDA caps grid axis 1 (and 2) at 65,535 blocks; the attention launchers put batch * heads there and switch to a
+# flattened 1-D grid past it.
+GRID_AXIS1_LIMIT = 65535
+
 # Read once: Triton decides between compiling and interpreting when a kernel is defined, at import, so a later
 # change of the variable would not change how the kernels run (and launch code asks on every call).
 _INTERPRETING = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")

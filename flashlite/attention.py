@@ -64,7 +64,7 @@ _BACKENDS = ("auto", "triton", "sdpa")
 _INT32_LIMIT = 2 ** 31
 # Grid axis 1 holds batch * heads; past CUDA's cap the kernels use a flattened 1-D grid (a module name, so that tests
 # can lower it).
-_GRID_AXIS1_LIMIT = _fwd.GRID_AXIS1_LIMIT
+_GRID_AXIS1_LIMIT = _runtime.GRID_AXIS1_LIMIT
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages), and for the forward kernel optionally BH_PER_PROGRAM fifth
 BlockConfig = tuple[int, ...]

@@ -393,8 +393,6 @@ MAX_SEQ_BUCKET = 16384
 # at B=1 (a fraction of one wave) is not reused at B=16 (many waves) of the same sequence length.
 MAX_BATCH_HEADS_BUCKET = 4096
 AUTOTUNE_KEY = ["SEQ_Q_BUCKET", "SEQ_K_BUCKET", "BATCH_HEADS_BUCKET", "HEAD_DIM", "CAUSAL", "KEY_MASK", "DOT"]
-# CUDA caps grid axis 1 at 65,535: past it the launchers set FLAT_GRID and put batch * heads on axis 0.
-GRID_AXIS1_LIMIT = 65535
 
 
 def tuning_buckets(seq_q: int, seq_k: int, batch_heads: int) -> tuple[int, int, int]:

@@ -35,8 +35,8 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from flashlite import _runtime
 from flashlite._intmath import cdiv
-from flashlite.kernels.attention_fwd import (GRID_AXIS1_LIMIT, _cast_out, _key_range, _mma, _program_ids,
-                                             prune_by_resources, tuning_buckets)
+from flashlite.kernels.attention_fwd import (_cast_out, _key_range, _mma, _program_ids, prune_by_resources,
+                                             tuning_buckets)
 
 __all__ = ["attention_forward_tma", "tma_supported", "TMA_GPU_BLOCKS", "TMA_INTERPRETER_BLOCKS"]
 
@@ -347,7 +347,7 @@ def attention_forward_tma(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, 
     lse = torch.empty((batch, heads, seq_q), dtype=torch.float32, device=q.device)
     dot = _dot_mode(q.dtype)
     buckets = tuning_buckets(seq_q, seq_k, batch_heads)
-    flat_grid = batch_heads > GRID_AXIS1_LIMIT
+    flat_grid = batch_heads > _runtime.GRID_AXIS1_LIMIT
 
     # Block shapes are placeholders until a config is chosen (see _set_block_shapes).
     desc_q, desc_o = _descriptor(q, 16), _descriptor(out, 16)

@@ -402,10 +402,10 @@ for fn, blocks, prune in ((attention_fwd._attn_fwd, attention_fwd.FWD_GPU_BLOCKS
 
 
 def _run_script(script):
+    """stdout of ``script`` run in a fresh interpreter, which must exit cleanly."""
     import subprocess
     import sys
 
-    pytest.importorskip("triton.backends.nvidia")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
@@ -415,6 +415,7 @@ def _run_script(script):
 def test_kernels_compile_for_hopper_without_a_gpu():
     # The interpreter runs the kernels as Python; this compiles them the way a GPU run would (to sm_90 machine
     # code), so errors that only compilation finds show up on a CPU-only machine too.
+    pytest.importorskip("triton.backends.nvidia")
     assert _run_script(_COMPILE_FOR_HOPPER).split() == ["_attn_fwd", "True", "True", "_attn_fwd", "True", "True",
                                                         "_attn_bwd_dkdv", "True", "True", "_attn_bwd_dq", "True",
                                                         "True"]
@@ -425,6 +426,7 @@ def test_every_config_kept_at_head_dim_128_compiles_within_hopper_shared_memory(
     # The pruning estimates shared memory from tile sizes; the compiler knows. Every kept config must compile for
     # sm_90 and ask for at most the 227 KB a thread block may have on an H100/H200, and the forward's estimate,
     # which the forward prunes up to that limit, must not undercount.
+    pytest.importorskip("triton.backends.nvidia")
     rows = [line.split() for line in _run_script(_PRUNED_CONFIGS_FOR_HOPPER).splitlines()]
     kernels = {row[0] for row in rows}
     assert kernels == {"_attn_fwd", "_attn_bwd_dkdv", "_attn_bwd_dq"}
@@ -435,6 +437,32 @@ def test_every_config_kept_at_head_dim_128_compiles_within_hopper_shared_memory(
             estimate = stages * 2 * block_n * 128 * 2 + block_m * 128 * 2
             assert shared <= estimate, (block_m, block_n, warps, stages, shared, estimate)
     assert ("_attn_fwd", "128", "128", "8", "3", str(224 * 1024)) in {tuple(row) for row in rows}
+
+
+_WITHOUT_TRITON = r'''
+import builtins
+real_import = builtins.__import__
+
+def no_triton(name, *args, **kwargs):
+    if name == "triton" or name.startswith("triton."):
+        raise ImportError("no triton on this platform")
+    return real_import(name, *args, **kwargs)
+
+builtins.__import__ = no_triton
+import torch
+import flashlite
+q = torch.randn(1, 2, 8, 16)
+out = flashlite.attention(q, q, q, causal=True)
+expected = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+print(torch.equal(out, expected), flashlite.explain_dispatch(q, q, q).reason)
+'''
+
+
+def test_without_triton_attention_imports_and_runs_on_sdpa():
+    # Triton has wheels for Linux x86_64 only: elsewhere flashlite must import and send every call to SDPA, saying
+    # why. A fresh interpreter where importing triton fails stands in for such a platform.
+    out = _run_script(_WITHOUT_TRITON)
+    assert out.strip() == "True kernel cannot run this call: Triton is not available (no triton on this platform)"
 
 
 def test_repeated_calls_replay_the_plan_and_never_a_stale_one():
