@@ -126,9 +126,9 @@ def _forward_backward(q, k, v, causal):
 @pytest.mark.shape(dict(B=2, H=8, H_kv=2, S=200, D=64), dict(B=3, H=4, H_kv=4, S=77, D=128),
                    dtype=[torch.bfloat16], causal=[True, False])
 def test_launch_cache_replays_forward_and_backward_exactly(shape, monkeypatch):
-    # The launch cache (on unless FLASHLITE_LAUNCH_CACHE=0): every launch of the forward and the three backward kernels is recorded once and
-    # replayed after; results must be bit-identical to ordinary launches, also when only the batch size changes
-    # (which changes the backward grids and nothing else among their arguments).
+    # The launch cache (on unless FLASHLITE_LAUNCH_CACHE=0): every launch of the forward and the three backward
+    # kernels is recorded once and replayed after; results must be bit-identical to ordinary launches, also when
+    # only the batch size changes (which changes the backward grids and nothing else among their arguments).
     cache = attention_module._direct_launch.LaunchCache()
     monkeypatch.setattr(attention_module, "_LAUNCHES", cache)
     for batch in (shape.B, shape.B + 1):
