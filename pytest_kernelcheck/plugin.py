@@ -17,6 +17,7 @@ from .memory import (
     intractable_reason,
     is_out_of_memory,
     memory_shortfall,
+    oom_skip_reason,
     parse_intractable_marker,
     parse_memory_marker,
     release_memory,
@@ -137,9 +138,11 @@ def _shape_of(item: pytest.Item) -> Shape | None:
     return callspec.params.get(SHAPE_ARGNAME) if callspec is not None else None
 
 
-# After pytest's own skip/skipif evaluation: a test skipped for a more basic reason (no GPU) should say that,
-# not that its memory does not fit.
-@pytest.hookimpl(trylast=True)
+# Between pytest's skip/skipif evaluation and fixture set-up. After skipif, because a test skipped for a more
+# basic reason (no GPU) should say that, not that its memory does not fit; before fixtures, because they may
+# allocate what the estimate says does not fit. A plain hookimpl gets exactly that slot: the skipping plugin's
+# setup is tryfirst, and the runner's (which sets up fixtures) is a builtin plain hookimpl registered before any
+# installed plugin, and pluggy calls later registrations first. test_memory pins both orders.
 def pytest_runtest_setup(item: pytest.Item) -> None:
     shape = _shape_of(item)
     marker = item.get_closest_marker("intractable")
@@ -174,28 +177,40 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 def pytest_runtest_call(item: pytest.Item):
     marker = item.get_closest_marker("tolerance")
     if marker is None:
-        return (yield from _call_catching_oom(item))
+        return (yield)
     from .tolerance import parse_tolerance_marker, use_override
 
     with use_override(parse_tolerance_marker(marker.args, marker.kwargs)):
-        return (yield from _call_catching_oom(item))
-
-
-def _call_catching_oom(item: pytest.Item):
-    try:
         return (yield)
-    except BaseException as exc:
-        if not is_out_of_memory(exc):
-            raise
-        # Tensors referenced from the failed frames would otherwise live on in the traceback (and in
-        # sys.last_traceback), holding the memory the next test needs.
-        forget_frames(exc)
-        item.stash[_had_oom] = True
-        release_memory()
-        if _oom_mode(item.config) == "fail":
-            raise
-        summary = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise _skip(f"out of memory: {summary}") from None
+
+
+# Out-of-memory errors are judged on the report, not caught in the call: that covers fixtures (setup) as well
+# as the test body, and lets pytest decide first. tryfirst makes this wrapper the outermost, so the skipping
+# plugin has already turned an OOM that an xfail marker expects into an xfail; such a report is left alone. An
+# OOM caught by pytest.raises never reaches a report.
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
+    report = yield
+    error = call.excinfo.value if call.excinfo is not None else None
+    if error is None or not is_out_of_memory(error):
+        return report
+    # Tensors referenced from the failed frames would otherwise live on in the traceback (and in
+    # sys.last_traceback), holding the memory the next test needs. The report's text is already built.
+    forget_frames(error)
+    item.stash[_had_oom] = True
+    release_memory()
+    # At teardown the test has already been reported; a skip would count it twice, so that stays an error.
+    if hasattr(report, "wasxfail") or call.when == "teardown" or _oom_mode(item.config) == "fail":
+        return report
+    try:
+        raise _skip(oom_skip_reason(error))
+    except pytest.skip.Exception:
+        # The call now holds the skip, as if the test had raised it: pytest reports it at the test's location
+        # and does not offer --pdb for it.
+        call.excinfo = pytest.ExceptionInfo.from_current()
+    skipped = pytest.TestReport.from_item_and_call(item, call)
+    report.outcome, report.longrepr = skipped.outcome, skipped.longrepr
+    return report
 
 
 @pytest.hookimpl(wrapper=True)

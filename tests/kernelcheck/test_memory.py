@@ -98,6 +98,32 @@ def test_forget_frames_releases_tensors_held_by_a_traceback():
     assert ref[0]() is None
 
 
+def test_forget_frames_works_after_pytest_has_read_the_frames_locals():
+    # pytest reads f_locals (for __tracebackhide__) while building a report; on Python 3.11/3.12 that snapshot
+    # outlived frame.clear() and kept the tensors alive.
+    import weakref
+
+    class Holder:
+        pass
+
+    def fail():
+        held = Holder()
+        refs.append(weakref.ref(held))
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.00 GiB")
+
+    refs = []
+    try:
+        fail()
+    except torch.OutOfMemoryError as exc:
+        caught = exc
+    tb = caught.__traceback__
+    while tb is not None:
+        tb.tb_frame.f_locals
+        tb = tb.tb_next
+    forget_frames(caught)
+    assert refs[0]() is None
+
+
 def test_memory_marker_skips_with_readable_numbers_and_runs_small_cases(pytester):
     pytester.makepyfile(
         """
@@ -223,3 +249,120 @@ def test_skipif_reason_comes_before_the_memory_check(pytester):
     result.assert_outcomes(skipped=2)
     result.stdout.fnmatch_lines(["*needs a CUDA GPU*"])
     assert result.stdout.str().count("PiB") == 1
+
+
+def test_xfail_expecting_out_of_memory_stays_xfailed(pytester):
+    # pytest's own expectation wins: an OOM the test is marked to raise is an xfail, not an OOM skip.
+    pytester.makepyfile(
+        """
+        import pytest, torch
+
+        @pytest.mark.xfail(raises=torch.OutOfMemoryError, strict=True, reason="17 GiB buffer on a small card")
+        def test_expected_oom():
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 17.00 GiB")
+
+        @pytest.mark.xfail(reason="any failure")
+        def test_plain_xfail_oom():
+            raise MemoryError("out of memory")
+
+        @pytest.mark.xfail(raises=ValueError, reason="expects a ValueError")
+        def test_unexpected_oom():
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 3.00 GiB")
+        """
+    )
+    result = pytester.runpytest("-ra")
+    # The OOM that the xfail did not expect is still the environment's fault: an OOM skip.
+    result.assert_outcomes(xfailed=2, skipped=1)
+    result.stdout.fnmatch_lines_random(
+        [
+            "XFAIL *::test_expected_oom - 17 GiB buffer on a small card",
+            "XFAIL *::test_plain_xfail_oom - any failure",
+            "SKIPPED [[]1[]] *: out of memory: CUDA out of memory. Tried to allocate 3.00 GiB",
+        ]
+    )
+
+
+def test_out_of_memory_caught_by_pytest_raises_is_the_tests_business(pytester):
+    pytester.makepyfile(
+        """
+        import pytest, torch
+
+        def test_checks_its_own_oom():
+            with pytest.raises(torch.OutOfMemoryError, match="Tried to allocate 5.00 GiB"):
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 5.00 GiB")
+
+        def test_expects_oom_but_none_comes():
+            with pytest.raises(torch.OutOfMemoryError):
+                pass
+        """
+    )
+    result = pytester.runpytest("-ra")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*Failed: DID NOT RAISE*OutOfMemoryError*", "FAILED *::test_expects_oom_but_none_comes*"])
+
+
+FIXTURE_OOM_TESTS = """
+import pytest, torch
+
+@pytest.fixture
+def buffers():
+    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 7.00 GiB")
+
+@pytest.fixture(scope="module")
+def weights():
+    raise MemoryError("out of memory: 11 GiB of weights")
+
+def test_function_fixture(buffers):
+    raise AssertionError("must not run")
+
+def test_module_fixture_first(weights):
+    raise AssertionError("must not run")
+
+def test_module_fixture_again(weights):
+    raise AssertionError("must not run")
+"""
+
+
+def test_out_of_memory_in_a_fixture_is_handled_like_one_in_the_test(pytester):
+    pytester.makepyfile(FIXTURE_OOM_TESTS)
+    result = pytester.runpytest("-ra", "-p", "no:randomly")
+    result.assert_outcomes(skipped=3)
+    result.stdout.fnmatch_lines_random(
+        [
+            "SKIPPED [[]1[]] *.py:11: out of memory: CUDA out of memory. Tried to allocate 7.00 GiB",
+            "SKIPPED [[]1[]] *.py:14: out of memory: out of memory: 11 GiB of weights",
+            "SKIPPED [[]1[]] *.py:17: out of memory: out of memory: 11 GiB of weights",
+        ]
+    )
+    result = pytester.runpytest("--kernel-oom=fail", "-p", "no:randomly")
+    result.assert_outcomes(errors=3)
+    result.stdout.fnmatch_lines(["*OutOfMemoryError: CUDA out of memory. Tried to allocate 7.00 GiB"])
+
+
+def test_memory_shortfall_skips_before_any_fixture_runs(pytester):
+    # Fixtures may allocate what the estimate says does not fit; the skip must come first.
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.fixture(scope="module")
+        def module_buffers():
+            raise AssertionError("module fixture ran")
+
+        @pytest.fixture
+        def buffers():
+            raise AssertionError("function fixture ran")
+
+        @pytest.mark.memory(3 * 2**70, device="cpu")
+        def test_too_big(module_buffers, buffers):
+            raise AssertionError("must not run")
+
+        @pytest.mark.shape(dict(S=10**9 + 7))
+        @pytest.mark.intractable(lambda s: s.S > 10**6, reason="too long")
+        def test_intractable(shape, buffers):
+            raise AssertionError("must not run")
+        """
+    )
+    result = pytester.runpytest("-ra")
+    result.assert_outcomes(skipped=2)
+    assert "fixture ran" not in result.stdout.str()
