@@ -133,7 +133,8 @@ def memory_shortfall(needed: int, device: str) -> str | None:
 
 def is_out_of_memory(exc: BaseException) -> bool:
     """Whether ``exc`` reports memory exhaustion: torch's OutOfMemoryError, MemoryError, or a RuntimeError
-    whose message says "out of memory" (older torch builds and some backends raise that).
+    whose message says "out of memory" (older torch builds and some backends raise that) or is the host
+    allocator's "can't allocate memory" (torch raises a plain RuntimeError when host memory runs out).
 
     Example::
 
@@ -149,7 +150,10 @@ def is_out_of_memory(exc: BaseException) -> bool:
         )
         if oom_types and isinstance(exc, oom_types):
             return True
-    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+    if not isinstance(exc, RuntimeError):
+        return False
+    text = str(exc).lower()
+    return "out of memory" in text or "defaultcpuallocator: can't allocate memory" in text
 
 
 def oom_skip_reason(exc: BaseException) -> str:

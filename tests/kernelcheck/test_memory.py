@@ -73,6 +73,13 @@ def test_out_of_memory_recognition():
     assert is_out_of_memory(torch.OutOfMemoryError("CUDA out of memory"))
     assert is_out_of_memory(MemoryError())
     assert is_out_of_memory(RuntimeError("HIP out of memory. Tried to allocate 2.00 GiB"))
+    # What torch 2.x raises when host memory runs out (torch.empty(2**50, dtype=torch.uint8)): no "out of memory".
+    assert is_out_of_memory(
+        RuntimeError(
+            "[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you tried to "
+            "allocate 1125899906842624 bytes. Error code 12 (Cannot allocate memory)"
+        )
+    )
     assert not is_out_of_memory(RuntimeError("shape mismatch"))
     assert not is_out_of_memory(ValueError("out of memory"))
 
