@@ -625,17 +625,38 @@ class KernelAB:
         self._shape = shape
         self._record = record
         self._unnamed = 0
+        self._used_names: set[str] = set()
         self.results: list[ComparisonResult | TournamentResult] = []
 
     def _name(self, name: str | None) -> str:
+        """The given name, or the test's name (``test_x``, ``test_x #2``, ...) stepping over names already used."""
         if name is not None:
             return str(name)
-        self._unnamed += 1
-        return self._test_name if self._unnamed == 1 else f"{self._test_name} #{self._unnamed}"
+        while True:
+            self._unnamed += 1
+            label = self._test_name if self._unnamed == 1 else f"{self._test_name} #{self._unnamed}"
+            if label not in self._used_names:
+                return label
+
+    def _claim(self, label: str) -> None:
+        """Refuse a name already used in this test: reports and ``--kernel-ab-compare`` key results by test and name.
+
+        Two results under one name would be matched to one row of the earlier report, so a regression in either
+        could hide behind the other. Comparisons and tournaments share the names; a failed one keeps its name, as
+        its error row in the report carries it.
+        """
+        if label in self._used_names:
+            raise ValueError(
+                f"kernel_ab name {label!r} is already used in {self._nodeid or self._test_name}; give each "
+                "comparison and tournament of a test its own name= (reports and --kernel-ab-compare tell results "
+                "apart by test and name)"
+            )
+        self._used_names.add(label)
 
     def _run(self, kind: str, name: str | None, work: Callable[[Budget, str], Any], budget: dict[str, Any]) -> Any:
         settings = self.defaults.replace(**budget)  # bad keywords fail before anything runs
         label = self._name(name)
+        self._claim(label)  # before anything runs, too: a refused call records nothing
         shape = self._shape()
         started = time.perf_counter()
         try:
@@ -660,7 +681,8 @@ class KernelAB:
     ) -> ComparisonResult:
         """Time ``candidate`` against ``baseline`` (zero-argument callables); never fails on the verdict.
 
-        Budget keywords: max_time, min_pairs, max_pairs, alpha, margin, flush_l2, hold_gpu, calls_per_sample,
+        ``name`` labels the result in the report (default: the test's name); each comparison and tournament of
+        one test needs its own, and a name used twice raises ``ValueError``. Budget keywords: max_time, min_pairs, max_pairs, alpha, margin, flush_l2, hold_gpu, calls_per_sample,
         use_cuda_graph, warmup, check_output, seed.
 
         >>> result = kernel_ab.compare(lambda: new(x), lambda: old(x), max_time=1.0)  # doctest: +SKIP
@@ -704,6 +726,8 @@ class KernelAB:
         self, variants: Mapping[str, Callable[[], Any]], *, name: str | None = None, timer: Any = None, **budget: Any
     ) -> TournamentResult:
         """Rank named variants on one input; says which cannot be told apart from the best.
+
+        ``name`` follows the rule of :meth:`compare`: unique among the test's comparisons and tournaments.
 
         >>> t = kernel_ab.tournament({"a": lambda: a(x), "b": lambda: b(x), "c": lambda: c(x)})  # doctest: +SKIP
         >>> t.best, t.indistinguishable_from_best  # doctest: +SKIP

@@ -88,12 +88,17 @@ def _mark_against_previous(comparisons: list[dict[str, Any]], previous: dict[str
     """Add ``vs_last`` to each comparison found in the earlier report; return the names that regressed.
 
     A regression: the speedup interval now sits entirely below the earlier one, or the verdict went from win
-    to loss.
+    to loss. Rows are matched by test and name; names are unique within a test now, but an earlier report (or
+    a rerun test) can hold several rows under one key, and those are matched in order, one earlier row each, so
+    that no row hides behind another's match.
     """
-    earlier = {(r.get("nodeid"), r.get("name")): r for r in previous.get("comparisons", [])}
+    earlier: dict[tuple[Any, Any], list[dict[str, Any]]] = {}
+    for row in previous.get("comparisons", []):
+        earlier.setdefault((row.get("nodeid"), row.get("name")), []).append(row)
     regressions = []
     for record in comparisons:
-        old = earlier.get((record.get("nodeid"), record.get("name")))
+        candidates = earlier.get((record.get("nodeid"), record.get("name")))
+        old = candidates.pop(0) if candidates else None
         if old is None or record.get("verdict") == "error":
             record["vs_last"] = None
             continue

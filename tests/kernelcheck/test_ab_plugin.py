@@ -305,3 +305,52 @@ def test_fixture_object_names_records_and_keeps_failures():
     assert records[2]["name"] == "broken" and "no kernel image" in records[2]["error"]
     assert records[0]["nodeid"] == "t.py::test_x" and records[0]["shape"] == {"S": 64}
     json.dumps(records)  # records are plain JSON
+
+
+def test_a_name_used_twice_in_one_test_is_refused_naming_it_and_the_test():
+    from pytest_kernelcheck.ab import Budget, KernelAB
+    from pytest_kernelcheck.timing import CallableFailed, SimulatedTimer
+
+    records = []
+    ab = KernelAB(Budget(max_time=0.1), nodeid="t.py::test_x", test_name="test_x", record=records.append)
+    a, b = (lambda: None), (lambda: None)
+    timer = SimulatedTimer({a: lambda rng, now: 1e-3, b: lambda rng, now: 2e-3})
+    ab.compare(a, b, name="fused", timer=timer)
+    # The report and --kernel-ab-compare tell results apart by test and name: a second "fused" would be matched
+    # to the first one's earlier row, so a regression in it could hide.
+    with pytest.raises(ValueError, match=r"kernel_ab name 'fused' is already used in t\.py::test_x"):
+        ab.compare(b, a, name="fused", timer=timer)
+    with pytest.raises(ValueError, match=r"kernel_ab name 'fused' is already used"):
+        ab.tournament({"a": a, "b": b}, name="fused", timer=timer)
+
+    def broken():
+        raise RuntimeError("no kernel image")
+
+    with pytest.raises(CallableFailed):
+        ab.compare(broken, b, name="broken", timer=timer)
+    with pytest.raises(ValueError, match="'broken' is already used"):  # its error row holds the name
+        ab.compare(a, b, name="broken", timer=timer)
+    assert ab.compare(a, b, timer=timer).name == "test_x"  # unnamed: the test's name
+    with pytest.raises(ValueError, match="'test_x' is already used"):
+        ab.compare(a, b, name="test_x", timer=timer)
+    ab.compare(a, b, name="test_x #2", timer=timer)
+    assert ab.tournament({"a": a, "b": b}, timer=timer).name == "test_x #3"  # automatic names step over given ones
+    assert [r["name"] for r in records] == ["fused", "broken", "test_x", "test_x #2", "test_x #3"]
+
+
+def test_two_comparisons_with_one_name_fail_the_test_and_only_the_first_is_reported(pytester):
+    pytester.makepyfile(
+        SORTS
+        + """
+def test_twice(kernel_ab):
+    kernel_ab.compare(sort_small, sort_large, name="sort")
+    kernel_ab.compare(sort_large, sort_small, name="sort")
+"""
+    )
+    result = pytester.runpytest(*FAST, "--kernel-ab-report", "d.json")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        ["*ValueError: kernel_ab name 'sort' is already used in "
+         "test_two_comparisons_with_one_name_fail_the_test_and_only_the_first_is_reported.py::test_twice;*"]
+    )
+    assert [r["name"] for r in json.loads((pytester.path / "d.json").read_text())["comparisons"]] == ["sort"]

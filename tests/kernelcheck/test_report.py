@@ -79,6 +79,21 @@ def test_regressions_against_an_earlier_report():
     assert rows[[r[0] for r in rows].index("fast")][-1].startswith("REGRESSION: was 1.500x win")
 
 
+def test_rows_sharing_a_test_and_name_are_matched_with_the_earlier_report_in_order():
+    # Reports written before names had to be unique can hold two rows with one test and name; matching both to
+    # the same earlier row would hide the first one's regression.
+    earlier = report.build_report(
+        [comparison("dup", "win", 2.0, (1.9, 2.1), 0.001), comparison("dup", "tie", 1.0, (0.95, 1.05), 0.5)],
+        settings=SETTINGS,
+    )
+    now = [comparison("dup", "tie", 1.0, (0.95, 1.05), 0.5) for _ in range(3)]
+    built = report.build_report(now, settings=SETTINGS, previous=earlier)
+    assert [(r["vs_last"] or {}).get("speedup") for r in built["comparisons"]] == [2.0, 1.0, None]
+    assert built["summary"]["regressions"] == ["dup"]
+    assert built["comparisons"][0]["vs_last"]["regression"] is True
+    assert built["comparisons"][1]["vs_last"]["regression"] is False
+
+
 def test_json_round_trip_is_standard_json(tmp_path):
     records = RECORDS + [comparison("unbounded", "inconclusive", 1.0, (0.0, math.inf), 0.5)]
     built = report.build_report(records, settings=SETTINGS, environment={"hostname": "h"})
