@@ -34,6 +34,10 @@ class _ABSession:
     report_path: str | None
     previous: dict[str, Any] | None
     records: list[dict[str, Any]] = field(default_factory=list)
+    finished: bool = False  # the report is built (and written) once, at session finish
+    built: dict[str, Any] | None = None  # None when no comparison ran
+    notes: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)  # report files that could not be written
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -173,33 +177,58 @@ class _Collector:
         if payload:
             self.session.records.extend(json.loads(payload))
 
-    def pytest_terminal_summary(self, terminalreporter: Any, config: pytest.Config) -> None:
-        if not self.session.enabled or hasattr(config, "workerinput"):  # xdist workers send, the controller reports
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        # Plain sessionfinish hooks run before the terminal reporter's wrapper prints the summary, and pytest exits
+        # with the status as it stands after them: the last point where an unwritable report can fail the run.
+        if not _reports_here(self.session, session.config):
             return
+        _finish(self.session)
+        if self.session.errors and session.exitstatus == pytest.ExitCode.OK:  # a failed run keeps its own status
+            session.exitstatus = pytest.ExitCode.USAGE_ERROR  # as for a report path refused at start-up
+            self.session.errors = [f"{error} (exit status {int(session.exitstatus)})" for error in self.session.errors]
+
+    def pytest_terminal_summary(self, terminalreporter: Any, config: pytest.Config) -> None:
+        if not _reports_here(self.session, config):
+            return
+        _finish(self.session)  # done at session finish already; this covers a summary without it
         _summarise(self.session, terminalreporter)
+
+
+def _reports_here(session: _ABSession, config: pytest.Config) -> bool:
+    return session.enabled and not hasattr(config, "workerinput")  # xdist workers send, the controller reports
+
+
+def _finish(session: _ABSession) -> None:
+    """Build the report from every record and write its files, once; notes and errors wait for the summary."""
+    from . import report
+
+    if session.finished:
+        return
+    session.finished = True
+    if not session.records:
+        return
+    environment = report.environment_info() if session.report_path else {}
+    session.built = report.build_report(
+        session.records, settings=session.settings, environment=environment, previous=session.previous
+    )
+    if not session.report_path:
+        return
+    markdown_path, plot_path = report.companion_paths(session.report_path)
+    try:
+        note = report.write_all(session.built, session.report_path)
+    except report.ReportError as exc:
+        session.errors.append(f"A/B report not written: {exc}")
+        return
+    session.notes.append(f"A/B report: {session.report_path}, {markdown_path}" + ("" if note else f", {plot_path}"))
+    if note:
+        session.notes.append(f"A/B plot skipped: {note}")
 
 
 def _summarise(session: _ABSession, terminalreporter: Any) -> None:
     from . import report
 
-    if not session.records:
+    if session.built is None:
         terminalreporter.write_sep("=", "kernel A/B comparisons")
         terminalreporter.write_line("no A/B comparisons ran")
         return
-    environment = report.environment_info() if session.report_path else {}
-    built = report.build_report(
-        session.records, settings=session.settings, environment=environment, previous=session.previous
-    )
-    notes = []
-    if session.report_path:
-        markdown_path, plot_path = report.companion_paths(session.report_path)
-        try:
-            report.write_json(built, session.report_path)
-            report.write_markdown(built, markdown_path)
-            note = report.write_plot(built, plot_path)
-            notes.append(f"A/B report: {session.report_path}, {markdown_path}" + ("" if note else f", {plot_path}"))
-            if note:
-                notes.append(f"A/B plot skipped: {note}")
-        except report.ReportError as exc:
-            notes.append(f"A/B report not written: {exc}")
-    report.write_terminal(terminalreporter, built, notes)
+    report.write_terminal(terminalreporter, session.built, session.notes, errors=session.errors)

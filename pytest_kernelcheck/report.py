@@ -10,9 +10,10 @@ import json
 import math
 import os
 import platform
+import secrets
 import sys
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, BinaryIO, Callable, Iterable, Sequence
 
 from . import stats
 
@@ -227,8 +228,29 @@ def load_report(path: str | Path) -> dict[str, Any]:
     return data
 
 
+def write_all(report: dict[str, Any], json_path: str | Path) -> str | None:
+    """Write the JSON report and its markdown table and plot beside it; returns the plot's note (see write_plot).
+
+    Each file is replaced whole or not at all (see :func:`write_json`); the first that cannot be written raises
+    ``ReportError`` naming its path and the OS error.
+
+    >>> write_all(build_report([], settings={}), "/dev/null/ab.json")
+    Traceback (most recent call last):
+    ...
+    pytest_kernelcheck.report.ReportError: cannot write report '/dev/null/ab.json': [Errno 17] File exists: '/dev/null'
+    """
+    markdown_path, plot_path = companion_paths(json_path)
+    write_json(report, json_path)
+    write_markdown(report, markdown_path)
+    return write_plot(report, plot_path)
+
+
 def write_json(report: dict[str, Any], path: str | Path) -> None:
-    """Write the report as standard JSON (non-finite numbers become null)."""
+    """Write the report as standard JSON (non-finite numbers become null).
+
+    Like every report file it goes to a temporary file beside ``path`` that then replaces ``path`` in one step,
+    so a failed or killed write leaves the previous file as it was, never half a file.
+    """
     _write(path, json.dumps(_finite(report), indent=1, default=str, allow_nan=False) + "\n")
 
 
@@ -294,11 +316,10 @@ def write_plot(report: dict[str, Any], path: str | Path) -> str | None:
     handles.append(matplotlib.patches.Patch(color="0.9", label=f"tie margin ±{margin:.0%}"))
     axes.legend(handles=handles, fontsize=7, loc="best")
     figure.tight_layout()
+    # The temporary file has no telling suffix, so the format comes from the target's (savefig's own rule).
+    image_format = Path(path).suffix.lstrip(".").lower() or "png"
     try:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        figure.savefig(path, dpi=120)
-    except OSError as exc:
-        raise ReportError(f"cannot write plot {str(path)!r}: {exc}") from None
+        _write_atomically(path, lambda handle: figure.savefig(handle, format=image_format, dpi=120), "plot")
     finally:
         plt.close(figure)
     return None
@@ -418,8 +439,13 @@ def tournament_lines(record: dict[str, Any]) -> list[str]:
     ]
 
 
-def write_terminal(terminal: Any, report: dict[str, Any], notes: Iterable[str] = ()) -> None:
-    """Write the A/B section to pytest's terminal reporter, verdicts coloured where the terminal allows."""
+def write_terminal(
+    terminal: Any, report: dict[str, Any], notes: Iterable[str] = (), errors: Iterable[str] = ()
+) -> None:
+    """Write the A/B section to pytest's terminal reporter, verdicts coloured where the terminal allows.
+
+    ``notes`` end the section; ``errors`` (a report file not written, say) follow them in red.
+    """
     terminal.write_sep("=", "kernel A/B comparisons")
     header, rows = table_rows(report)
     if rows:
@@ -442,6 +468,8 @@ def write_terminal(terminal: Any, report: dict[str, Any], notes: Iterable[str] =
             terminal.write_line(line)
     for note in notes:
         terminal.write_line(note)
+    for error in errors:
+        terminal.write_line(error, red=True, bold=True)
 
 
 def _finite(value: Any) -> Any:
@@ -455,8 +483,35 @@ def _finite(value: Any) -> Any:
 
 
 def _write(path: str | Path, text: str) -> None:
+    # Encoded up front: an unencodable name fails here, before any file is touched, instead of halfway.
+    data = text.encode("utf-8", errors="backslashreplace")
+    _write_atomically(path, lambda handle: handle.write(data), "report")
+
+
+def _write_atomically(path: str | Path, write: Callable[[BinaryIO], Any], what: str) -> None:
+    """Have ``write`` fill a temporary file in ``path``'s folder, then move it over ``path`` with ``os.replace``.
+
+    The move is atomic within one file system, so readers and later runs see the old file or the new one,
+    whatever happens mid-write (full disk, a killed run). The temporary file is removed when anything fails; an
+    ``OSError`` becomes ``ReportError`` naming ``path`` and the error.
+    """
+    target = Path(path)
+    temporary: Path | None = None
     try:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(text)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        temporary = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+        # os.open with 0o666 leaves the mode to the umask, as for any new file (mkstemp would make it 0600).
+        with os.fdopen(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "wb") as handle:
+            write(handle)
+            handle.flush()
+            os.fsync(handle.fileno())  # the data is on disk before the name points at it
+        os.replace(temporary, target)
+        temporary = None
     except OSError as exc:
-        raise ReportError(f"cannot write report {str(path)!r}: {exc}") from None
+        raise ReportError(f"cannot write {what} {str(path)!r}: {exc}") from None
+    finally:
+        if temporary is not None:
+            try:
+                temporary.unlink()
+            except OSError:  # never created, or already gone: nothing to clean up
+                pass

@@ -264,6 +264,43 @@ def test_one(kernel_ab):
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["A/B report not written: cannot write report 'gone.json': *"])
     assert "Traceback" not in result.stdout.str()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR  # CI must notice the missing report
+    assert sorted(p.name for p in pytester.path.iterdir() if p.name.startswith(".gone")) == []  # no temporary left
+
+
+def test_a_report_folder_that_becomes_a_file_fails_the_session_naming_path_and_error(pytester):
+    pytester.makepyfile(
+        SORTS
+        + """
+def test_one(kernel_ab):
+    kernel_ab.compare(sort_small, sort_large)
+    open("out", "w").close()  # the report's folder (created when written) is taken by a file during the run
+"""
+    )
+    result = pytester.runpytest(*FAST, "--kernel-ab-report", "out/ab.json")
+    result.assert_outcomes(passed=1)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stdout.fnmatch_lines(
+        ["A/B report not written: cannot write report 'out/ab.json': [[]Errno 17[]] File exists: 'out' (exit status 4)"]
+    )
+
+
+def test_a_report_written_in_a_failing_run_keeps_the_failure_exit_status(pytester):
+    pytester.makepyfile(
+        SORTS
+        + """
+import os
+
+def test_one(kernel_ab):
+    kernel_ab.compare(sort_small, sort_large)
+    os.mkdir("gone.json")
+    assert False, "the test itself fails"
+"""
+    )
+    result = pytester.runpytest(*FAST, "--kernel-ab-report", "gone.json")
+    result.assert_outcomes(failed=1)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED  # the failed test is the more important news
+    result.stdout.fnmatch_lines(["A/B report not written: cannot write report 'gone.json': *"])
 
 
 def test_shape_marker_cases_are_recorded_as_dicts(pytester):

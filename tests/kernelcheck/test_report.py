@@ -2,8 +2,13 @@
 from __future__ import annotations
 
 import builtins
+import errno
 import json
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -200,3 +205,81 @@ def test_environment_reuses_pytest_benchmark_machine_and_commit_info():
     assert environment["machine_info"]["python_version"] == environment["python"]
     assert "id" in environment["commit_info"]
     json.dumps(environment, default=str)
+
+
+def _mode_of_a_new_file(folder):
+    probe = folder / "probe"
+    probe.write_text("")
+    return probe.stat().st_mode & 0o777
+
+
+def test_report_files_are_written_whole_with_the_usual_permissions_and_no_temporary_left(tmp_path):
+    built = report.build_report(RECORDS, settings=SETTINGS)
+    json_path = tmp_path / "out" / "ab.json"
+    markdown, plot = report.companion_paths(json_path)
+    assert report.write_all(built, json_path) is None  # the plot note: None when the plot was written
+    assert report.load_report(json_path)["summary"]["comparisons"] == 5
+    assert markdown.read_text().startswith("# Kernel A/B comparisons")
+    assert plot.read_bytes()[:4] == b"\x89PNG"
+    assert sorted(p.name for p in json_path.parent.iterdir()) == ["ab.json", "ab.md", "ab.png"]
+    assert json_path.stat().st_mode & 0o777 == _mode_of_a_new_file(tmp_path)  # not the 0600 of a bare mkstemp
+
+
+# Run in a child process: the file-size limit (the way to make a real write fail halfway, as a full disk does)
+# must not reach pytest's own files.
+HALF_WRITE = """
+import resource, signal, sys
+from pytest_kernelcheck import report
+
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # past the limit a write then fails with EFBIG instead of killing
+records = [{"kind": "comparison", "nodeid": f"t.py::test_{i}", "name": "n" * 80 + str(i), "verdict": "tie",
+            "speedup": 1.0, "ci": [0.9, 1.1], "p_value": 0.5} for i in range(400)]
+built = report.build_report(records, settings={"alpha": 0.05})
+resource.setrlimit(resource.RLIMIT_FSIZE, (8192, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+for write, path in ((report.write_json, sys.argv[1]), (report.write_markdown, sys.argv[2])):
+    try:
+        write(built, path)
+        print("written", path)
+    except report.ReportError as exc:
+        print("ReportError:", exc)
+"""
+
+
+def test_a_write_failing_halfway_leaves_the_previous_report_intact(tmp_path):
+    pytest.importorskip("resource")
+    built = report.build_report(RECORDS[:1], settings=SETTINGS)
+    json_path, markdown = tmp_path / "ab.json", tmp_path / "ab.md"
+    report.write_json(built, json_path)
+    report.write_markdown(built, markdown)
+    before = {path: path.read_bytes() for path in (json_path, markdown)}
+    assert all(len(content) < 8192 for content in before.values())
+    root = Path(report.__file__).resolve().parents[1]
+    child = subprocess.run(
+        [sys.executable, "-c", HALF_WRITE, str(json_path), str(markdown)],
+        capture_output=True, text=True, cwd=root, timeout=120,
+    )
+    assert child.returncode == 0, child.stderr
+    assert child.stdout.count("ReportError: cannot write report") == 2, child.stdout
+    assert "File too large" in child.stdout
+    assert {path: path.read_bytes() for path in (json_path, markdown)} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ab.json", "ab.md"]
+
+
+def test_a_plot_failing_halfway_leaves_the_previous_plot_intact(tmp_path, monkeypatch):
+    import matplotlib.figure
+
+    plot = tmp_path / "ab.png"
+    plot.write_bytes(b"previous plot")
+
+    def savefig_until_the_disk_is_full(self, fname, **kwargs):
+        if hasattr(fname, "write"):
+            fname.write(b"\x89PNG half a plot")
+        else:
+            Path(fname).write_bytes(b"\x89PNG half a plot")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", savefig_until_the_disk_is_full)
+    with pytest.raises(report.ReportError, match=r"cannot write plot '.*ab\.png': \[Errno 28\] No space left"):
+        report.write_plot(report.build_report(RECORDS, settings=SETTINGS), plot)
+    assert plot.read_bytes() == b"previous plot"
+    assert [p.name for p in tmp_path.iterdir()] == ["ab.png"]
