@@ -66,7 +66,11 @@ def _check_row_params(op: str, x: torch.Tensor, row_limit: bool = True, **params
 
 
 def _rows(t: torch.Tensor, n: int) -> torch.Tensor:
-    """View ``t`` as [M, n] rows with unit column stride (copying only when the layout needs it)."""
+    """View ``t`` as [M, n] rows with unit column stride (copying only when the layout needs it).
+
+    The kernels take any row stride (0 for rows expanded from one) and the storage offset through the pointer;
+    a transposed tensor, or leading dimensions that do not flatten into one row stride, get a copy.
+    """
     rows = t.reshape(-1, n)
     return rows if rows.stride(-1) == 1 else rows.contiguous()
 
@@ -130,7 +134,7 @@ def _launch_layer_norm_fwd(
             x2, r2 if r2 is not None else x2, summed if summed is not None else x2,
             weight, bias, y, rstd,
             x2.stride(0), r2.stride(0) if r2 is not None else 0, summed.stride(0) if summed is not None else 0,
-            y.stride(0), m, n, eps,
+            y.stride(0), weight.stride(0), bias.stride(0), m, n, eps,
             HAS_RESIDUAL=residual is not None, BLOCK_M=block_m, BLOCK_N=block_n, EMULATE_RTNE=interpreting(),
             num_warps=warps,
         )
@@ -164,8 +168,8 @@ def _launch_layer_norm_bwd(
     if m > 0:
         _layer_norm_bwd_kernel[(programs,)](
             x2, weight, dy2, ds2 if ds2 is not None else dy2, dx, dw_partial, db_partial,
-            rstd.reshape(-1),
-            x2.stride(0), dy2.stride(0), ds2.stride(0) if ds2 is not None else 0, dx.stride(0),
+            rstd.reshape(-1),  # contiguous [M] in x's row order (a copy only if a caller passed a strided one)
+            x2.stride(0), dy2.stride(0), ds2.stride(0) if ds2 is not None else 0, dx.stride(0), weight.stride(0),
             m, n, rows_per_program,
             HAS_DSUM=ds2 is not None, BLOCK_M=block_m, BLOCK_N=block_n, EMULATE_RTNE=interpreting(),
             num_warps=warps,
@@ -177,13 +181,14 @@ def _launch_layer_norm_bwd(
 
 
 def _launch_bias_gelu_fwd(x: torch.Tensor, bias: torch.Tensor, out_dtype: Optional[torch.dtype]) -> torch.Tensor:
+    # The kernel walks x as one flat array (a copy unless x is contiguous); bias may have any stride.
     x = x.contiguous()
     y = torch.empty(x.shape, dtype=out_dtype or x.dtype, device=x.device)
     numel = x.numel()
     if numel > 0:
         block = _elementwise_block(numel)
         _bias_gelu_fwd_kernel[(cdiv(numel, block),)](
-            x, bias, y, numel, x.shape[-1], BLOCK=block, EMULATE_RTNE=interpreting(), num_warps=4
+            x, bias, y, bias.stride(0), numel, x.shape[-1], BLOCK=block, EMULATE_RTNE=interpreting(), num_warps=4
         )
     return y
 
@@ -195,7 +200,7 @@ def _launch_bias_gelu_bwd(dy: torch.Tensor, x: torch.Tensor, bias: torch.Tensor)
     if numel > 0:
         block = _elementwise_block(numel)
         _bias_gelu_bwd_kernel[(cdiv(numel, block),)](
-            x, bias, dy, dx, numel, x.shape[-1], BLOCK=block, EMULATE_RTNE=interpreting(), num_warps=4
+            x, bias, dy, dx, bias.stride(0), numel, x.shape[-1], BLOCK=block, EMULATE_RTNE=interpreting(), num_warps=4
         )
     return dx
 
@@ -233,8 +238,10 @@ def _add_layer_norm_op(
 
 @_add_layer_norm_op.register_fake
 def _(x, residual, weight, bias, eps, out_dtype):
+    # Contiguous outputs whatever x's layout (new_empty, not empty_like, which would keep a transposed x's strides),
+    # as the launcher allocates them.
     rstd = x.new_empty(x.shape[:-1], dtype=torch.float32)
-    return x.new_empty(x.shape, dtype=out_dtype or x.dtype), torch.empty_like(x), rstd
+    return x.new_empty(x.shape, dtype=out_dtype or x.dtype), x.new_empty(x.shape), rstd
 
 
 @torch.library.custom_op("flashlite::layer_norm_backward", mutates_args=())
@@ -250,7 +257,7 @@ def _layer_norm_backward_op(
 
 @_layer_norm_backward_op.register_fake
 def _(dy, x, weight, rstd, dsum):
-    return torch.empty_like(x), torch.empty_like(weight), torch.empty_like(weight)
+    return x.new_empty(x.shape), weight.new_empty(weight.shape), weight.new_empty(weight.shape)
 
 
 def _layer_norm_setup(ctx, inputs, output) -> None:
@@ -302,7 +309,7 @@ def _bias_gelu_backward_op(dy: torch.Tensor, x: torch.Tensor, bias: torch.Tensor
 
 @_bias_gelu_backward_op.register_fake
 def _(dy, x, bias):
-    return torch.empty_like(x)
+    return x.new_empty(x.shape)
 
 
 def _bias_gelu_setup(ctx, inputs, output) -> None:
@@ -408,7 +415,8 @@ def layer_norm(
     large against the spread). The output has ``x``'s dtype unless ``out_dtype`` asks for another (for example the
     bfloat16 operand of the next matmul, which saves a separate cast). ``weight``/``bias`` may be None (1 and 0)
     and may have a different floating dtype from ``x`` (for example float32 parameters with bfloat16 activations).
-    Rows of up to ``MAX_ROW_LENGTH`` elements.
+    Rows of up to ``MAX_ROW_LENGTH`` elements. Any argument may be a view of any layout (``weight`` a column of a
+    matrix, or one value expanded with stride 0); gradients come back to it through autograd as for a torch op.
 
     Example:
         >>> x = torch.randn(2, 5, 37)

@@ -2,6 +2,10 @@
 
 Raw ``@triton.jit`` kernels only; inputs are checked and grids computed in ``flashlite.norm``.
 
+Row tensors ([M, N]) need unit column stride (the launchers copy when they have not) and take any row stride,
+0 included; the [N] parameters take any stride (a column of a matrix, an expanded scalar with stride 0), so the
+launchers never copy them. Pointers include the tensor's storage offset.
+
 The LayerNorm kernels hold whole rows in registers: a tile of ``BLOCK_M`` rows by ``BLOCK_N =
 next_power_of_two(N)`` columns, masked past ``M`` and ``N`` (one row per program for wide rows on a GPU; many
 under the interpreter, whose cost is per program). The GELU kernels are flat elementwise passes. Statistics and
@@ -51,14 +55,16 @@ def _layer_norm_fwd_kernel(
     X,  # [M, N] input rows (the residual stream when HAS_RESIDUAL)
     RESIDUAL,  # [M, N] branch output added to X before normalizing; unused unless HAS_RESIDUAL
     SUM_OUT,  # [M, N] X + RESIDUAL, the new residual stream; unused unless HAS_RESIDUAL
-    W,  # [N] scale
-    B,  # [N] shift
+    W,  # [N] scale, element stride stride_w
+    B,  # [N] shift, element stride stride_b
     Y,  # [M, N] normalized output, in its own dtype
     RSTD,  # [M] float32 row reciprocal standard deviations, kept for the backward pass
     stride_x,
     stride_r,
     stride_s,
     stride_y,
+    stride_w,
+    stride_b,
     M,
     N,
     eps,
@@ -81,8 +87,9 @@ def _layer_norm_fwd_kernel(
     centered = _centered_rows(x, mask, cols, N)
     rstd = 1.0 / tl.sqrt(tl.sum(centered * centered, axis=1) / N + eps)
     tl.store(RSTD + rows, rstd, mask=row_mask)
-    w = tl.load(W + cols, mask=cols < N, other=0.0).to(tl.float32)
-    b = tl.load(B + cols, mask=cols < N, other=0.0).to(tl.float32)
+    # int64 column offsets: for a parameter that is a column of a large matrix, cols * stride can pass 2**31.
+    w = tl.load(W + cols.to(tl.int64) * stride_w, mask=cols < N, other=0.0).to(tl.float32)
+    b = tl.load(B + cols.to(tl.int64) * stride_b, mask=cols < N, other=0.0).to(tl.float32)
     y = centered * rstd[:, None] * w[None, :] + b[None, :]
     tl.store(Y + rows[:, None] * stride_y + cols[None, :], _cast_for_store(y, Y.dtype.element_ty, EMULATE_RTNE),
              mask=mask)
@@ -91,7 +98,7 @@ def _layer_norm_fwd_kernel(
 @triton.jit
 def _layer_norm_bwd_kernel(
     X,  # [M, N] the rows that were normalized (SUM_OUT of the forward pass when a residual was fused)
-    W,  # [N] scale
+    W,  # [N] scale, element stride stride_w
     DY,  # [M, N] gradient of the normalized output
     DSUM,  # [M, N] gradient reaching the residual stream directly; unused unless HAS_DSUM
     DX,  # [M, N] gradient of the normalized rows (plus DSUM when HAS_DSUM)
@@ -102,6 +109,7 @@ def _layer_norm_bwd_kernel(
     stride_dy,
     stride_ds,
     stride_dx,
+    stride_w,
     M,
     N,
     rows_per_program,  # a multiple of BLOCK_M
@@ -113,7 +121,7 @@ def _layer_norm_bwd_kernel(
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < N
-    w = tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)
+    w = tl.load(W + cols.to(tl.int64) * stride_w, mask=col_mask, other=0.0).to(tl.float32)
     dw_acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     db_acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     # int64 bounds make the loop index int64, so row offsets cannot overflow on very large inputs.
@@ -146,27 +154,28 @@ def _layer_norm_bwd_kernel(
 
 @triton.jit
 def _biased_block(X,  # [M, N] matmul output without its bias, contiguous
-                  BIAS,  # [N]
-                  numel, N, BLOCK: tl.constexpr):
+                  BIAS,  # [N], element stride stride_bias
+                  stride_bias, numel, N, BLOCK: tl.constexpr):
     """This program's flat offsets, their in-bounds mask, and X + BIAS there in float32 (the GELU input)."""
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < numel
     z = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
-    z += tl.load(BIAS + offs % N, mask=mask, other=0.0).to(tl.float32)
+    z += tl.load(BIAS + (offs % N) * stride_bias, mask=mask, other=0.0).to(tl.float32)
     return offs, mask, z
 
 
 @triton.jit
 def _bias_gelu_fwd_kernel(
     X,  # [M, N] matmul output without its bias, contiguous
-    BIAS,  # [N]
+    BIAS,  # [N], element stride stride_bias
     Y,  # [M, N] gelu(X + BIAS), contiguous, in its own dtype (typically the next matmul's operand dtype)
+    stride_bias,
     numel,
     N,
     BLOCK: tl.constexpr,
     EMULATE_RTNE: tl.constexpr,
 ):
-    offs, mask, z = _biased_block(X, BIAS, numel, N, BLOCK)
+    offs, mask, z = _biased_block(X, BIAS, stride_bias, numel, N, BLOCK)
     y = 0.5 * z * (1.0 + tl.math.erf(z * _INV_SQRT2))
     tl.store(Y + offs, _cast_for_store(y, Y.dtype.element_ty, EMULATE_RTNE), mask=mask)
 
@@ -174,15 +183,16 @@ def _bias_gelu_fwd_kernel(
 @triton.jit
 def _bias_gelu_bwd_kernel(
     X,  # [M, N] matmul output without its bias (as given to the forward kernel), contiguous
-    BIAS,  # [N]
+    BIAS,  # [N], element stride stride_bias
     DY,  # [M, N] gradient of gelu(X + BIAS), contiguous
     DX,  # [M, N] gradient of X (equal to that of X + BIAS), contiguous
+    stride_bias,
     numel,
     N,
     BLOCK: tl.constexpr,
     EMULATE_RTNE: tl.constexpr,
 ):
-    offs, mask, z = _biased_block(X, BIAS, numel, N, BLOCK)
+    offs, mask, z = _biased_block(X, BIAS, stride_bias, numel, N, BLOCK)
     dy = tl.load(DY + offs, mask=mask, other=0.0).to(tl.float32)
     cdf = 0.5 * (1.0 + tl.math.erf(z * _INV_SQRT2))
     pdf = tl.exp(-0.5 * z * z) * _INV_SQRT_2PI

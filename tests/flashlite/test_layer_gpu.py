@@ -1,7 +1,8 @@
 """TransformerLayer, its CUDA-graph runner and layer_norm at real sizes on a CUDA GPU.
 
 The same checks as test_layer.py / test_layer_norm.py (float64 plain-PyTorch reference with the same weights,
-PyTorch in the layer's precision as the baseline), at d_model 1024, 16 heads, d_ff 4096.
+PyTorch in the layer's precision as the baseline), at d_model 1024, 16 heads, d_ff 4096; and the norm kernels on
+views of every layout (strided, offset, expanded) at real row lengths, compiled rather than interpreted.
 """
 from __future__ import annotations
 
@@ -10,10 +11,19 @@ import torch
 import torch.nn.functional as F
 
 from flashlite.layer import FUSED_MIN_TOKENS, FUSIONS, CudaGraphRunner, PlainTransformerBlock, TransformerLayer
-from flashlite.norm import layer_norm
+from flashlite.norm import add_layer_norm, bias_gelu, layer_norm
 from pytest_kernelcheck import assert_close, policy_for
 
 from .test_layer import _plain_grads, _run
+from .test_layer_norm import (
+    PARAM_LAYOUTS,
+    ROW_LAYOUTS,
+    _check_layouts,
+    _param_layout,
+    _row_layout,
+    _torch_add_layer_norm,
+    _torch_layer_norm,
+)
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available(),
@@ -156,3 +166,39 @@ def test_layer_norm_large_rows(n, dtype):
     for got, expected, low, name in zip((x.grad, w.grad, b.grad), (l.grad for l in leaves),
                                         (l.grad for l in base_leaves), ("dx", "dweight", "dbias")):
         assert_close(got, expected, baseline=low, notes=(name,))
+
+
+# Odd on purpose: 4097 columns fill a 8192-wide block to just over half, 129 rows leave a partial row tile.
+GPU_LAYOUT_SHAPE = (3, 129, 4097)
+
+
+@pytest.mark.parametrize("param_layout", PARAM_LAYOUTS)
+@pytest.mark.parametrize("x_layout", ROW_LAYOUTS)
+def test_layer_norm_any_layout_at_real_sizes(x_layout, param_layout):
+    # The compiled kernels specialize a unit stride; strided, stride-0 and offset parameters take the other path.
+    n = GPU_LAYOUT_SHAPE[-1]
+    layouts = [_row_layout(x_layout, GPU_LAYOUT_SHAPE), _param_layout(param_layout, n), _param_layout(param_layout, n)]
+    _check_layouts(layer_norm, _torch_layer_norm, layouts, [_row_layout(x_layout, GPU_LAYOUT_SHAPE)],
+                   (f"x and dy {x_layout}, weight and bias {param_layout}",))
+
+
+@pytest.mark.parametrize("param_layout", PARAM_LAYOUTS)
+@pytest.mark.parametrize("x_layout", ROW_LAYOUTS)
+def test_add_layer_norm_any_layout_at_real_sizes(x_layout, param_layout):
+    n = GPU_LAYOUT_SHAPE[-1]
+    # The residual takes the layout next in the list, so that x and residual differ.
+    residual_layout = ROW_LAYOUTS[(ROW_LAYOUTS.index(x_layout) + 1) % len(ROW_LAYOUTS)]
+    layouts = [_row_layout(x_layout, GPU_LAYOUT_SHAPE), _row_layout(residual_layout, GPU_LAYOUT_SHAPE),
+               _param_layout(param_layout, n), _param_layout(param_layout, n)]
+    grads = [_row_layout(x_layout, GPU_LAYOUT_SHAPE), _row_layout(residual_layout, GPU_LAYOUT_SHAPE)]
+    _check_layouts(add_layer_norm, _torch_add_layer_norm, layouts, grads,
+                   (f"x {x_layout}, residual {residual_layout}, weight and bias {param_layout}",))
+
+
+@pytest.mark.parametrize("bias_layout", PARAM_LAYOUTS)
+@pytest.mark.parametrize("x_layout", ROW_LAYOUTS)
+def test_bias_gelu_any_layout_at_real_sizes(x_layout, bias_layout):
+    n = GPU_LAYOUT_SHAPE[-1]
+    layouts = [_row_layout(x_layout, GPU_LAYOUT_SHAPE), _param_layout(bias_layout, n)]
+    _check_layouts(bias_gelu, lambda x, b: F.gelu(x + b), layouts, [_row_layout(x_layout, GPU_LAYOUT_SHAPE)],
+                   (f"x and dy {x_layout}, bias {bias_layout}",))

@@ -229,6 +229,193 @@ def test_layer_norm_under_torch_compile_matches_eager():
     torch.testing.assert_close(compiled(x, w, b), fn(x, w, b), rtol=0, atol=0)
 
 
+# ------------------------------------------------------------------------------------------------ any layout
+
+# Every tensor argument may be a view: strided, sliced, offset into its storage, or expanded (stride 0). Each layout
+# below is a view of a fresh random base tensor, and the base is the autograd leaf, so a gradient has to come back
+# through the view (summed over an expanded dimension) to the tensor the caller holds.
+ROW_LAYOUTS = ("contiguous", "transposed", "row_stride", "column_slice", "expanded_rows", "offset", "batch_transposed")
+PARAM_LAYOUTS = ("contiguous", "stride2", "stride0", "offset")
+# Odd on purpose: no dimension is a power of two or a multiple of a block size.
+LAYOUT_SHAPE = (3, 5, 37)
+
+
+def _row_layout(layout: str, shape: tuple[int, ...]):
+    """(shape of the base tensor, function viewing such a base as ``shape`` in ``layout``)."""
+    *lead, rows, n = shape
+    lead = tuple(lead)
+    if layout == "contiguous":
+        return shape, lambda t: t
+    if layout == "transposed":  # column stride `rows`: the kernel needs unit column stride, so the launcher copies
+        return lead + (n, rows), lambda t: t.transpose(-1, -2)
+    if layout == "row_stride":  # every other row of a larger tensor
+        return lead + (2 * rows, n), lambda t: t[..., ::2, :]
+    if layout == "column_slice":  # row stride n + 10 and a storage offset of 3
+        return lead + (rows, n + 10), lambda t: t[..., 3:3 + n]
+    if layout == "expanded_rows":  # row stride 0: every row is the same memory
+        return lead + (1, n), lambda t: t.expand(shape)
+    if layout == "offset":  # storage_offset != 0
+        return (shape[0] + 1,) + shape[1:], lambda t: t[1:]
+    if layout == "batch_transposed":  # unit column stride, but the leading dims do not flatten into one row stride
+        return (shape[1], shape[0]) + shape[2:], lambda t: t.transpose(0, 1)
+    raise AssertionError(layout)
+
+
+def _param_layout(layout: str, n: int):
+    """(shape of the base tensor, function viewing such a base as an [n] parameter in ``layout``)."""
+    if layout == "contiguous":
+        return (n,), lambda t: t
+    if layout == "stride2":  # e.g. one column of a [n, 2] tensor
+        return (n, 2), lambda t: t[:, 0]
+    if layout == "stride0":  # one value expanded: its gradient is the sum over all n columns
+        return (1,), lambda t: t.expand(n)
+    if layout == "offset":
+        return (n + 5,), lambda t: t[5:]
+    raise AssertionError(layout)
+
+
+def _fresh(base_shape, seed, dtype=torch.float32, offset=0.0, scale=1.0):
+    gen = torch.Generator().manual_seed(seed)
+    return (offset + scale * torch.randn(base_shape, generator=gen, dtype=torch.float64)).to(dtype).to(DEVICE)
+
+
+def _through_views(fn, bases, views, grad_bases, grad_views):
+    """Outputs of ``fn`` on views of leaf copies of ``bases``, after backward with viewed output gradients, and the
+    gradients of the bases. Checks that no argument was modified."""
+    leaves = [base.detach().clone().requires_grad_(True) for base in bases]
+    out = fn(*(view(leaf) for view, leaf in zip(views, leaves)))
+    outs = out if isinstance(out, tuple) else (out,)
+    grads = [view(g.to(o.dtype)) for view, g, o in zip(grad_views, grad_bases, outs)]
+    torch.autograd.backward(list(outs), grads)
+    for leaf, base in zip(leaves, bases):
+        assert torch.equal(leaf.detach(), base), "an argument was modified"
+    return [o.detach() for o in outs], [leaf.grad for leaf in leaves]
+
+
+def _check_layouts(fn, reference, arg_layouts, out_layouts, notes):
+    """``fn`` against ``reference`` in float64, outputs and the gradient of every argument's base tensor.
+
+    ``arg_layouts``/``out_layouts``: (base shape, view) per argument / per output gradient, with fresh random data.
+    """
+    bases = [_fresh(shape, seed=20 + i) for i, (shape, _) in enumerate(arg_layouts)]
+    views = [view for _, view in arg_layouts]
+    grad_bases = [_fresh(shape, seed=40 + i) for i, (shape, _) in enumerate(out_layouts)]
+    grad_views = [view for _, view in out_layouts]
+    outs, grads = _through_views(fn, bases, views, grad_bases, grad_views)
+    ref_outs, ref_grads = _through_views(reference, [b.double() for b in bases], views,
+                                         [g.double() for g in grad_bases], grad_views)
+    for i, (got, expected) in enumerate(zip(outs, ref_outs)):
+        assert got.shape == expected.shape
+        assert_close(got, expected, notes=(*notes, f"output {i}"))
+    fp32 = policy_for(torch.float32)
+    for i, (got, expected) in enumerate(zip(grads, ref_grads)):
+        assert got.shape == expected.shape == bases[i].shape
+        # A gradient that sums over rows (a parameter's, or an expanded input's) adds `terms` float32 values: its
+        # rounding error grows like sqrt(terms) ulps of the largest sum, not one ulp of each element.
+        terms = outs[0].numel() // bases[i].numel()
+        atol = max(fp32.atol, 4 * torch.finfo(torch.float32).eps * terms ** 0.5 * expected.abs().max().item())
+        assert_close(got, expected, policy=fp32.replace(atol=atol) if terms > 1 else fp32,
+                     notes=(*notes, f"gradient of argument {i}"))
+
+
+@pytest.mark.parametrize("b_layout", PARAM_LAYOUTS)
+@pytest.mark.parametrize("w_layout", PARAM_LAYOUTS)
+def test_layer_norm_parameter_layouts(w_layout, b_layout):
+    # Weight and bias of any stride (2, 0) or storage offset: forward and the gradients of x, weight and bias.
+    n = LAYOUT_SHAPE[-1]
+    layouts = [_row_layout("contiguous", LAYOUT_SHAPE), _param_layout(w_layout, n), _param_layout(b_layout, n)]
+    _check_layouts(layer_norm, _torch_layer_norm, layouts, [_row_layout("contiguous", LAYOUT_SHAPE)],
+                   (f"weight {w_layout}, bias {b_layout}",))
+
+
+@pytest.mark.parametrize("dy_layout", ["contiguous", "transposed", "expanded_rows"])
+@pytest.mark.parametrize("x_layout", ROW_LAYOUTS)
+def test_layer_norm_input_layouts(x_layout, dy_layout):
+    # x and the incoming gradient of any layout (an expanded dy is what y.sum().backward() sends).
+    n = LAYOUT_SHAPE[-1]
+    layouts = [_row_layout(x_layout, LAYOUT_SHAPE), _param_layout("contiguous", n), _param_layout("contiguous", n)]
+    _check_layouts(layer_norm, _torch_layer_norm, layouts, [_row_layout(dy_layout, LAYOUT_SHAPE)],
+                   (f"x {x_layout}, dy {dy_layout}",))
+
+
+def _torch_add_layer_norm(x, residual, w, b):
+    h = x + residual
+    return _torch_layer_norm(h, w, b), h
+
+
+ADD_LAYER_NORM_CASES = (
+    [(layout, "contiguous", "contiguous", "contiguous") for layout in ROW_LAYOUTS[1:]]
+    + [("contiguous", layout, "contiguous", "contiguous") for layout in ROW_LAYOUTS[1:]]
+    + [("contiguous", "contiguous", layout, "contiguous") for layout in PARAM_LAYOUTS[1:]]
+    + [("contiguous", "contiguous", "contiguous", layout) for layout in ("transposed", "expanded_rows")]
+    + [("transposed", "expanded_rows", "stride0", "row_stride")]
+)
+
+
+@pytest.mark.parametrize("x_layout,residual_layout,param_layout,grad_layout", ADD_LAYER_NORM_CASES,
+                         ids=["-".join(case) for case in ADD_LAYER_NORM_CASES])
+def test_add_layer_norm_layouts(x_layout, residual_layout, param_layout, grad_layout):
+    # x, residual, weight, bias and both output gradients (of the norm and of the sum) of any layout.
+    n = LAYOUT_SHAPE[-1]
+    layouts = [_row_layout(x_layout, LAYOUT_SHAPE), _row_layout(residual_layout, LAYOUT_SHAPE),
+               _param_layout(param_layout, n), _param_layout(param_layout, n)]
+    grads = [_row_layout(grad_layout, LAYOUT_SHAPE), _row_layout(grad_layout, LAYOUT_SHAPE)]
+    _check_layouts(add_layer_norm, _torch_add_layer_norm, layouts, grads,
+                   (f"x {x_layout}, residual {residual_layout}, weight/bias {param_layout}, grads {grad_layout}",))
+
+
+@pytest.mark.parametrize("bias_layout", PARAM_LAYOUTS)
+@pytest.mark.parametrize("x_layout", ROW_LAYOUTS)
+def test_bias_gelu_layouts(x_layout, bias_layout):
+    # x, bias and the incoming gradient (laid out as x) of any layout.
+    n = LAYOUT_SHAPE[-1]
+    layouts = [_row_layout(x_layout, LAYOUT_SHAPE), _param_layout(bias_layout, n)]
+    _check_layouts(bias_gelu, lambda x, b: F.gelu(x + b), layouts, [_row_layout(x_layout, LAYOUT_SHAPE)],
+                   (f"x {x_layout}, bias {bias_layout}",))
+
+
+def test_strided_arguments_under_torch_compile():
+    # The custom ops (what torch.compile sees) get the same views, and their fake implementations must promise the
+    # layouts the real kernels return: a transposed x, stride-2 / stride-0 parameters and an offset residual.
+    n = LAYOUT_SHAPE[-1]
+    layouts = [_row_layout("transposed", LAYOUT_SHAPE), _row_layout("offset", LAYOUT_SHAPE),
+               _param_layout("stride2", n), _param_layout("stride0", n)]
+
+    def chain(x, residual, w, b):
+        y, h = add_layer_norm(layer_norm(x, w, b), residual, w, b)
+        return bias_gelu(y, b) * 1.5, h  # ops around the kernels, for the compiler to fuse
+
+    def reference(x, residual, w, b):
+        y, h = _torch_add_layer_norm(_torch_layer_norm(x, w, b), residual, w, b)
+        return F.gelu(y + b) * 1.5, h
+
+    compiled = torch.compile(chain, backend="aot_eager", fullgraph=True)
+    grads = [_row_layout("expanded_rows", LAYOUT_SHAPE), _row_layout("transposed", LAYOUT_SHAPE)]
+    _check_layouts(compiled, reference, layouts, grads, ("torch.compile",))
+
+
+def test_custom_ops_pass_opcheck_on_strided_arguments():
+    # Fake (meta) implementations agree with the kernels on the strides of every output, forward and backward,
+    # when the inputs are views.
+    n = LAYOUT_SHAPE[-1]
+    (xs, xv), (rs, rv) = _row_layout("transposed", LAYOUT_SHAPE), _row_layout("batch_transposed", LAYOUT_SHAPE)
+    (ws, wv), (bs, bv) = _param_layout("stride2", n), _param_layout("stride0", n)
+    x, r, dy = xv(_fresh(xs, 1)), rv(_fresh(rs, 2)), xv(_fresh(xs, 3))
+    w, b = wv(_fresh(ws, 4, offset=1.0)), bv(_fresh(bs, 5))
+    rows = LAYOUT_SHAPE[:-1]
+    rstd = (0.5 + torch.rand(rows[::-1], generator=torch.Generator().manual_seed(6))).to(DEVICE).t()  # strided
+    ops = torch.ops.flashlite
+    for op, args in [
+        (ops.layer_norm.default, (x.requires_grad_(), w.requires_grad_(), b.requires_grad_(), 1e-5, None)),
+        (ops.add_layer_norm.default, (x, r, w, b, 1e-5, None)),
+        (ops.bias_gelu.default, (x, b, None)),
+        (ops.layer_norm_backward.default, (dy, x.detach(), w.detach(), rstd, None)),
+        (ops.layer_norm_backward.default, (dy, x.detach(), w.detach(), rstd, r)),
+        (ops.bias_gelu_backward.default, (dy, x.detach(), b.detach())),
+    ]:
+        torch.library.opcheck(op, args)
+
+
 # ------------------------------------------------------------------------------------------------ bad input
 
 
@@ -268,18 +455,20 @@ import flashlite.kernels.layer_norm as k
 cases = [
     (k._layer_norm_fwd_kernel,
      {"X": "*fp32", "RESIDUAL": "*bf16", "SUM_OUT": "*fp32", "W": "*fp32", "B": "*fp32", "Y": "*bf16",
-      "RSTD": "*fp32", "stride_x": "i32", "stride_r": "i32", "stride_s": "i32", "stride_y": "i32", "M": "i32",
-      "N": "i32", "eps": "fp32"},
+      "RSTD": "*fp32", "stride_x": "i32", "stride_r": "i32", "stride_s": "i32", "stride_y": "i32",
+      "stride_w": "i32", "stride_b": "i32", "M": "i32", "N": "i32", "eps": "fp32"},
      {"HAS_RESIDUAL": True, "BLOCK_M": 4, "BLOCK_N": 256, "EMULATE_RTNE": False}),
     (k._layer_norm_bwd_kernel,
      {"X": "*fp32", "W": "*fp32", "DY": "*bf16", "DSUM": "*fp32", "DX": "*fp32", "DW_PARTIAL": "*fp32",
       "DB_PARTIAL": "*fp32", "RSTD": "*fp32", "stride_x": "i32", "stride_dy": "i32", "stride_ds": "i32",
-      "stride_dx": "i32", "M": "i32", "N": "i32", "rows_per_program": "i32"},
+      "stride_dx": "i32", "stride_w": "i32", "M": "i32", "N": "i32", "rows_per_program": "i32"},
      {"HAS_DSUM": True, "BLOCK_M": 1, "BLOCK_N": 1024, "EMULATE_RTNE": False}),
-    (k._bias_gelu_fwd_kernel, {"X": "*bf16", "BIAS": "*fp32", "Y": "*bf16", "numel": "i32", "N": "i32"},
+    (k._bias_gelu_fwd_kernel,
+     {"X": "*bf16", "BIAS": "*fp32", "Y": "*bf16", "stride_bias": "i32", "numel": "i32", "N": "i32"},
      {"BLOCK": 1024, "EMULATE_RTNE": False}),
     (k._bias_gelu_bwd_kernel,
-     {"X": "*bf16", "BIAS": "*fp32", "DY": "*bf16", "DX": "*bf16", "numel": "i32", "N": "i32"},
+     {"X": "*bf16", "BIAS": "*fp32", "DY": "*bf16", "DX": "*bf16", "stride_bias": "i32", "numel": "i32",
+      "N": "i32"},
      {"BLOCK": 1024, "EMULATE_RTNE": False}),
 ]
 for fn, signature, constants in cases:
