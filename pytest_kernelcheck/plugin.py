@@ -23,7 +23,7 @@ from .memory import (
     release_memory,
     resolve_device,
 )
-from .shapes import Shape, expand_shape_marker
+from .shapes import Shape, expand_shape_markers
 
 pytest_plugins = ["pytest_kernelcheck.plugin_ab"]
 
@@ -39,7 +39,8 @@ _tolerance_override = pytest.StashKey[Any]()
 MARKERS = (
     "shape(*cases, **axes): parametrize over named sizes. Each case is a mapping such as dict(B=4, S=2048, H=16, "
     "D=64); a keyword given as a list (dtype=[torch.float16, torch.bfloat16]) is crossed with every case, a scalar "
-    "keyword is added to every case. The test takes the `shape` fixture (shape.B, shape.as_dict()); ids read "
+    "keyword is added to every case (1-D numpy arrays and tensors cross like lists). Stacked shape markers are "
+    "crossed like stacked parametrize. The test takes the `shape` fixture (shape.B, shape.as_dict()); ids read "
     "B4-S2048-H16-D64-bfloat16, booleans as causal/nocausal.",
     "tolerance(policy=None, **fields): override the tolerance of assert_close calls in this test that pass no "
     "policy: a name ('tf32'), a dtype, a TolerancePolicy, fields (atol=, rtol=, baseline_factor=, baseline_floor=) "
@@ -100,16 +101,17 @@ def sdpa_reference():
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     definition = metafunc.definition
-    marker = definition.get_closest_marker("shape")
+    # Every shape marker, closest to the test first (function, class, module), as stacked parametrize sees them.
+    markers = [(marker.args, marker.kwargs) for marker in definition.iter_markers("shape")]
     problem = None
     try:
-        _check_markers(definition, has_shape=marker is not None)
-        shapes = expand_shape_marker(marker.args, marker.kwargs) if marker is not None else []
+        _check_markers(definition, has_shape=bool(markers))
+        shapes = expand_shape_markers(markers) if markers else []
     except (TypeError, ValueError) as exc:
         problem = f"{definition.nodeid}: {exc}"
     if problem is not None:  # raised outside the except block, so no chained traceback is shown
         pytest.fail(problem, pytrace=False)
-    if marker is None:
+    if not markers:
         return
     if SHAPE_ARGNAME not in metafunc.fixturenames:
         pytest.fail(

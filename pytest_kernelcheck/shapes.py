@@ -2,7 +2,13 @@
 
 A marker such as ``shape(dict(B=4, S=2048), dtype=[torch.float16, torch.bfloat16], causal=True)`` expands into
 one :class:`Shape` per (case, axis combination). Cases come first in the order given; for each case the keyword
-axes are crossed in the order they were written (the last axis varies fastest).
+axes are crossed in the order they were written (the last axis varies fastest). A keyword axis may be a list,
+tuple, range, 1-D numpy array or 1-D torch tensor; numpy and torch scalars (0-d arrays and tensors too) become
+the Python bool, int or float they hold, so ids and ``shape.S`` read as plain numbers.
+
+Stacked markers (several ``shape`` markers on one test, or on its class or module) are crossed like stacked
+``parametrize``: the marker closest to the test comes first in the id and varies slowest
+(:func:`expand_shape_markers`). Two stacked markers may not name the same size.
 
 Test ids join one piece per entry with ``-``:
 
@@ -127,11 +133,75 @@ def format_id(shape: Mapping[str, Any]) -> str:
     return "-".join(_id_piece(name, value) for name, value in shape.items()) or "noshape"
 
 
+def python_scalar(value: Any) -> Any:
+    """``value`` as a plain Python number when it is a numpy or torch scalar (or a 0-d array or tensor) of a
+    bool, integer, float or complex type; anything else is returned unchanged.
+
+    Example::
+
+        >>> import numpy as np
+        >>> python_scalar(np.int64(384)), python_scalar(np.array(0.5)), python_scalar(np.bool_(False))
+        (384, 0.5, False)
+    """
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and isinstance(value, (numpy.generic, numpy.ndarray)):
+        # Only numbers and bools: .item() would turn a datetime64 or an object array into something else.
+        return value.item() if value.ndim == 0 and value.dtype.kind in "biufc" else value
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor) and value.ndim == 0:
+        return value.item()
+    return value
+
+
+def expand_shape_markers(markers: Sequence[tuple[Sequence[Any], Mapping[str, Any]]]) -> list[Shape]:
+    """Cross stacked ``shape`` markers, given as ``(args, kwargs)`` pairs closest to the test first.
+
+    Like stacked ``parametrize``, the closest marker's entries lead each id and its cases vary slowest.
+
+    Example::
+
+        >>> [s.id for s in expand_shape_markers([((dict(B=1), dict(B=2)), {}), ((), {"causal": [True, False]})])]
+        ['B1-causal', 'B1-nocausal', 'B2-causal', 'B2-nocausal']
+
+    Raises:
+        ShapeSpecError: no marker, a marker :func:`expand_shape_marker` refuses (the message says which one
+            when there are several), or two markers that name the same size.
+    """
+    if not markers:
+        raise ShapeSpecError("expand_shape_markers needs at least one (args, kwargs) pair of a shape marker")
+    expanded: list[list[Shape]] = []
+    for position, (cases, axes) in enumerate(markers):
+        try:
+            expanded.append(expand_shape_marker(cases, axes))
+        except ShapeSpecError as exc:
+            if len(markers) == 1:
+                raise
+            problem = f"shape marker {position + 1} of {len(markers)} (counting from the test): {exc}"
+        else:
+            continue
+        raise ShapeSpecError(problem)  # outside the except block: one message, no chained traceback
+    # Cases of one marker may name different sizes; each marker's names in the order they first appear.
+    names = [list(dict.fromkeys(name for shape in shapes for name in shape)) for shapes in expanded]
+    for first, second in itertools.combinations(range(len(markers)), 2):
+        shared = [name for name in names[first] if name in names[second]]
+        if shared:
+            raise ShapeSpecError(
+                f"stacked shape markers {_marker_text(*markers[first])} and {_marker_text(*markers[second])} "
+                f"both name {shared[0]!r}; stacked markers are crossed like stacked parametrize, so name each size "
+                "in one of them only"
+            )
+    return [
+        Shape([entry for shape in combination for entry in shape.items()])
+        for combination in itertools.product(*expanded)
+    ]
+
+
 def expand_shape_marker(cases: Sequence[Any], axes: Mapping[str, Any]) -> list[Shape]:
     """Expand the positional cases and keyword axes of a ``shape`` marker into :class:`Shape` objects.
 
-    Each case is a mapping of named sizes. A keyword given as a list, tuple or range is an axis crossed with
-    every case; any other keyword value (a number, string, bool, dtype, ...) is added to every case as is.
+    Each case is a mapping of named sizes. A keyword given as a list, tuple, range, 1-D numpy array or 1-D
+    torch tensor is an axis crossed with every case; any other keyword value (a number, string, bool, dtype,
+    0-d array, ...) is added to every case. Numpy and torch scalars become Python numbers (:func:`python_scalar`).
     With no positional case, the axes alone are crossed.
 
     Example::
@@ -141,7 +211,8 @@ def expand_shape_marker(cases: Sequence[Any], axes: Mapping[str, Any]) -> list[S
 
     Raises:
         ShapeSpecError: an empty marker, a case that is not a mapping, a name that is not an identifier, an
-            axis that is empty or an unordered collection, or an axis that repeats a name of a case.
+            axis that is empty, an unordered collection or an array of more than one dimension, or an axis that
+            repeats a name of a case.
     """
     if not cases and not axes:
         raise ShapeSpecError(
@@ -157,7 +228,7 @@ def expand_shape_marker(cases: Sequence[Any], axes: Mapping[str, Any]) -> list[S
             )
         for name in case:
             _check_name(name, where=f"case {position}")
-        checked_cases.append(dict(case))
+        checked_cases.append({name: python_scalar(value) for name, value in case.items()})
     if not checked_cases:
         checked_cases = [{}]
 
@@ -181,17 +252,52 @@ def expand_shape_marker(cases: Sequence[Any], axes: Mapping[str, Any]) -> list[S
     return shapes
 
 
+_AXIS_KINDS = "a list, tuple, range, 1-D numpy array or 1-D tensor (its order sets the test order)"
+
+
 def _axis_values(name: str, value: Any) -> tuple[Any, ...]:
+    ndim = _array_ndim(value)
+    if ndim is not None and ndim != 1:
+        if ndim == 0:
+            return (python_scalar(value),)
+        raise ShapeSpecError(
+            f"keyword axis {name!r} is a {ndim}-D {type(value).__name__} of shape {tuple(value.shape)}; an axis "
+            f"must be {_AXIS_KINDS}, or a single value applied to every case"
+        )
+    if ndim == 1:
+        value = value.tolist()  # Python scalars for numeric arrays and tensors
     if isinstance(value, (list, tuple, range)):
         if len(value) == 0:
             raise ShapeSpecError(f"keyword axis {name!r} is empty; give at least one value")
-        return tuple(value)
+        return tuple(python_scalar(v) for v in value)
     if isinstance(value, (set, frozenset, Mapping)) or _is_iterator(value):
         raise ShapeSpecError(
-            f"keyword axis {name!r} is a {type(value).__name__}; an axis must be a list or tuple (its order sets "
-            "the test order) or a single scalar value applied to every case"
+            f"keyword axis {name!r} is a {type(value).__name__}; an axis must be {_AXIS_KINDS}, or a single "
+            "scalar value applied to every case"
         )
-    return (value,)
+    return (python_scalar(value),)
+
+
+def _array_ndim(value: Any) -> int | None:
+    """The number of dimensions of a numpy array or torch tensor, None for anything else."""
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and isinstance(value, numpy.ndarray):
+        return value.ndim
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor):
+        return value.ndim
+    return None
+
+
+def _marker_text(cases: Sequence[Any], axes: Mapping[str, Any]) -> str:
+    """A marker's arguments as written, shortened: ``shape(dict(B=2, S=64), S=[128, 256])``."""
+    pieces = [
+        "dict(" + ", ".join(f"{k}={_short_repr(v, 30)}" for k, v in case.items()) + ")"
+        if isinstance(case, Mapping) else _short_repr(case, 30)
+        for case in cases
+    ]
+    pieces += [f"{name}={_short_repr(value, 30)}" for name, value in axes.items()]
+    return f"shape({', '.join(pieces)})"
 
 
 def _is_iterator(value: Any) -> bool:

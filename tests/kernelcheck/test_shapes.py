@@ -1,10 +1,18 @@
 """The shape marker: Shape objects, expansion, ids, and the parametrization seen by pytest."""
 import pickle
 
+import numpy as np
 import pytest
 import torch
 
-from pytest_kernelcheck.shapes import Shape, ShapeSpecError, expand_shape_marker, format_id
+from pytest_kernelcheck.shapes import (
+    Shape,
+    ShapeSpecError,
+    expand_shape_marker,
+    expand_shape_markers,
+    format_id,
+    python_scalar,
+)
 
 
 def test_shape_gives_attribute_and_mapping_access():
@@ -69,6 +77,112 @@ def test_axes_alone_are_crossed():
 def test_bad_marker_arguments_are_named(cases, axes, message):
     with pytest.raises(ShapeSpecError, match=message):
         expand_shape_marker(cases, axes)
+
+
+def test_numpy_arrays_and_tensors_cross_like_lists_with_plain_python_elements():
+    shapes = expand_shape_marker(
+        [dict(B=np.int32(3))],
+        {"S": np.array([129, 257], dtype=np.int64), "p": torch.tensor([0.5, 0.25]),
+         "causal": np.array([True, False]), "D": np.array(96), "scale": torch.tensor(0.125)},
+    )
+    assert [s.id for s in shapes] == [
+        "B3-S129-p0.5-causal-D96-scale0.125", "B3-S129-p0.5-nocausal-D96-scale0.125",
+        "B3-S129-p0.25-causal-D96-scale0.125", "B3-S129-p0.25-nocausal-D96-scale0.125",
+        "B3-S257-p0.5-causal-D96-scale0.125", "B3-S257-p0.5-nocausal-D96-scale0.125",
+        "B3-S257-p0.25-causal-D96-scale0.125", "B3-S257-p0.25-nocausal-D96-scale0.125",
+    ]
+    first = shapes[0]
+    assert [type(first[name]) for name in first] == [int, int, float, bool, int, float]
+    # A list of numpy scalars is a list axis too; its elements become plain numbers as well.
+    assert [type(s.S) for s in expand_shape_marker([], {"S": [np.int64(65), np.uint16(33)]})] == [int, int]
+
+
+def test_python_scalar_converts_numpy_and_torch_scalars_only():
+    assert python_scalar(np.float32(0.5)) == 0.5 and type(python_scalar(np.float32(0.5))) is float
+    assert type(python_scalar(np.bool_(True))) is bool
+    assert type(python_scalar(torch.tensor(7, dtype=torch.int16))) is int
+    row = np.array([1, 2, 3])
+    assert python_scalar(row) is row  # not a scalar: unchanged
+    assert python_scalar(torch.float16) is torch.float16
+    assert python_scalar(np.str_("lower_right")) == "lower_right"
+
+
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        (np.zeros((2, 3), dtype=np.int64), r"keyword axis 'S' is a 2-D ndarray of shape \(2, 3\); an axis must be"),
+        (torch.zeros(2, 1, 5), r"keyword axis 'S' is a 3-D Tensor of shape \(2, 1, 5\); an axis must be"),
+        (np.array([], dtype=np.int64), "keyword axis 'S' is empty"),
+    ],
+)
+def test_arrays_that_are_not_one_axis_are_refused(value, message):
+    with pytest.raises(ShapeSpecError, match=message):
+        expand_shape_marker([dict(B=1)], {"S": value})
+
+
+def test_stacked_markers_cross_like_stacked_parametrize():
+    # Closest marker first, as pytest lists markers: its entries lead the id and it varies slowest.
+    shapes = expand_shape_markers(
+        [((dict(B=3, S=5), dict(B=1, S=7)), {}), ((), {"dtype": [torch.float16, torch.bfloat16]})]
+    )
+    assert [s.id for s in shapes] == ["B3-S5-float16", "B3-S5-bfloat16", "B1-S7-float16", "B1-S7-bfloat16"]
+    assert expand_shape_markers([((dict(B=2),), {"S": [9]})]) == expand_shape_marker([dict(B=2)], {"S": [9]})
+
+
+def test_stacked_markers_naming_the_same_size_are_refused():
+    with pytest.raises(
+        ShapeSpecError,
+        match=r"stacked shape markers shape\(S=\[128, 256\]\) and shape\(dict\(B=2, S=64\)\) both name 'S'",
+    ):
+        expand_shape_markers([((), {"S": [128, 256]}), ((dict(B=2, S=64),), {})])
+    with pytest.raises(ShapeSpecError, match=r"shape marker 2 of 2 \(counting from the test\): keyword axis 'S' is empty"):
+        expand_shape_markers([((dict(B=2),), {}), ((), {"S": []})])
+
+
+def test_stacked_and_class_level_markers_in_a_test_file(pytester):
+    pytester.makepyfile(
+        test_stacked="""
+        import numpy as np, pytest, torch
+
+        @pytest.mark.shape(dtype=[torch.float16, torch.bfloat16])
+        @pytest.mark.shape(dict(B=3, S=5), dict(B=1, S=7))
+        def test_stacked(shape):
+            assert shape.B * shape.S in (15, 7)
+
+        @pytest.mark.shape(causal=[True, False])
+        class TestCrossed:
+            @pytest.mark.shape(S=np.array([33, 65]))
+            def test_method(self, shape):
+                assert type(shape.S) is int
+        """,
+        test_clash="""
+        import pytest
+
+        @pytest.mark.shape(S=[8])
+        @pytest.mark.shape(dict(B=1, S=16))
+        def test_clash(shape):
+            pass
+        """,
+    )
+    result = pytester.runpytest("--collect-only", "-q", "test_stacked.py")
+    result.stdout.fnmatch_lines(
+        [
+            "*::test_stacked[[]B3-S5-float16[]]",
+            "*::test_stacked[[]B3-S5-bfloat16[]]",
+            "*::test_stacked[[]B1-S7-float16[]]",
+            "*::test_stacked[[]B1-S7-bfloat16[]]",
+            "*::TestCrossed::test_method[[]S33-causal[]]",
+            "*::TestCrossed::test_method[[]S33-nocausal[]]",
+            "*::TestCrossed::test_method[[]S65-causal[]]",
+            "*::TestCrossed::test_method[[]S65-nocausal[]]",
+        ]
+    )
+    result = pytester.runpytest("-q", "--continue-on-collection-errors")
+    result.assert_outcomes(passed=8, errors=1)
+    result.stdout.fnmatch_lines(
+        ["*test_clash.py::test_clash: stacked shape markers shape(dict(B=1, S=16)) and shape(S=[[]8[]]) both name 'S'*"]
+    )
+    assert "Traceback" not in result.stdout.str()
 
 
 def test_parametrization_ids_and_crossing_with_parametrize(pytester):
