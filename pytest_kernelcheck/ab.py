@@ -303,7 +303,9 @@ def _measure(
     first_outputs = [timing.snapshot(timing.call_once(fn, side, "its first call")) for fn, side in zip(fns, sides)]
     if budget.check_output:
         for output, side in zip(first_outputs, sides):
-            problem = timing.output_difference(output, output)  # compared with itself, only NaN can differ
+            # Compared with itself, only NaN can differ; a type the check cannot compare is refused here, before
+            # any time is spent, rather than reported as a change after timing.
+            problem = _output_difference(output, output, side)
             if problem:
                 raise ValueError(f"{side} {problem}")
     timer = _resolve_timer(timer, first_outputs, budget)
@@ -338,7 +340,7 @@ def _measure(
         if budget.check_output:
             for fn, side, first in zip(fns, sides, first_outputs):
                 again = timing.call_once(fn, side, "the output check after timing")
-                difference = timing.output_difference(first, again)
+                difference = _output_difference(first, again, side)
                 if difference:
                     raise timing.OutputChanged(
                         f"{side} output is not the same after timing as on its first call: {difference}. "
@@ -347,6 +349,16 @@ def _measure(
                     )
     device = f"{timer.device} ({timer.device_name})" if is_cuda else timer.name
     return _Measurement(samples, method, calls, monitor.summary(), elapsed, stop_reason, looks_done, device, notes)
+
+
+def _output_difference(first: Any, again: Any, side: str) -> str | None:
+    """``timing.output_difference``, with the side and the way out in the message of an uncomparable output."""
+    try:
+        return timing.output_difference(first, again)
+    except timing.OutputNotComparable as exc:
+        raise timing.OutputNotComparable(
+            f"{side} {exc}; return such values, or pass check_output=False to skip the output check"
+        ) from None
 
 
 def _timed_callables(
