@@ -11,47 +11,63 @@ from __future__ import annotations
 
 import gc
 import math
+import numbers
 import sys
 import traceback
 from collections.abc import Callable
 from typing import Any
 
-_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
+from .shapes import python_scalar
+
+_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB", "ZiB", "YiB")
+_ESTIMATES = "give an int or float (numpy numbers and 0-d integer or float torch tensors also work)"
 
 
 def human_bytes(count: float) -> str:
-    """Bytes in binary units with three significant figures.
+    """Bytes in binary units (B to YiB) with three significant figures; 1000 to 1023 of a unit as whole numbers,
+    and counts past 1023 YiB in powers of ten of bytes.
 
     Example::
 
-        >>> human_bytes(20.5 * 2**40), human_bytes(512)
-        ('20.5 TiB', '512 B')
+        >>> human_bytes(20.5 * 2**40), human_bytes(512), human_bytes(1023 * 2**30), human_bytes(2**100)
+        ('20.5 TiB', '512 B', '1023 GiB', '1.27e+30 B')
     """
     value = float(count)
     for unit in _UNITS:
-        if abs(value) < 1024 or unit == _UNITS[-1]:
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.3g} {unit}"
+        # Move up a unit where the number would round to 1024: 1023.7 KiB reads "1 MiB", not "1024 KiB".
+        if abs(value) < 1023.5:
+            # .3g writes 1000..1023 as "1e+03"/"1.02e+03"; whole numbers read better there (and for bytes).
+            return f"{value:.0f} {unit}" if unit == "B" or abs(value) >= 999.5 else f"{value:.3g} {unit}"
         value /= 1024
-    raise AssertionError("unreachable")
+    # Nobody reads "1.05e+06 YiB" at a glance; a power of ten of bytes gives the magnitude directly.
+    return f"{float(count):.3g} B"
 
 
 def validate_estimate(value: Any, source: str = "memory estimate") -> int:
     """Check that ``value`` is a usable byte count (a finite number >= 0) and return it as an int.
 
+    Python ints and floats, numpy integers and floats (and 0-d arrays of them) and 0-d integer or float torch
+    tensors are accepted: an estimate computed with ``np.prod`` or tensor arithmetic is a number of bytes too.
+
     Example::
 
-        >>> validate_estimate(2.5e9)
-        2500000000
+        >>> import numpy as np
+        >>> validate_estimate(2.5e9), validate_estimate(np.int64(3) * 2**30)
+        (2500000000, 3221225472)
 
     Raises:
-        TypeError: not a number (bools are refused too).
+        TypeError: not a number (bools, numpy bools and bool tensors are refused too, and so are complex
+            numbers and arrays or tensors of more than one element).
         ValueError: negative, NaN or infinite.
     """
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{source} must be a number of bytes; got {value!r} ({type(value).__name__})")
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"{source} must be a finite number of bytes >= 0; got {value!r}")
-    return int(value)
+    number = python_scalar(value)
+    if isinstance(number, bool) or not isinstance(number, numbers.Real):
+        raise TypeError(
+            f"{source} must be a number of bytes; got {_short_repr(value)} ({type(value).__name__}); {_ESTIMATES}"
+        )
+    if not math.isfinite(number) or number < 0:
+        raise ValueError(f"{source} must be a finite number of bytes >= 0; got {number!r}")
+    return int(number)
 
 
 def evaluate_estimate(estimate: Any, shape: Any) -> int:
@@ -75,11 +91,15 @@ def resolve_device(requested: Any = None, shape: Any = None, params: dict[str, A
         >>> resolve_device("cpu"), resolve_device(None, {"device": "cuda:1"})
         ('cpu', 'cuda:1')
     """
-    for candidate in (requested, _lookup(shape, "device"), (params or {}).get("device")):
+    sources = ("device=", "the shape's `device`", "the test's `device` parameter")
+    for where, candidate in zip(sources, (requested, _lookup(shape, "device"), (params or {}).get("device"))):
         if candidate is not None:
             text = str(candidate)
             if not (text == "cpu" or text.startswith("cuda")):
-                raise ValueError(f"memory checks know the devices 'cpu' and 'cuda[:N]'; got {candidate!r}")
+                raise ValueError(
+                    f"memory marker: {where} is {candidate!r}; memory checks know the devices 'cpu' and 'cuda[:N]' "
+                    "(a string or torch.device)"
+                )
             return text
     return "cuda" if _cuda_available() else "cpu"
 
@@ -210,6 +230,11 @@ def _lookup(shape: Any, name: str) -> Any:
     return getter(name, None) if getter is not None else None
 
 
+def _short_repr(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _name(function: Any) -> str:
     return getattr(function, "__qualname__", None) or getattr(function, "__name__", None) or repr(function)
 
@@ -280,26 +305,31 @@ def parse_intractable_marker(args: tuple[Any, ...], kwargs: dict[str, Any], has_
         values.append(kwargs["reason"])
     if not 1 <= len(values) <= 2:
         raise TypeError("intractable marker takes (when, reason=None): a bool or a callable of the shape, and a reason")
-    when = values[0]
+    when = values[0] if callable(values[0]) else python_scalar(values[0])
     reason = values[1] if len(values) == 2 else None
     if not (isinstance(when, bool) or callable(when)):
         raise TypeError(
-            f"intractable marker: `when` must be a bool or a callable of the shape; got {type(when).__name__}"
+            "intractable marker: `when` must be a bool (numpy bools too) or a callable of the shape; got "
+            f"{_short_repr(values[0])} ({type(values[0]).__name__})"
         )
     if callable(when) and not has_shape:
         raise TypeError(
             "intractable marker: a callable `when` receives the shape, but the test has no @pytest.mark.shape"
         )
     if reason is not None and not isinstance(reason, str):
-        raise TypeError(f"intractable marker: reason must be a string; got {type(reason).__name__}")
+        raise TypeError(
+            "intractable marker: `reason` must be a string or None; got "
+            f"{_short_repr(reason)} ({type(reason).__name__})"
+        )
     return when, reason
 
 
 def intractable_reason(when: Any, reason: str | None, shape: Any) -> str | None:
     """Why this case cannot run, or None when it can.
 
-    ``when`` is a bool or a callable of the shape returning a reason string, True/False or None. True uses
-    ``reason`` (or "marked intractable").
+    ``when`` is a bool or a callable of the shape returning a reason string, a bool or None; numpy bools and
+    0-d bool tensors count as bools (``lambda s: np.int64(s.S) > 10**5`` returns one). True uses ``reason``
+    (or "marked intractable").
 
     Example::
 
@@ -308,13 +338,14 @@ def intractable_reason(when: Any, reason: str | None, shape: Any) -> str | None:
         'scores need 7.28 TiB'
     """
     verdict = when(shape) if callable(when) else when
-    if verdict is None or verdict is False or verdict == "":
+    plain = python_scalar(verdict)
+    if plain is None or plain is False:
         return None
-    if verdict is True:
+    if plain is True:
         return reason or "marked intractable"
-    if isinstance(verdict, str):
-        return verdict
+    if isinstance(plain, str):
+        return plain or None
     raise TypeError(
-        f"intractable marker: `when` returned {verdict!r} ({type(verdict).__name__}); return a reason string, "
-        "True/False or None"
+        f"intractable marker: `when` returned {_short_repr(verdict)} ({type(verdict).__name__}); return a reason "
+        "string, a bool (numpy bools and 0-d bool tensors too) or None"
     )

@@ -1,7 +1,9 @@
 """The intractable marker: cases not run, skipped with their reason and listed in the terminal summary."""
 import os
 
+import numpy as np
 import pytest
+import torch
 
 from pytest_kernelcheck.memory import human_bytes, intractable_reason, parse_intractable_marker
 from pytest_kernelcheck.shapes import Shape
@@ -42,19 +44,60 @@ def test_reason_from_bool_callable_and_string():
     assert intractable_reason(lambda s: s.S > 10, "long", shape) == "long"
     assert intractable_reason(lambda s: f"needs {human_bytes(s.S**2 * 8)}", None, shape) == "needs 74.5 GiB"
     assert intractable_reason(lambda s: None, None, shape) is None
-    with pytest.raises(TypeError, match=r"`when` returned 3 \(int\)"):
+    with pytest.raises(TypeError, match=r"`when` returned 3 \(int\); return a reason string, a bool"):
         intractable_reason(lambda s: 3, None, shape)
+
+
+def test_numpy_and_torch_bools_are_verdicts():
+    shape = Shape({"S": 100_003})
+    assert intractable_reason(lambda s: np.int64(s.S) % 2 == 1, "odd length", shape) == "odd length"
+    assert intractable_reason(lambda s: np.int64(s.S) > 10**6, "too long", shape) is None
+    assert intractable_reason(lambda s: torch.tensor(s.S) > 10**5, "too long", shape) == "too long"
+    assert intractable_reason(np.bool_(True), None, shape) == "marked intractable"
+    when, reason = parse_intractable_marker((np.bool_(True),), {"reason": "needs 3 GPUs"}, has_shape=False)
+    assert (type(when), when, reason) == (bool, True, "needs 3 GPUs")
+    accepted = r"return a reason string, a bool \(numpy bools and 0-d bool tensors too\) or None"
+    for bad, shown in [
+        (np.int64(1), r"(np\.int64\(1\)|1) \(int64\)"),  # numpy 2 writes np.int64(1)
+        (torch.tensor([True, False]), r"tensor\(\[ True, False\]\) \(Tensor\)"),
+    ]:
+        with pytest.raises(TypeError, match=rf"intractable marker: `when` returned {shown}; {accepted}"):
+            intractable_reason(lambda s, bad=bad: bad, None, shape)
+
+
+def test_numpy_verdicts_in_a_test_file(pytester):
+    pytester.makepyfile(
+        """
+        import numpy as np, pytest
+
+        @pytest.mark.shape(dict(S=100_003), dict(S=129))
+        @pytest.mark.intractable(lambda s: np.int64(s.S) > 10**5, reason="longer than 100k")
+        def test_long(shape):
+            assert shape.S == 129
+
+        @pytest.mark.intractable(np.bool_(True), reason="flagged by numpy")
+        def test_flagged():
+            raise AssertionError("must not run")
+        """
+    )
+    result = pytester.runpytest("-ra")
+    result.assert_outcomes(passed=1, skipped=2)
+    result.stdout.fnmatch_lines_random(
+        ["*::test_long[[]S100003[]]: longer than 100k", "*::test_flagged: flagged by numpy"]
+    )
 
 
 def test_marker_arguments_are_checked():
     assert parse_intractable_marker((), {"when": True, "reason": "r"}, has_shape=False) == (True, "r")
-    with pytest.raises(TypeError, match="`when` must be a bool or a callable of the shape; got str"):
+    with pytest.raises(
+        TypeError, match=r"`when` must be a bool \(numpy bools too\) or a callable of the shape; got 'always' \(str\)"
+    ):
         parse_intractable_marker(("always",), {}, has_shape=False)
     with pytest.raises(TypeError, match="receives the shape, but the test has no @pytest.mark.shape"):
         parse_intractable_marker((lambda s: True,), {}, has_shape=False)
     with pytest.raises(TypeError, match="takes \\(when, reason=None\\)"):
         parse_intractable_marker((), {}, has_shape=False)
-    with pytest.raises(TypeError, match="reason must be a string"):
+    with pytest.raises(TypeError, match=r"intractable marker: `reason` must be a string or None; got 5 \(int\)"):
         parse_intractable_marker((True, 5), {}, has_shape=False)
 
 
@@ -93,7 +136,12 @@ def test_bad_intractable_marker_is_a_collection_error(pytester):
     )
     result = pytester.runpytest()
     result.assert_outcomes(errors=1)
-    result.stdout.fnmatch_lines(["*::test_a: intractable marker: `when` must be a bool or a callable of the shape; got str"])
+    result.stdout.fnmatch_lines(
+        [
+            "*::test_a: intractable marker: `when` must be a bool (numpy bools too) or a callable of the shape; "
+            "got 'always' (str)"
+        ]
+    )
 
 
 def test_summary_works_under_xdist(pytester, monkeypatch):

@@ -1,6 +1,7 @@
 """The memory marker, free-memory checks, and out-of-memory errors turned into skips (or failures)."""
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -24,6 +25,77 @@ def test_human_bytes_uses_binary_units():
     assert human_bytes(23.1 * 2**30) == "23.1 GiB"
     # materialized float32 scores of B=32, H=16, S=100,000
     assert human_bytes(32 * 16 * 100_000**2 * 4) == "18.6 TiB"  # the "about 20 TB" of the scores that cannot exist
+
+
+def test_human_bytes_at_unit_boundaries_never_writes_an_exponent_inside_a_unit():
+    assert human_bytes(0) == "0 B"
+    assert human_bytes(1023) == "1023 B"
+    assert human_bytes(1024) == "1 KiB"
+    assert human_bytes(1.5 * 2**30) == "1.5 GiB"
+    assert human_bytes(1000 * 2**20) == "1000 MiB"  # .3g wrote "1e+03 MiB"
+    assert human_bytes(1023 * 2**30) == "1023 GiB"  # and "1.02e+03 GiB"
+    assert human_bytes(1023.7 * 2**10) == "1 MiB"  # would round to "1024 KiB": the next unit reads better
+    assert human_bytes(2**70) == "1 ZiB"
+    assert human_bytes(2**80) == "1 YiB"
+    assert human_bytes(3 * 2**79) == "1.5 YiB"
+    # Past the largest binary unit, bytes in powers of ten.
+    assert human_bytes(2**100) == "1.27e+30 B"
+    assert human_bytes(np.int64(5 * 2**40 + 7)) == "5 TiB"
+
+
+def test_numpy_numbers_and_0d_tensors_are_estimates():
+    assert validate_estimate(np.int64(3 * 2**30 + 7)) == 3 * 2**30 + 7
+    assert validate_estimate(np.float32(2500.5)) == 2500
+    assert validate_estimate(np.array(513)) == 513
+    assert validate_estimate(torch.tensor(2**40 + 3)) == 2**40 + 3
+    assert type(validate_estimate(torch.tensor(1031.0))) is int
+    assert evaluate_estimate(lambda s: np.prod([s["B"], s["S"]]) * 4, {"B": 3, "S": 1021}) == 3 * 1021 * 4
+    assert parse_memory_marker((np.uint32(77),), {}, has_shape=False).estimate == 77
+    accepted = r"give an int or float \(numpy numbers and 0-d integer or float torch tensors also work\)"
+    for bad, kind in [
+        (np.bool_(True), "bool"),
+        (torch.tensor(True), "Tensor"),
+        (torch.tensor([1, 2]), "Tensor"),
+        (np.array([5]), "ndarray"),
+        (2j, "complex"),
+    ]:
+        with pytest.raises(TypeError, match=rf"must be a number of bytes; got .* \({kind}\); {accepted}"):
+            validate_estimate(bad)
+    with pytest.raises(ValueError, match="finite number of bytes >= 0; got -3"):
+        validate_estimate(np.int16(-3))
+
+
+def test_device_errors_name_where_the_device_came_from():
+    with pytest.raises(ValueError, match=r"memory marker: device= is 'tpu'; memory checks know the devices 'cpu' and"):
+        resolve_device("tpu")
+    with pytest.raises(ValueError, match=r"memory marker: the shape's `device` is 'mps'; memory checks know"):
+        resolve_device(None, {"device": "mps"})
+    with pytest.raises(ValueError, match=r"memory marker: the test's `device` parameter is 'xla'; memory checks"):
+        resolve_device(None, None, {"device": "xla"})
+
+
+def test_numpy_estimates_in_a_test_file(pytester):
+    pytester.makepyfile(
+        """
+        import numpy as np, pytest
+
+        @pytest.mark.memory(np.int64(2**61 + 3), device="cpu")
+        def test_huge():
+            raise AssertionError("must not run")
+
+        @pytest.mark.memory(np.int64(1031), device="cpu")
+        def test_small():
+            pass
+
+        @pytest.mark.shape(dict(B=3, S=1021))
+        @pytest.mark.memory(lambda s: np.prod([s.B, s.S], dtype=np.int64) * 4, device="cpu")
+        def test_by_shape(shape):
+            pass
+        """
+    )
+    result = pytester.runpytest("-ra")
+    result.assert_outcomes(passed=2, skipped=1)
+    result.stdout.fnmatch_lines(["SKIPPED [[]1[]] *.py:3: needs 2 EiB, * free on cpu"])
 
 
 def test_estimates_must_be_finite_non_negative_numbers():
@@ -305,7 +377,9 @@ def test_out_of_memory_caught_by_pytest_raises_is_the_tests_business(pytester):
     )
     result = pytester.runpytest("-ra")
     result.assert_outcomes(passed=1, failed=1)
-    result.stdout.fnmatch_lines(["*Failed: DID NOT RAISE*OutOfMemoryError*", "FAILED *::test_expects_oom_but_none_comes*"])
+    result.stdout.fnmatch_lines(
+        ["*Failed: DID NOT RAISE*OutOfMemoryError*", "FAILED *::test_expects_oom_but_none_comes*"]
+    )
 
 
 FIXTURE_OOM_TESTS = """
