@@ -135,7 +135,9 @@ def test_stacked_markers_naming_the_same_size_are_refused():
         match=r"stacked shape markers shape\(S=\[128, 256\]\) and shape\(dict\(B=2, S=64\)\) both name 'S'",
     ):
         expand_shape_markers([((), {"S": [128, 256]}), ((dict(B=2, S=64),), {})])
-    with pytest.raises(ShapeSpecError, match=r"shape marker 2 of 2 \(counting from the test\): keyword axis 'S' is empty"):
+    with pytest.raises(
+        ShapeSpecError, match=r"shape marker 2 of 2 \(counting from the test\): keyword axis 'S' is empty"
+    ):
         expand_shape_markers([((dict(B=2),), {}), ((), {"S": []})])
 
 
