@@ -9,7 +9,8 @@ Two rules decide whether a kernel's output is close to a float64 reference:
   achieves in that precision. When a baseline is given, this rule replaces the per-element one.
 
 In both rules NaN never passes (in ``actual`` or in ``expected``: a reference that produces NaN is broken), and
-an infinity passes only where the other tensor holds the same infinity.
+an infinity passes only where the other tensor holds the same infinity. Integer and bool tensors compared with
+each other are compared in exact integer arithmetic, not through float64 (which rounds integers beyond 2**53).
 
 A ``tolerance`` marker on a test overrides the default policy for every ``assert_close`` call made inside that
 test without an explicit ``policy=``; :func:`use_override` is the context manager the plugin wraps the call in.
@@ -23,6 +24,7 @@ import math
 from collections.abc import Iterator, Mapping
 from typing import Any, Union
 
+import numpy as np
 import torch
 
 PolicyLike = Union["TolerancePolicy", torch.dtype, str]
@@ -286,10 +288,54 @@ def active_policy(dtype: torch.dtype) -> TolerancePolicy:
 # --------------------------------------------------------------------------------------------------------------
 # The comparison
 
+# What ``actual``, ``expected`` and ``baseline`` may be, as the error messages say it.
+_ACCEPTED = "a dense torch.Tensor, a numpy array or scalar, or a Python bool, int or float"
+
+Number = Union[float, int, bool]
+
+
+@dataclasses.dataclass(frozen=True)
+class Mismatch:
+    """One element that broke the rule: where it is, both values, ``|actual - expected|`` and the bound it exceeded.
+
+    In an exact (integer) comparison the values and the error are Python ints or bools, exactly; otherwise floats.
+    ``error`` is NaN where either value is NaN and inf where an Inf is not matched. ``bound`` is
+    ``atol + rtol * |expected|`` under the per-element rule and the allowed maximum error under the baseline rule.
+
+    Example::
+
+        >>> m = Mismatch(index=(0, 2), actual=1.5, expected=1.0, error=0.5, bound=0.125)
+        >>> m.excess, m.ratio
+        (0.375, 4.0)
+    """
+
+    index: tuple[int, ...]
+    actual: Number
+    expected: Number
+    error: float | int
+    bound: float
+
+    @property
+    def excess(self) -> float | int:
+        """How far the error is over the bound (an exact int for integers against a bound of 0)."""
+        return self.error - self.bound if self.bound else self.error
+
+    @property
+    def ratio(self) -> float:
+        """error / bound; inf against a bound of 0."""
+        return self.error / self.bound if self.bound else math.inf
+
 
 @dataclasses.dataclass
 class CloseReport:
-    """What ``assert_close`` found; ``message`` is the text of the failure (or of the pass)."""
+    """What ``assert_close`` found; ``message`` is the text of the failure (or of the pass).
+
+    ``worst`` is the element furthest over its bound (largest error / bound; NaN and an unmatched Inf count as
+    infinitely far; ties go to the larger error, then to the first index), ``first_mismatches`` the first few
+    failing elements in index order. ``max_abs_*`` and ``max_rel_*`` describe the largest errors whether or not
+    they fail (``max_abs_failed``, ``max_rel_failed`` say which). ``exact`` is true when both tensors are integer
+    or bool and were compared in exact integer arithmetic; the values in the report are then exact Python ints.
+    """
 
     passed: bool
     policy: TolerancePolicy
@@ -297,10 +343,10 @@ class CloseReport:
     mismatched: int
     max_abs_error: float
     max_abs_index: tuple[int, ...] | None
-    max_abs_values: tuple[float, float] | None
+    max_abs_values: tuple[Number, Number] | None
     max_rel_error: float
     max_rel_index: tuple[int, ...] | None
-    max_rel_values: tuple[float, float] | None
+    max_rel_values: tuple[Number, Number] | None
     nan_actual: int
     nan_expected: int
     inf_actual: int
@@ -311,6 +357,11 @@ class CloseReport:
     allowed_error: float | None = None
     message: str = ""
     notes: tuple[str, ...] = ()
+    exact: bool = False
+    worst: Mismatch | None = None
+    first_mismatches: tuple[Mismatch, ...] = ()
+    max_abs_failed: bool = False
+    max_rel_failed: bool = False
 
     @property
     def baseline_ratio(self) -> float | None:
@@ -330,51 +381,59 @@ class CloseReport:
 
 # Elements per streamed block: bounds the float64 temporaries to a few of this size whatever the tensor size.
 _BLOCK_ELEMENTS = 1 << 24
+# Failing elements listed in the message after the worst one.
+_SHOWN_MISMATCHES = 5
 
 
 def assert_close(
-    actual: torch.Tensor,
-    expected: torch.Tensor,
+    actual: torch.Tensor | Number,
+    expected: torch.Tensor | Number,
     *,
     policy: PolicyLike | None = None,
-    baseline: torch.Tensor | None = None,
+    baseline: torch.Tensor | Number | None = None,
     notes: tuple[str, ...] = (),
 ) -> CloseReport:
     """Assert that ``actual`` is close to the (usually float64) reference ``expected``.
 
     The policy is ``policy`` when given (a TolerancePolicy, a dtype or a name such as "tf32"), else the
     ``tolerance`` marker's override for ``actual.dtype``, else the default for ``actual.dtype``. With
-    ``baseline`` the baseline-relative rule replaces the per-element rule. Comparison is done in float64 on the
-    tensors' device, streamed in blocks. ``notes`` are extra lines for the message.
+    ``baseline`` the baseline-relative rule replaces the per-element rule. ``notes`` are extra lines for the
+    message. No argument is modified.
+
+    When both ``actual`` and ``expected`` are integer or bool tensors they are compared in exact integer
+    arithmetic (any widths, signed or not; True is 1): ``2**53 + 1`` differs from ``2**53``. The default policy
+    for an integer result is "exact"; a policy with a tolerance applies its bound ``atol + rtol * |expected|``
+    (computed in float64) to the exact difference. When either side is floating point, both are compared in
+    float64 under the policy, as floats: an integer beyond 2**53 is rounded to float64 first.
+
+    Tensors are compared on their device, streamed in blocks. numpy arrays and scalars and Python numbers are
+    accepted wherever a tensor is and behave as numbers of their own dtype (a Python float is float64, a Python
+    int int64, or uint64 above int64's range), placed on the tensor arguments' device. Sparse tensors are
+    refused rather than densified: a dense copy may not fit in memory, and the caller knows whether it does.
+
+    A failure names the worst violation (index, both values, the bound there and how far over it the error is),
+    the first few failing elements, the largest absolute and relative errors, and NaN/Inf counts; under the
+    baseline rule, the kernel's and the baseline's max errors with the factor and floor that decided.
 
     Example::
 
         >>> ref = torch.randn(64, 64, dtype=torch.float64)
         >>> assert_close(ref.to(torch.bfloat16), ref).passed
         True
+        >>> try:  # doctest: +ELLIPSIS
+        ...     assert_close(torch.tensor([2**53 + 1]), torch.tensor([2**53]))
+        ... except AssertionError as failure:
+        ...     print(str(failure).splitlines()[2])  # the worst violation
+          worst violation at index (0,): actual 9007199254740993, expected 9007199254740992, differ by 1 ...
 
     Raises:
-        TypeError: an input is not a tensor, or is complex.
-        ValueError: shapes or devices differ, or the baseline holds NaN or Inf.
+        TypeError: an input is not one of the accepted kinds, or is complex, sparse, nested or quantized.
+        ValueError: shapes or devices differ, the tensors are on the meta device, a Python int does not fit in
+            64 bits, or the baseline holds NaN or Inf.
         AssertionError: the tensors are not close; the message gives the error figures.
     """
     __tracebackhide__ = True  # pytest shows the caller's line, not this function's body
-    for label, tensor in (("actual", actual), ("expected", expected), ("baseline", baseline)):
-        if tensor is None and label == "baseline":
-            continue
-        if not isinstance(tensor, torch.Tensor):
-            raise TypeError(f"assert_close: {label} must be a torch.Tensor; got {type(tensor).__name__}")
-        if tensor.is_complex():
-            raise TypeError(f"assert_close: {label} is complex ({tensor.dtype}); compare real and imaginary parts")
-        if tensor.shape != actual.shape:
-            raise ValueError(
-                f"assert_close: shapes differ: actual {tuple(actual.shape)}, {label} {tuple(tensor.shape)}"
-            )
-        if tensor.device != actual.device:
-            raise ValueError(
-                f"assert_close: devices differ: actual on {actual.device}, {label} on {tensor.device}; move one "
-                "explicitly"
-            )
+    actual, expected, baseline = _checked_inputs(actual, expected, baseline)
     resolved = policy_for(policy) if policy is not None else active_policy(actual.dtype)
 
     baseline_error = None
@@ -393,15 +452,252 @@ def assert_close(
     return report
 
 
+def _as_tensor(label: str, value: Any) -> torch.Tensor:
+    """``value`` as a tensor of its own dtype; tensors are returned as they are."""
+    __tracebackhide__ = True
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, (np.ndarray, np.generic)):
+        array = np.asarray(value)
+        try:
+            return torch.tensor(array)  # a copy: torch cannot wrap a read-only array, and nothing is shared
+        except TypeError:
+            raise TypeError(
+                f"assert_close: {label} is a numpy array of dtype {array.dtype}, which torch cannot hold; {label} "
+                f"must be {_ACCEPTED}"
+            ) from None
+    if isinstance(value, bool):
+        return torch.tensor(value)
+    if isinstance(value, int):
+        if -(1 << 63) <= value < 1 << 63:
+            return torch.tensor(value, dtype=torch.int64)
+        if 0 <= value < 1 << 64:
+            return torch.tensor(value, dtype=torch.uint64)
+        raise ValueError(f"assert_close: {label} is the Python int {value}, outside the int64 and uint64 ranges")
+    if isinstance(value, float):
+        return torch.tensor(value, dtype=torch.float64)  # a Python float is a double; torch's default is float32
+    if isinstance(value, complex):
+        return torch.tensor(value, dtype=torch.complex128)  # refused below, with the message for complex tensors
+    raise TypeError(f"assert_close: {label} must be {_ACCEPTED}; got {type(value).__name__}")
+
+
+def _checked_inputs(
+    actual: Any, expected: Any, baseline: Any
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The three arguments as comparable tensors, or the error that names the one that is not."""
+    __tracebackhide__ = True
+    given = {"actual": actual, "expected": expected, "baseline": baseline}
+    # Numbers and numpy values have no device: they go where the tensor arguments are.
+    device = next((value.device for value in given.values() if isinstance(value, torch.Tensor)), None)
+    tensors: dict[str, torch.Tensor] = {}
+    for label, value in given.items():
+        if value is None and label == "baseline":
+            continue
+        tensor = _as_tensor(label, value)
+        if not isinstance(value, torch.Tensor) and device is not None:
+            tensor = tensor.to(device)
+        if tensor.is_complex():
+            raise TypeError(f"assert_close: {label} is complex ({tensor.dtype}); compare real and imaginary parts")
+        if tensor.is_nested:
+            raise TypeError(
+                f"assert_close: {label} is a nested tensor; assert_close accepts dense (strided) tensors: compare "
+                f"its components ({label}.unbind()) one by one"
+            )
+        if tensor.layout != torch.strided:
+            raise TypeError(
+                f"assert_close: {label} is a sparse tensor ({tensor.layout}); assert_close accepts dense (strided) "
+                f"tensors: pass {label}.to_dense() if it fits in memory"
+            )
+        if tensor.is_quantized:
+            raise TypeError(
+                f"assert_close: {label} is quantized ({tensor.dtype}); assert_close accepts integer, bool and "
+                f"floating-point tensors: pass {label}.dequantize()"
+            )
+        tensors[label] = tensor
+    first = tensors["actual"]
+    for label, tensor in tensors.items():
+        if tensor.shape != first.shape:
+            raise ValueError(
+                f"assert_close: shapes differ: actual {tuple(first.shape)}, {label} {tuple(tensor.shape)}"
+            )
+        if tensor.device != first.device:
+            raise ValueError(
+                f"assert_close: devices differ: actual on {first.device}, {label} on {tensor.device}; move one "
+                "explicitly"
+            )
+    if first.device.type == "meta":
+        raise ValueError("assert_close: actual and expected are on the meta device, which holds no values to compare")
+    return first, tensors["expected"], tensors.get("baseline")
+
+
+def _is_integral(dtype: torch.dtype) -> bool:
+    return not dtype.is_floating_point and not dtype.is_complex
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Exact integer arithmetic. A difference of two 64-bit integers needs 65 bits, and float64 holds integers exactly
+# only up to 2**53, so integers are split into 32-bit words held in int64, where no step can overflow.
+
+_LOW_MASK = 0xFFFFFFFF
+_TWO_32 = float(1 << 32)
+
+
+def _words(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x`` (any integer or bool dtype) as int64 words with ``x == high * 2**32 + low`` and ``0 <= low < 2**32``."""
+    if x.dtype == torch.uint64:
+        # Above 2**63 the bits read as a negative int64; the high word taken unsigned restores the value.
+        bits = x.view(torch.int64)
+        return (bits >> 32) & _LOW_MASK, bits & _LOW_MASK
+    wide = x.to(torch.int64)
+    return wide >> 32, wide & _LOW_MASK
+
+
+def _exact_abs_diff(a: torch.Tensor, e: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``|a - e|`` exactly, as int64 words ``(high, low)`` with value ``high * 2**32 + low`` and ``0 <= low < 2**32``.
+
+    Example::
+
+        >>> high, low = _exact_abs_diff(torch.tensor([-2**63]), torch.tensor([2**63 - 1]))
+        >>> int(high) * 2**32 + int(low) == 2**64 - 1
+        True
+    """
+    a_high, a_low = _words(a)
+    e_high, e_low = _words(e)
+    high, low = a_high - e_high, a_low - e_low  # a - e == high * 2**32 + low; |high| < 2**33, |low| < 2**32
+    negative = (high < 0) | ((high == 0) & (low < 0))
+    high, low = torch.where(negative, -high, high), torch.where(negative, -low, low)
+    borrow = (low < 0).to(torch.int64)  # only where high >= 1, since the value is now >= 0
+    return high - borrow, low + borrow * (1 << 32)
+
+
+def _exceeds(high: torch.Tensor, low: torch.Tensor, bound: torch.Tensor | float) -> torch.Tensor:
+    """Whether ``high * 2**32 + low > bound``, decided exactly.
+
+    An integer exceeds a bound exactly when it exceeds the bound's floor. That floor, split at 2**32, gives two
+    float64 words with no rounding (scaling by a power of two, floor, and a difference smaller than 2**32 that
+    is a multiple of the floor's last bit are all exact), and the integer's words are below 2**33: so the two
+    pairs compare exactly in float64.
+    """
+    limit = torch.as_tensor(bound, dtype=torch.float64, device=high.device).floor()
+    limit_high = (limit / _TWO_32).floor()
+    limit_low = limit - limit_high * _TWO_32
+    high, low = high.to(torch.float64), low.to(torch.float64)
+    return (high > limit_high) | ((high == limit_high) & (low > limit_low))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Blocks
+
+
+@dataclasses.dataclass
+class _Block:
+    """One streamed block compared; positions are the block's own flat positions."""
+
+    bad: torch.Tensor  # bool: the element breaks the rule
+    ratio: torch.Tensor  # float64 error / bound, meaningful where bad; inf for NaN, an unmatched Inf, a bound of 0
+    error_keys: tuple[torch.Tensor, ...]  # rank errors exactly: (error,) for floats, (high, low) for integers
+    abs_keys: tuple[torch.Tensor, ...]  # the same for finite errors only, for the max abs error
+    abs_error: torch.Tensor  # float64 |actual - expected|, 0 where not finite (integers rounded only beyond 2**53)
+    max_rel: float  # the largest abs_error / |expected| (inf against an exact 0) and its position
+    max_rel_at: int
+    bound: torch.Tensor | float
+    actual: torch.Tensor  # the values the report shows (float64 for floats, the integers themselves otherwise)
+    expected: torch.Tensor
+    exact: bool
+    nan_actual: int = 0
+    nan_expected: int = 0
+    inf_actual: int = 0
+    inf_expected: int = 0
+    inf_mismatched: int = 0
+
+    def mismatch(self, position: int, index: tuple[int, ...]) -> Mismatch:
+        a, e = self.actual[position].item(), self.expected[position].item()
+        error = abs(int(a) - int(e)) if self.exact else abs(a - e)  # Python ints: exact at any size
+        bound = float(self.bound[position]) if isinstance(self.bound, torch.Tensor) else float(self.bound)
+        return Mismatch(index=index, actual=a, expected=e, error=error, bound=bound)
+
+
+def _float_block(a_raw: torch.Tensor, e_raw: torch.Tensor, policy: TolerancePolicy, allowed: float | None) -> _Block:
+    # ``to`` returns the argument itself when it is float64 already: these are read, never written in place.
+    a, e = a_raw.to(torch.float64), e_raw.to(torch.float64)
+    nan_a, nan_e = torch.isnan(a), torch.isnan(e)
+    inf_a, inf_e = torch.isinf(a), torch.isinf(e)
+    # An infinity is acceptable only opposite the same infinity.
+    inf_bad = (inf_a | inf_e) & (a != e)
+    never = nan_a | nan_e | inf_bad
+    finite = ~(nan_a | nan_e | inf_a | inf_e)
+    diff = torch.where(finite, a - e, 0.0).abs_()
+    bound = allowed if allowed is not None else e.abs().mul_(policy.rtol).add_(policy.atol)
+    bad = (diff > bound) | never
+    error_key = diff.masked_fill(never, math.inf)
+    max_rel, max_rel_at = _max_rel(diff, e.abs())
+    return _Block(
+        bad=bad, ratio=error_key / bound, error_keys=(error_key,), abs_keys=(diff,), abs_error=diff,
+        max_rel=max_rel, max_rel_at=max_rel_at, bound=bound, actual=a, expected=e, exact=False,
+        nan_actual=int(nan_a.sum()), nan_expected=int(nan_e.sum()), inf_actual=int(inf_a.sum()),
+        inf_expected=int(inf_e.sum()), inf_mismatched=int(inf_bad.sum()),
+    )
+
+
+def _integer_block(a_raw: torch.Tensor, e_raw: torch.Tensor, policy: TolerancePolicy, allowed: float | None) -> _Block:
+    high, low = _exact_abs_diff(a_raw, e_raw)
+    abs_error = high.to(torch.float64).mul_(_TWO_32).add_(low)
+    e_abs = e_raw.to(torch.float64).abs_()  # a new tensor: e_raw is an integer tensor
+    if allowed is not None:
+        bound: torch.Tensor | float = allowed
+    elif policy.rtol == 0:
+        bound = float(policy.atol)  # the usual case ('exact'): one number, not a tensor of them
+    else:
+        bound = e_abs.mul(policy.rtol).add_(policy.atol)
+    max_rel, max_rel_at = _max_rel(abs_error, e_abs)
+    return _Block(
+        bad=_exceeds(high, low, bound), ratio=abs_error / bound, error_keys=(high, low), abs_keys=(high, low),
+        abs_error=abs_error, max_rel=max_rel, max_rel_at=max_rel_at, bound=bound, actual=a_raw, expected=e_raw,
+        exact=True,
+    )
+
+
+def _max_rel(abs_error: torch.Tensor, e_abs: torch.Tensor) -> tuple[float, int]:
+    # x / 0 is inf: a non-zero error against an exact zero is infinitely large (and is printed as inf); 0 / 0 is
+    # no error at all.
+    rel = abs_error / e_abs
+    rel.masked_fill_(rel.isnan(), 0.0)
+    j = int(rel.argmax())
+    return float(rel[j]), j
+
+
+def _first_best(candidates: torch.Tensor, keys: tuple[torch.Tensor, ...]) -> int:
+    """The first position among ``candidates`` whose ``keys`` are lexicographically largest (keys are >= 0)."""
+    for key in keys:
+        candidates = candidates & (key == torch.where(candidates, key, -1).max())
+    return int(candidates.to(torch.uint8).argmax())  # argmax returns the first of equal maxima
+
+
+def _unravel(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+    index = []
+    for size in reversed(shape):
+        index.append(flat % size)
+        flat //= size
+    return tuple(reversed(index))
+
+
 def _baseline_error(baseline: torch.Tensor, expected: torch.Tensor) -> float:
     worst = 0.0
+    exact = _is_integral(baseline.dtype) and _is_integral(expected.dtype)
     flat_b, flat_e = baseline.reshape(-1), expected.reshape(-1)
     for start in range(0, flat_b.numel(), _BLOCK_ELEMENTS):
-        b = flat_b[start : start + _BLOCK_ELEMENTS].to(torch.float64)
-        e = flat_e[start : start + _BLOCK_ELEMENTS].to(torch.float64)
+        b_raw = flat_b[start : start + _BLOCK_ELEMENTS]
+        e_raw = flat_e[start : start + _BLOCK_ELEMENTS]
+        if exact:
+            high, low = _exact_abs_diff(b_raw, e_raw)
+            i = _first_best(torch.ones_like(high, dtype=torch.bool), (high, low))
+            worst = max(worst, float(int(high[i]) * (1 << 32) + int(low[i])))
+            continue
+        # ``to`` may return the argument itself: the difference is taken out of place.
+        b, e = b_raw.to(torch.float64), e_raw.to(torch.float64)
         if not torch.isfinite(b).all():
             raise ValueError("assert_close: the baseline holds NaN or Inf, so it cannot bound the error")
-        worst = max(worst, float(torch.nan_to_num(b.sub_(e).abs_(), nan=0.0, posinf=0.0).max()))
+        worst = max(worst, float(torch.nan_to_num((b - e).abs_(), nan=0.0, posinf=0.0).max()))
     return worst
 
 
@@ -410,105 +706,150 @@ def _compare(
 ) -> CloseReport:
     shape = tuple(actual.shape)
     numel = actual.numel()
+    exact = _is_integral(actual.dtype) and _is_integral(expected.dtype)
+    compare_block = _integer_block if exact else _float_block
     flat_a, flat_e = actual.reshape(-1), expected.reshape(-1)
-    stats = dict(
-        mismatched=0, nan_actual=0, nan_expected=0, inf_actual=0, inf_expected=0, inf_mismatched=0,
-        max_abs=0.0, max_abs_at=None, max_abs_values=None, max_rel=0.0, max_rel_at=None, max_rel_values=None,
-        first_bad=None,
-    )
+    counts = dict(mismatched=0, nan_actual=0, nan_expected=0, inf_actual=0, inf_expected=0, inf_mismatched=0)
+    # Across blocks the ranks are Python tuples (exact for integers); a later block wins only when strictly larger.
+    worst_rank: tuple[Any, ...] | None = None
+    worst: Mismatch | None = None
+    first: list[Mismatch] = []
+    abs_rank: tuple[Any, ...] | None = None
+    abs_at = rel_at = None
+    abs_values = rel_values = None
+    abs_failed = rel_failed = False
+    max_abs = max_rel = 0.0
     for start in range(0, numel, _BLOCK_ELEMENTS):
-        a = flat_a[start : start + _BLOCK_ELEMENTS].to(torch.float64)
-        e = flat_e[start : start + _BLOCK_ELEMENTS].to(torch.float64)
-        nan_a, nan_e = torch.isnan(a), torch.isnan(e)
-        inf_a, inf_e = torch.isinf(a), torch.isinf(e)
-        stats["nan_actual"] += int(nan_a.sum())
-        stats["nan_expected"] += int(nan_e.sum())
-        stats["inf_actual"] += int(inf_a.sum())
-        stats["inf_expected"] += int(inf_e.sum())
-        # An infinity is acceptable only opposite the same infinity.
-        inf_bad = (inf_a | inf_e) & (a != e)
-        stats["inf_mismatched"] += int(inf_bad.sum())
-        finite = ~(nan_a | nan_e | inf_a | inf_e)
+        block = compare_block(
+            flat_a[start : start + _BLOCK_ELEMENTS], flat_e[start : start + _BLOCK_ELEMENTS], policy, allowed
+        )
+        for name in counts:
+            if name != "mismatched":
+                counts[name] += getattr(block, name)
+        block_bad = int(block.bad.sum())
+        counts["mismatched"] += block_bad
 
-        diff = torch.where(finite, a - e, 0.0).abs_()
-        if allowed is None:
-            bound = e.abs().mul_(policy.rtol).add_(policy.atol)
-            bad = diff > bound
-            del bound
-        else:
-            bad = diff > allowed
-        bad |= nan_a | nan_e | inf_bad
-        block_bad = int(bad.sum())
-        stats["mismatched"] += block_bad
-        if block_bad and stats["first_bad"] is None:
-            stats["first_bad"] = start + int(bad.nonzero()[0, 0])
+        if block_bad:
+            i = _first_best(block.bad, (block.ratio,) + block.error_keys)
+            rank = (float(block.ratio[i]),) + tuple(key[i].item() for key in block.error_keys)
+            if worst_rank is None or rank > worst_rank:
+                worst_rank, worst = rank, block.mismatch(i, _unravel(start + i, shape))
+            if len(first) < _SHOWN_MISMATCHES:
+                for p in block.bad.nonzero()[: _SHOWN_MISMATCHES - len(first), 0].tolist():
+                    first.append(block.mismatch(p, _unravel(start + p, shape)))
 
-        if diff.numel():
-            i = int(diff.argmax())
-            if float(diff[i]) > stats["max_abs"] or stats["max_abs_at"] is None:
-                stats["max_abs"], stats["max_abs_at"] = float(diff[i]), start + i
-                stats["max_abs_values"] = (float(a[i]), float(e[i]))
-            # Relative error where expected is non-zero; a non-zero difference against an exact zero counts as inf.
-            rel = diff.div_(e.abs())
-            rel = torch.nan_to_num(rel, nan=0.0)
-            j = int(rel.argmax())
-            if float(rel[j]) > stats["max_rel"] or stats["max_rel_at"] is None:
-                stats["max_rel"], stats["max_rel_at"] = float(rel[j]), start + j
-                stats["max_rel_values"] = (float(a[j]), float(e[j]))
-        del a, e, diff
+        i = _first_best(torch.ones_like(block.bad), block.abs_keys)
+        rank = tuple(key[i].item() for key in block.abs_keys)
+        if abs_rank is None or rank > abs_rank:
+            abs_rank, abs_at, abs_failed = rank, start + i, bool(block.bad[i])
+            element = block.mismatch(i, ())
+            abs_values, max_abs = (element.actual, element.expected), float(block.abs_error[i])
+        j = block.max_rel_at
+        if rel_at is None or block.max_rel > max_rel:
+            max_rel, rel_at, rel_failed = block.max_rel, start + j, bool(block.bad[j])
+            element = block.mismatch(j, ())
+            rel_values = (element.actual, element.expected)
+        del block
 
-    def unravel(flat: int | None) -> tuple[int, ...] | None:
-        if flat is None:
-            return None
-        index = []
-        for size in reversed(shape):
-            index.append(flat % size)
-            flat //= size
-        return tuple(reversed(index))
-
-    passed = stats["mismatched"] == 0
-    if allowed is not None and not stats["max_abs"] <= allowed:
+    passed = counts["mismatched"] == 0
+    if allowed is not None and not exact and not max_abs <= allowed:
         passed = False
     return CloseReport(
         passed=passed,
         policy=policy,
         numel=numel,
-        mismatched=stats["mismatched"],
-        max_abs_error=stats["max_abs"],
-        max_abs_index=unravel(stats["max_abs_at"]),
-        max_abs_values=stats["max_abs_values"],
-        max_rel_error=stats["max_rel"],
-        max_rel_index=unravel(stats["max_rel_at"]),
-        max_rel_values=stats["max_rel_values"],
-        nan_actual=stats["nan_actual"],
-        nan_expected=stats["nan_expected"],
-        inf_actual=stats["inf_actual"],
-        inf_expected=stats["inf_expected"],
-        inf_mismatched=stats["inf_mismatched"],
-        first_bad_index=unravel(stats["first_bad"]),
+        mismatched=counts["mismatched"],
+        max_abs_error=max_abs,
+        max_abs_index=None if abs_at is None else _unravel(abs_at, shape),
+        max_abs_values=abs_values,
+        max_rel_error=max_rel,
+        max_rel_index=None if rel_at is None else _unravel(rel_at, shape),
+        max_rel_values=rel_values,
+        nan_actual=counts["nan_actual"],
+        nan_expected=counts["nan_expected"],
+        inf_actual=counts["inf_actual"],
+        inf_expected=counts["inf_expected"],
+        inf_mismatched=counts["inf_mismatched"],
+        first_bad_index=first[0].index if first else None,
+        exact=exact,
+        worst=worst,
+        first_mismatches=tuple(first),
+        max_abs_failed=abs_failed,
+        max_rel_failed=rel_failed,
     )
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The message
+
+
+def _value(v: Number) -> str:
+    """A value as the message shows it: integers and bools exactly, floats to 8 significant digits."""
+    return str(v) if isinstance(v, (bool, int)) else f"{v:.8g}"
+
+
+def _error(v: float | int) -> str:
+    return str(v) if isinstance(v, int) else f"{v:.6g}"
+
+
+def _violation(m: Mismatch, r: CloseReport) -> str:
+    at = f"worst violation at index {m.index}: actual {_value(m.actual)}, expected {_value(m.expected)}"
+    if math.isnan(m.error):
+        return f"{at}: NaN never passes"
+    if math.isinf(m.error):
+        return f"{at}: an Inf passes only opposite the same Inf"
+    if r.exact and m.bound == 0:
+        return f"{at}, differ by {m.error} (exact comparison)"
+    if r.allowed_error is None:
+        bound, what = f"bound {m.bound:.6g} (atol + rtol * |expected|)", "the bound"
+    else:
+        bound, what = f"allowed {m.bound:.6g}", "the allowed error"
+    scale = f" ({m.ratio:.3g}x {what})" if m.bound else f"; {what} is 0"
+    excess = str(m.excess) if isinstance(m.excess, int) else f"{m.excess:.3g}"
+    return f"{at}, |actual - expected| {_error(m.error)} > {bound} by {excess}{scale}"
 
 
 def _message(r: CloseReport) -> str:
     head = "Tensors are close" if r.passed else "Tensors are not close"
+    how = ", compared exactly as integers" if r.exact else ""
+    factor, floor = r.policy.baseline_factor, r.policy.baseline_floor
     if r.allowed_error is None:
-        rule = f"{r.policy.describe()}: |actual - expected| <= atol + rtol * |expected|"
+        lines = [f"{head} under {r.policy.describe()}{how}: |actual - expected| <= atol + rtol * |expected|"]
     else:
-        rule = (
-            f"{r.policy.describe()}, baseline rule: max|actual - expected| <= {r.policy.baseline_factor:g} * "
-            f"max|baseline - expected| + {r.policy.baseline_floor:g} = {r.allowed_error:.3g}"
-        )
+        verdict = ">" if not r.max_abs_error <= r.allowed_error else "<="
+        lines = [
+            f"{head} under the baseline rule of policy {r.policy.name!r}{how}: max|actual - expected| <= {factor:g} "
+            f"* max|baseline - expected| + {floor:g}",
+            f"  the baseline rule decided: max|actual - expected| = {r.max_abs_error:.6g} {verdict} allowed "
+            f"{factor:g} * {r.baseline_error:.6g} (max|baseline - expected|) + {floor:g} (floor) = "
+            f"{r.allowed_error:.6g}",
+        ]
     share = 100.0 * r.mismatched / r.numel if r.numel else 0.0
-    lines = [f"{head} under {rule}", f"  mismatched elements: {r.mismatched} / {r.numel} ({share:.4g}%)"]
-    if r.max_abs_index is not None:
+    over = "" if r.allowed_error is None else f", over the allowed error {r.allowed_error:.6g} or NaN/Inf"
+    lines.append(f"  mismatched elements: {r.mismatched} / {r.numel} ({share:.4g}%){over}")
+    if r.worst is not None:
+        lines.append(f"  {_violation(r.worst, r)}")
+    if r.first_mismatches:
+        lines.append(f"  first {len(r.first_mismatches)} of {r.mismatched} mismatched elements:")
+        lines.extend(
+            f"    {m.index}: actual {_value(m.actual)}, expected {_value(m.expected)}, |actual - expected| "
+            f"{_error(m.error)}"
+            for m in r.first_mismatches
+        )
+    if r.allowed_error is None and r.max_abs_index is not None:
         a, e = r.max_abs_values
+        size = _error(abs(int(a) - int(e))) if r.exact else f"{r.max_abs_error:.6g}"
+        status = "over its bound" if r.max_abs_failed else "within its bound"
         lines.append(
-            f"  max abs error: {r.max_abs_error:.6g} at index {r.max_abs_index} (actual {a:.8g}, expected {e:.8g})"
+            f"  max abs error: {size} at index {r.max_abs_index} (actual {_value(a)}, expected {_value(e)}), {status}"
         )
-        a, e = r.max_rel_values
-        lines.append(
-            f"  max rel error: {r.max_rel_error:.6g} at index {r.max_rel_index} (actual {a:.8g}, expected {e:.8g})"
-        )
+        if not r.exact:
+            a, e = r.max_rel_values
+            status = "over its bound" if r.max_rel_failed else "within its bound"
+            lines.append(
+                f"  max rel error: {r.max_rel_error:.6g} at index {r.max_rel_index} (actual {_value(a)}, expected "
+                f"{_value(e)}), {status}"
+            )
     lines.append(
         f"  NaN: {r.nan_actual} in actual, {r.nan_expected} in expected; Inf: {r.inf_actual} in actual, "
         f"{r.inf_expected} in expected, {r.inf_mismatched} without the same Inf opposite"
@@ -517,13 +858,9 @@ def _message(r: CloseReport) -> str:
         lines.append("  actual holds NaN: NaN never passes")
     if r.nan_expected:
         lines.append("  expected holds NaN: a reference must not produce NaN, so this never passes")
-    if r.mismatched:
-        lines.append(f"  first mismatched element at index {r.first_bad_index}")
     if r.baseline_error is not None:
-        ratio = r.baseline_ratio
         lines.append(
-            f"  baseline: max|baseline - expected| = {r.baseline_error:.6g}; error ratio actual/baseline = "
-            f"{ratio:.3g} (allowed {r.policy.baseline_factor:g} + floor {r.policy.baseline_floor:g})"
+            f"  error ratio actual/baseline = {r.baseline_ratio:.3g} (allowed {factor:g}, plus the floor {floor:g})"
         )
     lines.extend(f"  {note}" for note in r.notes)
     return "\n".join(lines)
