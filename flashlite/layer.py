@@ -193,52 +193,6 @@ class PlainTransformerBlock(nn.Module):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Low-precision weight copies for inference
-# ----------------------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class _CastEntry:
-    source_ptr: int
-    version: int
-    copy: torch.Tensor
-
-
-class _WeightCastCache:
-    """Low-precision copies of parameters for inference, so a forward pass does not re-cast every weight.
-
-    A copy is refreshed in place when its parameter changes (optimizer step, ``load_state_dict``: the parameter's
-    version counter moves), so a CUDA graph that captured the copy stays valid; it is reallocated only when the
-    parameter's storage changes (``.to(device)``, ``param.data = ...``), which bumps ``generation``.
-    """
-
-    def __init__(self) -> None:
-        self._entries: dict[tuple[str, torch.dtype], _CastEntry] = {}
-        self.generation = 0
-
-    def get(self, name: str, param: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        key = (name, dtype)
-        entry = self._entries.get(key)
-        source = param.detach()
-        stale_storage = entry is None or entry.source_ptr != param.data_ptr() or entry.copy.shape != param.shape
-        # A copy made under inference_mode cannot be written outside it: replace it instead.
-        if not stale_storage and entry.copy.is_inference() and not torch.is_inference_mode_enabled():
-            stale_storage = True
-        if stale_storage:
-            self._entries[key] = _CastEntry(param.data_ptr(), param._version, source.to(dtype))
-            self.generation += 1
-            return self._entries[key].copy
-        if entry.version != param._version:
-            entry.copy.copy_(source)
-            entry.version = param._version
-        return entry.copy
-
-    def clear(self) -> None:
-        self._entries.clear()
-        self.generation += 1
-
-
-# ----------------------------------------------------------------------------------------------------------------
 # The layer
 # ----------------------------------------------------------------------------------------------------------------
 
@@ -274,6 +228,16 @@ class TransformerLayer(nn.Module):
 
     The output has ``x``'s dtype. Under ``torch.autocast`` the projections follow autocast (which only matters for
     "fp32" mode: the other modes already cast their operands); the kernels take whatever dtype arrives.
+
+    Weights are cast to the matmul operand dtype on every forward ("mixed": fp32 parameters to bf16/fp16
+    operands; the other modes need no cast), in inference as in training: the layer keeps no low-precision copy,
+    so the next forward sees every change of a parameter, however it is made (optimizer step, ``load_state_dict``,
+    ``param.copy_`` under no_grad, writes through ``param.data`` such as EMA updates, ``param.data = t``). A kept
+    copy could not know when to refresh: a write through ``param.data`` does not move the parameter's version
+    counter (each ``.data`` is a new tensor with its own counter) and PyTorch keeps no per-storage counter. The
+    cost is one cast kernel per weight per forward, which reads each weight in fp32 and writes it in the operand
+    dtype before the matmul reads it (not yet measured on a GPU); :class:`CudaGraphRunner` replays those casts
+    inside its graph.
 
     ``attention_backend`` is passed to ``flashlite.attention.attention``: "auto" (its per-shape dispatch between
     the Triton kernel and SDPA), "triton" or "sdpa".
@@ -346,7 +310,6 @@ class TransformerLayer(nn.Module):
         self.ln2 = _LayerNormParams(d_model, eps, device, self.policy.param_dtype)
         self.fc1 = nn.Linear(d_model, d_ff, **factory)
         self.fc2 = nn.Linear(d_ff, d_model, **factory)
-        self._casts = _WeightCastCache()
 
     @property
     def precision(self) -> str:
@@ -399,19 +362,14 @@ class TransformerLayer(nn.Module):
         mlp = F.dropout(self._mlp_branch(normed, fusions), self.dropout, self.training)
         return (stream + mlp.to(stream.dtype)).to(x.dtype)
 
-    def _weight(self, name: str, param: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """``param`` in ``dtype``: a cached copy for inference, a differentiable cast when autograd needs one."""
-        if param.dtype == dtype:
-            return param
-        if (torch.is_grad_enabled() and param.requires_grad) or torch.compiler.is_compiling():
-            return param.to(dtype)
-        return self._casts.get(name, param, dtype)
-
-    def _linear(self, name: str, module: nn.Linear, h: torch.Tensor, with_bias: bool = True) -> torch.Tensor:
+    def _linear(self, module: nn.Linear, h: torch.Tensor, with_bias: bool = True) -> torch.Tensor:
+        # The weights are cast to the operand dtype on every call, in inference too: a kept low-precision copy
+        # could not tell when to refresh, because writes through ``param.data`` (EMA updates, hand edits, some
+        # loaders) do not move the parameter's version counter and no storage-level counter exists. A cast is
+        # never stale; under CudaGraphRunner it is part of the graph, so every replay re-reads the parameters.
         dtype = self.policy.matmul_dtype
-        weight = self._weight(f"{name}.weight", module.weight, dtype)
-        bias = self._weight(f"{name}.bias", module.bias, dtype) if with_bias else None
-        return F.linear(h.to(dtype), weight, bias)
+        bias = module.bias.to(dtype) if with_bias else None
+        return F.linear(h.to(dtype), module.weight.to(dtype), bias)
 
     def _norm(self, params: _LayerNormParams, stream: torch.Tensor, out_dtype: torch.dtype,
               fusions: frozenset[str]) -> torch.Tensor:
@@ -424,24 +382,24 @@ class TransformerLayer(nn.Module):
     def _attention_branch(self, h: torch.Tensor, key_padding_mask: Optional[torch.Tensor]) -> torch.Tensor:
         batch, seq, _ = h.shape
         heads, kv_heads, head_dim = self.n_heads, self.n_kv_heads, self.head_dim
-        qkv = self._linear("qkv", self.qkv, h)
+        qkv = self._linear(self.qkv, h)
         q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
         q = q.view(batch, seq, heads, head_dim).transpose(1, 2)
         k = k.view(batch, seq, kv_heads, head_dim).transpose(1, 2)
         v = v.view(batch, seq, kv_heads, head_dim).transpose(1, 2)
         o = _attend(q, k, v, self.causal, key_padding_mask, self.policy.attention_precision, self.attention_backend)
         o = o.transpose(1, 2).reshape(batch, seq, heads * head_dim)
-        return self._linear("out", self.out, o)
+        return self._linear(self.out, o)
 
     def _mlp_branch(self, h: torch.Tensor, fusions: frozenset[str]) -> torch.Tensor:
         policy = self.policy
         if "bias_gelu" in fusions:
-            up = self._linear("fc1", self.fc1, h, with_bias=False)
+            up = self._linear(self.fc1, h, with_bias=False)
             act = bias_gelu(up, self.fc1.bias, out_dtype=policy.gelu_out_dtype)
         else:
-            up = self._linear("fc1", self.fc1, h)
+            up = self._linear(self.fc1, h)
             act = F.gelu(up.to(policy.gelu_math_dtype)).to(policy.gelu_out_dtype)
-        return self._linear("fc2", self.fc2, act)
+        return self._linear(self.fc2, act)
 
     # -- conversion from and to the plain block ----------------------------------------------------------------
 
@@ -543,7 +501,20 @@ class _CapturedCall:
     static_x: torch.Tensor
     static_mask: Optional[torch.Tensor]
     static_out: torch.Tensor
-    generation: int
+    # What the graph's kernels read besides its static buffers: every parameter's memory (address, layout, dtype)
+    # and the layer settings baked into the capture. A replay is valid only while all of it is unchanged.
+    layout: tuple
+    # The parameters' tensors at capture, held so that their memory cannot be freed and handed to a new parameter
+    # at the same address, which would make a replaced storage look unchanged.
+    held: tuple[torch.Tensor, ...]
+
+
+def _replay_signature(layer: "TransformerLayer") -> tuple:
+    params = tuple((name, p.data_ptr(), tuple(p.shape), p.stride(), p.dtype, p.device)
+                   for name, p in layer.named_parameters())
+    settings = (layer.policy, layer.fusions, layer.causal, layer.eps, layer.attention_backend, layer.dropout,
+                layer.training)
+    return params, settings
 
 
 class CudaGraphRunner:
@@ -553,9 +524,17 @@ class CudaGraphRunner:
     kernels with one launch. The first call with a new input signature warms the layer up on a side stream
     (compiling and autotuning Triton kernels outside the capture), captures one forward, and then every call
     copies its inputs into the graph's static buffers and replays. Inference only: forward runs under
-    ``torch.no_grad()``, and the layer must be in eval mode or have no dropout. Parameter updates made in place
-    (optimizer steps, ``load_state_dict``) are picked up; moving the layer to a new device or replacing parameter
-    storage triggers a re-capture.
+    ``torch.no_grad()``, and the layer must be in eval mode or have no dropout.
+
+    Weight changes: the graph reads the parameters' own memory on every replay (the casts to the matmul dtype are
+    kernels inside the graph, not copies made at capture), so any in-place change of a parameter's values is
+    picked up: optimizer steps, ``load_state_dict``, ``param.copy_``, and writes through ``param.data``. A change
+    of what the graph's kernels point at (``param.data = t``, ``layer.to(...)``, a new layer setting such as
+    ``causal``) is detected before each replay by comparing every parameter's address, shape, strides, dtype and
+    device, and the layer's settings, with those at capture; it triggers a re-capture.
+
+    The returned tensor is a fresh copy unless ``clone_output=False``, in which case it is the graph's static
+    output, overwritten by the next call with the same signature.
 
     The returned tensor is a fresh copy unless ``clone_output=False``, in which case it is the graph's static
     output, overwritten by the next call with the same signature.
@@ -587,9 +566,12 @@ class CudaGraphRunner:
             raise ValueError("CudaGraphRunner replays a fixed graph: put the layer in eval() mode (dropout > 0)")
         key = (tuple(x.shape), x.dtype, x.device, key_padding_mask is not None)
         with torch.no_grad():
-            generation = self._refresh_weight_copies()
             call = self._captured.get(key)
-            if call is None or call.generation != generation:
+            if call is not None and call.layout != _replay_signature(layer):
+                # Free the stale graph (and the old parameter memory it holds) before capturing its replacement.
+                del self._captured[key]
+                call = None
+            if call is None:
                 call = self._capture(x, key_padding_mask)
                 self._captured[key] = call
             call.static_x.copy_(x)
@@ -601,16 +583,6 @@ class CudaGraphRunner:
     def clear(self) -> None:
         """Drop every captured graph and its buffers."""
         self._captured.clear()
-
-    def _refresh_weight_copies(self) -> int:
-        # Bring the layer's low-precision weight copies up to date (in place), before a replay reads them.
-        layer = self.layer
-        dtype = layer.policy.matmul_dtype
-        for name in ("qkv", "out", "fc1", "fc2"):
-            module = getattr(layer, name)
-            for kind in ("weight", "bias"):
-                layer._weight(f"{name}.{kind}", getattr(module, kind), dtype)
-        return layer._casts.generation
 
     def _capture(self, x: torch.Tensor, key_padding_mask: Optional[torch.Tensor]) -> _CapturedCall:
         static_x = x.clone()
@@ -624,4 +596,5 @@ class CudaGraphRunner:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             static_out = self.layer(static_x, static_mask)
-        return _CapturedCall(graph, static_x, static_mask, static_out, self.layer._casts.generation)
+        held = tuple(p.detach() for p in self.layer.parameters())
+        return _CapturedCall(graph, static_x, static_mask, static_out, _replay_signature(self.layer), held)

@@ -189,8 +189,9 @@ def test_load_plain_state_dict_rejects_mismatches():
         layer.load_plain_state_dict(state)
 
 
-def test_inference_weight_copies_follow_parameter_updates():
-    # In no-grad mode the "mixed" layer reuses bf16 copies of its weights; an optimizer step must still show.
+def test_inference_follows_optimizer_steps():
+    # The "mixed" layer computes with bf16 casts of its fp32 weights; after an optimizer step, an inference forward
+    # must use the new weights, exactly as a grad-mode forward does.
     torch.manual_seed(4)
     layer = TransformerLayer(32, 2, attention_backend="sdpa", device=DEVICE)
     x = torch.randn(1, 8, 32, device=DEVICE)
@@ -203,6 +204,73 @@ def test_inference_weight_copies_follow_parameter_updates():
     expected = layer(x).detach()  # grad mode: casts the current weights afresh
     assert not torch.allclose(before, after)
     torch.testing.assert_close(after, expected, rtol=0, atol=0)
+
+
+def _fresh_like(t: torch.Tensor, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return (0.1 * torch.randn(t.shape, generator=gen)).to(device=t.device, dtype=t.dtype)
+
+
+# Ways a user (an EMA update, a hand edit, a checkpoint loader) changes a parameter's values after the layer has
+# run. Writes through ``.data`` bypass the parameter's version counter (the ``.data`` tensor has its own), and
+# ``param.data = t`` swaps the storage: the layer must see all of them.
+WEIGHT_UPDATES = {
+    "data_zero_": lambda p, new: p.data.zero_(),
+    "data_copy_": lambda p, new: p.data.copy_(new),
+    "data_mul_": lambda p, new: p.data.mul_(-0.5),
+    "no_grad_copy_": lambda p, new: _no_grad(p.copy_, new),
+    "data_assign": lambda p, new: setattr(p, "data", new.clone()),
+}
+
+
+def _no_grad(fn, *args):
+    with torch.no_grad():
+        fn(*args)
+
+
+def _mixed_layer_reference(layer: TransformerLayer, x: torch.Tensor):
+    """A fresh float64 block with the layer's current weights, and PyTorch under bf16 autocast as the baseline."""
+    with torch.no_grad():
+        reference = layer.to_plain(torch.float64)(x.double())
+        with torch.autocast(x.device.type, dtype=torch.bfloat16):
+            baseline = layer.to_plain()(x)
+    return reference, baseline.float()
+
+
+def _inference(layer: TransformerLayer, x: torch.Tensor, context: str) -> torch.Tensor:
+    with torch.inference_mode() if context == "inference_mode" else torch.no_grad():
+        return layer(x).clone()
+
+
+@pytest.mark.parametrize("context", ["no_grad", "inference_mode"])
+@pytest.mark.parametrize("update", sorted(WEIGHT_UPDATES))
+def test_inference_sees_every_weight_update(update, context):
+    # The forward before the update is the one that would have filled a cache of bf16 weight copies.
+    torch.manual_seed(8)
+    layer = TransformerLayer(32, 2, precision="mixed", attention_backend="sdpa", device=DEVICE)
+    x = torch.randn(3, 5, 32, device=DEVICE)
+    before = _inference(layer, x, context)
+    for i, param in enumerate((layer.fc2.weight, layer.qkv.bias, layer.out.weight)):
+        WEIGHT_UPDATES[update](param, _fresh_like(param, seed=30 + i))
+    after = _inference(layer, x, context)
+    reference, baseline = _mixed_layer_reference(layer, x)
+    assert not torch.allclose(before, after)
+    assert_close(after, reference, policy=torch.bfloat16, baseline=baseline)
+    # And every forward after that, not only the first one.
+    torch.testing.assert_close(_inference(layer, x, context), after, rtol=0, atol=0)
+
+
+def test_inference_sees_load_state_dict():
+    torch.manual_seed(9)
+    layer = TransformerLayer(32, 2, precision="mixed", attention_backend="sdpa", device=DEVICE)
+    x = torch.randn(3, 5, 32, device=DEVICE)
+    before = _inference(layer, x, "no_grad")
+    state = {k: _fresh_like(v, seed=50 + i) for i, (k, v) in enumerate(layer.state_dict().items())}
+    layer.load_state_dict(state)
+    after = _inference(layer, x, "no_grad")
+    reference, baseline = _mixed_layer_reference(layer, x)
+    assert not torch.allclose(before, after)
+    assert_close(after, reference, policy=torch.bfloat16, baseline=baseline)
 
 
 def test_dropout_only_in_training():

@@ -14,7 +14,7 @@ from flashlite.layer import FUSED_MIN_TOKENS, FUSIONS, CudaGraphRunner, PlainTra
 from flashlite.norm import add_layer_norm, bias_gelu, layer_norm
 from pytest_kernelcheck import assert_close, policy_for
 
-from .test_layer import _plain_grads, _run
+from .test_layer import WEIGHT_UPDATES, _fresh_like, _mixed_layer_reference, _plain_grads, _run
 from .test_layer_norm import (
     PARAM_LAYOUTS,
     ROW_LAYOUTS,
@@ -127,6 +127,45 @@ def test_cuda_graph_runner_sees_in_place_parameter_updates():
     after = runner(x)
     assert not torch.allclose(before, after)
     torch.testing.assert_close(after, eager, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("update", sorted(WEIGHT_UPDATES))
+def test_cuda_graph_runner_sees_every_weight_update(update):
+    # Writes through .data move no version counter and `param.data = t` moves the storage: a replay must still
+    # compute with the current weights (LayerNorm parameters included), as the eager layer does.
+    torch.manual_seed(6)
+    layer = TransformerLayer(D_MODEL, HEADS, D_FF, fusions=FUSIONS, device="cuda").eval()
+    runner = CudaGraphRunner(layer)
+    x = torch.randn(1, 128, D_MODEL, device="cuda")
+    before = runner(x)
+    for i, param in enumerate((layer.fc2.weight, layer.qkv.bias, layer.ln2.weight)):
+        WEIGHT_UPDATES[update](param, _fresh_like(param, seed=30 + i))
+    after = runner(x)
+    with torch.no_grad():
+        eager = layer(x)
+    reference, baseline = _mixed_layer_reference(layer, x)
+    assert not torch.allclose(before, after)
+    torch.testing.assert_close(after, eager, rtol=1e-5, atol=1e-5)
+    assert_close(after, reference, policy=torch.bfloat16, baseline=baseline)
+    assert len(runner._captured) == 1
+
+
+def test_cuda_graph_runner_sees_load_state_dict_and_setting_changes():
+    torch.manual_seed(7)
+    layer = TransformerLayer(D_MODEL, HEADS, D_FF, fusions=FUSIONS, device="cuda").eval()
+    runner = CudaGraphRunner(layer)
+    x = torch.randn(1, 128, D_MODEL, device="cuda")
+    before = runner(x)
+    layer.load_state_dict({k: _fresh_like(v, seed=50 + i) for i, (k, v) in enumerate(layer.state_dict().items())})
+    loaded = runner(x)
+    reference, baseline = _mixed_layer_reference(layer, x)
+    assert not torch.allclose(before, loaded)
+    assert_close(loaded, reference, policy=torch.bfloat16, baseline=baseline)
+    layer.causal = False  # baked into the captured kernels: the runner must capture again
+    uncausal = runner(x)
+    reference, baseline = _mixed_layer_reference(layer, x)
+    assert not torch.allclose(loaded, uncausal)
+    assert_close(uncausal, reference, policy=torch.bfloat16, baseline=baseline)
 
 
 def test_cuda_graph_runner_is_inference_only():
