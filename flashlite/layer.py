@@ -10,6 +10,8 @@ runner for small, launch-bound shapes.
 """
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Optional, Union
@@ -19,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from flashlite._runtime import kernel_device_ok
-from flashlite.norm import add_layer_norm, bias_gelu, layer_norm
+from flashlite.norm import _check_eps, add_layer_norm, bias_gelu, layer_norm
 from flashlite.precision import PrecisionPolicy, resolve_policy
 
 # Kernel choices that ``TransformerLayer(fusions=...)`` switches, so that an A/B suite can compare variants:
@@ -45,34 +47,73 @@ def _check_fusions(fusions: Union[str, Iterable[str], None]) -> Optional[frozens
         return None
     if isinstance(fusions, str):
         raise TypeError(f"fusions must be a collection of names, not the string {fusions!r}; e.g. {{{fusions!r}}}")
-    chosen = frozenset(fusions)
+    try:
+        chosen = frozenset(fusions)
+    except TypeError:  # not iterable, or holding unhashable items
+        raise TypeError(f"fusions must be 'auto' or a collection of fusion names ({', '.join(sorted(FUSIONS))}), "
+                        f"got {type(fusions).__name__} {fusions!r}") from None
     unknown = chosen - FUSIONS
     if unknown:
-        raise ValueError(f"unknown fusions {sorted(unknown)}; known: {sorted(FUSIONS)}")
+        # Sorted by repr: the unknown items need not be strings, nor comparable with each other.
+        raise ValueError(f"unknown fusions {sorted(unknown, key=repr)}; known: {sorted(FUSIONS)}")
     return chosen
 
 
-def _check_dims(d_model: int, n_heads: int, n_kv_heads: Optional[int], d_ff: Optional[int]) -> tuple[int, int]:
-    for name, value in (("d_model", d_model), ("n_heads", n_heads)):
-        if not isinstance(value, int) or value <= 0:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+def _positive_int(name: str, value: Any) -> int:
+    """``value`` as a Python int: ints and NumPy integers are accepted, bool (an int subclass) is not."""
+    accepted = "a positive integer (a Python or NumPy int, not bool)"
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be {accepted}, got {type(value).__name__} {value!r}")
+    if value <= 0:
+        raise ValueError(f"{name} must be {accepted}, got {value!r}")
+    return int(value)
+
+
+def _check_dims(d_model: Any, n_heads: Any, n_kv_heads: Any, d_ff: Any) -> tuple[int, int, int, int]:
+    """(d_model, n_heads, n_kv_heads, d_ff) as Python ints, with the defaults filled in."""
+    d_model, n_heads = _positive_int("d_model", d_model), _positive_int("n_heads", n_heads)
     if d_model % n_heads:
         raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
-    n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
-    if not isinstance(n_kv_heads, int) or n_kv_heads <= 0:
-        raise ValueError(f"n_kv_heads must be a positive integer, got {n_kv_heads!r}")
+    n_kv_heads = n_heads if n_kv_heads is None else _positive_int("n_kv_heads", n_kv_heads)
     if n_heads % n_kv_heads:
         raise ValueError(f"n_heads ({n_heads}) must be divisible by n_kv_heads ({n_kv_heads})")
-    d_ff = 4 * d_model if d_ff is None else d_ff
-    if not isinstance(d_ff, int) or d_ff <= 0:
-        raise ValueError(f"d_ff must be a positive integer, got {d_ff!r}")
-    return n_kv_heads, d_ff
+    d_ff = 4 * d_model if d_ff is None else _positive_int("d_ff", d_ff)
+    return d_model, n_heads, n_kv_heads, d_ff
 
 
-def _check_dropout(dropout: float) -> float:
-    if not 0.0 <= dropout < 1.0:
-        raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+def _check_dropout(dropout: Any) -> float:
+    accepted = "a number in [0, 1) (a Python or NumPy float or int)"
+    if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real):
+        raise TypeError(f"dropout must be {accepted}, got {type(dropout).__name__} {dropout!r}")
+    if not (math.isfinite(dropout) and 0.0 <= dropout < 1.0):
+        raise ValueError(f"dropout must be {accepted}, got {dropout!r}")
     return float(dropout)
+
+
+def _check_causal(causal: Any) -> bool:
+    # NumPy's bool is no subclass of bool; an int 0/1 is refused, as it is more likely a misplaced argument.
+    numpy_bool = type(causal).__module__ == "numpy" and type(causal).__name__ in ("bool", "bool_")
+    if not (isinstance(causal, bool) or numpy_bool):
+        raise TypeError(f"causal must be a bool (True or False), got {type(causal).__name__} {causal!r}")
+    return bool(causal)
+
+
+def _check_factory(device: Any, dtype: Any) -> Optional[torch.device]:
+    """``device`` as a torch.device (or None), after checking both factory arguments."""
+    if dtype is not None:
+        if not isinstance(dtype, torch.dtype):
+            raise TypeError(f"dtype must be a torch.dtype or None, got {type(dtype).__name__} {dtype!r}")
+        if not dtype.is_floating_point:
+            raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype}")
+    if device is None:
+        return None
+    try:
+        if isinstance(device, bool):
+            raise TypeError
+        return torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise ValueError(f"device must be a torch.device, a device string such as 'cpu' or 'cuda:0', or None; "
+                         f"got {device!r}") from None
 
 
 def _check_input(x: torch.Tensor, key_padding_mask: Optional[torch.Tensor], d_model: int,
@@ -157,11 +198,11 @@ class PlainTransformerBlock(nn.Module):
                  causal: bool = True, dropout: float = 0.0, eps: float = 1e-5,
                  device: Optional[torch.device | str] = None, dtype: Optional[torch.dtype] = None) -> None:
         super().__init__()
-        n_kv_heads, d_ff = _check_dims(d_model, n_heads, n_kv_heads, d_ff)
+        d_model, n_heads, n_kv_heads, d_ff = _check_dims(d_model, n_heads, n_kv_heads, d_ff)
         self.d_model, self.n_heads, self.n_kv_heads, self.d_ff = d_model, n_heads, n_kv_heads, d_ff
         self.head_dim = d_model // n_heads
-        self.causal, self.dropout, self.eps = causal, _check_dropout(dropout), eps
-        factory = {"device": device, "dtype": dtype}
+        self.causal, self.dropout, self.eps = _check_causal(causal), _check_dropout(dropout), _check_eps(None, eps)
+        factory = {"device": _check_factory(device, dtype), "dtype": dtype}
         kv_width = n_kv_heads * self.head_dim
         self.ln1 = nn.LayerNorm(d_model, eps=eps, **factory)
         self.q_proj = nn.Linear(d_model, d_model, **factory)
@@ -285,7 +326,8 @@ class TransformerLayer(nn.Module):
                  fusions: Union[str, Iterable[str], None] = "auto", attention_backend: str = "auto", eps: float = 1e-5,
                  device: Optional[torch.device | str] = None, dtype: Optional[torch.dtype] = None) -> None:
         super().__init__()
-        n_kv_heads, d_ff = _check_dims(d_model, n_heads, n_kv_heads, d_ff)
+        d_model, n_heads, n_kv_heads, d_ff = _check_dims(d_model, n_heads, n_kv_heads, d_ff)
+        device = _check_factory(device, dtype)
         if attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(f"unknown attention_backend {attention_backend!r}; choose one of {ATTENTION_BACKENDS}")
         self.attention_backend = attention_backend
@@ -297,11 +339,10 @@ class TransformerLayer(nn.Module):
                 f"dtype={dtype} conflicts with precision={precision!r}, whose parameters are "
                 f"{self.policy.param_dtype}; leave dtype unset or pick the matching precision mode"
             )
-        if not eps > 0:
-            raise ValueError(f"eps must be positive, got {eps}")
+        eps = _check_eps(None, eps)
         self.d_model, self.n_heads, self.n_kv_heads, self.d_ff = d_model, n_heads, n_kv_heads, d_ff
         self.head_dim = d_model // n_heads
-        self.causal, self.dropout, self.eps = bool(causal), _check_dropout(dropout), eps
+        self.causal, self.dropout, self.eps = _check_causal(causal), _check_dropout(dropout), eps
         self.fusions = _check_fusions(fusions)
         factory = {"device": device, "dtype": self.policy.param_dtype}
         self.ln1 = _LayerNormParams(d_model, eps, device, self.policy.param_dtype)
@@ -341,11 +382,15 @@ class TransformerLayer(nn.Module):
     def forward(self, x: torch.Tensor, key_padding_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Apply the layer to ``x`` [B, S, d_model]; ``key_padding_mask`` is bool [B, S] with True = attend.
 
+        An input without tokens (B or S is 0) gives an empty output of ``x``'s shape, and zero parameter gradients.
+
         Example:
             >>> TransformerLayer(32, 2, precision="fp32")(torch.randn(1, 8, 32)).shape
             torch.Size([1, 8, 32])
         """
         _check_input(x, key_padding_mask, self.d_model, self.qkv.weight)
+        if x.shape[0] == 0 or x.shape[1] == 0:
+            return self._forward_without_tokens(x)
         policy = self.policy
         fusions = self._fusions_for(x)
         operand = policy.matmul_dtype
@@ -361,6 +406,16 @@ class TransformerLayer(nn.Module):
 
         mlp = F.dropout(self._mlp_branch(normed, fusions), self.dropout, self.training)
         return (stream + mlp.to(stream.dtype)).to(x.dtype)
+
+    def _forward_without_tokens(self, x: torch.Tensor) -> torch.Tensor:
+        """The output for B == 0 or S == 0: empty, with x's shape and dtype, as :class:`PlainTransformerBlock` gives.
+
+        The attention kernels refuse empty inputs (there is no key to attend to), so no branch runs. Every
+        parameter still joins the autograd graph, with weight 0, so that backward gives each a zero gradient, as
+        a torch module's empty matmuls do; an optimizer then treats this step like any other.
+        """
+        untouched = torch.stack([p.sum().to(x.dtype) for p in self.parameters()]).sum() * 0
+        return x + untouched
 
     def _linear(self, module: nn.Linear, h: torch.Tensor, with_bias: bool = True) -> torch.Tensor:
         # The weights are cast to the operand dtype on every call, in inference too: a kept low-precision copy

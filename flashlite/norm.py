@@ -10,6 +10,8 @@ Public entry points: :func:`layer_norm`, :func:`add_layer_norm`, :func:`bias_gel
 from __future__ import annotations
 
 import functools
+import math
+import numbers
 from typing import Optional
 
 import torch
@@ -390,10 +392,21 @@ def _affine_or_default(
     return weight, bias
 
 
-def _check_eps(op: str, eps: float) -> float:
-    if not eps > 0:
-        raise ValueError(f"{op}: eps must be positive, got {eps}")
-    return float(eps)
+def _check_eps(op: Optional[str], eps: float) -> float:
+    """``eps`` as a Python float, or a clear error; ``op`` (the function's name) prefixes the message when given.
+
+    Any real number is accepted, NumPy scalars included (they register as ``numbers.Real``); bool is refused
+    although it is an int, and so are tensors (pass ``float(eps)``: a tensor would force a device sync here).
+    Non-finite values are refused too: an infinite eps makes every output equal to the bias.
+    """
+    prefix = f"{op}: " if op else ""
+    accepted = "a positive finite number (a Python or NumPy int or float)"
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):  # NumPy's bool is not numbers.Real either
+        raise TypeError(f"{prefix}eps must be {accepted}, got {type(eps).__name__} {eps!r}")
+    value = float(eps)
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{prefix}eps must be {accepted}, got {eps!r}")
+    return value
 
 
 def _check_out_dtype(op: str, out_dtype: Optional[torch.dtype]) -> None:

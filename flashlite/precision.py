@@ -80,10 +80,16 @@ def resolve_policy(
         >>> resolve_policy("fp32", attention_precision="tf32").attention_precision
         'tf32'
     """
+    if not isinstance(precision, str):  # and not a membership test, which fails on an unhashable value
+        raise TypeError(f"precision must be one of {', '.join(map(repr, MODES))}, got {type(precision).__name__} "
+                        f"{precision!r}")
     if precision not in POLICIES:
         raise ValueError(f"unknown precision mode {precision!r}; choose one of {', '.join(map(repr, MODES))}")
     policy = POLICIES[precision]
     if compute_dtype is not None:
+        if not isinstance(compute_dtype, torch.dtype):
+            raise TypeError(f"compute_dtype must be torch.bfloat16 or torch.float16, got "
+                            f"{type(compute_dtype).__name__} {compute_dtype!r}")
         if precision != "mixed":
             raise ValueError(
                 f"compute_dtype applies to precision='mixed' only; precision={precision!r} fixes the matmul dtype "

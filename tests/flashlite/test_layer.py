@@ -6,6 +6,7 @@ the interpreter), so these tests cover the kernels the layer is built on, not SD
 """
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -360,10 +361,102 @@ def test_bad_construction_names_the_problem():
         TransformerLayer(32, 4, fusions={"bias_relu"})
     with pytest.raises(TypeError, match="fusions must be a collection of names"):
         TransformerLayer(32, 4, fusions="bias_gelu")
-    with pytest.raises(ValueError, match="dropout must be in"):
+    with pytest.raises(ValueError, match=_DROPOUT_ACCEPTED + " 1.0"):
         TransformerLayer(32, 4, dropout=1.0)
     with pytest.raises(ValueError, match="unknown attention_backend 'flash'"):
         TransformerLayer(32, 4, attention_backend="flash")
+
+
+# (keyword arguments, error type, message pattern): each wrong value of each constructor argument, for both classes.
+_INT_ACCEPTED = r"must be a positive integer \(a Python or NumPy int, not bool\), got"
+_DROPOUT_ACCEPTED = r"dropout must be a number in \[0, 1\) \(a Python or NumPy float or int\), got"
+BAD_ARGUMENTS = [
+    (dict(d_model=True, n_heads=1), TypeError, "d_model " + _INT_ACCEPTED + " bool True"),
+    (dict(d_model=32.0, n_heads=2), TypeError, "d_model " + _INT_ACCEPTED + " float 32.0"),
+    (dict(d_model="32", n_heads=2), TypeError, "d_model " + _INT_ACCEPTED + " str '32'"),
+    (dict(d_model=-32, n_heads=2), ValueError, "d_model " + _INT_ACCEPTED + " -32"),
+    (dict(d_model=32, n_heads=np.bool_(True)), TypeError, "n_heads " + _INT_ACCEPTED),
+    (dict(d_model=32, n_heads=0), ValueError, "n_heads " + _INT_ACCEPTED + " 0"),
+    (dict(d_model=32, n_heads=2, n_kv_heads=False), TypeError, "n_kv_heads " + _INT_ACCEPTED),
+    (dict(d_model=32, n_heads=2, d_ff=True), TypeError, "d_ff " + _INT_ACCEPTED),
+    (dict(d_model=32, n_heads=2, d_ff=2.5), TypeError, "d_ff " + _INT_ACCEPTED),
+    (dict(d_model=32, n_heads=2, causal="no"), TypeError, r"causal must be a bool \(True or False\), got str 'no'"),
+    (dict(d_model=32, n_heads=2, causal=1), TypeError, r"causal must be a bool \(True or False\), got int 1"),
+    (dict(d_model=32, n_heads=2, dropout="0.1"), TypeError, _DROPOUT_ACCEPTED + " str '0.1'"),
+    (dict(d_model=32, n_heads=2, dropout=True), TypeError, _DROPOUT_ACCEPTED + " bool True"),
+    (dict(d_model=32, n_heads=2, dropout=float("nan")), ValueError, _DROPOUT_ACCEPTED + " nan"),
+    (dict(d_model=32, n_heads=2, eps="1e-5"), TypeError, "eps must be a positive finite number"),
+    (dict(d_model=32, n_heads=2, eps=True), TypeError, "eps must be a positive finite number"),
+    (dict(d_model=32, n_heads=2, eps=float("nan")), ValueError, "eps must be a positive finite number"),
+    (dict(d_model=32, n_heads=2, device="gpu0"), ValueError,
+     r"device must be a torch.device, a device string such as 'cpu' or 'cuda:0', or None; got 'gpu0'"),
+    (dict(d_model=32, n_heads=2, dtype="float32"), TypeError, r"dtype must be a torch.dtype or None, got str"),
+]
+# Only TransformerLayer has these.
+BAD_LAYER_ARGUMENTS = [
+    (dict(precision=["mixed"]), TypeError, r"precision must be one of 'mixed', 'fp32', 'bf16', 'fp16', got list"),
+    (dict(precision=None), TypeError, r"precision must be one of 'mixed', 'fp32', 'bf16', 'fp16', got NoneType"),
+    (dict(compute_dtype="bf16"), TypeError, r"compute_dtype must be torch.bfloat16 or torch.float16, got str 'bf16'"),
+    (dict(fusions=3), TypeError, r"fusions must be 'auto' or a collection of fusion names .*, got int 3"),
+    (dict(fusions=[["bias_gelu"]]), TypeError, r"fusions must be 'auto' or a collection of fusion names"),
+    (dict(fusions={3, "bias_relu"}), ValueError, r"unknown fusions \['bias_relu', 3\]"),
+    (dict(attention_backend=None), ValueError, r"unknown attention_backend None"),
+]
+
+
+@pytest.mark.parametrize("cls", [TransformerLayer, PlainTransformerBlock])
+@pytest.mark.parametrize("kwargs,error,message", BAD_ARGUMENTS, ids=[str(case[0]) for case in BAD_ARGUMENTS])
+def test_bad_constructor_arguments_are_named(cls, kwargs, error, message):
+    with pytest.raises(error, match=message):
+        cls(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs,error,message", BAD_LAYER_ARGUMENTS, ids=[str(c[0]) for c in BAD_LAYER_ARGUMENTS])
+def test_bad_layer_arguments_are_named(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        TransformerLayer(32, 2, **kwargs)
+
+
+@pytest.mark.parametrize("cls", [TransformerLayer, PlainTransformerBlock])
+def test_numpy_numbers_are_accepted_as_python_numbers(cls):
+    module = cls(np.int64(32), np.int32(2), np.int16(48), n_kv_heads=np.int64(1), causal=np.bool_(False),
+                 dropout=np.float32(0.0), eps=np.float64(1e-5), device=DEVICE)
+    assert (module.d_model, module.n_heads, module.d_ff, module.n_kv_heads, module.causal) == (32, 2, 48, 1, False)
+    for value in (module.d_model, module.n_heads, module.d_ff, module.n_kv_heads, module.head_dim):
+        assert type(value) is int
+    assert type(module.causal) is bool and type(module.dropout) is float and type(module.eps) is float
+    x = torch.randn(2, 5, 32, device=DEVICE)
+    with torch.no_grad():
+        y = module(x)
+        reference = PlainTransformerBlock(32, 2, 48, n_kv_heads=1, causal=False, device=DEVICE, dtype=torch.float64)
+        reference.load_state_dict(module.state_dict() if cls is PlainTransformerBlock else module.plain_state_dict())
+        expected = reference(x.double())
+    assert y.shape == x.shape
+    tolerance = torch.float32 if cls is PlainTransformerBlock else torch.bfloat16  # the layer's default: "mixed"
+    assert_close(y, expected, policy=tolerance)
+
+
+@pytest.mark.parametrize("precision", ["mixed", "bf16"])
+@pytest.mark.parametrize("shape", [(0, 5, 32), (3, 0, 32)], ids=["B0", "S0"])
+@pytest.mark.parametrize("with_mask", [False, True], ids=["nomask", "mask"])
+def test_empty_input_gives_an_empty_output_like_the_plain_block(shape, with_mask, precision):
+    # As torch modules do: an output of x's shape and dtype, and in training a zero gradient for every parameter.
+    torch.manual_seed(10)
+    layer = TransformerLayer(32, 2, precision=precision, device=DEVICE)
+    plain = layer.to_plain()
+    mask = torch.ones(shape[:2], dtype=torch.bool, device=DEVICE) if with_mask else None
+    x = torch.randn(shape, device=DEVICE).requires_grad_()
+    y = layer(x, mask)
+    assert y.shape == x.shape and y.dtype == x.dtype
+    y.backward(torch.randn_like(y))
+    assert x.grad is not None and x.grad.shape == x.shape
+    plain(x.detach().to(layer.policy.param_dtype), mask).sum().backward()
+    expected_grads = _plain_grads(plain)
+    for name, p in layer.named_parameters():
+        assert p.grad is not None and p.grad.dtype == p.dtype, name
+        assert torch.equal(p.grad, torch.zeros_like(p)) and torch.equal(expected_grads[name].to(p.dtype), p.grad), name
+    with torch.inference_mode():
+        assert layer(x.detach(), mask).shape == x.shape
 
 
 def test_bad_forward_inputs_name_the_problem():

@@ -4,6 +4,7 @@ Runs on the CPU through the Triton interpreter (tiny sizes) and on a GPU unchang
 """
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -428,7 +429,7 @@ def test_bad_inputs_name_the_problem():
         layer_norm(x, w, b[:4])
     with pytest.raises(TypeError, match="float64"):
         layer_norm(x.double(), w, b)
-    with pytest.raises(ValueError, match="eps must be positive"):
+    with pytest.raises(ValueError, match="eps must be a positive finite number"):
         layer_norm(x, w, b, eps=0.0)
     with pytest.raises(ValueError, match="non-empty last dimension"):
         layer_norm(x[:, :0], None, None)
@@ -440,6 +441,33 @@ def test_bad_inputs_name_the_problem():
         add_layer_norm(x, x[:1], w, b)
     with pytest.raises(ValueError, match=r"bias must have shape \(8,\)"):
         bias_gelu(x, b[:3])
+
+
+BAD_EPS = [("1e-5", TypeError), (True, TypeError), (None, TypeError), (torch.tensor(1e-5), TypeError),
+           (float("nan"), ValueError), (float("inf"), ValueError), (-1e-5, ValueError), (np.float32(-1.0), ValueError)]
+
+
+@pytest.mark.parametrize("eps,error", BAD_EPS, ids=[repr(e) for e, _ in BAD_EPS])
+def test_bad_eps_is_refused_by_name(eps, error):
+    # Not a Python comparison error from inside the check, and no silent True -> 1.0 or inf -> output = bias.
+    x = _rows((2, 8), torch.float32)
+    w, b = _affine(8, torch.float32)
+    for op, call in (("layer_norm", lambda: layer_norm(x, w, b, eps)),
+                     ("add_layer_norm", lambda: add_layer_norm(x, x.flip(0), w, b, eps=eps))):
+        with pytest.raises(error, match=rf"flashlite\.{op}: eps must be a positive finite number \(a Python or "
+                                        rf"NumPy int or float\), got "):
+            call()
+
+
+@pytest.mark.parametrize("eps", [np.float32(1e-2), np.float64(1e-2), np.int64(1), 1, 1e-2],
+                         ids=["np.float32", "np.float64", "np.int64", "int", "float"])
+def test_eps_of_any_real_number_type_is_used(eps):
+    x = _rows((3, 37), torch.float32, scale=0.1)
+    w, b = _affine(37, torch.float32)
+    expected = _torch_layer_norm(x.double(), w.double(), b.double(), eps=float(eps))
+    assert_close(layer_norm(x, w, b, eps), expected)
+    y, h = add_layer_norm(x, x.flip(0), w, b, eps)
+    assert_close(y, _torch_layer_norm(h.double(), w.double(), b.double(), eps=float(eps)))
 
 
 # ------------------------------------------------------------------------------------------------ GPU compilation
