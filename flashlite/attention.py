@@ -22,6 +22,7 @@ shape [B, H, S_q]; -inf for rows that see no key.
 import functools
 import logging
 import math
+import numbers
 import os
 from dataclasses import dataclass
 from typing import Callable, Optional, Union
@@ -145,8 +146,9 @@ def _validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: Union[b
     causal_mode = _causal_mode(causal)
     if scale is None:
         scale = 1.0 / math.sqrt(head_dim)
-    elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
-        raise TypeError(f"scale must be a finite float or None, got {scale!r}")
+    elif isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not math.isfinite(scale):
+        # numbers.Real takes numpy's float and integer scalars too; bools (Python's and numpy's) are refused.
+        raise TypeError(f"scale must be a finite real number or None, got {scale!r}")
     if key_padding_mask is not None and key_lengths is not None:
         raise ValueError("pass key_padding_mask or key_lengths, not both")
     if key_padding_mask is not None:
@@ -229,7 +231,8 @@ def _key_mask_args(q: torch.Tensor, key_padding_mask: Optional[torch.Tensor],
         mask = key_padding_mask.view(torch.uint8)  # same bytes; Triton loads bytes more predictably than i1
         return "bool", mask, q, mask.stride(0), mask.stride(1)
     if key_lengths is not None:
-        return "lengths", q, key_lengths, 0, 0
+        # The kernels read lengths[b] at offset b: a strided view (lengths[::2]) is copied, [B] elements.
+        return "lengths", q, key_lengths.contiguous(), 0, 0
     return "none", q, q, 0, 0
 
 
@@ -624,17 +627,57 @@ def _decide_with_mask(q: torch.Tensor, k: torch.Tensor, call: _Call, backend: st
                                                                                 f"{reason}")
 
 
+def _padded_keys(k: torch.Tensor, call: _Call) -> Optional[torch.Tensor]:
+    """Bool [B, S_k], True for keys that key_padding_mask or key_lengths hide from every query; None without."""
+    if call.key_padding_mask is not None:
+        return ~call.key_padding_mask
+    if call.key_lengths is not None:
+        return torch.arange(k.shape[2], device=k.device)[None, :] >= call.key_lengths[:, None]
+    return None
+
+
+def _without_hidden_values(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: _Call,
+                           visible: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+    """(k, v, rows that see a non-finite key or value) for a masked SDPA call, so that what the masks hide never
+    reaches the output, as in the kernel: SDPA multiplies its zero weights by every value, and 0 * NaN is NaN.
+
+    Padded keys become zeros (their gradients are zero either way). Keys the causal mask hides from some rows and
+    shows to others become zeros when they are not finite, and the rows that see them are returned so that the
+    caller sets them to NaN, as the exact sum would be. The copies cost O(S * D); the masked path already builds
+    an [S_q, S_k] mask."""
+    padded = _padded_keys(k, call)
+    if padded is not None:
+        k = k.masked_fill(padded[:, None, :, None], 0.0)
+        v = v.masked_fill(padded[:, None, :, None], 0.0)
+    if call.causal_mode == CAUSAL_NONE:
+        return k, v, None
+    bad = ~(torch.isfinite(k).all(dim=-1) & torch.isfinite(v).all(dim=-1))  # [B, H_kv, S_k]
+    k = k.masked_fill(bad[..., None], 0.0)
+    v = v.masked_fill(bad[..., None], 0.0)
+    bad = bad.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    return k, v, (visible & bad[:, :, None, :]).any(dim=-1, keepdim=True)
+
+
 def _sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: _Call,
                     attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
     gqa = {"enable_gqa": True} if q.shape[1] != k.shape[1] else {}
     if (attn_mask is None and call.key_padding_mask is None and call.key_lengths is None
             and call.causal_mode != CAUSAL_BOTTOM_RIGHT):
+        # SDPA's own causal kernels: they may turn rows NaN whose causal-hidden keys hold NaN (see ``attention``).
         return F.scaled_dot_product_attention(q, k, v, is_causal=call.causal_mode == CAUSAL_TOP_LEFT,
                                               scale=call.scale, **gqa)
     visible = _visibility_mask(q, k, call)
     if attn_mask is not None and attn_mask.dtype == torch.bool:
         visible = visible & attn_mask
-    elif attn_mask is not None:
+    k, v, sees_bad = _without_hidden_values(q, k, v, call, visible)
+    out = _sdpa_masked(q, k, v, call, attn_mask, visible, gqa)
+    return out if sees_bad is None else out.masked_fill(sees_bad, float("nan"))
+
+
+def _sdpa_masked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: _Call,
+                 attn_mask: Optional[torch.Tensor], visible: torch.Tensor, gqa: dict) -> torch.Tensor:
+    """SDPA under ``visible`` (bool, attn_mask included when it is bool) or ``visible`` plus a float attn_mask."""
+    if attn_mask is not None and attn_mask.dtype != torch.bool:
         # A float bias: positions the causal or padding mask hides get -inf; rows are empty where nothing finite
         # is left.
         bias = torch.where(visible, attn_mask.to(q.dtype), float("-inf"))
@@ -714,8 +757,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: Unio
     plan_key = None
     if key_padding_mask is None and key_lengths is None and not torch.compiler.is_compiling():
         try:
+            # causal and scale join the key with their types: 1 == True == 1.0 hash alike, but validation refuses
+            # causal=1 and scale=True, so a plan made for one must never answer the other.
             plan_key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
-                        q.device, k.device, v.device, causal, scale, backend, precision)
+                        q.device, k.device, v.device, (type(causal), causal), (type(scale), scale), backend,
+                        precision)
             plan = _PLANS.get(plan_key)
         except (AttributeError, TypeError):  # not tensors, or unhashable arguments: _validate names the problem
             plan_key = plan = None

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU side of the project in one command: environment record, then the stages asked for.
 # Usage: scripts/gpu_check.sh [tests|ab|scaling|all] [extra pytest args for the test and A/B stages, e.g. -k "fp16"]
-#   tests    tests/flashlite and tests/kernelcheck on the GPU (one config per kernel: FLASHLITE_AUTOTUNE=0);
+#   tests    tests/flashlite and tests/kernelcheck on the GPU (one config per kernel: FLASHLITE_AUTOTUNE=0 unless the
+#            caller sets FLASHLITE_AUTOTUNE=1, which autotunes every shape class the tests touch);
 #            TEST_PATHS="a.py b/" runs those paths instead (extra arguments are for options such as -k)
 #   ab       the A/B suite, tests/perf --kernel-ab: report JSON (every sample), markdown and plot; with "all", the
 #            dispatch table flashlite/dispatch_tables/<gpu>.json is regenerated from that report
@@ -59,7 +60,7 @@ if [[ $stage == tests || $stage == all ]]; then
   read -r -a test_paths <<< "${TEST_PATHS:-tests/flashlite tests/kernelcheck}"
   run_timing=0  # the second pass runs only when the selected paths contain the timing tests
   for path in "${test_paths[@]}"; do [[ $timing_tests == "${path%/}"* ]] && run_timing=1; done
-  FLASHLITE_AUTOTUNE=0 timeout -s INT -k 20 "${TESTS_LIMIT:-$(remote 540)}" python3 -m pytest "${test_paths[@]}" \
+  FLASHLITE_AUTOTUNE=${FLASHLITE_AUTOTUNE:-0} timeout -s INT -k 20 "${TESTS_LIMIT:-$(remote 540)}" python3 -m pytest "${test_paths[@]}" \
     --deselect "$timing_tests" -q --maxfail=20 --durations=15 -p no:cacheprovider "${test_workers[@]}" "$@" \
     > "$R/gpu_tests.log" 2>&1
   if (( run_timing )); then

@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from flashlite import _runtime
-from flashlite.kernels.attention_fwd import (AUTOTUNE_KEY, _cast_out, _key_range, _load_cols, _load_rows, _mma,
+from flashlite.kernels.attention_fwd import (AUTOTUNE_KEY, SCRATCH_BYTES, _cast_out, _key_range, _load_cols, _load_rows, _mma,
                                              _program_ids, make_configs, prune_by_resources)
 
 
@@ -78,12 +78,17 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, key_ok, q_base, do_base, lse_row, delta_r
         qk_t = _mma(k, tl.trans(q), tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), DOT) * qk_scale
         p_t = tl.math.exp2(qk_t - lse[None, :])
         if CAUSAL_BLOCKS:
-            p_t = tl.where(offs_n[:, None] <= offs_m[None, :] + diag_shift, p_t, 0.0)
+            seen = offs_n[:, None] <= offs_m[None, :] + diag_shift
+            p_t = tl.where(seen, p_t, 0.0)
         if KEY_MASK != "none":
             p_t = tl.where(key_ok[:, None], p_t, 0.0)
         dv = _mma(p_t, do, dv, DOT)
         dp_t = _mma(v, tl.trans(do), tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), DOT)
-        ds_t = p_t * (dp_t - delta[None, :])
+        if CAUSAL_BLOCKS:
+            # A hidden pair's dS is exactly zero, also where a non-finite value made its dP NaN (0 * NaN is NaN).
+            ds_t = tl.where(seen, p_t * (dp_t - delta[None, :]), 0.0)
+        else:
+            ds_t = p_t * (dp_t - delta[None, :])
         dk = _mma(ds_t, q, dk, DOT)
     return dk, dv
 
@@ -137,6 +142,10 @@ def _attn_bwd_dkdv(Q,  # [B, H, S_q, D]
                          mask=offs_n < seq_k, other=0) != 0
     else:
         key_ok = offs_n < seq_k
+    if KEY_MASK != "none":
+        # Padded keys may hold anything: as zeros their dP is finite, so their dS = 0 * dP is exactly zero.
+        k = tl.where(key_ok[:, None], k, 0.0)
+        v = tl.where(key_ok[:, None], v, 0.0)
 
     if CAUSAL != 0:
         if CAUSAL == 1:
@@ -194,6 +203,11 @@ def _attn_bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, mask_row,  # k_bas
                         offs_d, HEAD_DIM, BLOCK_D, offs_n, n_len, BOUNDARY)
         vt = _load_cols(v_base + offs_n[None, :] * stride_vn + offs_d[:, None] * stride_vd,
                         offs_d, HEAD_DIM, BLOCK_D, offs_n, n_len, BOUNDARY)
+        if KEY_MASK == "bool":
+            # Padded keys may hold anything; as zeros they add exactly nothing to dS K (see the forward).
+            keep = tl.load(mask_row + offs_n * stride_mask_n, mask=offs_n < n_len, other=0) != 0
+            kt = tl.where(keep[None, :], kt, 0.0)
+            vt = tl.where(keep[None, :], vt, 0.0)
         qk = _mma(q, kt, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), DOT) * qk_scale
         p = tl.math.exp2(qk - lse[:, None])
         if BOUNDARY:
@@ -202,10 +216,16 @@ def _attn_bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, mask_row,  # k_bas
                 visible = visible & (offs_n[None, :] <= offs_m[:, None] + diag_shift)
             p = tl.where(visible, p, 0.0)
         if KEY_MASK == "bool":
-            keep = tl.load(mask_row + offs_n * stride_mask_n, mask=offs_n < n_len, other=0) != 0
             p = tl.where(keep[None, :], p, 0.0)
         dp = _mma(do, vt, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), DOT)
-        ds = p * (dp - delta[:, None])
+        if BOUNDARY and CAUSAL != 0:
+            # A key on the diagonal is hidden from some rows and seen by others: hidden pairs get dS = 0 even where
+            # a non-finite value made dP NaN, and a non-finite key enters the product as zero. A row that sees it
+            # has a NaN p there already, so its dQ still turns NaN, as the exact sum would.
+            ds = tl.where(visible, p * (dp - delta[:, None]), 0.0)
+            kt = tl.where((kt == kt) & (tl.abs(kt) < float("inf")), kt, 0.0)
+        else:
+            ds = p * (dp - delta[:, None])
         dq = _mma(ds, tl.trans(kt), dq, DOT)
     return dq
 
@@ -308,19 +328,21 @@ def dq_configs() -> list[triton.Config]:
     return make_configs(DQ_INTERPRETER_BLOCKS if _runtime.interpreting() else DQ_GPU_BLOCKS)
 
 
-# The backward kernels keep more on chip than the estimate counts (k and v, or q and dO, resident together, and a
-# second float32 accumulator), so they keep a margin under the 227 KB the forward may use.
-BACKWARD_SHARED_MEMORY_BUDGET = 200 * 1024
+# The backward kernels hold two tiles for the whole program (k and v in dK/dV, q and dO in dQ) beside the pipelined
+# ones (measured by compiling every config for sm_90).
+BACKWARD_RESIDENT_TILES = 2
 
 
 def prune_dkdv_configs(configs, named_args, **kwargs):
     return prune_by_resources(configs, named_args, streamed=("BLOCK_M", "BLOCK_N"), resident="BLOCK_N",
-                              budget=BACKWARD_SHARED_MEMORY_BUDGET, **kwargs)
+                              resident_tiles=BACKWARD_RESIDENT_TILES, scratch=SCRATCH_BYTES, **kwargs)
 
 
 def prune_dq_configs(configs, named_args, **kwargs):
+    # dS K^T reads the key tile transposed: with float32 operands (tf32 products) that is one more copy of it.
     return prune_by_resources(configs, named_args, streamed=("BLOCK_N", "BLOCK_M"), resident="BLOCK_M",
-                              budget=BACKWARD_SHARED_MEMORY_BUDGET, **kwargs)
+                              resident_tiles=BACKWARD_RESIDENT_TILES, transposed_fp32_tiles=1,
+                              scratch=SCRATCH_BYTES, **kwargs)
 
 
 _even_m = triton.heuristics({"EVEN_M": lambda a: a["seq_q"] % a["BLOCK_M"] == 0})

@@ -35,11 +35,13 @@ from flashlite import _runtime
 from flashlite._intmath import next_power_of_2
 from flashlite.dispatch import seq_bucket
 
-# Shared memory per thread block on H100/H200: 227 KB. The pruning keeps configs up to that limit: a config that
-# Triton's own scratch pushes over it raises OutOfResources, which the autotuner scores as never fastest; with
-# autotuning off the first config of the list that fits is used, and the lists start far below the limit. (A 200 KB
-# margin used to drop three-stage 128 x 128 tiles at D=128, 224 KB, which run on an H200.)
+# Shared memory per thread block on H100/H200: 227 KB (232,448 bytes, the limit Triton reports). The pruning keeps
+# the configs whose estimate (``shared_memory_estimate``, fitted to what the compiler allocates) fits it; with
+# autotuning off the first config of the list that fits is used, so a wrong estimate there is a crash.
 SHARED_MEMORY_BUDGET = 227 * 1024
+# Beside the tiles, the compiled kernels keep up to 1 KB of barriers and cross-warp reduction scratch (512 bytes
+# measured for a 128-row block; the estimate keeps twice that).
+SCRATCH_BYTES = 1024
 
 
 @triton.jit
@@ -127,6 +129,8 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, mask_row,  # k_base, v_bas
         scores = _mma(q, kt, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), DOT)
         if BOUNDARY or KEY_MASK == "bool":
             qk = scores * qk_scale
+            # Masks are applied with `where`, never added: a hidden key may hold NaN or inf (a cache filled past
+            # its end), and NaN + -inf is NaN. A hidden key's score only ever reaches its own column.
             if BOUNDARY:
                 visible = offs_n[None, :] < n_len
                 if CAUSAL != 0:
@@ -153,7 +157,21 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, mask_row,  # k_base, v_bas
         l_i = l_i * alpha + tl.sum(p, 1)
         v = _load_rows(v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
                        offs_n, n_len, offs_d, HEAD_DIM, BLOCK_D, BOUNDARY)
-        acc = _mma(p, v, acc * alpha[:, None], DOT)
+        # Values, unlike scores, are summed across keys: p = 0 times a NaN value is NaN in every row of the tile.
+        # Values of keys that no row may see are zeroed; lengths and bounds already load them as zeros.
+        if KEY_MASK == "bool":
+            v = tl.where(keep[:, None], v, 0.0)
+        if BOUNDARY and CAUSAL != 0:
+            # A key on the diagonal is hidden from the rows above it and seen by the rows below. Its value is
+            # zeroed for the product when it is not finite, and the rows that see it are set to NaN afterwards, as
+            # the exact sum would be: hidden garbage stays out, a visible NaN or inf still shows.
+            bad_key = tl.max(tl.where((v == v) & (tl.abs(v) < float("inf")), 0, 1), 1)  # [BLOCK_N]
+            v = tl.where(bad_key[:, None] != 0, 0.0, v)
+            sees_bad = tl.max(tl.where(visible & (bad_key[None, :] != 0), 1, 0), 1)  # [BLOCK_M]
+            acc = _mma(p, v, acc * alpha[:, None], DOT)
+            acc = tl.where(sees_bad[:, None] != 0, float("nan"), acc)
+        else:
+            acc = _mma(p, v, acc * alpha[:, None], DOT)
         m_i = m_new
     return acc, l_i, m_i
 
@@ -351,27 +369,48 @@ def _operand_bytes(args: dict) -> int:
     return args["Q"].element_size()
 
 
+def shared_memory_estimate(config: triton.Config, block_d: int, elem: int, *, streamed: str, resident: str,
+                           resident_tiles: int = 1, transposed_fp32_tiles: int = 0, scratch: int = 0) -> int:
+    """Bytes of shared memory a kernel of ``config`` asks for: ``num_stages`` buffers of the two pipelined tiles of
+    ``streamed`` rows, ``resident_tiles`` tiles of ``resident`` rows held for the whole program, for 4-byte
+    operands ``transposed_fp32_tiles`` more tiles of ``streamed`` rows (tf32 tensor-core products read both
+    operands in one major order, so a transposed float32 operand is copied), and ``scratch``.
+
+    Fitted to what Triton 3.6 allocates when it compiles the kernels for sm_90 (every config of the lists, head
+    dims 16 to 256, bf16 and float32; tests/flashlite/test_attention_shared_memory.py compiles each kept config and
+    checks): the tiles account for all of it but ``SCRATCH_BYTES``; the backward kernels keep two resident tiles
+    (k and v, or q and dO), and dQ's float32 product dS K^T one transposed copy of the key tile.
+
+    Example:
+        >>> shared_memory_estimate(make_configs([(128, 64, 4, 3)])[0], 128, 2, streamed="BLOCK_N", resident="BLOCK_M")
+        131072
+    """
+    meta = config.kwargs
+    streamed_tiles = config.num_stages * 2 + (transposed_fp32_tiles if elem == 4 else 0)
+    return (streamed_tiles * meta[streamed] + resident_tiles * meta[resident]) * block_d * elem + scratch
+
+
 def prune_by_resources(configs: list[triton.Config], named_args: dict, *, streamed: tuple[str, str],
-                       resident: str, budget: int = SHARED_MEMORY_BUDGET, **kwargs) -> list[triton.Config]:
-    """Drop configs whose pipelined tiles cannot fit shared memory or whose accumulators cannot fit registers.
+                       resident: str, resident_tiles: int = 1, transposed_fp32_tiles: int = 0, scratch: int = 0,
+                       budget: int = SHARED_MEMORY_BUDGET, **kwargs) -> list[triton.Config]:
+    """Drop configs whose shared memory (``shared_memory_estimate``) passes ``budget`` or whose accumulators cannot
+    fit registers.
 
     ``streamed`` names the two block sizes of the tiles that are pipelined (two tiles of ``streamed[0]`` rows per
-    stage), ``resident`` the block size of the tile that stays on chip, ``budget`` the shared-memory bytes the
-    estimate may reach. Always keeps at least the smallest config.
+    stage), ``resident`` the block size of the tiles that stay on chip; ``resident_tiles``,
+    ``transposed_fp32_tiles`` and ``scratch`` as in ``shared_memory_estimate``. Always keeps at least the smallest
+    config.
     """
     args = {**named_args, **kwargs}
     block_d = args["BLOCK_D"]
     elem = _operand_bytes(args)
     kept = []
     for config in configs:
-        meta = config.kwargs
-        stream_rows = meta[streamed[0]]
-        # Triton allocates num_stages buffers of each streamed tile (measured on an H200: 3 stages of two
-        # 64 x 128 fp32 tiles plus a 128 x 128 fp32 resident tile asked for exactly 262,144 bytes).
-        smem = (config.num_stages * 2 * stream_rows * block_d * elem
-                + meta[resident] * block_d * elem)
+        smem = shared_memory_estimate(config, block_d, elem, streamed=streamed[0], resident=resident,
+                                      resident_tiles=resident_tiles, transposed_fp32_tiles=transposed_fp32_tiles,
+                                      scratch=scratch)
         # Rough register bound: a float32 [resident, BLOCK_D] accumulator over num_warps * 32 threads.
-        acc_regs = meta[resident] * block_d // (config.num_warps * 32)
+        acc_regs = config.kwargs[resident] * block_d // (config.num_warps * 32)
         if smem <= budget and acc_regs <= 128:
             kept.append(config)
     if not kept:
@@ -383,7 +422,8 @@ def prune_fwd_configs(configs, named_args, **kwargs):
     # Several (batch, head) pairs per program only where a sequence gives each program little work.
     short = named_args.get("SEQ_Q_BUCKET", MULTI_PAIR_MAX_SEQ + 1) <= MULTI_PAIR_MAX_SEQ
     configs = [c for c in configs if short or c.kwargs.get("BH_PER_PROGRAM", 1) == 1]
-    return prune_by_resources(configs, named_args, streamed=("BLOCK_N", "BLOCK_M"), resident="BLOCK_M", **kwargs)
+    return prune_by_resources(configs, named_args, streamed=("BLOCK_N", "BLOCK_M"), resident="BLOCK_M",
+                              scratch=SCRATCH_BYTES, **kwargs)
 
 
 # Sequence lengths enter the autotuning key as powers of two, capped here: past it the best tiles no longer change,

@@ -14,6 +14,7 @@ import flashlite
 from flashlite.attention import attention, attention_forward
 from flashlite.kernels import attention_bwd, attention_fwd
 from pytest_kernelcheck import Shape, assert_close
+from tests.flashlite.sm90 import SM90_COMPILER, run_script
 
 # The package attribute flashlite.attention is the function; the module is reached through the import system.
 attention_module = importlib.import_module("flashlite.attention")
@@ -336,43 +337,7 @@ def test_tuned_config_is_reused_without_the_autotuner(monkeypatch):
     assert len(autotuned.launches) == 2
 
 
-_SM90_COMPILER = r'''
-import inspect, os, sys
-os.environ["TRITON_INTERPRET"] = "0"
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-import flashlite
-from flashlite.kernels import attention_bwd, attention_fwd
-
-def compile_for_sm90(fn, blocks, *, head_dim=80, block_d=128, causal=2, key_mask="bool", warps=4, stages=3):
-    # Mirror the JIT's specialization for contiguous [B, H, S, D] inputs: unit strides are constants, pointers
-    # and other strides divisible by 16.
-    pointers = dict(Lse="*fp32", Delta="*fp32", KeyMask="*u8", KeyLen="*i64")
-    constants = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, CAUSAL=causal, KEY_MASK=key_mask, DOT="bf16",
-                     FLAT_GRID=False, EVEN_M=False, **blocks)
-    # Constexpr parameters with defaults (BH_PER_PROGRAM, STORE_LSE) take them, as a launch that omits them does.
-    for param in fn.params:
-        if param.is_constexpr and param.name not in constants and param.default is not inspect.Parameter.empty:
-            constants[param.name] = param.default
-    signature, attrs = {}, {}
-    for i, name in enumerate(fn.arg_names):
-        if name in constants:
-            signature[name] = "constexpr"
-        elif name.startswith("stride_") and (name.endswith("d") or name == "stride_mask_n"):
-            signature[name], constants[name] = "constexpr", 1
-        elif name[0].isupper() or name[:2] in ("dO", "dQ", "dK", "dV"):  # tensors: Q, K, ..., dOut, dQ, ...
-            signature[name] = pointers.get(name, "*bf16")
-            attrs[(i,)] = [["tt.divisibility", 16]]
-        else:
-            signature[name] = "fp32" if "scale" in name else "i32"
-            if name.startswith("stride_"):
-                attrs[(i,)] = [["tt.divisibility", 16]]
-    return triton.compile(ASTSource(fn, signature, constants, attrs), target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": warps, "num_stages": stages})
-'''
-
-_COMPILE_FOR_HOPPER = _SM90_COMPILER + r'''
+_COMPILE_FOR_HOPPER = SM90_COMPILER + r'''
 def report(fn, blocks):
     ttgir = compile_for_sm90(fn, blocks).asm["ttgir"]
     # Tensor-core (wgmma) dots and software-pipelined (cp.async) loads of the streamed tiles.
@@ -384,59 +349,14 @@ report(attention_bwd._attn_bwd_dkdv, dict(BLOCK_M=32, BLOCK_N=128))
 report(attention_bwd._attn_bwd_dq, dict(BLOCK_M=128, BLOCK_N=32))
 '''
 
-# Every config the pruning keeps for bf16 at D=128 (the largest tiles the lists hold that fit), compiled for sm_90:
-# prints the kernel, the config and the shared memory the compiled kernel asks for.
-_PRUNED_CONFIGS_FOR_HOPPER = _SM90_COMPILER + r'''
-import torch
-q = torch.empty(0, dtype=torch.bfloat16)
-for fn, blocks, prune in ((attention_fwd._attn_fwd, attention_fwd.FWD_GPU_BLOCKS, attention_fwd.prune_fwd_configs),
-                          (attention_bwd._attn_bwd_dkdv, attention_bwd.DKDV_GPU_BLOCKS,
-                           attention_bwd.prune_dkdv_configs),
-                          (attention_bwd._attn_bwd_dq, attention_bwd.DQ_GPU_BLOCKS, attention_bwd.prune_dq_configs)):
-    for config in prune(attention_fwd.make_configs(blocks), {"Q": q, "SEQ_Q_BUCKET": 8192}, BLOCK_D=128):
-        kernel = compile_for_sm90(fn, dict(config.kwargs), head_dim=128, block_d=128, causal=1, key_mask="none",
-                                  warps=config.num_warps, stages=config.num_stages)
-        print(fn.__name__, config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"], config.num_warps, config.num_stages,
-              kernel.metadata.shared)
-'''
-
-
-def _run_script(script):
-    """stdout of ``script`` run in a fresh interpreter, which must exit cleanly."""
-    import subprocess
-    import sys
-
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout
-
-
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU suite compiles the kernels for real")
 def test_kernels_compile_for_hopper_without_a_gpu():
     # The interpreter runs the kernels as Python; this compiles them the way a GPU run would (to sm_90 machine
     # code), so errors that only compilation finds show up on a CPU-only machine too.
     pytest.importorskip("triton.backends.nvidia")
-    assert _run_script(_COMPILE_FOR_HOPPER).split() == ["_attn_fwd", "True", "True", "_attn_fwd", "True", "True",
+    assert run_script(_COMPILE_FOR_HOPPER).split() == ["_attn_fwd", "True", "True", "_attn_fwd", "True", "True",
                                                         "_attn_bwd_dkdv", "True", "True", "_attn_bwd_dq", "True",
                                                         "True"]
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU suite compiles the kernels for real")
-def test_every_config_kept_at_head_dim_128_compiles_within_hopper_shared_memory():
-    # The pruning estimates shared memory from tile sizes; the compiler knows. Every kept config must compile for
-    # sm_90 and ask for at most the 227 KB a thread block may have on an H100/H200, and the forward's estimate,
-    # which the forward prunes up to that limit, must not undercount.
-    pytest.importorskip("triton.backends.nvidia")
-    rows = [line.split() for line in _run_script(_PRUNED_CONFIGS_FOR_HOPPER).splitlines()]
-    kernels = {row[0] for row in rows}
-    assert kernels == {"_attn_fwd", "_attn_bwd_dkdv", "_attn_bwd_dq"}
-    for name, block_m, block_n, warps, stages, shared in rows:
-        block_m, block_n, stages, shared = int(block_m), int(block_n), int(stages), int(shared)
-        assert 0 < shared <= 227 * 1024, (name, block_m, block_n, warps, stages, shared)
-        if name == "_attn_fwd":
-            estimate = stages * 2 * block_n * 128 * 2 + block_m * 128 * 2
-            assert shared <= estimate, (block_m, block_n, warps, stages, shared, estimate)
-    assert ("_attn_fwd", "128", "128", "8", "3", str(224 * 1024)) in {tuple(row) for row in rows}
 
 
 _WITHOUT_TRITON = r'''
@@ -461,7 +381,7 @@ print(torch.equal(out, expected), flashlite.explain_dispatch(q, q, q).reason)
 def test_without_triton_attention_imports_and_runs_on_sdpa():
     # Triton has wheels for Linux x86_64 only: elsewhere flashlite must import and send every call to SDPA, saying
     # why. A fresh interpreter where importing triton fails stands in for such a platform.
-    out = _run_script(_WITHOUT_TRITON)
+    out = run_script(_WITHOUT_TRITON)
     assert out.strip() == "True kernel cannot run this call: Triton is not available (no triton on this platform)"
 
 
@@ -471,7 +391,7 @@ def test_repeated_calls_replay_the_plan_and_never_a_stale_one():
     q, k, v = (torch.randn(1, 2, 24, 16, device=DEVICE, generator=gen) for _ in range(3))
     for backend in ("sdpa", "triton"):
         first = attention(q, k, v, causal=True, backend=backend)
-        assert any(key[:3] == (q.shape, k.shape, v.shape) and key[-4:] == (True, None, backend, None)
+        assert any(key[:3] == (q.shape, k.shape, v.shape) and key[-4:] == ((bool, True), (type(None), None), backend, None)
                    for key in attention_module._PLANS)
         again = attention(q, k, v, causal=True, backend=backend)
         torch.testing.assert_close(again, first, rtol=0, atol=0)

@@ -31,7 +31,7 @@ CASES = {
     "device": (lambda: (qkv()[0].to("meta"), *qkv()[1:]), {}, ValueError, r"must be on one device"),
     "empty": (lambda: qkv(seq=0), {}, ValueError, r"empty input"),
     "causal": (lambda: qkv(), {"causal": "upper"}, ValueError, r"causal must be False, True .* 'lower_right'"),
-    "scale": (lambda: qkv(), {"scale": "big"}, TypeError, r"scale must be a finite float"),
+    "scale": (lambda: qkv(), {"scale": "big"}, TypeError, r"scale must be a finite real number"),
     "backend": (lambda: qkv(), {"backend": "cudnn"}, ValueError, r"backend must be one of"),
     "precision for fp16": (lambda: qkv(), {"precision": "tf32"}, ValueError,
                            r"precision applies to float32 inputs only"),

@@ -1,0 +1,79 @@
+"""Compiling flashlite's kernels for sm_90 (Hopper) on a machine without a GPU, for tests.
+
+``SM90_COMPILER`` is the start of a script, run in a fresh interpreter (``run_script``) because the interpreter
+switch (TRITON_INTERPRET) is read when the kernels are defined: it defines ``compile_for_sm90(fn, blocks, ...)``,
+which specializes a kernel the way a launch with contiguous [B, H, S, D] tensors does and compiles it.
+"""
+import subprocess
+import sys
+
+SM90_COMPILER = r'''
+import inspect, os, sys
+os.environ["TRITON_INTERPRET"] = "0"
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+import flashlite
+from flashlite.kernels import attention_bwd, attention_fwd
+
+def compile_for_sm90(fn, blocks, *, head_dim=80, block_d=128, causal=2, key_mask="bool", warps=4, stages=3,
+                     operand="*bf16", dot="bf16"):
+    # Mirror the JIT's specialization for contiguous [B, H, S, D] inputs: unit strides are constants, pointers
+    # and other strides divisible by 16. ``operand``: the q, k, v, out and gradient pointer type.
+    pointers = dict(Lse="*fp32", Delta="*fp32", KeyMask="*u8", KeyLen="*i64")
+    constants = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, CAUSAL=causal, KEY_MASK=key_mask, DOT=dot,
+                     FLAT_GRID=False, EVEN_M=False, **blocks)
+    # Constexpr parameters with defaults (BH_PER_PROGRAM, STORE_LSE) take them, as a launch that omits them does.
+    for param in fn.params:
+        if param.is_constexpr and param.name not in constants and param.default is not inspect.Parameter.empty:
+            constants[param.name] = param.default
+    signature, attrs = {}, {}
+    for i, name in enumerate(fn.arg_names):
+        if name in constants:
+            signature[name] = "constexpr"
+        elif name.startswith("stride_") and (name.endswith("d") or name == "stride_mask_n"):
+            signature[name], constants[name] = "constexpr", 1
+        elif name[0].isupper() or name[:2] in ("dO", "dQ", "dK", "dV"):  # tensors: Q, K, ..., dOut, dQ, ...
+            signature[name] = pointers.get(name, operand)
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        else:
+            signature[name] = "fp32" if "scale" in name else "i32"
+            if name.startswith("stride_"):
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    return triton.compile(ASTSource(fn, signature, constants, attrs), target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": warps, "num_stages": stages})
+
+
+class _SharedMemoryKnown(Exception):
+    pass
+
+
+def shared_memory_for_sm90(fn, blocks, **kwargs):
+    # Bytes of shared memory the compiled kernel asks for. Triton fixes them when it lowers to LLVM IR, before PTX
+    # and machine code, which take most of a compile's time and add none: the lowering stops there.
+    from triton.backends.nvidia.compiler import CUDABackend
+    add_stages = CUDABackend.add_stages
+
+    def until_llvm_ir(self, stages, options, language):
+        add_stages(self, stages, options, language)
+
+        def stop(module, metadata):
+            raise _SharedMemoryKnown(metadata["shared"])
+        stages["ptx"] = stop
+
+    CUDABackend.add_stages = until_llvm_ir
+    try:
+        compile_for_sm90(fn, blocks, **kwargs)
+    except _SharedMemoryKnown as known:
+        return known.args[0]
+    finally:
+        CUDABackend.add_stages = add_stages
+    raise AssertionError("the compile did not reach its LLVM IR stage")
+'''
+
+
+def run_script(script: str) -> str:
+    """stdout of ``script`` run in a fresh interpreter, which must exit cleanly."""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
