@@ -730,7 +730,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: Unio
             bottom-right alignment (j <= i + S_k - S_q, as for decoding against a KV cache).
         scale: defaults to 1 / sqrt(D).
         key_padding_mask: bool [B, S_k], True = attend. Or key_lengths: int [B], keys j >= length masked
-            (lengths are clamped to [0, S_k]). Rows that see no key return zeros, with zero gradients.
+            (lengths are clamped to [0, S_k]). Rows that see no key return zeros, with zero gradients. What the
+            masks hide may hold anything (NaN, inf): it never reaches the output or the gradients, and a
+            non-finite key or value a row does see makes that row non-finite. One exception: a causal call
+            without key masks that runs on SDPA (``backend="sdpa"``, or ``"auto"`` where it picks SDPA) is SDPA's
+            own kernel, which may turn rows NaN whose causal-hidden keys hold NaN; pass ``key_lengths`` for such
+            caches, or ``backend="triton"``.
         attn_mask: an arbitrary mask or additive bias broadcastable to [B, H, S_q, S_k]: bool (True = attend) or
             floating (added to the scaled scores), combined with ``causal`` and key padding. The Triton kernel
             has no such input, so these calls run on SDPA (``backend="triton"`` refuses them); rows that see no
