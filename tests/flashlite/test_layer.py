@@ -399,7 +399,8 @@ BAD_LAYER_ARGUMENTS = [
     (dict(compute_dtype="bf16"), TypeError, r"compute_dtype must be torch.bfloat16 or torch.float16, got str 'bf16'"),
     (dict(fusions=3), TypeError, r"fusions must be 'auto' or a collection of fusion names .*, got int 3"),
     (dict(fusions=[["bias_gelu"]]), TypeError, r"fusions must be 'auto' or a collection of fusion names"),
-    (dict(fusions={3, "bias_relu"}), ValueError, r"unknown fusions \['bias_relu', 3\]"),
+    # A tuple, not a set: test ids must not depend on hash order (pytest-xdist workers collect separately).
+    (dict(fusions=(3, "bias_relu")), ValueError, r"unknown fusions \['bias_relu', 3\]"),
     (dict(attention_backend=None), ValueError, r"unknown attention_backend None"),
 ]
 
