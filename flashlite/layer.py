@@ -221,10 +221,15 @@ class PlainTransformerBlock(nn.Module):
         k = self.k_proj(h).view(batch, seq, self.n_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(h).view(batch, seq, self.n_kv_heads, self.head_dim).transpose(1, 2)
         mask, empty_rows = _attention_mask(key_padding_mask, seq, self.causal, x.device)
-        o = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=self.causal and mask is None,
-            enable_gqa=self.n_kv_heads != self.n_heads,
-        )
+        if batch == 0 or seq == 0:
+            # No tokens, no attention. (SDPA on CUDA returned None for an empty batch with torch 2.11 on an H200.)
+            # The products keep the projections in the graph, so every parameter gets its zero gradient.
+            o = q * 0.0 + (k.sum() + v.sum()) * 0.0
+        else:
+            o = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, is_causal=self.causal and mask is None,
+                enable_gqa=self.n_kv_heads != self.n_heads,
+            )
         if empty_rows is not None:
             o = o.masked_fill(empty_rows, 0.0)
         o = o.transpose(1, 2).reshape(batch, seq, self.d_model)
