@@ -62,6 +62,14 @@ def padding(kind):
     return {"key_padding_mask": keep}, keep
 
 
+def inputs(seed, dtype=torch.float32):
+    """Fresh q [B, H, S_q, D], k, v [B, H_kv, S_k, D] and an upstream gradient like q."""
+    return (rand(BATCH, HEADS, SEQ_Q, HEAD_DIM, dtype=dtype, seed=seed),
+            rand(BATCH, KV_HEADS, SEQ_K, HEAD_DIM, dtype=dtype, seed=seed + 1),
+            rand(BATCH, KV_HEADS, SEQ_K, HEAD_DIM, dtype=dtype, seed=seed + 2),
+            rand(BATCH, HEADS, SEQ_Q, HEAD_DIM, dtype=dtype, seed=seed + 3))
+
+
 def with_garbage(t, hidden, value):
     """t with ``value`` in every key position where ``hidden`` [B, S_k] is True (a copy)."""
     return t.masked_fill(hidden[:, None, :, None], value)
@@ -72,11 +80,7 @@ def with_garbage(t, hidden, value):
 @pytest.mark.parametrize("causal", [False, True, "lower_right"])
 @pytest.mark.parametrize("garbage", ["nan", "inf"])
 def test_padded_keys_never_reach_the_output_or_the_gradients(backend, kind, causal, garbage):
-    dtype = torch.float32
-    q = rand(BATCH, HEADS, SEQ_Q, HEAD_DIM, dtype=dtype, seed=1)
-    k = rand(BATCH, KV_HEADS, SEQ_K, HEAD_DIM, dtype=dtype, seed=2)
-    v = rand(BATCH, KV_HEADS, SEQ_K, HEAD_DIM, dtype=dtype, seed=3)
-    grad_out = rand(BATCH, HEADS, SEQ_Q, HEAD_DIM, dtype=dtype, seed=4)
+    q, k, v, grad_out = inputs(seed=1)
     masks, keep = padding(kind)
     k_bad, v_bad = (with_garbage(t, ~keep, GARBAGE[garbage]).requires_grad_() for t in (k, v))
     q = q.requires_grad_()
@@ -117,11 +121,7 @@ def test_padding_mask_hides_garbage_in_half_precision(backend):
 @pytest.mark.parametrize("bad_key", [5, 21, 40])
 @pytest.mark.parametrize("garbage", ["nan", "inf"])
 def test_a_causally_hidden_nan_reaches_only_the_rows_that_see_it(causal, backend, bad_key, garbage):
-    dtype = torch.float32
-    q = rand(BATCH, HEADS, SEQ_Q, HEAD_DIM, dtype=dtype, seed=21)
-    k = rand(BATCH, KV_HEADS, SEQ_K, HEAD_DIM, dtype=dtype, seed=22)
-    v = rand(BATCH, KV_HEADS, SEQ_K, HEAD_DIM, dtype=dtype, seed=23)
-    grad_out = rand(BATCH, HEADS, SEQ_Q, HEAD_DIM, dtype=dtype, seed=24)
+    q, k, v, grad_out = inputs(seed=21)
     k_bad, v_bad = k.clone(), v.clone()
     k_bad[1, 0, bad_key, 3] = GARBAGE[garbage]  # batch 1, kv head 0 (query heads 0 and 1)
     v_bad[1, 0, bad_key, 5] = GARBAGE[garbage]
