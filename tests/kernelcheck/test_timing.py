@@ -7,6 +7,7 @@ import fcntl
 import math
 import random
 import time
+import types
 
 import numpy as np
 import pytest
@@ -354,6 +355,7 @@ class _FakeCuda:
     def __init__(self, host_s_per_call: float) -> None:
         self.log: list[str] = []
         self.host_s_per_call = host_s_per_call
+        self.now = 1000.0
         fake = self
 
         class Event:
@@ -380,7 +382,11 @@ class _FakeCuda:
 
     def call(self) -> None:
         self.log.append("call")
-        time.sleep(self.host_s_per_call)
+        self.now += self.host_s_per_call
+
+    def perf_counter(self) -> float:
+        """The host clock the timer reads, advanced only by ``call``: host times are exact, not slept."""
+        return self.now
 
 
 def _held_timer(fake: _FakeCuda) -> timing.CudaEventTimer:
@@ -395,8 +401,10 @@ def _held_timer(fake: _FakeCuda) -> timing.CudaEventTimer:
     return timer
 
 
-def test_hold_gpu_queues_a_spin_before_each_element_sized_from_its_own_host_time():
+def test_hold_gpu_queues_a_spin_before_each_element_sized_from_its_own_host_time(monkeypatch):
     slow = _FakeCuda(host_s_per_call=0.004)
+    # The fake's clock stands in for time.perf_counter: a real sleep overshoots on a busy machine.
+    monkeypatch.setattr(timing, "time", types.SimpleNamespace(perf_counter=slow.perf_counter))
     timer = _held_timer(slow)
     log = slow.log
 
@@ -416,7 +424,7 @@ def test_hold_gpu_queues_a_spin_before_each_element_sized_from_its_own_host_time
     spins = [int(entry.split()[1]) for entry in log if entry.startswith("sleep")]
     # The quick call keeps the minimum hold; the slow one gets twice its last host time per call, times 3 calls.
     assert spins[0] == int(timing.HOLD_MIN_S * 1e9)
-    assert 2 * 3 * 0.004 * 1e9 <= spins[1] < 2 * 3 * 0.006 * 1e9
+    assert spins[1] == pytest.approx(2 * 3 * 0.004 * 1e9)
     assert (timer.holds, timer.short_holds) == (4, 1)  # both covered this time
 
 
