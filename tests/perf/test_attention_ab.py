@@ -93,20 +93,3 @@ def test_forward_backward_triton_vs_sdpa(shape, kernel_ab):
     # the exact repeat-output check would reject the baseline for that, not for skipped work.
     kernel_ab.compare(candidate, baseline, name="fwd+bwd triton vs sdpa", check_output=False, **_budget(shape))
 
-
-# The tensor-descriptor (TMA) variant of the forward kernel against the pointer kernel, same math and configs
-# searched the same way: does moving loads and stores to the TMA unit pay on long sequences?
-TMA_SHAPES = [s | dict(D=D) for s in CASE_SHAPES if s["case"] in (3, 6, 12) for D in (64, 128)]
-
-
-@pytest.mark.shape(*TMA_SHAPES, dtype=[torch.bfloat16])
-@pytest.mark.memory(lambda shape: attention_bytes(shape))
-def test_forward_tma_kernel_vs_pointer_kernel(shape, kernel_ab):
-    from flashlite.kernels.attention_fwd_tma import attention_forward_tma
-
-    q, k, v = qkv(shape.B, shape.H, shape.S, shape.D, shape.dtype)
-    scale = shape.D ** -0.5
-    candidate = lambda: attention_forward_tma(q, k, v, causal_mode=1, scale=scale)[0]  # noqa: E731
-    baseline = lambda: attention(q, k, v, causal=True, backend="triton")  # noqa: E731
-    _agrees_with_sdpa(candidate(), F.scaled_dot_product_attention(q, k, v, is_causal=True))
-    kernel_ab.compare(candidate, baseline, name="fwd TMA kernel vs pointer kernel", **_budget(shape))
