@@ -1,4 +1,4 @@
-"""Integer helpers for launch code on the host.
+"""Integer helpers for host code: ceiling division, powers of two, sequence-length buckets (no Triton, no torch).
 
 ``triton.cdiv`` and ``triton.next_power_of_2`` are constexpr functions meant for kernels: called from Python they
 go through Triton's wrapper, several times per launch (benchmarks/results/cpu-host-2026-11-29/ has the launchers'
@@ -25,3 +25,16 @@ def next_power_of_2(n: int) -> int:
         (128, 64, 1)
     """
     return 1 << (n - 1).bit_length() if n > 1 else 1
+
+
+def seq_bucket(seq_len: int) -> int:
+    """Round a sequence length up to a power of two (minimum 64): the sequence granularity of the dispatch table
+    (``flashlite.dispatch``) and, capped, of the kernels' autotuning key (``flashlite.kernels.tuning``).
+
+    Example:
+        >>> seq_bucket(100), seq_bucket(128), seq_bucket(100_000)
+        (128, 128, 131072)
+    """
+    if seq_len < 1:
+        raise ValueError(f"sequence length must be positive, got {seq_len}")
+    return max(64, 1 << (seq_len - 1).bit_length())

@@ -39,6 +39,7 @@ try:  # Triton has wheels for Linux x86_64 only; elsewhere every call goes to SD
 
     from flashlite.kernels import attention_bwd as _bwd
     from flashlite.kernels import attention_fwd as _fwd
+    from flashlite.kernels import tuning as _tuning
     _TRITON_ERROR: Optional[str] = None
 except ImportError as error:  # pragma: no cover - exercised only on platforms without Triton
     _TRITON_ERROR = f"Triton is not available ({error})"
@@ -314,7 +315,7 @@ def _launch(autotuned, fixed, config: Optional[BlockConfig], gpu_blocks, prune, 
             _TUNED_CONFIGS[cache_key] = _config_kwargs(autotuned.best_config)
             return None
     else:
-        forced = _config_kwargs(prune(_fwd.make_configs(gpu_blocks), {"Q": q}, BLOCK_D=block_d)[0])
+        forced = _config_kwargs(prune(_tuning.make_configs(gpu_blocks), {"Q": q}, BLOCK_D=block_d)[0])
     if record and not _runtime.interpreting():
         return _direct_launch.record(fixed, grid, args, {**meta, **forced}, n_tensors)
     if _USE_LAUNCH_CACHE and q.is_cuda:
@@ -378,7 +379,7 @@ def _launch_forward_recorded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     key_mask, mask_arg, lengths_arg, stride_mask_b, stride_mask_n = _key_mask_args(q, key_padding_mask,
                                                                                     key_lengths)
     block_d = _block_d(head_dim)
-    buckets = _fwd.tuning_buckets(seq_q, seq_k, batch * heads)
+    buckets = _tuning.tuning_buckets(seq_q, seq_k, batch * heads)
     dot = _dot_mode(precision)
     recorded = _launch(_fwd.attn_fwd, _fwd.attn_fwd_fixed, config, _fwd.FWD_GPU_BLOCKS, _fwd.prune_fwd_configs, q,
                        block_d, _Grid(seq_q, "BLOCK_M", batch * heads),
@@ -436,7 +437,7 @@ def _launch_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v
     key_mask, mask_arg, lengths_arg, stride_mask_b, stride_mask_n = _key_mask_args(q, key_padding_mask,
                                                                                     key_lengths)
     qk_scale = scale * math.log2(math.e)
-    buckets = _fwd.tuning_buckets(seq_q, seq_k, batch * heads)
+    buckets = _tuning.tuning_buckets(seq_q, seq_k, batch * heads)
     meta = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, CAUSAL=causal_mode, KEY_MASK=key_mask, DOT=dot)
 
     tuning_key = (*buckets, head_dim, causal_mode, key_mask, dot, q.dtype, mask_arg.dtype, lengths_arg.dtype,

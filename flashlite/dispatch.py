@@ -23,6 +23,8 @@ from typing import Any, Literal
 
 import torch
 
+from flashlite._intmath import seq_bucket
+
 Backend = Literal["triton", "sdpa"]
 TABLE_DIR = Path(__file__).with_name("dispatch_tables")
 
@@ -38,18 +40,6 @@ class Decision:
 
     backend: Backend
     reason: str
-
-
-def seq_bucket(seq_len: int) -> int:
-    """Round a sequence length up to a power of two (minimum 64), the granularity of the dispatch table.
-
-    Example:
-        >>> seq_bucket(100), seq_bucket(128), seq_bucket(100_000)
-        (128, 128, 131072)
-    """
-    if seq_len < 1:
-        raise ValueError(f"sequence length must be positive, got {seq_len}")
-    return max(64, 1 << (seq_len - 1).bit_length())
 
 
 def gpu_slug(name: str) -> str:

@@ -1,6 +1,15 @@
-"""Raw Triton kernels of flashlite and their autotuning configurations.
+"""Raw Triton kernels of flashlite, with their autotuning configurations and pruning.
 
-Nothing here checks its inputs: the launchers in ``flashlite.attention`` (and the other op modules) validate
-shapes, dtypes and devices, allocate outputs and compute the grid. Import ``flashlite`` (which imports
-``flashlite._runtime``) before these modules so that Triton's interpreter switch is set on CPU-only machines.
+* ``attention_common``: ``@triton.jit`` helpers shared by the attention kernels (tile loads, dot products in each
+  precision mode, casts, program ids, the key range of a query block) and the conventions of their parameters;
+* ``attention_fwd``: the forward attention kernel, its config lists and pruning;
+* ``attention_bwd``: the backward attention kernels (delta, dK/dV, dQ), their config lists and pruning;
+* ``tuning``: config construction, shared-memory estimate and pruning, the autotuning key and its size buckets;
+* ``layer_norm``: LayerNorm (optionally with a residual add) and bias + exact GELU kernels.
+
+These modules import only Triton, each other and the leaf helpers ``flashlite._runtime`` and
+``flashlite._intmath``. Nothing here checks its inputs: the launchers in ``flashlite.attention`` and
+``flashlite.norm`` validate shapes, dtypes and devices, allocate outputs and compute the grid. Import
+``flashlite`` (which imports ``flashlite._runtime``) before these modules so that Triton's interpreter switch is
+set on CPU-only machines.
 """

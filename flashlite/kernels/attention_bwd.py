@@ -8,7 +8,7 @@ With P = softmax(scale * Q K^T) recomputed tile by tile as ``exp2(qk_scale * q.k
 ``_attn_bwd_dkdv`` runs one program per key block per (batch, kv head) and loops over the query blocks of every
 query head of its group, so grouped-query attention needs no atomics; ``_attn_bwd_dq`` runs one program per query
 block per (batch, head) and loops over key blocks. Masked keys and rows that see no key (lse = -inf, read as
-+inf so that P = 0) get exactly zero gradient. Mask, causal and precision conventions: see ``attention_fwd``.
++inf so that P = 0) get exactly zero gradient. Mask, causal and precision conventions: see ``attention_common``.
 """
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import triton
 import triton.language as tl
 
 from flashlite import _runtime
-from flashlite.kernels.attention_fwd import (AUTOTUNE_KEY, SCRATCH_BYTES, _cast_out, _key_range, _load_cols, _load_rows, _mma,
-                                             _program_ids, make_configs, prune_by_resources)
+from flashlite.kernels.attention_common import cast_out, key_range, load_cols, load_rows, mma, program_ids
+from flashlite.kernels.tuning import AUTOTUNE_KEY, SCRATCH_BYTES, even_m, make_configs, prune_by_resources
 
 
 @triton.jit
@@ -30,17 +30,17 @@ def _attn_bwd_delta(Out,  # [B, H, S_q, D]
                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, FLAT_GRID: tl.constexpr,
                     BLOCK_M: tl.constexpr):
     num_m_blocks = tl.cdiv(seq_q, BLOCK_M)
-    pid_m, pid_bh = _program_ids(num_m_blocks, FLAT_GRID)
+    pid_m, pid_bh = program_ids(num_m_blocks, FLAT_GRID)
     b = pid_bh // num_heads
     h = pid_bh % num_heads
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    o = _load_rows(Out + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
-                   + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
+    o = load_rows(Out + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
+                  + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
+                  offs_m, seq_q, offs_d, HEAD_DIM, BLOCK_D, True)
+    do = load_rows(dOut + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
+                   + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
                    offs_m, seq_q, offs_d, HEAD_DIM, BLOCK_D, True)
-    do = _load_rows(dOut + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
-                    + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
-                    offs_m, seq_q, offs_d, HEAD_DIM, BLOCK_D, True)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
     tl.store(Delta + pid_bh.to(tl.int64) * seq_q + offs_m, delta, mask=offs_m < seq_q)
 
@@ -66,30 +66,30 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, key_ok, q_base, do_base, lse_row, delta_r
     offs_m0 = tl.arange(0, BLOCK_M)
     for start_m in range(start, end, BLOCK_M):
         offs_m = start_m + offs_m0
-        q = _load_rows(q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+        q = load_rows(q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+                      offs_m, seq_q, offs_d, HEAD_DIM, BLOCK_D, not EVEN_M)
+        do = load_rows(do_base + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
                        offs_m, seq_q, offs_d, HEAD_DIM, BLOCK_D, not EVEN_M)
-        do = _load_rows(do_base + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
-                        offs_m, seq_q, offs_d, HEAD_DIM, BLOCK_D, not EVEN_M)
         lse = _load_lse(lse_row, offs_m, seq_q, not EVEN_M)
         if EVEN_M:
             delta = tl.load(delta_row + offs_m)
         else:
             delta = tl.load(delta_row + offs_m, mask=offs_m < seq_q, other=0.0)
-        qk_t = _mma(k, tl.trans(q), tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), DOT) * qk_scale
+        qk_t = mma(k, tl.trans(q), tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), DOT) * qk_scale
         p_t = tl.math.exp2(qk_t - lse[None, :])
         if CAUSAL_BLOCKS:
             seen = offs_n[:, None] <= offs_m[None, :] + diag_shift
             p_t = tl.where(seen, p_t, 0.0)
         if KEY_MASK != "none":
             p_t = tl.where(key_ok[:, None], p_t, 0.0)
-        dv = _mma(p_t, do, dv, DOT)
-        dp_t = _mma(v, tl.trans(do), tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), DOT)
+        dv = mma(p_t, do, dv, DOT)
+        dp_t = mma(v, tl.trans(do), tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), DOT)
         if CAUSAL_BLOCKS:
             # A hidden pair's dS is exactly zero, also where a non-finite value made its dP NaN (0 * NaN is NaN).
             ds_t = tl.where(seen, p_t * (dp_t - delta[None, :]), 0.0)
         else:
             ds_t = p_t * (dp_t - delta[None, :])
-        dk = _mma(ds_t, q, dk, DOT)
+        dk = mma(ds_t, q, dk, DOT)
     return dk, dv
 
 
@@ -117,19 +117,19 @@ def _attn_bwd_dkdv(Q,  # [B, H, S_q, D]
                    DOT: tl.constexpr, FLAT_GRID: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_M: tl.constexpr):
     num_n_blocks = tl.cdiv(seq_k, BLOCK_N)
-    pid_n, pid_bkv = _program_ids(num_n_blocks, FLAT_GRID)
+    pid_n, pid_bkv = program_ids(num_n_blocks, FLAT_GRID)
     b = pid_bkv // num_kv_heads
     kv_h = pid_bkv % num_kv_heads
     start_n = pid_n * BLOCK_N
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
 
-    k = _load_rows(K + b.to(tl.int64) * stride_kb + kv_h.to(tl.int64) * stride_kh
-                   + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
-                   offs_n, seq_k, offs_d, HEAD_DIM, BLOCK_D, True)
-    v = _load_rows(V + b.to(tl.int64) * stride_vb + kv_h.to(tl.int64) * stride_vh
-                   + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
-                   offs_n, seq_k, offs_d, HEAD_DIM, BLOCK_D, True)
+    k = load_rows(K + b.to(tl.int64) * stride_kb + kv_h.to(tl.int64) * stride_kh
+                  + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
+                  offs_n, seq_k, offs_d, HEAD_DIM, BLOCK_D, True)
+    v = load_rows(V + b.to(tl.int64) * stride_vb + kv_h.to(tl.int64) * stride_vh
+                  + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
+                  offs_n, seq_k, offs_d, HEAD_DIM, BLOCK_D, True)
 
     # Keys past seq_k are never stored, so only padding needs a per-key mask.
     q_end = seq_q
@@ -183,10 +183,10 @@ def _attn_bwd_dkdv(Q,  # [B, H, S_q, D]
     store_mask = (offs_n[:, None] < seq_k) & (offs_d[None, :] < HEAD_DIM)
     tl.store(dK + b.to(tl.int64) * stride_dkb + kv_h.to(tl.int64) * stride_dkh
              + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd,
-             _cast_out(dk, dK.dtype.element_ty, DOT), mask=store_mask)
+             cast_out(dk, dK.dtype.element_ty, DOT), mask=store_mask)
     tl.store(dV + b.to(tl.int64) * stride_dvb + kv_h.to(tl.int64) * stride_dvh
              + offs_n[:, None] * stride_dvn + offs_d[None, :] * stride_dvd,
-             _cast_out(dv, dV.dtype.element_ty, DOT), mask=store_mask)
+             cast_out(dv, dV.dtype.element_ty, DOT), mask=store_mask)
 
 
 @triton.jit
@@ -199,16 +199,16 @@ def _attn_bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, mask_row,  # k_bas
     offs_n0 = tl.arange(0, BLOCK_N)
     for start_n in range(start, end, BLOCK_N):
         offs_n = start_n + offs_n0
-        kt = _load_cols(k_base + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd,
-                        offs_d, HEAD_DIM, BLOCK_D, offs_n, n_len, BOUNDARY)
-        vt = _load_cols(v_base + offs_n[None, :] * stride_vn + offs_d[:, None] * stride_vd,
-                        offs_d, HEAD_DIM, BLOCK_D, offs_n, n_len, BOUNDARY)
+        kt = load_cols(k_base + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd,
+                       offs_d, HEAD_DIM, BLOCK_D, offs_n, n_len, BOUNDARY)
+        vt = load_cols(v_base + offs_n[None, :] * stride_vn + offs_d[:, None] * stride_vd,
+                       offs_d, HEAD_DIM, BLOCK_D, offs_n, n_len, BOUNDARY)
         if KEY_MASK == "bool":
             # Padded keys may hold anything; as zeros they add exactly nothing to dS K (see the forward).
             keep = tl.load(mask_row + offs_n * stride_mask_n, mask=offs_n < n_len, other=0) != 0
             kt = tl.where(keep[None, :], kt, 0.0)
             vt = tl.where(keep[None, :], vt, 0.0)
-        qk = _mma(q, kt, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), DOT) * qk_scale
+        qk = mma(q, kt, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), DOT) * qk_scale
         p = tl.math.exp2(qk - lse[:, None])
         if BOUNDARY:
             visible = offs_n[None, :] < n_len
@@ -217,7 +217,7 @@ def _attn_bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, mask_row,  # k_bas
             p = tl.where(visible, p, 0.0)
         if KEY_MASK == "bool":
             p = tl.where(keep[None, :], p, 0.0)
-        dp = _mma(do, vt, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), DOT)
+        dp = mma(do, vt, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), DOT)
         if BOUNDARY and CAUSAL != 0:
             # A key on the diagonal is hidden from some rows and seen by others: hidden pairs get dS = 0 even where
             # a non-finite value made dP NaN, and a non-finite key enters the product as zero. A row that sees it
@@ -226,7 +226,7 @@ def _attn_bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, mask_row,  # k_bas
             kt = tl.where((kt == kt) & (tl.abs(kt) < float("inf")), kt, 0.0)
         else:
             ds = p * (dp - delta[:, None])
-        dq = _mma(ds, tl.trans(kt), dq, DOT)
+        dq = mma(ds, tl.trans(kt), dq, DOT)
     return dq
 
 
@@ -252,7 +252,7 @@ def _attn_bwd_dq(Q,  # [B, H, S_q, D]
                  DOT: tl.constexpr, FLAT_GRID: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_M: tl.constexpr):
     num_m_blocks = tl.cdiv(seq_q, BLOCK_M)
-    pid_m, pid_bh = _program_ids(num_m_blocks, FLAT_GRID)
+    pid_m, pid_bh = program_ids(num_m_blocks, FLAT_GRID)
     if CAUSAL != 0:
         pid_m = num_m_blocks - 1 - pid_m  # longest rows first, as in the forward
     b = pid_bh // num_heads
@@ -262,12 +262,12 @@ def _attn_bwd_dq(Q,  # [B, H, S_q, D]
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
 
-    q = _load_rows(Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
-                   + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+    q = load_rows(Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
+                  + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+                  offs_m, seq_q, offs_d, HEAD_DIM, BLOCK_D, not EVEN_M)
+    do = load_rows(dOut + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
+                   + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
                    offs_m, seq_q, offs_d, HEAD_DIM, BLOCK_D, not EVEN_M)
-    do = _load_rows(dOut + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
-                    + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
-                    offs_m, seq_q, offs_d, HEAD_DIM, BLOCK_D, not EVEN_M)
     row = pid_bh.to(tl.int64) * seq_q
     lse = _load_lse(Lse + row, offs_m, seq_q, not EVEN_M)
     if EVEN_M:
@@ -275,8 +275,8 @@ def _attn_bwd_dq(Q,  # [B, H, S_q, D]
     else:
         delta = tl.load(Delta + row + offs_m, mask=offs_m < seq_q, other=0.0)
 
-    n_len, diag_shift, full_end, hi = _key_range(KeyLen, b, start_m, seq_q, seq_k, BLOCK_M, BLOCK_N, CAUSAL,
-                                                 KEY_MASK)
+    n_len, diag_shift, full_end, hi = key_range(KeyLen, b, start_m, seq_q, seq_k, BLOCK_M, BLOCK_N, CAUSAL,
+                                                KEY_MASK)
 
     k_base = K + b.to(tl.int64) * stride_kb + kv_h.to(tl.int64) * stride_kh
     v_base = V + b.to(tl.int64) * stride_vb + kv_h.to(tl.int64) * stride_vh
@@ -294,7 +294,7 @@ def _attn_bwd_dq(Q,  # [B, H, S_q, D]
 
     dq_ptrs = (dQ + b.to(tl.int64) * stride_dqb + h.to(tl.int64) * stride_dqh
                + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd)
-    tl.store(dq_ptrs, _cast_out(dq, dQ.dtype.element_ty, DOT),
+    tl.store(dq_ptrs, cast_out(dq, dQ.dtype.element_ty, DOT),
              mask=(offs_m[:, None] < seq_q) & (offs_d[None, :] < HEAD_DIM))
 
 
@@ -345,11 +345,9 @@ def prune_dq_configs(configs, named_args, **kwargs):
                               scratch=SCRATCH_BYTES, **kwargs)
 
 
-_even_m = triton.heuristics({"EVEN_M": lambda a: a["seq_q"] % a["BLOCK_M"] == 0})
-
 attn_bwd_delta = _attn_bwd_delta
-attn_bwd_dkdv_fixed = _even_m(_attn_bwd_dkdv)
-attn_bwd_dq_fixed = _even_m(_attn_bwd_dq)
+attn_bwd_dkdv_fixed = even_m(_attn_bwd_dkdv)
+attn_bwd_dq_fixed = even_m(_attn_bwd_dq)
 attn_bwd_dkdv = triton.autotune(configs=dkdv_configs(), key=AUTOTUNE_KEY,
                                 prune_configs_by={"early_config_prune": prune_dkdv_configs})(attn_bwd_dkdv_fixed)
 attn_bwd_dq = triton.autotune(configs=dq_configs(), key=AUTOTUNE_KEY,

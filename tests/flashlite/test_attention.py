@@ -12,7 +12,7 @@ import triton
 
 import flashlite
 from flashlite.attention import attention, attention_forward
-from flashlite.kernels import attention_bwd, attention_fwd
+from flashlite.kernels import attention_bwd, attention_fwd, tuning
 from pytest_kernelcheck import Shape, assert_close
 from tests.flashlite.sm90 import SM90_COMPILER, run_script
 
@@ -263,7 +263,7 @@ def test_gpu_configs_are_pruned_to_fit(head_dim, dtype):
     for blocks, prune in ((attention_fwd.FWD_GPU_BLOCKS, attention_fwd.prune_fwd_configs),
                           (attention_bwd.DKDV_GPU_BLOCKS, attention_bwd.prune_dkdv_configs),
                           (attention_bwd.DQ_GPU_BLOCKS, attention_bwd.prune_dq_configs)):
-        configs = attention_fwd.make_configs(blocks)
+        configs = tuning.make_configs(blocks)
         # A short sequence: the forward's several-pairs-per-program configs are candidates too.
         kept = prune(configs, {"Q": q, "SEQ_Q_BUCKET": 128}, BLOCK_D=block_d)
         assert kept and all(config in configs for config in kept)
@@ -279,7 +279,7 @@ def test_gpu_configs_are_pruned_to_fit(head_dim, dtype):
 
 def test_three_stage_128_by_128_tiles_are_candidates_at_head_dim_128():
     # 3 stages x (K and V: 128 x 128 bf16) + the 128 x 128 query tile = 224 KB, under the H200's 227 KB per block.
-    configs = attention_fwd.make_configs(attention_fwd.FWD_GPU_BLOCKS)
+    configs = tuning.make_configs(attention_fwd.FWD_GPU_BLOCKS)
     kept = attention_fwd.prune_fwd_configs(configs, {"Q": torch.empty(0, dtype=torch.bfloat16),
                                                      "SEQ_Q_BUCKET": 8192}, BLOCK_D=128)
     shapes = {(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) for c in kept}
@@ -445,7 +445,7 @@ def test_attn_mask_bad_input_is_named():
 
 
 def test_tuning_buckets_separate_batch_sizes_of_one_sequence_length():
-    _tuning_buckets = attention_fwd.tuning_buckets
+    _tuning_buckets = tuning.tuning_buckets
     # Case 2 (B=1) and case 7 (B=16) share S=1024 but not a tuned config.
     assert _tuning_buckets(1024, 1024, 1 * 16) == (1024, 1024, 16)
     assert _tuning_buckets(1024, 1024, 16 * 16) == (1024, 1024, 256)

@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 
-from flashlite.kernels import attention_bwd, attention_fwd
+from flashlite.kernels import attention_bwd, tuning
 from tests.flashlite.sm90 import SM90_COMPILER, run_script
 
 HOPPER_SHARED_MEMORY = 232448  # bytes per thread block on an H100/H200, as Triton reports the limit
@@ -22,6 +22,7 @@ _COMPILE_KEPT = SM90_COMPILER + r'''
 import json
 from concurrent.futures import ProcessPoolExecutor
 import torch
+from flashlite.kernels import tuning
 
 KERNELS = {"fwd": (attention_fwd._attn_fwd, attention_fwd.FWD_GPU_BLOCKS, attention_fwd.prune_fwd_configs),
            "dkdv": (attention_bwd._attn_bwd_dkdv, attention_bwd.DKDV_GPU_BLOCKS, attention_bwd.prune_dkdv_configs),
@@ -37,7 +38,7 @@ def jobs():
             for elem, (dtype, _, _) in OPERANDS.items():
                 # A short sequence, so that the forward's several-pairs-per-program configs are candidates too.
                 named = {"Q": torch.empty(0, dtype=dtype), "SEQ_Q_BUCKET": 128}
-                for config in prune(attention_fwd.make_configs(blocks), named, BLOCK_D=block_d(head_dim)):
+                for config in prune(tuning.make_configs(blocks), named, BLOCK_D=block_d(head_dim)):
                     yield kernel, head_dim, elem, dict(config.kwargs), config.num_warps, config.num_stages
 
 def measure(job):
@@ -56,17 +57,17 @@ if __name__ == "__main__":
 
 
 def _estimate(row):
-    config = attention_fwd.make_configs([(row["meta"]["BLOCK_M"], row["meta"]["BLOCK_N"], row["warps"],
-                                          row["stages"])])[0]
+    config = tuning.make_configs([(row["meta"]["BLOCK_M"], row["meta"]["BLOCK_N"], row["warps"],
+                                   row["stages"])])[0]
     block_d = max(16, 1 << (row["head_dim"] - 1).bit_length())
     if row["kernel"] == "fwd":
-        return attention_fwd.shared_memory_estimate(config, block_d, row["elem"], streamed="BLOCK_N",
-                                                    resident="BLOCK_M", scratch=attention_fwd.SCRATCH_BYTES)
+        return tuning.shared_memory_estimate(config, block_d, row["elem"], streamed="BLOCK_N", resident="BLOCK_M",
+                                             scratch=tuning.SCRATCH_BYTES)
     streamed, resident = ("BLOCK_M", "BLOCK_N") if row["kernel"] == "dkdv" else ("BLOCK_N", "BLOCK_M")
-    return attention_fwd.shared_memory_estimate(config, block_d, row["elem"], streamed=streamed, resident=resident,
-                                                resident_tiles=attention_bwd.BACKWARD_RESIDENT_TILES,
-                                                transposed_fp32_tiles=int(row["kernel"] == "dq"),
-                                                scratch=attention_fwd.SCRATCH_BYTES)
+    return tuning.shared_memory_estimate(config, block_d, row["elem"], streamed=streamed, resident=resident,
+                                         resident_tiles=attention_bwd.BACKWARD_RESIDENT_TILES,
+                                         transposed_fp32_tiles=int(row["kernel"] == "dq"),
+                                         scratch=tuning.SCRATCH_BYTES)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU suite compiles the kernels for real")

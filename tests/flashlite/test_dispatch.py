@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from flashlite import dispatch
+from flashlite._intmath import seq_bucket
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -77,10 +78,10 @@ def test_a_table_decision_compiles_without_a_graph_break(monkeypatch):
 
 
 def test_seq_bucket_and_key():
-    assert [dispatch.seq_bucket(s) for s in (1, 64, 65, 100_000)] == [64, 64, 128, 131072]
+    assert [seq_bucket(s) for s in (1, 64, 65, 100_000)] == [64, 64, 128, 131072]
     assert dispatch.table_key(torch.float16, 80, "lower_right", 2, 300) == "float16/D80/lower_right/B2/S512"
     with pytest.raises(ValueError, match="positive"):
-        dispatch.seq_bucket(0)
+        seq_bucket(0)
 
 
 def test_a_table_missing_its_origin_is_rejected(tmp_path, monkeypatch):
