@@ -18,6 +18,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 from . import stats, timing
 from .gpu_lock import device_lock
+from .records import ABRecord, ComparisonRecord, PairwiseRecord, RunDetails, TournamentRecord, finite_interval
+from .stats import Verdict
 
 __all__ = [
     "Budget",
@@ -111,7 +113,7 @@ class ComparisonResult:
     """Outcome of ``compare``: speedup is baseline time / candidate time, verdicts are the candidate's."""
 
     name: str
-    verdict: str
+    verdict: Verdict
     speedup: float
     ci: tuple[float, float]
     ci_level: float
@@ -153,17 +155,15 @@ class ComparisonResult:
             f"candidate {self.candidate_ms:.4g} ms, baseline {self.baseline_ms:.4g} ms ({self.method})"
         )
 
-    def to_record(self) -> dict[str, Any]:
-        """JSON-ready record for the report (infinite interval ends become ``None``)."""
-        record = {"kind": "comparison", "error": None}
-        record.update(dataclasses.asdict(self))
-        record["ci"] = [_finite_or_none(v) for v in self.ci]
-        record["samples"] = {
-            "candidate_ms": record.pop("candidate_samples_ms"),
-            "baseline_ms": record.pop("baseline_samples_ms"),
-            "candidate_first": record.pop("candidate_first"),
-        }
-        return record
+    def to_record(self) -> ComparisonRecord:
+        """The report's row for this comparison (infinite interval ends become ``None``)."""
+        return ComparisonRecord(
+            self.name, self.verdict, nodeid=self.nodeid, shape=self.shape, speedup=self.speedup,
+            ci=finite_interval(self.ci), p_value=self.p_value, p_value_raw=self.p_value_raw, n_pairs=self.n_pairs,
+            candidate_ms=self.candidate_ms, baseline_ms=self.baseline_ms, flush_l2=self.flush_l2,
+            run=_run_details(self), candidate_samples_ms=tuple(self.candidate_samples_ms),
+            baseline_samples_ms=tuple(self.baseline_samples_ms), candidate_first=tuple(self.candidate_first),
+        )
 
 
 @dataclass
@@ -172,7 +172,7 @@ class PairwiseResult:
 
     faster: str
     slower: str
-    verdict: str  # from ``faster``'s side: "win" means ``faster`` is significantly faster
+    verdict: Verdict  # from ``faster``'s side: "win" means ``faster`` is significantly faster
     speedup: float
     ci: tuple[float, float]
     p_value: float  # Holm-adjusted across all pairs and corrected for the looks
@@ -228,13 +228,30 @@ class TournamentResult:
             f"ranking: {' > '.join(parts)}; n={self.n_rounds} rounds ({self.method})"
         )
 
-    def to_record(self) -> dict[str, Any]:
-        record = {"kind": "tournament", "error": None}
-        record.update(dataclasses.asdict(self))
-        for pair in record["pairwise"]:
-            pair["ci"] = [_finite_or_none(v) for v in pair["ci"]]
-        record["samples"] = {"ms": record.pop("samples_ms"), "orders": record.pop("orders")}
-        return record
+    def to_record(self) -> TournamentRecord:
+        """The report's row for this tournament (infinite interval ends become ``None``)."""
+        pairwise = tuple(
+            PairwiseRecord(pair.faster, pair.slower, pair.verdict, pair.speedup, finite_interval(pair.ci),
+                           pair.p_value, pair.p_value_raw)
+            for pair in self.pairwise
+        )
+        return TournamentRecord(
+            self.name, nodeid=self.nodeid, shape=self.shape, ranking=tuple(self.ranking), best=self.best,
+            indistinguishable_from_best=tuple(self.indistinguishable_from_best), median_ms=dict(self.median_ms),
+            pairwise=pairwise, n_rounds=self.n_rounds, run=_run_details(self),
+            samples_ms={variant: tuple(times) for variant, times in self.samples_ms.items()},
+            orders=tuple(tuple(order) for order in self.orders),
+        )
+
+
+def _run_details(result: ComparisonResult | TournamentResult) -> RunDetails:
+    """The columns a comparison's and a tournament's records share."""
+    return RunDetails(
+        method=result.method, calls_per_sample=result.calls_per_sample, alpha=result.alpha, margin=result.margin,
+        ci_level=result.ci_level, looks_planned=result.looks_planned, looks_done=result.looks_done,
+        stop_reason=result.stop_reason, elapsed_s=result.elapsed_s, device=result.device, clock=result.clock,
+        throttled=result.throttled, notes=tuple(result.notes),
+    )
 
 
 class KernelABAssertionError(AssertionError):
@@ -246,7 +263,8 @@ class _Measurement:
     samples: timing.RoundSamples
     method: str
     calls_per_sample: int
-    clock: dict[str, Any]
+    clock: dict[str, Any]  # timing.ClockMonitor.summary()
+    throttled: bool  # the SM clock dropped during sampling (timing.ClockMonitor.throttled)
     elapsed_s: float
     stop_reason: str
     looks_done: int
@@ -348,7 +366,9 @@ def _measure(
                         "kernels that are nondeterministic by design, e.g. atomics)"
                     )
     device = f"{timer.device} ({timer.device_name})" if is_cuda else timer.name
-    return _Measurement(samples, method, calls, monitor.summary(), elapsed, stop_reason, looks_done, device, notes)
+    return _Measurement(
+        samples, method, calls, monitor.summary(), monitor.throttled, elapsed, stop_reason, looks_done, device, notes
+    )
 
 
 def _output_difference(first: Any, again: Any, side: str) -> str | None:
@@ -498,7 +518,7 @@ def run_comparison(
         elapsed_s=measured.elapsed_s,
         device=measured.device,
         clock=measured.clock,
-        throttled=bool(measured.clock.get("throttled", False)),
+        throttled=measured.throttled,
         candidate_samples_ms=[t * 1e3 for t in measured.samples.times[0]],
         baseline_samples_ms=[t * 1e3 for t in measured.samples.times[1]],
         candidate_first=[order[0] == 0 for order in measured.samples.orders],
@@ -607,7 +627,7 @@ def run_tournament(
         elapsed_s=measured.elapsed_s,
         device=measured.device,
         clock=measured.clock,
-        throttled=bool(measured.clock.get("throttled", False)),
+        throttled=measured.throttled,
         samples_ms={n: [t * 1e3 for t in times] for n, times in zip(names, measured.samples.times)},
         orders=[[names[i] for i in order] for order in measured.samples.orders],
         notes=measured.notes,
@@ -665,7 +685,13 @@ class KernelAB:
             )
         self._used_names.add(label)
 
-    def _run(self, kind: str, name: str | None, work: Callable[[Budget, str], Any], budget: dict[str, Any]) -> Any:
+    def _run(
+        self,
+        record_type: type[ABRecord],
+        name: str | None,
+        work: Callable[[Budget, str], Any],
+        budget: dict[str, Any],
+    ) -> Any:
         settings = self.defaults.replace(**budget)  # bad keywords fail before anything runs
         label = self._name(name)
         self._claim(label)  # before anything runs, too: a refused call records nothing
@@ -675,11 +701,14 @@ class KernelAB:
             result = work(settings, label)
         except Exception as exc:
             # Recorded so the report keeps every other comparison and shows this one failed, then re-raised.
-            self._record(_error_record(kind, label, self._nodeid, shape, exc, time.perf_counter() - started))
+            failure = record_type.of_error(
+                label, exc, nodeid=self._nodeid, shape=shape, elapsed_s=time.perf_counter() - started
+            )
+            self._record(failure.to_json())
             raise
         result.nodeid, result.shape = self._nodeid, shape
         self.results.append(result)
-        self._record(result.to_record())
+        self._record(result.to_record().to_json())
         return result
 
     def compare(
@@ -702,7 +731,7 @@ class KernelAB:
         ('win', 1.18, (1.15, 1.21))
         """
         return self._run(
-            "comparison",
+            ComparisonRecord,
             name,
             lambda settings, label: run_comparison(candidate, baseline, settings, name=label, timer=timer),
             budget,
@@ -746,34 +775,11 @@ class KernelAB:
         ('b', ['b', 'c'])
         """
         return self._run(
-            "tournament",
+            TournamentRecord,
             name,
             lambda settings, label: run_tournament(variants, settings, name=label, timer=timer),
             budget,
         )
-
-
-def _error_record(kind: str, name: str, nodeid: str, shape: Any, exc: BaseException, elapsed: float) -> dict[str, Any]:
-    return {
-        "kind": kind,
-        "name": name,
-        "nodeid": nodeid,
-        "shape": shape,
-        "verdict": "error",
-        "error": f"{type(exc).__name__}: {exc}",
-        "speedup": None,
-        "ci": [None, None],
-        "p_value": None,
-        "candidate_ms": None,
-        "baseline_ms": None,
-        "n_pairs": 0,
-        "method": None,
-        "elapsed_s": elapsed,
-    }
-
-
-def _finite_or_none(value: float) -> float | None:
-    return value if math.isfinite(value) else None
 
 
 def _percent(level: float) -> str:

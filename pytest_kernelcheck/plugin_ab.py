@@ -2,7 +2,8 @@
 
 The work lives in :mod:`pytest_kernelcheck.ab` (comparisons), :mod:`.stats` and :mod:`.report`; this module only
 connects them to pytest. Results travel on the test report as the ``kernel_ab_records`` attribute (a JSON
-string), which pytest-xdist serialises with the report, so the controller's summary sees every worker's results.
+string of :mod:`.records` in their JSON form), which pytest-xdist serialises with the report, so the controller's
+summary sees every worker's results.
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ class _ABSession:
     settings: dict[str, Any]
     report_path: str | None
     previous: dict[str, Any] | None
-    records: list[dict[str, Any]] = field(default_factory=list)
+    records: list[dict[str, Any]] = field(default_factory=list)  # JSON records, as every worker sent them
     finished: bool = False  # the report is built (and written) once, at session finish
     built: dict[str, Any] | None = None  # None when no comparison ran
     notes: list[str] = field(default_factory=list)

@@ -1,10 +1,13 @@
 """A/B report: summary statistics, terminal table, JSON, markdown, plot, and comparison with an earlier report.
 
-The report is a plain dict (see :func:`build_report`) so that it can be written, read back and compared without
-the objects that produced it. Records are the ``to_record()`` dicts of comparisons and tournaments.
+The report is a plain JSON dict (see :func:`build_report`) so that it can be written, read back and compared
+without the objects that produced it; its input records are the JSON records of comparisons and tournaments.
+Everything here reads both through the typed records of :mod:`pytest_kernelcheck.records`.
 """
 from __future__ import annotations
 
+import collections
+import dataclasses
 import datetime as _datetime
 import json
 import math
@@ -13,12 +16,23 @@ import platform
 import secrets
 import sys
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Iterable, Sequence
+from typing import Any, BinaryIO, Callable, Iterable, Mapping, Sequence
 
 from . import stats
+from .records import (  # SCHEMA and SCHEMA_VERSION are re-exported: readers of reports know them from here
+    SCHEMA,
+    SCHEMA_VERSION,
+    ABReport,
+    ComparisonRecord,
+    GpuInfo,
+    LastRun,
+    NotAReport,
+    ReportSummary,
+    RunEnvironment,
+    TournamentRecord,
+    record_from_json,
+)
 
-SCHEMA = "pytest-kernelcheck/ab-report"
-SCHEMA_VERSION = 1
 VERDICT_MARKUP = {
     "win": {"green": True},
     "loss": {"red": True},
@@ -34,13 +48,14 @@ class ReportError(Exception):
 
 
 def build_report(
-    records: Sequence[dict[str, Any]],
+    records: Sequence[Mapping[str, Any]],
     *,
-    settings: dict[str, Any],
-    environment: dict[str, Any] | None = None,
-    previous: dict[str, Any] | None = None,
+    settings: Mapping[str, Any],
+    environment: Mapping[str, Any] | None = None,
+    previous: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Assemble the report: comparisons with Benjamini-Hochberg columns, tournaments, totals, regressions.
+    """Assemble the report from JSON records: comparisons with Benjamini-Hochberg columns, tournaments, totals,
+    and regressions against ``previous`` (an earlier report, as :func:`load_report` returns it).
 
     >>> r = build_report([{"kind": "comparison", "nodeid": "t.py::a", "name": "a", "verdict": "win",
     ...                    "speedup": 1.2, "ci": [1.1, 1.3], "p_value": 0.001}], settings={"alpha": 0.05})
@@ -48,82 +63,98 @@ def build_report(
     (1, 'win')
     """
     alpha = float(settings.get("alpha", 0.05))
-    comparisons = sorted(
-        (dict(r) for r in records if r.get("kind") == "comparison"), key=lambda r: str(r.get("nodeid", ""))
-    )
-    tournaments = sorted(
-        (dict(r) for r in records if r.get("kind") == "tournament"), key=lambda r: str(r.get("nodeid", ""))
-    )
-    tested = [r for r in comparisons if r.get("verdict") != "error" and r.get("p_value") is not None]
-    for record, adjusted in zip(tested, stats.benjamini_hochberg([float(r["p_value"]) for r in tested])):
-        record["p_bh"] = adjusted
-        verdict = record["verdict"]
-        record["verdict_bh"] = verdict if verdict not in ("win", "loss") or adjusted < alpha else "inconclusive"
-    counts = {v: sum(r.get("verdict") == v for r in comparisons) for v in (*stats.VERDICTS, "error")}
-    speedups = [float(r["speedup"]) for r in tested if r.get("speedup")]
-    summary: dict[str, Any] = {
-        "comparisons": len(comparisons),
-        **counts,
-        "geomean_speedup": stats.geometric_mean(speedups) if speedups else None,
-        "bh_alpha": alpha,
-        "bh_win": sum(r.get("verdict_bh") == "win" for r in tested),
-        "bh_loss": sum(r.get("verdict_bh") == "loss" for r in tested),
-        "throttled": sum(bool(r.get("throttled")) for r in comparisons),
-        "tournaments": len(tournaments),
-    }
+    typed = [record_from_json(record) for record in records]
+    comparisons = sorted((r for r in typed if isinstance(r, ComparisonRecord)), key=lambda r: r.nodeid)
+    tournaments = sorted((r for r in typed if isinstance(r, TournamentRecord)), key=lambda r: r.nodeid)
+    comparisons = _with_benjamini_hochberg(comparisons, alpha)
+    regressions = None
     if previous is not None:
-        summary["regressions"] = _mark_against_previous(comparisons, previous)
-    return {
-        "schema": SCHEMA,
-        "version": SCHEMA_VERSION,
-        "created": _now(),
-        "settings": dict(settings),
-        "environment": environment or {},
-        "summary": summary,
-        "comparisons": comparisons,
-        "tournaments": tournaments,
-    }
+        comparisons, regressions = _mark_against_previous(comparisons, ABReport.from_json(previous).comparisons)
+    tested = [r for r in comparisons if _tested(r)]
+    speedups = [float(r.speedup) for r in tested if r.speedup]
+    count = collections.Counter(r.verdict for r in comparisons)
+    summary = ReportSummary(
+        comparisons=len(comparisons),
+        win=count["win"],
+        loss=count["loss"],
+        tie=count["tie"],
+        inconclusive=count["inconclusive"],
+        error=count["error"],
+        geomean_speedup=stats.geometric_mean(speedups) if speedups else None,
+        bh_alpha=alpha,
+        bh_win=sum(r.verdict_bh == "win" for r in tested),
+        bh_loss=sum(r.verdict_bh == "loss" for r in tested),
+        throttled=sum(r.run.throttled for r in comparisons),
+        tournaments=len(tournaments),
+        regressions=regressions,
+    )
+    report = ABReport(
+        created=_now(),
+        settings=dict(settings),
+        environment=dict(environment or {}),
+        summary=summary,
+        comparisons=tuple(comparisons),
+        tournaments=tuple(tournaments),
+    )
+    return report.to_json()
 
 
-def _mark_against_previous(comparisons: list[dict[str, Any]], previous: dict[str, Any]) -> list[str]:
-    """Add ``vs_last`` to each comparison found in the earlier report; return the names that regressed.
+def _tested(record: ComparisonRecord) -> bool:
+    """Whether a comparison has a p-value for Benjamini-Hochberg: it ran (did not fail) and tested something."""
+    return not record.failed and record.p_value is not None
+
+
+def _with_benjamini_hochberg(comparisons: list[ComparisonRecord], alpha: float) -> list[ComparisonRecord]:
+    """Fill in ``p_bh`` and ``verdict_bh`` on the tested rows: a win or loss whose adjusted p-value is not below
+    ``alpha`` becomes inconclusive."""
+    marked = list(comparisons)
+    tested = [i for i, record in enumerate(marked) if _tested(record)]
+    for i, p_bh in zip(tested, stats.benjamini_hochberg([float(marked[i].p_value) for i in tested])):
+        keep = marked[i].verdict not in ("win", "loss") or p_bh < alpha
+        marked[i] = dataclasses.replace(marked[i], p_bh=p_bh, verdict_bh=marked[i].verdict if keep else "inconclusive")
+    return marked
+
+
+def _mark_against_previous(
+    comparisons: list[ComparisonRecord], earlier_rows: Sequence[ComparisonRecord]
+) -> tuple[list[ComparisonRecord], tuple[str, ...]]:
+    """Fill in ``vs_last`` on each comparison found in the earlier report; also return the names that regressed.
 
     A regression: the speedup interval now sits entirely below the earlier one, or the verdict went from win
     to loss. Rows are matched by test and name; names are unique within a test now, but an earlier report (or
     a rerun test) can hold several rows under one key, and those are matched in order, one earlier row each, so
     that no row hides behind another's match.
     """
-    earlier: dict[tuple[Any, Any], list[dict[str, Any]]] = {}
-    for row in previous.get("comparisons", []):
-        earlier.setdefault((row.get("nodeid"), row.get("name")), []).append(row)
-    regressions = []
+    earlier: dict[tuple[str, str], list[ComparisonRecord]] = {}
+    for row in earlier_rows:
+        earlier.setdefault((row.nodeid, row.name), []).append(row)
+    marked, regressions = [], []
     for record in comparisons:
-        candidates = earlier.get((record.get("nodeid"), record.get("name")))
+        candidates = earlier.get((record.nodeid, record.name))
         old = candidates.pop(0) if candidates else None
-        if old is None or record.get("verdict") == "error":
-            record["vs_last"] = None
-            continue
-        old_low = (old.get("ci") or [None, None])[0]
-        new_high = (record.get("ci") or [None, None])[1]
-        reasons = []
-        if old_low is not None and new_high is not None and new_high < old_low:
-            reasons.append(f"interval now below the last run's ({new_high:.3f} < {old_low:.3f})")
-        if old.get("verdict") == "win" and record.get("verdict") == "loss":
-            reasons.append("verdict went from win to loss")
-        ratio = None
-        if old.get("speedup") and record.get("speedup"):
-            ratio = float(record["speedup"]) / float(old["speedup"])
-        record["vs_last"] = {
-            "speedup": old.get("speedup"),
-            "ci": old.get("ci"),
-            "verdict": old.get("verdict"),
-            "ratio": ratio,
-            "regression": bool(reasons),
-            "reason": "; ".join(reasons) or None,
-        }
-        if reasons:
-            regressions.append(record.get("name") or record.get("nodeid"))
-    return regressions
+        last_run = None if old is None or record.failed else _last_run(record, old)
+        marked.append(dataclasses.replace(record, vs_last=last_run))
+        if last_run is not None and last_run.regression:
+            regressions.append(record.name or record.nodeid)
+    return marked, tuple(regressions)
+
+
+def _last_run(record: ComparisonRecord, old: ComparisonRecord) -> LastRun:
+    old_low, new_high = old.ci[0], record.ci[1]
+    reasons = []
+    if old_low is not None and new_high is not None and new_high < old_low:
+        reasons.append(f"interval now below the last run's ({new_high:.3f} < {old_low:.3f})")
+    if old.verdict == "win" and record.verdict == "loss":
+        reasons.append("verdict went from win to loss")
+    ratio = float(record.speedup) / float(old.speedup) if old.speedup and record.speedup else None
+    return LastRun(
+        speedup=old.speedup,
+        ci=old.ci,
+        verdict=old.verdict,
+        ratio=ratio,
+        regression=bool(reasons),
+        reason="; ".join(reasons) or None,
+    )
 
 
 def environment_info() -> dict[str, Any]:
@@ -135,50 +166,55 @@ def environment_info() -> dict[str, Any]:
     """
     from importlib import metadata
 
-    environment: dict[str, Any] = {
-        "date": _now(),
-        "hostname": platform.node(),
-        "python": platform.python_version(),
-        "packages": {},
-    }
+    packages: dict[str, str | None] = {}
     for package in ("torch", "triton", "numpy", "scipy", "pytest", "pytest-kernelcheck"):
         try:
-            environment["packages"][package] = metadata.version(package)
+            packages[package] = metadata.version(package)
         except metadata.PackageNotFoundError:
-            environment["packages"][package] = None
+            packages[package] = None
+    machine_info = commit_info = machine_info_error = None
     try:
         from pytest_benchmark.utils import get_commit_info
 
-        environment["machine_info"] = {
+        machine_info = {
             "node": platform.node(), "machine": platform.machine(), "processor": platform.processor(),
             "system": platform.system(), "release": platform.release(), "cpu_count": os.cpu_count(),
             "python_version": platform.python_version(),
             "python_implementation": platform.python_implementation(),
         }
-        environment["commit_info"] = get_commit_info()
+        commit_info = get_commit_info()
     except Exception as exc:  # environment details must never cost the report itself
-        environment["machine_info_error"] = f"{type(exc).__name__}: {exc}"
-    environment["gpu"] = _gpu_info()
-    return environment
+        machine_info_error = f"{type(exc).__name__}: {exc}"
+    environment = RunEnvironment(
+        date=_now(),
+        hostname=platform.node(),
+        python=platform.python_version(),
+        packages=packages,
+        machine_info=machine_info,
+        commit_info=commit_info,
+        machine_info_error=machine_info_error,
+        gpu=_gpu_info(),
+    )
+    return environment.to_json()
 
 
-def _gpu_info() -> dict[str, Any]:
+def _gpu_info() -> GpuInfo:
     torch = sys.modules.get("torch")  # only describe a GPU the tests actually used torch for
     if torch is None or not torch.cuda.is_available():
-        return {"available": False}
-    info: dict[str, Any] = {
-        "available": True,
-        "devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
-        "cuda": torch.version.cuda,
-    }
+        return GpuInfo(available=False)
     try:
         import pynvml
 
         pynvml.nvmlInit()
-        info["driver"] = pynvml.nvmlSystemGetDriverVersion()
+        driver = pynvml.nvmlSystemGetDriverVersion()
     except Exception as exc:
-        info["driver"] = f"unavailable ({type(exc).__name__})"
-    return info
+        driver = f"unavailable ({type(exc).__name__})"
+    return GpuInfo(
+        available=True,
+        devices=tuple(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())),
+        cuda=torch.version.cuda,
+        driver=driver,
+    )
 
 
 def _now() -> str:
@@ -216,15 +252,23 @@ def check_writable(json_path: str | Path) -> None:
 
 
 def load_report(path: str | Path) -> dict[str, Any]:
-    """Read an earlier JSON report, with a clear error when it is missing or not an A/B report."""
+    """Read an earlier JSON report, with a clear error when it is missing or not an A/B report.
+
+    >>> load_report("/nonexistent/ab.json")
+    Traceback (most recent call last):
+    ...
+    pytest_kernelcheck.report.ReportError: earlier report '/nonexistent/ab.json' does not exist
+    """
     try:
         data = json.loads(Path(path).read_text())
     except FileNotFoundError:
         raise ReportError(f"earlier report {str(path)!r} does not exist") from None
     except (OSError, ValueError) as exc:
         raise ReportError(f"earlier report {str(path)!r} cannot be read as JSON: {exc}") from None
-    if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("comparisons"), list):
-        raise ReportError(f"{str(path)!r} is not a kernel A/B report (expected schema {SCHEMA!r} with 'comparisons')")
+    try:
+        ABReport.from_json(data)  # the check every reader of a report makes
+    except NotAReport as exc:
+        raise ReportError(f"{str(path)!r} is not a kernel A/B report ({exc})") from None
     return data
 
 
@@ -254,32 +298,33 @@ def write_json(report: dict[str, Any], path: str | Path) -> None:
     _write(path, json.dumps(_finite(report), indent=1, default=str, allow_nan=False) + "\n")
 
 
-def write_markdown(report: dict[str, Any], path: str | Path) -> None:
+def write_markdown(report: Mapping[str, Any], path: str | Path) -> None:
     """Write the comparison table, totals and tournaments as markdown."""
+    typed = _as_report(report)
     lines = ["# Kernel A/B comparisons", ""]
-    header, rows = table_rows(report)
+    header, rows = table_rows(typed)
     lines.append("| " + " | ".join(header) + " |")
     lines.append("|" + "---|" * len(header))
     lines.extend("| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows)
-    lines += [""] + error_lines(report) + ["", summary_line(report), ""]
-    for tournament in report["tournaments"]:
+    lines += [""] + error_lines(typed) + ["", summary_line(typed), ""]
+    for tournament in typed.tournaments:
         lines += tournament_lines(tournament) + [""]
-    environment = report.get("environment") or {}
-    if environment:
-        gpu = environment.get("gpu") or {}
-        commit = (environment.get("commit_info") or {}).get("id")
+    if typed.environment:
+        environment = RunEnvironment.from_json(typed.environment)
+        commit = environment.commit_id
         lines.append(
-            f"Run {environment.get('date')} on {environment.get('hostname')}; GPU: "
-            f"{', '.join(gpu.get('devices', [])) or 'none'}; packages: "
-            + ", ".join(f"{k} {v}" for k, v in (environment.get("packages") or {}).items() if v)
+            f"Run {environment.date} on {environment.hostname}; GPU: "
+            f"{', '.join(environment.gpu.devices) or 'none'}; packages: "
+            + ", ".join(f"{k} {v}" for k, v in environment.packages.items() if v)
             + (f"; commit {commit}" if commit else "")
         )
     _write(path, "\n".join(lines) + "\n")
 
 
-def write_plot(report: dict[str, Any], path: str | Path) -> str | None:
+def write_plot(report: Mapping[str, Any], path: str | Path) -> str | None:
     """Plot speedup per comparison with its interval; returns a note instead when matplotlib is missing."""
-    comparisons = [r for r in report["comparisons"] if r.get("speedup")]
+    typed = _as_report(report)
+    comparisons = [r for r in typed.comparisons if r.speedup]
     if not comparisons:
         return None
     try:
@@ -293,17 +338,17 @@ def write_plot(report: dict[str, Any], path: str | Path) -> str | None:
         return PLOT_MISSING_NOTE
     colours = {"win": "tab:green", "loss": "tab:red", "tie": "tab:olive", "inconclusive": "tab:gray"}
     figure, axes = plt.subplots(figsize=(max(6.0, 0.45 * len(comparisons) + 2), 4.5))
-    margin = float(report["settings"].get("margin", 0.02))
+    margin = float(typed.settings.get("margin", 0.02))
     axes.axhspan(1 / (1 + margin), 1 + margin, color="0.9", label=f"tie margin ±{margin:.0%}")
     axes.axhline(1.0, color="black", linewidth=0.8)
     for x, record in enumerate(comparisons):
-        speedup = float(record["speedup"])
-        low, high = record.get("ci") or (None, None)
+        speedup = float(record.speedup)
+        low, high = record.ci
         low = speedup if low is None else float(low)
         high = speedup if high is None else float(high)
         axes.errorbar(
             x, speedup, yerr=[[speedup - low], [high - speedup]], fmt="o", capsize=3,
-            color=colours.get(record.get("verdict"), "black"),
+            color=colours.get(record.verdict, "black"),
         )
     axes.set_xticks(range(len(comparisons)))
     axes.set_xticklabels([_label(r) for r in comparisons], rotation=60, ha="right", fontsize=7)
@@ -325,9 +370,14 @@ def write_plot(report: dict[str, Any], path: str | Path) -> str | None:
     return None
 
 
-def _label(record: dict[str, Any]) -> str:
-    shape = format_shape(record.get("shape"))
-    return f"{record.get('name')}" + (f" ({shape})" if shape and shape not in str(record.get("name")) else "")
+def _as_report(report: ABReport | Mapping[str, Any]) -> ABReport:
+    """The typed report, from the JSON dict that :func:`build_report` and :func:`load_report` return."""
+    return report if isinstance(report, ABReport) else ABReport.from_json(report)
+
+
+def _label(record: ComparisonRecord) -> str:
+    shape = format_shape(record.shape)
+    return f"{record.name}" + (f" ({shape})" if shape and shape not in str(record.name) else "")
 
 
 def format_shape(shape: Any) -> str:
@@ -352,118 +402,125 @@ def _interval(ci: Any) -> str:
     return f"[{_number(low, '.3f') if low is not None else '0'}, {_number(high, '.3f') if high is not None else 'inf'}]"
 
 
-def table_rows(report: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    """Header and text rows of the comparison table (the terminal and markdown share them)."""
-    with_previous = "regressions" in report["summary"]
+def table_rows(report: ABReport | Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Header and text rows of the comparison table (the terminal and markdown share them).
+
+    >>> table_rows(build_report([{"kind": "comparison", "name": "a", "verdict": "tie", "speedup": 1.0,
+    ...                           "ci": [0.99, 1.01], "p_value": 0.5}], settings={}))[1]
+    [['a', '', '-', '-', '1.000x [0.990, 1.010]', '0.5', 'tie', '-']]
+    """
+    typed = _as_report(report)
     header = ["comparison", "shape", "cand ms", "base ms", "speedup [CI]", "p", "verdict", "method"]
-    if with_previous:
+    if typed.compared_with_last_run:
         header.append("vs last run")
     rows = []
-    for record in report["comparisons"]:
-        verdict = str(record.get("verdict"))
-        if record.get("throttled"):
+    for record in typed.comparisons:
+        verdict = str(record.verdict)
+        if record.run.throttled:
             verdict += " (throttled)"
-        if record.get("verdict_bh") and record.get("verdict_bh") != record.get("verdict"):
+        if record.verdict_bh and record.verdict_bh != record.verdict:
             verdict += " (not after BH)"
-        if record.get("verdict") == "error":
-            speed = _shorten(str(record.get("error")), 40)
+        if record.failed:
+            speed = _shorten(str(record.error), 40)
         else:
-            speed = f"{_number(record.get('speedup'), '.3f')}x {_interval(record.get('ci'))}"
+            speed = f"{_number(record.speedup, '.3f')}x {_interval(record.ci)}"
         row = [
-            str(record.get("name")),
-            format_shape(record.get("shape")),
-            _number(record.get("candidate_ms"), ".4g"),
-            _number(record.get("baseline_ms"), ".4g"),
+            str(record.name),
+            format_shape(record.shape),
+            _number(record.candidate_ms, ".4g"),
+            _number(record.baseline_ms, ".4g"),
             speed,
-            _number(record.get("p_value"), ".2g"),
+            _number(record.p_value, ".2g"),
             verdict,
-            str(record.get("method") or "-"),
+            str(record.run.method or "-"),
         ]
-        if with_previous:
-            row.append(_vs_last(record.get("vs_last")))
+        if typed.compared_with_last_run:
+            row.append(_vs_last(record.vs_last))
         rows.append(row)
     return header, rows
 
 
-def _vs_last(vs_last: dict[str, Any] | None) -> str:
-    if not vs_last:
+def _vs_last(vs_last: LastRun | None) -> str:
+    if vs_last is None:
         return "new"
-    text = f"was {_number(vs_last.get('speedup'), '.3f')}x {vs_last.get('verdict')}"
-    return f"REGRESSION: {text}; {vs_last['reason']}" if vs_last.get("regression") else text
+    text = f"was {_number(vs_last.speedup, '.3f')}x {vs_last.verdict}"
+    return f"REGRESSION: {text}; {vs_last.reason}" if vs_last.regression else text
 
 
 def _shorten(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
-def error_lines(report: dict[str, Any]) -> list[str]:
+def error_lines(report: ABReport | Mapping[str, Any]) -> list[str]:
     """Full error messages of failed comparisons (the table shows them shortened)."""
-    return [f"error in {r.get('name')}: {r.get('error')}" for r in report["comparisons"] if r.get("verdict") == "error"]
+    return [f"error in {r.name}: {r.error}" for r in _as_report(report).comparisons if r.failed]
 
 
-def summary_line(report: dict[str, Any]) -> str:
-    s = report["summary"]
+def summary_line(report: ABReport | Mapping[str, Any]) -> str:
+    """The totals in one line: verdicts, geometric-mean speedup, what survives Benjamini-Hochberg, regressions."""
+    s = _as_report(report).summary
     parts = [
-        f"{s['win']} win, {s['loss']} loss, {s['tie']} tie, {s['inconclusive']} inconclusive"
-        + (f", {s['error']} error" if s["error"] else ""),
-        f"geometric-mean speedup {_number(s['geomean_speedup'], '.3f')}x over {s['comparisons'] - s['error']}",
-        f"after Benjamini-Hochberg (FDR {s['bh_alpha']:g}): {s['bh_win']} win, {s['bh_loss']} loss survive",
+        f"{s.win} win, {s.loss} loss, {s.tie} tie, {s.inconclusive} inconclusive"
+        + (f", {s.error} error" if s.error else ""),
+        f"geometric-mean speedup {_number(s.geomean_speedup, '.3f')}x over {s.comparisons - s.error}",
+        f"after Benjamini-Hochberg (FDR {s.bh_alpha:g}): {s.bh_win} win, {s.bh_loss} loss survive",
     ]
-    if s.get("throttled"):
-        parts.append(f"{s['throttled']} ran while the SM clock dropped below 90% (see clock in the JSON)")
-    if "regressions" in s:
-        parts.append(f"{len(s['regressions'])} regression(s) vs last run")
+    if s.throttled:
+        parts.append(f"{s.throttled} ran while the SM clock dropped below 90% (see clock in the JSON)")
+    if s.regressions is not None:
+        parts.append(f"{len(s.regressions)} regression(s) vs last run")
     return "; ".join(parts)
 
 
-def tournament_lines(record: dict[str, Any]) -> list[str]:
+def tournament_lines(record: TournamentRecord | Mapping[str, Any]) -> list[str]:
     """Text lines for one tournament record (or its error)."""
-    title = f"tournament {record.get('name')}" + (
-        f" ({format_shape(record.get('shape'))})" if record.get("shape") else ""
-    )
-    if record.get("verdict") == "error":
-        return [f"{title}: error: {record.get('error')}"]
-    best = record["best"]
+    if not isinstance(record, TournamentRecord):
+        record = TournamentRecord.from_json(record)
+    title = f"tournament {record.name}" + (f" ({format_shape(record.shape)})" if record.shape else "")
+    if record.failed:
+        return [f"{title}: error: {record.error}"]
+    best = record.best
     ranking = []
-    for variant in record["ranking"]:
-        text = f"{variant} {_number(record['median_ms'][variant], '.4g')} ms"
-        for pair in record["pairwise"]:
-            if pair["faster"] == best and pair["slower"] == variant:
-                speed = f"{_number(pair['speedup'], '.3f')}x {_interval(pair['ci'])}"
-                text += f" ({speed} slower, {pair['verdict']} for {best})"
+    for variant in record.ranking:
+        text = f"{variant} {_number(record.median_ms[variant], '.4g')} ms"
+        pair = record.versus_best(variant)
+        if pair is not None:
+            speed = f"{_number(pair.speedup, '.3f')}x {_interval(pair.ci)}"
+            text += f" ({speed} slower, {pair.verdict} for {best})"
         ranking.append(text)
     return [
-        f"{title}: best {best}; indistinguishable from best: {', '.join(record['indistinguishable_from_best'])}",
+        f"{title}: best {best}; indistinguishable from best: {', '.join(record.indistinguishable_from_best)}",
         "  ranking: " + " > ".join(ranking),
-        f"  {record['n_rounds']} rounds, {record['method']}",
+        f"  {record.n_rounds} rounds, {record.run.method}",
     ]
 
 
 def write_terminal(
-    terminal: Any, report: dict[str, Any], notes: Iterable[str] = (), errors: Iterable[str] = ()
+    terminal: Any, report: Mapping[str, Any], notes: Iterable[str] = (), errors: Iterable[str] = ()
 ) -> None:
     """Write the A/B section to pytest's terminal reporter, verdicts coloured where the terminal allows.
 
     ``notes`` end the section; ``errors`` (a report file not written, say) follow them in red.
     """
+    typed = _as_report(report)
     terminal.write_sep("=", "kernel A/B comparisons")
-    header, rows = table_rows(report)
+    header, rows = table_rows(typed)
     if rows:
         widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
         terminal.write_line("  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip())
         verdict_column = header.index("verdict")
-        for record, row in zip(report["comparisons"], rows):
+        for record, row in zip(typed.comparisons, rows):
             for index, (cell, width) in enumerate(zip(row, widths)):
                 text = cell.ljust(width) + ("  " if index < len(row) - 1 else "")
-                markup = VERDICT_MARKUP.get(str(record.get("verdict")), {}) if index == verdict_column else {}
+                markup = VERDICT_MARKUP.get(str(record.verdict), {}) if index == verdict_column else {}
                 if header[index] == "vs last run" and cell.startswith("REGRESSION"):
                     markup = {"red": True, "bold": True}
                 terminal.write(text, **markup)
             terminal.write_line("")
-        for line in error_lines(report):
+        for line in error_lines(typed):
             terminal.write_line(line, red=True)
-        terminal.write_line(summary_line(report))
-    for tournament in report["tournaments"]:
+        terminal.write_line(summary_line(typed))
+    for tournament in typed.tournaments:
         for line in tournament_lines(tournament):
             terminal.write_line(line)
     for note in notes:

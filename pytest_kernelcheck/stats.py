@@ -26,9 +26,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Literal, Sequence, get_args
 
-VERDICTS = ("win", "loss", "tie", "inconclusive")
+# The candidate's verdict, from ``decide``.
+Verdict = Literal["win", "loss", "tie", "inconclusive"]
+VERDICTS: tuple[Verdict, ...] = get_args(Verdict)
 
 
 @dataclass(frozen=True)
@@ -40,7 +42,7 @@ class PairedAnalysis:
     ci: tuple[float, float]
     p_value: float
     level: float
-    verdict: str
+    verdict: Verdict
 
 
 def look_schedule(min_pairs: int, max_pairs: int) -> list[int]:
@@ -103,7 +105,7 @@ def median_interval(log_ratios: Sequence[float], alpha: float) -> tuple[float, f
     return (float(d[k - 1]), float(d[n - k]))
 
 
-def decide(p_value: float, ci: tuple[float, float], alpha: float, margin: float) -> str:
+def decide(p_value: float, ci: tuple[float, float], alpha: float, margin: float) -> Verdict:
     """Verdict from the candidate's side, given a p-value and an interval for the speedup.
 
     "tie" when the interval lies inside ``[1/(1+margin), 1+margin]`` (even if significant: the difference is too

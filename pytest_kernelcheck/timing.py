@@ -473,9 +473,17 @@ class ClockMonitor:
             return
         self._samples.append((time.perf_counter(), clock, temperature))
 
+    @property
+    def throttled(self) -> bool:
+        """Whether the SM clock dropped below ``THROTTLE_FRACTION`` of its first sample (False without samples)."""
+        if self._reason or not self._samples:
+            return False
+        clocks = [c for _, c, _ in self._samples]
+        return min(clocks) < THROTTLE_FRACTION * clocks[0]
+
     def summary(self) -> dict[str, Any]:
         if self._reason or not self._samples:
-            return {"available": False, "reason": self._reason or "no samples", "throttled": False}
+            return {"available": False, "reason": self._reason or "no samples", "throttled": self.throttled}
         clocks = [c for _, c, _ in self._samples]
         temperatures = [t for _, _, t in self._samples]
         return {
@@ -485,7 +493,7 @@ class ClockMonitor:
             },
             "temperature_c": {"start": temperatures[0], "max": max(temperatures), "end": temperatures[-1]},
             "samples": len(self._samples),
-            "throttled": min(clocks) < THROTTLE_FRACTION * clocks[0],
+            "throttled": self.throttled,
         }
 
 

@@ -1,0 +1,490 @@
+"""Typed A/B records and their JSON form: the one place that writes and reads the dicts of an A/B report.
+
+A comparison or tournament leaves one record, made where it ran (from its result, or from the error it raised):
+:class:`ComparisonRecord` or :class:`TournamentRecord`. Records travel as JSON (pytest-xdist carries them to the
+controller as text on the test report) and the report is a JSON file, so each record type has ``to_json()``
+and ``from_json()``; ``from_json`` gives every missing key its default, so reports written by earlier versions
+still load. The report fills in Benjamini-Hochberg columns and the match with an earlier run (:class:`LastRun`);
+:class:`ABReport` is the whole document, :class:`ReportSummary` its totals, :class:`RunEnvironment` where the
+numbers came from.
+
+>>> row = ComparisonRecord.from_json({"kind": "comparison", "name": "fused", "verdict": "win", "speedup": 1.2})
+>>> row.speedup, row.ci, row.failed
+(1.2, (None, None), False)
+>>> record_from_json(row.to_json()) == row
+True
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal, Mapping, Sequence
+
+from .stats import Verdict
+
+SCHEMA = "pytest-kernelcheck/ab-report"
+SCHEMA_VERSION = 1
+
+# A record's verdict: the candidate's (see stats.decide), or "error" when the comparison raised.
+Outcome = Literal["win", "loss", "tie", "inconclusive", "error"]
+# A speedup interval as JSON holds it: None stands for an unbounded end (JSON has no infinity).
+Interval = tuple[float | None, float | None]
+UNBOUNDED: Interval = (None, None)
+
+
+class NotAReport(ValueError):
+    """The data is not an A/B report: no ``schema`` of ours, or no list of comparisons."""
+
+
+def finite_interval(ci: Sequence[float]) -> Interval:
+    """An interval with its infinite ends as None, the form records keep.
+
+    >>> finite_interval((0.0, math.inf))
+    (0.0, None)
+    """
+    low, high = ci
+    return (low if math.isfinite(low) else None, high if math.isfinite(high) else None)
+
+
+def _interval_from_json(value: Any) -> Interval:
+    low, high = value or UNBOUNDED
+    return (low, high)
+
+
+def _failure_json(
+    kind: str, name: str, nodeid: str, shape: Any, error: str | None, elapsed_s: float | None
+) -> dict[str, Any]:
+    """The row of a comparison or tournament that raised: the comparison columns, empty, and the error."""
+    return {
+        "kind": kind, "name": name, "nodeid": nodeid, "shape": copy.deepcopy(shape), "verdict": "error",
+        "error": error, "speedup": None, "ci": [None, None], "p_value": None, "candidate_ms": None,
+        "baseline_ms": None, "n_pairs": 0, "method": None, "elapsed_s": elapsed_s,
+    }
+
+
+def describe_error(error: BaseException) -> str:
+    """How a record names what a comparison raised.
+
+    >>> describe_error(ValueError("bad shape"))
+    'ValueError: bad shape'
+    """
+    return f"{type(error).__name__}: {error}"
+
+
+@dataclass(frozen=True)
+class RunDetails:
+    """How a comparison or tournament was measured and decided: the columns both kinds of record share.
+
+    >>> RunDetails.from_json({"method": "events", "looks_done": 2}).method
+    'events'
+    """
+
+    method: str | None = None  # the timer, and batching or CUDA graph ("events-batched x20")
+    calls_per_sample: int | None = None
+    alpha: float | None = None
+    margin: float | None = None
+    ci_level: float | None = None
+    looks_planned: int | None = None
+    looks_done: int | None = None
+    stop_reason: str | None = None  # "decided", "max_time" or "max_pairs"
+    elapsed_s: float | None = None
+    device: str | None = None
+    clock: Mapping[str, Any] = field(default_factory=dict)  # timing.ClockMonitor.summary()
+    throttled: bool = False
+    notes: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "method": self.method, "calls_per_sample": self.calls_per_sample, "alpha": self.alpha,
+            "margin": self.margin, "ci_level": self.ci_level, "looks_planned": self.looks_planned,
+            "looks_done": self.looks_done, "stop_reason": self.stop_reason, "elapsed_s": self.elapsed_s,
+            "device": self.device, "clock": copy.deepcopy(dict(self.clock)), "throttled": self.throttled,
+            "notes": list(self.notes),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "RunDetails":
+        return cls(
+            method=data.get("method"), calls_per_sample=data.get("calls_per_sample"), alpha=data.get("alpha"),
+            margin=data.get("margin"), ci_level=data.get("ci_level"), looks_planned=data.get("looks_planned"),
+            looks_done=data.get("looks_done"), stop_reason=data.get("stop_reason"),
+            elapsed_s=data.get("elapsed_s"), device=data.get("device"), clock=data.get("clock") or {},
+            throttled=bool(data.get("throttled", False)), notes=tuple(data.get("notes") or ()),
+        )
+
+
+@dataclass(frozen=True)
+class LastRun:
+    """A comparison's row in an earlier report (``--kernel-ab-compare``) and whether this run regressed from it.
+
+    A regression: the speedup interval now sits entirely below the earlier one, or the verdict went from win
+    to loss; ``reason`` says which.
+    """
+
+    speedup: float | None
+    ci: Interval
+    verdict: Outcome | None
+    ratio: float | None  # speedup now / speedup then
+    regression: bool
+    reason: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"speedup": self.speedup, "ci": list(self.ci), "verdict": self.verdict, "ratio": self.ratio,
+                "regression": self.regression, "reason": self.reason}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "LastRun":
+        return cls(speedup=data.get("speedup"), ci=_interval_from_json(data.get("ci")), verdict=data.get("verdict"),
+                   ratio=data.get("ratio"), regression=bool(data.get("regression", False)), reason=data.get("reason"))
+
+
+@dataclass(frozen=True)
+class ComparisonRecord:
+    """One comparison's row: speedup is baseline time / candidate time and the verdict is the candidate's;
+    verdict "error" means it raised, and ``error`` says what. The report fills in ``p_bh`` and ``verdict_bh``
+    (Benjamini-Hochberg across the run) and ``vs_last`` (the earlier run's row).
+
+    >>> ComparisonRecord.of_error("fused", RuntimeError("no kernel image")).to_json()["error"]
+    'RuntimeError: no kernel image'
+    """
+
+    name: str
+    verdict: Outcome
+    nodeid: str = ""
+    shape: Mapping[str, Any] | None = None
+    error: str | None = None
+    speedup: float | None = None
+    ci: Interval = UNBOUNDED
+    p_value: float | None = None  # corrected for the looks, comparable with alpha
+    p_value_raw: float | None = None
+    n_pairs: int = 0
+    candidate_ms: float | None = None  # median per call
+    baseline_ms: float | None = None
+    flush_l2: bool = False
+    run: RunDetails = RunDetails()
+    candidate_samples_ms: tuple[float, ...] = ()
+    baseline_samples_ms: tuple[float, ...] = ()
+    candidate_first: tuple[bool, ...] = ()  # per pair: whether the candidate ran first
+    p_bh: float | None = None
+    verdict_bh: Verdict | None = None
+    vs_last: LastRun | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.verdict == "error"
+
+    @classmethod
+    def of_error(cls, name: str, error: BaseException, *, nodeid: str = "", shape: Mapping[str, Any] | None = None,
+                 elapsed_s: float | None = None) -> "ComparisonRecord":
+        """The row of a comparison that raised ``error``."""
+        return cls(name=name, verdict="error", nodeid=nodeid, shape=shape, error=describe_error(error),
+                   run=RunDetails(elapsed_s=elapsed_s))
+
+    def to_json(self, *, with_last_run: bool = False) -> dict[str, Any]:
+        """The JSON row; ``with_last_run`` adds ``vs_last`` (null for a row new in this run), as a report
+        compared with an earlier one has on every row."""
+        if self.failed:
+            data = _failure_json("comparison", self.name, self.nodeid, self.shape, self.error, self.run.elapsed_s)
+        else:
+            data = {
+                "kind": "comparison", "error": self.error, "name": self.name, "verdict": self.verdict,
+                "speedup": self.speedup, "ci": list(self.ci), "p_value": self.p_value,
+                "p_value_raw": self.p_value_raw, "n_pairs": self.n_pairs, "candidate_ms": self.candidate_ms,
+                "baseline_ms": self.baseline_ms, "flush_l2": self.flush_l2, **self.run.to_json(),
+                "nodeid": self.nodeid, "shape": copy.deepcopy(self.shape),
+                "samples": {
+                    "candidate_ms": list(self.candidate_samples_ms),
+                    "baseline_ms": list(self.baseline_samples_ms),
+                    "candidate_first": list(self.candidate_first),
+                },
+            }
+        if self.p_bh is not None:
+            data["p_bh"] = self.p_bh
+        if self.verdict_bh is not None:
+            data["verdict_bh"] = self.verdict_bh
+        if with_last_run:
+            data["vs_last"] = self.vs_last.to_json() if self.vs_last is not None else None
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "ComparisonRecord":
+        samples = data.get("samples") or {}
+        vs_last = data.get("vs_last")
+        return cls(
+            name=data.get("name", ""), verdict=data.get("verdict", "inconclusive"), nodeid=data.get("nodeid") or "",
+            shape=data.get("shape"), error=data.get("error"), speedup=data.get("speedup"),
+            ci=_interval_from_json(data.get("ci")), p_value=data.get("p_value"),
+            p_value_raw=data.get("p_value_raw"), n_pairs=data.get("n_pairs", 0),
+            candidate_ms=data.get("candidate_ms"), baseline_ms=data.get("baseline_ms"),
+            flush_l2=bool(data.get("flush_l2", False)), run=RunDetails.from_json(data),
+            candidate_samples_ms=tuple(samples.get("candidate_ms") or ()),
+            baseline_samples_ms=tuple(samples.get("baseline_ms") or ()),
+            candidate_first=tuple(samples.get("candidate_first") or ()),
+            p_bh=data.get("p_bh"), verdict_bh=data.get("verdict_bh"),
+            vs_last=LastRun.from_json(vs_last) if vs_last else None,
+        )
+
+
+@dataclass(frozen=True)
+class PairwiseRecord:
+    """One pair of a tournament: ``speedup`` is ``slower``'s time over ``faster``'s; the verdict is ``faster``'s."""
+
+    faster: str
+    slower: str
+    verdict: Verdict | None
+    speedup: float | None
+    ci: Interval
+    p_value: float | None  # Holm-adjusted across all pairs and corrected for the looks
+    p_value_raw: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"faster": self.faster, "slower": self.slower, "verdict": self.verdict, "speedup": self.speedup,
+                "ci": list(self.ci), "p_value": self.p_value, "p_value_raw": self.p_value_raw}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "PairwiseRecord":
+        return cls(faster=data.get("faster", ""), slower=data.get("slower", ""), verdict=data.get("verdict"),
+                   speedup=data.get("speedup"), ci=_interval_from_json(data.get("ci")), p_value=data.get("p_value"),
+                   p_value_raw=data.get("p_value_raw"))
+
+
+@dataclass(frozen=True)
+class TournamentRecord:
+    """One tournament's row: the ranking (best first), every pair's result, and the samples; or, with ``error``
+    set, what it raised.
+
+    >>> TournamentRecord.of_error("variants", ValueError("no variants")).to_json()["verdict"]
+    'error'
+    """
+
+    name: str
+    nodeid: str = ""
+    shape: Mapping[str, Any] | None = None
+    error: str | None = None
+    ranking: tuple[str, ...] = ()
+    best: str = ""
+    indistinguishable_from_best: tuple[str, ...] = ()
+    median_ms: Mapping[str, float] = field(default_factory=dict)
+    pairwise: tuple[PairwiseRecord, ...] = ()
+    n_rounds: int = 0
+    run: RunDetails = RunDetails()
+    samples_ms: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+    orders: tuple[tuple[str, ...], ...] = ()  # per round: the variants in the order they ran
+
+    @property
+    def failed(self) -> bool:
+        return self.error is not None
+
+    @classmethod
+    def of_error(cls, name: str, error: BaseException, *, nodeid: str = "", shape: Mapping[str, Any] | None = None,
+                 elapsed_s: float | None = None) -> "TournamentRecord":
+        """The row of a tournament that raised ``error``."""
+        return cls(name=name, nodeid=nodeid, shape=shape, error=describe_error(error),
+                   run=RunDetails(elapsed_s=elapsed_s))
+
+    def versus_best(self, variant: str) -> PairwiseRecord | None:
+        """The pair of the best variant and ``variant``, when the tournament tested it."""
+        for pair in self.pairwise:
+            if pair.faster == self.best and pair.slower == variant:
+                return pair
+        return None
+
+    def to_json(self) -> dict[str, Any]:
+        if self.failed:
+            return _failure_json("tournament", self.name, self.nodeid, self.shape, self.error, self.run.elapsed_s)
+        return {
+            "kind": "tournament", "error": None, "name": self.name, "ranking": list(self.ranking), "best": self.best,
+            "indistinguishable_from_best": list(self.indistinguishable_from_best), "median_ms": dict(self.median_ms),
+            "pairwise": [pair.to_json() for pair in self.pairwise], "n_rounds": self.n_rounds,
+            **self.run.to_json(), "nodeid": self.nodeid, "shape": copy.deepcopy(self.shape),
+            "samples": {
+                "ms": {variant: list(times) for variant, times in self.samples_ms.items()},
+                "orders": [list(order) for order in self.orders],
+            },
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "TournamentRecord":
+        samples = data.get("samples") or {}
+        # Only a failed tournament's row has a verdict ("error"); its message is shown as written, even if null.
+        error = str(data.get("error")) if data.get("verdict") == "error" else None
+        return cls(
+            name=data.get("name", ""), nodeid=data.get("nodeid") or "", shape=data.get("shape"), error=error,
+            ranking=tuple(data.get("ranking") or ()), best=data.get("best", ""),
+            indistinguishable_from_best=tuple(data.get("indistinguishable_from_best") or ()),
+            median_ms=data.get("median_ms") or {},
+            pairwise=tuple(PairwiseRecord.from_json(pair) for pair in data.get("pairwise") or ()),
+            n_rounds=data.get("n_rounds", 0), run=RunDetails.from_json(data),
+            samples_ms={variant: tuple(times) for variant, times in (samples.get("ms") or {}).items()},
+            orders=tuple(tuple(order) for order in samples.get("orders") or ()),
+        )
+
+
+ABRecord = ComparisonRecord | TournamentRecord
+
+
+def record_from_json(data: Mapping[str, Any]) -> ABRecord | None:
+    """The typed record of a JSON record, by its ``kind``; None for a kind this version does not know.
+
+    >>> record_from_json({"kind": "tournament", "name": "variants", "best": "a"}).best
+    'a'
+    """
+    kind = data.get("kind")
+    if kind == "comparison":
+        return ComparisonRecord.from_json(data)
+    if kind == "tournament":
+        return TournamentRecord.from_json(data)
+    return None
+
+
+@dataclass(frozen=True)
+class ReportSummary:
+    """The totals of a report: comparisons per verdict, the geometric-mean speedup, how many survive
+    Benjamini-Hochberg, and (compared with an earlier report) the names that regressed."""
+
+    comparisons: int = 0
+    win: int = 0
+    loss: int = 0
+    tie: int = 0
+    inconclusive: int = 0
+    error: int = 0  # comparisons that raised
+    geomean_speedup: float | None = None
+    bh_alpha: float = 0.05
+    bh_win: int = 0
+    bh_loss: int = 0
+    throttled: int = 0  # comparisons that ran while the SM clock dropped
+    tournaments: int = 0
+    regressions: tuple[str, ...] | None = None  # None: not compared with an earlier report
+
+    def to_json(self) -> dict[str, Any]:
+        data = {
+            "comparisons": self.comparisons, "win": self.win, "loss": self.loss, "tie": self.tie,
+            "inconclusive": self.inconclusive, "error": self.error, "geomean_speedup": self.geomean_speedup,
+            "bh_alpha": self.bh_alpha, "bh_win": self.bh_win, "bh_loss": self.bh_loss, "throttled": self.throttled,
+            "tournaments": self.tournaments,
+        }
+        if self.regressions is not None:
+            data["regressions"] = list(self.regressions)
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "ReportSummary":
+        defaults = cls()
+        counts = {f.name: data.get(f.name, getattr(defaults, f.name)) for f in dataclasses.fields(cls)}
+        regressions = data.get("regressions")
+        counts["regressions"] = tuple(regressions) if regressions is not None else None
+        return cls(**counts)
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """The GPUs of the run, when torch was used with CUDA: names, CUDA version, driver (or why it is unknown)."""
+
+    available: bool = False
+    devices: tuple[str, ...] = ()
+    cuda: str | None = None
+    driver: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        if not self.available:
+            return {"available": False}
+        return {"available": True, "devices": list(self.devices), "cuda": self.cuda, "driver": self.driver}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "GpuInfo":
+        return cls(available=bool(data.get("available", False)), devices=tuple(data.get("devices") or ()),
+                   cuda=data.get("cuda"), driver=data.get("driver"))
+
+
+@dataclass(frozen=True)
+class RunEnvironment:
+    """Where the numbers came from: host, Python and package versions, GPU, date and git commit.
+
+    ``machine_info`` and ``commit_info`` are pytest-benchmark's dicts, kept as it writes them; when they could not
+    be had, ``machine_info_error`` says why.
+
+    >>> RunEnvironment.from_json({"hostname": "h", "commit_info": {"id": "abc123"}}).commit_id
+    'abc123'
+    """
+
+    date: str | None = None
+    hostname: str | None = None
+    python: str | None = None
+    packages: Mapping[str, str | None] = field(default_factory=dict)
+    machine_info: Mapping[str, Any] | None = None
+    commit_info: Mapping[str, Any] | None = None
+    machine_info_error: str | None = None
+    gpu: GpuInfo = GpuInfo()
+
+    @property
+    def commit_id(self) -> str | None:
+        return (self.commit_info or {}).get("id")  # pytest-benchmark's own mapping, not one of these records
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"date": self.date, "hostname": self.hostname, "python": self.python,
+                                "packages": dict(self.packages)}
+        for name in ("machine_info", "commit_info", "machine_info_error"):
+            if getattr(self, name) is not None:
+                data[name] = getattr(self, name)
+        data["gpu"] = self.gpu.to_json()
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "RunEnvironment":
+        return cls(date=data.get("date"), hostname=data.get("hostname"), python=data.get("python"),
+                   packages=data.get("packages") or {}, machine_info=data.get("machine_info"),
+                   commit_info=data.get("commit_info"), machine_info_error=data.get("machine_info_error"),
+                   gpu=GpuInfo.from_json(data.get("gpu") or {}))
+
+
+@dataclass(frozen=True)
+class ABReport:
+    """A whole A/B report: settings, environment, totals, comparison rows (BH columns filled in) and tournaments.
+
+    ``environment`` stays the mapping the run wrote (empty when no report file was asked for); read it through
+    :class:`RunEnvironment`.
+
+    >>> ABReport.from_json({"schema": SCHEMA, "comparisons": [{"kind": "comparison", "name": "a",
+    ...                     "verdict": "tie"}]}).comparisons[0].verdict
+    'tie'
+    >>> ABReport.from_json({"schema": "other"})
+    Traceback (most recent call last):
+    ...
+    pytest_kernelcheck.records.NotAReport: expected schema 'pytest-kernelcheck/ab-report' with 'comparisons'
+    """
+
+    created: str
+    settings: Mapping[str, Any]
+    summary: ReportSummary
+    comparisons: tuple[ComparisonRecord, ...]
+    tournaments: tuple[TournamentRecord, ...]
+    environment: Mapping[str, Any] = field(default_factory=dict)
+    version: int = SCHEMA_VERSION
+
+    @property
+    def compared_with_last_run(self) -> bool:
+        return self.summary.regressions is not None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA, "version": self.version, "created": self.created, "settings": dict(self.settings),
+            "environment": dict(self.environment), "summary": self.summary.to_json(),
+            "comparisons": [row.to_json(with_last_run=self.compared_with_last_run) for row in self.comparisons],
+            "tournaments": [row.to_json() for row in self.tournaments],
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> "ABReport":
+        """Read a report dict; raises :class:`NotAReport` unless it has our schema and a list of comparisons."""
+        is_report = isinstance(data, Mapping) and data.get("schema") == SCHEMA
+        if not is_report or not isinstance(data.get("comparisons"), list):
+            raise NotAReport(f"expected schema {SCHEMA!r} with 'comparisons'")
+        return cls(
+            created=data.get("created", ""), settings=data.get("settings") or {},
+            summary=ReportSummary.from_json(data.get("summary") or {}),
+            comparisons=tuple(ComparisonRecord.from_json(row) for row in data["comparisons"]),
+            tournaments=tuple(TournamentRecord.from_json(row) for row in data.get("tournaments") or ()),
+            environment=data.get("environment") or {}, version=data.get("version", SCHEMA_VERSION),
+        )
