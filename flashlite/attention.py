@@ -30,7 +30,7 @@ from typing import Callable, Optional, Union
 import torch
 import torch.nn.functional as F
 
-from flashlite import _direct_launch, _runtime
+from flashlite import _direct_launch, _ops, _runtime
 from flashlite._intmath import cdiv, next_power_of_2
 from flashlite.dispatch import Decision, choose_backend
 
@@ -503,37 +503,23 @@ def _setup_context(ctx, inputs, output):
     ctx.causal_mode, ctx.scale, ctx.precision = causal_mode, scale, precision
 
 
-def _backward(ctx, grad_out, grad_lse):
-    q, k, v, out, lse, key_padding_mask, key_lengths = ctx.saved_tensors
-    dq, dk, dv = attention_backward_op(grad_out, q, k, v, out, lse, key_padding_mask, key_lengths,
-                                       ctx.causal_mode, ctx.scale, ctx.precision)
-    return dq, dk, dv, None, None, None, None, None
+def _gradient(backward: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]):
+    """The forward's gradient through ``backward``: the backward op under torch.compile, its launcher in eager
+    calls (the op's dispatcher round trips would cost as much as a small kernel)."""
 
-
-attention_forward_op.register_autograd(_backward, setup_context=_setup_context)
-
-
-class _EagerTritonAttention(torch.autograd.Function):
-    """The custom op's forward and backward for eager calls, without its dispatcher round trips.
-
-    A call through ``torch.ops`` crosses between Python and the C++ dispatcher several times (autograd, then the
-    device kernel), which costs tens of microseconds: as much as the whole kernel on small shapes. Eager calls
-    take this Function instead; ``torch.compile`` sees the custom op. Both run the same launchers."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, key_padding_mask, key_lengths, causal_mode, scale, precision):
-        out, lse = _launch_forward(q, k, v, key_padding_mask, key_lengths, causal_mode, scale, precision)
-        ctx.save_for_backward(q, k, v, out, lse, key_padding_mask, key_lengths)
-        ctx.mark_non_differentiable(lse)
-        ctx.causal_mode, ctx.scale, ctx.precision = causal_mode, scale, precision
-        return out, lse
-
-    @staticmethod
-    def backward(ctx, grad_out, grad_lse):
+    def grad(ctx, grad_out, _grad_lse):
         q, k, v, out, lse, key_padding_mask, key_lengths = ctx.saved_tensors
-        dq, dk, dv = _launch_backward(grad_out, q, k, v, out, lse, key_padding_mask, key_lengths,
-                                      ctx.causal_mode, ctx.scale, ctx.precision)
+        dq, dk, dv = backward(grad_out, q, k, v, out, lse, key_padding_mask, key_lengths, ctx.causal_mode,
+                              ctx.scale, ctx.precision)
         return dq, dk, dv, None, None, None, None, None
+
+    return grad
+
+
+attention_forward_op.register_autograd(_gradient(attention_backward_op), setup_context=_setup_context)
+# Eager calls with gradients: the same forward launcher, context and gradient, without the op's dispatcher.
+_EagerTritonAttention = _ops.eager_function("_EagerTritonAttention", _launch_forward, _setup_context,
+                                            _gradient(_launch_backward), non_differentiable=())
 
 
 def _triton_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: _Call) -> torch.Tensor:

@@ -17,6 +17,7 @@ from typing import Optional
 import torch
 
 from flashlite._intmath import cdiv, next_power_of_2
+from flashlite._ops import eager_function, run
 from flashlite._runtime import interpreting, kernel_device_ok
 from flashlite.kernels.layer_norm import (
     _bias_gelu_bwd_kernel,
@@ -330,27 +331,6 @@ def _bias_gelu_grad(ctx, dy):
 _bias_gelu_op.register_autograd(_bias_gelu_grad, setup_context=_bias_gelu_setup)
 
 
-def _eager_function(name: str, forward, setup, grad, non_differentiable: tuple[int, ...]):
-    """An autograd.Function running a custom op's forward, setup and gradient without the op's dispatcher.
-
-    A call through ``torch.ops`` crosses between Python and the C++ dispatcher several times, which costs tens of
-    microseconds: at launch-bound sizes, more than the kernel. Eager calls take this Function; ``torch.compile``
-    sees the custom op. Both run the same launchers and the same gradient code.
-    """
-
-    def fwd(ctx, *inputs):
-        output = forward(*inputs)
-        setup(ctx, inputs, output)
-        if isinstance(output, tuple):
-            ctx.mark_non_differentiable(*(output[i] for i in non_differentiable))
-        return output
-
-    def bwd(ctx, *grads):
-        return grad(ctx, *grads)
-
-    return type(name, (torch.autograd.Function,), {"forward": staticmethod(fwd), "backward": staticmethod(bwd)})
-
-
 def _layer_norm_forward(x, weight, bias, eps, out_dtype):
     y, _, rstd = _launch_layer_norm_fwd(x, weight, bias, eps, None, out_dtype)
     return y, rstd
@@ -360,19 +340,10 @@ def _add_layer_norm_forward(x, residual, weight, bias, eps, out_dtype):
     return _launch_layer_norm_fwd(x, weight, bias, eps, residual, out_dtype)
 
 
-_EagerLayerNorm = _eager_function("_EagerLayerNorm", _layer_norm_forward, _layer_norm_setup, _layer_norm_grad, (1,))
-_EagerAddLayerNorm = _eager_function("_EagerAddLayerNorm", _add_layer_norm_forward, _add_layer_norm_setup,
+_EagerLayerNorm = eager_function("_EagerLayerNorm", _layer_norm_forward, _layer_norm_setup, _layer_norm_grad, (1,))
+_EagerAddLayerNorm = eager_function("_EagerAddLayerNorm", _add_layer_norm_forward, _add_layer_norm_setup,
                                      _add_layer_norm_grad, (2,))
-_EagerBiasGelu = _eager_function("_EagerBiasGelu", _launch_bias_gelu_fwd, _bias_gelu_setup, _bias_gelu_grad, ())
-
-
-def _run(op, eager, forward, *inputs):
-    """The custom op under torch.compile; else the eager Function when a gradient is needed; else the forward."""
-    if torch.compiler.is_compiling():
-        return op(*inputs)
-    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs):
-        return eager.apply(*inputs)
-    return forward(*inputs)
+_EagerBiasGelu = eager_function("_EagerBiasGelu", _launch_bias_gelu_fwd, _bias_gelu_setup, _bias_gelu_grad, ())
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -442,7 +413,7 @@ def layer_norm(
     _check_kernel_tensor("x", x, op)
     weight, bias = _affine_or_default(op, x, weight, bias)
     _check_out_dtype(op, out_dtype)
-    return _run(_layer_norm_op, _EagerLayerNorm, _layer_norm_forward, x, weight, bias, _check_eps(op, eps),
+    return run(_layer_norm_op, _EagerLayerNorm, _layer_norm_forward, x, weight, bias, _check_eps(op, eps),
                 out_dtype)[0]
 
 
@@ -478,7 +449,7 @@ def add_layer_norm(
         raise ValueError(f"{op}: residual is on {residual.device} but x is on {x.device}")
     weight, bias = _affine_or_default(op, x, weight, bias)
     _check_out_dtype(op, out_dtype)
-    y, summed, _ = _run(_add_layer_norm_op, _EagerAddLayerNorm, _add_layer_norm_forward, x, residual, weight, bias,
+    y, summed, _ = run(_add_layer_norm_op, _EagerAddLayerNorm, _add_layer_norm_forward, x, residual, weight, bias,
                         _check_eps(op, eps), out_dtype)
     return y, summed
 
@@ -498,4 +469,4 @@ def bias_gelu(x: torch.Tensor, bias: torch.Tensor, *, out_dtype: Optional[torch.
     _check_kernel_tensor("x", x, op)
     _check_row_params(op, x, row_limit=False, bias=bias)
     _check_out_dtype(op, out_dtype)
-    return _run(_bias_gelu_op, _EagerBiasGelu, _launch_bias_gelu_fwd, x, bias, out_dtype)
+    return run(_bias_gelu_op, _EagerBiasGelu, _launch_bias_gelu_fwd, x, bias, out_dtype)
