@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from . import stats, timing
+from . import outputs, stats, timing
 from .gpu_lock import device_lock
 from .records import ABRecord, ComparisonRecord, PairwiseRecord, RunDetails, TournamentRecord, finite_interval
 from .stats import Verdict
@@ -318,7 +318,7 @@ def _measure(
     """Everything between "these callables" and "these samples": the shared engine of compare and tournament."""
     for fn, side in zip(fns, sides):
         timing.require_zero_arguments(fn, side)
-    first_outputs = [timing.snapshot(timing.call_once(fn, side, "its first call")) for fn, side in zip(fns, sides)]
+    first_outputs = [outputs.snapshot(timing.call_once(fn, side, "its first call")) for fn, side in zip(fns, sides)]
     if budget.check_output:
         for output, side in zip(first_outputs, sides):
             # Compared with itself, only NaN can differ; a type the check cannot compare is refused here, before
@@ -360,7 +360,7 @@ def _measure(
                 again = timing.call_once(fn, side, "the output check after timing")
                 difference = _output_difference(first, again, side)
                 if difference:
-                    raise timing.OutputChanged(
+                    raise outputs.OutputChanged(
                         f"{side} output is not the same after timing as on its first call: {difference}. "
                         "Callables must return the same result on every call (pass check_output=False for "
                         "kernels that are nondeterministic by design, e.g. atomics)"
@@ -372,11 +372,11 @@ def _measure(
 
 
 def _output_difference(first: Any, again: Any, side: str) -> str | None:
-    """``timing.output_difference``, with the side and the way out in the message of an uncomparable output."""
+    """``outputs.output_difference``, with the side and the way out in the message of an uncomparable output."""
     try:
-        return timing.output_difference(first, again)
-    except timing.OutputNotComparable as exc:
-        raise timing.OutputNotComparable(
+        return outputs.output_difference(first, again)
+    except outputs.OutputNotComparable as exc:
+        raise outputs.OutputNotComparable(
             f"{side} {exc}; return such values, or pass check_output=False to skip the output check"
         ) from None
 

@@ -1,4 +1,4 @@
-"""Timing engine for A/B comparisons: timers, warm-up, interleaved sampling, CUDA graphs, clocks, output checks.
+"""Timing engine for A/B comparisons: timers, warm-up, interleaved sampling, CUDA graphs and clocks.
 
 A timer times a sequence of zero-argument callables back to back and returns one duration per element. Rounds
 (pairs, for two variants) run every variant once in a fresh random order, so drift, throttling and cache state
@@ -16,11 +16,11 @@ Timers:
   flush (a 256 MiB write, as ``triton.testing.do_bench`` does) runs before each element, outside its events.
 - :class:`SimulatedTimer`: draws durations from given models on a virtual clock; it lets tests check the
   statistics against known truths (A/A, known slowdowns, drift) quickly and reproducibly.
+
+Whether an output stayed the same across the timed calls is :mod:`pytest_kernelcheck.outputs`' job.
 """
 from __future__ import annotations
 
-import cmath
-import enum
 import inspect
 import math
 import random
@@ -62,26 +62,6 @@ class CallableFailed(Exception):
         super().__init__(f"{side} raised {type(error).__name__} during {during}: {error}")
         self.side = side
         self.error = error
-
-
-class OutputChanged(Exception):
-    """A compared callable returned something different after timing than on its first call."""
-
-
-class OutputNotComparable(TypeError):
-    """The output check cannot tell whether an output changed: its type has no exact, True/False equality.
-
-    Raised instead of reporting a change that may not have happened (or missing one): objects without ``==`` of
-    their own compare by identity, and an ``==`` that answers with an array or frame says nothing as a whole.
-    """
-
-
-# What output_difference compares, for the message that refuses anything else.
-COMPARABLE_OUTPUTS = (
-    "comparable: torch tensors, numpy arrays and numpy scalars, None, enum members, classes, torch dtypes, values "
-    "whose == returns True or False (numbers, str, bytes, dataclasses of such values), and tuples, lists and dicts "
-    "of these"
-)
 
 
 class Timer(Protocol):
@@ -497,23 +477,6 @@ class ClockMonitor:
         }
 
 
-def snapshot(value: Any) -> Any:
-    """A copy of an output that later calls cannot overwrite (tensors and arrays are cloned)."""
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(value, torch.Tensor):
-        return value.detach().clone()
-    numpy = sys.modules.get("numpy")
-    if numpy is not None and isinstance(value, numpy.ndarray):
-        return value.copy()
-    if isinstance(value, (list, tuple)):
-        return type(value)(snapshot(v) for v in value) if not hasattr(value, "_fields") else type(value)(
-            *(snapshot(v) for v in value)
-        )
-    if isinstance(value, dict):
-        return {k: snapshot(v) for k, v in value.items()}
-    return value
-
-
 def contains_cuda_tensor(value: Any) -> bool:
     """Whether an output holds a tensor on a CUDA device (anywhere inside lists, tuples, dicts)."""
     torch = sys.modules.get("torch")
@@ -526,130 +489,3 @@ def contains_cuda_tensor(value: Any) -> bool:
     if isinstance(value, dict):
         return any(contains_cuda_tensor(v) for v in value.values())
     return False
-
-
-def output_difference(first: Any, again: Any, path: str = "output") -> str | None:
-    """Describe how ``again`` differs from ``first`` (exact equality), or ``None`` when it does not.
-
-    NaN counts as a difference: an output with NaN is never accepted as unchanged. An output whose type cannot
-    be compared exactly (see ``COMPARABLE_OUTPUTS``) raises :class:`OutputNotComparable` naming where it sits,
-    whatever the values: identity or an abridged text would report changes that did not happen, or miss some.
-
-    >>> output_difference((1, [2, 3]), (1, [2, 4]))
-    'output[1][1] changed: 3 -> 4'
-    >>> output_difference({"out": object()}, {"out": object()})  # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    ...
-    pytest_kernelcheck.timing.OutputNotComparable: output['out']: cannot compare outputs of type object: ...
-    """
-    torch = sys.modules.get("torch")
-    numpy = sys.modules.get("numpy")
-    if torch is not None and isinstance(first, torch.Tensor):
-        return _tensor_difference(torch, first, again, path)
-    if numpy is not None and isinstance(first, numpy.ndarray):
-        if not isinstance(again, numpy.ndarray):
-            return f"{path} changed type: ndarray -> {type(again).__name__}"
-        if first.shape != again.shape or first.dtype != again.dtype:
-            return f"{path} changed: shape {first.shape} {first.dtype} -> {again.shape} {again.dtype}"
-        if first.dtype.kind == "O":
-            # Elements are Python objects: numpy would compare them with their own == (identity for many), so
-            # each is compared by these rules instead.
-            for index in numpy.ndindex(first.shape):
-                where = f"{path}[{', '.join(map(str, index))}]"
-                difference = output_difference(first[index], again[index], where)
-                if difference:
-                    return difference
-            return None
-        if first.dtype.kind in "fc" and (numpy.isnan(first).any() or numpy.isnan(again).any()):
-            return f"{path} contains NaN; an output with NaN is not worth timing"
-        if not numpy.array_equal(first, again):
-            return f"{path} values changed ({int(numpy.sum(first != again))} of {first.size} elements differ)"
-        return None
-    if isinstance(first, (list, tuple)):
-        if not isinstance(again, (list, tuple)) or len(first) != len(again):
-            return f"{path} changed structure: {_brief(first)} -> {_brief(again)}"
-        for index, (a, b) in enumerate(zip(first, again)):
-            difference = output_difference(a, b, f"{path}[{index}]")
-            if difference:
-                return difference
-        return None
-    if isinstance(first, dict):
-        if not isinstance(again, dict) or first.keys() != again.keys():
-            return f"{path} changed structure: {_brief(first)} -> {_brief(again)}"
-        for key in first:
-            difference = output_difference(first[key], again[key], f"{path}[{key!r}]")
-            if difference:
-                return difference
-        return None
-    if _is_nan_scalar(first, numpy):
-        return f"{path} is NaN"
-    return None if _scalars_equal(first, again, path, numpy) else f"{path} changed: {first!r} -> {again!r}"
-
-
-def _is_nan_scalar(value: Any, numpy: Any) -> bool:
-    """NaN as a Python float or complex or a numpy floating or complex scalar (NaN never equals itself)."""
-    if isinstance(value, (float, complex)):
-        return cmath.isnan(value)
-    return numpy is not None and isinstance(value, numpy.generic) and value.dtype.kind in "fc" and bool(
-        numpy.isnan(value)
-    )
-
-
-def _identity_is_exact(value: Any) -> bool:
-    """Values that exist once each, so that identity is their equality: None, enum members, classes, dtypes."""
-    if value is None or value is Ellipsis or isinstance(value, (enum.Enum, type)):
-        return True
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(value, torch.dtype)
-
-
-def _scalars_equal(first: Any, again: Any, path: str, numpy: Any) -> bool:
-    """``first == again`` when that is an exact answer; raise ``OutputNotComparable`` when it is not."""
-    kind = type(first).__name__
-    if _identity_is_exact(first):
-        return first is again
-    if type(first).__eq__ is object.__eq__:
-        raise OutputNotComparable(
-            f"{path}: cannot compare outputs of type {kind}: it has no == of its own, so two equal results would "
-            f"compare by identity and look changed; {COMPARABLE_OUTPUTS}"
-        )
-    try:
-        result = first == again
-    except Exception as exc:  # e.g. a dataclass holding tensors: its == asks bool() of a whole tensor
-        raise OutputNotComparable(
-            f"{path}: cannot compare outputs of type {kind}: its == raised {type(exc).__name__}: {exc}; "
-            f"{COMPARABLE_OUTPUTS}"
-        ) from exc
-    if isinstance(result, bool) or (numpy is not None and isinstance(result, numpy.bool_)):
-        return bool(result)
-    # An elementwise answer (an array, a frame): its text is abridged, so comparing text would miss changes.
-    raise OutputNotComparable(
-        f"{path}: cannot compare outputs of type {kind}: its == returns {type(result).__name__}, not True or "
-        f"False; {COMPARABLE_OUTPUTS}"
-    )
-
-
-def _tensor_difference(torch: Any, first: Any, again: Any, path: str) -> str | None:
-    if not isinstance(again, torch.Tensor):
-        return f"{path} changed type: Tensor -> {type(again).__name__}"
-    if first.shape != again.shape or first.dtype != again.dtype:
-        return f"{path} changed: shape {tuple(first.shape)} {first.dtype} -> {tuple(again.shape)} {again.dtype}"
-    if first.is_floating_point() or first.is_complex():
-        if bool(torch.isnan(first).any()) or bool(torch.isnan(again).any()):
-            return f"{path} contains NaN; an output with NaN is not worth timing"
-    again = again.to(first.device)
-    if torch.equal(first, again):
-        return None
-    differing = first != again
-    message = f"{path} values changed ({int(differing.sum())} of {first.numel()} elements differ"
-    if first.is_floating_point():
-        message += f", max |diff| {float((first.double() - again.double()).abs().max()):.3g}"
-    return message + ")"
-
-
-def _brief(value: Any) -> str:
-    if isinstance(value, (list, tuple)):
-        return f"{type(value).__name__} of {len(value)}"
-    if isinstance(value, dict):
-        return f"dict with keys {sorted(map(str, value))}"
-    return type(value).__name__
