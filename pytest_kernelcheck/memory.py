@@ -17,7 +17,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from .shapes import python_scalar
+from .shapes import marker_values, python_scalar, short_repr
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB", "ZiB", "YiB")
 _ESTIMATES = "give an int or float (numpy numbers and 0-d integer or float torch tensors also work)"
@@ -63,7 +63,7 @@ def validate_estimate(value: Any, source: str = "memory estimate") -> int:
     number = python_scalar(value)
     if isinstance(number, bool) or not isinstance(number, numbers.Real):
         raise TypeError(
-            f"{source} must be a number of bytes; got {_short_repr(value)} ({type(value).__name__}); {_ESTIMATES}"
+            f"{source} must be a number of bytes; got {short_repr(value, 60)} ({type(value).__name__}); {_ESTIMATES}"
         )
     if not math.isfinite(number) or number < 0:
         raise ValueError(f"{source} must be a finite number of bytes >= 0; got {number!r}")
@@ -230,17 +230,12 @@ def _lookup(shape: Any, name: str) -> Any:
     return getter(name, None) if getter is not None else None
 
 
-def _short_repr(value: Any, limit: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def _name(function: Any) -> str:
     return getattr(function, "__qualname__", None) or getattr(function, "__name__", None) or repr(function)
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Marker arguments: ``memory(estimate, device=None)`` and ``intractable(when, reason=None)``
+# Marker arguments: ``memory(estimate, device=None)``
 
 
 class MemoryRequest:
@@ -265,12 +260,7 @@ def parse_memory_marker(args: tuple[Any, ...], kwargs: dict[str, Any], has_shape
         TypeError / ValueError: a missing, negative or non-numeric estimate, a callable estimate on a test
             without a shape marker, an unknown keyword or device.
     """
-    unknown = set(kwargs) - {"estimate", "device"}
-    if unknown:
-        raise TypeError(f"memory marker: unknown keyword(s) {sorted(unknown)}; it takes (estimate, device=None)")
-    values = list(args)
-    if "estimate" in kwargs:
-        values.insert(0, kwargs["estimate"])
+    values = marker_values("memory", args, kwargs, "estimate", {"estimate", "device"}, "(estimate, device=None)")
     if len(values) != 1:
         raise TypeError(f"memory marker takes one estimate (bytes, or a callable of the shape); got {len(values)}")
     estimate = values[0]
@@ -285,67 +275,3 @@ def parse_memory_marker(args: tuple[Any, ...], kwargs: dict[str, Any], has_shape
     if device is not None:
         resolve_device(device)
     return MemoryRequest(estimate, device)
-
-
-def parse_intractable_marker(args: tuple[Any, ...], kwargs: dict[str, Any], has_shape: bool) -> tuple[Any, str | None]:
-    """Check the arguments of ``@pytest.mark.intractable(when, reason=None)``; returns (when, reason).
-
-    Example::
-
-        >>> parse_intractable_marker((True,), {"reason": "scores need 20 TiB"}, has_shape=False)
-        (True, 'scores need 20 TiB')
-    """
-    unknown = set(kwargs) - {"when", "reason"}
-    if unknown:
-        raise TypeError(f"intractable marker: unknown keyword(s) {sorted(unknown)}; it takes (when, reason=None)")
-    values = list(args)
-    if "when" in kwargs:
-        values.insert(0, kwargs["when"])
-    if "reason" in kwargs:
-        values.append(kwargs["reason"])
-    if not 1 <= len(values) <= 2:
-        raise TypeError("intractable marker takes (when, reason=None): a bool or a callable of the shape, and a reason")
-    when = values[0] if callable(values[0]) else python_scalar(values[0])
-    reason = values[1] if len(values) == 2 else None
-    if not (isinstance(when, bool) or callable(when)):
-        raise TypeError(
-            "intractable marker: `when` must be a bool (numpy bools too) or a callable of the shape; got "
-            f"{_short_repr(values[0])} ({type(values[0]).__name__})"
-        )
-    if callable(when) and not has_shape:
-        raise TypeError(
-            "intractable marker: a callable `when` receives the shape, but the test has no @pytest.mark.shape"
-        )
-    if reason is not None and not isinstance(reason, str):
-        raise TypeError(
-            "intractable marker: `reason` must be a string or None; got "
-            f"{_short_repr(reason)} ({type(reason).__name__})"
-        )
-    return when, reason
-
-
-def intractable_reason(when: Any, reason: str | None, shape: Any) -> str | None:
-    """Why this case cannot run, or None when it can.
-
-    ``when`` is a bool or a callable of the shape returning a reason string, a bool or None; numpy bools and
-    0-d bool tensors count as bools (``lambda s: np.int64(s.S) > 10**5`` returns one). True uses ``reason``
-    (or "marked intractable").
-
-    Example::
-
-        >>> intractable_reason(lambda s: f"scores need {human_bytes(s['n'] ** 2 * 8)}" if s["n"] > 10**5 else None,
-        ...                    None, {"n": 10**6})
-        'scores need 7.28 TiB'
-    """
-    verdict = when(shape) if callable(when) else when
-    plain = python_scalar(verdict)
-    if plain is None or plain is False:
-        return None
-    if plain is True:
-        return reason or "marked intractable"
-    if isinstance(plain, str):
-        return plain or None
-    raise TypeError(
-        f"intractable marker: `when` returned {_short_repr(verdict)} ({type(verdict).__name__}); return a reason "
-        "string, a bool (numpy bools and 0-d bool tensors too) or None"
-    )

@@ -1,9 +1,9 @@
 """pytest wiring for pytest-kernelcheck's correctness checks: options, markers, fixtures and hooks only.
 
 The logic lives in ``shapes`` (parametrization and ids), ``tolerance`` (policies, overrides, assert_close),
-``reference`` (float64 attention references) and ``memory`` (estimates, free memory, OOM handling). torch is
-imported inside hooks and fixtures, and only for tests that use a marker needing it, so ``pytest --help`` stays
-fast.
+``reference`` (float64 attention references), ``memory`` (estimates, free memory, OOM handling) and
+``intractable`` (cases not to run). torch is imported inside hooks and fixtures, and only for tests that use a
+marker needing it, so ``pytest --help`` stays fast.
 """
 from __future__ import annotations
 
@@ -11,14 +11,13 @@ from typing import Any
 
 import pytest
 
+from .intractable import intractable_reason, parse_intractable_marker
 from .memory import (
     evaluate_estimate,
     forget_frames,
-    intractable_reason,
     is_out_of_memory,
     memory_shortfall,
     oom_skip_reason,
-    parse_intractable_marker,
     parse_memory_marker,
     release_memory,
     resolve_device,

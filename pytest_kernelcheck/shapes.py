@@ -98,7 +98,7 @@ class Shape(Mapping):
         return NotImplemented
 
     def __repr__(self) -> str:
-        inner = ", ".join(f"{k}={_short_repr(v)}" for k, v in self._items)
+        inner = ", ".join(f"{k}={short_repr(v)}" for k, v in self._items)
         return f"Shape({inner})"
 
     def __reduce__(self):
@@ -223,7 +223,7 @@ def expand_shape_marker(cases: Sequence[Any], axes: Mapping[str, Any]) -> list[S
     for position, case in enumerate(cases):
         if not isinstance(case, Mapping):
             raise ShapeSpecError(
-                f"case {position} of the shape marker is {_short_repr(case)} ({type(case).__name__}); each case "
+                f"case {position} of the shape marker is {short_repr(case)} ({type(case).__name__}); each case "
                 "must be a mapping of named sizes such as dict(B=4, S=2048)"
             )
         for name in case:
@@ -240,7 +240,7 @@ def expand_shape_marker(cases: Sequence[Any], axes: Mapping[str, Any]) -> list[S
         clash = [name for name, _ in axis_values if name in case]
         if clash:
             raise ShapeSpecError(
-                f"keyword axis {clash[0]!r} is also set in case {position} ({_short_repr(case)}); set it in one "
+                f"keyword axis {clash[0]!r} is also set in case {position} ({short_repr(case)}); set it in one "
                 "place only"
             )
 
@@ -292,11 +292,11 @@ def _array_ndim(value: Any) -> int | None:
 def _marker_text(cases: Sequence[Any], axes: Mapping[str, Any]) -> str:
     """A marker's arguments as written, shortened: ``shape(dict(B=2, S=64), S=[128, 256])``."""
     pieces = [
-        "dict(" + ", ".join(f"{k}={_short_repr(v, 30)}" for k, v in case.items()) + ")"
-        if isinstance(case, Mapping) else _short_repr(case, 30)
+        "dict(" + ", ".join(f"{k}={short_repr(v, 30)}" for k, v in case.items()) + ")"
+        if isinstance(case, Mapping) else short_repr(case, 30)
         for case in cases
     ]
-    pieces += [f"{name}={_short_repr(value, 30)}" for name, value in axes.items()]
+    pieces += [f"{name}={short_repr(value, 30)}" for name, value in axes.items()]
     return f"shape({', '.join(pieces)})"
 
 
@@ -333,6 +333,29 @@ def _hashable(value: Any) -> Any:
         return repr(value)
 
 
-def _short_repr(value: Any, limit: int = 80) -> str:
+def marker_values(
+    marker: str, args: Sequence[Any], kwargs: Mapping[str, Any], first: str, keywords: set[str], signature: str
+) -> list[Any]:
+    """A marker's positional arguments, with ``first`` in front when it was given by keyword; refuses keywords
+    other than ``keywords``, quoting the marker's ``signature`` (the memory and intractable markers share this).
+
+    >>> marker_values("memory", (), {"estimate": 64}, "estimate", {"estimate", "device"}, "(estimate, device=None)")
+    [64]
+    """
+    unknown = set(kwargs) - keywords
+    if unknown:
+        raise TypeError(f"{marker} marker: unknown keyword(s) {sorted(unknown)}; it takes {signature}")
+    values = list(args)
+    if first in kwargs:
+        values.insert(0, kwargs[first])
+    return values
+
+
+def short_repr(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters, for messages that quote what a marker was given.
+
+    >>> short_repr(list(range(100)), 20)
+    '[0, 1, 2, 3, 4, 5...'
+    """
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from pytest_kernelcheck.memory import human_bytes, intractable_reason, parse_intractable_marker
+from pytest_kernelcheck.intractable import intractable_reason, parse_intractable_marker
+from pytest_kernelcheck.memory import human_bytes
 from pytest_kernelcheck.shapes import Shape
 
 INTRACTABLE_TESTS = """

@@ -1,0 +1,74 @@
+"""The ``intractable`` marker: which cases not to run, and the reason each is skipped with.
+
+``@pytest.mark.intractable(when, reason=None)``: ``when`` is a bool, or a callable of the test's shape returning
+a reason string (or a bool, or None). The plugin checks the arguments at collection
+(:func:`parse_intractable_marker`), skips a case whose :func:`intractable_reason` is not None, and lists those
+cases with their reasons in the terminal summary.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from .shapes import marker_values, python_scalar, short_repr
+
+
+def parse_intractable_marker(
+    args: tuple[Any, ...], kwargs: dict[str, Any], has_shape: bool
+) -> tuple[Any, str | None]:
+    """Check the arguments of ``@pytest.mark.intractable(when, reason=None)``; returns (when, reason).
+
+    Example::
+
+        >>> parse_intractable_marker((True,), {"reason": "scores need 20 TiB"}, has_shape=False)
+        (True, 'scores need 20 TiB')
+    """
+    values = marker_values("intractable", args, kwargs, "when", {"when", "reason"}, "(when, reason=None)")
+    if "reason" in kwargs:
+        values.append(kwargs["reason"])
+    if not 1 <= len(values) <= 2:
+        raise TypeError("intractable marker takes (when, reason=None): a bool or a callable of the shape, and a reason")
+    when = values[0] if callable(values[0]) else python_scalar(values[0])
+    reason = values[1] if len(values) == 2 else None
+    if not (isinstance(when, bool) or callable(when)):
+        raise TypeError(
+            "intractable marker: `when` must be a bool (numpy bools too) or a callable of the shape; got "
+            f"{short_repr(values[0], 60)} ({type(values[0]).__name__})"
+        )
+    if callable(when) and not has_shape:
+        raise TypeError(
+            "intractable marker: a callable `when` receives the shape, but the test has no @pytest.mark.shape"
+        )
+    if reason is not None and not isinstance(reason, str):
+        raise TypeError(
+            "intractable marker: `reason` must be a string or None; got "
+            f"{short_repr(reason, 60)} ({type(reason).__name__})"
+        )
+    return when, reason
+
+
+def intractable_reason(when: Any, reason: str | None, shape: Any) -> str | None:
+    """Why this case cannot run, or None when it can.
+
+    ``when`` is a bool or a callable of the shape returning a reason string, a bool or None; numpy bools and
+    0-d bool tensors count as bools (``lambda s: np.int64(s.S) > 10**5`` returns one). True uses ``reason``
+    (or "marked intractable").
+
+    Example::
+
+        >>> from pytest_kernelcheck import human_bytes
+        >>> intractable_reason(lambda s: f"scores need {human_bytes(s['n'] ** 2 * 8)}" if s["n"] > 10**5 else None,
+        ...                    None, {"n": 10**6})
+        'scores need 7.28 TiB'
+    """
+    verdict = when(shape) if callable(when) else when
+    plain = python_scalar(verdict)
+    if plain is None or plain is False:
+        return None
+    if plain is True:
+        return reason or "marked intractable"
+    if isinstance(plain, str):
+        return plain or None
+    raise TypeError(
+        f"intractable marker: `when` returned {short_repr(verdict, 60)} ({type(verdict).__name__}); return a "
+        "reason string, a bool (numpy bools and 0-d bool tensors too) or None"
+    )
