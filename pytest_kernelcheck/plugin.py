@@ -134,7 +134,8 @@ def _check_markers(definition: pytest.Function, has_shape: bool) -> None:
         parse_intractable_marker(intractable.args, intractable.kwargs, has_shape)
 
 
-def _shape_of(item: pytest.Item) -> Shape | None:
+def _marked_shape(item: pytest.Item) -> Shape | None:
+    """The Shape the shape marker parametrized this test with, or None for a test without one."""
     callspec = getattr(item, "callspec", None)
     return callspec.params.get(SHAPE_ARGNAME) if callspec is not None else None
 
@@ -145,7 +146,7 @@ def _shape_of(item: pytest.Item) -> Shape | None:
 # setup is tryfirst, and the runner's (which sets up fixtures) is a builtin plain hookimpl registered before any
 # installed plugin, and pluggy calls later registrations first. test_memory pins both orders.
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    shape = _shape_of(item)
+    shape = _marked_shape(item)
     marker = item.get_closest_marker("intractable")
     if marker is not None:
         try:

@@ -134,12 +134,12 @@ def kernel_ab(request: pytest.FixtureRequest) -> Any:
         _budget_from(session.settings),
         nodeid=request.node.nodeid,
         test_name=request.node.name,
-        shape=lambda: _shape_of(request),
+        shape=lambda: _shape_as_dict(request),
         record=pending.append,
     )
 
 
-def _shape_of(request: pytest.FixtureRequest) -> dict[str, Any] | None:
+def _shape_as_dict(request: pytest.FixtureRequest) -> dict[str, Any] | None:
     """The test's ``shape`` (fixture or parameter) as a dict, when the test has one."""
     funcargs = getattr(request.node, "funcargs", {})
     if "shape" in funcargs:

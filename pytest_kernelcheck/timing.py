@@ -25,7 +25,6 @@ import inspect
 import math
 import random
 import statistics
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Protocol, Sequence
@@ -475,17 +474,3 @@ class ClockMonitor:
             "samples": len(self._samples),
             "throttled": self.throttled,
         }
-
-
-def contains_cuda_tensor(value: Any) -> bool:
-    """Whether an output holds a tensor on a CUDA device (anywhere inside lists, tuples, dicts)."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return False
-    if isinstance(value, torch.Tensor):
-        return value.is_cuda
-    if isinstance(value, (list, tuple)):
-        return any(contains_cuda_tensor(v) for v in value)
-    if isinstance(value, dict):
-        return any(contains_cuda_tensor(v) for v in value.values())
-    return False
