@@ -2,12 +2,12 @@
 
 ``@pytest.mark.intractable(when, reason=None)``: ``when`` is a bool, or a callable of the test's shape returning
 a reason string (or a bool, or None). The plugin checks the arguments at collection
-(:func:`parse_intractable_marker`), skips a case whose :func:`intractable_reason` is not None, and lists those
-cases with their reasons in the terminal summary.
+(:func:`parse_intractable_marker`), skips a case whose :func:`case_reason` is not None (carrying the reason on
+its report) and lists those cases with their reasons in the terminal summary (:func:`listed_cases`).
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable
 
 from .shapes import marker_values, python_scalar, short_repr
 
@@ -72,3 +72,40 @@ def intractable_reason(when: Any, reason: str | None, shape: Any) -> str | None:
         f"intractable marker: `when` returned {short_repr(verdict, 60)} ({type(verdict).__name__}); return a "
         "reason string, a bool (numpy bools and 0-d bool tensors too) or None"
     )
+
+
+# The user_properties key that carries an intractable case's reason on its test report: user properties travel
+# with the report, so the terminal summary of a pytest-xdist run lists the workers' cases too.
+REASON_PROPERTY = "kernelcheck_intractable"
+
+
+def case_reason(args: tuple[Any, ...], kwargs: dict[str, Any], shape: Any) -> str | None:
+    """Why the case ``shape`` is not to run under ``@pytest.mark.intractable(*args, **kwargs)``, or None.
+
+    ``shape`` is None for a test without a shape marker. Raises ``TypeError`` or ``ValueError`` for bad arguments.
+
+    Example::
+
+        >>> case_reason((lambda s: s["S"] > 10**5,), {"reason": "too long"}, {"S": 10**6})
+        'too long'
+    """
+    when, reason = parse_intractable_marker(args, kwargs, shape is not None)
+    return intractable_reason(when, reason, shape)
+
+
+def listed_cases(reports: Iterable[Any]) -> list[tuple[str, str]]:
+    """The (test id, reason) of each intractable case among test reports, each test once, in report order.
+
+    Example::
+
+        >>> class Report:
+        ...     nodeid, user_properties = "t.py::test_big[S100000]", [(REASON_PROPERTY, "needs 20 TiB")]
+        >>> listed_cases([Report(), Report()])
+        [('t.py::test_big[S100000]', 'needs 20 TiB')]
+    """
+    cases = {}
+    for report in reports:
+        for name, value in getattr(report, "user_properties", ()):
+            if name == REASON_PROPERTY and report.nodeid not in cases:
+                cases[report.nodeid] = value
+    return list(cases.items())

@@ -275,3 +275,21 @@ def parse_memory_marker(args: tuple[Any, ...], kwargs: dict[str, Any], has_shape
     if device is not None:
         resolve_device(device)
     return MemoryRequest(estimate, device)
+
+
+def required_memory(
+    args: tuple[Any, ...], kwargs: dict[str, Any], shape: Any, params: dict[str, Any]
+) -> tuple[int, str]:
+    """Bytes a test needs, and the device it needs them on, from its ``memory`` marker's arguments, its case
+    (``shape``, None without a shape marker) and its parameters.
+
+    Example::
+
+        >>> required_memory((lambda s: s["n"] * 8,), {"device": "cpu"}, {"n": 4}, {})
+        (32, 'cpu')
+
+    Raises:
+        TypeError / ValueError: bad marker arguments, or an estimate that is not a byte count.
+    """
+    request = parse_memory_marker(args, kwargs, shape is not None)
+    return evaluate_estimate(request.estimate, shape), resolve_device(request.device, shape, params)

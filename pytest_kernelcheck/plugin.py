@@ -7,20 +7,19 @@ marker needing it, so ``pytest --help`` stays fast.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import pytest
 
-from .intractable import intractable_reason, parse_intractable_marker
+from .intractable import REASON_PROPERTY, case_reason, listed_cases, parse_intractable_marker
 from .memory import (
-    evaluate_estimate,
     forget_frames,
     is_out_of_memory,
     memory_shortfall,
     oom_skip_reason,
     parse_memory_marker,
     release_memory,
-    resolve_device,
+    required_memory,
 )
 from .shapes import Shape, expand_shape_markers
 
@@ -28,9 +27,8 @@ pytest_plugins = ["pytest_kernelcheck.plugin_ab"]
 
 # Internal argname the shape marker parametrizes; the public ``shape`` fixture reads it.
 SHAPE_ARGNAME = "_kernelcheck_shape"
-# user_properties key carrying an intractable case's reason on its report (survives pytest-xdist).
-INTRACTABLE_PROPERTY = "kernelcheck_intractable"
 OOM_CHOICES = ("skip", "fail")
+_T = TypeVar("_T")
 
 _had_oom = pytest.StashKey[bool]()
 _tolerance_override = pytest.StashKey[Any]()
@@ -102,14 +100,12 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     definition = metafunc.definition
     # Every shape marker, closest to the test first (function, class, module), as stacked parametrize sees them.
     markers = [(marker.args, marker.kwargs) for marker in definition.iter_markers("shape")]
-    problem = None
-    try:
+
+    def checked_shapes() -> list[Shape]:
         _check_markers(definition, has_shape=bool(markers))
-        shapes = expand_shape_markers(markers) if markers else []
-    except (TypeError, ValueError) as exc:
-        problem = f"{definition.nodeid}: {exc}"
-    if problem is not None:  # raised outside the except block, so no chained traceback is shown
-        pytest.fail(problem, pytrace=False)
+        return expand_shape_markers(markers) if markers else []
+
+    shapes = _failing_on_bad_marker(checked_shapes, f"{definition.nodeid}: ")
     if not markers:
         return
     if SHAPE_ARGNAME not in metafunc.fixturenames:
@@ -149,27 +145,14 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     shape = _marked_shape(item)
     marker = item.get_closest_marker("intractable")
     if marker is not None:
-        try:
-            when, default_reason = parse_intractable_marker(marker.args, marker.kwargs, shape is not None)
-            reason, problem = intractable_reason(when, default_reason, shape), None
-        except (TypeError, ValueError) as exc:
-            problem = str(exc)
-        if problem is not None:
-            pytest.fail(problem, pytrace=False)
+        reason = _failing_on_bad_marker(lambda: case_reason(marker.args, marker.kwargs, shape))
         if reason is not None:
-            item.user_properties.append((INTRACTABLE_PROPERTY, reason))
+            item.user_properties.append((REASON_PROPERTY, reason))
             raise _skip(f"intractable: {reason}")
     marker = item.get_closest_marker("memory")
     if marker is not None:
         params = dict(item.callspec.params) if hasattr(item, "callspec") else {}
-        try:
-            request = parse_memory_marker(marker.args, marker.kwargs, shape is not None)
-            needed = evaluate_estimate(request.estimate, shape)
-            device, problem = resolve_device(request.device, shape, params), None
-        except (TypeError, ValueError) as exc:
-            problem = str(exc)
-        if problem is not None:
-            pytest.fail(problem, pytrace=False)
+        needed, device = _failing_on_bad_marker(lambda: required_memory(marker.args, marker.kwargs, shape, params))
         reason = memory_shortfall(needed, device)
         if reason is not None:
             raise _skip(reason)
@@ -225,17 +208,20 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
-    entries = []
-    seen = set()
-    for report in terminalreporter.stats.get("skipped", []):
-        for name, value in getattr(report, "user_properties", ()):
-            if name == INTRACTABLE_PROPERTY and report.nodeid not in seen:
-                seen.add(report.nodeid)
-                entries.append((report.nodeid, value))
+    entries = listed_cases(terminalreporter.stats.get("skipped", []))
     if entries:
         terminalreporter.section("kernelcheck: intractable cases", sep="-")
         for nodeid, reason in entries:
             terminalreporter.line(f"{nodeid}: {reason}")
+
+
+def _failing_on_bad_marker(compute: Callable[[], _T], prefix: str = "") -> _T:
+    """``compute()``; a TypeError or ValueError from it (bad marker arguments) fails the test with its message."""
+    try:
+        return compute()
+    except (TypeError, ValueError) as exc:
+        problem = f"{prefix}{exc}"
+    pytest.fail(problem, pytrace=False)  # outside the except block, so no chained traceback is shown
 
 
 def _skip(reason: str) -> BaseException:
