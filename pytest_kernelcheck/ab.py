@@ -156,7 +156,13 @@ class ComparisonResult:
         )
 
     def to_record(self) -> ComparisonRecord:
-        """The report's row for this comparison (infinite interval ends become ``None``)."""
+        """The report's row for this comparison (infinite interval ends become ``None``).
+
+        >>> r = ComparisonResult("x", "tie", 1.0, (0.0, math.inf), 0.995, 0.5, 0.1, 20, 1.0, 1.0, "cpu-clock", 1,
+        ...     False, 0.05, 0.02, 11, 1, "max_time", 0.2, "cpu", {}, False, [], [], [])
+        >>> r.to_record().ci, r.to_record().to_json()["kind"]
+        ((0.0, None), 'comparison')
+        """
         return ComparisonRecord(
             self.name, self.verdict, nodeid=self.nodeid, shape=self.shape, speedup=self.speedup,
             ci=finite_interval(self.ci), p_value=self.p_value, p_value_raw=self.p_value_raw, n_pairs=self.n_pairs,
@@ -229,7 +235,14 @@ class TournamentResult:
         )
 
     def to_record(self) -> TournamentRecord:
-        """The report's row for this tournament (infinite interval ends become ``None``)."""
+        """The report's row for this tournament (infinite interval ends become ``None``).
+
+        >>> one, two = (lambda: None), (lambda: None)
+        >>> timer = timing.SimulatedTimer({one: lambda rng, now: 1e-3, two: lambda rng, now: 2e-3})
+        >>> record = run_tournament({"one": one, "two": two}, Budget(max_time=0.05), timer=timer).to_record()
+        >>> record.best, record.pairwise[0].verdict
+        ('one', 'win')
+        """
         pairwise = tuple(
             PairwiseRecord(pair.faster, pair.slower, pair.verdict, pair.speedup, finite_interval(pair.ci),
                            pair.p_value, pair.p_value_raw)

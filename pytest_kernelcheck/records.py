@@ -121,6 +121,9 @@ class LastRun:
 
     A regression: the speedup interval now sits entirely below the earlier one, or the verdict went from win
     to loss; ``reason`` says which.
+
+    >>> LastRun.from_json({"speedup": 1.5, "ci": [1.4, 1.6], "verdict": "win", "regression": False}).ci
+    (1.4, 1.6)
     """
 
     speedup: float | None
@@ -229,7 +232,11 @@ class ComparisonRecord:
 
 @dataclass(frozen=True)
 class PairwiseRecord:
-    """One pair of a tournament: ``speedup`` is ``slower``'s time over ``faster``'s; the verdict is ``faster``'s."""
+    """One pair of a tournament: ``speedup`` is ``slower``'s time over ``faster``'s; the verdict is ``faster``'s.
+
+    >>> PairwiseRecord.from_json({"faster": "a", "slower": "b", "verdict": "win", "speedup": 1.3}).to_json()["ci"]
+    [None, None]
+    """
 
     faster: str
     slower: str
@@ -342,7 +349,11 @@ def record_from_json(data: Mapping[str, Any]) -> ABRecord | None:
 @dataclass(frozen=True)
 class ReportSummary:
     """The totals of a report: comparisons per verdict, the geometric-mean speedup, how many survive
-    Benjamini-Hochberg, and (compared with an earlier report) the names that regressed."""
+    Benjamini-Hochberg, and (compared with an earlier report) the names that regressed.
+
+    >>> ReportSummary(comparisons=1, win=1, regressions=()).to_json()["regressions"]
+    []
+    """
 
     comparisons: int = 0
     win: int = 0
@@ -380,7 +391,11 @@ class ReportSummary:
 
 @dataclass(frozen=True)
 class GpuInfo:
-    """The GPUs of the run, when torch was used with CUDA: names, CUDA version, driver (or why it is unknown)."""
+    """The GPUs of the run, when torch was used with CUDA: names, CUDA version, driver (or why it is unknown).
+
+    >>> GpuInfo().to_json()
+    {'available': False}
+    """
 
     available: bool = False
     devices: tuple[str, ...] = ()

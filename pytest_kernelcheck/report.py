@@ -452,12 +452,21 @@ def _shorten(text: str, width: int) -> str:
 
 
 def error_lines(report: ABReport | Mapping[str, Any]) -> list[str]:
-    """Full error messages of failed comparisons (the table shows them shortened)."""
+    """Full error messages of failed comparisons (the table shows them shortened).
+
+    >>> error_lines(build_report([{"kind": "comparison", "name": "a", "verdict": "error", "error": "boom"}],
+    ...                          settings={}))
+    ['error in a: boom']
+    """
     return [f"error in {r.name}: {r.error}" for r in _as_report(report).comparisons if r.failed]
 
 
 def summary_line(report: ABReport | Mapping[str, Any]) -> str:
-    """The totals in one line: verdicts, geometric-mean speedup, what survives Benjamini-Hochberg, regressions."""
+    """The totals in one line: verdicts, geometric-mean speedup, what survives Benjamini-Hochberg, regressions.
+
+    >>> summary_line(build_report([], settings={"alpha": 0.05}))
+    '0 win, 0 loss, 0 tie, 0 inconclusive; geometric-mean speedup -x over 0; after Benjamini-Hochberg (FDR 0.05): 0 win, 0 loss survive'
+    """
     s = _as_report(report).summary
     parts = [
         f"{s.win} win, {s.loss} loss, {s.tie} tie, {s.inconclusive} inconclusive"
@@ -473,7 +482,11 @@ def summary_line(report: ABReport | Mapping[str, Any]) -> str:
 
 
 def tournament_lines(record: TournamentRecord | Mapping[str, Any]) -> list[str]:
-    """Text lines for one tournament record (or its error)."""
+    """Text lines for one tournament record (or its error).
+
+    >>> tournament_lines({"kind": "tournament", "name": "t", "verdict": "error", "error": "ValueError: no variants"})
+    ['tournament t: error: ValueError: no variants']
+    """
     if not isinstance(record, TournamentRecord):
         record = TournamentRecord.from_json(record)
     title = f"tournament {record.name}" + (f" ({format_shape(record.shape)})" if record.shape else "")
