@@ -650,7 +650,11 @@ def _sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: _Ca
     gqa = {"enable_gqa": True} if q.shape[1] != k.shape[1] else {}
     if (attn_mask is None and call.key_padding_mask is None and call.key_lengths is None
             and call.causal_mode != CAUSAL_BOTTOM_RIGHT):
-        # SDPA's own causal kernels: they may turn rows NaN whose causal-hidden keys hold NaN (see ``attention``).
+        if call.causal_mode == CAUSAL_TOP_LEFT and k.shape[2] > q.shape[2]:
+            # Keys past the last query row are hidden from every row: SDPA never sees them (a view, no copy).
+            k, v = k[:, :, :q.shape[2]], v[:, :, :q.shape[2]]
+        # SDPA's own causal kernels: a NaN in a key that later rows see may turn earlier rows NaN too (see
+        # ``attention``).
         return F.scaled_dot_product_attention(q, k, v, is_causal=call.causal_mode == CAUSAL_TOP_LEFT,
                                               scale=call.scale, **gqa)
     visible = _visibility_mask(q, k, call)
@@ -718,11 +722,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: Unio
         scale: defaults to 1 / sqrt(D).
         key_padding_mask: bool [B, S_k], True = attend. Or key_lengths: int [B], keys j >= length masked
             (lengths are clamped to [0, S_k]). Rows that see no key return zeros, with zero gradients. What the
-            masks hide may hold anything (NaN, inf): it never reaches the output or the gradients, and a
-            non-finite key or value a row does see makes that row non-finite. One exception: a causal call
-            without key masks that runs on SDPA (``backend="sdpa"``, or ``"auto"`` where it picks SDPA) is SDPA's
-            own kernel, which may turn rows NaN whose causal-hidden keys hold NaN; pass ``key_lengths`` for such
-            caches, or ``backend="triton"``.
+            masks hide from every query row (padding, key lengths, keys past the last row's causal frontier)
+            may hold anything, NaN and inf included: it never reaches the output or the gradients. A
+            non-finite key or value a row does see makes that row non-finite; the Triton kernel, which sums
+            over tiles of up to 128 query rows, may then turn the other rows of that tile NaN too, and SDPA's
+            own causal kernel (calls without key masks) every row. Pass ``key_lengths`` for a cache filled
+            past its end.
         attn_mask: an arbitrary mask or additive bias broadcastable to [B, H, S_q, S_k]: bool (True = attend) or
             floating (added to the scaled scores), combined with ``causal`` and key padding. The Triton kernel
             has no such input, so these calls run on SDPA (``backend="triton"`` refuses them); rows that see no
@@ -763,7 +768,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: Unio
     decision = _decide(q, k, v, call, backend)
     _log_decision(decision, q, k)
     if plan_key is not None and len(_PLANS) < _MAX_PLANS:
-        if decision.backend == "sdpa" and call.causal_mode != CAUSAL_BOTTOM_RIGHT:
+        if (decision.backend == "sdpa" and call.causal_mode != CAUSAL_BOTTOM_RIGHT
+                and not (call.causal_mode == CAUSAL_TOP_LEFT and k.shape[2] > q.shape[2])):
             # Only the arguments the call needs (SDPA parses every keyword it is given, on every call), bound in a
             # partial so that a replay costs one C-level call.
             sdpa_kwargs = {"is_causal": call.causal_mode == CAUSAL_TOP_LEFT}

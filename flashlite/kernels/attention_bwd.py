@@ -16,7 +16,8 @@ import triton
 import triton.language as tl
 
 from flashlite import _runtime
-from flashlite.kernels.attention_common import cast_out, key_range, load_cols, load_rows, mma, program_ids
+from flashlite.kernels.attention_common import (cast_out, key_range, load_cols, load_cols_where, load_rows,
+                                                load_rows_where, mma, program_ids)
 from flashlite.kernels.tuning import AUTOTUNE_KEY, SCRATCH_BYTES, even_m, make_configs, prune_by_resources
 
 
@@ -78,17 +79,12 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, key_ok, q_base, do_base, lse_row, delta_r
         qk_t = mma(k, tl.trans(q), tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), DOT) * qk_scale
         p_t = tl.math.exp2(qk_t - lse[None, :])
         if CAUSAL_BLOCKS:
-            seen = offs_n[:, None] <= offs_m[None, :] + diag_shift
-            p_t = tl.where(seen, p_t, 0.0)
+            p_t = tl.where(offs_n[:, None] <= offs_m[None, :] + diag_shift, p_t, 0.0)
         if KEY_MASK != "none":
             p_t = tl.where(key_ok[:, None], p_t, 0.0)
         dv = mma(p_t, do, dv, DOT)
         dp_t = mma(v, tl.trans(do), tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), DOT)
-        if CAUSAL_BLOCKS:
-            # A hidden pair's dS is exactly zero, also where a non-finite value made its dP NaN (0 * NaN is NaN).
-            ds_t = tl.where(seen, p_t * (dp_t - delta[None, :]), 0.0)
-        else:
-            ds_t = p_t * (dp_t - delta[None, :])
+        ds_t = p_t * (dp_t - delta[None, :])
         dk = mma(ds_t, q, dk, DOT)
     return dk, dv
 
@@ -124,13 +120,6 @@ def _attn_bwd_dkdv(Q,  # [B, H, S_q, D]
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
 
-    k = load_rows(K + b.to(tl.int64) * stride_kb + kv_h.to(tl.int64) * stride_kh
-                  + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
-                  offs_n, seq_k, offs_d, HEAD_DIM, BLOCK_D, True)
-    v = load_rows(V + b.to(tl.int64) * stride_vb + kv_h.to(tl.int64) * stride_vh
-                  + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
-                  offs_n, seq_k, offs_d, HEAD_DIM, BLOCK_D, True)
-
     # Keys past seq_k are never stored, so only padding needs a per-key mask.
     q_end = seq_q
     if KEY_MASK == "lengths":
@@ -142,10 +131,6 @@ def _attn_bwd_dkdv(Q,  # [B, H, S_q, D]
                          mask=offs_n < seq_k, other=0) != 0
     else:
         key_ok = offs_n < seq_k
-    if KEY_MASK != "none":
-        # Padded keys may hold anything: as zeros their dP is finite, so their dS = 0 * dP is exactly zero.
-        k = tl.where(key_ok[:, None], k, 0.0)
-        v = tl.where(key_ok[:, None], v, 0.0)
 
     if CAUSAL != 0:
         if CAUSAL == 1:
@@ -158,10 +143,21 @@ def _attn_bwd_dkdv(Q,  # [B, H, S_q, D]
         lo = (lo // BLOCK_M) * BLOCK_M
         full_from = tl.minimum(tl.maximum(start_n + BLOCK_N - 1 - diag_shift, 0), q_end)
         mid = tl.cdiv(full_from, BLOCK_M) * BLOCK_M
+        seen_by_some_row = key_ok & (offs_n <= seq_q - 1 + diag_shift)
     else:
         diag_shift = 0
         lo = 0
         mid = 0
+        seen_by_some_row = key_ok
+
+    # Keys no query row may see (padding, past the last row's causal frontier) may hold anything, NaN included:
+    # they load as zeros, so their dP is finite and their dS = 0 * dP exactly zero.
+    k = load_rows_where(K + b.to(tl.int64) * stride_kb + kv_h.to(tl.int64) * stride_kh
+                        + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
+                        seen_by_some_row, offs_d, HEAD_DIM, BLOCK_D)
+    v = load_rows_where(V + b.to(tl.int64) * stride_vb + kv_h.to(tl.int64) * stride_vh
+                        + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
+                        seen_by_some_row, offs_d, HEAD_DIM, BLOCK_D)
 
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
@@ -199,15 +195,17 @@ def _attn_bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, mask_row,  # k_bas
     offs_n0 = tl.arange(0, BLOCK_N)
     for start_n in range(start, end, BLOCK_N):
         offs_n = start_n + offs_n0
-        kt = load_cols(k_base + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd,
-                       offs_d, HEAD_DIM, BLOCK_D, offs_n, n_len, BOUNDARY)
-        vt = load_cols(v_base + offs_n[None, :] * stride_vn + offs_d[:, None] * stride_vd,
-                       offs_d, HEAD_DIM, BLOCK_D, offs_n, n_len, BOUNDARY)
+        # Keys no row of this block may see load as zeros, as in the forward: past `end` (the key length, or the
+        # causal frontier of the block's last row in the boundary loop) and those the boolean mask hides.
+        k_ptrs = k_base + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd
+        v_ptrs = v_base + offs_n[None, :] * stride_vn + offs_d[:, None] * stride_vd
         if KEY_MASK == "bool":
-            # Padded keys may hold anything; as zeros they add exactly nothing to dS K (see the forward).
             keep = tl.load(mask_row + offs_n * stride_mask_n, mask=offs_n < n_len, other=0) != 0
-            kt = tl.where(keep[None, :], kt, 0.0)
-            vt = tl.where(keep[None, :], vt, 0.0)
+            kt = load_cols_where(k_ptrs, offs_d, HEAD_DIM, BLOCK_D, keep & (offs_n < end))
+            vt = load_cols_where(v_ptrs, offs_d, HEAD_DIM, BLOCK_D, keep & (offs_n < end))
+        else:
+            kt = load_cols(k_ptrs, offs_d, HEAD_DIM, BLOCK_D, offs_n, end, BOUNDARY)
+            vt = load_cols(v_ptrs, offs_d, HEAD_DIM, BLOCK_D, offs_n, end, BOUNDARY)
         qk = mma(q, kt, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), DOT) * qk_scale
         p = tl.math.exp2(qk - lse[:, None])
         if BOUNDARY:
@@ -218,14 +216,7 @@ def _attn_bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, mask_row,  # k_bas
         if KEY_MASK == "bool":
             p = tl.where(keep[None, :], p, 0.0)
         dp = mma(do, vt, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), DOT)
-        if BOUNDARY and CAUSAL != 0:
-            # A key on the diagonal is hidden from some rows and seen by others: hidden pairs get dS = 0 even where
-            # a non-finite value made dP NaN, and a non-finite key enters the product as zero. A row that sees it
-            # has a NaN p there already, so its dQ still turns NaN, as the exact sum would.
-            ds = tl.where(visible, p * (dp - delta[:, None]), 0.0)
-            kt = tl.where((kt == kt) & (tl.abs(kt) < float("inf")), kt, 0.0)
-        else:
-            ds = p * (dp - delta[:, None])
+        ds = p * (dp - delta[:, None])
         dq = mma(ds, tl.trans(kt), dq, DOT)
     return dq
 

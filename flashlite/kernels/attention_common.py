@@ -75,6 +75,23 @@ def load_rows(ptrs, rows, n_rows, cols, n_cols: tl.constexpr, BLOCK_COLS: tl.con
 
 
 @triton.jit
+def load_rows_where(ptrs, row_ok, cols, n_cols: tl.constexpr, BLOCK_COLS: tl.constexpr):
+    """Load a [rows, cols] tile with zeros in the rows where ``row_ok`` is False and in padded columns: the copy
+    itself fills them, so the tile still goes straight to the tensor cores."""
+    if BLOCK_COLS != n_cols:
+        return tl.load(ptrs, mask=row_ok[:, None] & (cols[None, :] < n_cols), other=0.0)
+    return tl.load(ptrs, mask=row_ok[:, None], other=0.0)
+
+
+@triton.jit
+def load_cols_where(ptrs, rows, n_rows: tl.constexpr, BLOCK_ROWS: tl.constexpr, col_ok):
+    """The transposed mirror of ``load_rows_where``: zeros in the columns where ``col_ok`` is False."""
+    if BLOCK_ROWS != n_rows:
+        return tl.load(ptrs, mask=(rows[:, None] < n_rows) & col_ok[None, :], other=0.0)
+    return tl.load(ptrs, mask=col_ok[None, :], other=0.0)
+
+
+@triton.jit
 def load_cols(ptrs, rows, n_rows: tl.constexpr, BLOCK_ROWS: tl.constexpr, cols, n_cols,
               CHECK_COLS: tl.constexpr):
     """Load a transposed [rows=head dim, cols=sequence] tile; the mirror of ``load_rows``."""

