@@ -736,8 +736,9 @@ class KernelAB:
         """Time ``candidate`` against ``baseline`` (zero-argument callables); never fails on the verdict.
 
         ``name`` labels the result in the report (default: the test's name); each comparison and tournament of
-        one test needs its own, and a name used twice raises ``ValueError``. Budget keywords: max_time, min_pairs, max_pairs, alpha, margin, flush_l2, hold_gpu, calls_per_sample,
-        use_cuda_graph, warmup, check_output, seed.
+        one test needs its own, and a name used twice raises ``ValueError``. Budget keywords: max_time,
+        min_pairs, max_pairs, alpha, margin, flush_l2, hold_gpu, calls_per_sample, use_cuda_graph, warmup,
+        check_output, seed.
 
         >>> result = kernel_ab.compare(lambda: new(x), lambda: old(x), max_time=1.0)  # doctest: +SKIP
         >>> result.verdict, result.speedup, result.ci  # doctest: +SKIP

@@ -391,7 +391,8 @@ def test_repeated_calls_replay_the_plan_and_never_a_stale_one():
     q, k, v = (torch.randn(1, 2, 24, 16, device=DEVICE, generator=gen) for _ in range(3))
     for backend in ("sdpa", "triton"):
         first = attention(q, k, v, causal=True, backend=backend)
-        assert any(key[:3] == (q.shape, k.shape, v.shape) and key[-4:] == ((bool, True), (type(None), None), backend, None)
+        assert any(key[:3] == (q.shape, k.shape, v.shape)
+                   and key[-4:] == ((bool, True), (type(None), None), backend, None)
                    for key in attention_module._PLANS)
         again = attention(q, k, v, causal=True, backend=backend)
         torch.testing.assert_close(again, first, rtol=0, atol=0)
