@@ -754,10 +754,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: Unio
     plan_key = None
     if key_padding_mask is None and key_lengths is None and not torch.compiler.is_compiling():
         try:
-            # causal and scale join the key with their types: 1 == True == 1.0 hash alike, but validation refuses
-            # causal=1 and scale=True, so a plan made for one must never answer the other.
+            # causal and scale join the key with their classes: 1 == True == 1.0 hash alike, but validation refuses
+            # causal=1 and scale=True, so a plan made for one must never answer the other. (Flat, not nested
+            # tuples: the key is built on every call, and a nested tuple costs a tenth of a microsecond.)
             plan_key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
-                        q.device, k.device, v.device, (type(causal), causal), (type(scale), scale), backend,
+                        q.device, k.device, v.device, causal, causal.__class__, scale, scale.__class__, backend,
                         precision)
             plan = _PLANS.get(plan_key)
         except (AttributeError, TypeError):  # not tensors, or unhashable arguments: _validate names the problem

@@ -39,6 +39,8 @@ class _ABSession:
     built: dict[str, Any] | None = None  # None when no comparison ran
     notes: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)  # report files that could not be written
+    rules: tuple[Any, ...] = ()  # gate.Rule: --kernel-ab-compare-fail
+    regressions: tuple[Any, ...] = ()  # gate.Regression: what the rules found, at session finish
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -68,6 +70,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="compare with an earlier A/B JSON report: adds a 'vs last run' column and flags regressions",
     )
     parser.addini("kernel_ab_compare", "path of an earlier A/B JSON report to compare with", default="")
+    group.addoption(
+        "--kernel-ab-compare-fail", dest="kernel_ab_compare_fail", action="append", default=None, metavar="EXPR",
+        help="fail the session on A/B regressions (repeatable): 'verdict' (verdict worse than in the compared "
+             "run: win > tie = inconclusive > loss), 'speedup:X%' (interval wholly more than X%% below the "
+             "earlier speedup) or 'loss' (any loss in this run)",
+    )
+    parser.addini("kernel_ab_compare_fail", "A/B gate rules, one a line (see --kernel-ab-compare-fail)",
+                  type="linelist", default=[])
 
 
 def _setting(config: pytest.Config, name: str) -> Any:
@@ -76,7 +86,7 @@ def _setting(config: pytest.Config, name: str) -> Any:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    from . import report
+    from . import gate, report
 
     settings: dict[str, Any] = {}
     for name, (kind, _, _) in _NUMBER_SETTINGS.items():
@@ -101,7 +111,13 @@ def pytest_configure(config: pytest.Config) -> None:
             previous = report.load_report(compare_path)
     except report.ReportError as exc:
         raise pytest.UsageError(f"kernel A/B: {exc}") from None
-    session = _ABSession(enabled, settings, report_path, previous)
+    try:
+        expressions = config.getoption("kernel_ab_compare_fail") or config.getini("kernel_ab_compare_fail")
+        rules = gate.parse_rules(expressions)
+        gate.check_rules(rules, comparing=previous is not None)
+    except gate.GateError as exc:
+        raise pytest.UsageError(f"kernel A/B: {exc}") from None
+    session = _ABSession(enabled, settings, report_path, previous, rules=rules)
     config.stash[_SESSION] = session
     config.pluginmanager.register(_Collector(session), _COLLECTOR_NAME)
 
@@ -187,6 +203,8 @@ class _Collector:
         if self.session.errors and session.exitstatus == pytest.ExitCode.OK:  # a failed run keeps its own status
             session.exitstatus = pytest.ExitCode.USAGE_ERROR  # as for a report path refused at start-up
             self.session.errors = [f"{error} (exit status {int(session.exitstatus)})" for error in self.session.errors]
+        if self.session.regressions and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED  # a regression fails CI as a failed test would
 
     def pytest_terminal_summary(self, terminalreporter: Any, config: pytest.Config) -> None:
         if not _reports_here(self.session, config):
@@ -200,8 +218,9 @@ def _reports_here(session: _ABSession, config: pytest.Config) -> bool:
 
 
 def _finish(session: _ABSession) -> None:
-    """Build the report from every record and write its files, once; notes and errors wait for the summary."""
-    from . import report
+    """Build the report from every record, judge it by the gate's rules and write its files, once; notes and
+    errors wait for the summary."""
+    from . import gate, report
 
     if session.finished:
         return
@@ -212,6 +231,7 @@ def _finish(session: _ABSession) -> None:
     session.built = report.build_report(
         session.records, settings=session.settings, environment=environment, previous=session.previous
     )
+    session.regressions = gate.evaluate(session.rules, session.built)
     if not session.report_path:
         return
     markdown_path, plot_path = report.companion_paths(session.report_path)
@@ -233,3 +253,11 @@ def _summarise(session: _ABSession, terminalreporter: Any) -> None:
         terminalreporter.write_line("no A/B comparisons ran")
         return
     report.write_terminal(terminalreporter, session.built, session.notes, errors=session.errors)
+    if session.regressions:
+        from . import gate
+
+        terminalreporter.write_sep("=", "kernelcheck: regressions", red=True, bold=True)
+        for line in gate.regression_lines(session.regressions):
+            terminalreporter.write_line(line, red=not line.startswith(" "))
+        terminalreporter.write_line(f"{len(session.regressions)} regression(s): the session fails "
+                                    f"(--kernel-ab-compare-fail)")

@@ -392,7 +392,7 @@ def test_repeated_calls_replay_the_plan_and_never_a_stale_one():
     for backend in ("sdpa", "triton"):
         first = attention(q, k, v, causal=True, backend=backend)
         assert any(key[:3] == (q.shape, k.shape, v.shape)
-                   and key[-4:] == ((bool, True), (type(None), None), backend, None)
+                   and key[-6:] == (True, bool, None, type(None), backend, None)
                    for key in attention_module._PLANS)
         again = attention(q, k, v, causal=True, backend=backend)
         torch.testing.assert_close(again, first, rtol=0, atol=0)

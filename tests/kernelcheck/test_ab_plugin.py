@@ -391,3 +391,125 @@ def test_twice(kernel_ab):
          "test_two_comparisons_with_one_name_fail_the_test_and_only_the_first_is_reported.py::test_twice;*"]
     )
     assert [r["name"] for r in json.loads((pytester.path / "d.json").read_text())["comparisons"]] == ["sort"]
+
+
+# Simulated timers of known effect: the candidate takes CANDIDATE_MS, the baseline 2 ms (speedup 2 / CANDIDATE_MS).
+SIMULATED = """
+from pytest_kernelcheck.timing import SimulatedTimer
+
+CANDIDATE_MS = {candidate_ms}
+
+def candidate():
+    pass
+
+def baseline():
+    pass
+
+def test_fused(kernel_ab):
+    timer = SimulatedTimer({{candidate: lambda rng, now: CANDIDATE_MS * 1e-3 * (1 + 0.01 * rng.random()),
+                            baseline: lambda rng, now: 2e-3 * (1 + 0.01 * rng.random())}})
+    kernel_ab.compare(candidate, baseline, name="fused", timer=timer)
+"""
+
+
+def _planted_regression(pytester, *args, runner=None):
+    """A first run where the candidate wins 2x, then the same test where it loses 1.5x, compared with the first."""
+    pytester.makepyfile(test_sim=SIMULATED.format(candidate_ms=1.0))
+    first = pytester.runpytest(*FAST, "--kernel-ab-report", "first.json")
+    first.assert_outcomes(passed=1)
+    assert json.loads((pytester.path / "first.json").read_text())["comparisons"][0]["verdict"] == "win"
+    pytester.makepyfile(test_sim=SIMULATED.format(candidate_ms=3.0))
+    return (runner or pytester.runpytest)(*FAST, "--kernel-ab-compare", "first.json", *args)
+
+
+def test_the_gate_fails_the_session_on_a_planted_regression_and_lists_it(pytester):
+    result = _planted_regression(pytester, "--kernel-ab-compare-fail", "verdict",
+                                 "--kernel-ab-compare-fail", "speedup:5%")
+    result.assert_outcomes(passed=1)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(
+        [
+            "*= kernelcheck: regressions =*",
+            "test_sim.py::test_fused / fused [[]verdict[]]: verdict went from win to loss",
+            "  was 2.0*x [[]*, *[]] win",
+            "  now 0.66*x [[]*, *[]] loss",
+            "test_sim.py::test_fused / fused [[]speedup:5%[]]: interval wholly more than 5% below the earlier speedup*",
+            "2 regression(s): the session fails (--kernel-ab-compare-fail)",
+        ]
+    )
+
+
+def test_without_the_gate_the_same_regression_only_reports(pytester):
+    result = _planted_regression(pytester)
+    result.assert_outcomes(passed=1)
+    assert result.ret == pytest.ExitCode.OK
+    result.stdout.fnmatch_lines(["fused*REGRESSION: was 2.0*x win*"])
+    assert "kernelcheck: regressions" not in result.stdout.str()
+
+
+def test_the_gate_from_the_ini_file_and_a_passing_gate(pytester):
+    pytester.makeini("[pytest]\nkernel_ab_compare_fail =\n    verdict\n    speedup:50%\n")
+    pytester.makepyfile(test_sim=SIMULATED.format(candidate_ms=1.0))
+    pytester.runpytest(*FAST, "--kernel-ab-report", "first.json").assert_outcomes(passed=1)
+    same = pytester.runpytest(*FAST, "--kernel-ab-compare", "first.json")
+    assert same.ret == pytest.ExitCode.OK and "kernelcheck: regressions" not in same.stdout.str()
+    pytester.makepyfile(test_sim=SIMULATED.format(candidate_ms=3.0))
+    worse = pytester.runpytest(*FAST, "--kernel-ab-compare", "first.json")
+    assert worse.ret == pytest.ExitCode.TESTS_FAILED
+    worse.stdout.fnmatch_lines(["*[[]verdict[]]*", "*[[]speedup:50%[]]*"])
+
+
+def test_the_gate_decides_on_the_xdist_controller_from_merged_records(pytester):
+    result = _planted_regression(pytester, "-n", "2", "--kernel-ab-compare-fail", "verdict",
+                                 runner=pytester.runpytest_subprocess)
+    result.stdout.fnmatch_lines(["*2 workers*"])
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["*= kernelcheck: regressions =*", "*fused [[]verdict[]]: verdict went from win to loss"])
+
+
+def test_a_failing_run_keeps_its_status_when_the_gate_also_trips(pytester):
+    pytester.makepyfile(test_sim=SIMULATED.format(candidate_ms=3.0) + "\ndef test_broken():\n    assert False\n")
+    result = pytester.runpytest(*FAST, "--kernel-ab-compare-fail", "loss")
+    result.assert_outcomes(passed=1, failed=1)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["*= kernelcheck: regressions =*"])
+
+
+def test_the_loss_gate_trips_on_real_cpu_work_three_times_the_baseline(pytester):
+    pytester.makepyfile(
+        """
+import numpy as np
+
+data = np.random.default_rng(0).random(20_000)
+triple = np.concatenate([data, data, data])
+
+def test_slower_candidate(kernel_ab):
+    kernel_ab.compare(lambda: triple.sum(), lambda: data.sum(), name="3x the work")
+"""
+    )
+    result = pytester.runpytest(*FAST, "--kernel-ab-compare-fail", "loss")
+    result.assert_outcomes(passed=1)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(
+        ["*= kernelcheck: regressions =*", "*::test_slower_candidate / 3x the work [[]loss[]]: this run's verdict is loss",
+         "  now 0.*x [[]*[]] loss"]
+    )
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--kernel-ab-compare-fail", "faster"],
+         "kernel A/B: --kernel-ab-compare-fail / kernel_ab_compare_fail: 'faster' is not a rule; accepted: "
+         "'verdict', 'speedup:X%' (X a percentage such as 5 or 2.5) or 'loss'"),
+        (["--kernel-ab-compare-fail", "verdict"],
+         "kernel A/B: --kernel-ab-compare-fail verdict needs --kernel-ab-compare (an earlier run)"),
+        (["--kernel-ab-compare-fail", "loss", "--kernel-ab-compare-fail", "speedup:5%"],
+         "kernel A/B: --kernel-ab-compare-fail speedup:5% needs --kernel-ab-compare (an earlier run)"),
+    ],
+)
+def test_bad_gate_expressions_are_usage_errors(pytester, args, message):
+    pytester.makepyfile("def test_nothing():\n    pass\n")
+    result = pytester.runpytest("--kernel-ab", *args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*{message}*"])
