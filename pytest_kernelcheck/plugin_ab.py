@@ -73,7 +73,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--kernel-ab-compare-fail", dest="kernel_ab_compare_fail", action="append", default=None, metavar="EXPR",
         help="fail the session on A/B regressions (repeatable): 'verdict' (verdict worse than in the compared "
-             "run: win > tie = inconclusive > loss), 'speedup:X%' (interval wholly more than X%% below the "
+             "run: win > tie = inconclusive > loss), 'speedup:X%%' (interval wholly more than X%% below the "
              "earlier speedup) or 'loss' (any loss in this run)",
     )
     parser.addini("kernel_ab_compare_fail", "A/B gate rules, one a line (see --kernel-ab-compare-fail)",

@@ -1,0 +1,103 @@
+"""The A/B gate's rules: parsing expressions, and each rule judged against built reports."""
+from __future__ import annotations
+
+import pytest
+
+from pytest_kernelcheck import gate, report
+
+SETTINGS = {"alpha": 0.05, "margin": 0.02}
+
+
+def row(name, verdict, speedup, ci, p=0.001):
+    return {"kind": "comparison", "nodeid": f"t.py::{name}", "name": name, "shape": {"S": 128},
+            "verdict": verdict, "speedup": speedup, "ci": list(ci), "p_value": p}
+
+
+def built(now, earlier=None):
+    previous = report.build_report(earlier, settings=SETTINGS) if earlier is not None else None
+    return report.build_report(now, settings=SETTINGS, previous=previous)
+
+
+@pytest.mark.parametrize(
+    "text, rule",
+    [
+        ("verdict", gate.VerdictRule()),
+        ("  LOSS ", gate.LossRule()),
+        ("speedup:5%", gate.SpeedupRule(5.0, "speedup:5%")),
+        ("speedup:2.5%", gate.SpeedupRule(2.5, "speedup:2.5%")),
+        ("speedup:0%", gate.SpeedupRule(0.0, "speedup:0%")),
+    ],
+)
+def test_expressions_parse_into_typed_rules(text, rule):
+    assert gate.parse_rule(text) == rule
+
+
+@pytest.mark.parametrize("text", ["verdicts", "speedup", "speedup:5", "speedup:-5%", "speedup:100%", "speedup:x%", ""])
+def test_bad_expressions_name_the_option_and_the_accepted_forms(text):
+    with pytest.raises(gate.GateError, match=r"--kernel-ab-compare-fail / kernel_ab_compare_fail: .* is not a rule; "
+                                             r"accepted: 'verdict', 'speedup:X%'.* or 'loss'"):
+        gate.parse_rule(text)
+
+
+def test_parse_rules_skips_blank_lines_and_duplicates():
+    assert gate.parse_rules(["verdict", "", "  ", "verdict", "loss"]) == (gate.VerdictRule(), gate.LossRule())
+
+
+def test_rules_that_need_an_earlier_run_refuse_to_run_without_one():
+    gate.check_rules([gate.LossRule()], comparing=False)
+    gate.check_rules([gate.VerdictRule(), gate.SpeedupRule(5, "speedup:5%")], comparing=True)
+    with pytest.raises(gate.GateError, match="speedup:5% needs --kernel-ab-compare"):
+        gate.check_rules([gate.SpeedupRule(5, "speedup:5%")], comparing=False)
+
+
+@pytest.mark.parametrize(
+    "earlier, now, worse",
+    [
+        ("win", "tie", True), ("win", "inconclusive", True), ("win", "loss", True), ("win", "win", False),
+        ("tie", "loss", True), ("inconclusive", "loss", True), ("tie", "inconclusive", False),
+        ("inconclusive", "tie", False), ("loss", "tie", False), ("loss", "win", False),
+        ("error", "loss", False), ("win", "error", False), (None, "loss", False),
+    ],
+)
+def test_verdict_order(earlier, now, worse):
+    assert gate.verdict_got_worse(earlier, now) is worse
+
+
+def test_verdict_rule_fails_only_rows_whose_verdict_got_worse():
+    now = [row("a", "tie", 1.0, (0.99, 1.01), 0.9), row("b", "win", 1.2, (1.1, 1.3)),
+           row("c", "loss", 0.8, (0.7, 0.9)), row("new", "loss", 0.5, (0.4, 0.6))]
+    earlier = [row("a", "win", 1.2, (1.1, 1.3)), row("b", "win", 1.5, (1.4, 1.6)), row("c", "tie", 1.0, (0.99, 1.01))]
+    found = gate.evaluate([gate.VerdictRule()], built(now, earlier))
+    assert [(r.record.name, r.reason) for r in found] == [
+        ("a", "verdict went from win to tie"), ("c", "verdict went from tie to loss")]
+    assert found[0].earlier.speedup == 1.2 and found[0].rule == "verdict"
+
+
+def test_speedup_rule_fails_when_the_interval_lies_wholly_below_the_line():
+    # Earlier speedup 2.0; with 5% the line is 1.9.
+    now = [row("below", "win", 1.8, (1.7, 1.89)), row("touching", "win", 1.8, (1.7, 1.91)),
+           row("unbounded", "inconclusive", 1.0, (0.5, None), 0.5)]
+    earlier = [row(name, "win", 2.0, (1.9, 2.1)) for name in ("below", "touching", "unbounded")]
+    found = gate.evaluate([gate.parse_rule("speedup:5%")], built(now, earlier))
+    assert [r.record.name for r in found] == ["below"]
+    assert "more than 5% below the earlier speedup (1.890 < 1.900)" in found[0].reason
+
+
+def test_loss_rule_needs_no_earlier_run_and_ignores_errors():
+    now = [row("lost", "loss", 0.5, (0.4, 0.6)), row("won", "win", 2.0, (1.9, 2.1)),
+           {"kind": "comparison", "nodeid": "t.py::x", "name": "x", "verdict": "error", "error": "boom"}]
+    found = gate.evaluate([gate.LossRule()], built(now))
+    assert [r.record.name for r in found] == ["lost"] and found[0].earlier is None
+
+
+def test_regression_lines_show_both_runs():
+    now, earlier = [row("a", "loss", 0.5, (0.4, 0.6))], [row("a", "win", 2.0, (1.9, 2.1))]
+    found = gate.evaluate([gate.VerdictRule(), gate.LossRule()], built(now, earlier))
+    assert gate.regression_lines(found) == [
+        "t.py::a / a (S=128) [verdict]: verdict went from win to loss",
+        "  was 2.000x [1.900, 2.100] win",
+        "  now 0.500x [0.400, 0.600] loss",
+        "t.py::a / a (S=128) [loss]: this run's verdict is loss",
+        "  was 2.000x [1.900, 2.100] win",
+        "  now 0.500x [0.400, 0.600] loss",
+    ]
