@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -40,6 +41,9 @@ class _ABSession:
     notes: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)  # report files that could not be written
     rules: tuple[Any, ...] = ()  # gate.Rule: --kernel-ab-compare-fail
+    save_folder: Path | None = None  # this machine's folder of saved runs, when this run is saved
+    save_name: str | None = None  # None with save_folder set: --kernel-ab-autosave names it at the end
+    rootpath: Path | None = None  # where autosave asks git for the commit
     regressions: tuple[Any, ...] = ()  # gate.Regression: what the rules found, at session finish
 
 
@@ -66,10 +70,27 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     parser.addini("kernel_ab_report", "path of the A/B JSON report", default="")
     group.addoption(
-        "--kernel-ab-compare", dest="kernel_ab_compare", default=None, metavar="PATH",
-        help="compare with an earlier A/B JSON report: adds a 'vs last run' column and flags regressions",
+        # nargs="?": the option alone means the latest saved run ("latest", storage.LATEST).
+        "--kernel-ab-compare", dest="kernel_ab_compare", default=None, metavar="RUN", nargs="?", const="latest",
+        help="compare with an earlier run: alone, this machine's latest saved run; a number (0003) or name of a "
+             "saved run; or the path of an A/B JSON report. Adds a 'vs last run' column and flags regressions",
     )
-    parser.addini("kernel_ab_compare", "path of an earlier A/B JSON report to compare with", default="")
+    parser.addini("kernel_ab_compare", "earlier run to compare with: latest, a saved number or name, or a path",
+                  default="")
+    group.addoption(
+        "--kernel-ab-save", dest="kernel_ab_save", default=None, metavar="NAME",
+        help="save this run's JSON report in the storage folder, as this machine's next numbered run NNNN_NAME.json",
+    )
+    group.addoption(
+        "--kernel-ab-autosave", action="store_true", default=None, dest="kernel_ab_autosave",
+        help="save every run (as --kernel-ab-save), named by short commit hash (-dirty with changes) and UTC time",
+    )
+    parser.addini("kernel_ab_autosave", "save every A/B run (see --kernel-ab-autosave)", type="bool", default=False)
+    group.addoption(
+        "--kernel-ab-storage", dest="kernel_ab_storage", default=None, metavar="PATH",
+        help="folder of saved A/B runs, one subfolder per machine (default: .kernelcheck in the rootdir)",
+    )
+    parser.addini("kernel_ab_storage", "folder of saved A/B runs (relative to the rootdir)", default="")
     group.addoption(
         "--kernel-ab-compare-fail", dest="kernel_ab_compare_fail", action="append", default=None, metavar="EXPR",
         help="fail the session on A/B regressions (repeatable): 'verdict' (verdict worse than in the compared "
@@ -85,8 +106,25 @@ def _setting(config: pytest.Config, name: str) -> Any:
     return value if value is not None else config.getini(f"kernel_ab_{name}")
 
 
+def _machine_folder(config: pytest.Config) -> Any:
+    """A function giving this machine's folder of saved runs, worked out once and only when first asked for (the
+    machine's slug loads torch)."""
+    from . import storage
+
+    option = config.getoption("kernel_ab_storage")
+    root = Path(option) if option else config.rootpath / (config.getini("kernel_ab_storage") or storage.DEFAULT_FOLDER)
+    found: list[Path] = []
+
+    def folder() -> Path:
+        if not found:
+            found.append(root / storage.machine_slug(storage.current_environment()))
+        return found[0]
+
+    return folder
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    from . import gate, report
+    from . import gate, report, storage
 
     settings: dict[str, Any] = {}
     for name, (kind, _, _) in _NUMBER_SETTINGS.items():
@@ -102,14 +140,22 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"kernel A/B settings: {exc}") from None
     enabled = bool(config.getoption("kernel_ab") or config.getini("kernel_ab"))
     report_path = _setting(config, "report") or None
-    compare_path = _setting(config, "compare") or None
+    compare_spec = _setting(config, "compare") or None
+    machine_folder = _machine_folder(config)
+    save_name = config.getoption("kernel_ab_save")
+    saving = bool(save_name or config.getoption("kernel_ab_autosave") or config.getini("kernel_ab_autosave"))
     previous = None
+    save_folder = None
     try:
         if report_path:
             report.check_writable(report_path)
-        if compare_path:
-            previous = report.load_report(compare_path)
-    except report.ReportError as exc:
+        if save_name:
+            storage.check_name(save_name)
+        if compare_spec:
+            previous = report.load_report(storage.resolve_compare(compare_spec, machine_folder))
+        if saving and enabled:
+            save_folder = machine_folder()
+    except (report.ReportError, storage.StorageError) as exc:
         raise pytest.UsageError(f"kernel A/B: {exc}") from None
     try:
         expressions = config.getoption("kernel_ab_compare_fail") or config.getini("kernel_ab_compare_fail")
@@ -117,7 +163,8 @@ def pytest_configure(config: pytest.Config) -> None:
         gate.check_rules(rules, comparing=previous is not None)
     except gate.GateError as exc:
         raise pytest.UsageError(f"kernel A/B: {exc}") from None
-    session = _ABSession(enabled, settings, report_path, previous, rules=rules)
+    session = _ABSession(enabled, settings, report_path, previous, rules=rules, save_folder=save_folder,
+                         save_name=save_name, rootpath=config.rootpath)
     config.stash[_SESSION] = session
     config.pluginmanager.register(_Collector(session), _COLLECTOR_NAME)
 
@@ -227,11 +274,13 @@ def _finish(session: _ABSession) -> None:
     session.finished = True
     if not session.records:
         return
-    environment = report.environment_info() if session.report_path else {}
+    environment = report.environment_info() if session.report_path or session.save_folder else {}
     session.built = report.build_report(
         session.records, settings=session.settings, environment=environment, previous=session.previous
     )
     session.regressions = gate.evaluate(session.rules, session.built)
+    if session.save_folder is not None:
+        _save(session)
     if not session.report_path:
         return
     markdown_path, plot_path = report.companion_paths(session.report_path)
@@ -243,6 +292,24 @@ def _finish(session: _ABSession) -> None:
     session.notes.append(f"A/B report: {session.report_path}, {markdown_path}" + ("" if note else f", {plot_path}"))
     if note:
         session.notes.append(f"A/B plot skipped: {note}")
+
+
+def _save(session: _ABSession) -> None:
+    """Save the built report as this machine's next run (--kernel-ab-save / --kernel-ab-autosave)."""
+    import datetime
+
+    from . import storage
+
+    name = session.save_name
+    if name is None:
+        commit, dirty = storage.git_state(session.rootpath or Path.cwd())
+        name = storage.autosave_name(commit, dirty, datetime.datetime.now(datetime.timezone.utc))
+    try:
+        path = storage.save(session.built, session.save_folder, name)
+    except storage.StorageError as exc:
+        session.errors.append(f"A/B run not saved: {exc}")
+        return
+    session.notes.append(f"A/B run saved: {path}")
 
 
 def _summarise(session: _ABSession, terminalreporter: Any) -> None:

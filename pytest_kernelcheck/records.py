@@ -391,7 +391,7 @@ class ReportSummary:
 
 @dataclass(frozen=True)
 class GpuInfo:
-    """The GPUs of the run, when torch was used with CUDA: names, CUDA version, driver (or why it is unknown).
+    """The GPUs of the run, when torch was used with CUDA: names, CUDA, driver (or why it is unknown) and cuDNN.
 
     >>> GpuInfo().to_json()
     {'available': False}
@@ -401,21 +401,23 @@ class GpuInfo:
     devices: tuple[str, ...] = ()
     cuda: str | None = None
     driver: str | None = None
+    cudnn: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         if not self.available:
             return {"available": False}
-        return {"available": True, "devices": list(self.devices), "cuda": self.cuda, "driver": self.driver}
+        return {"available": True, "devices": list(self.devices), "cuda": self.cuda, "driver": self.driver,
+                "cudnn": self.cudnn}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "GpuInfo":
         return cls(available=bool(data.get("available", False)), devices=tuple(data.get("devices") or ()),
-                   cuda=data.get("cuda"), driver=data.get("driver"))
+                   cuda=data.get("cuda"), driver=data.get("driver"), cudnn=data.get("cudnn"))
 
 
 @dataclass(frozen=True)
 class RunEnvironment:
-    """Where the numbers came from: host, Python and package versions, GPU, date and git commit.
+    """Where the numbers came from: host, CPU model, Python and package versions, GPU, date and git commit.
 
     ``machine_info`` and ``commit_info`` are pytest-benchmark's dicts, kept as it writes them; when they could not
     be had, ``machine_info_error`` says why.
@@ -432,6 +434,7 @@ class RunEnvironment:
     commit_info: Mapping[str, Any] | None = None
     machine_info_error: str | None = None
     gpu: GpuInfo = GpuInfo()
+    cpu_model: str | None = None
 
     @property
     def commit_id(self) -> str | None:
@@ -444,6 +447,8 @@ class RunEnvironment:
             if getattr(self, name) is not None:
                 data[name] = getattr(self, name)
         data["gpu"] = self.gpu.to_json()
+        if self.cpu_model is not None:
+            data["cpu_model"] = self.cpu_model
         return data
 
     @classmethod
@@ -451,7 +456,7 @@ class RunEnvironment:
         return cls(date=data.get("date"), hostname=data.get("hostname"), python=data.get("python"),
                    packages=data.get("packages") or {}, machine_info=data.get("machine_info"),
                    commit_info=data.get("commit_info"), machine_info_error=data.get("machine_info_error"),
-                   gpu=GpuInfo.from_json(data.get("gpu") or {}))
+                   gpu=GpuInfo.from_json(data.get("gpu") or {}), cpu_model=data.get("cpu_model"))
 
 
 @dataclass(frozen=True)

@@ -194,8 +194,22 @@ def environment_info() -> dict[str, Any]:
         commit_info=commit_info,
         machine_info_error=machine_info_error,
         gpu=_gpu_info(),
+        cpu_model=_cpu_model(),
     )
     return environment.to_json()
+
+
+def _cpu_model() -> str | None:
+    """The CPU's marketing name: /proc/cpuinfo on Linux (platform.processor() there is only the architecture)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                key, _, value = line.partition(":")
+                if key.strip() in ("model name", "Model", "cpu model") and value.strip():
+                    return value.strip()
+    except OSError:  # not Linux: fall through to what platform knows
+        pass
+    return platform.processor() or None
 
 
 def _gpu_info() -> GpuInfo:
@@ -209,11 +223,17 @@ def _gpu_info() -> GpuInfo:
         driver = pynvml.nvmlSystemGetDriverVersion()
     except Exception as exc:
         driver = f"unavailable ({type(exc).__name__})"
+    try:
+        cudnn_version = torch.backends.cudnn.version()
+        cudnn = None if cudnn_version is None else str(cudnn_version)
+    except Exception as exc:  # a broken cuDNN install must not cost the report
+        cudnn = f"unavailable ({type(exc).__name__})"
     return GpuInfo(
         available=True,
         devices=tuple(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())),
         cuda=torch.version.cuda,
         driver=driver,
+        cudnn=cudnn,
     )
 
 

@@ -1,5 +1,5 @@
 """End to end with pytester: --kernel-ab, the kernel_ab fixture, the report files, --kernel-ab-compare, the
---kernel-ab-compare-fail gate, xdist."""
+--kernel-ab-compare-fail gate, saved runs, xdist."""
 from __future__ import annotations
 
 import json
@@ -245,7 +245,8 @@ def test_ini_settings_and_help(pytester):
     help_text = pytester.runpytest("--help")
     help_text.stdout.fnmatch_lines(
         ["*--kernel-ab *", "*--kernel-ab-alpha*", "*--kernel-ab-margin*", "*--kernel-ab-max-time*",
-         "*--kernel-ab-hold-gpu*", "*--kernel-ab-report=PATH*", "*--kernel-ab-compare=PATH*",
+         "*--kernel-ab-hold-gpu*", "*--kernel-ab-report=PATH*", "*--kernel-ab-compare=*RUN*",
+         "*--kernel-ab-save=NAME*",
          "*kernel_ab_max_time*"]
     )
 
@@ -517,5 +518,81 @@ def test_slower_candidate(kernel_ab):
 def test_bad_gate_expressions_are_usage_errors(pytester, args, message):
     pytester.makepyfile("def test_nothing():\n    pass\n")
     result = pytester.runpytest("--kernel-ab", *args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*{message}*"])
+
+
+def _machine_folder(storage_root):
+    """The one machine folder a run made under ``storage_root``."""
+    folders = [p for p in storage_root.iterdir() if p.is_dir()]
+    assert len(folders) == 1, folders
+    return folders[0]
+
+
+def test_saved_runs_are_numbered_per_machine_and_compared_by_number_name_and_latest(pytester):
+    pytester.makepyfile(test_sim=SIMULATED.format(candidate_ms=1.0))
+    first = pytester.runpytest(*FAST, "--kernel-ab-save", "before")
+    first.assert_outcomes(passed=1)
+    folder = _machine_folder(pytester.path / ".kernelcheck")
+    assert folder.name.startswith(("cpu_", "nvidia"))  # the machine's slug
+    first.stdout.fnmatch_lines([f"A/B run saved: {folder / '0001_before.json'}"])
+    saved = json.loads((folder / "0001_before.json").read_text())
+    assert saved["comparisons"][0]["verdict"] == "win" and "cpu_model" in saved["environment"]
+
+    pytester.makepyfile(test_sim=SIMULATED.format(candidate_ms=3.0))
+    second = pytester.runpytest(*FAST, "--kernel-ab-save", "after")
+    second.assert_outcomes(passed=1)
+    assert sorted(p.name for p in folder.iterdir()) == ["0001_before.json", "0002_after.json"]
+
+    by_number = pytester.runpytest(*FAST, "--kernel-ab-compare", "0001", "--kernel-ab-compare-fail", "verdict")
+    assert by_number.ret == pytest.ExitCode.TESTS_FAILED  # 0001 won, this run loses
+    by_number.stdout.fnmatch_lines(["fused*REGRESSION: was *x win*", "*= kernelcheck: regressions =*"])
+    by_name = pytester.runpytest(*FAST, "--kernel-ab-compare", "before")
+    by_name.stdout.fnmatch_lines(["fused*REGRESSION: was *x win*"])
+    # Alone (here followed by another option) it means the latest saved run, 0002, which lost too: no regression.
+    latest = pytester.runpytest(*FAST, "--kernel-ab-compare", "--kernel-ab-compare-fail", "verdict")
+    assert latest.ret == pytest.ExitCode.OK
+    latest.stdout.fnmatch_lines(["fused*was *x loss"])
+    last_alone = pytester.runpytest(*FAST, "--kernel-ab-compare")
+    last_alone.stdout.fnmatch_lines(["fused*was *x loss"])
+    assert len(list(folder.iterdir())) == 2  # comparing saves nothing
+
+
+def test_autosave_names_runs_by_commit_and_time_in_the_storage_folder(pytester):
+    import re
+
+    pytester.makepyfile(test_sim=SIMULATED.format(candidate_ms=1.0))
+    pytester.makeini("[pytest]\nkernel_ab_autosave = true\nkernel_ab_storage = runs\n")
+    pytester.runpytest(*FAST).assert_outcomes(passed=1)
+    pytester.runpytest(*FAST, "--kernel-ab-save", "named").assert_outcomes(passed=1)  # the given name wins
+    names = sorted(p.name for p in _machine_folder(pytester.path / "runs").iterdir())
+    assert len(names) == 2 and names[1] == "0002_named.json"
+    # pytester's folder is no git work tree: "nocommit" (a repository gives its short hash, -dirty with changes).
+    assert re.fullmatch(r"0001_nocommit_\d{8}T\d{6}Z\.json", names[0]), names
+    pytester.runpytest(*FAST, "--kernel-ab-storage", "elsewhere", "--kernel-ab-autosave").assert_outcomes(passed=1)
+    assert len(list(_machine_folder(pytester.path / "elsewhere").iterdir())) == 1
+
+
+@pytest.mark.parametrize(
+    "save_first, args, message",
+    [
+        (False, ["--kernel-ab-compare"],
+         "kernel A/B: --kernel-ab-compare latest: no saved runs for this machine in '*.kernelcheck*'; save one with "
+         "--kernel-ab-save NAME or --kernel-ab-autosave"),
+        (True, ["--kernel-ab-compare", "7"],
+         "kernel A/B: --kernel-ab-compare 7: no saved run number 0007 for this machine in '*' "
+         "(latest saved: 0001_base.json)"),
+        (True, ["--kernel-ab-compare", "nope"],
+         "kernel A/B: --kernel-ab-compare nope: no saved run named 'nope' for this machine in '*' "
+         "(latest saved: 0001_base.json)"),
+        (False, ["--kernel-ab-save", "12"], "kernel A/B: --kernel-ab-save: name '12' is all digits*"),
+        (False, ["--kernel-ab-save", "a/b"], "kernel A/B: --kernel-ab-save: name 'a/b' must start with*"),
+    ],
+)
+def test_saved_runs_that_do_not_match_are_usage_errors_naming_the_option(pytester, save_first, args, message):
+    pytester.makepyfile(test_sim=SIMULATED.format(candidate_ms=1.0))
+    if save_first:
+        pytester.runpytest(*FAST, "--kernel-ab-save", "base").assert_outcomes(passed=1)
+    result = pytester.runpytest(*FAST, *args)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"*{message}*"])

@@ -1,0 +1,200 @@
+"""Saved A/B runs: one folder per machine, numbered report files, and finding the run ``--kernel-ab-compare`` means.
+
+Layout: ``STORAGE/MACHINE/0001_NAME.json``, where STORAGE is ``--kernel-ab-storage`` (default ``.kernelcheck/`` in
+the rootdir) and MACHINE a slug of what decides the speed of a kernel there (:func:`machine_slug`): a run is
+only compared with runs of the same GPU, driver and library versions, or of the same CPU. Each file is the
+run's full JSON report, written whole or not at all (:func:`pytest_kernelcheck.report.write_json`).
+
+>>> machine_slug({"gpu": {"available": True, "devices": ["NVIDIA H200"], "driver": "550.54", "cuda": "12.4",
+...               "cudnn": "90100"}, "packages": {"torch": "2.4.0", "triton": "3.0.0"}})
+'nvidia-h200_driver-550.54_cuda-12.4_torch-2.4.0_triton-3.0.0_cudnn-90100'
+"""
+from __future__ import annotations
+
+import datetime as _datetime
+import re
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from .records import RunEnvironment
+
+LATEST = "latest"  # what --kernel-ab-compare without a value stands for
+DEFAULT_FOLDER = ".kernelcheck"
+_FILE = re.compile(r"(\d{4,})_(.+)\.json")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+class StorageError(Exception):
+    """A saved run cannot be found or saved, or a name is refused; the message names the option."""
+
+
+@dataclass(frozen=True)
+class SavedRun:
+    """One saved report file: its number (order of saving), its name and where it is."""
+
+    number: int
+    name: str
+    path: Path
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9.]+", "-", text.lower()).strip("-.") or "unknown"
+
+
+def machine_slug(environment: Mapping[str, Any]) -> str:
+    """The folder name of a machine, from a report's ``environment`` (:func:`report.environment_info`).
+
+    A GPU run: first GPU's name, driver, CUDA, torch, triton and cuDNN versions; a CPU run: the CPU model and
+    architecture, since there the speed of the code depends on the processor.
+
+    >>> machine_slug({"cpu_model": "Intel(R) Xeon(R) Processor", "machine_info": {"machine": "x86_64"}})
+    'cpu_intel-r-xeon-r-processor_x86-64'
+    """
+    typed = RunEnvironment.from_json(environment)
+    if typed.gpu.available and typed.gpu.devices:
+        parts = [_slug(typed.gpu.devices[0])]
+        versions = {"driver": typed.gpu.driver, "cuda": typed.gpu.cuda, "torch": typed.packages.get("torch"),
+                    "triton": typed.packages.get("triton"), "cudnn": typed.gpu.cudnn}
+        parts += [f"{key}-{_slug(str(value))}" for key, value in versions.items() if value]
+        return "_".join(parts)
+    architecture = (typed.machine_info or {}).get("machine")
+    return "_".join(["cpu", _slug(typed.cpu_model or "unknown")] + ([_slug(architecture)] if architecture else []))
+
+
+def current_environment() -> dict[str, Any]:
+    """This machine's environment for its slug, with the GPU described even before any test imported torch.
+
+    The report describes a GPU only when torch is loaded (the plugin never imports it by itself); a run that
+    saves or compares by machine needs the same slug at start-up as at the end, so torch is loaded here when
+    it is installed.
+    """
+    import importlib.util
+
+    from . import report
+
+    if importlib.util.find_spec("torch") is not None:
+        import torch  # noqa: F401  (loaded for report.environment_info's GPU description)
+    return report.environment_info()
+
+
+def saved_runs(folder: str | Path) -> list[SavedRun]:
+    """The saved runs in one machine's folder, oldest first; none when the folder does not exist.
+
+    >>> saved_runs("/nonexistent")
+    []
+    """
+    path = Path(folder)
+    if not path.is_dir():
+        return []
+    runs = []
+    for entry in path.iterdir():
+        match = _FILE.fullmatch(entry.name)
+        if match and entry.is_file():
+            runs.append(SavedRun(int(match.group(1)), match.group(2), entry))
+    return sorted(runs, key=lambda run: (run.number, run.name))
+
+
+def check_name(name: str) -> str:
+    """The name, when it can be a saved run's: letters, digits, ``.``, ``_``, ``-``; not all digits (those are
+    numbers to --kernel-ab-compare), and not ``latest``.
+
+    >>> check_name("before-fusion")
+    'before-fusion'
+    >>> check_name("0003")
+    Traceback (most recent call last):
+    ...
+    pytest_kernelcheck.storage.StorageError: --kernel-ab-save: name '0003' is all digits, which --kernel-ab-compare \
+reads as a run number; add a letter
+    """
+    if name.isdigit():
+        raise StorageError(f"--kernel-ab-save: name {name!r} is all digits, which --kernel-ab-compare reads as a run "
+                           f"number; add a letter")
+    if name == LATEST:
+        raise StorageError(f"--kernel-ab-save: name {LATEST!r} is what --kernel-ab-compare without a value means")
+    if not _NAME.fullmatch(name):
+        raise StorageError(f"--kernel-ab-save: name {name!r} must start with a letter or digit and hold only "
+                           f"letters, digits, '.', '_' and '-'")
+    return name
+
+
+def save(report: Mapping[str, Any], folder: str | Path, name: str) -> Path:
+    """Write ``report`` as the next numbered run in ``folder``; returns its path.
+
+    >>> import tempfile
+    >>> from pytest_kernelcheck.report import build_report
+    >>> folder = tempfile.mkdtemp()
+    >>> [save(build_report([], settings={}), folder, n).name for n in ("a", "b")]
+    ['0001_a.json', '0002_b.json']
+    """
+    from . import report as _report
+
+    runs = saved_runs(folder)
+    number = runs[-1].number + 1 if runs else 1
+    path = Path(folder) / f"{number:04d}_{check_name(name)}.json"
+    try:
+        _report.write_json(dict(report), path)
+    except _report.ReportError as exc:
+        raise StorageError(f"--kernel-ab-save: {exc}") from None
+    return path
+
+
+def git_state(root: str | Path) -> tuple[str | None, bool]:
+    """The short commit hash of ``root``'s work tree and whether it has changes; ``(None, False)`` without git
+    or outside a repository."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True,
+                              timeout=10).stdout.strip()
+
+    try:
+        commit = git("rev-parse", "--short", "HEAD")
+        dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+    except (OSError, subprocess.SubprocessError):  # git absent, not a repository, no commit yet
+        return None, False
+    return commit or None, dirty
+
+
+def autosave_name(commit: str | None, dirty: bool, when: _datetime.datetime) -> str:
+    """The name ``--kernel-ab-autosave`` gives a run: short commit (``-dirty`` with changes, ``nocommit`` without
+    git) and UTC time.
+
+    >>> autosave_name("ab12cd3", True, _datetime.datetime(2026, 12, 1, 10, 30, tzinfo=_datetime.timezone.utc))
+    'ab12cd3-dirty_20261201T103000Z'
+    >>> autosave_name(None, False, _datetime.datetime(2026, 12, 1, 10, 30, tzinfo=_datetime.timezone.utc))
+    'nocommit_20261201T103000Z'
+    """
+    label = (commit + ("-dirty" if dirty else "")) if commit else "nocommit"
+    return f"{label}_{when.astimezone(_datetime.timezone.utc).strftime('%Y%m%dT%H%M%SZ')}"
+
+
+def resolve_compare(spec: str, machine_folder: Callable[[], Path]) -> Path:
+    """The report file ``--kernel-ab-compare SPEC`` means: ``latest`` (the option without a value), a number
+    (``0003`` or ``3``) or a saved name in this machine's folder, else a path as given.
+
+    ``machine_folder`` is called only for the saved forms, so that comparing with a path never needs the
+    machine's slug (which loads torch). A path is anything that exists, holds a slash or ends in ``.json``.
+
+    >>> resolve_compare("out/ab.json", lambda: Path("unused"))
+    PosixPath('out/ab.json')
+    """
+    if spec != LATEST and not spec.isdigit() and (Path(spec).exists() or "/" in spec or spec.endswith(".json")):
+        return Path(spec)
+    folder = machine_folder()
+    runs = saved_runs(folder)
+    if not runs:
+        raise StorageError(f"--kernel-ab-compare {spec}: no saved runs for this machine in '{folder}'; save one "
+                           f"with --kernel-ab-save NAME or --kernel-ab-autosave")
+    if spec == LATEST:
+        return runs[-1].path
+    saved = ", ".join(run.path.name for run in runs[-5:])
+    if spec.isdigit():
+        matches = [run for run in runs if run.number == int(spec)]
+        what = f"no saved run number {int(spec):04d}"
+    else:
+        matches = [run for run in runs if run.name == spec]
+        what = f"no saved run named {spec!r}"
+    if not matches:
+        raise StorageError(f"--kernel-ab-compare {spec}: {what} for this machine in '{folder}' "
+                           f"(latest saved: {saved})")
+    return matches[-1].path  # a name saved twice: its latest run

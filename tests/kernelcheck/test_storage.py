@@ -1,0 +1,94 @@
+"""Saved A/B runs: machine slugs, numbering, names, git state, and which file --kernel-ab-compare means."""
+from __future__ import annotations
+
+import datetime
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from pytest_kernelcheck import report, storage
+
+GPU = {"gpu": {"available": True, "devices": ["NVIDIA H200", "NVIDIA H200"], "driver": "550.54.15", "cuda": "12.4",
+               "cudnn": "90100"},
+       "packages": {"torch": "2.4.0+cu124", "triton": "3.0.0"}, "cpu_model": "AMD EPYC 9654"}
+
+
+def test_gpu_slug_names_gpu_driver_and_versions_and_cpu_slug_the_processor():
+    assert storage.machine_slug(GPU) == (
+        "nvidia-h200_driver-550.54.15_cuda-12.4_torch-2.4.0-cu124_triton-3.0.0_cudnn-90100")
+    other_driver = {**GPU, "gpu": {**GPU["gpu"], "driver": "560.1"}}
+    assert storage.machine_slug(other_driver) != storage.machine_slug(GPU)
+    cpu = {"gpu": {"available": False}, "cpu_model": "AMD EPYC 9654", "machine_info": {"machine": "x86_64"}}
+    assert storage.machine_slug(cpu) == "cpu_amd-epyc-9654_x86-64"
+    assert storage.machine_slug({}) == "cpu_unknown"
+
+
+def test_the_current_machine_has_a_slug_usable_as_a_folder_name():
+    slug = storage.machine_slug(storage.current_environment())
+    assert slug and "/" not in slug and slug == storage.machine_slug(report.environment_info())
+
+
+def test_saving_numbers_runs_after_the_highest_and_lists_them_in_order(tmp_path):
+    built = report.build_report([], settings={})
+    (tmp_path / "0007_old.json").write_text("{}")
+    (tmp_path / "notes.txt").write_text("not a run")
+    path = storage.save(built, tmp_path, "next")
+    assert path.name == "0008_next.json" and report.load_report(path)["schema"] == report.SCHEMA
+    assert [(r.number, r.name) for r in storage.saved_runs(tmp_path)] == [(7, "old"), (8, "next")]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # written atomically, no temporary left
+
+
+@pytest.mark.parametrize("name", ["", "latest", "-x", "a b", "a/b", "0001"])
+def test_names_that_cannot_be_saved(name):
+    with pytest.raises(storage.StorageError, match="--kernel-ab-save: name"):
+        storage.check_name(name)
+
+
+def test_resolve_compare_by_latest_number_name_and_path(tmp_path):
+    built = report.build_report([], settings={})
+    for name in ("base", "fused", "base"):
+        storage.save(built, tmp_path, name)
+    asked = []
+
+    def folder():
+        asked.append(True)
+        return tmp_path
+
+    assert storage.resolve_compare("latest", folder).name == "0003_base.json"
+    assert storage.resolve_compare("0002", folder).name == "0002_fused.json"
+    assert storage.resolve_compare("1", folder).name == "0001_base.json"
+    assert storage.resolve_compare("base", folder).name == "0003_base.json"  # a name saved twice: the latest
+    asked.clear()
+    assert storage.resolve_compare("earlier/ab.json", folder) == Path("earlier/ab.json")
+    assert not asked  # a path never needs the machine's folder
+    with pytest.raises(storage.StorageError, match=r"no saved run number 0009 .*\(latest saved: 0001_base.json, "):
+        storage.resolve_compare("9", folder)
+    with pytest.raises(storage.StorageError, match="no saved run named 'other'"):
+        storage.resolve_compare("other", folder)
+    with pytest.raises(storage.StorageError, match="no saved runs for this machine"):
+        storage.resolve_compare("latest", lambda: tmp_path / "empty")
+
+
+def test_git_state_in_a_repository_outside_one_and_without_git(tmp_path, monkeypatch):
+    assert storage.git_state(tmp_path) == (None, False)
+
+    def git(*args):
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "f").write_text("1")
+    git("add", "f")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "one")
+    commit, dirty = storage.git_state(tmp_path)
+    assert commit and len(commit) >= 7 and dirty is False
+    (tmp_path / "f").write_text("2")
+    assert storage.git_state(tmp_path) == (commit, True)
+    monkeypatch.setenv("PATH", str(tmp_path / "no-bin"))  # git absent
+    assert storage.git_state(tmp_path) == (None, False)
+
+
+def test_autosave_name_is_in_utc():
+    plus_two = datetime.timezone(datetime.timedelta(hours=2))
+    assert storage.autosave_name("abc1234", False, datetime.datetime(2026, 1, 2, 3, 4, 5, tzinfo=plus_two)) == (
+        "abc1234_20260102T010405Z")
