@@ -44,6 +44,9 @@ class _ABSession:
     save_folder: Path | None = None  # this machine's folder of saved runs, when this run is saved
     save_name: str | None = None  # None with save_folder set: --kernel-ab-autosave names it at the end
     rootpath: Path | None = None  # where autosave asks git for the commit
+    history_count: int = 0  # --kernel-ab-history: earlier saved runs shown in the markdown report
+    storage_root: Path | None = None
+    machine_folder: Any = None  # () -> Path, see _machine_folder
     regressions: tuple[Any, ...] = ()  # gate.Regression: what the rules found, at session finish
 
 
@@ -92,6 +95,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     parser.addini("kernel_ab_storage", "folder of saved A/B runs (relative to the rootdir)", default="")
     group.addoption(
+        "--kernel-ab-history", dest="kernel_ab_history", default=None, metavar="N",
+        help="the markdown report shows each comparison's speedup in this machine's last N saved runs "
+             "(default 5; 0: none)",
+    )
+    parser.addini("kernel_ab_history", "saved runs whose speedups the markdown report shows", default="5")
+    group.addoption(
         "--kernel-ab-compare-fail", dest="kernel_ab_compare_fail", action="append", default=None, metavar="EXPR",
         help="fail the session on A/B regressions (repeatable): 'verdict' (verdict worse than in the compared "
              "run: win > tie = inconclusive > loss), 'speedup:X%%' (interval wholly more than X%% below the "
@@ -106,13 +115,18 @@ def _setting(config: pytest.Config, name: str) -> Any:
     return value if value is not None else config.getini(f"kernel_ab_{name}")
 
 
-def _machine_folder(config: pytest.Config) -> Any:
+def _storage_root(config: pytest.Config) -> Path:
+    from . import storage
+
+    option = config.getoption("kernel_ab_storage")
+    return Path(option) if option else config.rootpath / (config.getini("kernel_ab_storage") or storage.DEFAULT_FOLDER)
+
+
+def _machine_folder(root: Path) -> Any:
     """A function giving this machine's folder of saved runs, worked out once and only when first asked for (the
     machine's slug loads torch)."""
     from . import storage
 
-    option = config.getoption("kernel_ab_storage")
-    root = Path(option) if option else config.rootpath / (config.getini("kernel_ab_storage") or storage.DEFAULT_FOLDER)
     found: list[Path] = []
 
     def folder() -> Path:
@@ -141,7 +155,15 @@ def pytest_configure(config: pytest.Config) -> None:
     enabled = bool(config.getoption("kernel_ab") or config.getini("kernel_ab"))
     report_path = _setting(config, "report") or None
     compare_spec = _setting(config, "compare") or None
-    machine_folder = _machine_folder(config)
+    storage_root = _storage_root(config)
+    machine_folder = _machine_folder(storage_root)
+    raw_history = _setting(config, "history")
+    try:
+        history_count = int(raw_history)
+        if history_count < 0:
+            raise ValueError
+    except (TypeError, ValueError):
+        raise pytest.UsageError(f"--kernel-ab-history / kernel_ab_history: not a count >= 0: {raw_history!r}")
     save_name = config.getoption("kernel_ab_save")
     saving = bool(save_name or config.getoption("kernel_ab_autosave") or config.getini("kernel_ab_autosave"))
     previous = None
@@ -164,7 +186,8 @@ def pytest_configure(config: pytest.Config) -> None:
     except gate.GateError as exc:
         raise pytest.UsageError(f"kernel A/B: {exc}") from None
     session = _ABSession(enabled, settings, report_path, previous, rules=rules, save_folder=save_folder,
-                         save_name=save_name, rootpath=config.rootpath)
+                         save_name=save_name, rootpath=config.rootpath, history_count=history_count,
+                         storage_root=storage_root, machine_folder=machine_folder)
     config.stash[_SESSION] = session
     config.pluginmanager.register(_Collector(session), _COLLECTOR_NAME)
 
@@ -279,19 +302,30 @@ def _finish(session: _ABSession) -> None:
         session.records, settings=session.settings, environment=environment, previous=session.previous
     )
     session.regressions = gate.evaluate(session.rules, session.built)
+    history = _history(session) if session.report_path else ()  # read before this run is saved among them
     if session.save_folder is not None:
         _save(session)
     if not session.report_path:
         return
     markdown_path, plot_path = report.companion_paths(session.report_path)
     try:
-        note = report.write_all(session.built, session.report_path)
+        note = report.write_all(session.built, session.report_path, history)
     except report.ReportError as exc:
         session.errors.append(f"A/B report not written: {exc}")
         return
     session.notes.append(f"A/B report: {session.report_path}, {markdown_path}" + ("" if note else f", {plot_path}"))
     if note:
         session.notes.append(f"A/B plot skipped: {note}")
+
+
+def _history(session: _ABSession) -> tuple[Any, ...]:
+    """This machine's last saved runs for the markdown report (--kernel-ab-history); none without storage."""
+    from . import storage
+
+    # Without a storage folder there is nothing to show, and no reason to load torch for the machine's slug.
+    if session.history_count <= 0 or session.storage_root is None or not session.storage_root.is_dir():
+        return ()
+    return storage.history(session.machine_folder(), session.history_count)
 
 
 def _save(session: _ABSession) -> None:

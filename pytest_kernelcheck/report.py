@@ -292,8 +292,9 @@ def load_report(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def write_all(report: dict[str, Any], json_path: str | Path) -> str | None:
+def write_all(report: dict[str, Any], json_path: str | Path, history: Sequence[Any] = ()) -> str | None:
     """Write the JSON report and its markdown table and plot beside it; returns the plot's note (see write_plot).
+    ``history`` (:class:`pytest_kernelcheck.storage.RunSpeedups`, oldest first) adds a table to the markdown.
 
     Each file is replaced whole or not at all (see :func:`write_json`); the first that cannot be written raises
     ``ReportError`` naming its path and the OS error.
@@ -305,7 +306,7 @@ def write_all(report: dict[str, Any], json_path: str | Path) -> str | None:
     """
     markdown_path, plot_path = companion_paths(json_path)
     write_json(report, json_path)
-    write_markdown(report, markdown_path)
+    write_markdown(report, markdown_path, history)
     return write_plot(report, plot_path)
 
 
@@ -318,8 +319,8 @@ def write_json(report: dict[str, Any], path: str | Path) -> None:
     _write(path, json.dumps(_finite(report), indent=1, default=str, allow_nan=False) + "\n")
 
 
-def write_markdown(report: Mapping[str, Any], path: str | Path) -> None:
-    """Write the comparison table, totals and tournaments as markdown."""
+def write_markdown(report: Mapping[str, Any], path: str | Path, history: Sequence[Any] = ()) -> None:
+    """Write the comparison table, totals, tournaments and (given saved runs) the speedup history as markdown."""
     typed = _as_report(report)
     lines = ["# Kernel A/B comparisons", ""]
     header, rows = table_rows(typed)
@@ -329,6 +330,8 @@ def write_markdown(report: Mapping[str, Any], path: str | Path) -> None:
     lines += [""] + error_lines(typed) + ["", summary_line(typed), ""]
     for tournament in typed.tournaments:
         lines += tournament_lines(tournament) + [""]
+    if history:
+        lines += history_lines(typed, history) + [""]
     if typed.environment:
         environment = RunEnvironment.from_json(typed.environment)
         commit = environment.commit_id
@@ -339,6 +342,29 @@ def write_markdown(report: Mapping[str, Any], path: str | Path) -> None:
             + (f"; commit {commit}" if commit else "")
         )
     _write(path, "\n".join(lines) + "\n")
+
+
+def history_lines(report: ABReport | Mapping[str, Any], history: Sequence[Any]) -> list[str]:
+    """Markdown table of each comparison's speedup in earlier saved runs (oldest first) and in this run; rows are
+    matched by test and name, as with --kernel-ab-compare, and ``-`` marks a run without the comparison.
+
+    >>> from pytest_kernelcheck.storage import RunSpeedups
+    >>> now = build_report([{"kind": "comparison", "nodeid": "t.py::a", "name": "a", "verdict": "win",
+    ...                      "speedup": 1.5, "ci": [1.4, 1.6], "p_value": 0.001}], settings={})
+    >>> history_lines(now, [RunSpeedups("0001_base", {("t.py::a", "a"): 1.25})])[2:]
+    ['| comparison | shape | 0001_base | this run |', '|---|---|---|---|', '| a |  | 1.250x | 1.500x |']
+    """
+    typed = _as_report(report)
+    header = ["comparison", "shape", *(run.label for run in history), "this run"]
+    lines = [f"## Speedup history: last {len(history)} saved run(s) of this machine", "",
+             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for record in typed.comparisons:
+        earlier = [run.speedups.get((record.nodeid, record.name)) for run in history]
+        cells = [str(record.name), format_shape(record.shape),
+                 *(f"{_number(value, '.3f')}x" if value is not None else "-" for value in earlier),
+                 f"{_number(record.speedup, '.3f')}x" if record.speedup is not None else "-"]
+        lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+    return lines
 
 
 def write_plot(report: Mapping[str, Any], path: str | Path) -> str | None:

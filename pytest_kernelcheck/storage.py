@@ -16,7 +16,7 @@ import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from .records import RunEnvironment
 
@@ -94,6 +94,35 @@ def saved_runs(folder: str | Path) -> list[SavedRun]:
         if match and entry.is_file():
             runs.append(SavedRun(int(match.group(1)), match.group(2), entry))
     return sorted(runs, key=lambda run: (run.number, run.name))
+
+
+@dataclass(frozen=True)
+class RunSpeedups:
+    """One saved run's speedup per comparison, keyed by (test node id, comparison name) as reports match rows."""
+
+    label: str  # the file name without .json: "0003_before-fusion"
+    speedups: Mapping[tuple[str, str], float | None]
+
+
+def history(folder: str | Path, count: int) -> tuple[RunSpeedups, ...]:
+    """The speedups of the last ``count`` saved runs in ``folder``, oldest first; files that cannot be read as
+    reports are left out (history is a view, and a damaged file must not cost the run its report).
+
+    >>> history("/nonexistent", 5)
+    ()
+    """
+    from . import report as _report
+    from .records import ABReport
+
+    found = []
+    for run in saved_runs(folder)[-count:] if count > 0 else []:
+        try:
+            typed = ABReport.from_json(_report.load_report(run.path))
+        except _report.ReportError:
+            continue
+        speedups = {(row.nodeid, row.name): row.speedup for row in typed.comparisons}
+        found.append(RunSpeedups(label=run.path.stem, speedups=speedups))
+    return tuple(found)
 
 
 def check_name(name: str) -> str:

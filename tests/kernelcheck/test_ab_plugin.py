@@ -596,3 +596,30 @@ def test_saved_runs_that_do_not_match_are_usage_errors_naming_the_option(pyteste
     result = pytester.runpytest(*FAST, *args)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"*{message}*"])
+
+
+def test_the_markdown_report_shows_the_speedups_of_the_last_saved_runs(pytester):
+    pytester.makepyfile(test_sim=SIMULATED.format(candidate_ms=1.0))
+    pytester.runpytest(*FAST, "--kernel-ab-save", "before").assert_outcomes(passed=1)
+    pytester.makepyfile(test_sim=SIMULATED.format(candidate_ms=3.0))
+    pytester.runpytest(*FAST, "--kernel-ab-save", "after").assert_outcomes(passed=1)
+    pytester.makepyfile(test_sim=SIMULATED.format(candidate_ms=2.0))
+    pytester.runpytest(*FAST, "--kernel-ab-report", "r.json", "--kernel-ab-save", "third").assert_outcomes(passed=1)
+    lines = (pytester.path / "r.md").read_text().splitlines()
+    start = lines.index("## Speedup history: last 2 saved run(s) of this machine")
+    assert lines[start + 2] == "| comparison | shape | 0001_before | 0002_after | this run |"
+    assert lines[start + 4].startswith("| fused |  | ")
+    speedups = [float(cell.rstrip("x")) for cell in lines[start + 4].strip("| ").split(" | ")[2:]]
+    assert speedups == [pytest.approx(2.0, rel=0.02), pytest.approx(2 / 3, rel=0.02), pytest.approx(1.0, rel=0.02)]
+
+    pytester.runpytest(*FAST, "--kernel-ab-report", "one.json", "--kernel-ab-history", "1").assert_outcomes(passed=1)
+    assert "| comparison | shape | 0003_third | this run |" in (pytester.path / "one.md").read_text()
+    pytester.runpytest(*FAST, "--kernel-ab-report", "none.json", "--kernel-ab-history", "0").assert_outcomes(passed=1)
+    assert "Speedup history" not in (pytester.path / "none.md").read_text()
+
+
+def test_a_bad_history_count_is_a_usage_error(pytester):
+    pytester.makepyfile("def test_nothing():\n    pass\n")
+    result = pytester.runpytest("--kernel-ab", "--kernel-ab-history", "-1")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--kernel-ab-history / kernel_ab_history: not a count >= 0: '-1'*"])

@@ -283,3 +283,21 @@ def test_a_plot_failing_halfway_leaves_the_previous_plot_intact(tmp_path, monkey
         report.write_plot(report.build_report(RECORDS, settings=SETTINGS), plot)
     assert plot.read_bytes() == b"previous plot"
     assert [p.name for p in tmp_path.iterdir()] == ["ab.png"]
+
+
+def test_markdown_history_table_matches_rows_by_test_and_name(tmp_path):
+    from pytest_kernelcheck.storage import RunSpeedups
+
+    built = report.build_report(RECORDS, settings=SETTINGS)
+    history = [RunSpeedups("0001_old", {("test_x.py::fast", "fast"): 1.1}),
+               RunSpeedups("0002_new", {("test_x.py::fast", "fast"): 1.15, ("test_x.py::slow", "slow"): 0.9})]
+    path = tmp_path / "ab.md"
+    report.write_markdown(built, path, history)
+    text = path.read_text()
+    assert "## Speedup history: last 2 saved run(s) of this machine" in text
+    assert "| comparison | shape | 0001_old | 0002_new | this run |" in text
+    assert "| fast | B=1 S=128 | 1.100x | 1.150x | 1.200x |" in text
+    assert "| slow | B=1 S=128 | - | 0.900x | 0.800x |" in text
+    assert "| broken |  | - | - | - |" in text
+    report.write_markdown(built, path)
+    assert "Speedup history" not in path.read_text()

@@ -92,3 +92,17 @@ def test_autosave_name_is_in_utc():
     plus_two = datetime.timezone(datetime.timedelta(hours=2))
     assert storage.autosave_name("abc1234", False, datetime.datetime(2026, 1, 2, 3, 4, 5, tzinfo=plus_two)) == (
         "abc1234_20260102T010405Z")
+
+
+def test_history_reads_the_last_runs_speedups_and_skips_damaged_files(tmp_path):
+    def run(speedup):
+        return report.build_report([{"kind": "comparison", "nodeid": "t.py::a", "name": "a", "verdict": "win",
+                                     "speedup": speedup, "ci": [speedup - 0.1, speedup + 0.1], "p_value": 0.001}],
+                                   settings={})
+
+    for name, speedup in (("one", 1.1), ("two", 1.2), ("three", 1.3)):
+        storage.save(run(speedup), tmp_path, name)
+    (tmp_path / "0004_broken.json").write_text("not json")
+    found = storage.history(tmp_path, 3)
+    assert [(r.label, r.speedups[("t.py::a", "a")]) for r in found] == [("0002_two", 1.2), ("0003_three", 1.3)]
+    assert storage.history(tmp_path, 0) == ()
