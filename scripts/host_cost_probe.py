@@ -17,6 +17,8 @@ import torch.nn.functional as F
 import triton
 
 attention_module = importlib.import_module("flashlite.attention")
+launch_module = importlib.import_module("flashlite._attention.launch")
+validation_module = importlib.import_module("flashlite._attention.validation")
 norm = importlib.import_module("flashlite.norm")
 attention_fwd = importlib.import_module("flashlite.kernels.attention_fwd")
 
@@ -49,11 +51,11 @@ def main() -> None:
         if name.startswith("_") and name.endswith("_kernel"):
             setattr(norm, name, _NoKernel())
     q, k, v = (torch.randn(1, 16, 128, 64) for _ in range(3))
-    call = attention_module._validate(q, k, v, True, None, None, None, "triton", None)
+    call = validation_module._validate(q, k, v, True, None, None, None, "triton", None)
     args = (q, k, v, None, None, 1, call.scale, call.precision)
-    attention_module._launch_forward(*args)  # records the stub's config as the tuned one
+    launch_module._launch_forward(*args)  # records the stub's config as the tuned one
     x, w, b = torch.randn(1, 128, 1024), torch.randn(1024), torch.randn(1024)
-    env = {"A": attention_module, "N": norm, "args": args, "x": x, "w": w, "b": b, "torch": torch}
+    env = {"A": launch_module, "N": norm, "args": args, "x": x, "w": w, "b": b, "torch": torch}
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     except OSError:

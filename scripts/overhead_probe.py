@@ -12,7 +12,10 @@ import time
 import torch
 import torch.nn.functional as F
 
-attn_mod = importlib.import_module("flashlite.attention")
+attn_mod = importlib.import_module("flashlite._attention.api")
+attn_launch = importlib.import_module("flashlite._attention.launch")
+attn_ops = importlib.import_module("flashlite._attention.ops")
+attn_validation = importlib.import_module("flashlite._attention.validation")
 
 
 def host_us(fn, n: int = 400) -> float:
@@ -53,14 +56,14 @@ def graph_us(fn, n: int = 20) -> float:
 def main() -> None:
     for B, S in ((1, 128), (64, 256), (128, 128), (256, 64)):
         q, k, v = (torch.randn(B, 16, S, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-        call = attn_mod._validate(q, k, v, True, None, None, None, "triton", None)
+        call = attn_validation._validate(q, k, v, True, None, None, None, "triton", None)
         args = (q, k, v, None, None, 1, call.scale, call.precision)
         paths = {
             "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
             "attention(triton)": lambda: attn_mod.attention(q, k, v, causal=True, backend="triton"),
             "attention(auto)": lambda: attn_mod.attention(q, k, v, causal=True, backend="auto"),
-            "custom op": lambda: attn_mod.attention_forward_op(*args),
-            "launcher only": lambda: attn_mod._launch_forward(*args),
+            "custom op": lambda: attn_ops.attention_forward_op(*args),
+            "launcher only": lambda: attn_launch._launch_forward(*args),
         }
         attn_mod.attention(q, k, v, causal=True, backend="triton")
         attn_mod.attention(q, k, v, causal=True, backend="triton")  # records the plan's launch

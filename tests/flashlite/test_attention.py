@@ -3,7 +3,6 @@
 On a CPU-only machine the kernel runs through the Triton interpreter, so every shape here is tiny; the same
 checks at real sizes live in test_attention_gpu.py.
 """
-import importlib
 import inspect
 
 import pytest
@@ -11,13 +10,13 @@ import torch
 import triton
 
 import flashlite
+import flashlite._attention.api as api_module
+import flashlite._attention.launch as launch_module
+import flashlite._attention.validation as validation_module
 from flashlite.attention import attention, attention_forward
 from flashlite.kernels import attention_bwd, attention_fwd, tuning
 from pytest_kernelcheck import Shape, assert_close
 from tests.flashlite.sm90 import SM90_COMPILER, run_script
-
-# The package attribute flashlite.attention is the function; the module is reached through the import system.
-attention_module = importlib.import_module("flashlite.attention")
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 FP32_POLICY = {"ieee": "fp32", "tf32": "tf32", "bf16": "bf16"}
@@ -41,7 +40,7 @@ def policy_of(dtype, precision=None):
     """The tolerance policy name for a call, or None for the default per-dtype policy with its baseline rule."""
     if dtype != torch.float32:
         return None
-    return FP32_POLICY[precision or attention_module.DEFAULT_FP32_PRECISION]
+    return FP32_POLICY[precision or validation_module.DEFAULT_FP32_PRECISION]
 
 
 def padding_mask(batch, seq_k, *, seed=1, empty_batch=0):
@@ -140,7 +139,7 @@ def test_block_configs(shape, sdpa_reference):
     # several (batch, head) pairs per program, 3 of them leaving the last program of the 4 pairs part empty.
     q, k, v = make_qkv(shape)
     mask = padding_mask(shape.B, shape.S_k, empty_batch=None)
-    mode = attention_module.CAUSAL_MODES[shape.causal]
+    mode = validation_module.CAUSAL_MODES[shape.causal]
     out, lse = attention_forward(q, k, v, mask, None, mode, shape.D ** -0.5, "fp16", config=shape.config)
     sdpa_reference.check(out, q, k, v, causal=shape.causal, attn_mask=mask[:, None, None, :])
     assert lse.dtype == torch.float32 and lse.shape == q.shape[:3]
@@ -156,7 +155,7 @@ def test_a_malformed_block_config_is_refused(config):
 def test_log_sum_exp_is_base_2():
     q, k, v = make_qkv(Shape(dict(B=1, H=2, S=21, S_k=30, D=16, dtype=torch.float32)))
     scale = 0.3
-    _, lse = attention_forward(q, k, v, None, None, attention_module.CAUSAL_BOTTOM_RIGHT, scale, "ieee")
+    _, lse = attention_forward(q, k, v, None, None, validation_module.CAUSAL_BOTTOM_RIGHT, scale, "ieee")
     scores = (q.double() @ k.double().transpose(-1, -2)) * scale
     visible = torch.ones(21, 30, dtype=torch.bool, device=DEVICE).tril(30 - 21)
     expected = torch.logsumexp(scores.masked_fill(~visible, float("-inf")), dim=-1) / torch.log(
@@ -170,16 +169,16 @@ def test_inference_launch_skips_the_log_sum_exp_and_gives_the_same_output(causal
     q, k, v = make_qkv(Shape(dict(B=2, H=2, S=45, D=32, dtype=torch.float16)), seed=3)
     expected, expected_lse = attention_forward(q, k, v, None, None, causal_mode, 0.2, "fp16")
     launches = []
-    original = attention_module._launch
+    original = launch_module._launch
 
     def spy(*args, **kwargs):
         kernel_args, meta = args[9], args[10]
         launches.append((kernel_args[4] is kernel_args[3], meta["STORE_LSE"]))
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(attention_module, "_launch", spy)
-    out, lse, _ = attention_module._launch_forward_recorded(q, k, v, None, None, causal_mode, 0.2, "fp16",
-                                                            need_lse=False)
+    monkeypatch.setattr(launch_module, "_launch", spy)
+    out, lse, _ = launch_module._launch_forward_recorded(q, k, v, None, None, causal_mode, 0.2, "fp16",
+                                                         need_lse=False)
     with torch.no_grad():
         public = attention(q, k, v, causal=bool(causal_mode), scale=0.2, backend="triton")
     assert lse is None
@@ -191,13 +190,13 @@ def test_inference_launch_skips_the_log_sum_exp_and_gives_the_same_output(causal
 
 def test_flattened_grid(monkeypatch, sdpa_reference):
     # B * H over grid axis 1's limit switches to a 1-D grid; lower the limit to exercise that path cheaply.
-    monkeypatch.setattr(attention_module, "_GRID_AXIS1_LIMIT", 3)
+    monkeypatch.setattr(launch_module, "_GRID_AXIS1_LIMIT", 3)
     shape = Shape(dict(B=2, H=2, S=40, D=16, dtype=torch.float16))
     q, k, v = make_qkv(shape)
     out = attention(q, k, v, causal=True, backend="triton")
     sdpa_reference.check(out, q, k, v, causal=True)
     # With 3 (batch, head) pairs per program the flat grid holds 2 groups per query block, the second part empty.
-    out, _ = attention_forward(q, k, v, None, None, attention_module.CAUSAL_TOP_LEFT, 0.25, "fp16",
+    out, _ = attention_forward(q, k, v, None, None, validation_module.CAUSAL_TOP_LEFT, 0.25, "fp16",
                                config=(16, 16, 4, 1, 3))
     sdpa_reference.check(out, q, k, v, causal=True)
 
@@ -304,12 +303,12 @@ class _RecordingKernel:
 
 def test_autotuning_can_be_switched_off(monkeypatch):
     # FLASHLITE_AUTOTUNE=0 on a GPU: the first GPU config that fits, launched directly, no benchmarking.
-    monkeypatch.setattr(attention_module._runtime, "interpreting", lambda: False)
+    monkeypatch.setattr(launch_module._runtime, "interpreting", lambda: False)
     monkeypatch.setenv("FLASHLITE_AUTOTUNE", "0")
     q = torch.empty(0, dtype=torch.float32)
     autotuned, fixed = _RecordingKernel(), _RecordingKernel()
-    attention_module._launch(autotuned, fixed, None, attention_fwd.FWD_GPU_BLOCKS, attention_fwd.prune_fwd_configs,
-                             q, 256, None, ("key",), (), {"HEAD_DIM": 256}, n_tensors=0)
+    launch_module._launch(autotuned, fixed, None, attention_fwd.FWD_GPU_BLOCKS, attention_fwd.prune_fwd_configs,
+                          q, 256, None, ("key",), (), {"HEAD_DIM": 256}, n_tensors=0)
     assert autotuned.launches == []
     (forced,) = fixed.launches
     assert (forced["BLOCK_M"], forced["BLOCK_N"], forced["num_warps"], forced["num_stages"]) == (64, 32, 4, 2)
@@ -319,12 +318,12 @@ def test_autotuning_can_be_switched_off(monkeypatch):
 def test_tuned_config_is_reused_without_the_autotuner(monkeypatch):
     # With autotuning on, the first launch of a tuning key goes through the autotuner; later ones launch the
     # kernel directly with the config it chose.
-    monkeypatch.setattr(attention_module._runtime, "interpreting", lambda: False)
+    monkeypatch.setattr(launch_module._runtime, "interpreting", lambda: False)
     monkeypatch.setenv("FLASHLITE_AUTOTUNE", "1")
-    monkeypatch.setattr(attention_module, "_TUNED_CONFIGS", {})
+    monkeypatch.setattr(launch_module, "_TUNED_CONFIGS", {})
     best = triton.Config({"BLOCK_M": 64, "BLOCK_N": 128}, num_warps=4, num_stages=3)
     autotuned, fixed = _RecordingKernel(best), _RecordingKernel()
-    launch = lambda key: attention_module._launch(  # noqa: E731
+    launch = lambda key: launch_module._launch(  # noqa: E731
         autotuned, fixed, None, attention_fwd.FWD_GPU_BLOCKS, attention_fwd.prune_fwd_configs,
         torch.empty(0), 64, None, key, (), {"HEAD_DIM": 64}, n_tensors=0)
     launch(("a",))
@@ -393,7 +392,7 @@ def test_repeated_calls_replay_the_plan_and_never_a_stale_one():
         first = attention(q, k, v, causal=True, backend=backend)
         assert any(key[:3] == (q.shape, k.shape, v.shape)
                    and key[-6:] == (True, bool, None, type(None), backend, None)
-                   for key in attention_module._PLANS)
+                   for key in api_module._PLANS)
         again = attention(q, k, v, causal=True, backend=backend)
         torch.testing.assert_close(again, first, rtol=0, atol=0)
         full = attention(q, k, v, causal=False, backend=backend)

@@ -4,12 +4,14 @@ gradients, torch.compile with inductor, and case 14 (B=32, S=100,000), whose off
 Every test here is skipped without a CUDA GPU; the CPU suite (test_attention*.py) runs the same checks at tiny
 sizes through the Triton interpreter.
 """
-import importlib
 import math
 
 import pytest
 import torch
 
+import flashlite._attention.api as api_module
+import flashlite._attention.launch as launch_module
+import flashlite._attention.validation as validation_module
 from flashlite.attention import attention
 from flashlite.cases import CASES, case
 from pytest_kernelcheck import assert_close, policy_for
@@ -25,8 +27,6 @@ TF32_GRAD_POLICY = policy_for("tf32").replace(baseline_factor=12.0, name="tf32 g
 
 
 from .test_attention_backward import reference_attention
-
-attention_module = importlib.import_module("flashlite.attention")  # the module; flashlite.attention is the function
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -82,8 +82,8 @@ def test_forward_several_pairs_per_program(shape, sdpa_reference):
     # The configs the autotuner tries for short sequences, forced (the GPU suite otherwise runs one config per
     # kernel); 9 * 7 = 63 pairs leave the last program of each query block part empty.
     q, k, v = cuda_qkv(shape.B, shape.H, shape.S, shape.D, shape.dtype)
-    mode = attention_module.CAUSAL_TOP_LEFT if shape.causal else attention_module.CAUSAL_NONE
-    out, _ = attention_module.attention_forward(q, k, v, None, None, mode, shape.D ** -0.5, "bf16",
+    mode = validation_module.CAUSAL_TOP_LEFT if shape.causal else validation_module.CAUSAL_NONE
+    out, _ = launch_module.attention_forward(q, k, v, None, None, mode, shape.D ** -0.5, "bf16",
                                                 config=shape.config)
     sdpa_reference.check(out, q, k, v, causal=shape.causal, policy=policy_of(shape.dtype))
 
@@ -91,12 +91,12 @@ def test_forward_several_pairs_per_program(shape, sdpa_reference):
 @pytest.mark.shape(dict(B=2, H=8, S=200, D=64), dict(B=3, H=4, S=77, D=128), dtype=[torch.bfloat16, torch.float16],
                    causal=[True, False])
 def test_replayed_plan_launches_the_compiled_kernel_directly(shape, sdpa_reference, monkeypatch):
-    monkeypatch.setattr(attention_module, "_PLANS", {})
+    monkeypatch.setattr(api_module, "_PLANS", {})
     q, k, v = cuda_qkv(shape.B, shape.H, shape.S, shape.D, shape.dtype)
     with torch.no_grad():
         planned = attention(q, k, v, causal=shape.causal, backend="triton")  # validates, decides, plans
         attention(q, k, v, causal=shape.causal, backend="triton")  # first replay: ordinary launch, recorded
-        (plan,) = attention_module._PLANS.values()
+        (plan,) = api_module._PLANS.values()
         assert plan.recorded is not None
         direct = []
         launch = plan.recorded.launch
@@ -129,14 +129,14 @@ def test_launch_cache_replays_forward_and_backward_exactly(shape, monkeypatch):
     # The launch cache (on unless FLASHLITE_LAUNCH_CACHE=0): every launch of the forward and the three backward
     # kernels is recorded once and replayed after; results must be bit-identical to ordinary launches, also when
     # only the batch size changes (which changes the backward grids and nothing else among their arguments).
-    cache = attention_module._direct_launch.LaunchCache()
-    monkeypatch.setattr(attention_module, "_LAUNCHES", cache)
+    cache = launch_module._direct_launch.LaunchCache()
+    monkeypatch.setattr(launch_module, "_LAUNCHES", cache)
     for batch in (shape.B, shape.B + 1):
         for seed in (0, 1):
             q, k, v = cuda_qkv(batch, shape.H, shape.S, shape.D, shape.dtype, H_kv=shape.H_kv, seed=seed)
-            monkeypatch.setattr(attention_module, "_USE_LAUNCH_CACHE", False)
+            monkeypatch.setattr(launch_module, "_USE_LAUNCH_CACHE", False)
             expected = _forward_backward(q, k, v, shape.causal)
-            monkeypatch.setattr(attention_module, "_USE_LAUNCH_CACHE", True)
+            monkeypatch.setattr(launch_module, "_USE_LAUNCH_CACHE", True)
             for _ in range(2):
                 got = _forward_backward(q, k, v, shape.causal)
                 for name, a, b in zip(("out", "dq", "dk", "dv"), got, expected):

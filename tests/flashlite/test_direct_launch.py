@@ -201,7 +201,7 @@ def test_launch_cache_launches_unaligned_unrecordable_and_overflowing_calls_the_
 
 
 def test_attention_grids_are_equal_exactly_when_their_fields_are():
-    from flashlite.attention import _Grid
+    from flashlite._attention.launch import _Grid
     assert _Grid(1000, "BLOCK_M", 32) == _Grid(1000, "BLOCK_M", 32)
     assert hash(_Grid(1000, "BLOCK_M", 32)) == hash(_Grid(1000, "BLOCK_M", 32))
     assert _Grid(1000, "BLOCK_M", 32) != _Grid(1000, "BLOCK_M", 64)  # another batch: another grid

@@ -1,0 +1,159 @@
+"""Validate an attention call into a ``_Call`` record, and say why the Triton kernel cannot run one.
+
+Holds the constants every other module of the package reads: the integer causal modes, the head-dim range, the
+precisions and the backends. Imports nothing from the package.
+"""
+import math
+import numbers
+from dataclasses import dataclass
+from typing import Optional, Union
+
+import torch
+
+from flashlite import _runtime
+
+try:  # Triton has wheels for Linux x86_64 only; elsewhere every call goes to SDPA.
+    import triton  # noqa: F401
+
+    from flashlite.kernels import attention_bwd, attention_fwd, tuning  # noqa: F401
+    _TRITON_ERROR: Optional[str] = None
+except ImportError as error:  # pragma: no cover - exercised only on platforms without Triton
+    _TRITON_ERROR = f"Triton is not available ({error})"
+
+# Integer causal modes of the custom ops (a fixed op signature cannot take bool-or-str).
+CAUSAL_NONE, CAUSAL_TOP_LEFT, CAUSAL_BOTTOM_RIGHT = 0, 1, 2
+CAUSAL_MODES = {False: CAUSAL_NONE, True: CAUSAL_TOP_LEFT, "top_left": CAUSAL_TOP_LEFT,
+                "lower_right": CAUSAL_BOTTOM_RIGHT}
+
+# The canonical user-facing value of each mode, as flashlite.dispatch keys its table.
+_CAUSAL_ARGUMENT = {CAUSAL_NONE: False, CAUSAL_TOP_LEFT: True, CAUSAL_BOTTOM_RIGHT: "lower_right"}
+
+MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
+DEFAULT_FP32_PRECISION = "tf32"
+_FP32_PRECISIONS = ("ieee", "tf32", "bf16")
+_NATIVE_PRECISION = {torch.float16: "fp16", torch.bfloat16: "bf16"}
+_PRECISION_ALIASES = {"fp16": "fp16", "float16": "fp16", "half": "fp16", "bf16": "bf16", "bfloat16": "bf16"}
+_SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_BACKENDS = ("auto", "triton", "sdpa")
+_INT32_LIMIT = 2 ** 31
+
+
+@dataclass(frozen=True)
+class _Call:
+    """A validated attention call, in the form the custom ops take."""
+
+    causal_mode: int
+    scale: float
+    precision: str
+    key_padding_mask: Optional[torch.Tensor]
+    key_lengths: Optional[torch.Tensor]
+
+
+def _causal_mode(causal: Union[bool, str]) -> int:
+    if isinstance(causal, bool) or (isinstance(causal, str) and causal in CAUSAL_MODES):
+        return CAUSAL_MODES[causal]
+    raise ValueError(f"causal must be False, True (top-left, like SDPA's is_causal) or 'lower_right', "
+                     f"got {causal!r}")
+
+
+def _resolve_precision(dtype: torch.dtype, precision: Optional[str]) -> str:
+    """The dot-product operand precision for inputs of ``dtype``: fp16, bf16, ieee or tf32."""
+    if precision is not None and not isinstance(precision, str):
+        raise TypeError(f"precision must be a string or None, got {type(precision).__name__}")
+    if dtype == torch.float32:
+        if precision is None:
+            return DEFAULT_FP32_PRECISION
+        if precision not in _FP32_PRECISIONS:
+            raise ValueError(f"precision for float32 inputs must be one of {_FP32_PRECISIONS} (or None for "
+                             f"{DEFAULT_FP32_PRECISION!r}), got {precision!r}")
+        return precision
+    native = _NATIVE_PRECISION[dtype]
+    if precision is not None and _PRECISION_ALIASES.get(precision) != native:
+        raise ValueError(f"precision applies to float32 inputs only; {dtype} inputs always multiply in "
+                         f"{native} with float32 accumulation, so pass precision=None (got {precision!r})")
+    return native
+
+
+def _check_tensor(name: str, t: object) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != 4:
+        raise ValueError(f"{name} must have 4 dimensions [B, H, S, D], got shape {tuple(t.shape)}")
+    return t
+
+
+def _validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: Union[bool, str], scale: Optional[float],
+              key_padding_mask: Optional[torch.Tensor], key_lengths: Optional[torch.Tensor],
+              backend: str, precision: Optional[str]) -> _Call:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _check_tensor(name, t)
+    if q.dtype not in _SUPPORTED_DTYPES:
+        raise TypeError(f"q has dtype {q.dtype}; supported: float16, bfloat16, float32")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise TypeError(f"q, k and v must share one dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}")
+    if k.device != q.device or v.device != q.device:
+        raise ValueError(f"q, k and v must be on one device, got q {q.device}, k {k.device}, v {v.device}")
+    batch, heads, seq_q, head_dim = q.shape
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got k {tuple(k.shape)} and v {tuple(v.shape)}")
+    batch_k, kv_heads, seq_k, head_dim_k = k.shape
+    if batch_k != batch:
+        raise ValueError(f"batch size differs: q has {batch}, k and v have {batch_k}")
+    if head_dim_k != head_dim:
+        raise ValueError(f"head dim differs: q has {head_dim}, k and v have {head_dim_k}")
+    if kv_heads == 0 or heads % kv_heads != 0:
+        raise ValueError(f"q has {heads} heads and k, v have {kv_heads}: the number of q heads must be a multiple "
+                         f"of the k/v heads (grouped-query attention)")
+    if min(batch, heads, seq_q, seq_k, head_dim) == 0:
+        raise ValueError(f"empty input: q {tuple(q.shape)}, k {tuple(k.shape)}")
+    causal_mode = _causal_mode(causal)
+    if scale is None:
+        scale = 1.0 / math.sqrt(head_dim)
+    elif isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not math.isfinite(scale):
+        # numbers.Real takes numpy's float and integer scalars too; bools (Python's and numpy's) are refused.
+        raise TypeError(f"scale must be a finite real number or None, got {scale!r}")
+    if key_padding_mask is not None and key_lengths is not None:
+        raise ValueError("pass key_padding_mask or key_lengths, not both")
+    if key_padding_mask is not None:
+        if not isinstance(key_padding_mask, torch.Tensor) or key_padding_mask.dtype != torch.bool:
+            raise TypeError(f"key_padding_mask must be a bool tensor [B, S_k] (True = attend), got "
+                            f"{getattr(key_padding_mask, 'dtype', type(key_padding_mask).__name__)}")
+        if tuple(key_padding_mask.shape) != (batch, seq_k):
+            raise ValueError(f"key_padding_mask must have shape [B, S_k] = {[batch, seq_k]}, got "
+                             f"{list(key_padding_mask.shape)}")
+        if key_padding_mask.device != q.device:
+            raise ValueError(f"key_padding_mask is on {key_padding_mask.device}, q on {q.device}")
+    if key_lengths is not None:
+        if not isinstance(key_lengths, torch.Tensor) or key_lengths.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"key_lengths must be an int32 or int64 tensor [B], got "
+                            f"{getattr(key_lengths, 'dtype', type(key_lengths).__name__)}")
+        if tuple(key_lengths.shape) != (batch,):
+            raise ValueError(f"key_lengths must have shape [B] = [{batch}], got {list(key_lengths.shape)}")
+        if key_lengths.device != q.device:
+            raise ValueError(f"key_lengths is on {key_lengths.device}, q on {q.device}")
+    if backend not in _BACKENDS:
+        raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
+    return _Call(causal_mode, float(scale), _resolve_precision(q.dtype, precision), key_padding_mask, key_lengths)
+
+
+def _slice_span(t: torch.Tensor) -> int:
+    """Elements spanned by one [S, D] slice (the kernels index inside a slice with 32-bit offsets)."""
+    return (t.shape[-2] - 1) * t.stride(-2) + (t.shape[-1] - 1) * t.stride(-1) + 1
+
+
+def _kernel_unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                        key_padding_mask: Optional[torch.Tensor]) -> Optional[str]:
+    """Why the Triton kernel cannot run this (validated) call, or None when it can."""
+    if _TRITON_ERROR is not None:
+        return _TRITON_ERROR
+    if not _runtime.kernel_device_ok(q):
+        return (f"tensors on {q.device}; the Triton kernel runs on CUDA devices, or on the CPU only through the "
+                f"Triton interpreter (TRITON_INTERPRET=1)")
+    head_dim = q.shape[-1]
+    if not MIN_HEAD_DIM <= head_dim <= MAX_HEAD_DIM:
+        return f"head dim {head_dim} is outside the kernel's range {MIN_HEAD_DIM}..{MAX_HEAD_DIM}"
+    if max(_slice_span(q), _slice_span(k), _slice_span(v)) >= _INT32_LIMIT:
+        return "one (batch, head) slice spans 2**31 elements or more (the kernel indexes slices with 32 bits)"
+    if key_padding_mask is not None and (key_padding_mask.shape[1] - 1) * key_padding_mask.stride(1) >= _INT32_LIMIT:
+        return "key_padding_mask rows span 2**31 elements or more"
+    return None
