@@ -17,11 +17,9 @@ def _visibility_mask(q: torch.Tensor, k: torch.Tensor, call: _Call) -> torch.Ten
     if call.causal_mode != CAUSAL_NONE:
         shift = 0 if call.causal_mode == CAUSAL_TOP_LEFT else seq_k - seq_q
         mask = mask.tril(diagonal=shift)
-    if call.key_padding_mask is not None:
-        mask = mask & call.key_padding_mask[:, None, None, :]
-    elif call.key_lengths is not None:
-        keys = torch.arange(seq_k, device=q.device)
-        mask = mask & (keys[None, :] < call.key_lengths[:, None])[:, None, None, :]
+    padded = _padded_keys(k, call)
+    if padded is not None:
+        mask = mask & ~padded[:, None, None, :]
     return mask
 
 
