@@ -29,6 +29,9 @@ _EXPORTS = {
     "TournamentResult": "ab",
     "run_comparison": "ab",
     "run_tournament": "ab",
+    "MeasureResult": "ab",
+    "run_measurement": "ab",
+    "CeilingMeter": "throughput",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -1,10 +1,12 @@
 """A/B speed comparisons: the ``kernel_ab`` fixture object and the orchestration behind it.
 
-``run_comparison`` and ``run_tournament`` do the work and need no pytest: check the callables, call each once
-(keeping its output), pick a timer, take the device lock, warm up, choose calls per sample (or a CUDA graph),
-sample rounds in random order with looks at 20, 40, 80, ... rounds until a verdict is clear or the budget is
-spent, then check that every output is unchanged. :class:`KernelAB` wraps them for tests: defaults from the
-command line, names, shapes, records for the report, and assertion helpers.
+``run_comparison``, ``run_tournament`` and ``run_measurement`` do the work and need no pytest: check the
+callables, call each once (keeping its output), pick a timer, take the device lock, warm up, choose calls per
+sample (or a CUDA graph), sample rounds in random order with looks at 20, 40, 80, ... rounds until a verdict is
+clear (a measurement: until its interval is within the margin) or the budget is spent, then check that every
+output is unchanged and, given ``flops``/``bytes``, fetch this device's ceiling (:mod:`.throughput`).
+:class:`KernelAB` wraps them for tests: defaults from the command line, names, shapes, records for the report,
+and assertion helpers.
 """
 from __future__ import annotations
 
@@ -16,9 +18,19 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from . import outputs, stats, timing
+from . import outputs, stats, throughput, timing
 from .gpu_lock import device_lock
-from .records import ABRecord, ComparisonRecord, PairwiseRecord, RunDetails, TournamentRecord, finite_interval
+from .records import (
+    ABRecord,
+    CeilingRecord,
+    ComparisonRecord,
+    MeasurementRecord,
+    PairwiseRecord,
+    RunDetails,
+    ThroughputRecord,
+    TournamentRecord,
+    finite_interval,
+)
 from .stats import Verdict
 
 __all__ = [
@@ -26,9 +38,11 @@ __all__ = [
     "ComparisonResult",
     "KernelAB",
     "KernelABAssertionError",
+    "MeasureResult",
     "PairwiseResult",
     "TournamentResult",
     "run_comparison",
+    "run_measurement",
     "run_tournament",
 ]
 
@@ -55,7 +69,7 @@ class Budget:
     max_pairs: int = 10_240  # last look (10 looks in all with min_pairs 20)
     alpha: float = 0.05  # false win/loss rate over all looks
     margin: float = 0.02  # equivalence margin: a speedup inside [1/1.02, 1.02] can be a tie
-    flush_l2: bool = False  # CUDA only: write 256 MiB before each sample
+    flush_l2: bool = False  # CUDA only: overwrite twice the device's L2 before each sample
     hold_gpu: bool = False  # CUDA only: hold the GPU while a round is queued, so events time device work alone
     calls_per_sample: int | str = "auto"  # "auto": batch calls shorter than 50 us
     use_cuda_graph: bool | str = False  # True: always replay a graph; "auto": when calls are batched
@@ -140,6 +154,9 @@ class ComparisonResult:
     notes: list[str] = field(default_factory=list)
     nodeid: str = ""
     shape: dict[str, Any] | None = None
+    candidate_throughput: ThroughputRecord | None = None  # with flops= or bytes=
+    baseline_throughput: ThroughputRecord | None = None
+    ceiling: CeilingRecord | None = None
 
     def describe(self) -> str:
         """One line with every number behind the verdict.
@@ -153,6 +170,7 @@ class ComparisonResult:
             f"verdict {self.verdict}: speedup {self.speedup:.3f}x, {_percent(self.ci_level)} CI "
             f"[{self.ci[0]:.3f}, {self.ci[1]:.3f}], p={self.p_value:.2g}, n={self.n_pairs} pairs, "
             f"candidate {self.candidate_ms:.4g} ms, baseline {self.baseline_ms:.4g} ms ({self.method})"
+            + _rates_text(self.candidate_throughput, "candidate")
         )
 
     def to_record(self) -> ComparisonRecord:
@@ -169,6 +187,8 @@ class ComparisonResult:
             candidate_ms=self.candidate_ms, baseline_ms=self.baseline_ms, flush_l2=self.flush_l2,
             run=_run_details(self), candidate_samples_ms=tuple(self.candidate_samples_ms),
             baseline_samples_ms=tuple(self.baseline_samples_ms), candidate_first=tuple(self.candidate_first),
+            candidate_throughput=self.candidate_throughput, baseline_throughput=self.baseline_throughput,
+            ceiling=self.ceiling,
         )
 
 
@@ -213,6 +233,8 @@ class TournamentResult:
     notes: list[str] = field(default_factory=list)
     nodeid: str = ""
     shape: dict[str, Any] | None = None
+    throughput: dict[str, ThroughputRecord] = field(default_factory=dict)  # variants given flops= or bytes=
+    ceiling: CeilingRecord | None = None
 
     def versus(self, a: str, b: str) -> PairwiseResult:
         """The pairwise result for two variant names, in either order."""
@@ -253,11 +275,80 @@ class TournamentResult:
             indistinguishable_from_best=tuple(self.indistinguishable_from_best), median_ms=dict(self.median_ms),
             pairwise=pairwise, n_rounds=self.n_rounds, run=_run_details(self),
             samples_ms={variant: tuple(times) for variant, times in self.samples_ms.items()},
-            orders=tuple(tuple(order) for order in self.orders),
+            orders=tuple(tuple(order) for order in self.orders), throughput=dict(self.throughput),
+            ceiling=self.ceiling,
         )
 
 
-def _run_details(result: ComparisonResult | TournamentResult) -> RunDetails:
+@dataclass
+class MeasureResult:
+    """Outcome of ``measure``: one function's median time per call, with an exact distribution-free interval.
+
+    ``ci_ms`` covers the median call time with probability ``ci_level`` (order statistics, as the speedup
+    intervals of comparisons; the level is ``1 - alpha / planned looks``).
+    """
+
+    name: str
+    median_ms: float
+    ci_ms: tuple[float, float]
+    ci_level: float
+    n_samples: int
+    samples_ms: list[float]
+    method: str
+    calls_per_sample: int
+    alpha: float
+    margin: float
+    looks_planned: int
+    looks_done: int
+    stop_reason: str  # "precise": the interval's ends lie within the margin of each other
+    elapsed_s: float
+    device: str
+    clock: dict[str, Any]
+    throttled: bool
+    notes: list[str] = field(default_factory=list)
+    nodeid: str = ""
+    shape: dict[str, Any] | None = None
+    throughput: ThroughputRecord | None = None
+    ceiling: CeilingRecord | None = None
+
+    def describe(self) -> str:
+        """One line: median, interval, samples and method, and the rates when work was given.
+
+        >>> MeasureResult("copy", 2.0, (1.9, 2.1), 0.995, 40, [], "cpu-clock", 1, 0.05, 0.02, 10, 1, "precise",
+        ...               0.1, "cpu", {}, False).describe()
+        'copy: median 2 ms, 99.5% CI [1.9, 2.1] ms, n=40 samples (cpu-clock)'
+        """
+        return (f"{self.name}: median {self.median_ms:.4g} ms, {_percent(self.ci_level)} CI "
+                f"[{self.ci_ms[0]:.4g}, {self.ci_ms[1]:.4g}] ms, n={self.n_samples} samples ({self.method})"
+                + _rates_text(self.throughput, ""))
+
+    def to_record(self) -> MeasurementRecord:
+        """The report's row for this measurement.
+
+        >>> fn = lambda: None
+        >>> timer = timing.SimulatedTimer({fn: lambda rng, now: 1e-3})
+        >>> run_measurement(fn, Budget(max_time=0.05), timer=timer, flops=1e9).to_record().throughput.tflops
+        1.0
+        """
+        return MeasurementRecord(
+            self.name, nodeid=self.nodeid, shape=self.shape, median_ms=self.median_ms,
+            ci_ms=finite_interval(self.ci_ms), n_samples=self.n_samples, run=_run_details(self),
+            samples_ms=tuple(self.samples_ms), throughput=self.throughput, ceiling=self.ceiling,
+        )
+
+
+def _rates_text(rates: ThroughputRecord | None, side: str) -> str:
+    """``; candidate 412 TFLOP/s (55% of ceiling), 3.1e+03 GB/s`` for a describe line; empty without rates."""
+    if rates is None:
+        return ""
+    parts = []
+    for value, unit, share in ((rates.tflops, "TFLOP/s", rates.tflops_pct), (rates.gbps, "GB/s", rates.gbps_pct)):
+        if value is not None:
+            parts.append(f"{value:.4g} {unit}" + (f" ({share:.0f}% of ceiling)" if share is not None else ""))
+    return f"; {side + ' ' if side else ''}{', '.join(parts)}" if parts else ""
+
+
+def _run_details(result: ComparisonResult | TournamentResult | MeasureResult) -> RunDetails:
     """The columns a comparison's and a tournament's records share."""
     return RunDetails(
         method=result.method, calls_per_sample=result.calls_per_sample, alpha=result.alpha, margin=result.margin,
@@ -283,6 +374,20 @@ class _Measurement:
     looks_done: int
     device: str
     notes: list[str]
+    ceiling: CeilingRecord | None = None
+
+
+# What a run asks for a ceiling: given the timer that timed it, the ceiling of that device (or None).
+CeilingSource = Callable[[Any], "CeilingRecord | None"]
+
+
+def _ceiling_source(
+    work_given: bool, dtype: str | None, ceilings: throughput.CeilingMeter | None
+) -> CeilingSource | None:
+    """Ask ``ceilings`` only when there is work to rate against it."""
+    if not work_given or ceilings is None:
+        return None
+    return lambda timer: ceilings.ceiling_for(timer, dtype)
 
 
 def _resolve_timer(timer: Any, first_outputs: Sequence[Any], budget: Budget) -> timing.Timer:
@@ -327,8 +432,10 @@ def _measure(
     budget: Budget,
     timer: Any,
     on_look: Callable[[timing.RoundSamples], bool],
+    ceiling: CeilingSource | None = None,
 ) -> _Measurement:
-    """Everything between "these callables" and "these samples": the shared engine of compare and tournament."""
+    """Everything between "these callables" and "these samples": the shared engine of compare, tournament and
+    measure. ``ceiling`` is asked for this device's ceiling inside the device lock, after sampling."""
     for fn, side in zip(fns, sides):
         timing.require_zero_arguments(fn, side)
     first_outputs = [outputs.snapshot(timing.call_once(fn, side, "its first call")) for fn, side in zip(fns, sides)]
@@ -346,6 +453,8 @@ def _measure(
         notes.append("flush_l2 ignored: it applies to CUDA event timing only")
     if budget.hold_gpu and not is_cuda:
         notes.append("hold_gpu ignored: it applies to CUDA event timing only")
+    if budget.flush_l2 and is_cuda and getattr(timer, "flush_note", None):
+        notes.append(timer.flush_note)
     with device_lock(timer.lock_key) as locked:
         if not locked:
             notes.append("ran without a device lock (no fcntl on this platform)")
@@ -378,9 +487,11 @@ def _measure(
                         "Callables must return the same result on every call (pass check_output=False for "
                         "kernels that are nondeterministic by design, e.g. atomics)"
                     )
+        found_ceiling = ceiling(timer) if ceiling is not None else None
     device = f"{timer.device} ({timer.device_name})" if is_cuda else timer.name
     return _Measurement(
-        samples, method, calls, monitor.summary(), monitor.throttled, elapsed, stop_reason, looks_done, device, notes
+        samples, method, calls, monitor.summary(), monitor.throttled, elapsed, stop_reason, looks_done, device, notes,
+        found_ceiling,
     )
 
 
@@ -481,11 +592,17 @@ def run_comparison(
     *,
     name: str = "comparison",
     timer: Any = None,
+    flops: float | None = None,
+    bytes: float | None = None,  # noqa: A002  (the keyword users write)
+    dtype: str | None = None,
+    ceilings: throughput.CeilingMeter | None = None,
 ) -> ComparisonResult:
     """Time two zero-argument callables in interleaved pairs and return the verdict for the candidate.
 
     ``timer``: ``None``/``"auto"`` (CUDA events when outputs live on a GPU, else the CPU clock), ``"cpu"``,
-    ``"cuda"``, or any object following :class:`pytest_kernelcheck.timing.Timer`.
+    ``"cuda"``, or any object following :class:`pytest_kernelcheck.timing.Timer`. ``flops`` and ``bytes`` (per
+    call, the same for both sides: the problem's work) give both sides' TFLOP/s and GB/s, rated against the
+    ``dtype`` ceiling of ``ceilings`` (a :class:`pytest_kernelcheck.throughput.CeilingMeter`) when given.
 
     >>> import numpy as np
     >>> x = np.random.default_rng(0).random(20_000)
@@ -506,8 +623,12 @@ def run_comparison(
         latest["analysis"] = stats.analyse_log_ratios(d, alpha=alpha_look, margin=budget.margin)
         return latest["analysis"].verdict != "inconclusive"
 
-    measured = _measure([candidate, baseline], ["candidate", "baseline"], budget, timer, on_look)
+    work = throughput.Work.of(flops, bytes)
+    measured = _measure([candidate, baseline], ["candidate", "baseline"], budget, timer, on_look,
+                        _ceiling_source(work.given, dtype, ceilings))
     analysis = latest["analysis"]
+    candidate_ms = float(np.median(measured.samples.times[0])) * 1e3
+    baseline_ms = float(np.median(measured.samples.times[1])) * 1e3
 
     return ComparisonResult(
         name=name,
@@ -518,8 +639,8 @@ def run_comparison(
         p_value=min(1.0, analysis.p_value * looks),
         p_value_raw=analysis.p_value,
         n_pairs=analysis.n_pairs,
-        candidate_ms=float(np.median(measured.samples.times[0])) * 1e3,
-        baseline_ms=float(np.median(measured.samples.times[1])) * 1e3,
+        candidate_ms=candidate_ms,
+        baseline_ms=baseline_ms,
         method=measured.method,
         calls_per_sample=measured.calls_per_sample,
         flush_l2=budget.flush_l2 and measured.method.startswith(("events", "cuda-graph")),
@@ -536,6 +657,9 @@ def run_comparison(
         baseline_samples_ms=[t * 1e3 for t in measured.samples.times[1]],
         candidate_first=[order[0] == 0 for order in measured.samples.orders],
         notes=measured.notes,
+        candidate_throughput=throughput.achieved(work, candidate_ms / 1e3, measured.ceiling),
+        baseline_throughput=throughput.achieved(work, baseline_ms / 1e3, measured.ceiling),
+        ceiling=measured.ceiling,
     )
 
 
@@ -581,10 +705,16 @@ def run_tournament(
     *,
     name: str = "tournament",
     timer: Any = None,
+    flops: Any = None,
+    bytes: Any = None,  # noqa: A002  (the keyword users write)
+    dtype: str | None = None,
+    ceilings: throughput.CeilingMeter | None = None,
 ) -> TournamentResult:
     """Rank several zero-argument callables on one input by rounds of calls in random order.
 
-    Stops when every pair involving the current best has a verdict, or when the budget is spent.
+    Stops when every pair involving the current best has a verdict, or when the budget is spent. ``flops`` and
+    ``bytes``: numbers per call for every variant, or mappings of variant names to theirs (see
+    :func:`run_comparison`).
 
     >>> import numpy as np
     >>> x = np.random.default_rng(0).random(20_000)
@@ -605,6 +735,9 @@ def run_tournament(
     fns = list(variants.values())
     if len({id(f) for f in fns}) != len(fns):
         raise ValueError("each tournament variant must be its own callable object (wrap repeats in a lambda)")
+    flops_of = throughput.per_variant(flops, names, "flops")
+    bytes_of = throughput.per_variant(bytes, names, "bytes")
+    work = {n: throughput.Work.of(flops_of[n], bytes_of[n], what=f"variant {n!r}: ") for n in names}
     looks = budget.planned_looks
     alpha_look = budget.alpha / looks
     latest: dict[str, Any] = {}
@@ -616,17 +749,20 @@ def run_tournament(
         latest["ranking"], latest["pairwise"] = ranking, pairwise
         return all(p.verdict != "inconclusive" for p in pairwise if p.faster == ranking[0])
 
-    measured = _measure(fns, [f"variant {n!r}" for n in names], budget, timer, on_look)
+    measured = _measure(fns, [f"variant {n!r}" for n in names], budget, timer, on_look,
+                        _ceiling_source(any(w.given for w in work.values()), dtype, ceilings))
 
     ranking, pairwise = latest["ranking"], latest["pairwise"]
     best = ranking[0]
     separated = {p.slower for p in pairwise if p.faster == best and p.verdict == "win"}
+    median_ms = {n: float(np.median(t)) * 1e3 for n, t in zip(names, measured.samples.times)}
+    rates = {n: throughput.achieved(work[n], median_ms[n] / 1e3, measured.ceiling) for n in names}
     return TournamentResult(
         name=name,
         ranking=ranking,
         best=best,
         indistinguishable_from_best=[v for v in ranking if v not in separated],
-        median_ms={n: float(np.median(t)) * 1e3 for n, t in zip(names, measured.samples.times)},
+        median_ms=median_ms,
         pairwise=pairwise,
         n_rounds=measured.samples.n_rounds,
         method=measured.method,
@@ -644,6 +780,62 @@ def run_tournament(
         samples_ms={n: [t * 1e3 for t in times] for n, times in zip(names, measured.samples.times)},
         orders=[[names[i] for i in order] for order in measured.samples.orders],
         notes=measured.notes,
+        throughput={n: r for n, r in rates.items() if r is not None},
+        ceiling=measured.ceiling,
+    )
+
+
+def run_measurement(
+    fn: Callable[[], Any],
+    budget: Budget | None = None,
+    *,
+    name: str = "measurement",
+    timer: Any = None,
+    flops: float | None = None,
+    bytes: float | None = None,  # noqa: A002  (the keyword users write)
+    dtype: str | None = None,
+    ceilings: throughput.CeilingMeter | None = None,
+) -> MeasureResult:
+    """Time one zero-argument callable alone, with the timers, warm-up and batching of comparisons.
+
+    Samples are taken until, at a look (20, 40, 80, ... samples), the interval for the median call time is
+    within the margin (its upper end at most ``1 + margin`` times its lower end), or until the budget is spent.
+    The interval is the order-statistic one of :func:`pytest_kernelcheck.stats.median_interval` at
+    ``alpha / planned looks``. Unlike a comparison this is an absolute time, so drift between runs is not
+    cancelled: compare two functions with :func:`run_comparison`.
+
+    >>> import numpy as np
+    >>> x = np.random.default_rng(0).random(20_000)
+    >>> m = run_measurement(lambda: np.sort(x), Budget(max_time=0.2), flops=20_000 * 15)
+    >>> m.ci_ms[0] <= m.median_ms <= m.ci_ms[1], m.throughput.tflops > 0
+    (True, True)
+    """
+    import numpy as np
+
+    budget = budget or Budget()
+    budget.validate()
+    work = throughput.Work.of(flops, bytes)
+    looks = budget.planned_looks
+    alpha_look = budget.alpha / looks
+
+    def on_look(samples: timing.RoundSamples) -> bool:
+        low, high = stats.median_interval(_positive_times(samples.times[0], "the measured function"), alpha_look)
+        return math.isfinite(low) and math.isfinite(high) and high <= low * (1 + budget.margin)
+
+    measured = _measure([fn], ["the measured function"], budget, timer, on_look,
+                        _ceiling_source(work.given, dtype, ceilings))
+    seconds = measured.samples.times[0]
+    median_s = float(np.median(seconds))
+    low, high = stats.median_interval(seconds, alpha_look)
+    return MeasureResult(
+        name=name, median_ms=median_s * 1e3, ci_ms=(low * 1e3, high * 1e3), ci_level=1 - alpha_look,
+        n_samples=len(seconds), samples_ms=[t * 1e3 for t in seconds], method=measured.method,
+        calls_per_sample=measured.calls_per_sample, alpha=budget.alpha, margin=budget.margin, looks_planned=looks,
+        looks_done=measured.looks_done,
+        stop_reason="precise" if measured.stop_reason == "decided" else measured.stop_reason,
+        elapsed_s=measured.elapsed_s, device=measured.device, clock=measured.clock, throttled=measured.throttled,
+        notes=measured.notes, throughput=throughput.achieved(work, median_s, measured.ceiling),
+        ceiling=measured.ceiling,
     )
 
 
@@ -661,17 +853,19 @@ class KernelAB:
         *,
         nodeid: str = "",
         test_name: str = "comparison",
-        shape: Callable[[], dict[str, Any] | None] = lambda: None,
+        shape: Callable[[], Any] = lambda: None,
         record: Callable[[dict[str, Any]], None] = lambda record: None,
+        ceilings: throughput.CeilingMeter | None = None,
     ) -> None:
         self.defaults = defaults or Budget()
         self._nodeid = nodeid
         self._test_name = test_name
-        self._shape = shape
+        self._shape = shape  # the test's shape as the test sees it: callables of flops= and bytes= get it
         self._record = record
+        self._ceilings = ceilings
         self._unnamed = 0
         self._used_names: set[str] = set()
-        self.results: list[ComparisonResult | TournamentResult] = []
+        self.results: list[ComparisonResult | TournamentResult | MeasureResult] = []
 
     def _name(self, name: str | None) -> str:
         """The given name, or the test's name (``test_x``, ``test_x #2``, ...) stepping over names already used."""
@@ -702,16 +896,17 @@ class KernelAB:
         self,
         record_type: type[ABRecord],
         name: str | None,
-        work: Callable[[Budget, str], Any],
+        work: Callable[[Budget, str, Any], Any],
         budget: dict[str, Any],
     ) -> Any:
         settings = self.defaults.replace(**budget)  # bad keywords fail before anything runs
         label = self._name(name)
         self._claim(label)  # before anything runs, too: a refused call records nothing
-        shape = self._shape()
+        shape_value = self._shape()
+        shape = shape_record(shape_value)
         started = time.perf_counter()
         try:
-            result = work(settings, label)
+            result = work(settings, label, shape_value)
         except Exception as exc:
             # Recorded so the report keeps every other comparison and shows this one failed, then re-raised.
             failure = record_type.of_error(
@@ -731,25 +926,32 @@ class KernelAB:
         *,
         name: str | None = None,
         timer: Any = None,
+        flops: Any = None,
+        bytes: Any = None,  # noqa: A002  (the keyword users write)
+        dtype: Any = None,
         **budget: Any,
     ) -> ComparisonResult:
         """Time ``candidate`` against ``baseline`` (zero-argument callables); never fails on the verdict.
 
-        ``name`` labels the result in the report (default: the test's name); each comparison and tournament of
-        one test needs its own, and a name used twice raises ``ValueError``. Budget keywords: max_time,
-        min_pairs, max_pairs, alpha, margin, flush_l2, hold_gpu, calls_per_sample, use_cuda_graph, warmup,
-        check_output, seed.
+        ``name`` labels the result in the report (default: the test's name); each comparison, tournament and
+        measurement of one test needs its own, and a name used twice raises ``ValueError``. ``flops`` and
+        ``bytes``: the work of one call (numbers, or callables of the test's ``shape``), the same for both
+        sides; they add TFLOP/s, GB/s and the share of this device's ceiling for ``dtype`` (default: the shape's
+        dtype) to the result and the report. Budget keywords: max_time, min_pairs, max_pairs, alpha, margin,
+        flush_l2, hold_gpu, calls_per_sample, use_cuda_graph, warmup, check_output, seed.
 
-        >>> result = kernel_ab.compare(lambda: new(x), lambda: old(x), max_time=1.0)  # doctest: +SKIP
-        >>> result.verdict, result.speedup, result.ci  # doctest: +SKIP
-        ('win', 1.18, (1.15, 1.21))
+        >>> result = kernel_ab.compare(lambda: new(x), lambda: old(x), max_time=1.0,  # doctest: +SKIP
+        ...                            flops=lambda s: 2 * s.M * s.N * s.K, bytes=lambda s: 2 * s.M * s.N * 3)
+        >>> result.verdict, result.speedup, result.candidate_throughput.tflops  # doctest: +SKIP
+        ('win', 1.18, 412.5)
         """
-        return self._run(
-            ComparisonRecord,
-            name,
-            lambda settings, label: run_comparison(candidate, baseline, settings, name=label, timer=timer),
-            budget,
-        )
+        def work(settings: Budget, label: str, shape: Any) -> ComparisonResult:
+            counts = throughput.Work.of(flops, bytes, shape)
+            return run_comparison(candidate, baseline, settings, name=label, timer=timer, flops=counts.flops,
+                                  bytes=counts.bytes, dtype=throughput.dtype_name(dtype, shape),
+                                  ceilings=self._ceilings)
+
+        return self._run(ComparisonRecord, name, work, budget)
 
     def assert_faster(
         self, candidate: Callable[[], Any], baseline: Callable[[], Any], *, name: str | None = None, **budget: Any
@@ -759,7 +961,7 @@ class KernelAB:
         >>> kernel_ab.assert_faster(lambda: new(x), lambda: old(x))  # doctest: +SKIP
         """
         __tracebackhide__ = True
-        result = self.compare(candidate, baseline, name=name, **budget)
+        result = self.compare(candidate, baseline, name=name, **budget)  # flops=, bytes=, dtype= pass through
         if result.verdict != "win":
             raise KernelABAssertionError(f"{result.name}: candidate is not faster than baseline; {result.describe()}")
         return result
@@ -778,22 +980,81 @@ class KernelAB:
         return result
 
     def tournament(
-        self, variants: Mapping[str, Callable[[], Any]], *, name: str | None = None, timer: Any = None, **budget: Any
+        self,
+        variants: Mapping[str, Callable[[], Any]],
+        *,
+        name: str | None = None,
+        timer: Any = None,
+        flops: Any = None,
+        bytes: Any = None,  # noqa: A002  (the keyword users write)
+        dtype: Any = None,
+        **budget: Any,
     ) -> TournamentResult:
         """Rank named variants on one input; says which cannot be told apart from the best.
 
         ``name`` follows the rule of :meth:`compare`: unique among the test's comparisons and tournaments.
+        ``flops`` and ``bytes``: as for :meth:`compare`, one value for every variant or a mapping of variant
+        names to their own (a number or a callable of the shape each).
 
-        >>> t = kernel_ab.tournament({"a": lambda: a(x), "b": lambda: b(x), "c": lambda: c(x)})  # doctest: +SKIP
-        >>> t.best, t.indistinguishable_from_best  # doctest: +SKIP
-        ('b', ['b', 'c'])
+        >>> t = kernel_ab.tournament({"a": lambda: a(x), "b": lambda: b(x), "c": lambda: c(x)},  # doctest: +SKIP
+        ...                          flops=2 * n**3, bytes={"a": 6 * n**2, "b": 6 * n**2, "c": 8 * n**2})
+        >>> t.best, t.indistinguishable_from_best, t.throughput["b"].tflops  # doctest: +SKIP
+        ('b', ['b', 'c'], 310.2)
         """
-        return self._run(
-            TournamentRecord,
-            name,
-            lambda settings, label: run_tournament(variants, settings, name=label, timer=timer),
-            budget,
-        )
+        def work(settings: Budget, label: str, shape: Any) -> TournamentResult:
+            names = [str(n) for n in variants] if isinstance(variants, Mapping) else []
+            counts = {n: throughput.Work.of(f, b, shape, what=f"variant {n!r}: ") for n, f, b in zip(
+                names, throughput.per_variant(flops, names, "flops").values(),
+                throughput.per_variant(bytes, names, "bytes").values())}
+            return run_tournament(variants, settings, name=label, timer=timer,
+                                  flops={n: c.flops for n, c in counts.items()},
+                                  bytes={n: c.bytes for n, c in counts.items()},
+                                  dtype=throughput.dtype_name(dtype, shape), ceilings=self._ceilings)
+
+        return self._run(TournamentRecord, name, work, budget)
+
+    def measure(
+        self,
+        fn: Callable[[], Any],
+        *,
+        flops: Any = None,
+        bytes: Any = None,  # noqa: A002  (the keyword users write)
+        dtype: Any = None,
+        name: str | None = None,
+        timer: Any = None,
+        **budget: Any,
+    ) -> MeasureResult:
+        """Time one zero-argument callable alone: median per call with an exact interval, samples and throughput.
+
+        Same timers and budget keywords as :meth:`compare`; ``flops``, ``bytes`` and ``dtype`` as there. The
+        result is a row of the report's measurements table. Sampling stops once the interval's ends are within
+        ``margin`` of each other (or the budget is spent).
+
+        >>> m = kernel_ab.measure(lambda: torch.mm(a, b), flops=2 * n**3, bytes=3 * n * n * 2)  # doctest: +SKIP
+        >>> m.median_ms, m.ci_ms, m.throughput.tflops, m.throughput.tflops_pct  # doctest: +SKIP
+        (1.52, (1.51, 1.53), 723.4, 91.0)
+        """
+        def work(settings: Budget, label: str, shape: Any) -> MeasureResult:
+            counts = throughput.Work.of(flops, bytes, shape)
+            return run_measurement(fn, settings, name=label, timer=timer, flops=counts.flops, bytes=counts.bytes,
+                                   dtype=throughput.dtype_name(dtype, shape), ceilings=self._ceilings)
+
+        return self._run(MeasurementRecord, name, work, budget)
+
+
+def shape_record(value: Any) -> dict[str, Any] | None:
+    """The test's ``shape`` (a :class:`pytest_kernelcheck.Shape`, a dict or anything else) as a report's dict.
+
+    >>> shape_record({"B": 1}), shape_record(None), shape_record(7)
+    ({'B': 1}, None, {'shape': '7'})
+    """
+    if value is None:
+        return None
+    if hasattr(value, "as_dict"):
+        return dict(value.as_dict())
+    if isinstance(value, dict):
+        return dict(value)
+    return {"shape": str(value)}
 
 
 def _percent(level: float) -> str:

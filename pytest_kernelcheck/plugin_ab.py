@@ -48,6 +48,7 @@ class _ABSession:
     storage_root: Path | None = None
     machine_folder: Any = None  # () -> Path, see _machine_folder
     regressions: tuple[Any, ...] = ()  # gate.Regression: what the rules found, at session finish
+    ceilings: Any = None  # throughput.CeilingMeter of this process (--kernel-ab-ceilings)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -108,6 +109,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     parser.addini("kernel_ab_compare_fail", "A/B gate rules, one a line (see --kernel-ab-compare-fail)",
                   type="linelist", default=[])
+    group.addoption(
+        "--kernel-ab-ceilings", dest="kernel_ab_ceilings", default=None, choices=("on", "off"),
+        help="on (default): measure this GPU's matmul FLOP/s and copy GB/s once per session, for the share of "
+             "the ceiling of comparisons given flops=/bytes=; off: skip the measurement",
+    )
+    parser.addini("kernel_ab_ceilings", "measure throughput ceilings: on or off (see --kernel-ab-ceilings)",
+                  default="on")
 
 
 def _setting(config: pytest.Config, name: str) -> Any:
@@ -138,7 +146,7 @@ def _machine_folder(root: Path) -> Any:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    from . import gate, report, storage
+    from . import gate, report, storage, throughput
 
     settings: dict[str, Any] = {}
     for name, (kind, _, _) in _NUMBER_SETTINGS.items():
@@ -153,6 +161,9 @@ def pytest_configure(config: pytest.Config) -> None:
     except ValueError as exc:
         raise pytest.UsageError(f"kernel A/B settings: {exc}") from None
     enabled = bool(config.getoption("kernel_ab") or config.getini("kernel_ab"))
+    ceilings_mode = _setting(config, "ceilings")
+    if ceilings_mode not in ("on", "off"):
+        raise pytest.UsageError(f"--kernel-ab-ceilings / kernel_ab_ceilings: 'on' or 'off', got {ceilings_mode!r}")
     report_path = _setting(config, "report") or None
     compare_spec = _setting(config, "compare") or None
     storage_root = _storage_root(config)
@@ -187,7 +198,8 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"kernel A/B: {exc}") from None
     session = _ABSession(enabled, settings, report_path, previous, rules=rules, save_folder=save_folder,
                          save_name=save_name, rootpath=config.rootpath, history_count=history_count,
-                         storage_root=storage_root, machine_folder=machine_folder)
+                         storage_root=storage_root, machine_folder=machine_folder,
+                         ceilings=throughput.CeilingMeter(enabled=ceilings_mode == "on"))
     config.stash[_SESSION] = session
     config.pluginmanager.register(_Collector(session), _COLLECTOR_NAME)
 
@@ -204,9 +216,22 @@ def _budget_from(settings: dict[str, Any]) -> Any:
     return Budget().replace(**settings)
 
 
+@pytest.fixture(scope="session")
+def kernel_ab_ceilings(request: pytest.FixtureRequest) -> Any:
+    """This process's :class:`pytest_kernelcheck.throughput.CeilingMeter`: ceilings measured once per device and
+    dtype. Override it in a conftest to inject other ceilings (a fake measurement in tests):
+
+    >>> @pytest.fixture(scope="session")  # doctest: +SKIP
+    ... def kernel_ab_ceilings():
+    ...     return CeilingMeter(measure=lambda timer, dtype: CeilingRecord("gpu", dtype, tflops=900.0, gbps=4000.0))
+    """
+    return request.config.stash[_SESSION].ceilings
+
+
 @pytest.fixture
 def kernel_ab(request: pytest.FixtureRequest) -> Any:
-    """Statistically tested speed comparisons: ``compare``, ``assert_faster``, ``assert_not_slower``, ``tournament``.
+    """Statistically tested speed comparisons: ``compare``, ``assert_faster``, ``assert_not_slower``,
+    ``tournament`` and ``measure``.
 
     Skipped unless the run has ``--kernel-ab``.
     """
@@ -220,27 +245,20 @@ def kernel_ab(request: pytest.FixtureRequest) -> Any:
         _budget_from(session.settings),
         nodeid=request.node.nodeid,
         test_name=request.node.name,
-        shape=lambda: _shape_as_dict(request),
+        shape=lambda: _shape_value(request),
         record=pending.append,
+        ceilings=request.getfixturevalue("kernel_ab_ceilings"),
     )
 
 
-def _shape_as_dict(request: pytest.FixtureRequest) -> dict[str, Any] | None:
-    """The test's ``shape`` (fixture or parameter) as a dict, when the test has one."""
+def _shape_value(request: pytest.FixtureRequest) -> Any:
+    """The test's ``shape`` (fixture or parameter), when the test has one."""
     funcargs = getattr(request.node, "funcargs", {})
     if "shape" in funcargs:
-        value = funcargs["shape"]
-    elif "shape" in request.fixturenames:
-        value = request.getfixturevalue("shape")
-    else:
-        return None
-    if value is None:
-        return None
-    if hasattr(value, "as_dict"):
-        return dict(value.as_dict())
-    if isinstance(value, dict):
-        return dict(value)
-    return {"shape": str(value)}
+        return funcargs["shape"]
+    if "shape" in request.fixturenames:
+        return request.getfixturevalue("shape")
+    return None
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -298,8 +316,9 @@ def _finish(session: _ABSession) -> None:
     if not session.records:
         return
     environment = report.environment_info() if session.report_path or session.save_folder else {}
+    settings = {**session.settings, "ceilings": "on" if session.ceilings.enabled else "off"}
     session.built = report.build_report(
-        session.records, settings=session.settings, environment=environment, previous=session.previous
+        session.records, settings=settings, environment=environment, previous=session.previous
     )
     session.regressions = gate.evaluate(session.rules, session.built)
     history = _history(session) if session.report_path else ()  # read before this run is saved among them
@@ -307,15 +326,14 @@ def _finish(session: _ABSession) -> None:
         _save(session)
     if not session.report_path:
         return
-    markdown_path, plot_path = report.companion_paths(session.report_path)
     try:
-        note = report.write_all(session.built, session.report_path, history)
+        written = report.write_all(session.built, session.report_path, history)
     except report.ReportError as exc:
         session.errors.append(f"A/B report not written: {exc}")
         return
-    session.notes.append(f"A/B report: {session.report_path}, {markdown_path}" + ("" if note else f", {plot_path}"))
-    if note:
-        session.notes.append(f"A/B plot skipped: {note}")
+    session.notes.append(f"A/B report: {', '.join(str(path) for path in written.paths)}")
+    if written.note:
+        session.notes.append(f"A/B plot skipped: {written.note}")
 
 
 def _history(session: _ABSession) -> tuple[Any, ...]:

@@ -115,6 +115,87 @@ class RunDetails:
         )
 
 
+def _optional_float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+@dataclass(frozen=True)
+class CeilingRecord:
+    """What one device reached in this session: a large dense matmul of ``dtype`` (TFLOP/s) and a
+    device-to-device copy (GB/s, bytes read plus bytes written); ``reason`` says why a number is missing.
+
+    >>> CeilingRecord("cuda:0 (NVIDIA H200)", "bfloat16", tflops=700.0, gbps=4000.0).key
+    ('cuda:0 (NVIDIA H200)', 'bfloat16')
+    >>> CeilingRecord.from_json({"device": "cpu-clock", "reason": "not measured"}).tflops is None
+    True
+    """
+
+    device: str
+    dtype: str | None = None
+    tflops: float | None = None
+    gbps: float | None = None
+    flops_method: str | None = None  # how the TFLOP/s were measured: "matmul 8192^3 bfloat16, median of 10 (events)"
+    bandwidth_method: str | None = None
+    reason: str | None = None  # why tflops or gbps is None
+
+    @property
+    def key(self) -> tuple[str, str | None]:
+        return (self.device, self.dtype)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"device": self.device, "dtype": self.dtype, "tflops": self.tflops, "gbps": self.gbps,
+                "flops_method": self.flops_method, "bandwidth_method": self.bandwidth_method, "reason": self.reason}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "CeilingRecord":
+        return cls(device=str(data.get("device", "")), dtype=data.get("dtype"),
+                   tflops=_optional_float(data.get("tflops")), gbps=_optional_float(data.get("gbps")),
+                   flops_method=data.get("flops_method"), bandwidth_method=data.get("bandwidth_method"),
+                   reason=data.get("reason"))
+
+
+@dataclass(frozen=True)
+class ThroughputRecord:
+    """One callable's work per call (``flops``, ``bytes``, as the test gave them) and the rates its median time
+    gives, with the percentage of this device's measured ceiling where there is one.
+
+    >>> t = ThroughputRecord(flops=2e12, bytes=1e9, tflops=400.0, gbps=200.0, tflops_pct=50.0)
+    >>> t.intensity, ThroughputRecord.from_json(t.to_json()) == t
+    (2000.0, True)
+    """
+
+    flops: float | None = None
+    bytes: float | None = None
+    tflops: float | None = None
+    gbps: float | None = None
+    tflops_pct: float | None = None  # of the ceiling's TFLOP/s
+    gbps_pct: float | None = None  # of the ceiling's GB/s
+
+    @property
+    def intensity(self) -> float | None:
+        """Arithmetic intensity, FLOPs per byte; None unless both counts are given and bytes is positive."""
+        if self.flops is None or not self.bytes:
+            return None
+        return self.flops / self.bytes
+
+    def to_json(self) -> dict[str, Any]:
+        return {"flops": self.flops, "bytes": self.bytes, "tflops": self.tflops, "gbps": self.gbps,
+                "tflops_pct": self.tflops_pct, "gbps_pct": self.gbps_pct}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "ThroughputRecord":
+        return cls(**{name: _optional_float(data.get(name))
+                      for name in ("flops", "bytes", "tflops", "gbps", "tflops_pct", "gbps_pct")})
+
+
+def _throughput_from_json(data: Any) -> ThroughputRecord | None:
+    return ThroughputRecord.from_json(data) if data else None
+
+
+def _ceiling_from_json(data: Any) -> CeilingRecord | None:
+    return CeilingRecord.from_json(data) if data else None
+
+
 @dataclass(frozen=True)
 class LastRun:
     """A comparison's row in an earlier report (``--kernel-ab-compare``) and whether this run regressed from it.
@@ -173,6 +254,9 @@ class ComparisonRecord:
     p_bh: float | None = None
     verdict_bh: Verdict | None = None
     vs_last: LastRun | None = None
+    candidate_throughput: ThroughputRecord | None = None  # given flops= or bytes=
+    baseline_throughput: ThroughputRecord | None = None
+    ceiling: CeilingRecord | None = None  # this device's, for the percentages
 
     @property
     def failed(self) -> bool:
@@ -203,6 +287,13 @@ class ComparisonRecord:
                     "candidate_first": list(self.candidate_first),
                 },
             }
+            if self.candidate_throughput is not None:  # rows without flops= or bytes= keep the first layout
+                data["throughput"] = {
+                    "candidate": self.candidate_throughput.to_json(),
+                    "baseline": self.baseline_throughput.to_json() if self.baseline_throughput else None,
+                }
+            if self.ceiling is not None:
+                data["ceiling"] = self.ceiling.to_json()
         if self.p_bh is not None:
             data["p_bh"] = self.p_bh
         if self.verdict_bh is not None:
@@ -215,6 +306,7 @@ class ComparisonRecord:
     def from_json(cls, data: Mapping[str, Any]) -> "ComparisonRecord":
         samples = data.get("samples") or {}
         vs_last = data.get("vs_last")
+        throughput = data.get("throughput") or {}
         return cls(
             name=data.get("name", ""), verdict=data.get("verdict", "inconclusive"), nodeid=data.get("nodeid") or "",
             shape=data.get("shape"), error=data.get("error"), speedup=data.get("speedup"),
@@ -227,6 +319,9 @@ class ComparisonRecord:
             candidate_first=tuple(samples.get("candidate_first") or ()),
             p_bh=data.get("p_bh"), verdict_bh=data.get("verdict_bh"),
             vs_last=LastRun.from_json(vs_last) if vs_last else None,
+            candidate_throughput=_throughput_from_json(throughput.get("candidate")),
+            baseline_throughput=_throughput_from_json(throughput.get("baseline")),
+            ceiling=_ceiling_from_json(data.get("ceiling")),
         )
 
 
@@ -279,6 +374,8 @@ class TournamentRecord:
     run: RunDetails = RunDetails()
     samples_ms: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
     orders: tuple[tuple[str, ...], ...] = ()  # per round: the variants in the order they ran
+    throughput: Mapping[str, ThroughputRecord] = field(default_factory=dict)  # per variant given flops/bytes
+    ceiling: CeilingRecord | None = None
 
     @property
     def failed(self) -> bool:
@@ -301,7 +398,7 @@ class TournamentRecord:
     def to_json(self) -> dict[str, Any]:
         if self.failed:
             return _failure_json("tournament", self.name, self.nodeid, self.shape, self.error, self.run.elapsed_s)
-        return {
+        data = {
             "kind": "tournament", "error": None, "name": self.name, "ranking": list(self.ranking), "best": self.best,
             "indistinguishable_from_best": list(self.indistinguishable_from_best), "median_ms": dict(self.median_ms),
             "pairwise": [pair.to_json() for pair in self.pairwise], "n_rounds": self.n_rounds,
@@ -311,6 +408,11 @@ class TournamentRecord:
                 "orders": [list(order) for order in self.orders],
             },
         }
+        if self.throughput:  # as for comparisons: rows without flops= or bytes= keep the first layout
+            data["throughput"] = {variant: rates.to_json() for variant, rates in self.throughput.items()}
+        if self.ceiling is not None:
+            data["ceiling"] = self.ceiling.to_json()
+        return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "TournamentRecord":
@@ -326,10 +428,66 @@ class TournamentRecord:
             n_rounds=data.get("n_rounds", 0), run=RunDetails.from_json(data),
             samples_ms={variant: tuple(times) for variant, times in (samples.get("ms") or {}).items()},
             orders=tuple(tuple(order) for order in samples.get("orders") or ()),
+            throughput={variant: ThroughputRecord.from_json(rates)
+                        for variant, rates in (data.get("throughput") or {}).items()},
+            ceiling=_ceiling_from_json(data.get("ceiling")),
         )
 
 
-ABRecord = ComparisonRecord | TournamentRecord
+@dataclass(frozen=True)
+class MeasurementRecord:
+    """One function timed alone (``kernel_ab.measure``): its median time per call with an exact order-statistic
+    interval, the samples, and its throughput; or, with ``error`` set, what it raised.
+
+    >>> row = MeasurementRecord("copy", median_ms=1.5, ci_ms=(1.4, 1.6), n_samples=40)
+    >>> MeasurementRecord.from_json(row.to_json()).ci_ms, row.to_json()["kind"]
+    ((1.4, 1.6), 'measurement')
+    """
+
+    name: str
+    nodeid: str = ""
+    shape: Mapping[str, Any] | None = None
+    error: str | None = None
+    median_ms: float | None = None  # per call
+    ci_ms: Interval = UNBOUNDED  # at run.ci_level
+    n_samples: int = 0
+    run: RunDetails = RunDetails()
+    samples_ms: tuple[float, ...] = ()
+    throughput: ThroughputRecord | None = None
+    ceiling: CeilingRecord | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.error is not None
+
+    @classmethod
+    def of_error(cls, name: str, error: BaseException, *, nodeid: str = "", shape: Mapping[str, Any] | None = None,
+                 elapsed_s: float | None = None) -> "MeasurementRecord":
+        """The row of a measurement that raised ``error``."""
+        return cls(name=name, nodeid=nodeid, shape=shape, error=describe_error(error),
+                   run=RunDetails(elapsed_s=elapsed_s))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": "measurement", "error": self.error, "name": self.name, "nodeid": self.nodeid,
+            "shape": copy.deepcopy(self.shape), "median_ms": self.median_ms, "ci_ms": list(self.ci_ms),
+            "n_samples": self.n_samples, **self.run.to_json(), "samples": {"ms": list(self.samples_ms)},
+            "throughput": self.throughput.to_json() if self.throughput else None,
+            "ceiling": self.ceiling.to_json() if self.ceiling else None,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "MeasurementRecord":
+        return cls(
+            name=data.get("name", ""), nodeid=data.get("nodeid") or "", shape=data.get("shape"),
+            error=data.get("error"), median_ms=data.get("median_ms"), ci_ms=_interval_from_json(data.get("ci_ms")),
+            n_samples=data.get("n_samples", 0), run=RunDetails.from_json(data),
+            samples_ms=tuple((data.get("samples") or {}).get("ms") or ()),
+            throughput=_throughput_from_json(data.get("throughput")), ceiling=_ceiling_from_json(data.get("ceiling")),
+        )
+
+
+ABRecord = ComparisonRecord | TournamentRecord | MeasurementRecord
 
 
 def record_from_json(data: Mapping[str, Any]) -> ABRecord | None:
@@ -343,6 +501,8 @@ def record_from_json(data: Mapping[str, Any]) -> ABRecord | None:
         return ComparisonRecord.from_json(data)
     if kind == "tournament":
         return TournamentRecord.from_json(data)
+    if kind == "measurement":
+        return MeasurementRecord.from_json(data)
     return None
 
 
@@ -367,6 +527,7 @@ class ReportSummary:
     bh_loss: int = 0
     throttled: int = 0  # comparisons that ran while the SM clock dropped
     tournaments: int = 0
+    measurements: int = 0
     regressions: tuple[str, ...] | None = None  # None: not compared with an earlier report
 
     def to_json(self) -> dict[str, Any]:
@@ -374,7 +535,7 @@ class ReportSummary:
             "comparisons": self.comparisons, "win": self.win, "loss": self.loss, "tie": self.tie,
             "inconclusive": self.inconclusive, "error": self.error, "geomean_speedup": self.geomean_speedup,
             "bh_alpha": self.bh_alpha, "bh_win": self.bh_win, "bh_loss": self.bh_loss, "throttled": self.throttled,
-            "tournaments": self.tournaments,
+            "tournaments": self.tournaments, "measurements": self.measurements,
         }
         if self.regressions is not None:
             data["regressions"] = list(self.regressions)
@@ -435,6 +596,8 @@ class RunEnvironment:
     machine_info_error: str | None = None
     gpu: GpuInfo = GpuInfo()
     cpu_model: str | None = None
+    ceilings_enabled: bool | None = None  # None: the report says nothing about ceilings (no throughput given)
+    ceilings: tuple[CeilingRecord, ...] = ()  # measured in this session, one per device and dtype
 
     @property
     def commit_id(self) -> str | None:
@@ -449,6 +612,9 @@ class RunEnvironment:
         data["gpu"] = self.gpu.to_json()
         if self.cpu_model is not None:
             data["cpu_model"] = self.cpu_model
+        if self.ceilings_enabled is not None:
+            data["ceilings"] = {"enabled": self.ceilings_enabled,
+                                "measured": [ceiling.to_json() for ceiling in self.ceilings]}
         return data
 
     @classmethod
@@ -456,7 +622,10 @@ class RunEnvironment:
         return cls(date=data.get("date"), hostname=data.get("hostname"), python=data.get("python"),
                    packages=data.get("packages") or {}, machine_info=data.get("machine_info"),
                    commit_info=data.get("commit_info"), machine_info_error=data.get("machine_info_error"),
-                   gpu=GpuInfo.from_json(data.get("gpu") or {}), cpu_model=data.get("cpu_model"))
+                   gpu=GpuInfo.from_json(data.get("gpu") or {}), cpu_model=data.get("cpu_model"),
+                   ceilings_enabled=(data.get("ceilings") or {}).get("enabled"),
+                   ceilings=tuple(CeilingRecord.from_json(c)
+                                  for c in (data.get("ceilings") or {}).get("measured") or ()))
 
 
 @dataclass(frozen=True)
@@ -482,6 +651,7 @@ class ABReport:
     tournaments: tuple[TournamentRecord, ...]
     environment: Mapping[str, Any] = field(default_factory=dict)
     version: int = SCHEMA_VERSION
+    measurements: tuple[MeasurementRecord, ...] = ()
 
     @property
     def compared_with_last_run(self) -> bool:
@@ -493,6 +663,7 @@ class ABReport:
             "environment": dict(self.environment), "summary": self.summary.to_json(),
             "comparisons": [row.to_json(with_last_run=self.compared_with_last_run) for row in self.comparisons],
             "tournaments": [row.to_json() for row in self.tournaments],
+            "measurements": [row.to_json() for row in self.measurements],
         }
 
     @classmethod
@@ -507,4 +678,5 @@ class ABReport:
             comparisons=tuple(ComparisonRecord.from_json(row) for row in data["comparisons"]),
             tournaments=tuple(TournamentRecord.from_json(row) for row in data.get("tournaments") or ()),
             environment=data.get("environment") or {}, version=data.get("version", SCHEMA_VERSION),
+            measurements=tuple(MeasurementRecord.from_json(row) for row in data.get("measurements") or ()),
         )

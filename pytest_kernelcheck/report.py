@@ -23,12 +23,15 @@ from .records import (  # SCHEMA and SCHEMA_VERSION are re-exported: readers of 
     SCHEMA,
     SCHEMA_VERSION,
     ABReport,
+    CeilingRecord,
     ComparisonRecord,
     GpuInfo,
     LastRun,
+    MeasurementRecord,
     NotAReport,
     ReportSummary,
     RunEnvironment,
+    ThroughputRecord,
     TournamentRecord,
     record_from_json,
 )
@@ -66,6 +69,7 @@ def build_report(
     typed = [record_from_json(record) for record in records]
     comparisons = sorted((r for r in typed if isinstance(r, ComparisonRecord)), key=lambda r: r.nodeid)
     tournaments = sorted((r for r in typed if isinstance(r, TournamentRecord)), key=lambda r: r.nodeid)
+    measurements = sorted((r for r in typed if isinstance(r, MeasurementRecord)), key=lambda r: r.nodeid)
     comparisons = _with_benjamini_hochberg(comparisons, alpha)
     regressions = None
     if previous is not None:
@@ -86,17 +90,40 @@ def build_report(
         bh_loss=sum(r.verdict_bh == "loss" for r in tested),
         throttled=sum(r.run.throttled for r in comparisons),
         tournaments=len(tournaments),
+        measurements=len(measurements),
         regressions=regressions,
     )
     report = ABReport(
         created=_now(),
         settings=dict(settings),
-        environment=dict(environment or {}),
+        environment=_with_ceilings(dict(environment or {}), [*comparisons, *tournaments, *measurements], settings),
         summary=summary,
         comparisons=tuple(comparisons),
         tournaments=tuple(tournaments),
+        measurements=tuple(measurements),
     )
     return report.to_json()
+
+
+def _with_ceilings(environment: dict[str, Any], records: Sequence[Any], settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The environment with a ``ceilings`` block when any record gave flops or bytes: whether ceilings were
+    measured (``--kernel-ab-ceilings``) and each device's and dtype's ceiling once, as the records carry them
+    (so the ceilings of pytest-xdist workers are listed too)."""
+    def has_work(record: Any) -> bool:
+        if isinstance(record, ComparisonRecord):
+            return record.candidate_throughput is not None
+        return bool(record.throughput)
+
+    if not any(has_work(record) for record in records):
+        return environment
+    found: dict[tuple[str, str | None], CeilingRecord] = {}
+    for record in records:
+        if record.ceiling is not None:
+            found.setdefault(record.ceiling.key, record.ceiling)
+    typed = dataclasses.replace(RunEnvironment.from_json(environment),
+                                ceilings_enabled=settings.get("ceilings", "on") != "off",
+                                ceilings=tuple(found.values()))
+    return {**environment, "ceilings": typed.to_json()["ceilings"]}
 
 
 def _tested(record: ComparisonRecord) -> bool:
@@ -251,6 +278,24 @@ def companion_paths(json_path: str | Path) -> tuple[Path, Path]:
     return path.with_suffix(".md"), path.with_suffix(".png")
 
 
+def plot_paths(json_path: str | Path) -> dict[str, Path]:
+    """The other plots beside the JSON report: the roofline, and the speedup trend over saved runs.
+
+    >>> {kind: path.name for kind, path in plot_paths("out/ab.json").items()}
+    {'roofline': 'ab_roofline.png', 'trend': 'ab_trend.png'}
+    """
+    path = Path(json_path)
+    return {kind: path.with_name(f"{path.stem}_{kind}.png") for kind in ("roofline", "trend")}
+
+
+@dataclasses.dataclass(frozen=True)
+class Written:
+    """What :func:`write_all` wrote, in order, and a note on what it could not (matplotlib missing)."""
+
+    paths: tuple[Path, ...]
+    note: str | None = None
+
+
 def check_writable(json_path: str | Path) -> None:
     """Raise ``ReportError`` unless the report (and its companions) can be written there.
 
@@ -292,22 +337,41 @@ def load_report(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def write_all(report: dict[str, Any], json_path: str | Path, history: Sequence[Any] = ()) -> str | None:
-    """Write the JSON report and its markdown table and plot beside it; returns the plot's note (see write_plot).
-    ``history`` (:class:`pytest_kernelcheck.storage.RunSpeedups`, oldest first) adds a table to the markdown.
+def write_all(report: dict[str, Any], json_path: str | Path, history: Sequence[Any] = ()) -> Written:
+    """Write the JSON report and beside it the speedup plot, the roofline (comparisons and measurements that
+    gave flops and bytes), the trend plot (given ``history``: :class:`pytest_kernelcheck.storage.RunSpeedups`,
+    oldest first) and the markdown, which shows the history table and links the roofline and trend plots.
 
     Each file is replaced whole or not at all (see :func:`write_json`); the first that cannot be written raises
-    ``ReportError`` naming its path and the OS error.
+    ``ReportError`` naming its path and the OS error. Without matplotlib the plots are left out and the note
+    says so.
 
     >>> write_all(build_report([], settings={}), "/dev/null/ab.json")
     Traceback (most recent call last):
     ...
     pytest_kernelcheck.report.ReportError: cannot write report '/dev/null/ab.json': [Errno 17] File exists: '/dev/null'
     """
+    from . import plots
+
     markdown_path, plot_path = companion_paths(json_path)
+    extra = plot_paths(json_path)
     write_json(report, json_path)
-    write_markdown(report, markdown_path, history)
-    return write_plot(report, plot_path)
+    written = [Path(json_path)]
+    note = write_plot(report, plot_path)
+    if note is None and plot_path.exists():
+        written.append(plot_path)
+    images: dict[str, str] = {}
+    for kind, write in (("roofline", lambda path: plots.write_roofline(report, path)),
+                        ("trend", lambda path: plots.write_trend(report, history, path))):
+        outcome = write(extra[kind])
+        if outcome is True:
+            images[kind] = extra[kind].name
+            written.append(extra[kind])
+        elif outcome:
+            note = outcome
+    write_markdown(report, markdown_path, history, images)
+    written.insert(1, markdown_path)
+    return Written(tuple(written), note)
 
 
 def write_json(report: dict[str, Any], path: str | Path) -> None:
@@ -319,19 +383,33 @@ def write_json(report: dict[str, Any], path: str | Path) -> None:
     _write(path, json.dumps(_finite(report), indent=1, default=str, allow_nan=False) + "\n")
 
 
-def write_markdown(report: Mapping[str, Any], path: str | Path, history: Sequence[Any] = ()) -> None:
-    """Write the comparison table, totals, tournaments and (given saved runs) the speedup history as markdown."""
+def _markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    return (["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+            + ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows])
+
+
+def write_markdown(report: Mapping[str, Any], path: str | Path, history: Sequence[Any] = (),
+                   images: Mapping[str, str] | None = None) -> None:
+    """Write the comparison table, totals, tournaments, measurements, ceilings and (given saved runs) the speedup
+    history as markdown; ``images`` (``roofline``, ``trend``: file names beside ``path``) are linked."""
     typed = _as_report(report)
+    images = images or {}
     lines = ["# Kernel A/B comparisons", ""]
-    header, rows = table_rows(typed)
-    lines.append("| " + " | ".join(header) + " |")
-    lines.append("|" + "---|" * len(header))
-    lines.extend("| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows)
+    lines += _markdown_table(*table_rows(typed))
     lines += [""] + error_lines(typed) + ["", summary_line(typed), ""]
     for tournament in typed.tournaments:
         lines += tournament_lines(tournament) + [""]
+    if typed.measurements:
+        lines += ["## Measurements (one function timed alone)", ""] + _markdown_table(*measurement_rows(typed))
+        lines.append("")
+    if ceiling_lines(typed):
+        lines += ceiling_lines(typed) + [""]
+    if "roofline" in images:
+        lines += [f"![Roofline: achieved TFLOP/s against arithmetic intensity]({images['roofline']})", ""]
     if history:
         lines += history_lines(typed, history) + [""]
+        if "trend" in images:
+            lines += [f"![Speedup with its interval per saved run]({images['trend']})", ""]
     if typed.environment:
         environment = RunEnvironment.from_json(typed.environment)
         commit = environment.commit_id
@@ -456,7 +534,10 @@ def table_rows(report: ABReport | Mapping[str, Any]) -> tuple[list[str], list[li
     [['a', '', '-', '-', '1.000x [0.990, 1.010]', '0.5', 'tie', '-']]
     """
     typed = _as_report(report)
+    rated = any(record.candidate_throughput is not None for record in typed.comparisons)
     header = ["comparison", "shape", "cand ms", "base ms", "speedup [CI]", "p", "verdict", "method"]
+    if rated:  # only when some comparison gave flops= or bytes=: the table stays narrow otherwise
+        header[4:4] = ["TFLOP/s cand/base", "GB/s cand/base"]
     if typed.compared_with_last_run:
         header.append("vs last run")
     rows = []
@@ -480,10 +561,87 @@ def table_rows(report: ABReport | Mapping[str, Any]) -> tuple[list[str], list[li
             verdict,
             str(record.run.method or "-"),
         ]
+        if rated:
+            candidate, baseline = record.candidate_throughput, record.baseline_throughput
+            row[4:4] = [rate_pair(candidate, baseline, "tflops"), rate_pair(candidate, baseline, "gbps")]
         if typed.compared_with_last_run:
             row.append(_vs_last(record.vs_last))
         rows.append(row)
     return header, rows
+
+
+def rate_pair(candidate: ThroughputRecord | None, baseline: ThroughputRecord | None, unit: str) -> str:
+    """``candidate / baseline`` rates (``unit``: ``tflops`` or ``gbps``), with the candidate's share of the
+    ceiling; ``-`` where a rate is missing.
+
+    >>> rate_pair(ThroughputRecord(tflops=412.0, tflops_pct=55.2), ThroughputRecord(tflops=380.0), "tflops")
+    '412 / 380 (55% of ceiling)'
+    """
+    def rate(record: ThroughputRecord | None) -> Any:
+        return None if record is None else getattr(record, unit)
+
+    if rate(candidate) is None:
+        return "-"
+    share = getattr(candidate, f"{unit}_pct")
+    return (f"{_number(rate(candidate), '.3g')} / {_number(rate(baseline), '.3g')}"
+            + (f" ({share:.0f}% of ceiling)" if share is not None else ""))
+
+
+def measurement_rows(report: ABReport | Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Header and text rows of the measurements table (``kernel_ab.measure``), terminal and markdown alike.
+
+    >>> measurement_rows(build_report([{"kind": "measurement", "name": "mm", "median_ms": 1.5,
+    ...     "ci_ms": [1.4, 1.6], "n_samples": 40, "method": "events", "throughput": {"tflops": 700.0}}],
+    ...     settings={}))[1]
+    [['mm', '', '1.5', '[1.4, 1.6]', '40', '700', '-', 'events']]
+    """
+    header = ["measurement", "shape", "median ms", "CI ms", "n", "TFLOP/s", "GB/s", "method"]
+    rows = []
+    for record in _as_report(report).measurements:
+        if record.failed:
+            rows.append([str(record.name), format_shape(record.shape), _shorten(str(record.error), 40),
+                         "-", "-", "-", "-", "-"])
+            continue
+        rates = record.throughput or ThroughputRecord()
+        low, high = record.ci_ms
+        interval = f"[{_number(low, '.4g') if low is not None else '0'}, " \
+                   f"{_number(high, '.4g') if high is not None else 'inf'}]"
+        rows.append([
+            str(record.name), format_shape(record.shape), _number(record.median_ms, ".4g"), interval,
+            str(record.n_samples), _rate(rates.tflops, rates.tflops_pct), _rate(rates.gbps, rates.gbps_pct),
+            str(record.run.method or "-"),
+        ])
+    return header, rows
+
+
+def _rate(value: float | None, share: float | None) -> str:
+    return _number(value, ".3g") + (f" ({share:.0f}% of ceiling)" if share is not None else "")
+
+
+def ceiling_lines(report: ABReport | Mapping[str, Any]) -> list[str]:
+    """What the environment block says of ceilings, one line each; none when no comparison gave work.
+
+    >>> ceiling_lines({"schema": SCHEMA, "comparisons": [], "environment": {"ceilings": {"enabled": False}}})
+    ['Ceilings: not measured (--kernel-ab-ceilings off)']
+    """
+    environment = RunEnvironment.from_json(_as_report(report).environment)
+    if environment.ceilings_enabled is None:
+        return []
+    if not environment.ceilings_enabled:
+        return ["Ceilings: not measured (--kernel-ab-ceilings off)"]
+    if not environment.ceilings:
+        return ["Ceilings: none measured"]
+    lines = []
+    for ceiling in environment.ceilings:
+        parts = []
+        for value, unit, method in ((ceiling.tflops, "TFLOP/s", ceiling.flops_method),
+                                    (ceiling.gbps, "GB/s", ceiling.bandwidth_method)):
+            if value is not None:
+                parts.append(f"{value:.4g} {unit}" + (f" ({method})" if method else ""))
+        if ceiling.reason:
+            parts.append(ceiling.reason)
+        lines.append(f"Ceiling of {ceiling.device}, {ceiling.dtype or 'no dtype'}: {'; '.join(parts)}")
+    return lines
 
 
 def _vs_last(vs_last: LastRun | None) -> str:
@@ -542,6 +700,10 @@ def tournament_lines(record: TournamentRecord | Mapping[str, Any]) -> list[str]:
     ranking = []
     for variant in record.ranking:
         text = f"{variant} {_number(record.median_ms[variant], '.4g')} ms"
+        rates = record.throughput.get(variant)
+        if rates is not None:
+            text += "".join(f", {_rate(value, share)} {unit}" for value, share, unit in (
+                (rates.tflops, rates.tflops_pct, "TFLOP/s"), (rates.gbps, rates.gbps_pct, "GB/s")) if value is not None)
         pair = record.versus_best(variant)
         if pair is not None:
             speed = f"{_number(pair.speedup, '.3f')}x {_interval(pair.ci)}"
@@ -582,6 +744,13 @@ def write_terminal(
     for tournament in typed.tournaments:
         for line in tournament_lines(tournament):
             terminal.write_line(line)
+    header, rows = measurement_rows(typed)
+    if rows:
+        widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+        for row in [header, *rows]:
+            terminal.write_line("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+    for line in ceiling_lines(typed):
+        terminal.write_line(line)
     for note in notes:
         terminal.write_line(note)
     for error in errors:

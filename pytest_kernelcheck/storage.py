@@ -14,7 +14,7 @@ from __future__ import annotations
 import datetime as _datetime
 import re
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -98,10 +98,12 @@ def saved_runs(folder: str | Path) -> list[SavedRun]:
 
 @dataclass(frozen=True)
 class RunSpeedups:
-    """One saved run's speedup per comparison, keyed by (test node id, comparison name) as reports match rows."""
+    """One saved run's speedup and its interval per comparison, keyed by (test node id, comparison name) as
+    reports match rows (an interval end is None where unbounded)."""
 
     label: str  # the file name without .json: "0003_before-fusion"
     speedups: Mapping[tuple[str, str], float | None]
+    intervals: Mapping[tuple[str, str], tuple[float | None, float | None]] = field(default_factory=dict)
 
 
 def history(folder: str | Path, count: int) -> tuple[RunSpeedups, ...]:
@@ -121,7 +123,8 @@ def history(folder: str | Path, count: int) -> tuple[RunSpeedups, ...]:
         except _report.ReportError:
             continue
         speedups = {(row.nodeid, row.name): row.speedup for row in typed.comparisons}
-        found.append(RunSpeedups(label=run.path.stem, speedups=speedups))
+        intervals = {(row.nodeid, row.name): row.ci for row in typed.comparisons}
+        found.append(RunSpeedups(label=run.path.stem, speedups=speedups, intervals=intervals))
     return tuple(found)
 
 

@@ -13,7 +13,8 @@ Timers:
   With ``hold_gpu`` a spin kernel holds the GPU while the host queues each element (the blocking-kernel method
   of NVIDIA's nvbench), so every element runs from a full queue and its events measure device time alone; each
   hold lasts a margin over that element's own last host time, and elements the hold did not cover are counted. An optional L2
-  flush (a 256 MiB write, as ``triton.testing.do_bench`` does) runs before each element, outside its events.
+  flush (a write of twice the device's L2, at least 64 MiB: :func:`l2_flush_bytes`) runs before each element,
+  outside its events.
 - :class:`SimulatedTimer`: draws durations from given models on a virtual clock; it lets tests check the
   statistics against known truths (A/A, known slowdowns, drift) quickly and reproducibly.
 
@@ -35,6 +36,11 @@ BATCH_THRESHOLD_S = 50e-6
 # A batched sample aims at this duration; 20 calls of an 8 us kernel halved the noise on an H200.
 BATCH_TARGET_S = 200e-6
 MAX_CALLS_PER_SAMPLE = 1000
+# The L2 flush writes L2_FLUSH_FACTOR times the device's L2 (a write of the L2's size alone can leave lines of
+# the timed kernel's data resident, as L2 replacement is not strict LRU), at least L2_FLUSH_MIN_BYTES; when the
+# device does not report its L2, the 256 MiB that triton.testing.do_bench writes.
+L2_FLUSH_FACTOR = 2
+L2_FLUSH_MIN_BYTES = 64 * 1024 * 1024
 L2_FLUSH_BYTES = 256 * 1024 * 1024
 # hold_gpu: the spin kernel before an element lasts HOLD_MARGIN times that element's last host time (the time to
 # queue its calls), within these bounds.
@@ -43,6 +49,17 @@ HOLD_MIN_S = 200e-6
 HOLD_MAX_S = 2.0  # a host-bound callable batched 100 times can take a few hundred ms to queue
 # A comparison is flagged as throttled when the SM clock drops below this fraction of its starting value.
 THROTTLE_FRACTION = 0.9
+
+
+def l2_flush_bytes(l2_cache_bytes: int | None) -> int:
+    """Bytes the L2 flush writes for a device with ``l2_cache_bytes`` of L2 (None or 0: not reported).
+
+    >>> l2_flush_bytes(60 * 2**20) // 2**20, l2_flush_bytes(4 * 2**20) // 2**20, l2_flush_bytes(None) // 2**20
+    (120, 64, 256)
+    """
+    if not l2_cache_bytes or l2_cache_bytes <= 0:
+        return L2_FLUSH_BYTES
+    return max(L2_FLUSH_MIN_BYTES, L2_FLUSH_FACTOR * int(l2_cache_bytes))
 
 
 class TimedCallError(Exception):
@@ -120,7 +137,7 @@ class CudaEventTimer:
     [0.000412]
     """
 
-    def __init__(self, device: Any = None, flush_l2: bool = False, flush_bytes: int = L2_FLUSH_BYTES,
+    def __init__(self, device: Any = None, flush_l2: bool = False, flush_bytes: int | None = None,
                  hold_gpu: bool = False) -> None:
         import torch
 
@@ -138,8 +155,15 @@ class CudaEventTimer:
         # The lock must follow the physical GPU: with CUDA_VISIBLE_DEVICES, index 0 differs between processes.
         self.lock_key = f"cuda-{uuid}" if uuid else f"cuda-{self.device.index}"
         self.device_name = properties.name
+        l2_bytes = getattr(properties, "L2_cache_size", None)
+        self.flush_bytes = l2_flush_bytes(l2_bytes) if flush_bytes is None else int(flush_bytes)
+        self.flush_note = (
+            f"L2 flush: {self.flush_bytes // 2**20} MiB written before each sample"
+            + (f" ({L2_FLUSH_FACTOR}x the {l2_bytes // 2**20} MiB L2, at least {L2_FLUSH_MIN_BYTES // 2**20} MiB)"
+               if flush_bytes is None and l2_bytes else "")
+        ) if flush_l2 else None
         self._flush_buffer = (
-            torch.empty(flush_bytes // 4, dtype=torch.int32, device=self.device) if flush_l2 else None
+            torch.empty(self.flush_bytes // 4, dtype=torch.int32, device=self.device) if flush_l2 else None
         )
 
     def time_calls(self, fns: Sequence[Callable[[], Any]], repeat: int) -> list[float]:

@@ -76,7 +76,8 @@ def test_raises(kernel_ab):
         ]
     )
     data = json.loads((pytester.path / "out" / "ab.json").read_text())
-    assert set(data) == {"schema", "version", "created", "settings", "environment", "summary", "comparisons", "tournaments"}
+    assert set(data) == {"schema", "version", "created", "settings", "environment", "summary", "comparisons", "tournaments",
+                         "measurements"}
     assert data["settings"]["max_time"] == 0.2
     faster = next(r for r in data["comparisons"] if r["name"] == "test_faster[n5000]")
     for key in ("nodeid", "name", "shape", "verdict", "speedup", "ci", "p_value", "candidate_ms", "baseline_ms",
@@ -233,20 +234,20 @@ def test_bad_options_are_usage_errors(pytester, args, message):
 
 def test_ini_settings_and_help(pytester):
     pytester.makeini("[pytest]\nkernel_ab = true\nkernel_ab_max_time = 0.15\nkernel_ab_alpha = 0.01\n"
-                     "kernel_ab_hold_gpu = true\n")
+                     "kernel_ab_hold_gpu = true\nkernel_ab_ceilings = off\n")
     pytester.makepyfile(
         SORTS + "\ndef test_one(kernel_ab):\n    assert kernel_ab.compare(sort_small, sort_large).alpha == 0.01\n"
     )
     result = pytester.runpytest("-p", "no:cacheprovider", "--kernel-ab-report", "ini.json")
     result.assert_outcomes(passed=1)
     assert json.loads((pytester.path / "ini.json").read_text())["settings"] == {
-        "alpha": 0.01, "margin": 0.02, "max_time": 0.15, "hold_gpu": True
+        "alpha": 0.01, "margin": 0.02, "max_time": 0.15, "hold_gpu": True, "ceilings": "off"
     }
     help_text = pytester.runpytest("--help")
     help_text.stdout.fnmatch_lines(
         ["*--kernel-ab *", "*--kernel-ab-alpha*", "*--kernel-ab-margin*", "*--kernel-ab-max-time*",
          "*--kernel-ab-hold-gpu*", "*--kernel-ab-report=PATH*", "*--kernel-ab-compare=*RUN*",
-         "*--kernel-ab-save=NAME*",
+         "*--kernel-ab-save=NAME*", "*--kernel-ab-ceilings={on,off}*",
          "*kernel_ab_max_time*"]
     )
 
@@ -611,11 +612,14 @@ def test_the_markdown_report_shows_the_speedups_of_the_last_saved_runs(pytester)
     assert lines[start + 4].startswith("| fused |  | ")
     speedups = [float(cell.rstrip("x")) for cell in lines[start + 4].strip("| ").split(" | ")[2:]]
     assert speedups == [pytest.approx(2.0, rel=0.02), pytest.approx(2 / 3, rel=0.02), pytest.approx(1.0, rel=0.02)]
+    assert "![Speedup with its interval per saved run](r_trend.png)" in lines
+    assert (pytester.path / "r_trend.png").read_bytes()[:4] == b"\x89PNG"
 
     pytester.runpytest(*FAST, "--kernel-ab-report", "one.json", "--kernel-ab-history", "1").assert_outcomes(passed=1)
     assert "| comparison | shape | 0003_third | this run |" in (pytester.path / "one.md").read_text()
     pytester.runpytest(*FAST, "--kernel-ab-report", "none.json", "--kernel-ab-history", "0").assert_outcomes(passed=1)
     assert "Speedup history" not in (pytester.path / "none.md").read_text()
+    assert not (pytester.path / "none_trend.png").exists()
 
 
 def test_a_bad_history_count_is_a_usage_error(pytester):
@@ -623,3 +627,128 @@ def test_a_bad_history_count_is_a_usage_error(pytester):
     result = pytester.runpytest("--kernel-ab", "--kernel-ab-history", "-1")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--kernel-ab-history / kernel_ab_history: not a count >= 0: '-1'*"])
+
+
+RATED = """
+import pytest
+from pytest_kernelcheck.timing import SimulatedTimer
+
+def candidate():
+    pass
+
+def baseline():
+    pass
+
+@pytest.mark.shape(dict(n=1000), dtype=["bfloat16"])
+def test_rated(kernel_ab, shape):
+    timer = SimulatedTimer({candidate: lambda rng, now: 2e-3, baseline: lambda rng, now: 4e-3})
+    kernel_ab.compare(candidate, baseline, name="rated", timer=timer, flops=lambda s: 2 * s.n ** 3,
+                      bytes=lambda s: 4 * s.n * 1000)
+
+def test_measured(kernel_ab):
+    fn = lambda: None
+    timer = SimulatedTimer({fn: lambda rng, now: 1e-3})
+    result = kernel_ab.measure(fn, flops=1e9, bytes=1e6, dtype="float32", timer=timer, name="alone")
+    assert result.median_ms == pytest.approx(1.0) and result.stop_reason == "precise"
+"""
+
+# The conftest a project writes to inject its own ceilings; this one counts what it is asked to measure.
+FAKE_CEILINGS = """
+import pytest
+from pytest_kernelcheck.records import CeilingRecord
+from pytest_kernelcheck.throughput import CeilingMeter
+
+@pytest.fixture(scope="session")
+def kernel_ab_ceilings():
+    return CeilingMeter(measure=lambda timer, dtype: CeilingRecord("fake gpu", dtype, tflops=4.0, gbps=2.0))
+"""
+
+
+def test_throughput_ceilings_measurements_and_roofline_end_to_end(pytester):
+    pytester.makeconftest(FAKE_CEILINGS)
+    pytester.makepyfile(test_rated=RATED)
+    result = pytester.runpytest(*FAST, "--kernel-ab-report", "r.json")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines([
+        "comparison*cand ms*base ms*TFLOP/s cand/base*GB/s cand/base*speedup [[]CI[]]*",
+        "rated*bfloat16*2*4*1 / 0.5 (25% of ceiling)*2 / 1 (100% of ceiling)*2.000x*win*simulated*",
+        "measurement*median ms*CI ms*n*TFLOP/s*GB/s*method",
+        "alone*1*[[]1, 1[]]*20*1 (25% of ceiling)*1 (50% of ceiling)*simulated",
+        "Ceiling of fake gpu, bfloat16: 4 TFLOP/s; 2 GB/s",
+        "A/B report: r.json, r.md, r.png, r_roofline.png",
+    ])
+    data = json.loads((pytester.path / "r.json").read_text())
+    rated = data["comparisons"][0]["throughput"]
+    assert rated["candidate"] == {"flops": 2e9, "bytes": 4e6, "tflops": pytest.approx(1.0),
+                                  "gbps": pytest.approx(2.0), "tflops_pct": pytest.approx(25.0),
+                                  "gbps_pct": pytest.approx(100.0)}
+    assert rated["baseline"]["tflops"] == pytest.approx(0.5)
+    ceilings = data["environment"]["ceilings"]
+    assert ceilings["enabled"] is True
+    assert sorted(c["dtype"] for c in ceilings["measured"]) == ["bfloat16", "float32"]  # once each, from the records
+    measurement = data["measurements"][0]
+    assert (measurement["name"], measurement["median_ms"], measurement["ci_ms"]) == ("alone", 1.0, [1.0, 1.0])
+    assert len(measurement["samples"]["ms"]) == measurement["n_samples"] == 20
+    assert data["summary"]["measurements"] == 1
+    markdown = (pytester.path / "r.md").read_text()
+    assert "| alone |  | 1 | [1, 1] | 20 | 1 (25% of ceiling) | 1 (50% of ceiling) | simulated |" in markdown
+    assert "](r_roofline.png)" in markdown
+    assert (pytester.path / "r_roofline.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_cpu_runs_get_rates_without_a_ceiling_and_off_skips_the_measurement(pytester):
+    pytester.makepyfile(SORTS + """
+def test_rated(kernel_ab):
+    result = kernel_ab.compare(sort_small, sort_large, flops=5_000 * 13, bytes=40_000, dtype="float64")
+    assert result.candidate_throughput.tflops > 0 and result.candidate_throughput.tflops_pct is None
+""")
+    on = pytester.runpytest(*FAST, "--kernel-ab-report", "on.json")
+    on.assert_outcomes(passed=1)
+    on.stdout.fnmatch_lines(["Ceiling of cpu-clock, float64: not measured: ceilings are measured on CUDA devices "
+                             "only, and this ran on the CPU clock"])
+    row = json.loads((pytester.path / "on.json").read_text())["comparisons"][0]
+    assert row["ceiling"]["tflops"] is None and row["throughput"]["candidate"]["gbps"] > 0
+    off = pytester.runpytest(*FAST, "--kernel-ab-report", "off.json", "--kernel-ab-ceilings", "off")
+    off.assert_outcomes(passed=1)
+    off.stdout.fnmatch_lines(["Ceilings: not measured (--kernel-ab-ceilings off)"])
+    data = json.loads((pytester.path / "off.json").read_text())
+    assert "ceiling" not in data["comparisons"][0]
+    assert data["environment"]["ceilings"] == {"enabled": False, "measured": []}
+    assert data["settings"]["ceilings"] == "off"
+
+
+def test_bad_work_counts_fail_the_test_naming_the_argument(pytester):
+    pytester.makepyfile(SORTS + """
+def test_negative(kernel_ab):
+    kernel_ab.compare(sort_small, sort_large, flops=-1)
+
+def test_garbage_from_the_callable(kernel_ab, shape):
+    kernel_ab.measure(sort_small, bytes=lambda s: "lots")
+
+def test_callable_without_a_shape(kernel_ab):
+    kernel_ab.tournament({"a": sort_small, "b": sort_large}, flops={"a": lambda s: 1})
+
+@pytest.fixture
+def shape():
+    return {"n": 5}
+""")
+    result = pytester.runpytest(*FAST, "--kernel-ab-report", "bad.json")
+    result.assert_outcomes(failed=3)
+    result.stdout.fnmatch_lines_random([
+        "E * ValueError: flops= must be a finite number >= 0 per call, got -1",
+        "E * TypeError: bytes= (returned by its callable for shape {'n': 5}) must be a number per call (int or "
+        "float), got str: 'lots'",
+        "E * TypeError: variant 'a': flops= is a callable of the test's shape, but this test has no shape*",
+    ])
+    data = json.loads((pytester.path / "bad.json").read_text())
+    assert [row["verdict"] for row in data["comparisons"]] == ["error"]
+    assert data["measurements"][0]["error"].startswith("TypeError: bytes=")
+    assert data["tournaments"][0]["verdict"] == "error"
+
+
+def test_a_bad_ceilings_setting_is_a_usage_error(pytester):
+    pytester.makepyfile("def test_nothing():\n    pass\n")
+    pytester.makeini("[pytest]\nkernel_ab_ceilings = maybe\n")
+    result = pytester.runpytest("--kernel-ab")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--kernel-ab-ceilings / kernel_ab_ceilings: 'on' or 'off', got 'maybe'*"])

@@ -217,7 +217,9 @@ def test_report_files_are_written_whole_with_the_usual_permissions_and_no_tempor
     built = report.build_report(RECORDS, settings=SETTINGS)
     json_path = tmp_path / "out" / "ab.json"
     markdown, plot = report.companion_paths(json_path)
-    assert report.write_all(built, json_path) is None  # the plot note: None when the plot was written
+    written = report.write_all(built, json_path)
+    assert written.note is None  # the plot note: None when the plot was written
+    assert [path.name for path in written.paths] == ["ab.json", "ab.md", "ab.png"]  # no rated rows: no roofline
     assert report.load_report(json_path)["summary"]["comparisons"] == 5
     assert markdown.read_text().startswith("# Kernel A/B comparisons")
     assert plot.read_bytes()[:4] == b"\x89PNG"
@@ -301,3 +303,84 @@ def test_markdown_history_table_matches_rows_by_test_and_name(tmp_path):
     assert "| broken |  | - | - | - |" in text
     report.write_markdown(built, path)
     assert "Speedup history" not in path.read_text()
+
+
+def _rated(name, candidate_tflops, baseline_tflops, ceiling=None, **extra):
+    """A comparison row that gave flops and bytes (intensity 100 FLOPs per byte)."""
+    rates = {"candidate": {"flops": 1e12, "bytes": 1e10, "tflops": candidate_tflops, "gbps": candidate_tflops * 10,
+                           "tflops_pct": candidate_tflops / 10 if ceiling else None},
+             "baseline": {"flops": 1e12, "bytes": 1e10, "tflops": baseline_tflops, "gbps": baseline_tflops * 10}}
+    speedup = candidate_tflops / baseline_tflops
+    return comparison(name, "win", speedup, (speedup * 0.9, speedup * 1.1), 0.001, throughput=rates,
+                      ceiling=ceiling, **extra)
+
+
+CEILING = {"device": "cuda:0 (Fake)", "dtype": "bfloat16", "tflops": 1000.0, "gbps": 4000.0,
+           "flops_method": "matmul 8192^3 bfloat16, median of 10 (events)",
+           "bandwidth_method": "copy of 1 GiB (read + write), median of 10 (events)", "reason": None}
+MEASUREMENT = {"kind": "measurement", "nodeid": "test_x.py::m", "name": "mm", "shape": {"n": 64}, "median_ms": 1.5,
+               "ci_ms": [1.4, 1.6], "n_samples": 40, "method": "events",
+               "throughput": {"flops": 2e12, "bytes": 1e9, "tflops": 1333.0, "gbps": 667.0}, "ceiling": CEILING}
+
+
+def test_rated_rows_get_throughput_columns_and_the_environment_lists_each_ceiling_once(tmp_path):
+    records = RECORDS + [_rated("rated", 500.0, 400.0, CEILING), _rated("rated too", 300.0, 200.0, CEILING),
+                         MEASUREMENT]
+    built = report.build_report(records, settings={**SETTINGS, "ceilings": "on"}, environment={"hostname": "h"})
+    assert built["environment"]["ceilings"] == {"enabled": True, "measured": [CEILING]}
+    header, rows = report.table_rows(built)
+    assert header[4:6] == ["TFLOP/s cand/base", "GB/s cand/base"]
+    rated = rows[[r[0] for r in rows].index("rated")]
+    assert rated[4:6] == ["500 / 400 (50% of ceiling)", "5e+03 / 4e+03"]
+    assert rows[[r[0] for r in rows].index("fast")][4:6] == ["-", "-"]
+    json_path = tmp_path / "ab.json"
+    written = report.write_all(built, json_path)
+    assert [p.name for p in written.paths] == ["ab.json", "ab.md", "ab.png", "ab_roofline.png"]
+    assert (tmp_path / "ab_roofline.png").read_bytes()[:4] == b"\x89PNG"
+    text = (tmp_path / "ab.md").read_text()
+    assert "| rated | B=1 S=128 | 1 | 1.25 | 500 / 400 (50% of ceiling) | 5e+03 / 4e+03 | 1.250x" in text
+    assert "## Measurements (one function timed alone)" in text
+    assert "| mm | n=64 | 1.5 | [1.4, 1.6] | 40 | 1.33e+03 | 667 | events |" in text
+    assert ("Ceiling of cuda:0 (Fake), bfloat16: 1000 TFLOP/s (matmul 8192^3 bfloat16, median of 10 (events)); "
+            "4000 GB/s (copy of 1 GiB (read + write), median of 10 (events))") in text
+    assert "![Roofline: achieved TFLOP/s against arithmetic intensity](ab_roofline.png)" in text
+    assert "ab_trend.png" not in text  # no saved runs, no trend
+
+
+def test_roofline_points_need_both_flops_and_bytes():
+    only_flops = comparison("flops only", "win", 1.2, (1.1, 1.3), 0.001,
+                            throughput={"candidate": {"flops": 1e12, "tflops": 5.0}, "baseline": None})
+    built = report.build_report([only_flops, _rated("both", 500.0, 400.0)], settings=SETTINGS)
+    from pytest_kernelcheck import plots
+
+    assert [(label, x) for label, x, _ in plots.roofline_points(built)] == [
+        ("both (candidate)", 100.0), ("both (baseline)", 100.0)]
+    assert plots.write_roofline(report.build_report([only_flops], settings=SETTINGS), "/nonexistent/r.png") is None
+
+
+def test_ceilings_off_and_unmeasured_ceilings_are_said_so():
+    off = report.build_report([_rated("rated", 5.0, 4.0)], settings={**SETTINGS, "ceilings": "off"})
+    assert off["environment"]["ceilings"] == {"enabled": False, "measured": []}
+    assert report.ceiling_lines(off) == ["Ceilings: not measured (--kernel-ab-ceilings off)"]
+    cpu = {"device": "cpu-clock", "dtype": None, "reason": "not measured: ceilings are measured on CUDA devices only"}
+    on = report.build_report([_rated("rated", 5.0, 4.0, cpu)], settings=SETTINGS)
+    assert report.ceiling_lines(on) == [
+        "Ceiling of cpu-clock, no dtype: not measured: ceilings are measured on CUDA devices only"]
+    assert "ceilings" not in report.build_report(RECORDS, settings=SETTINGS)["environment"]
+
+
+def test_trend_plot_of_saved_runs_is_written_and_linked(tmp_path):
+    from pytest_kernelcheck import plots
+    from pytest_kernelcheck.storage import RunSpeedups
+
+    built = report.build_report(RECORDS, settings=SETTINGS)
+    key = ("test_x.py::fast", "fast")
+    history = [RunSpeedups("0001_old", {key: 1.1}, {key: (1.0, None)}), RunSpeedups("0002_new", {key: 1.15})]
+    assert plots.trend_series(built, history) == [
+        ("fast", [("0001_old", 1.1, 1.0, None), ("0002_new", 1.15, None, None), ("this run", 1.2, 1.15, 1.25)])]
+    written = report.write_all(built, tmp_path / "ab.json", history)
+    assert (tmp_path / "ab_trend.png") in written.paths
+    assert (tmp_path / "ab_trend.png").read_bytes()[:4] == b"\x89PNG"
+    text = (tmp_path / "ab.md").read_text()
+    assert text.index("## Speedup history") < text.index("![Speedup with its interval per saved run](ab_trend.png)")
+    assert plots.write_trend(built, [RunSpeedups("0001_other", {("x", "y"): 1.0})], tmp_path / "t.png") is None
