@@ -1,4 +1,6 @@
-"""The standard attention shapes (d_model 1024, H=16, D=64) with their byte and FLOP estimates.
+"""The standard attention shapes (d_model 1024, H=16, D=64) with their byte and FLOP estimates, and the FLOP and
+byte counts of one attention call that the A/B suite rates kernels by (:func:`attention_flops`,
+:func:`attention_io_bytes`).
 
 Case 14 (B=32, S=100,000) is the one whose materialized score matrix cannot exist on any GPU: the estimates make
 that explicit so tests can mark it intractable for a materialized reference while still running the kernel.
@@ -30,6 +32,53 @@ def dtype_bytes(dtype: torch.dtype) -> int:
         return _BYTES[dtype]
     except KeyError:
         raise ValueError(f"no byte size known for dtype {dtype}") from None
+
+
+# FLOPs of each pass, in units of the forward's 4*B*H*S_q*S_k*D: the forward is two matmuls (Q K^T and P V); the
+# backward five of the same size (the scores recomputed, dP = dO V^T, dV = P^T dO, dQ = dS K, dK = dS^T Q).
+_PASS_FLOPS = {"forward": 1.0, "backward": 2.5, "forward+backward": 3.5}
+
+
+def attention_flops(B: int, H: int, S_q: int, S_k: int, D: int, *, causal: bool, passes: str = "forward") -> float:
+    """Matmul FLOPs of attention over ``H`` query heads, counting only what a kernel that skips masked blocks
+    computes: 4*B*H*S_q*S_k*D for the forward, half of it when causal (S_q == S_k: the upper triangle is never
+    computed); ``passes`` "backward" is 2.5x the forward, "forward+backward" 3.5x. Softmax and scaling are not
+    counted (a few FLOPs per score, against 4*D).
+
+    Example:
+        >>> attention_flops(1, 16, 1024, 1024, 64, causal=False) / 1e9
+        4.294967296
+        >>> attention_flops(1, 16, 1024, 1024, 64, causal=True, passes="forward+backward") / 1e9
+        7.516192768
+    """
+    if passes not in _PASS_FLOPS:
+        raise ValueError(f"passes must be one of {', '.join(_PASS_FLOPS)}, got {passes!r}")
+    if causal and S_q != S_k:
+        raise ValueError(f"causal FLOPs are counted for S_q == S_k only, got S_q={S_q}, S_k={S_k}")
+    forward = 4.0 * B * H * S_q * S_k * D / (2 if causal else 1)
+    return forward * _PASS_FLOPS[passes]
+
+
+def attention_io_bytes(B: int, H: int, S_q: int, S_k: int, D: int, dtype: torch.dtype, *,
+                       kv_heads: int | None = None, passes: str = "forward") -> int:
+    """Bytes of device memory attention must move at least: the forward reads q, k, v and writes the output; the
+    backward reads q, k, v, the output and its gradient and writes dq, dk, dv. The fp32 per-row statistics
+    (log-sum-exp, the backward's row sums) are not counted: 4 bytes a row against 2*D or 4*D of each tensor.
+
+    Example:
+        >>> attention_io_bytes(1, 16, 1024, 1024, 64, torch.bfloat16) / 2**20
+        8.0
+        >>> attention_io_bytes(1, 16, 1024, 1024, 64, torch.bfloat16, kv_heads=4, passes="forward+backward") / 2**20
+        15.0
+    """
+    if passes not in _PASS_FLOPS:
+        raise ValueError(f"passes must be one of {', '.join(_PASS_FLOPS)}, got {passes!r}")
+    elem = dtype_bytes(dtype)
+    q_sized = B * H * S_q * D * elem  # q, the output, their gradients
+    kv_sized = B * (H if kv_heads is None else kv_heads) * S_k * D * elem  # k, v, their gradients
+    forward = 2 * q_sized + 2 * kv_sized
+    backward = 4 * q_sized + 4 * kv_sized
+    return {"forward": forward, "backward": backward, "forward+backward": forward + backward}[passes]
 
 
 @dataclass(frozen=True)
@@ -64,10 +113,8 @@ class Case:
 
     def flops(self, causal: bool = True, backward: bool = False) -> float:
         """Forward attention FLOPs, 4*B*H*S*S*D, halved when causal; backward counts 2.5x the forward."""
-        forward = 4.0 * self.B * self.H * self.S * self.S * self.D
-        if causal:
-            forward /= 2
-        return forward * (2.5 if backward else 1.0)
+        return attention_flops(self.B, self.H, self.S, self.S, self.D, causal=causal,
+                               passes="backward" if backward else "forward")
 
     def kernel_bytes(self, dtype: torch.dtype) -> int:
         """Least device memory a fused forward touches: q, k, v, the output and the fp32 log-sum-exp per row."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from flashlite.cases import attention_flops, attention_io_bytes
+
 needs_cuda = pytest.mark.skipif(
     not torch.cuda.is_available(),
     reason="GPU speed needs a CUDA GPU: CPU timings of an interpreted Triton kernel say nothing about GPU speed",
@@ -24,3 +26,14 @@ def attention_bytes(shape, copies: int = 5) -> int:
     """Memory estimate for an A/B pair: q, k, v and one output per side, with headroom for statistics."""
     elem = torch.empty((), dtype=shape.dtype).element_size()
     return int(copies * shape.B * shape.H * shape.S * shape.D * elem * 1.1)
+
+
+def attention_work(shape, *, passes: str = "forward", dtype: torch.dtype | None = None) -> dict:
+    """``flops`` and ``bytes`` of one causal self-attention call on ``shape`` (B, H, S, D; its dtype unless
+    ``dtype`` is given), for ``kernel_ab.compare``: the counts of flashlite.cases, the same for both sides."""
+    dtype = dtype or shape.dtype
+    return {
+        "flops": attention_flops(shape.B, shape.H, shape.S, shape.S, shape.D, causal=True, passes=passes),
+        "bytes": attention_io_bytes(shape.B, shape.H, shape.S, shape.S, shape.D, dtype, passes=passes),
+        "dtype": dtype,
+    }

@@ -1,7 +1,8 @@
 """A/B of flashlite's attention against SDPA's default backend, per case of flashlite.cases (GPU only).
 
 Run with ``pytest tests/perf --kernel-ab``. Each test first checks the candidate agrees with SDPA (so a wrong kernel
-is never timed), then hands both callables to the kernel_ab engine, which records the verdict for the report.
+is never timed), then hands both callables to the kernel_ab engine, which records the verdict for the report, with
+both sides' TFLOP/s and GB/s by the counts of ``flashlite.cases`` (causal: only the computed half of the scores).
 The targets these numbers are measured against are benchmark targets: only the dispatch test asserts a verdict,
 because ``backend="auto"`` exists to never be slower than SDPA.
 """
@@ -15,7 +16,7 @@ from flashlite.attention import attention
 from flashlite.cases import CASES
 from pytest_kernelcheck import assert_close
 
-from .conftest import attention_bytes, needs_cuda, qkv
+from .conftest import attention_bytes, attention_work, needs_cuda, qkv
 
 pytestmark = needs_cuda
 
@@ -47,13 +48,15 @@ def _forward_pair(shape, backend: str):
 @pytest.mark.shape(*CASE_SHAPES, dtype=[torch.bfloat16, torch.float16])
 @pytest.mark.memory(lambda shape: attention_bytes(shape))
 def test_forward_triton_vs_sdpa(shape, kernel_ab):
-    kernel_ab.compare(*_forward_pair(shape, "triton"), name=f"fwd triton vs sdpa {shape.dtype}", **_budget(shape))
+    kernel_ab.compare(*_forward_pair(shape, "triton"), name=f"fwd triton vs sdpa {shape.dtype}", **_budget(shape),
+                      **attention_work(shape))
 
 
 @pytest.mark.shape(*CASE_SHAPES, dtype=[torch.bfloat16])
 @pytest.mark.memory(lambda shape: attention_bytes(shape))
 def test_forward_auto_never_slower_than_sdpa(shape, kernel_ab):
-    kernel_ab.assert_not_slower(*_forward_pair(shape, "auto"), name="fwd auto vs sdpa", **_budget(shape))
+    kernel_ab.assert_not_slower(*_forward_pair(shape, "auto"), name="fwd auto vs sdpa", **_budget(shape),
+                                **attention_work(shape))
 
 
 @pytest.mark.shape(*CASE_SHAPES, dtype=[torch.float32])
@@ -61,13 +64,15 @@ def test_forward_auto_never_slower_than_sdpa(shape, kernel_ab):
 def test_forward_fp32_triton_vs_sdpa(shape, kernel_ab):
     if shape.case == 14:
         pytest.skip("case 14 in fp32: SDPA's memory-efficient kernel needs ~19 s a call (anchors), too long here")
-    kernel_ab.compare(*_forward_pair(shape, "triton"), name="fwd fp32 triton vs sdpa", **_budget(shape))
+    kernel_ab.compare(*_forward_pair(shape, "triton"), name="fwd fp32 triton vs sdpa", **_budget(shape),
+                      **attention_work(shape))
 
 
 @pytest.mark.shape(*[s | dict(D=128) for s in CASE_SHAPES if s["case"] != 14], dtype=[torch.bfloat16])
 @pytest.mark.memory(lambda shape: attention_bytes(shape))
 def test_forward_d128_triton_vs_sdpa(shape, kernel_ab):
-    kernel_ab.compare(*_forward_pair(shape, "triton"), name="fwd D128 triton vs sdpa", **_budget(shape))
+    kernel_ab.compare(*_forward_pair(shape, "triton"), name="fwd D128 triton vs sdpa", **_budget(shape),
+                      **attention_work(shape))
 
 
 BACKWARD_SHAPES = [dict(B=B, S=S, H=16, D=D) for D in (64, 128)
@@ -91,5 +96,6 @@ def test_forward_backward_triton_vs_sdpa(shape, kernel_ab):
     baseline = step(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True))
     # SDPA's backward accumulates dQ with atomics on the GPU, so its gradients differ between calls by rounding:
     # the exact repeat-output check would reject the baseline for that, not for skipped work.
-    kernel_ab.compare(candidate, baseline, name="fwd+bwd triton vs sdpa", check_output=False, **_budget(shape))
+    kernel_ab.compare(candidate, baseline, name="fwd+bwd triton vs sdpa", check_output=False, **_budget(shape),
+                      **attention_work(shape, passes="forward+backward"))
 

@@ -14,6 +14,8 @@ import torch.nn.functional as F
 
 from flashlite.attention import attention
 
+from .conftest import attention_work
+
 CPU_SHAPES = [dict(B=1, S=256, H=8, D=64), dict(B=4, S=128, H=8, D=64)]
 
 
@@ -35,7 +37,8 @@ def test_cpu_sdpa_vs_materialized(shape, kernel_ab):
     candidate = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
     baseline = lambda: materialized_attention(q, k, v)  # noqa: E731
     torch.testing.assert_close(candidate(), baseline(), rtol=1e-4, atol=1e-5)
-    kernel_ab.compare(candidate, baseline, name="cpu: sdpa vs materialized", max_time=1.0)
+    kernel_ab.compare(candidate, baseline, name="cpu: sdpa vs materialized", max_time=1.0,
+                      **attention_work(shape, dtype=torch.float32))
 
 
 @pytest.mark.shape(*CPU_SHAPES)
@@ -44,4 +47,5 @@ def test_cpu_auto_dispatch_overhead(shape, kernel_ab):
     candidate = lambda: attention(q, k, v, causal=True, backend="auto")  # noqa: E731
     baseline = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
     torch.testing.assert_close(candidate(), baseline())
-    kernel_ab.compare(candidate, baseline, name="cpu: auto vs sdpa", max_time=1.0)
+    kernel_ab.compare(candidate, baseline, name="cpu: auto vs sdpa", max_time=1.0,
+                      **attention_work(shape, dtype=torch.float32))

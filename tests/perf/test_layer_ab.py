@@ -3,6 +3,11 @@
 The baseline is what a user already has: ``PlainTransformerBlock`` in bf16 (nn.LayerNorm, nn.Linear, SDPA, exact
 GELU) under ``torch.compile`` (default mode), and the same block eager. The candidate is the layer in "mixed"
 precision (fp32 residual stream and statistics, bf16 matmul operands), inference, bf16 input.
+
+Both sides are rated by one count of the block's work (:func:`_layer_work`): FLOPs of its six matmuls and of causal
+attention (LayerNorm, GELU and residual adds, a few FLOPs per element, are not counted); bytes of its bf16 weights
+read once plus the bf16 input read and output written, which is what a block fused end to end must move (the
+intermediate activations that unfused kernels write and read back are not counted).
 """
 from __future__ import annotations
 
@@ -11,7 +16,7 @@ import copy
 import pytest
 import torch
 
-from flashlite.cases import CASES
+from flashlite.cases import CASES, attention_flops
 from flashlite.layer import FUSIONS, CudaGraphRunner, PlainTransformerBlock, TransformerLayer
 from pytest_kernelcheck import assert_close
 
@@ -21,6 +26,15 @@ pytestmark = needs_cuda
 
 D_MODEL, N_HEADS, D_FF = 1024, 16, 4096
 LAYER_SHAPES = [dict(case=c.number, B=c.B, S=c.S) for c in CASES if c.number <= 13]
+
+
+def _layer_work(shape) -> dict:
+    """``flops``, ``bytes`` and ``dtype`` of one forward of the block on [B, S, D_MODEL] (see the module docstring)."""
+    tokens = shape.B * shape.S
+    weights = 4 * D_MODEL * D_MODEL + 2 * D_MODEL * D_FF  # q, k, v, out projections; fc1, fc2
+    flops = 2.0 * tokens * weights + attention_flops(shape.B, N_HEADS, shape.S, shape.S, D_MODEL // N_HEADS,
+                                                     causal=True)
+    return {"flops": flops, "bytes": 2 * (weights + 2 * tokens * D_MODEL), "dtype": torch.bfloat16}
 
 
 def _activation_bytes(shape) -> int:
@@ -51,7 +65,8 @@ def test_layer_vs_compiled_plain_block(shape, kernel_ab, blocks):
     x = _inputs(shape)
     if shape.B * shape.S <= 8192:  # the layer agrees with the same weights in fp32 before it is timed
         assert_close(layer(x).float(), plain_fp32(x.float()).double(), policy="bf16", baseline=compiled(x).float())
-    kernel_ab.compare(lambda: layer(x), lambda: compiled(x), name="layer mixed vs compiled plain bf16")
+    kernel_ab.compare(lambda: layer(x), lambda: compiled(x), name="layer mixed vs compiled plain bf16",
+                      **_layer_work(shape))
 
 
 @pytest.mark.shape(*LAYER_SHAPES)
@@ -60,7 +75,8 @@ def test_layer_vs_compiled_plain_block(shape, kernel_ab, blocks):
 def test_layer_vs_eager_plain_block(shape, kernel_ab, blocks):
     plain, _, layer, _ = blocks
     x = _inputs(shape)
-    kernel_ab.compare(lambda: layer(x), lambda: plain(x), name="layer mixed vs eager plain bf16")
+    kernel_ab.compare(lambda: layer(x), lambda: plain(x), name="layer mixed vs eager plain bf16",
+                      **_layer_work(shape))
 
 
 @pytest.mark.shape(dict(case=1, B=1, S=128), dict(case=2, B=1, S=1024), dict(case=10, B=128, S=128))
@@ -70,7 +86,8 @@ def test_cuda_graph_layer_vs_compiled_plain_block(shape, kernel_ab, blocks):
     x = _inputs(shape)
     runner = CudaGraphRunner(layer)
     assert_close(runner(x).float(), layer(x).double(), policy="bf16")
-    kernel_ab.compare(lambda: runner(x), lambda: compiled(x), name="layer cuda-graph vs compiled plain bf16")
+    kernel_ab.compare(lambda: runner(x), lambda: compiled(x), name="layer cuda-graph vs compiled plain bf16",
+                      **_layer_work(shape))
 
 
 # Token counts 128 to 16,384, so that the crossover behind flashlite.layer.FUSED_MIN_TOKENS is measured.
@@ -89,7 +106,7 @@ def test_fusion_tournament(shape, kernel_ab, blocks):
                                                            fusions={"triton_layer_norm", "add_layer_norm"}).eval(),
     }
     result = kernel_ab.tournament({name: (lambda m=m: m(x)) for name, m in variants.items()},
-                                  name="layer fusion variants")
+                                  name="layer fusion variants", **_layer_work(shape))
     assert result.best in variants
 
 
