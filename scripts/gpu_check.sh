@@ -4,8 +4,12 @@
 #   tests    tests/flashlite and tests/kernelcheck on the GPU (one config per kernel: FLASHLITE_AUTOTUNE=0 unless the
 #            caller sets FLASHLITE_AUTOTUNE=1, which autotunes every shape class the tests touch);
 #            TEST_PATHS="a.py b/" runs those paths instead (extra arguments are for options such as -k)
-#   ab       the A/B suite, tests/perf --kernel-ab: report JSON (every sample), markdown and plot; with "all", the
-#            dispatch table flashlite/dispatch_tables/<gpu>.json is regenerated from that report
+#   ab       the A/B suite, tests/perf --kernel-ab: report JSON (every sample), markdown, plots (speedup, roofline,
+#            trend over saved runs); with "all", the dispatch table flashlite/dispatch_tables/<gpu>.json is
+#            regenerated from that report. Every A/B run is saved (--kernel-ab-autosave: named by commit and time)
+#            in the run storage AB_STORAGE (default benchmarks/kernelcheck, tracked, so earlier runs travel with
+#            the checkout and the report shows their history); when OUT is set the storage folder is copied to
+#            $OUT/results/kernelcheck/, to be copied back over benchmarks/kernelcheck/ and committed
 #   scaling  benchmarks/scaling.py (time and memory as S and B grow; SCALING_ARGS, default --quick for a single
 #            stage and the full sweep for "all")
 #   all      all of the above (about 30-40 minutes on an H200)
@@ -84,8 +88,14 @@ fi
 if [[ $stage == ab || $stage == all ]]; then
   # SIGINT at the limit lets pytest write the report of what finished.
   # AB_PATHS picks the files (and their order) when one call cannot hold the whole suite.
+  # The saved run is written at session finish, so a run stopped at AB_LIMIT is saved with what finished.
+  ab_storage=${AB_STORAGE:-benchmarks/kernelcheck}
   timeout -s INT -k 20 "${AB_LIMIT:-$(remote 420)}" python3 -m pytest ${AB_PATHS:-tests/perf} --kernel-ab \
-    --kernel-ab-report "$R/ab_report.json" -q -p no:cacheprovider "$@" > "$R/ab.log" 2>&1
+    --kernel-ab-report "$R/ab_report.json" --kernel-ab-autosave --kernel-ab-storage "$ab_storage" \
+    -q -p no:cacheprovider "$@" > "$R/ab.log" 2>&1
+  if [[ -n ${OUT:-} && -d $ab_storage ]]; then
+    mkdir -p "$R/kernelcheck" && cp -r "$ab_storage"/. "$R/kernelcheck/"
+  fi
 fi
 if [[ $stage == scaling || $stage == all ]]; then
   # scaling.json is rewritten after every point, so a run stopped at SCALING_LIMIT keeps what it measured.
