@@ -10,7 +10,7 @@ GPU, date and commit it came from. Where no table or entry applies, a fixed rule
   Triton kernel uses tensor cores with fp32 accumulation (see ``precision`` in ``flashlite.attention``);
 * anything else: SDPA, the safe choice when nothing has been measured.
 
-Decisions are cached per key, so a repeated shape costs a dictionary lookup.
+Callers decide once per call signature: ``flashlite.attention`` keeps each decision in the signature's plan.
 """
 from __future__ import annotations
 
@@ -118,8 +118,7 @@ def _slug_of(q: torch.Tensor) -> str | None:
     return _device_slug(q.device.index if q.device.index is not None else torch.cuda.current_device())
 
 
-@functools.lru_cache(maxsize=4096)
-def _decide_cached(slug: str | None, dtype: torch.dtype, head_dim: int, causal: bool | str, batch: int,
+def _decide(slug: str | None, dtype: torch.dtype, head_dim: int, causal: bool | str, batch: int,
                    seq_len: int) -> Decision:
     if slug is None:
         return Decision("sdpa", "CPU tensors: SDPA runs natively, the Triton kernel only through its interpreter")
@@ -151,4 +150,4 @@ def choose_backend(q: torch.Tensor, *, causal: bool | str, seq_k: int,
         return Decision("sdpa", f"kernel cannot run this call: {unsupported}")
     slug = _slug_of(q)
     batch, _, seq_q, head_dim = q.shape
-    return _decide_cached(slug, q.dtype, head_dim, causal, batch, max(seq_q, seq_k))
+    return _decide(slug, q.dtype, head_dim, causal, batch, max(seq_q, seq_k))

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 attn_mod = importlib.import_module("flashlite._attention.api")
 attn_launch = importlib.import_module("flashlite._attention.launch")
 attn_ops = importlib.import_module("flashlite._attention.ops")
-attn_validation = importlib.import_module("flashlite._attention.validation")
+attn_plans = importlib.import_module("flashlite._attention.plans")
 
 
 def host_us(fn, n: int = 400) -> float:
@@ -56,32 +56,29 @@ def graph_us(fn, n: int = 20) -> float:
 def main() -> None:
     for B, S in ((1, 128), (64, 256), (128, 128), (256, 64)):
         q, k, v = (torch.randn(B, 16, S, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-        call = attn_validation._validate(q, k, v, True, None, None, None, "triton", None)
-        args = (q, k, v, None, None, 1, call.scale, call.precision)
+        attn_mod.attention(q, k, v, causal=True, backend="triton")
+        attn_mod.attention(q, k, v, causal=True, backend="triton")  # records the plan's launch
+        key = attn_plans.signature(q, k, v, None, None, True, None, "triton", None)
+        plan = attn_plans._PLANS[key]
+        problem = plan.problem
+        args = (q, k, v, None, None, 1, problem.scale, problem.precision)
+        auto_key = attn_plans.signature(q, k, v, None, None, True, None, "auto", None)
         paths = {
             "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
             "attention(triton)": lambda: attn_mod.attention(q, k, v, causal=True, backend="triton"),
             "attention(auto)": lambda: attn_mod.attention(q, k, v, causal=True, backend="auto"),
             "custom op": lambda: attn_ops.attention_forward_op(*args),
-            "launcher only": lambda: attn_launch._launch_forward(*args),
-        }
-        attn_mod.attention(q, k, v, causal=True, backend="triton")
-        attn_mod.attention(q, k, v, causal=True, backend="triton")  # records the plan's launch
-        plan = next((p for key, p in attn_mod._PLANS.items() if key[0] == q.shape and key[14] == "triton"), None)
-        recorded = getattr(plan, "recorded", None)
-        out, lse = torch.empty_like(q), torch.empty(q.shape[:3], device="cuda", dtype=torch.float32)
-        key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
-               q.device, k.device, v.device, True, None, "auto", None)
-        paths.update({
-            "plan key + lookup": lambda: attn_mod._PLANS.get((q.shape, k.shape, v.shape, q.stride(), k.stride(),
-                                                             v.stride(), q.dtype, k.dtype, v.dtype, q.device,
-                                                             k.device, v.device, True, None, "auto", None)),
-            "dict lookup only": lambda: attn_mod._PLANS.get(key),
+            "launcher only": lambda: attn_launch.launch_forward(q, k, v, None, plan, need_lse=False),
+            "plan key + lookup": lambda: attn_plans._PLANS.get(attn_plans.signature(q, k, v, None, None, True,
+                                                                                    None, "auto", None)),
+            "dict lookup only": lambda: attn_plans._PLANS.get(auto_key),
             "two torch.empty": lambda: (torch.empty((B, 16, S, 64), dtype=q.dtype, device=q.device),
                                         torch.empty((B, 16, S), dtype=torch.float32, device=q.device)),
-        })
+        }
+        recorded = plan.recorded.get("inference")
+        out = torch.empty_like(q)
         if recorded is not None:
-            paths["recorded launch only"] = lambda: recorded.launch(q, k, v, out, lse, q, q)
+            paths["recorded launch only"] = lambda: recorded.launch(q, k, v, out, out, q, q)
         for name, fn in paths.items():
             host = host_us(fn)
             try:

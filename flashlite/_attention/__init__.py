@@ -2,14 +2,16 @@
 
 Modules, each importing only those above it:
 
-* ``validation``: validate a call into the ``_Call`` record; why the Triton kernel cannot run one; the constants;
-* ``launch``: the launchers ``attention_forward`` / ``attention_backward``, tuned configs and the launch cache;
-* ``ops``: the custom ops ``flashlite::attention_forward`` / ``attention_backward``, fakes, autograd, and the
-  eager Triton path ``_triton_attention``;
+* ``validation``: validate a call into a ``Problem``; why the Triton kernel cannot run one; the constants;
+* ``plans``: the plan cache, one ``Plan`` per call signature (its problem, decision, configs and recorded launches);
+* ``launch``: launching a plan's kernels (grids, configs, recording and replay), and the public launchers
+  ``attention_forward`` / ``attention_backward``;
+* ``ops``: the custom ops ``flashlite::attention_forward`` / ``attention_backward``, fakes, autograd, and
+  ``run_triton``, how a Triton plan runs a call;
 * ``sdpa`` (imports ``validation`` only): the SDPA path, its masks and its agreement with the kernel;
-* ``plans``: the backend decision and its logging, and ``_TritonPlan``, the replay of a decided Triton call;
-* ``api``: ``attention()`` and ``explain_dispatch()``, and ``_PLANS``, the decided calls ``attention()`` replays.
+* ``decide``: the backend decision and its logging, and ``make_plan``;
+* ``api``: ``attention()`` and ``explain_dispatch()``.
 
-Each module-level setting (``_GRID_AXIS1_LIMIT``, ``_TUNED_CONFIGS``, ``_USE_LAUNCH_CACHE``, ``_LAUNCHES`` in
-``launch``; ``_PLANS`` in ``api``) lives in the one module that reads it: patch it there.
+Each module-level setting (``_GRID_AXIS1_LIMIT`` in ``launch``; ``_PLANS``, ``MAX_PLANS`` and ``RECORD_LAUNCHES``
+in ``plans``) lives in the one module that reads it: patch it there.
 """

@@ -1,18 +1,17 @@
-"""The public ``attention()`` and ``explain_dispatch()``: validate, decide, and replay decided calls from ``_PLANS``.
+"""The public ``attention()`` and ``explain_dispatch()``: replay a call's plan, or make and keep it.
 
-Imports every other module of the package; ``flashlite.attention`` re-exports its two functions.
+Imports ``plans``, ``decide`` and ``sdpa``; ``flashlite.attention`` re-exports the two functions.
 """
-import functools
-from typing import Callable, Optional, Union
+from typing import Optional, Union
 
 import torch
-import torch.nn.functional as F
 
-from flashlite._attention.ops import _triton_attention
-from flashlite._attention.plans import _decide, _decide_with_mask, _log_decision, _TritonPlan
-from flashlite._attention.sdpa import _sdpa_attention
-from flashlite._attention.validation import CAUSAL_BOTTOM_RIGHT, CAUSAL_TOP_LEFT, _validate
+from flashlite._attention import plans
+from flashlite._attention.decide import decide_with_mask, log_decision, make_plan
+from flashlite._attention.sdpa import sdpa_attention
+from flashlite._attention.validation import validate
 from flashlite.dispatch import Decision
+
 
 def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: Union[bool, str] = False,
                      scale: Optional[float] = None, key_padding_mask: Optional[torch.Tensor] = None,
@@ -28,11 +27,12 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causa
         >>> print(explain_dispatch(q, q, q).reason)
         kernel cannot run this call: head dim 8 is outside the kernel's range 16..256
     """
-    call = _validate(q, k, v, causal, scale, key_padding_mask, key_lengths, backend, precision)
-    decision = _decide_with_mask(q, k, call, backend, attn_mask) if attn_mask is not None else \
-        _decide(q, k, v, call, backend)
-    _log_decision(decision, q, k)
-    return decision
+    if attn_mask is not None:
+        validate(q, k, v, causal, scale, key_padding_mask, key_lengths, backend, precision)
+        decision = decide_with_mask(q, k, backend, attn_mask)
+        log_decision(decision, q, k)
+        return decision
+    return make_plan(q, k, v, causal, scale, key_padding_mask, key_lengths, backend, precision).decision
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: Union[bool, str] = False,
@@ -60,8 +60,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: Unio
             has no such input, so these calls run on SDPA (``backend="triton"`` refuses them); rows that see no
             key still give zeros.
         backend: "auto" (per-shape choice from ``flashlite.dispatch``; see ``explain_dispatch``), "triton" or
-            "sdpa". Calls without masks are validated and decided once per signature (shapes, strides, dtypes,
-            devices, arguments) and replayed after that; with FLASHLITE_DEBUG_DISPATCH=1 each signature's
+            "sdpa". Calls without ``attn_mask`` are validated and decided once per signature (shapes, strides,
+            dtypes, devices, arguments) and replayed after that; with FLASHLITE_DEBUG_DISPATCH=1 each signature's
             decision is logged when it is made (logger ``flashlite.attention``, level DEBUG).
         precision: float32 inputs only: "tf32" (default), "ieee" or "bf16" dot products in the Triton kernel.
 
@@ -73,49 +73,19 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: Unio
         >>> attention(q, k, v, causal=True, backend="sdpa").shape
         torch.Size([2, 4, 10, 16])
     """
-    if attn_mask is not None:
-        call = _validate(q, k, v, causal, scale, key_padding_mask, key_lengths, backend, precision)
-        decision = _decide_with_mask(q, k, call, backend, attn_mask)
-        _log_decision(decision, q, k)
-        return _sdpa_attention(q, k, v, call, attn_mask)
-    plan_key = None
-    if key_padding_mask is None and key_lengths is None and not torch.compiler.is_compiling():
+    if attn_mask is not None:  # arbitrary masks and biases run on SDPA, unplanned: their cost dwarfs validation
+        problem = validate(q, k, v, causal, scale, key_padding_mask, key_lengths, backend, precision)
+        log_decision(decide_with_mask(q, k, backend, attn_mask), q, k)
+        return sdpa_attention(q, k, v, key_padding_mask if key_lengths is None else key_lengths, problem, attn_mask)
+    key_mask = key_padding_mask if key_lengths is None else key_lengths
+    key = None
+    if not torch.compiler.is_compiling():  # under torch.compile the plan is made at trace time, not kept
         try:
-            # causal and scale join the key with their classes: 1 == True == 1.0 hash alike, but validation refuses
-            # causal=1 and scale=True, so a plan made for one must never answer the other. (Flat, not nested
-            # tuples: the key is built on every call, and a nested tuple costs a tenth of a microsecond.)
-            plan_key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
-                        q.device, k.device, v.device, causal, causal.__class__, scale, scale.__class__, backend,
-                        precision)
-            plan = _PLANS.get(plan_key)
-        except (AttributeError, TypeError):  # not tensors, or unhashable arguments: _validate names the problem
-            plan_key = plan = None
+            key = plans.signature(q, k, v, key_padding_mask, key_lengths, causal, scale, backend, precision)
+            plan = plans._PLANS.get(key)
+        except (AttributeError, TypeError):  # not tensors, or unhashable arguments: validation names the problem
+            key = plan = None
         if plan is not None:
-            return plan(q, k, v)
-    call = _validate(q, k, v, causal, scale, key_padding_mask, key_lengths, backend, precision)
-    decision = _decide(q, k, v, call, backend)
-    _log_decision(decision, q, k)
-    if plan_key is not None and len(_PLANS) < _MAX_PLANS:
-        if (decision.backend == "sdpa" and call.causal_mode != CAUSAL_BOTTOM_RIGHT
-                and not (call.causal_mode == CAUSAL_TOP_LEFT and k.shape[2] > q.shape[2])):
-            # Only the arguments the call needs (SDPA parses every keyword it is given, on every call), bound in a
-            # partial so that a replay costs one C-level call.
-            sdpa_kwargs = {"is_causal": call.causal_mode == CAUSAL_TOP_LEFT}
-            if scale is not None:
-                sdpa_kwargs["scale"] = call.scale
-            if q.shape[1] != k.shape[1]:
-                sdpa_kwargs["enable_gqa"] = True
-            _PLANS[plan_key] = functools.partial(F.scaled_dot_product_attention, **sdpa_kwargs)
-        elif decision.backend == "triton":
-            _PLANS[plan_key] = _TritonPlan(call)
-        else:
-            _PLANS[plan_key] = functools.partial(_sdpa_attention, call=call)
-    if decision.backend == "triton":
-        return _triton_attention(q, k, v, call)
-    return _sdpa_attention(q, k, v, call)
-
-
-# A validated, decided call without masks, keyed by shapes, strides, dtypes, devices and arguments, and replayed
-# for later calls with the same key: a repeated call costs a dictionary lookup, not a validation and a dispatch.
-_PLANS: dict[tuple, Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]] = {}
-_MAX_PLANS = 4096  # past this many distinct call signatures, new ones are validated every time
+            return plan.run(q, k, v, key_mask)
+    plan = plans.keep(key, make_plan(q, k, v, causal, scale, key_padding_mask, key_lengths, backend, precision))
+    return plan.run(q, k, v, key_mask)

@@ -1,21 +1,27 @@
-"""Launch the attention kernels: check what they assume, allocate, build grids and tuning keys, and launch.
+"""Launch the attention kernels for a plan: check what they assume, allocate, build grids, configs, and launch.
 
-The launchers ``attention_forward`` / ``attention_backward`` (public) check their arguments; the ``_launch_*``
-functions behind them assume a validated call. A launch takes a forced config, a tuned one (``_TUNED_CONFIGS``) or
-the autotuner, and goes through the launch cache ``_LAUNCHES``. Imports ``validation`` only.
+Every launch belongs to a ``Plan`` (``plans``): its config comes from the plan (forced, or the autotuner's choice
+for the plan's tuning key, asked once), and on CUDA its first launch with a known config is recorded in the plan so
+that later calls replay the compiled kernel with their own tensors (``flashlite._direct_launch``). Each launch
+site names its kernel's leading tensors once, in one tuple, for the ordinary launch, the recording and the replay.
+The public launchers ``attention_forward`` / ``attention_backward`` (what the custom ops call) check their flat
+arguments and keep a plan per signature too. Imports ``validation`` and ``plans``.
 """
 import math
 import os
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
 from flashlite import _direct_launch, _runtime
-from flashlite._attention.validation import _CAUSAL_ARGUMENT, _TRITON_ERROR, _kernel_unsupported, _validate
+from flashlite._attention import plans
+from flashlite._attention.plans import Plan
+from flashlite._attention.validation import _CAUSAL_ARGUMENT, _TRITON_ERROR, Problem, kernel_unsupported, validate
 from flashlite._intmath import cdiv, next_power_of_2
+from flashlite.dispatch import Decision
 
-if _TRITON_ERROR is None:  # without Triton, _kernel_unsupported keeps every call away from these launchers
+if _TRITON_ERROR is None:  # without Triton, kernel_unsupported keeps every call away from these launchers
     import triton
 
     from flashlite.kernels import attention_bwd as _bwd
@@ -37,37 +43,55 @@ def _dot_mode(precision: str) -> str:
     return precision
 
 
-def _key_mask_args(q: torch.Tensor, key_padding_mask: Optional[torch.Tensor],
-                   key_lengths: Optional[torch.Tensor]) -> tuple[str, torch.Tensor, torch.Tensor, int, int]:
-    """(KEY_MASK mode, mask pointer, lengths pointer, mask strides); unused pointers get a placeholder tensor."""
-    if key_padding_mask is not None:
-        mask = key_padding_mask.view(torch.uint8)  # same bytes; Triton loads bytes more predictably than i1
-        return "bool", mask, q, mask.stride(0), mask.stride(1)
-    if key_lengths is not None:
+@dataclass(frozen=True)
+class _Kernel:
+    """One tunable kernel: its autotuned and fixed-config entry points, GPU configs and pruning."""
+
+    name: str  # the key of its config in ``Plan.configs``
+    autotuned: Any
+    fixed: Any
+    gpu_blocks: list
+    prune: Any
+
+
+if _TRITON_ERROR is None:
+    _FORWARD = _Kernel("forward", _fwd.attn_fwd, _fwd.attn_fwd_fixed, _fwd.FWD_GPU_BLOCKS, _fwd.prune_fwd_configs)
+    _DKDV = _Kernel("dkdv", _bwd.attn_bwd_dkdv, _bwd.attn_bwd_dkdv_fixed, _bwd.DKDV_GPU_BLOCKS,
+                    _bwd.prune_dkdv_configs)
+    _DQ = _Kernel("dq", _bwd.attn_bwd_dq, _bwd.attn_bwd_dq_fixed, _bwd.DQ_GPU_BLOCKS, _bwd.prune_dq_configs)
+
+
+def _key_mask_args(q: torch.Tensor, key_mask: Optional[torch.Tensor],
+                   problem: Problem) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    """(mask pointer, lengths pointer, mask strides); unused pointers get a placeholder tensor (q)."""
+    if problem.key_masking == "bool":
+        mask = key_mask.view(torch.uint8)  # same bytes; Triton loads bytes more predictably than i1
+        return mask, q, mask.stride(0), mask.stride(1)
+    if problem.key_masking == "lengths":
         # The kernels read lengths[b] at offset b: a strided view (lengths[::2]) is copied, [B] elements.
-        return "lengths", q, key_lengths.contiguous(), 0, 0
-    return "none", q, q, 0, 0
+        return q, key_mask.contiguous(), 0, 0
+    return q, q, 0, 0
 
 
 def _check_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: Optional[torch.Tensor],
-                  key_lengths: Optional[torch.Tensor], causal_mode: int, scale: float, precision: str) -> None:
+                  key_lengths: Optional[torch.Tensor], causal_mode: int, scale: float, precision: str) -> Problem:
     # The custom ops are public through torch.ops: check what the kernels would otherwise get silently wrong.
     if causal_mode not in _CAUSAL_ARGUMENT:
         raise ValueError(f"causal_mode must be 0, 1 or 2, got {causal_mode}")
-    call = _validate(q, k, v, _CAUSAL_ARGUMENT[causal_mode], scale, key_padding_mask, key_lengths, "triton",
-                     precision if q.dtype == torch.float32 else None)
-    if precision != call.precision:
-        raise ValueError(f"precision {precision!r} does not fit {q.dtype} inputs (expected {call.precision!r})")
-    reason = _kernel_unsupported(q, k, v, key_padding_mask)
+    problem = validate(q, k, v, _CAUSAL_ARGUMENT[causal_mode], scale, key_padding_mask, key_lengths, "triton",
+                       precision if q.dtype == torch.float32 else None)
+    if precision != problem.precision:
+        raise ValueError(f"precision {precision!r} does not fit {q.dtype} inputs (expected {problem.precision!r})")
+    reason = kernel_unsupported(q, k, v, key_padding_mask)
     if reason is not None:
         raise ValueError(f"the Triton kernel cannot run this call: {reason}")
+    return problem
 
 
 @dataclass(frozen=True)
 class _Grid:
     """Grid: sequence blocks on axis 0 (no practical limit), groups of BH_PER_PROGRAM (batch, head) pairs (one
-    pair unless the config says more) on axis 1, flattened into axis 0 if batch * heads passes axis 1's limit.
-    A frozen dataclass rather than a closure so that it can key a launch cache: equal grids, equal fields."""
+    pair unless the config says more) on axis 1, flattened into axis 0 if batch * heads passes axis 1's limit."""
 
     seq: int
     block_key: str
@@ -88,53 +112,71 @@ def _config_kwargs(config: "triton.Config") -> dict:
     return {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
 
 
-# Configs the autotuner chose, per (autotuned kernel, tuning key). Once a key is tuned, launches go straight to the
-# kernel with that config: the autotuner's per-call bookkeeping costs tens of microseconds of host time, as much
-# as a whole small kernel.
-_TUNED_CONFIGS: dict[tuple, dict] = {}
+def _forced_config(config: BlockConfig, kernel: "_Kernel") -> dict:
+    if (not isinstance(config, tuple) or len(config) not in (4, 5)
+            or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in config)):
+        raise ValueError(f"config must be (BLOCK_M, BLOCK_N, num_warps, num_stages[, BH_PER_PROGRAM]) of positive "
+                         f"integers, got {config!r}")
+    block_m, block_n, num_warps, num_stages, *pairs = config
+    if pairs and kernel.name != "forward":
+        raise ValueError(f"config {config!r}: only the forward kernel takes a fifth entry (BH_PER_PROGRAM)")
+    return {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": num_warps, "num_stages": num_stages,
+            **({"BH_PER_PROGRAM": pairs[0]} if pairs else {})}
 
 
-# Every launch of a known config goes through a cache of recorded launches (flashlite._direct_launch.LaunchCache),
-# the backward kernels and autograd calls included: Triton's per-call argument binding costs more host time than a
-# small kernel runs. FLASHLITE_LAUNCH_CACHE=0 turns it off (ordinary launches); replayed inference plans record
-# their forward launch either way.
-_USE_LAUNCH_CACHE = os.environ.get("FLASHLITE_LAUNCH_CACHE", "1") not in ("", "0")
-_LAUNCHES = _direct_launch.LaunchCache()
+def _autotuning() -> bool:
+    return _runtime.interpreting() or os.environ.get("FLASHLITE_AUTOTUNE", "1") not in ("0", "")
 
 
-def _launch(autotuned, fixed, config: Optional[BlockConfig], gpu_blocks, prune, q: torch.Tensor, block_d: int,
-            grid, tuning_key: tuple, args: tuple, meta: dict, n_tensors: int,
-            record: bool = False) -> Optional[_direct_launch.RecordedLaunch]:
-    """Launch with a given ``config``; else the config tuned for ``tuning_key`` (tuning it on first use); else,
-    with FLASHLITE_AUTOTUNE=0, the first of ``gpu_blocks`` that fits (one compile per shape class, no
-    benchmarking). ``n_tensors``: the kernel's leading tensor arguments. With ``record``, a launch of a known config
-    is recorded for replay with new tensors (``flashlite._direct_launch``); returns the recording or None."""
-    if config is not None:
-        if (not isinstance(config, tuple) or len(config) not in (4, 5)
-                or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in config)):
-            raise ValueError(f"config must be (BLOCK_M, BLOCK_N, num_warps, num_stages[, BH_PER_PROGRAM]) of positive "
-                             f"integers, got {config!r}")
-        block_m, block_n, num_warps, num_stages, *pairs = config
-        if pairs and "BH_PER_PROGRAM" not in getattr(fixed, "arg_names", ("BH_PER_PROGRAM",)):
-            raise ValueError(f"config {config!r}: only the forward kernel takes a fifth entry (BH_PER_PROGRAM)")
-        forced = {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": num_warps, "num_stages": num_stages,
-                  **({"BH_PER_PROGRAM": pairs[0]} if pairs else {})}
-    elif _runtime.interpreting() or os.environ.get("FLASHLITE_AUTOTUNE", "1") not in ("0", ""):
-        cache_key = (id(autotuned), *tuning_key)
-        forced = _TUNED_CONFIGS.get(cache_key)
-        if forced is None:
-            autotuned[grid](*args, **meta)
-            _TUNED_CONFIGS[cache_key] = _config_kwargs(autotuned.best_config)
-            return None
+def _replayed(plan: Plan, site: Any, tensors: tuple) -> bool:
+    """Whether the plan's recording of ``site`` launched with ``tensors`` (False: none, or it refused them)."""
+    recorded = plan.recorded.get(site)
+    return recorded is not None and recorded.launch(*tensors)
+
+
+def _launch(kernel: Any, site: Any, plan: Plan, grid: Any, tensors: tuple, scalars: tuple, meta: dict) -> None:
+    """Launch ``kernel`` (a ``_Kernel``, or a plain jit function that takes no config) with ``tensors`` (its leading
+    tensor arguments, in order) and ``scalars`` (the rest), the ordinary way, recording it as the plan's ``site``
+    the first time a config is known. A tunable kernel runs the plan's config for it; without one, the autotuner
+    chooses it (benchmarking only the first time its tuning key is seen; FLASHLITE_AUTOTUNE=0: the first of its
+    GPU configs that fits, no benchmarking), and the plan keeps the choice."""
+    args = (*tensors, *scalars)
+    if isinstance(kernel, _Kernel):
+        config = plan.configs.get(kernel.name)
+        if config is None:
+            if _autotuning():
+                kernel.autotuned[grid](*args, **meta)
+                plan.configs[kernel.name] = _config_kwargs(kernel.autotuned.best_config)
+                return
+            config = plan.configs[kernel.name] = _config_kwargs(
+                kernel.prune(_tuning.make_configs(kernel.gpu_blocks), {"Q": tensors[0]}, BLOCK_D=meta["BLOCK_D"])[0])
+        fixed, meta = kernel.fixed, {**meta, **config}
     else:
-        forced = _config_kwargs(prune(_tuning.make_configs(gpu_blocks), {"Q": q}, BLOCK_D=block_d)[0])
-    if record and not _runtime.interpreting():
-        return _direct_launch.record(fixed, grid, args, {**meta, **forced}, n_tensors)
-    if _USE_LAUNCH_CACHE and q.is_cuda:
-        _LAUNCHES.launch(fixed, grid, args, {**meta, **forced}, n_tensors)
+        fixed = kernel
+    if plan.record and site not in plan.recorded:
+        plan.recorded[site] = _direct_launch.record(fixed, grid, args, meta, len(tensors))
     else:
-        fixed[grid](*args, **meta, **forced)
-    return None
+        fixed[grid](*args, **meta)
+
+
+def _launcher_plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: Optional[torch.Tensor],
+                   key_lengths: Optional[torch.Tensor], causal_mode: int, scale: float, precision: str,
+                   configs: dict) -> Plan:
+    """The plan of a direct launcher call: checked and kept per signature, or, with forced configs, made for
+    this call alone."""
+    key = None
+    if not configs:
+        try:
+            key = plans.signature(q, k, v, key_padding_mask, key_lengths, causal_mode, scale, "launcher", precision)
+            plan = plans._PLANS.get(key)
+        except (AttributeError, TypeError):  # not tensors, or unhashable arguments: the check names the problem
+            key = plan = None
+        if plan is not None:
+            return plan
+    problem = _check_launch(q, k, v, key_padding_mask, key_lengths, causal_mode, scale, precision)
+    plan = Plan(problem, Decision("triton", "a direct launcher call"), configs=configs,
+                record=q.is_cuda and not _runtime.interpreting())
+    return plans.keep(key, plan) if key is not None else plan
 
 
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -143,67 +185,40 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       config: Optional[BlockConfig] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the forward kernel; returns (out [B, H, S_q, D] in q's dtype, base-2 lse [B, H, S_q] float32).
 
-    Inputs are assumed validated as ``attention()`` does. ``config`` = (BLOCK_M, BLOCK_N, num_warps, num_stages)
-    skips autotuning.
+    Checks its arguments as ``attention()`` validates them (once per signature). ``config`` = (BLOCK_M, BLOCK_N,
+    num_warps, num_stages[, BH_PER_PROGRAM]) skips autotuning.
 
     Example:
         >>> q = torch.randn(1, 2, 20, 16)
         >>> out, lse = attention_forward(q, q, q, None, None, 1, 0.25, "ieee")  # doctest: +SKIP
     """
-    _check_launch(q, k, v, key_padding_mask, key_lengths, causal_mode, scale, precision)
-    return _launch_forward(q, k, v, key_padding_mask, key_lengths, causal_mode, scale, precision, config)
+    configs = {} if config is None else {"forward": _forced_config(config, _FORWARD)}
+    plan = _launcher_plan(q, k, v, key_padding_mask, key_lengths, causal_mode, scale, precision, configs)
+    return launch_forward(q, k, v, key_padding_mask if key_lengths is None else key_lengths, plan)
 
 
-def _launch_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                    key_padding_mask: Optional[torch.Tensor], key_lengths: Optional[torch.Tensor],
-                    causal_mode: int, scale: float, precision: str,
-                    config: Optional[BlockConfig] = None) -> tuple[torch.Tensor, torch.Tensor]:
-    out, lse, _ = _launch_forward_recorded(q, k, v, key_padding_mask, key_lengths, causal_mode, scale, precision,
-                                           config)
-    return out, lse
-
-
-def _launch_inference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: Optional[torch.Tensor],
-                      key_lengths: Optional[torch.Tensor], causal_mode: int, scale: float,
-                      precision: str) -> torch.Tensor:
-    """The forward output alone: no log-sum-exp is allocated or stored, since no backward pass will read it."""
-    return _launch_forward_recorded(q, k, v, key_padding_mask, key_lengths, causal_mode, scale, precision,
-                                    need_lse=False)[0]
-
-
-# The forward kernel's leading tensor parameters, in order: Q, K, V, Out, Lse, KeyMask, KeyLen.
-_FWD_TENSOR_ARGS = 7
-
-
-def _launch_forward_recorded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                             key_padding_mask: Optional[torch.Tensor], key_lengths: Optional[torch.Tensor],
-                             causal_mode: int, scale: float, precision: str,
-                             config: Optional[BlockConfig] = None, record: bool = False, need_lse: bool = True
-                             ) -> tuple[torch.Tensor, Optional[torch.Tensor], Optional[_direct_launch.RecordedLaunch]]:
-    """(out, lse or None without ``need_lse``, the recorded launch with ``record``). Without ``need_lse`` the
-    kernel skips its log-sum-exp store and ``out`` fills the unused pointer slot, so a replay passes
-    (q, k, v, out, out, q, q); the mask slots hold q when there are no masks."""
-    batch, heads, seq_q, head_dim = q.shape
-    kv_heads, seq_k = k.shape[1], k.shape[2]
-    # Contiguous [B, H, S_q, D], allocated as replayed plans allocate it (empty_like parses fewer arguments).
+def launch_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: Optional[torch.Tensor], plan: Plan,
+                   need_lse: bool = True) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """(out, lse; None without ``need_lse``) of a call of ``plan``'s signature. Without ``need_lse`` the kernel
+    skips its log-sum-exp store (inference: no backward pass will read it) and ``out`` fills the unused slot."""
+    p = plan.problem
+    # Contiguous [B, H, S_q, D] (empty_like parses fewer arguments than empty).
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    lse = torch.empty((batch, heads, seq_q), dtype=torch.float32, device=q.device) if need_lse else None
-    key_mask, mask_arg, lengths_arg, stride_mask_b, stride_mask_n = _key_mask_args(q, key_padding_mask,
-                                                                                    key_lengths)
-    block_d = _block_d(head_dim)
-    buckets = _tuning.tuning_buckets(seq_q, seq_k, batch * heads)
-    dot = _dot_mode(precision)
-    recorded = _launch(_fwd.attn_fwd, _fwd.attn_fwd_fixed, config, _fwd.FWD_GPU_BLOCKS, _fwd.prune_fwd_configs, q,
-                       block_d, _Grid(seq_q, "BLOCK_M", batch * heads),
-                       (*buckets, head_dim, causal_mode, key_mask, dot, q.dtype, mask_arg.dtype, lengths_arg.dtype),
-                       (q, k, v, out, out if lse is None else lse, mask_arg, lengths_arg,
-                        *q.stride(), *k.stride(), *v.stride(), *out.stride(), stride_mask_b, stride_mask_n,
-                        heads, heads // kv_heads, seq_q, seq_k, scale * math.log2(math.e), batch * heads,
-                        *buckets),
-                       dict(HEAD_DIM=head_dim, BLOCK_D=block_d, CAUSAL=causal_mode, KEY_MASK=key_mask, DOT=dot,
-                            FLAT_GRID=batch * heads > _GRID_AXIS1_LIMIT, STORE_LSE=need_lse),
-                       n_tensors=_FWD_TENSOR_ARGS, record=record)
-    return out, lse, recorded
+    lse = torch.empty((p.batch, p.heads, p.seq_q), dtype=torch.float32, device=q.device) if need_lse else out
+    mask_arg, lengths_arg, stride_mask_b, stride_mask_n = _key_mask_args(q, key_mask, p)
+    tensors = (q, k, v, out, lse, mask_arg, lengths_arg)  # the kernel's Q, K, V, Out, Lse, KeyMask, KeyLen
+    site = "forward" if need_lse else "inference"
+    recorded = plan.recorded.get(site)  # _replayed, inline: this is the hot path of a replayed inference call
+    if recorded is None or not recorded.launch(*tensors):
+        block_d = _block_d(p.head_dim)
+        buckets = _tuning.tuning_buckets(p.seq_q, p.seq_k, p.batch * p.heads)
+        dot = _dot_mode(p.precision)
+        _launch(_FORWARD, site, plan, _Grid(p.seq_q, "BLOCK_M", p.batch * p.heads), tensors,
+                (*q.stride(), *k.stride(), *v.stride(), *out.stride(), stride_mask_b, stride_mask_n,
+                 p.heads, p.group_size, p.seq_q, p.seq_k, p.scale * math.log2(math.e), p.batch * p.heads, *buckets),
+                dict(HEAD_DIM=p.head_dim, BLOCK_D=block_d, CAUSAL=p.causal_mode, KEY_MASK=p.key_masking, DOT=dot,
+                     FLAT_GRID=p.batch * p.heads > _GRID_AXIS1_LIMIT, STORE_LSE=need_lse))
+    return out, (lse if need_lse else None)
 
 
 def attention_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -217,55 +232,53 @@ def attention_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     Example:
         >>> dq, dk, dv = attention_backward(do, q, k, v, out, lse, None, None, 1, 0.25, "ieee")  # doctest: +SKIP
     """
-    _check_launch(q, k, v, key_padding_mask, key_lengths, causal_mode, scale, precision)
-    return _launch_backward(grad_out, q, k, v, out, lse, key_padding_mask, key_lengths, causal_mode, scale,
-                            precision, dkdv_config, dq_config)
+    configs = {}
+    if dkdv_config is not None:
+        configs["dkdv"] = _forced_config(dkdv_config, _DKDV)
+    if dq_config is not None:
+        configs["dq"] = _forced_config(dq_config, _DQ)
+    plan = _launcher_plan(q, k, v, key_padding_mask, key_lengths, causal_mode, scale, precision, configs)
+    return launch_backward(grad_out, q, k, v, out, lse, key_padding_mask if key_lengths is None else key_lengths,
+                           plan)
 
 
-def _launch_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                     out: torch.Tensor, lse: torch.Tensor,
-                     key_padding_mask: Optional[torch.Tensor], key_lengths: Optional[torch.Tensor],
-                     causal_mode: int, scale: float, precision: str,
-                     dkdv_config: Optional[BlockConfig] = None,
-                     dq_config: Optional[BlockConfig] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    batch, heads, seq_q, head_dim = q.shape
-    kv_heads, seq_k = k.shape[1], k.shape[2]
-    block_d = _block_d(head_dim)
-    dot = _dot_mode(precision)
+def launch_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                    lse: torch.Tensor, key_mask: Optional[torch.Tensor],
+                    plan: Plan) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) of a call of ``plan``'s signature, from the forward's ``out`` and ``lse``."""
+    p = plan.problem
     lse = lse.contiguous()
     delta = torch.empty_like(lse)
-    delta_grid = _Grid(seq_q, "BLOCK_M", batch * heads)({"BLOCK_M": _bwd.DELTA_BLOCK_M})
-    delta_args = (out, grad_out, delta, *out.stride(), *grad_out.stride(), heads, seq_q)
-    delta_meta = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, FLAT_GRID=batch * heads > _GRID_AXIS1_LIMIT,
-                      BLOCK_M=_bwd.DELTA_BLOCK_M)
-    if _USE_LAUNCH_CACHE and q.is_cuda:
-        _LAUNCHES.launch(_bwd.attn_bwd_delta, delta_grid, delta_args, delta_meta, n_tensors=3)
-    else:
-        _bwd.attn_bwd_delta[delta_grid](*delta_args, **delta_meta)
-
-    dq = torch.empty((batch, heads, seq_q, head_dim), dtype=q.dtype, device=q.device)
-    dk = torch.empty((batch, kv_heads, seq_k, head_dim), dtype=k.dtype, device=k.device)
-    dv = torch.empty((batch, kv_heads, seq_k, head_dim), dtype=v.dtype, device=v.device)
-    key_mask, mask_arg, lengths_arg, stride_mask_b, stride_mask_n = _key_mask_args(q, key_padding_mask,
-                                                                                    key_lengths)
-    qk_scale = scale * math.log2(math.e)
-    buckets = _tuning.tuning_buckets(seq_q, seq_k, batch * heads)
-    meta = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, CAUSAL=causal_mode, KEY_MASK=key_mask, DOT=dot)
-
-    tuning_key = (*buckets, head_dim, causal_mode, key_mask, dot, q.dtype, mask_arg.dtype, lengths_arg.dtype,
-                  grad_out.dtype)
-    _launch(_bwd.attn_bwd_dkdv, _bwd.attn_bwd_dkdv_fixed, dkdv_config, _bwd.DKDV_GPU_BLOCKS,
-            _bwd.prune_dkdv_configs, q, block_d, _Grid(seq_k, "BLOCK_N", batch * kv_heads), tuning_key,
-            (q, k, v, grad_out, lse, delta, dk, dv, mask_arg, lengths_arg,
-             *q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *dk.stride(), *dv.stride(),
-             stride_mask_b, stride_mask_n,
-             heads, kv_heads, heads // kv_heads, seq_q, seq_k, qk_scale, scale, *buckets),
-            dict(FLAT_GRID=batch * kv_heads > _GRID_AXIS1_LIMIT, **meta), n_tensors=10)
-    _launch(_bwd.attn_bwd_dq, _bwd.attn_bwd_dq_fixed, dq_config, _bwd.DQ_GPU_BLOCKS, _bwd.prune_dq_configs, q,
-            block_d, _Grid(seq_q, "BLOCK_M", batch * heads), tuning_key,
-            (q, k, v, grad_out, lse, delta, dq, mask_arg, lengths_arg,
-             *q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *dq.stride(),
-             stride_mask_b, stride_mask_n,
-             heads, heads // kv_heads, seq_q, seq_k, qk_scale, scale, *buckets),
-            dict(FLAT_GRID=batch * heads > _GRID_AXIS1_LIMIT, **meta), n_tensors=9)
+    dq = torch.empty((p.batch, p.heads, p.seq_q, p.head_dim), dtype=q.dtype, device=q.device)
+    dk = torch.empty((p.batch, p.kv_heads, p.seq_k, p.head_dim), dtype=k.dtype, device=k.device)
+    dv = torch.empty((p.batch, p.kv_heads, p.seq_k, p.head_dim), dtype=v.dtype, device=v.device)
+    mask_arg, lengths_arg, stride_mask_b, stride_mask_n = _key_mask_args(q, key_mask, p)
+    # The incoming gradient's layout and dtype are not part of the signature (autograd may pass an expanded or
+    # transposed gradient): they join the sites' names, so each layout has its own recordings. out and lse come from
+    # the forward of this signature, but a direct launcher call may pass its own: their strides join too.
+    layout = (grad_out.stride(), grad_out.dtype, out.stride(), out.dtype)
+    delta_tensors = (out, grad_out, delta)  # the kernels' leading tensors, in order
+    dkdv_tensors = (q, k, v, grad_out, lse, delta, dk, dv, mask_arg, lengths_arg)
+    dq_tensors = (q, k, v, grad_out, lse, delta, dq, mask_arg, lengths_arg)
+    block_d = _block_d(p.head_dim)
+    flat_q = p.batch * p.heads > _GRID_AXIS1_LIMIT
+    if not _replayed(plan, ("delta", layout), delta_tensors):
+        _launch(_bwd.attn_bwd_delta, ("delta", layout), plan, _Grid(p.seq_q, "BLOCK_M", p.batch * p.heads),
+                delta_tensors, (*out.stride(), *grad_out.stride(), p.heads, p.seq_q),
+                dict(HEAD_DIM=p.head_dim, BLOCK_D=block_d, FLAT_GRID=flat_q, BLOCK_M=_bwd.DELTA_BLOCK_M))
+    qk_scale = p.scale * math.log2(math.e)
+    meta = dict(HEAD_DIM=p.head_dim, BLOCK_D=block_d, CAUSAL=p.causal_mode, KEY_MASK=p.key_masking,
+                DOT=_dot_mode(p.precision))
+    if not _replayed(plan, ("dkdv", layout), dkdv_tensors):
+        _launch(_DKDV, ("dkdv", layout), plan, _Grid(p.seq_k, "BLOCK_N", p.batch * p.kv_heads), dkdv_tensors,
+                (*q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *dk.stride(), *dv.stride(),
+                 stride_mask_b, stride_mask_n, p.heads, p.kv_heads, p.group_size, p.seq_q, p.seq_k, qk_scale, p.scale,
+                 *_tuning.tuning_buckets(p.seq_q, p.seq_k, p.batch * p.heads)),
+                dict(FLAT_GRID=p.batch * p.kv_heads > _GRID_AXIS1_LIMIT, **meta))
+    if not _replayed(plan, ("dq", layout), dq_tensors):
+        _launch(_DQ, ("dq", layout), plan, _Grid(p.seq_q, "BLOCK_M", p.batch * p.heads), dq_tensors,
+                (*q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *dq.stride(),
+                 stride_mask_b, stride_mask_n, p.heads, p.group_size, p.seq_q, p.seq_k, qk_scale, p.scale,
+                 *_tuning.tuning_buckets(p.seq_q, p.seq_k, p.batch * p.heads)),
+                dict(FLAT_GRID=flat_q, **meta))
     return dq, dk, dv

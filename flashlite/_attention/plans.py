@@ -1,83 +1,85 @@
-"""Decide which backend runs a validated call (and log why), and the replayable plan of a Triton call.
+"""The plan cache: one ``Plan`` per call signature, owning its problem, decision, configs and recorded launches.
 
-``_decide`` asks ``flashlite.dispatch`` for ``backend="auto"``; ``_decide_with_mask`` sends explicit masks to SDPA;
-``_TritonPlan`` replays a decided Triton call. Imports ``validation``, ``launch``, ``ops`` and ``sdpa``.
+A signature is everything validation and the decision depend on: the shapes, strides, dtypes and devices of q, k,
+v and the key mask, and the non-tensor arguments. A call whose signature has a plan skips validation, dispatch and,
+once its launches are recorded, Triton's argument binding: at launch-bound sizes those cost as much as the kernel.
+Both ``attention()`` and the custom ops (which torch.compile'd graphs call) keep their plans here. Imports
+``validation`` only.
 """
-import logging
+from __future__ import annotations
+
 import os
-from typing import Optional
+from typing import Any, Callable, Optional
 
 import torch
 
-from flashlite import _direct_launch
-from flashlite._attention.launch import _launch_forward_recorded, _launch_inference
-from flashlite._attention.ops import _triton_attention
-from flashlite._attention.sdpa import _check_attn_mask
-from flashlite._attention.validation import _CAUSAL_ARGUMENT, _Call, _kernel_unsupported
-from flashlite.dispatch import Decision, choose_backend
+from flashlite._attention.validation import Problem
 
-# The public module's name, as the documentation of FLASHLITE_DEBUG_DISPATCH gives it.
-_log = logging.getLogger("flashlite.attention")
+# Launch recording (replaying the compiled kernel with new tensors, ``flashlite._direct_launch``) is on unless
+# FLASHLITE_LAUNCH_CACHE=0, which makes every launch an ordinary Triton launch.
+RECORD_LAUNCHES = os.environ.get("FLASHLITE_LAUNCH_CACHE", "1") not in ("", "0")
 
 
-def _decide(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: _Call, backend: str) -> Decision:
-    if backend == "sdpa":
-        return Decision("sdpa", "forced by backend='sdpa'")
-    unsupported = _kernel_unsupported(q, k, v, call.key_padding_mask)
-    if backend == "triton":
-        if unsupported is not None:
-            raise ValueError(f"backend='triton' cannot run this call: {unsupported}")
-        return Decision("triton", "forced by backend='triton'")
-    return choose_backend(q, causal=_CAUSAL_ARGUMENT[call.causal_mode], seq_k=k.shape[2], unsupported=unsupported)
+class Plan:
+    """One call signature, validated and decided once.
+
+    ``run(q, k, v, key_mask)`` computes a call of this signature (``key_mask``: the call's key_padding_mask or
+    key_lengths, or None). Triton plans also keep, per kernel, the config it launches (``configs``: the forced one,
+    or the autotuner's choice for this signature's tuning key) and, per launch site, the recorded launch that
+    replays the compiled kernel with a call's tensors (``recorded``; None where recording was refused, e.g. an
+    unaligned tensor). ``record`` is False for plans that are not kept (forced configs, calls past the cache's
+    size) and off CUDA, where nothing is recorded.
+
+    Example:
+        >>> from flashlite.dispatch import Decision
+        >>> from flashlite._attention.validation import validate
+        >>> q = torch.randn(1, 2, 8, 16)
+        >>> plan = Plan(validate(q, q, q, False, None, None, None, "sdpa", None), Decision("sdpa", "forced"))
+        >>> plan.decision.backend, plan.configs, plan.recorded
+        ('sdpa', {}, {})
+    """
+
+    __slots__ = ("problem", "decision", "run", "configs", "recorded", "record")
+
+    def __init__(self, problem: Problem, decision: Any, run: Optional[Callable[..., torch.Tensor]] = None,
+                 configs: Optional[dict[str, dict]] = None, record: bool = False) -> None:
+        self.problem = problem
+        self.decision = decision
+        self.run = run
+        self.configs: dict[str, dict] = dict(configs or {})
+        self.recorded: dict[Any, Any] = {}
+        self.record = record and RECORD_LAUNCHES
 
 
-def _log_decision(decision: Decision, q: torch.Tensor, k: torch.Tensor) -> None:
-    if os.environ.get("FLASHLITE_DEBUG_DISPATCH", "0") not in ("", "0"):
-        _log.debug("flashlite.attention q %s k %s %s -> %s: %s", tuple(q.shape), tuple(k.shape), q.dtype,
-                   decision.backend, decision.reason)
+def _mask_signature(mask: Optional[torch.Tensor]) -> Optional[tuple]:
+    return None if mask is None else (mask.shape, mask.stride(), mask.dtype, mask.device)
 
 
-def _decide_with_mask(q: torch.Tensor, k: torch.Tensor, call: _Call, backend: str,
-                      attn_mask: object) -> Decision:
-    _check_attn_mask(q, k, attn_mask)
-    reason = "an explicit attn_mask (arbitrary mask or bias) is not an input of the Triton kernel"
-    if backend == "triton":
-        raise ValueError(f"backend='triton' cannot run this call: {reason}; use key_padding_mask / key_lengths "
-                         f"and causal, or backend='sdpa'")
-    return Decision("sdpa", "forced by backend='sdpa'" if backend == "sdpa" else f"kernel cannot run this call: "
-                                                                                f"{reason}")
+def signature(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: Optional[torch.Tensor],
+              key_lengths: Optional[torch.Tensor], causal: Any, scale: Any, backend: str,
+              precision: Optional[str]) -> tuple:
+    """The plan key of a call. Raises AttributeError or TypeError for arguments that are not tensors or not
+    hashable; validation then names the problem.
+
+    causal and scale join the key with their classes: 1 == True == 1.0 hash alike, but validation refuses causal=1
+    and scale=True, so a plan made for one must never answer the other. The key is flat, masks appended only when
+    given: it is built on every call, and a nested tuple costs a tenth of a microsecond."""
+    key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
+           q.device, k.device, v.device, causal, causal.__class__, scale, scale.__class__, backend, precision)
+    if key_padding_mask is None and key_lengths is None:
+        return key
+    return (*key, _mask_signature(key_padding_mask), _mask_signature(key_lengths))
 
 
-class _TritonPlan:
-    """A replayed Triton-backend call (no masks; fixed shapes, strides, dtypes, devices and arguments).
+# Plans by signature. Past MAX_PLANS distinct signatures, new ones are validated and decided on every call.
+_PLANS: dict[tuple, Plan] = {}
+MAX_PLANS = 4096
 
-    Inference calls replay the forward launch recorded on the plan's first inference replay straight into the
-    compiled kernel (``flashlite._direct_launch``), skipping Triton's per-call argument binding; calls that need
-    gradients, compiled code, and calls the recording cannot take (unaligned tensors) launch the ordinary way. The
-    plan keeps its own recording rather than going through the launch cache: its signature is already fixed, so a
-    replay needs no bucket arithmetic, argument tuple or cache key, each of which would add host time to every
-    call at launch-bound sizes."""
 
-    __slots__ = ("call", "recorded", "tried")
-
-    def __init__(self, call: _Call) -> None:
-        self.call = call
-        self.recorded: Optional[_direct_launch.RecordedLaunch] = None
-        self.tried = False
-
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        call = self.call
-        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-            return _triton_attention(q, k, v, call)
-        recorded = self.recorded
-        if recorded is not None:
-            out = torch.empty_like(q, memory_format=torch.contiguous_format)
-            # As recorded: out in the (unused) lse slot, q in the mask slots.
-            if recorded.launch(q, k, v, out, out, q, q):
-                return out
-        if self.tried or not q.is_cuda:
-            return _launch_inference(q, k, v, None, None, call.causal_mode, call.scale, call.precision)
-        self.tried = True
-        out, _, self.recorded = _launch_forward_recorded(q, k, v, None, None, call.causal_mode, call.scale,
-                                                         call.precision, record=True, need_lse=False)
-        return out
+def keep(key: Optional[tuple], plan: Plan) -> Plan:
+    """Keep ``plan`` for ``key`` while there is room (and say so in ``plan.record``); returns the plan."""
+    if key is not None and len(_PLANS) < MAX_PLANS:
+        _PLANS[key] = plan
+    else:
+        plan.record = False
+    return plan

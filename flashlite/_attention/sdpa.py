@@ -8,22 +8,23 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from flashlite._attention.validation import CAUSAL_BOTTOM_RIGHT, CAUSAL_NONE, CAUSAL_TOP_LEFT, _Call
+from flashlite._attention.validation import CAUSAL_BOTTOM_RIGHT, CAUSAL_NONE, CAUSAL_TOP_LEFT, Problem
 
-def _visibility_mask(q: torch.Tensor, k: torch.Tensor, call: _Call) -> torch.Tensor:
+def _visibility_mask(q: torch.Tensor, k: torch.Tensor, key_mask: Optional[torch.Tensor],
+                     problem: Problem) -> torch.Tensor:
     """Bool [B or 1, 1, S_q, S_k]: True where query i may attend key j, from causal mode and key padding."""
     seq_q, seq_k = q.shape[2], k.shape[2]
     mask = torch.ones((1, 1, seq_q, seq_k), dtype=torch.bool, device=q.device)
-    if call.causal_mode != CAUSAL_NONE:
-        shift = 0 if call.causal_mode == CAUSAL_TOP_LEFT else seq_k - seq_q
+    if problem.causal_mode != CAUSAL_NONE:
+        shift = 0 if problem.causal_mode == CAUSAL_TOP_LEFT else seq_k - seq_q
         mask = mask.tril(diagonal=shift)
-    padded = _padded_keys(k, call)
+    padded = _padded_keys(k, key_mask, problem)
     if padded is not None:
         mask = mask & ~padded[:, None, None, :]
     return mask
 
 
-def _check_attn_mask(q: torch.Tensor, k: torch.Tensor, attn_mask: object) -> torch.Tensor:
+def check_attn_mask(q: torch.Tensor, k: torch.Tensor, attn_mask: object) -> torch.Tensor:
     if not isinstance(attn_mask, torch.Tensor):
         raise TypeError(f"attn_mask must be a tensor, got {type(attn_mask).__name__}")
     if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
@@ -41,17 +42,17 @@ def _check_attn_mask(q: torch.Tensor, k: torch.Tensor, attn_mask: object) -> tor
     return attn_mask
 
 
-def _padded_keys(k: torch.Tensor, call: _Call) -> Optional[torch.Tensor]:
+def _padded_keys(k: torch.Tensor, key_mask: Optional[torch.Tensor], problem: Problem) -> Optional[torch.Tensor]:
     """Bool [B, S_k], True for keys that key_padding_mask or key_lengths hide from every query; None without."""
-    if call.key_padding_mask is not None:
-        return ~call.key_padding_mask
-    if call.key_lengths is not None:
-        return torch.arange(k.shape[2], device=k.device)[None, :] >= call.key_lengths[:, None]
+    if problem.key_masking == "bool":
+        return ~key_mask
+    if problem.key_masking == "lengths":
+        return torch.arange(k.shape[2], device=k.device)[None, :] >= key_mask[:, None]
     return None
 
 
-def _without_hidden_values(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: _Call,
-                           visible: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+def _without_hidden_values(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: Optional[torch.Tensor],
+                           problem: Problem, visible: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
     """(k, v, rows that see a non-finite key or value) for a masked SDPA call, so that what the masks hide never
     reaches the output, as in the kernel: SDPA multiplies its zero weights by every value, and 0 * NaN is NaN.
 
@@ -59,11 +60,11 @@ def _without_hidden_values(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ca
     shows to others become zeros when they are not finite, and the rows that see them are returned so that the
     caller sets them to NaN, as the exact sum would be. The copies cost O(S * D); the masked path already builds
     an [S_q, S_k] mask."""
-    padded = _padded_keys(k, call)
+    padded = _padded_keys(k, key_mask, problem)
     if padded is not None:
         k = k.masked_fill(padded[:, None, :, None], 0.0)
         v = v.masked_fill(padded[:, None, :, None], 0.0)
-    if call.causal_mode == CAUSAL_NONE:
+    if problem.causal_mode == CAUSAL_NONE:
         return k, v, None
     bad = ~(torch.isfinite(k).all(dim=-1) & torch.isfinite(v).all(dim=-1))  # [B, H_kv, S_k]
     k = k.masked_fill(bad[..., None], 0.0)
@@ -72,27 +73,27 @@ def _without_hidden_values(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ca
     return k, v, (visible & bad[:, :, None, :]).any(dim=-1, keepdim=True)
 
 
-def _sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: _Call,
-                    attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-    gqa = {"enable_gqa": True} if q.shape[1] != k.shape[1] else {}
-    if (attn_mask is None and call.key_padding_mask is None and call.key_lengths is None
-            and call.causal_mode != CAUSAL_BOTTOM_RIGHT):
-        if call.causal_mode == CAUSAL_TOP_LEFT and k.shape[2] > q.shape[2]:
+def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: Optional[torch.Tensor],
+                   problem: Problem, attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """A validated call on SDPA (``key_mask``: the call's key_padding_mask or key_lengths, as ``problem`` says)."""
+    gqa = {"enable_gqa": True} if problem.heads != problem.kv_heads else {}
+    if attn_mask is None and problem.key_masking == "none" and problem.causal_mode != CAUSAL_BOTTOM_RIGHT:
+        if problem.causal_mode == CAUSAL_TOP_LEFT and problem.seq_k > problem.seq_q:
             # Keys past the last query row are hidden from every row: SDPA never sees them (a view, no copy).
-            k, v = k[:, :, :q.shape[2]], v[:, :, :q.shape[2]]
+            k, v = k[:, :, :problem.seq_q], v[:, :, :problem.seq_q]
         # SDPA's own causal kernels: a NaN in a key that later rows see may turn earlier rows NaN too (see
         # ``attention``).
-        return F.scaled_dot_product_attention(q, k, v, is_causal=call.causal_mode == CAUSAL_TOP_LEFT,
-                                              scale=call.scale, **gqa)
-    visible = _visibility_mask(q, k, call)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=problem.causal_mode == CAUSAL_TOP_LEFT,
+                                              scale=problem.scale, **gqa)
+    visible = _visibility_mask(q, k, key_mask, problem)
     if attn_mask is not None and attn_mask.dtype == torch.bool:
         visible = visible & attn_mask
-    k, v, sees_bad = _without_hidden_values(q, k, v, call, visible)
-    out = _sdpa_masked(q, k, v, call, attn_mask, visible, gqa)
+    k, v, sees_bad = _without_hidden_values(q, k, v, key_mask, problem, visible)
+    out = _sdpa_masked(q, k, v, problem, attn_mask, visible, gqa)
     return out if sees_bad is None else out.masked_fill(sees_bad, float("nan"))
 
 
-def _sdpa_masked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: _Call,
+def _sdpa_masked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem,
                  attn_mask: Optional[torch.Tensor], visible: torch.Tensor, gqa: dict) -> torch.Tensor:
     """SDPA under ``visible`` (bool, attn_mask included when it is bool) or ``visible`` plus a float attn_mask."""
     if attn_mask is not None and attn_mask.dtype != torch.bool:
@@ -101,10 +102,10 @@ def _sdpa_masked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: _Call,
         bias = torch.where(visible, attn_mask.to(q.dtype), float("-inf"))
         empty_rows = torch.isneginf(bias).all(dim=-1, keepdim=True)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.masked_fill(empty_rows, 0.0),
-                                             scale=call.scale, **gqa)
+                                             scale=problem.scale, **gqa)
         return out.masked_fill(empty_rows, 0.0)
     # SDPA returns NaN for a row that sees no key; let such rows see every key (finite), then zero them, so the
     # output and its gradients match the kernel's zeros.
     empty_rows = ~visible.any(dim=-1, keepdim=True)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=visible | empty_rows, scale=call.scale, **gqa)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=visible | empty_rows, scale=problem.scale, **gqa)
     return out.masked_fill(empty_rows, 0.0)

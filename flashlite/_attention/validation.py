@@ -1,4 +1,4 @@
-"""Validate an attention call into a ``_Call`` record, and say why the Triton kernel cannot run one.
+"""Validate an attention call into a ``Problem``, and say why the Triton kernel cannot run one.
 
 Holds the constants every other module of the package reads: the integer causal modes, the head-dim range, the
 precisions and the backends. Imports nothing from the package.
@@ -6,7 +6,7 @@ precisions and the backends. Imports nothing from the package.
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Literal, Optional, Union
 
 import torch
 
@@ -38,15 +38,40 @@ _BACKENDS = ("auto", "triton", "sdpa")
 _INT32_LIMIT = 2 ** 31
 
 
-@dataclass(frozen=True)
-class _Call:
-    """A validated attention call, in the form the custom ops take."""
+KeyMasking = Literal["none", "bool", "lengths"]
 
+
+@dataclass(frozen=True)
+class Problem:
+    """A validated attention call: what every internal function of the package takes instead of loose arguments.
+
+    It describes a call signature, not one call's data: no tensors, so the plan of a signature can keep it while
+    every call brings its own q, k, v and key mask (``key_padding_mask`` or ``key_lengths``, whichever
+    ``key_masking`` names).
+
+    Example:
+        >>> q = torch.randn(2, 4, 10, 16)
+        >>> problem = validate(q, q, q, True, None, None, None, "auto", None)
+        >>> problem.causal_mode, problem.scale, problem.group_size, problem.key_masking
+        (1, 0.25, 1, 'none')
+    """
+
+    batch: int
+    heads: int
+    kv_heads: int
+    seq_q: int
+    seq_k: int
+    head_dim: int
+    dtype: torch.dtype
     causal_mode: int
     scale: float
     precision: str
-    key_padding_mask: Optional[torch.Tensor]
-    key_lengths: Optional[torch.Tensor]
+    key_masking: KeyMasking
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per key/value head (grouped-query attention)."""
+        return self.heads // self.kv_heads
 
 
 def _causal_mode(causal: Union[bool, str]) -> int:
@@ -82,9 +107,10 @@ def _check_tensor(name: str, t: object) -> torch.Tensor:
     return t
 
 
-def _validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: Union[bool, str], scale: Optional[float],
-              key_padding_mask: Optional[torch.Tensor], key_lengths: Optional[torch.Tensor],
-              backend: str, precision: Optional[str]) -> _Call:
+def validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: Union[bool, str], scale: Optional[float],
+             key_padding_mask: Optional[torch.Tensor], key_lengths: Optional[torch.Tensor],
+             backend: str, precision: Optional[str]) -> Problem:
+    """The ``Problem`` of an ``attention()`` call, or the error that names what is wrong with it."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_tensor(name, t)
     if q.dtype not in _SUPPORTED_DTYPES:
@@ -133,7 +159,9 @@ def _validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: Union[b
             raise ValueError(f"key_lengths is on {key_lengths.device}, q on {q.device}")
     if backend not in _BACKENDS:
         raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
-    return _Call(causal_mode, float(scale), _resolve_precision(q.dtype, precision), key_padding_mask, key_lengths)
+    key_masking = "bool" if key_padding_mask is not None else "lengths" if key_lengths is not None else "none"
+    return Problem(batch, heads, kv_heads, seq_q, seq_k, head_dim, q.dtype, causal_mode, float(scale),
+                   _resolve_precision(q.dtype, precision), key_masking)
 
 
 def _slice_span(t: torch.Tensor) -> int:
@@ -141,8 +169,8 @@ def _slice_span(t: torch.Tensor) -> int:
     return (t.shape[-2] - 1) * t.stride(-2) + (t.shape[-1] - 1) * t.stride(-1) + 1
 
 
-def _kernel_unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                        key_padding_mask: Optional[torch.Tensor]) -> Optional[str]:
+def kernel_unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       key_padding_mask: Optional[torch.Tensor]) -> Optional[str]:
     """Why the Triton kernel cannot run this (validated) call, or None when it can."""
     if _TRITON_ERROR is not None:
         return _TRITON_ERROR

@@ -10,8 +10,8 @@ import torch
 import triton
 
 import flashlite
-import flashlite._attention.api as api_module
 import flashlite._attention.launch as launch_module
+import flashlite._attention.plans as plans_module
 import flashlite._attention.validation as validation_module
 from flashlite.attention import attention, attention_forward
 from flashlite.kernels import attention_bwd, attention_fwd, tuning
@@ -171,19 +171,19 @@ def test_inference_launch_skips_the_log_sum_exp_and_gives_the_same_output(causal
     launches = []
     original = launch_module._launch
 
-    def spy(*args, **kwargs):
-        kernel_args, meta = args[9], args[10]
-        launches.append((kernel_args[4] is kernel_args[3], meta["STORE_LSE"]))
-        return original(*args, **kwargs)
+    def spy(kernel, site, plan, grid, tensors, scalars, meta):
+        launches.append((site, tensors[4] is tensors[3], meta["STORE_LSE"]))
+        return original(kernel, site, plan, grid, tensors, scalars, meta)
 
     monkeypatch.setattr(launch_module, "_launch", spy)
-    out, lse, _ = launch_module._launch_forward_recorded(q, k, v, None, None, causal_mode, 0.2, "fp16",
-                                                         need_lse=False)
+    monkeypatch.setattr(plans_module, "_PLANS", {})
+    problem = validation_module.validate(q, k, v, bool(causal_mode), 0.2, None, None, "triton", None)
+    out, lse = launch_module.launch_forward(q, k, v, None, plans_module.Plan(problem, None), need_lse=False)
     with torch.no_grad():
         public = attention(q, k, v, causal=bool(causal_mode), scale=0.2, backend="triton")
     assert lse is None
     # Both inference calls: out fills the lse slot and the store is compiled out.
-    assert launches == [(True, False), (True, False)]
+    assert launches == [("inference", True, False), ("inference", True, False)]
     assert torch.isfinite(expected_lse).all()
     assert torch.equal(out, expected) and torch.equal(public, expected)
 
@@ -301,39 +301,71 @@ class _RecordingKernel:
         return lambda *args, **kwargs: self.launches.append(kwargs)
 
 
+def _stub_kernel(autotuned, fixed):
+    return launch_module._Kernel("forward", autotuned, fixed, attention_fwd.FWD_GPU_BLOCKS,
+                                 attention_fwd.prune_fwd_configs)
+
+
+def _problem(seq=128, dtype=torch.float32):
+    q = torch.empty(1, 1, seq, 64, dtype=dtype)
+    return q, validation_module.validate(q, q, q, False, None, None, None, "triton", None)
+
+
 def test_autotuning_can_be_switched_off(monkeypatch):
     # FLASHLITE_AUTOTUNE=0 on a GPU: the first GPU config that fits, launched directly, no benchmarking.
     monkeypatch.setattr(launch_module._runtime, "interpreting", lambda: False)
     monkeypatch.setenv("FLASHLITE_AUTOTUNE", "0")
-    q = torch.empty(0, dtype=torch.float32)
+    q, problem = _problem()
     autotuned, fixed = _RecordingKernel(), _RecordingKernel()
-    launch_module._launch(autotuned, fixed, None, attention_fwd.FWD_GPU_BLOCKS, attention_fwd.prune_fwd_configs,
-                          q, 256, None, ("key",), (), {"HEAD_DIM": 256}, n_tensors=0)
+    plan = plans_module.Plan(problem, None)
+    launch_module._launch(_stub_kernel(autotuned, fixed), "forward", plan, None, (q,), (),
+                          {"HEAD_DIM": 256, "BLOCK_D": 256})
     assert autotuned.launches == []
     (forced,) = fixed.launches
     assert (forced["BLOCK_M"], forced["BLOCK_N"], forced["num_warps"], forced["num_stages"]) == (64, 32, 4, 2)
     assert forced["HEAD_DIM"] == 256
+    assert plan.configs["forward"] == {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2}
 
 
-def test_tuned_config_is_reused_without_the_autotuner(monkeypatch):
-    # With autotuning on, the first launch of a tuning key goes through the autotuner; later ones launch the
-    # kernel directly with the config it chose.
+def test_tuned_config_is_kept_by_the_plan_and_reused_without_the_autotuner(monkeypatch):
+    # With autotuning on, a plan's first launch goes through the autotuner (which benchmarks only tuning keys it
+    # has not seen); the plan keeps the config it chose and later launches go straight to the kernel with it.
     monkeypatch.setattr(launch_module._runtime, "interpreting", lambda: False)
     monkeypatch.setenv("FLASHLITE_AUTOTUNE", "1")
-    monkeypatch.setattr(launch_module, "_TUNED_CONFIGS", {})
     best = triton.Config({"BLOCK_M": 64, "BLOCK_N": 128}, num_warps=4, num_stages=3)
     autotuned, fixed = _RecordingKernel(best), _RecordingKernel()
-    launch = lambda key: launch_module._launch(  # noqa: E731
-        autotuned, fixed, None, attention_fwd.FWD_GPU_BLOCKS, attention_fwd.prune_fwd_configs,
-        torch.empty(0), 64, None, key, (), {"HEAD_DIM": 64}, n_tensors=0)
-    launch(("a",))
+    kernel = _stub_kernel(autotuned, fixed)
+    q, problem = _problem(dtype=torch.float16)
+    plan = plans_module.Plan(problem, None)
+    launch = lambda plan: launch_module._launch(kernel, "forward", plan, None, (q,), (),  # noqa: E731
+                                                {"HEAD_DIM": 64, "BLOCK_D": 64})
+    launch(plan)
     assert len(autotuned.launches) == 1 and fixed.launches == []
-    launch(("a",))
-    launch(("a",))
+    launch(plan)
+    launch(plan)
     assert len(autotuned.launches) == 1
-    assert fixed.launches == [{"HEAD_DIM": 64, "BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 3}] * 2
-    launch(("b",))  # a new tuning key is tuned again
+    assert fixed.launches == [{"HEAD_DIM": 64, "BLOCK_D": 64, "BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4,
+                               "num_stages": 3}] * 2
+    launch(plans_module.Plan(problem, None))  # another signature's plan asks the autotuner again
     assert len(autotuned.launches) == 2
+
+
+def test_a_forced_config_is_used_and_never_kept(monkeypatch):
+    # attention_forward(config=...) launches that config and leaves no plan behind; without one, the launcher
+    # keeps a plan per signature, as attention() does.
+    monkeypatch.setattr(plans_module, "_PLANS", {})
+    q, k, v = make_qkv(Shape(dict(B=1, H=2, S=37, D=16, dtype=torch.float16)), seed=5)
+    forced, _ = attention_forward(q, k, v, None, None, 1, 0.25, "fp16", config=(16, 16, 4, 1))
+    assert plans_module._PLANS == {}
+    tuned, _ = attention_forward(q, k, v, None, None, 1, 0.25, "fp16")
+    (plan,) = plans_module._PLANS.values()
+    assert plan.configs["forward"]["BLOCK_M"] == attention_fwd.FWD_INTERPRETER_BLOCKS[0][0]
+    again, _ = attention_forward(q, k, v, None, None, 1, 0.25, "fp16")
+    expected = attention(q, k, v, causal=True, scale=0.25, backend="sdpa")
+    for out in (forced, tuned, again):
+        assert_close(out, expected, policy="fp16")
+    with pytest.raises(ValueError, match="config must be"):
+        attention_forward(q, k, v, None, None, 1, 0.25, "fp16", config=(16, 16, 4))
 
 
 _COMPILE_FOR_HOPPER = SM90_COMPILER + r'''
@@ -392,7 +424,8 @@ def test_repeated_calls_replay_the_plan_and_never_a_stale_one():
         first = attention(q, k, v, causal=True, backend=backend)
         assert any(key[:3] == (q.shape, k.shape, v.shape)
                    and key[-6:] == (True, bool, None, type(None), backend, None)
-                   for key in api_module._PLANS)
+                   and plan.decision.backend == backend
+                   for key, plan in plans_module._PLANS.items())
         again = attention(q, k, v, causal=True, backend=backend)
         torch.testing.assert_close(again, first, rtol=0, atol=0)
         full = attention(q, k, v, causal=False, backend=backend)

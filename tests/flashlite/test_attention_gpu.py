@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
-import flashlite._attention.api as api_module
 import flashlite._attention.launch as launch_module
+import flashlite._attention.plans as plans_module
 import flashlite._attention.validation as validation_module
 from flashlite.attention import attention
 from flashlite.cases import CASES, case
@@ -91,16 +91,17 @@ def test_forward_several_pairs_per_program(shape, sdpa_reference):
 @pytest.mark.shape(dict(B=2, H=8, S=200, D=64), dict(B=3, H=4, S=77, D=128), dtype=[torch.bfloat16, torch.float16],
                    causal=[True, False])
 def test_replayed_plan_launches_the_compiled_kernel_directly(shape, sdpa_reference, monkeypatch):
-    monkeypatch.setattr(api_module, "_PLANS", {})
+    monkeypatch.setattr(plans_module, "_PLANS", {})
     q, k, v = cuda_qkv(shape.B, shape.H, shape.S, shape.D, shape.dtype)
     with torch.no_grad():
         planned = attention(q, k, v, causal=shape.causal, backend="triton")  # validates, decides, plans
-        attention(q, k, v, causal=shape.causal, backend="triton")  # first replay: ordinary launch, recorded
-        (plan,) = api_module._PLANS.values()
-        assert plan.recorded is not None
+        attention(q, k, v, causal=shape.causal, backend="triton")  # config known: ordinary launch, recorded
+        (plan,) = plans_module._PLANS.values()
+        recorded = plan.recorded["inference"]
+        assert recorded is not None
         direct = []
-        launch = plan.recorded.launch
-        plan.recorded.launch = lambda *tensors: direct.append(launch(*tensors)) or direct[-1]
+        launch = recorded.launch
+        recorded.launch = lambda *tensors: direct.append(launch(*tensors)) or direct[-1]
         assert torch.equal(attention(q, k, v, causal=shape.causal, backend="triton"), planned)
         # Fresh tensors of the same signature go through the recorded launch too.
         q2, k2, v2 = cuda_qkv(shape.B, shape.H, shape.S, shape.D, shape.dtype, seed=1)
@@ -125,24 +126,28 @@ def _forward_backward(q, k, v, causal):
 
 @pytest.mark.shape(dict(B=2, H=8, H_kv=2, S=200, D=64), dict(B=3, H=4, H_kv=4, S=77, D=128),
                    dtype=[torch.bfloat16], causal=[True, False])
-def test_launch_cache_replays_forward_and_backward_exactly(shape, monkeypatch):
-    # The launch cache (on unless FLASHLITE_LAUNCH_CACHE=0): every launch of the forward and the three backward
-    # kernels is recorded once and replayed after; results must be bit-identical to ordinary launches, also when
-    # only the batch size changes (which changes the backward grids and nothing else among their arguments).
-    cache = launch_module._direct_launch.LaunchCache()
-    monkeypatch.setattr(launch_module, "_LAUNCHES", cache)
+def test_recorded_launches_replay_forward_and_backward_exactly(shape, monkeypatch):
+    # Each plan records the launch of the forward and of the three backward kernels once and replays it after
+    # (unless FLASHLITE_LAUNCH_CACHE=0): results must be bit-identical to ordinary launches, for fresh tensors of
+    # the same signature and for another batch size (another signature, whose grids differ).
     for batch in (shape.B, shape.B + 1):
         for seed in (0, 1):
             q, k, v = cuda_qkv(batch, shape.H, shape.S, shape.D, shape.dtype, H_kv=shape.H_kv, seed=seed)
-            monkeypatch.setattr(launch_module, "_USE_LAUNCH_CACHE", False)
+            monkeypatch.setattr(plans_module, "_PLANS", {})
+            monkeypatch.setattr(plans_module, "RECORD_LAUNCHES", False)
             expected = _forward_backward(q, k, v, shape.causal)
-            monkeypatch.setattr(launch_module, "_USE_LAUNCH_CACHE", True)
-            for _ in range(2):
+            assert all(not plan.recorded for plan in plans_module._PLANS.values())
+            monkeypatch.setattr(plans_module, "_PLANS", {} if seed == 0 else recorded_plans)
+            monkeypatch.setattr(plans_module, "RECORD_LAUNCHES", True)
+            for _ in range(3):
                 got = _forward_backward(q, k, v, shape.causal)
                 for name, a, b in zip(("out", "dq", "dk", "dv"), got, expected):
-                    assert torch.equal(a, b), f"{name} differs with the launch cache (B={batch}, seed={seed})"
-    # Two batch sizes, four kernels each: eight recordings; every other cached launch was a replay.
-    assert len(cache) == 8 and cache.replays == 2 * 2 * 2 * 4 - 8
+                    assert torch.equal(a, b), f"{name} differs with recorded launches (B={batch}, seed={seed})"
+            recorded_plans = plans_module._PLANS
+            (plan,) = recorded_plans.values()
+            sites = {site if isinstance(site, str) else site[0] for site, rec in plan.recorded.items()
+                     if rec is not None}
+            assert sites == {"forward", "delta", "dkdv", "dq"}, plan.recorded
 
 
 @pytest.mark.memory(estimate=forward_bytes)

@@ -118,7 +118,7 @@ def test_record_launches_and_declines_cpu_tensors():
 
 
 class _FakeTensor:
-    """Stands in for a CUDA tensor: the cache reads the address, the device and the dtype."""
+    """Stands in for a CUDA tensor: launches read the address, the device and the dtype."""
 
     def __init__(self, address: int, dtype=torch.float16, device: int = 0) -> None:
         self.address, self.dtype, self.device = address, dtype, device
@@ -151,7 +151,7 @@ class _FakeRecording:
 
 @pytest.fixture
 def recordings(monkeypatch):
-    """Every launch the cache records: an ordinary launch plus a fake recording of it."""
+    """Every launch a plan records: an ordinary launch plus a fake recording of it."""
     made = []
 
     def fake_record(kernel, grid, args, kwargs, n_tensors):
@@ -163,48 +163,53 @@ def recordings(monkeypatch):
     return made
 
 
-def test_launch_cache_replays_only_an_identical_launch(recordings):
-    cache, kernel = _direct_launch.LaunchCache(), _FakeKernel()
+def _plan(record=True):
+    from flashlite._attention.plans import Plan
+    plan = Plan(None, None, record=True)
+    plan.record = record  # as a plan on CUDA is, whatever FLASHLITE_LAUNCH_CACHE says here
+    return plan
+
+
+def _launch_and_replay(plan, kernel, site, tensors, scalars=(7,)):
+    """What every launch site of the attention launchers does: replay the plan's recording, else launch."""
+    from flashlite._attention import launch
+    if not launch._replayed(plan, site, tensors):
+        launch._launch(kernel, site, plan, (4, 2), tensors, scalars, {"BLOCK": 64})
+
+
+def test_a_plan_records_each_launch_site_once_and_replays_it_with_new_tensors(recordings):
+    plan, kernel = _plan(), _FakeKernel()
     x, y = _FakeTensor(4096), _FakeTensor(8192)
-    cache.launch(kernel, (4, 2), (x, y, 100, 0.5), {"BLOCK": 64}, n_tensors=2)  # recorded (launched once)
+    _launch_and_replay(plan, kernel, "delta", (x, y))  # recorded (launched once, the ordinary way)
     x2, y2 = _FakeTensor(12288), _FakeTensor(16384)
-    cache.launch(kernel, (4, 2), (x2, y2, 100, 0.5), {"BLOCK": 64}, n_tensors=2)  # replayed with new tensors
-    assert len(recordings) == 1 and recordings[0].replayed == [(x2, y2)] and cache.replays == 1
-    # Anything else that differs makes a new entry: a scalar, a keyword, the grid, a dtype, the device.
-    cache.launch(kernel, (4, 2), (x, y, 101, 0.5), {"BLOCK": 64}, n_tensors=2)
-    cache.launch(kernel, (4, 2), (x, y, 100, 0.5), {"BLOCK": 32}, n_tensors=2)
-    cache.launch(kernel, (8, 2), (x, y, 100, 0.5), {"BLOCK": 64}, n_tensors=2)
-    cache.launch(kernel, (4, 2), (x, _FakeTensor(8192, dtype=torch.bfloat16), 100, 0.5), {"BLOCK": 64}, n_tensors=2)
-    cache.launch(kernel, (4, 2), (_FakeTensor(4096, device=1), y, 100, 0.5), {"BLOCK": 64}, n_tensors=2)
-    assert len(recordings) == len(cache) == 6 and cache.replays == 1
-    assert len(kernel.ordinary) == 6  # each recording launched once, the ordinary way
+    _launch_and_replay(plan, kernel, "delta", (x2, y2))  # replayed with new tensors
+    assert len(recordings) == 1 and recordings[0].replayed == [(x2, y2)] and len(kernel.ordinary) == 1
+    assert kernel.ordinary[0] == ((4, 2), (x, y, 7), {"BLOCK": 64})
+    _launch_and_replay(plan, kernel, ("delta", "another layout"), (x, y))  # another site: its own recording
+    assert len(recordings) == 2 and set(plan.recorded) == {"delta", ("delta", "another layout")}
 
 
-def test_launch_cache_launches_unaligned_unrecordable_and_overflowing_calls_the_ordinary_way(recordings,
-                                                                                              monkeypatch):
-    cache, kernel = _direct_launch.LaunchCache(max_entries=1), _FakeKernel()
+def test_refused_unrecordable_and_unkept_launches_go_the_ordinary_way(recordings, monkeypatch):
+    plan, kernel = _plan(), _FakeKernel()
     x, y = _FakeTensor(4096), _FakeTensor(8192)
-    cache.launch(kernel, (1,), (x, _FakeTensor(8194), 7), {}, n_tensors=2)  # unaligned: never recorded
-    assert len(cache) == 0 and len(kernel.ordinary) == 1
-    cache.launch(kernel, (1,), (x, y, 7), {}, n_tensors=2)
-    cache.launch(kernel, (1,), (x, y, 8), {}, n_tensors=2)  # the cache is full: ordinary launch, not recorded
-    assert len(cache) == 1 and len(kernel.ordinary) == 3
-    recordings[0].accept = False  # a recording that refuses (another current device, a launch hook)
-    cache.launch(kernel, (1,), (x, y, 7), {}, n_tensors=2)
-    assert len(kernel.ordinary) == 4 and cache.replays == 0
+    _launch_and_replay(plan, kernel, "delta", (x, y))
+    recordings[0].accept = False  # a recording that refuses (unaligned tensors, another device, a launch hook)
+    _launch_and_replay(plan, kernel, "delta", (x, y))
+    assert len(kernel.ordinary) == 2 and len(recordings) == 1
     # A launch that cannot be recorded at all is remembered as such and launched the ordinary way after.
     monkeypatch.setattr(_direct_launch, "record", lambda kernel, grid, args, kwargs, n: kernel[grid](*args) or None)
-    fresh = _direct_launch.LaunchCache()
-    fresh.launch(kernel, (1,), (x, y, 9), {}, n_tensors=2)
-    fresh.launch(kernel, (1,), (x, y, 9), {}, n_tensors=2)
-    assert len(fresh) == 1 and len(kernel.ordinary) == 6 and fresh.replays == 0
+    _launch_and_replay(plan, kernel, "dq", (x, y))
+    _launch_and_replay(plan, kernel, "dq", (x, y))
+    assert plan.recorded["dq"] is None and len(kernel.ordinary) == 4
+    # A plan that is not kept (forced configs, the plan cache full) or lives off CUDA records nothing.
+    unkept = _plan(record=False)
+    _launch_and_replay(unkept, kernel, "delta", (x, y))
+    _launch_and_replay(unkept, kernel, "delta", (x, y))
+    assert unkept.recorded == {} and len(kernel.ordinary) == 6
 
 
-def test_attention_grids_are_equal_exactly_when_their_fields_are():
+def test_attention_grids():
     from flashlite._attention.launch import _Grid
-    assert _Grid(1000, "BLOCK_M", 32) == _Grid(1000, "BLOCK_M", 32)
-    assert hash(_Grid(1000, "BLOCK_M", 32)) == hash(_Grid(1000, "BLOCK_M", 32))
-    assert _Grid(1000, "BLOCK_M", 32) != _Grid(1000, "BLOCK_M", 64)  # another batch: another grid
     assert _Grid(1000, "BLOCK_M", 32)({"BLOCK_M": 128}) == (8, 32)
     assert _Grid(1000, "BLOCK_M", 32)({"BLOCK_M": 128, "BH_PER_PROGRAM": 4}) == (8, 8)
     assert _Grid(100, "BLOCK_N", 70_000)({"BLOCK_N": 64}) == (2 * 70_000,)  # past axis 1's limit: flattened

@@ -19,14 +19,14 @@ def test_shipped_h200_table_records_its_origin_and_measured_choices():
     assert table["origin"]["gpu"] == "NVIDIA H200" and table["origin"]["commit"] != "unknown"
     assert (ROOT / table["origin"]["source"]).is_file(), "the report a table came from is committed"
     # fp32 case 5 (B=4, S=2048) was a measured win for the kernel; bf16 case 3 (B=1, S=8192) a loss.
-    fp32 = dispatch._decide_cached("nvidia-h200", torch.float32, 64, True, 4, 2048)
+    fp32 = dispatch._decide("nvidia-h200", torch.float32, 64, True, 4, 2048)
     assert fp32.backend == "triton" and "nvidia-h200 table" in fp32.reason and "win" in fp32.reason
-    bf16 = dispatch._decide_cached("nvidia-h200", torch.bfloat16, 64, True, 1, 8192)
+    bf16 = dispatch._decide("nvidia-h200", torch.bfloat16, 64, True, 1, 8192)
     assert bf16.backend == "sdpa" and "loss" in bf16.reason
     for source in table["origin"].get("sources", []):
         assert (ROOT / source["source"]).is_file() and source["commit"] != "unknown"
     # fp16 case 11 (B=256, S=64) won in a later report than the bf16 one; each decision names its own report.
-    fp16 = dispatch._decide_cached("nvidia-h200", torch.float16, 64, True, 256, 64)
+    fp16 = dispatch._decide("nvidia-h200", torch.float16, 64, True, 256, 64)
     entry = table["entries"]["float16/D64/causal/B256/S64"]
     assert fp16.backend == "triton" and f"commit {entry['commit']}" in fp16.reason
 
@@ -39,11 +39,11 @@ def test_every_triton_entry_is_a_significant_win():
 
 
 def test_fallback_rule_for_shapes_and_gpus_without_an_entry():
-    unknown_gpu = dispatch._decide_cached("some-new-gpu", torch.bfloat16, 64, True, 3, 3000)
+    unknown_gpu = dispatch._decide("some-new-gpu", torch.bfloat16, 64, True, 3, 3000)
     assert unknown_gpu.backend == "sdpa" and "no dispatch table for some-new-gpu" in unknown_gpu.reason
-    fp32 = dispatch._decide_cached("some-new-gpu", torch.float32, 64, True, 3, 3000)
+    fp32 = dispatch._decide("some-new-gpu", torch.float32, 64, True, 3, 3000)
     assert fp32.backend == "triton" and "float32" in fp32.reason
-    unmeasured_batch = dispatch._decide_cached("nvidia-h200", torch.bfloat16, 64, True, 3, 3000)
+    unmeasured_batch = dispatch._decide("nvidia-h200", torch.bfloat16, 64, True, 3, 3000)
     assert unmeasured_batch.backend == "sdpa" and "no nvidia-h200 table entry" in unmeasured_batch.reason
     cpu = dispatch.choose_backend(torch.randn(1, 2, 8, 16), causal=True, seq_k=8)
     assert cpu.backend == "sdpa" and "CPU" in cpu.reason
@@ -55,7 +55,6 @@ def test_a_table_decision_compiles_without_a_graph_break(monkeypatch):
     # On a GPU the decision reads the shipped table; Dynamo cannot trace file access, so under torch.compile the
     # decision is taken as a constant at trace time. Pretend these CPU tensors live on an H200.
     monkeypatch.setattr(dispatch, "_slug_of", lambda q: "nvidia-h200")
-    dispatch._decide_cached.cache_clear()
     dispatch.load_table.cache_clear()
     monkeypatch.setattr(dispatch, "_TABLES", {})
 

@@ -1,0 +1,81 @@
+"""Decide which backend runs a validated call, log why, and build the call signature's ``Plan``.
+
+``decide`` asks ``flashlite.dispatch`` for ``backend="auto"``; ``decide_with_mask`` sends explicit masks to SDPA;
+``make_plan`` validates, decides and gives the plan the function that runs its calls. Imports every module of the
+package but ``api``.
+"""
+import functools
+import logging
+import os
+from typing import Optional, Union
+
+import torch
+import torch.nn.functional as F
+
+from flashlite import _runtime
+from flashlite._attention.ops import run_triton, run_triton_compiled
+from flashlite._attention.plans import Plan
+from flashlite._attention.sdpa import check_attn_mask, sdpa_attention
+from flashlite._attention.validation import (_CAUSAL_ARGUMENT, CAUSAL_BOTTOM_RIGHT, CAUSAL_TOP_LEFT, Problem,
+                                             kernel_unsupported, validate)
+from flashlite.dispatch import Decision, choose_backend
+
+# The public module's name, as the documentation of FLASHLITE_DEBUG_DISPATCH gives it.
+_log = logging.getLogger("flashlite.attention")
+
+
+def decide(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: Optional[torch.Tensor],
+           problem: Problem, backend: str) -> Decision:
+    if backend == "sdpa":
+        return Decision("sdpa", "forced by backend='sdpa'")
+    unsupported = kernel_unsupported(q, k, v, key_padding_mask)
+    if backend == "triton":
+        if unsupported is not None:
+            raise ValueError(f"backend='triton' cannot run this call: {unsupported}")
+        return Decision("triton", "forced by backend='triton'")
+    return choose_backend(q, causal=_CAUSAL_ARGUMENT[problem.causal_mode], seq_k=problem.seq_k,
+                          unsupported=unsupported)
+
+
+def log_decision(decision: Decision, q: torch.Tensor, k: torch.Tensor) -> None:
+    if os.environ.get("FLASHLITE_DEBUG_DISPATCH", "0") not in ("", "0"):
+        _log.debug("flashlite.attention q %s k %s %s -> %s: %s", tuple(q.shape), tuple(k.shape), q.dtype,
+                   decision.backend, decision.reason)
+
+
+def decide_with_mask(q: torch.Tensor, k: torch.Tensor, backend: str, attn_mask: object) -> Decision:
+    check_attn_mask(q, k, attn_mask)
+    reason = "an explicit attn_mask (arbitrary mask or bias) is not an input of the Triton kernel"
+    if backend == "triton":
+        raise ValueError(f"backend='triton' cannot run this call: {reason}; use key_padding_mask / key_lengths "
+                         f"and causal, or backend='sdpa'")
+    return Decision("sdpa", "forced by backend='sdpa'" if backend == "sdpa" else f"kernel cannot run this call: "
+                                                                                f"{reason}")
+
+
+def make_plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: Union[bool, str], scale: Optional[float],
+              key_padding_mask: Optional[torch.Tensor], key_lengths: Optional[torch.Tensor], backend: str,
+              precision: Optional[str]) -> Plan:
+    """Validate and decide a call (raising what validation raises), logging the decision; the plan's ``run``
+    computes calls of its signature."""
+    problem = validate(q, k, v, causal, scale, key_padding_mask, key_lengths, backend, precision)
+    decision = decide(q, k, v, key_padding_mask, problem, backend)
+    log_decision(decision, q, k)
+    plan = Plan(problem, decision, record=decision.backend == "triton" and q.is_cuda and not _runtime.interpreting())
+    if decision.backend == "triton":
+        # Plans made while torch.compile traces are never kept: they run the custom op, which the graph keeps.
+        plan.run = functools.partial(run_triton_compiled if torch.compiler.is_compiling() else run_triton, plan)
+    elif (problem.key_masking == "none" and problem.causal_mode != CAUSAL_BOTTOM_RIGHT
+          and not (problem.causal_mode == CAUSAL_TOP_LEFT and problem.seq_k > problem.seq_q)):
+        # SDPA itself, bound in a partial so that a replay costs one C-level call, with only the arguments the call
+        # needs (SDPA parses every keyword it is given, on every call). Its fourth positional parameter is
+        # attn_mask, which receives the call's key mask: None here.
+        sdpa_kwargs = {"is_causal": problem.causal_mode == CAUSAL_TOP_LEFT}
+        if scale is not None:
+            sdpa_kwargs["scale"] = problem.scale
+        if problem.heads != problem.kv_heads:
+            sdpa_kwargs["enable_gqa"] = True
+        plan.run = functools.partial(F.scaled_dot_product_attention, **sdpa_kwargs)
+    else:
+        plan.run = functools.partial(sdpa_attention, problem=problem)
+    return plan
