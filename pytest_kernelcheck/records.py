@@ -20,7 +20,7 @@ import copy
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Literal, Mapping, Sequence, TypeVar
 
 from .stats import Verdict
 
@@ -352,8 +352,27 @@ class PairwiseRecord:
                    p_value_raw=data.get("p_value_raw"))
 
 
+_Row = TypeVar("_Row", bound="_FailsByError")
+
+
+class _FailsByError:
+    """``failed`` and ``of_error`` of the rows whose ``error`` field marks a failure (tournaments, measurements;
+    a comparison's failure is its verdict "error")."""
+
+    @property
+    def failed(self) -> bool:
+        return self.error is not None  # type: ignore[attr-defined]  (a field of every subclass)
+
+    @classmethod
+    def of_error(cls: type[_Row], name: str, error: BaseException, *, nodeid: str = "",
+                 shape: Mapping[str, Any] | None = None, elapsed_s: float | None = None) -> _Row:
+        """The row of a run that raised ``error``."""
+        return cls(name=name, nodeid=nodeid, shape=shape, error=describe_error(error),  # type: ignore[call-arg]
+                   run=RunDetails(elapsed_s=elapsed_s))
+
+
 @dataclass(frozen=True)
-class TournamentRecord:
+class TournamentRecord(_FailsByError):
     """One tournament's row: the ranking (best first), every pair's result, and the samples; or, with ``error``
     set, what it raised.
 
@@ -377,16 +396,6 @@ class TournamentRecord:
     throughput: Mapping[str, ThroughputRecord] = field(default_factory=dict)  # per variant given flops/bytes
     ceiling: CeilingRecord | None = None
 
-    @property
-    def failed(self) -> bool:
-        return self.error is not None
-
-    @classmethod
-    def of_error(cls, name: str, error: BaseException, *, nodeid: str = "", shape: Mapping[str, Any] | None = None,
-                 elapsed_s: float | None = None) -> "TournamentRecord":
-        """The row of a tournament that raised ``error``."""
-        return cls(name=name, nodeid=nodeid, shape=shape, error=describe_error(error),
-                   run=RunDetails(elapsed_s=elapsed_s))
 
     def versus_best(self, variant: str) -> PairwiseRecord | None:
         """The pair of the best variant and ``variant``, when the tournament tested it."""
@@ -435,7 +444,7 @@ class TournamentRecord:
 
 
 @dataclass(frozen=True)
-class MeasurementRecord:
+class MeasurementRecord(_FailsByError):
     """One function timed alone (``kernel_ab.measure``): its median time per call with an exact order-statistic
     interval, the samples, and its throughput; or, with ``error`` set, what it raised.
 
@@ -456,16 +465,6 @@ class MeasurementRecord:
     throughput: ThroughputRecord | None = None
     ceiling: CeilingRecord | None = None
 
-    @property
-    def failed(self) -> bool:
-        return self.error is not None
-
-    @classmethod
-    def of_error(cls, name: str, error: BaseException, *, nodeid: str = "", shape: Mapping[str, Any] | None = None,
-                 elapsed_s: float | None = None) -> "MeasurementRecord":
-        """The row of a measurement that raised ``error``."""
-        return cls(name=name, nodeid=nodeid, shape=shape, error=describe_error(error),
-                   run=RunDetails(elapsed_s=elapsed_s))
 
     def to_json(self) -> dict[str, Any]:
         return {
