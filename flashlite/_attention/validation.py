@@ -39,6 +39,7 @@ _INT32_LIMIT = 2 ** 31
 
 
 KeyMasking = Literal["none", "bool", "lengths"]
+AlibiSlopes = Literal["none", "heads", "batch_heads"]
 
 
 @dataclass(frozen=True)
@@ -67,11 +68,25 @@ class Problem:
     scale: float
     precision: str
     key_masking: KeyMasking
+    window_left: int = -1  # keys j >= i' - window_left are visible; -1: no bound on that side
+    window_right: int = -1  # keys j <= i' + window_right are visible; -1: no bound
+    softcap: float = 0.0  # scores become softcap * tanh(scores / softcap); 0.0: off
+    alibi: AlibiSlopes = "none"  # slopes per query head ("heads", [H]) or per batch and head ("batch_heads")
 
     @property
     def group_size(self) -> int:
         """Query heads per key/value head (grouped-query attention)."""
         return self.heads // self.kv_heads
+
+    @property
+    def variant(self) -> str:
+        """What the call adds to dense attention, as the dispatch keys it: "dense", or the parts joined by "+"
+        ("key_padding", "window", "softcap", "alibi")."""
+        parts = [name for name, present in (("key_padding", self.key_masking != "none"),
+                                             ("window", self.window_left >= 0 or self.window_right >= 0),
+                                             ("softcap", self.softcap > 0), ("alibi", self.alibi != "none"))
+                 if present]
+        return "+".join(parts) or "dense"
 
 
 def _causal_mode(causal: Union[bool, str]) -> int:
@@ -109,7 +124,8 @@ def _check_tensor(name: str, t: object) -> torch.Tensor:
 
 def validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: Union[bool, str], scale: Optional[float],
              key_padding_mask: Optional[torch.Tensor], key_lengths: Optional[torch.Tensor],
-             backend: str, precision: Optional[str]) -> Problem:
+             backend: str, precision: Optional[str], window: Optional[tuple[int, int]] = None,
+             softcap: Optional[float] = None, alibi_slopes: Optional[torch.Tensor] = None) -> Problem:
     """The ``Problem`` of an ``attention()`` call, or the error that names what is wrong with it."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_tensor(name, t)
@@ -160,8 +176,52 @@ def validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: Union[bo
     if backend not in _BACKENDS:
         raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
     key_masking = "bool" if key_padding_mask is not None else "lengths" if key_lengths is not None else "none"
+    window_left, window_right = _check_window(window)
     return Problem(batch, heads, kv_heads, seq_q, seq_k, head_dim, q.dtype, causal_mode, float(scale),
-                   _resolve_precision(q.dtype, precision), key_masking)
+                   _resolve_precision(q.dtype, precision), key_masking, window_left, window_right,
+                   _check_softcap(softcap), _check_alibi(alibi_slopes, q, batch, heads))
+
+
+def _check_window(window: object) -> tuple[int, int]:
+    if window is None:
+        return -1, -1
+    if (not isinstance(window, (tuple, list)) or len(window) != 2
+            or not all(isinstance(side, numbers.Integral) and not isinstance(side, bool) for side in window)):
+        raise TypeError(f"window must be None or (left, right), two integers (-1: unbounded on that side), got "
+                        f"{window!r}")
+    left, right = (int(side) for side in window)
+    if left < -1 or right < -1:
+        raise ValueError(f"window sides must be >= 0, or -1 for unbounded, got window={window!r}")
+    if left >= _INT32_LIMIT or right >= _INT32_LIMIT:
+        raise ValueError(f"window sides must be below 2**31, got window={window!r}")
+    return left, right
+
+
+def _check_softcap(softcap: object) -> float:
+    if softcap is None:
+        return 0.0
+    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
+        raise TypeError(f"softcap must be a real number > 0 or None, got {softcap!r}")
+    if not (math.isfinite(softcap) and softcap > 0):
+        raise ValueError(f"softcap must be finite and > 0 (scores become softcap * tanh(scores / softcap)), got "
+                         f"{softcap!r}")
+    return float(softcap)
+
+
+def _check_alibi(alibi_slopes: object, q: torch.Tensor, batch: int, heads: int) -> str:
+    if alibi_slopes is None:
+        return "none"
+    if not isinstance(alibi_slopes, torch.Tensor):
+        raise TypeError(f"alibi_slopes must be a float32 tensor [H] or [B, H], got {type(alibi_slopes).__name__}")
+    if alibi_slopes.dtype != torch.float32:
+        raise TypeError(f"alibi_slopes must be float32 (one slope per head, [H] or [B, H]), got "
+                        f"{alibi_slopes.dtype}")
+    if tuple(alibi_slopes.shape) not in ((heads,), (batch, heads)):
+        raise ValueError(f"alibi_slopes must have shape [H] = [{heads}] or [B, H] = [{batch}, {heads}], got "
+                         f"{list(alibi_slopes.shape)}")
+    if alibi_slopes.device != q.device:
+        raise ValueError(f"alibi_slopes is on {alibi_slopes.device}, q on {q.device}")
+    return "heads" if alibi_slopes.dim() == 1 else "batch_heads"
 
 
 def _slice_span(t: torch.Tensor) -> int:
