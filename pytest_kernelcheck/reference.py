@@ -10,6 +10,13 @@ Semantics (q, k, v are [B, H, S, D]; k and v may have H_kv heads):
 - ``scale`` defaults to 1 / sqrt(D).
 - ``enable_gqa=True``: H must be a multiple of H_kv and head h uses kv head h // (H // H_kv). Different head
   counts without the flag are an error, as in SDPA.
+- ``softcap=c`` (a finite number > 0): the scaled scores s become ``c * tanh(s / c)``.
+- ``alibi_slopes`` (floating, [H] or [B, H], H the query heads; float32 is what kernels take): then
+  ``-slope[b, h] * |i' - j|`` is added, where ``i'`` is query row i aligned to the diagonal ``causal`` names: i for
+  ``causal`` False or top-left, ``i + S_k - S_q`` for "lower_right".
+- ``window=(left, right)`` (ints >= -1; -1 is unbounded on that side): query i sees keys
+  ``i' - left <= j <= i' + right``; ``causal`` still hides ``j > i'``.
+- Order: ``scale * q.k``, then softcap, then ALiBi, then the masks (causal, window, attn_mask) last.
 - A query row that sees no key gets zeros, as flash-style kernels give (older torch builds return NaN there from
   SDPA's math path; a kernel returning NaN for such rows fails the check).
 
@@ -18,12 +25,26 @@ S_q x S_k matrix when it does not fit. :func:`plan_reference` picks the block si
 fraction of the device's free memory) and, when the float64 work over all rows would exceed a FLOP budget,
 picks a seeded random sample of query rows (always with the first and the last row) to check instead. For
 B=32, S=100,000, H=16, D=64 this computes a few thousand rows per (batch, head) against all keys, one batch
-entry and a block of rows at a time.
+entry and a block of rows at a time. Softcap works in place on the scores; ALiBi's float64 distances and the
+window's bool masks are per query row of a block (shared by its heads) and are counted in the plan.
+
+The baseline (:func:`sdpa_baseline`, PyTorch's own error in the input precision, which the check's baseline rule
+compares the kernel's error with) is what a user without a fused kernel would write:
+
+- no variant: ``scaled_dot_product_attention`` as is (``is_causal``, the lower-right bias or the merged mask).
+- window and ALiBi: SDPA with the equivalent dense mask over the rows checked, built in the input dtype: a float
+  bias [B or 1, H, rows, S_k] of ``-slope * |i' - j|`` with -inf outside the visible keys (a bool mask for a
+  window alone). It costs rows x S_k per head; when it cannot be allocated the check says so and falls back to the
+  per-dtype policy.
+- softcap: SDPA cannot apply tanh to its scores, so the baseline is the same math written out, one batch entry at a
+  time: ``q k^T * scale``, the softcap and the bias in the input dtype, softmax in float32 (in the input dtype when
+  that is wider), the probabilities rounded to the input dtype before ``P V``.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import warnings
 from collections.abc import Sequence
 from typing import Any, Union
@@ -58,10 +79,23 @@ class AttentionProblem:
     causal: str | None  # None, "top_left" or "lower_right"
     scale: float
     device: torch.device
+    window: tuple[int, int] | None = None  # (left, right), -1 = unbounded on that side
+    softcap: float | None = None
+    alibi: bool = False  # the slopes themselves travel beside the problem, as attn_mask does
 
     @property
     def group_size(self) -> int:
         return self.heads // self.kv_heads
+
+    @property
+    def diagonal_offset(self) -> int:
+        """What is added to a query row to align it with the causal diagonal (the ``i'`` of the module docstring)."""
+        return self.k_len - self.q_len if self.causal == "lower_right" else 0
+
+    @property
+    def has_variant(self) -> bool:
+        """Whether a window, softcap or ALiBi is in play (SDPA alone cannot be the baseline then)."""
+        return self.window is not None or self.softcap is not None or self.alibi
 
     def flops_per_row(self) -> float:
         """Float64 FLOPs of one query row of one (batch, head) against all keys (QK^T and PV)."""
@@ -77,19 +111,28 @@ def describe_problem(
     attn_mask: torch.Tensor | None = None,
     scale: float | None = None,
     enable_gqa: bool = False,
+    window: tuple[int, int] | None = None,
+    softcap: float | None = None,
+    alibi_slopes: torch.Tensor | None = None,
 ) -> AttentionProblem:
-    """Check q, k, v, mask and options against SDPA's rules and return the sizes.
+    """Check q, k, v, mask and options against SDPA's rules (and the variants of the module docstring) and
+    return the sizes.
 
     Example::
 
         >>> q = k = v = torch.randn(1, 2, 8, 4)
         >>> describe_problem(q, k, v, causal="lower_right").causal
         'lower_right'
+        >>> p = describe_problem(q, k, v, window=(3, 0), softcap=30, alibi_slopes=torch.tensor([0.5, 0.25]))
+        >>> p.window, p.softcap, p.alibi
+        ((3, 0), 30.0, True)
 
     Raises:
-        TypeError: a non-tensor input, an integer or complex tensor, a mask of an unsupported dtype.
+        TypeError: a non-tensor input, an integer or complex tensor, a mask of an unsupported dtype, a window
+            that is not a pair of ints, a softcap that is not a number, slopes that are not a floating tensor.
         ValueError: wrong ranks, sizes that do not agree, a bad ``causal`` value, heads that need
-            ``enable_gqa``, tensors on different devices.
+            ``enable_gqa``, tensors on different devices, a window side below -1, a softcap that is not finite
+            and > 0, slopes of a shape other than [H] or [B, H].
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
@@ -145,10 +188,86 @@ def describe_problem(
         scale = 1.0 / math.sqrt(head_dim)
     elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
         raise ValueError(f"scale must be a finite number; got {scale!r}")
+    if alibi_slopes is not None:
+        _check_alibi_slopes(alibi_slopes, batch, heads, q.device)
     return AttentionProblem(
         batch=batch, heads=heads, kv_heads=kv_heads, q_len=q_len, k_len=k.shape[2], head_dim=head_dim,
-        v_dim=v.shape[3], causal=mode, scale=float(scale), device=q.device,
+        v_dim=v.shape[3], causal=mode, scale=float(scale), device=q.device, window=_check_window(window),
+        softcap=_check_softcap(softcap), alibi=alibi_slopes is not None,
     )
+
+
+def _check_window(window: Any) -> tuple[int, int] | None:
+    if window is None:
+        return None
+    if not isinstance(window, (tuple, list)) or len(window) != 2:
+        raise TypeError(f"window must be a (left, right) pair of ints, -1 for unbounded; got {window!r}")
+    sides = []
+    for name, side in zip(("left", "right"), window):
+        # bool is an int to Python, but window=(True, 0) is surely a mistake, not a one-key window.
+        if isinstance(side, bool) or not isinstance(side, numbers.Integral):
+            raise TypeError(f"window {name} side must be an int >= -1 (-1 = unbounded); got {side!r}")
+        if side < -1:
+            raise ValueError(f"window {name} side must be >= -1 (-1 = unbounded); got {side}")
+        sides.append(int(side))
+    return sides[0], sides[1]
+
+
+def _check_softcap(softcap: Any) -> float | None:
+    if softcap is None:
+        return None
+    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
+        raise TypeError(f"softcap must be a finite number > 0; got {softcap!r}")
+    value = float(softcap)
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"softcap must be a finite number > 0; got {softcap!r}")
+    return value
+
+
+def _check_alibi_slopes(slopes: Any, batch: int, heads: int, device: torch.device) -> None:
+    """Refuse ALiBi slopes that are not a floating tensor of shape [H] or [B, H] on ``device``."""
+    if not isinstance(slopes, torch.Tensor):
+        raise TypeError(f"alibi_slopes must be a floating torch.Tensor of shape [H] or [B, H]; got {type(slopes).__name__}")
+    if not slopes.dtype.is_floating_point:
+        raise TypeError(f"alibi_slopes must be floating point (float32 is what kernels take); got {slopes.dtype}")
+    if tuple(slopes.shape) not in ((heads,), (batch, heads)):
+        raise ValueError(
+            f"alibi_slopes must have shape [H] = ({heads},) or [B, H] = ({batch}, {heads}); got {tuple(slopes.shape)}"
+        )
+    if slopes.device != device:
+        raise ValueError(f"q is on {device} but alibi_slopes is on {slopes.device}")
+
+
+def _slopes_for(problem: AttentionProblem, alibi_slopes: torch.Tensor | None) -> torch.Tensor | None:
+    """The slopes as float64 [B, H] (a broadcast view for [H]), after checking they agree with ``problem``."""
+    if alibi_slopes is None:
+        if problem.alibi:
+            raise ValueError("the problem was described with alibi_slopes, but none were passed")
+        return None
+    if not problem.alibi:
+        raise ValueError("alibi_slopes were passed, but the problem was described without them")
+    _check_alibi_slopes(alibi_slopes, problem.batch, problem.heads, problem.device)
+    return alibi_slopes.to(torch.float64).expand(problem.batch, problem.heads)
+
+
+def _visible_keys(problem: AttentionProblem, aligned: torch.Tensor, keys: torch.Tensor) -> torch.Tensor | None:
+    """[rows, S_k] bool, True where a query row (``aligned``: its index plus the diagonal offset) may see a key
+    under ``causal`` and ``window``; None when both leave every key visible."""
+    upper = 0 if problem.causal is not None else None  # the largest j - i' allowed
+    lower = None  # the smallest j - i' allowed
+    if problem.window is not None:
+        left, right = problem.window
+        if right >= 0:
+            upper = right if upper is None else min(upper, right)
+        if left >= 0:
+            lower = -left
+    allowed = None
+    if upper is not None:
+        allowed = keys[None, :] <= aligned[:, None] + upper
+    if lower is not None:
+        above = keys[None, :] >= aligned[:, None] + lower
+        allowed = above if allowed is None else allowed.logical_and_(above)
+    return allowed
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -259,20 +378,25 @@ def plan_reference(
     output_bytes = heads_total * row_count * (problem.v_dim * 8 + 1)
     per_head = problem.k_len * (problem.head_dim + problem.v_dim) * (8 + 4)
     per_head_row = problem.k_len * (8 * _SCORE_TEMPORARIES + 1) + (problem.head_dim + problem.v_dim) * 8
-    available = memory_budget - output_bytes
+    # Softcap runs in place on the scores. The window's bool masks (two alive while combined, one more when
+    # inverted for the fill) and ALiBi's float64 |i' - j| are per query row, shared by the heads of a block; ALiBi
+    # also keeps the key positions in float64 once per block.
+    per_row = problem.k_len * ((3 if problem.window is not None else 0) + (8 if problem.alibi else 0))
+    per_block = problem.k_len * 8 if problem.alibi else 0
+    available = memory_budget - output_bytes - per_block
     heads_per_block = problem.heads
     rows_per_block = 0
     while heads_per_block >= 1:
-        rows_per_block = (available - heads_per_block * per_head) // (heads_per_block * per_head_row)
+        rows_per_block = (available - heads_per_block * per_head) // (heads_per_block * per_head_row + per_row)
         if rows_per_block >= 1 or heads_per_block == 1:
             break
         heads_per_block = max(1, heads_per_block // 2)
     if rows_per_block < 1:
-        need = output_bytes + per_head + per_head_row
+        need = output_bytes + per_block + per_head + per_head_row + per_row
         if rows is None and allow_sampling:
             # The float64 output over all rows does not fit: check as many rows as memory allows.
-            spare = memory_budget - per_head - per_head_row
-            affordable = spare // (heads_total * (problem.v_dim * 8 + 1) + per_head_row) if spare > 0 else 0
+            spare = memory_budget - per_block - per_head - per_head_row - per_row
+            affordable = spare // (heads_total * (problem.v_dim * 8 + 1) + per_head_row + per_row) if spare > 0 else 0
             if affordable >= 2:
                 return plan_reference(
                     problem, memory_budget=memory_budget, flop_budget=flop_budget, sample_rows=int(affordable),
@@ -284,7 +408,7 @@ def plan_reference(
             f"{human_bytes(memory_budget)}"
         )
     rows_per_block = int(min(rows_per_block, row_count))
-    block_bytes = heads_per_block * (per_head + rows_per_block * per_head_row)
+    block_bytes = heads_per_block * (per_head + rows_per_block * per_head_row) + per_block + rows_per_block * per_row
     if rows is not None:
         mode = "sampled"
     elif heads_per_block == problem.heads and rows_per_block == row_count:
@@ -315,10 +439,14 @@ def attention_reference(
     attn_mask: torch.Tensor | None = None,
     scale: float | None = None,
     enable_gqa: bool = False,
+    window: tuple[int, int] | None = None,
+    softcap: float | None = None,
+    alibi_slopes: torch.Tensor | None = None,
     rows: torch.Tensor | Sequence[int] | None = None,
     memory_budget: int | None = None,
 ) -> torch.Tensor:
-    """Float64 attention ``softmax(q k^T * scale + mask) v`` with SDPA's semantics (module docstring).
+    """Float64 attention ``softmax(q k^T * scale + mask) v`` with SDPA's semantics (module docstring), and
+    optionally a sliding ``window=(left, right)``, ``softcap=c`` and ALiBi ``alibi_slopes`` ([H] or [B, H]).
 
     Returns [B, H, S_q, D_v] in float64 on q's device, or [B, H, len(rows), D_v] for the given query ``rows``.
     Works in blocks of heads and query rows when the float64 scores exceed ``memory_budget`` (bytes; default
@@ -329,13 +457,22 @@ def attention_reference(
         >>> q, k, v = (torch.randn(2, 4, 16, 8, dtype=torch.float16) for _ in range(3))
         >>> attention_reference(q, k, v, causal=True).dtype
         torch.float64
+        >>> slopes = 2.0 ** -torch.arange(1.0, 5.0)  # one per query head
+        >>> out = attention_reference(q, k, v, causal=True, window=(4, -1), softcap=30.0, alibi_slopes=slopes)
+        >>> out.shape
+        torch.Size([2, 4, 16, 8])
+        >>> attention_reference(q, k, v, window=(0, 0))[0, 0, 3].tolist() == v[0, 0, 3].double().tolist()
+        True
     """
-    problem = describe_problem(q, k, v, causal=causal, attn_mask=attn_mask, scale=scale, enable_gqa=enable_gqa)
+    problem = describe_problem(
+        q, k, v, causal=causal, attn_mask=attn_mask, scale=scale, enable_gqa=enable_gqa, window=window,
+        softcap=softcap, alibi_slopes=alibi_slopes,
+    )
     plan = plan_reference(
         problem, memory_budget=memory_budget, flop_budget=math.inf, allow_sampling=False,
         rows=_as_rows(rows, problem.q_len),
     )
-    out, _ = compute_reference(q, k, v, problem, plan, attn_mask)
+    out, _ = compute_reference(q, k, v, problem, plan, attn_mask, alibi_slopes=alibi_slopes)
     return out
 
 
@@ -358,10 +495,27 @@ def compute_reference(
     problem: AttentionProblem,
     plan: ReferencePlan,
     attn_mask: torch.Tensor | None = None,
+    *,
+    alibi_slopes: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run ``plan``: returns the float64 output [B, H, rows, D_v] and a bool [B, H, rows] that is False
-    where a query row saw no key (its output row is zero)."""
+    where a query row saw no key (its output row is zero).
+
+    ``window`` and ``softcap`` come with ``problem`` (from :func:`describe_problem`); ``attn_mask`` and
+    ``alibi_slopes`` are tensors and come beside it, the slopes exactly when the problem was described with them.
+
+    Example::
+
+        >>> q, k, v = (torch.randn(1, 2, 9, 4) for _ in range(3))
+        >>> slopes = torch.tensor([0.5, 0.25])
+        >>> problem = describe_problem(q, k, v, causal="lower_right", window=(2, -1), softcap=5.0, alibi_slopes=slopes)
+        >>> plan = plan_reference(problem, rows=torch.tensor([0, 8]))
+        >>> out, has_keys = compute_reference(q, k, v, problem, plan, alibi_slopes=slopes)
+        >>> out.shape, has_keys.all().item()
+        (torch.Size([1, 2, 2, 4]), True)
+    """
     device = problem.device
+    slopes = _slopes_for(problem, alibi_slopes)
     all_rows = plan.rows.to(device) if plan.rows is not None else torch.arange(problem.q_len, device=device)
     row_count = all_rows.numel()
     out = torch.empty(problem.batch, problem.heads, row_count, problem.v_dim, dtype=torch.float64, device=device)
@@ -370,7 +524,7 @@ def compute_reference(
     if attn_mask is not None:
         mask4 = attn_mask.reshape((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))
     keys = torch.arange(problem.k_len, device=device)
-    diagonal_offset = problem.k_len - problem.q_len if problem.causal == "lower_right" else 0
+    key_positions = keys.to(torch.float64) if slopes is not None else None
 
     for b in range(problem.batch):
         for h0 in range(0, problem.heads, plan.heads_per_block):
@@ -384,9 +538,16 @@ def compute_reference(
                 q64 = q[b, h0:h1].index_select(1, block_rows).to(torch.float64)  # [h, r, D]
                 scores = torch.matmul(q64, k64.transpose(1, 2)).mul_(problem.scale)  # [h, r, S_k]
                 del q64
-                allowed = None
-                if problem.causal is not None:
-                    allowed = keys[None, :] <= (block_rows[:, None] + diagonal_offset)  # [r, S_k]
+                aligned = block_rows + problem.diagonal_offset
+                if problem.softcap is not None:
+                    scores.div_(problem.softcap).tanh_().mul_(problem.softcap)
+                if slopes is not None:
+                    # |i' - j| in float64 is exact for any realistic length (< 2**53); addcmul broadcasts the
+                    # per-head slopes over it without a [h, r, S_k] temporary.
+                    distance = (aligned.to(torch.float64)[:, None] - key_positions[None, :]).abs_()  # [r, S_k]
+                    scores.addcmul_(slopes[b, h0:h1, None, None], distance, value=-1.0)
+                    del distance
+                allowed = _visible_keys(problem, aligned, keys)  # [r, S_k] or None
                 if mask4 is not None:
                     block_mask = _mask_block(mask4, b, h0, h1, block_rows, problem.q_len)
                     if block_mask.dtype == torch.bool:
@@ -429,18 +590,41 @@ def sdpa_baseline(
     problem: AttentionProblem,
     attn_mask: torch.Tensor | None = None,
     rows: torch.Tensor | None = None,
+    *,
+    alibi_slopes: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """torch's scaled_dot_product_attention in the input precision, on the given query rows (all by default).
+    """Attention in the input precision as PyTorch computes it, on the given query rows (all by default): what
+    the check's baseline rule measures a kernel's error against.
 
-    Raises whatever SDPA raises when it cannot run this dtype or device.
+    SDPA itself, with a window and ALiBi as the equivalent dense mask or bias; with a softcap, which SDPA cannot
+    express, the same math written out in the input precision (module docstring). ``window`` and ``softcap`` come
+    with ``problem``, ``alibi_slopes`` beside it as for :func:`compute_reference`. Rows that see no key may hold
+    NaN (the check zeroes them).
+
+    Example::
+
+        >>> q, k, v = (torch.randn(1, 2, 6, 4, dtype=torch.float64) for _ in range(3))
+        >>> slopes = torch.tensor([0.5, 0.25])
+        >>> problem = describe_problem(q, k, v, causal=True, window=(2, -1), alibi_slopes=slopes)
+        >>> base = sdpa_baseline(q, k, v, problem, alibi_slopes=slopes)
+        >>> ref = attention_reference(q, k, v, causal=True, window=(2, -1), alibi_slopes=slopes)
+        >>> bool(torch.allclose(base, ref))
+        True
+
+    Raises whatever SDPA (or matmul, for the softcap) raises when it cannot run this dtype or device, and
+    ``MemoryError``/``torch.OutOfMemoryError`` when the dense mask does not fit.
     """
-    import torch.nn.functional as F
-
     q_in = q if rows is None else q.index_select(2, rows.to(q.device))
     is_causal = False
     whole_causal_bias = False  # torch's CausalBias object: passed through as is
     mask = attn_mask
-    if problem.causal is not None:
+    if problem.has_variant:
+        _slopes_for(problem, alibi_slopes)  # the same agreement check as the reference's
+        query_rows = rows.to(q.device) if rows is not None else torch.arange(problem.q_len, device=q.device)
+        mask = _dense_variant_mask(problem, query_rows, _mask_rows(attn_mask, rows, problem.q_len), alibi_slopes, q.dtype)
+        if problem.softcap is not None:
+            return _softcapped_attention(q_in, k, v, problem, mask)
+    elif problem.causal is not None:
         whole = rows is None and attn_mask is None
         if whole and problem.causal == "top_left":
             is_causal = True
@@ -453,21 +637,27 @@ def sdpa_baseline(
             whole_causal_bias = True
         else:
             query_rows = rows.to(q.device) if rows is not None else torch.arange(problem.q_len, device=q.device)
-            offset = problem.k_len - problem.q_len if problem.causal == "lower_right" else 0
-            allowed = torch.arange(problem.k_len, device=q.device)[None, :] <= query_rows[:, None] + offset
+            allowed = _visible_keys(problem, query_rows + problem.diagonal_offset, torch.arange(problem.k_len, device=q.device))
             mask = _merge_masks(allowed, _mask_rows(attn_mask, rows, problem.q_len), q.dtype)
     elif attn_mask is not None and rows is not None:
         mask = _mask_rows(attn_mask, rows, problem.q_len)
     if mask is not None and not whole_causal_bias and mask.dtype != torch.bool:
         mask = mask.to(q.dtype)  # SDPA wants a float mask in the query's dtype
-    k_in, v_in = k, v
+    return _run_sdpa(q_in, k, v, problem, mask, is_causal)
+
+
+def _run_sdpa(
+    q_in: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: AttentionProblem, mask: Any, is_causal: bool
+) -> torch.Tensor:
+    import torch.nn.functional as F
+
     extra: dict[str, Any] = {}
     if problem.kv_heads != problem.heads:
         extra["enable_gqa"] = True
     with torch.no_grad():
         try:
             return F.scaled_dot_product_attention(
-                q_in, k_in, v_in, attn_mask=mask, is_causal=is_causal, scale=problem.scale, **extra
+                q_in, k, v, attn_mask=mask, is_causal=is_causal, scale=problem.scale, **extra
             )
         except TypeError:
             if not extra:
@@ -478,6 +668,55 @@ def sdpa_baseline(
             return F.scaled_dot_product_attention(
                 q_in, k_in, v_in, attn_mask=mask, is_causal=is_causal, scale=problem.scale
             )
+
+
+def _dense_variant_mask(
+    problem: AttentionProblem,
+    query_rows: torch.Tensor,
+    attn_mask: torch.Tensor | None,
+    alibi_slopes: torch.Tensor | None,
+    dtype: torch.dtype,
+) -> torch.Tensor | None:
+    """The mask a user would hand SDPA for causal + window + ALiBi + attn_mask on ``query_rows``: bool when
+    nothing is added to the scores, else a float bias in ``dtype`` with -inf where a key is hidden."""
+    keys = torch.arange(problem.k_len, device=query_rows.device)
+    aligned = query_rows + problem.diagonal_offset
+    allowed = _visible_keys(problem, aligned, keys)  # [r, S_k] or None
+    if alibi_slopes is None:
+        if allowed is None:
+            return attn_mask
+        return _merge_masks(allowed, attn_mask, dtype)
+    # Built in float32 and rounded once, as a user would; [H] slopes give a bias shared by the batch.
+    slopes = alibi_slopes.to(torch.float32).reshape(-1, problem.heads)[:, :, None, None]  # [B or 1, H, 1, 1]
+    distance = (aligned[:, None] - keys[None, :]).abs_().to(torch.float32)  # [r, S_k]
+    bias = (slopes * -distance).to(dtype)
+    if attn_mask is not None and attn_mask.dtype != torch.bool:
+        bias = bias + attn_mask.to(dtype)
+    elif attn_mask is not None:
+        allowed = attn_mask if allowed is None else allowed & attn_mask
+    return bias if allowed is None else bias.masked_fill(~allowed, -math.inf)
+
+
+def _softcapped_attention(
+    q_in: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: AttentionProblem, mask: torch.Tensor | None
+) -> torch.Tensor:
+    """Softcapped attention in the input precision, one batch entry at a time (see the module docstring)."""
+    softmax_dtype = torch.promote_types(q_in.dtype, torch.float32)
+    if problem.kv_heads != problem.heads:
+        k = k.repeat_interleave(problem.group_size, dim=1)
+        v = v.repeat_interleave(problem.group_size, dim=1)
+    mask4 = None if mask is None else mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
+    outs = []
+    with torch.no_grad():
+        for b in range(q_in.shape[0]):
+            scores = torch.matmul(q_in[b], k[b].transpose(-1, -2)) * problem.scale  # [H, r, S_k], input dtype
+            scores = torch.tanh(scores / problem.softcap) * problem.softcap
+            if mask4 is not None:
+                piece = mask4[b if mask4.shape[0] > 1 else 0]
+                scores = scores.masked_fill(~piece, -math.inf) if piece.dtype == torch.bool else scores + piece
+            weights = torch.softmax(scores.to(softmax_dtype), dim=-1).to(q_in.dtype)
+            outs.append(torch.matmul(weights, v[b]))
+    return torch.stack(outs)
 
 
 def _mask_rows(attn_mask: torch.Tensor | None, rows: torch.Tensor | None, q_len: int) -> torch.Tensor | None:
@@ -540,11 +779,22 @@ class SdpaReference:
         attn_mask: torch.Tensor | None = None,
         scale: float | None = None,
         enable_gqa: bool = False,
+        window: tuple[int, int] | None = None,
+        softcap: float | None = None,
+        alibi_slopes: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """The whole float64 reference [B, H, S_q, D_v], chunked when it must be (never sampled)."""
+        """The whole float64 reference [B, H, S_q, D_v], chunked when it must be (never sampled); the options
+        are those of :func:`attention_reference`.
+
+        Example::
+
+            >>> q, k, v = (torch.randn(1, 2, 5, 4) for _ in range(3))
+            >>> SdpaReference()(q, k, v, window=(1, 1), softcap=20.0).shape
+            torch.Size([1, 2, 5, 4])
+        """
         return attention_reference(
-            q, k, v, causal=causal, attn_mask=attn_mask, scale=scale, enable_gqa=enable_gqa,
-            memory_budget=self.memory_budget,
+            q, k, v, causal=causal, attn_mask=attn_mask, scale=scale, enable_gqa=enable_gqa, window=window,
+            softcap=softcap, alibi_slopes=alibi_slopes, memory_budget=self.memory_budget,
         )
 
     def check(
@@ -558,6 +808,9 @@ class SdpaReference:
         attn_mask: torch.Tensor | None = None,
         scale: float | None = None,
         enable_gqa: bool = False,
+        window: tuple[int, int] | None = None,
+        softcap: float | None = None,
+        alibi_slopes: torch.Tensor | None = None,
         policy: PolicyLike | None = None,
         sample_rows: int | None = None,
         use_baseline: bool | None = None,
@@ -572,12 +825,27 @@ class SdpaReference:
         Large problems are checked on a seeded sample of query rows (``sample_rows`` forces one); the result, also
         kept as ``self.last_check``, says how many rows were checked, and so does the failure message.
 
+        ``window``, ``softcap`` and ``alibi_slopes`` are those of :func:`attention_reference`; the baseline then
+        is SDPA with the equivalent dense mask, or for a softcap the same math in the input precision (module
+        docstring), and a note in the result says which.
+
+        Example::
+
+            >>> q, k, v = (torch.randn(1, 2, 12, 8).half() for _ in range(3))
+            >>> slopes = torch.tensor([0.5, 0.125])
+            >>> out = attention_reference(q, k, v, causal=True, window=(3, 0), alibi_slopes=slopes).half()
+            >>> SdpaReference().check(out, q, k, v, causal=True, window=(3, 0), alibi_slopes=slopes).baseline_used
+            True
+
         Raises:
             AssertionError: the output is not close; the message gives the error figures and the rows checked.
             ValueError / TypeError: inputs that do not describe an attention call, or ``out`` of the wrong shape.
         """
         __tracebackhide__ = True
-        problem = describe_problem(q, k, v, causal=causal, attn_mask=attn_mask, scale=scale, enable_gqa=enable_gqa)
+        problem = describe_problem(
+            q, k, v, causal=causal, attn_mask=attn_mask, scale=scale, enable_gqa=enable_gqa, window=window,
+            softcap=softcap, alibi_slopes=alibi_slopes,
+        )
         expected_shape = (problem.batch, problem.heads, problem.q_len, problem.v_dim)
         if not isinstance(out, torch.Tensor):
             raise TypeError(f"out must be a torch.Tensor; got {type(out).__name__}")
@@ -589,7 +857,7 @@ class SdpaReference:
             problem, memory_budget=self.memory_budget, flop_budget=self.flop_budget, sample_rows=sample_rows,
             seed=self.seed,
         )
-        expected, has_keys = compute_reference(q, k, v, problem, plan, attn_mask)
+        expected, has_keys = compute_reference(q, k, v, problem, plan, attn_mask, alibi_slopes=alibi_slopes)
         rows = plan.rows
         actual = out.detach() if rows is None else out.detach().index_select(2, rows.to(out.device))
         notes = []
@@ -610,10 +878,19 @@ class SdpaReference:
                 notes.append("a policy was chosen explicitly, so its per-element rule was used without a baseline")
         if use_baseline:
             try:
-                baseline = sdpa_baseline(q.detach(), k.detach(), v.detach(), problem, attn_mask, rows)
-            except (RuntimeError, NotImplementedError, TypeError, ValueError) as exc:
+                baseline = sdpa_baseline(
+                    q.detach(), k.detach(), v.detach(), problem, attn_mask, rows,
+                    alibi_slopes=None if alibi_slopes is None else alibi_slopes.detach(),
+                )
+            except (RuntimeError, NotImplementedError, TypeError, ValueError, MemoryError) as exc:
                 first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 notes.append(f"no SDPA baseline for {q.dtype} on {q.device} ({first_line}); per-dtype policy used")
+            if baseline is not None and problem.softcap is not None:
+                notes.append(
+                    "baseline: SDPA cannot softcap, so the same math in the input precision (float32 softmax)"
+                )
+            elif baseline is not None and problem.has_variant:
+                notes.append("baseline: SDPA with the window/ALiBi as a dense mask in the input dtype")
             if baseline is not None:
                 # Some torch builds leave NaN in rows that see no key; the reference defines them as zeros.
                 baseline = baseline.masked_fill(~has_keys[..., None], 0)
