@@ -227,7 +227,9 @@ def _check_softcap(softcap: Any) -> float | None:
 def _check_alibi_slopes(slopes: Any, batch: int, heads: int, device: torch.device) -> None:
     """Refuse ALiBi slopes that are not a floating tensor of shape [H] or [B, H] on ``device``."""
     if not isinstance(slopes, torch.Tensor):
-        raise TypeError(f"alibi_slopes must be a floating torch.Tensor of shape [H] or [B, H]; got {type(slopes).__name__}")
+        raise TypeError(
+            f"alibi_slopes must be a floating torch.Tensor of shape [H] or [B, H]; got {type(slopes).__name__}"
+        )
     if not slopes.dtype.is_floating_point:
         raise TypeError(f"alibi_slopes must be floating point (float32 is what kernels take); got {slopes.dtype}")
     if tuple(slopes.shape) not in ((heads,), (batch, heads)):
@@ -614,14 +616,15 @@ def sdpa_baseline(
     Raises whatever SDPA (or matmul, for the softcap) raises when it cannot run this dtype or device, and
     ``MemoryError``/``torch.OutOfMemoryError`` when the dense mask does not fit.
     """
+    _slopes_for(problem, alibi_slopes)  # the same agreement check as the reference's
     q_in = q if rows is None else q.index_select(2, rows.to(q.device))
     is_causal = False
     whole_causal_bias = False  # torch's CausalBias object: passed through as is
     mask = attn_mask
     if problem.has_variant:
-        _slopes_for(problem, alibi_slopes)  # the same agreement check as the reference's
         query_rows = rows.to(q.device) if rows is not None else torch.arange(problem.q_len, device=q.device)
-        mask = _dense_variant_mask(problem, query_rows, _mask_rows(attn_mask, rows, problem.q_len), alibi_slopes, q.dtype)
+        rows_mask = _mask_rows(attn_mask, rows, problem.q_len)
+        mask = _dense_variant_mask(problem, query_rows, rows_mask, alibi_slopes, q.dtype)
         if problem.softcap is not None:
             return _softcapped_attention(q_in, k, v, problem, mask)
     elif problem.causal is not None:
@@ -637,7 +640,8 @@ def sdpa_baseline(
             whole_causal_bias = True
         else:
             query_rows = rows.to(q.device) if rows is not None else torch.arange(problem.q_len, device=q.device)
-            allowed = _visible_keys(problem, query_rows + problem.diagonal_offset, torch.arange(problem.k_len, device=q.device))
+            keys = torch.arange(problem.k_len, device=q.device)
+            allowed = _visible_keys(problem, query_rows + problem.diagonal_offset, keys)
             mask = _merge_masks(allowed, _mask_rows(attn_mask, rows, problem.q_len), q.dtype)
     elif attn_mask is not None and rows is not None:
         mask = _mask_rows(attn_mask, rows, problem.q_len)
@@ -686,9 +690,11 @@ def _dense_variant_mask(
         if allowed is None:
             return attn_mask
         return _merge_masks(allowed, attn_mask, dtype)
-    # Built in float32 and rounded once, as a user would; [H] slopes give a bias shared by the batch.
-    slopes = alibi_slopes.to(torch.float32).reshape(-1, problem.heads)[:, :, None, None]  # [B or 1, H, 1, 1]
-    distance = (aligned[:, None] - keys[None, :]).abs_().to(torch.float32)  # [r, S_k]
+    # Built in float32 (or the input dtype when wider) and rounded once, as a user would; [H] slopes give a bias
+    # shared by the batch.
+    build = torch.promote_types(dtype, torch.float32)
+    slopes = alibi_slopes.to(build).reshape(-1, problem.heads)[:, :, None, None]  # [B or 1, H, 1, 1]
+    distance = (aligned[:, None] - keys[None, :]).abs_().to(build)  # [r, S_k]
     bias = (slopes * -distance).to(dtype)
     if attn_mask is not None and attn_mask.dtype != torch.bool:
         bias = bias + attn_mask.to(dtype)
