@@ -276,6 +276,20 @@ def test_sdpa_reference_fixture(pytester):
     result.stdout.fnmatch_lines(["*sdpa_reference.check(torch.zeros_like(q), q, k, v)", "E*Tensors are not close*"])
 
 
+def record_matmul_sizes(monkeypatch):
+    """The element counts of every torch.matmul result from now on, in a list that grows as they run."""
+    sizes = []
+    real_matmul = torch.matmul
+
+    def recording_matmul(a, b):
+        result = real_matmul(a, b)
+        sizes.append(result.numel())
+        return result
+
+    monkeypatch.setattr(torch, "matmul", recording_matmul)
+    return sizes
+
+
 def test_case_14_runs_through_the_sampled_path_without_an_s_by_s_block(monkeypatch):
     # Meta tensors carry shapes without memory, so the whole loop runs here; every matmul is recorded.
     from pytest_kernelcheck.reference import compute_reference
@@ -283,16 +297,280 @@ def test_case_14_runs_through_the_sampled_path_without_an_s_by_s_block(monkeypat
     q, k, v = (torch.empty(32, 16, 100_000, 64, dtype=torch.bfloat16, device="meta") for _ in range(3))
     problem = describe_problem(q, k, v, causal=True)
     plan = plan_reference(problem, memory_budget=60 * 2**30, flop_budget=5e13)
-    largest = []
-    real_matmul = torch.matmul
-
-    def recording_matmul(a, b):
-        result = real_matmul(a, b)
-        largest.append(result.numel())
-        return result
-
-    monkeypatch.setattr(torch, "matmul", recording_matmul)
+    largest = record_matmul_sizes(monkeypatch)
     out, has_keys = compute_reference(q, k, v, problem, plan)
     assert plan.mode == "sampled" and out.shape == (32, 16, plan.rows_checked, 64) and out.dtype == torch.float64
     assert has_keys.shape == (32, 16, plan.rows_checked)
     assert max(largest) <= plan.heads_per_block * plan.rows_per_block * 100_000 < 100_000**2
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Variants: sliding window, softcap, ALiBi (issue 15)
+
+
+def variant_inputs(batch, heads, kv_heads, q_len, k_len, dim, *, dtype=torch.float64, seed=0):
+    """Fresh q, k, v and positive ALiBi slopes [H] and [B, H] from a seeded generator (never zeros)."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, heads, q_len, dim, generator=gen, dtype=torch.float64).to(dtype)
+    k = torch.randn(batch, kv_heads, k_len, dim, generator=gen, dtype=torch.float64).to(dtype)
+    v = torch.randn(batch, kv_heads, k_len, dim + 1, generator=gen, dtype=torch.float64).to(dtype)
+    slopes_h = (torch.rand(heads, generator=gen) * 0.6 + 0.05).float()
+    slopes_bh = (torch.rand(batch, heads, generator=gen) * 0.6 + 0.05).float()
+    return q, k, v, slopes_h, slopes_bh
+
+
+def dense_variant_attention(q, k, v, *, causal=False, window=None, softcap=None, alibi=None, scale=None, attn_mask=None):
+    """The variants written out plainly: whole [B, H, S_q, S_k] float64 scores, each key's visibility and ALiBi
+    distance decided one (i, j) at a time; rows that see no key are zeros."""
+    q, k, v = q.double(), k.double(), v.double()
+    batch, heads, q_len, dim = q.shape
+    k_len = k.shape[2]
+    group = heads // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    scale = 1 / math.sqrt(dim) if scale is None else scale
+    scores = torch.einsum("bhid,bhjd->bhij", q, k) * scale
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
+    shift = k_len - q_len if causal == "lower_right" else 0
+    visible = torch.ones(q_len, k_len, dtype=torch.bool)
+    distance = torch.zeros(q_len, k_len, dtype=torch.float64)
+    for i in range(q_len):
+        aligned = i + shift
+        for j in range(k_len):
+            distance[i, j] = abs(aligned - j)
+            if causal and j > aligned:
+                visible[i, j] = False
+            if window is not None:
+                left, right = window
+                if left != -1 and j < aligned - left:
+                    visible[i, j] = False
+                if right != -1 and j > aligned + right:
+                    visible[i, j] = False
+    if alibi is not None:
+        per_batch_head = alibi.double().expand(batch, heads) if alibi.dim() == 1 else alibi.double()
+        scores = scores - per_batch_head[:, :, None, None] * distance
+    visible = visible.expand(batch, heads, q_len, k_len)
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        visible = visible & attn_mask
+    elif attn_mask is not None:
+        scores = scores + attn_mask.double()
+    scores = scores.masked_fill(~visible, -math.inf)
+    sees = visible.any(-1, keepdim=True)
+    weights = torch.where(sees, torch.softmax(torch.where(sees, scores, 0.0), dim=-1), 0.0)
+    return weights @ v
+
+
+def baseline_of(q, k, v, *, attn_mask=None, rows=None, alibi_slopes=None, **options):
+    from pytest_kernelcheck.reference import sdpa_baseline
+
+    problem = describe_problem(q, k, v, attn_mask=attn_mask, alibi_slopes=alibi_slopes, **options)
+    return sdpa_baseline(q, k, v, problem, attn_mask, rows, alibi_slopes=alibi_slopes)
+
+
+def assert_same_where_seen(actual, expected, tol=1e-12):
+    """Equal on rows with a visible key; the baseline may hold NaN on rows without one (the check zeroes them)."""
+    seen = expected.abs().sum(-1, keepdim=True) > 0
+    torch.testing.assert_close(actual.masked_fill(~seen, 0), expected, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("window", [(2, 1), (0, -1), (-1, 3), (3, 0), (-1, -1), (1, 1)])
+@pytest.mark.parametrize("causal", [False, True, "lower_right"])
+@pytest.mark.parametrize("q_len, k_len", [(7, 7), (5, 11), (11, 5)])
+def test_window_with_each_causal_mode_matches_the_dense_computation(q_len, k_len, causal, window):
+    q, k, v, *_ = variant_inputs(2, 3, 3, q_len, k_len, 8, seed=q_len * 100 + k_len)
+    expected = dense_variant_attention(q, k, v, causal=causal, window=window)
+    ours = attention_reference(q, k, v, causal=causal, window=window)
+    torch.testing.assert_close(ours, expected, rtol=1e-12, atol=1e-12)
+    # The SDPA baseline's dense window mask means the same thing (float64 inputs: SDPA is exact enough to tell).
+    assert_same_where_seen(baseline_of(q, k, v, causal=causal, window=window), expected)
+
+
+@pytest.mark.parametrize("slopes_kind", ["H", "BH"])
+@pytest.mark.parametrize(
+    "causal, window, q_len, k_len",
+    [(False, None, 7, 9), (True, None, 9, 7), ("lower_right", None, 5, 11), ("lower_right", (3, -1), 11, 5),
+     (False, (2, 2), 9, 9), (True, (4, 0), 13, 13)],
+)
+def test_softcap_and_alibi_match_the_dense_computation(slopes_kind, causal, window, q_len, k_len):
+    q, k, v, slopes_h, slopes_bh = variant_inputs(2, 4, 4, q_len, k_len, 8, seed=q_len + 7 * k_len)
+    slopes = slopes_h if slopes_kind == "H" else slopes_bh
+    options = dict(causal=causal, window=window, scale=0.9)
+    for softcap, alibi in ((1.5, None), (None, slopes), (1.5, slopes), (30, slopes)):
+        expected = dense_variant_attention(q, k, v, softcap=softcap, alibi=alibi, **options)
+        ours = attention_reference(q, k, v, softcap=softcap, alibi_slopes=alibi, **options)
+        torch.testing.assert_close(ours, expected, rtol=1e-12, atol=1e-12)
+        assert_same_where_seen(baseline_of(q, k, v, softcap=softcap, alibi_slopes=alibi, **options), expected)
+    # The variants are not silently ignored: each one moves the result well past the tolerance above.
+    plain = dense_variant_attention(q, k, v, **options)
+    assert (dense_variant_attention(q, k, v, softcap=1.5, **options) - plain).abs().max() > 1e-3
+    assert (dense_variant_attention(q, k, v, alibi=slopes, **options) - plain).abs().max() > 1e-3
+
+
+def test_alibi_per_batch_slopes_differ_from_per_head_slopes():
+    q, k, v, slopes_h, slopes_bh = variant_inputs(3, 2, 2, 6, 6, 8, seed=5)
+    per_batch = attention_reference(q, k, v, alibi_slopes=slopes_bh)
+    for b in range(3):  # batch entry b with [B, H] slopes is batch entry b with its own [H] row
+        alone = attention_reference(q[b:b + 1], k[b:b + 1], v[b:b + 1], alibi_slopes=slopes_bh[b])
+        torch.testing.assert_close(per_batch[b:b + 1], alone, rtol=1e-13, atol=1e-13)
+    same_for_all = attention_reference(q, k, v, alibi_slopes=slopes_h)
+    torch.testing.assert_close(same_for_all, attention_reference(q, k, v, alibi_slopes=slopes_h.expand(3, 2).clone()))
+
+
+@pytest.mark.parametrize("causal", [False, True, "lower_right"])
+def test_variants_with_grouped_query_attention(causal):
+    q, k, v, slopes_h, slopes_bh = variant_inputs(2, 6, 2, 7, 10, 8, seed=11)
+    options = dict(causal=causal, window=(3, 2), softcap=2.0, enable_gqa=True)
+    for slopes in (slopes_h, slopes_bh):
+        expected = dense_variant_attention(q, k, v, causal=causal, window=(3, 2), softcap=2.0, alibi=slopes)
+        ours = attention_reference(q, k, v, alibi_slopes=slopes, **options)
+        torch.testing.assert_close(ours, expected, rtol=1e-12, atol=1e-12)
+        assert_same_where_seen(baseline_of(q, k, v, alibi_slopes=slopes, **options), expected)
+    without_alibi = dense_variant_attention(q, k, v, causal=causal, window=(3, 2))
+    ours = attention_reference(q, k, v, causal=causal, window=(3, 2), enable_gqa=True)
+    torch.testing.assert_close(ours, without_alibi, rtol=1e-12, atol=1e-12)
+    assert_same_where_seen(baseline_of(q, k, v, causal=causal, window=(3, 2), enable_gqa=True), without_alibi)
+
+
+@pytest.mark.parametrize("softcap", [None, 2.5])
+def test_variants_combine_with_bool_and_float_masks(softcap):
+    q, k, v, slopes_h, _ = variant_inputs(2, 3, 3, 9, 12, 8, seed=21)
+    gen = torch.Generator().manual_seed(22)
+    allowed = torch.rand(2, 1, 9, 12, generator=gen) > 0.3
+    bias = torch.randn(1, 3, 9, 12, generator=gen, dtype=torch.float64)
+    for mask in (allowed, bias):
+        options = dict(causal="lower_right", window=(4, 1), softcap=softcap, attn_mask=mask)
+        expected = dense_variant_attention(q, k, v, alibi=slopes_h, **options)
+        ours = attention_reference(q, k, v, alibi_slopes=slopes_h, **options)
+        torch.testing.assert_close(ours, expected, rtol=1e-12, atol=1e-12)
+        assert_same_where_seen(baseline_of(q, k, v, alibi_slopes=slopes_h, **options), expected)
+
+
+def test_a_window_that_excludes_every_key_gives_zero_rows():
+    q, k, v, slopes_h, _ = variant_inputs(1, 2, 2, 6, 3, 8, seed=31)
+    # window (0, 0): row i sees key i only, so rows 3..5 see nothing (there are 3 keys)
+    ours = attention_reference(q, k, v, window=(0, 0), softcap=3.0, alibi_slopes=slopes_h)
+    assert torch.count_nonzero(ours[:, :, 3:]) == 0
+    torch.testing.assert_close(ours[:, :, :3], v.double()[:, :, :3])  # one key seen: its value exactly
+    # lower_right aligns row i to i - 3: with a window of 1 to the left and none to the right, rows 0..2 see nothing
+    ours = attention_reference(q, k, v, causal="lower_right", window=(1, 0))
+    assert torch.count_nonzero(ours[:, :, :3]) == 0 and torch.count_nonzero(ours[:, :, 3:]) > 0
+    torch.testing.assert_close(ours, dense_variant_attention(q, k, v, causal="lower_right", window=(1, 0)))
+    # the check wants those zeros, and the baseline's NaN rows there do not spoil it
+    half = [t.half() for t in (q, k, v)]
+    out = attention_reference(*half, causal="lower_right", window=(1, 0), alibi_slopes=slopes_h).half()
+    result = SdpaReference().check(out, *half, causal="lower_right", window=(1, 0), alibi_slopes=slopes_h)
+    assert result.passed and result.baseline_used
+    with_nan = out.clone()
+    with_nan[0, 1, 0] = math.nan
+    with pytest.raises(AssertionError, match="NaN"):
+        SdpaReference().check(with_nan, *half, causal="lower_right", window=(1, 0), alibi_slopes=slopes_h)
+
+
+def test_chunked_and_sampled_variant_rows_equal_the_dense_ones():
+    q, k, v, slopes_h, slopes_bh = variant_inputs(2, 4, 2, 37, 41, 8, dtype=torch.float16, seed=41)
+    options = dict(causal="lower_right", window=(9, 2), softcap=4.0, alibi_slopes=slopes_bh, enable_gqa=True)
+    dense = dense_variant_attention(q, k, v, causal="lower_right", window=(9, 2), softcap=4.0, alibi=slopes_bh)
+    problem = describe_problem(q, k, v, **options)
+    budget = 40_000
+    plan = plan_reference(problem, memory_budget=budget, flop_budget=math.inf)
+    assert plan.mode == "chunked" and plan.rows_per_block < 37 and plan.block_bytes <= budget
+    # The window masks and ALiBi distances are counted: fewer rows fit a block than for plain attention.
+    plain = plan_reference(describe_problem(q, k, v, causal="lower_right", enable_gqa=True), memory_budget=budget, flop_budget=math.inf)
+    assert (plan.heads_per_block, plan.rows_per_block) < (plain.heads_per_block, plain.rows_per_block)
+    chunked = attention_reference(q, k, v, memory_budget=budget, **options)
+    torch.testing.assert_close(chunked, dense, rtol=1e-12, atol=1e-12)
+    rows = sample_query_rows(37, 6, seed=2)
+    sampled = attention_reference(q, k, v, rows=rows, memory_budget=budget, **options)
+    torch.testing.assert_close(sampled, dense[:, :, rows], rtol=1e-12, atol=1e-12)
+
+    # The check on sampled rows: its reference and baseline rows are those rows of the dense ones.
+    reference = SdpaReference(flop_budget=2 * 4 * 41 * 17 * 8)  # about 8 rows per (batch, head)
+    result = reference.check(dense.half(), q, k, v, **options)
+    assert result.mode == "sampled" and 2 <= result.rows_checked < 37 and result.baseline_used
+    assert "the same math in the input precision" in result.message
+    assert_same_where_seen(
+        baseline_of(q.double(), k.double(), v.double(), rows=result.rows, **options), dense[:, :, result.rows]
+    )
+
+
+def test_variant_plan_for_case_14_stays_within_budget_on_meta_tensors(monkeypatch):
+    from pytest_kernelcheck.reference import compute_reference
+
+    q, k, v = (torch.empty(32, 16, 100_000, 64, dtype=torch.bfloat16, device="meta") for _ in range(3))
+    slopes = torch.empty(16, device="meta")
+    problem = describe_problem(q, k, v, causal=True, window=(1024, 0), softcap=30.0, alibi_slopes=slopes)
+    plan = plan_reference(problem, memory_budget=60 * 2**30, flop_budget=5e13)
+    assert plan.mode == "sampled" and plan.block_bytes <= 60 * 2**30
+    largest = record_matmul_sizes(monkeypatch)
+    out, has_keys = compute_reference(q, k, v, problem, plan, alibi_slopes=slopes)
+    assert out.shape == (32, 16, plan.rows_checked, 64) and has_keys.shape == (32, 16, plan.rows_checked)
+    assert max(largest) <= plan.heads_per_block * plan.rows_per_block * 100_000 < 100_000**2
+
+
+def test_check_with_variants_passes_a_right_kernel_and_fails_one_that_drops_a_variant():
+    q, k, v, slopes_h, _ = variant_inputs(2, 2, 2, 40, 40, 16, dtype=torch.bfloat16, seed=51)
+    options = dict(causal=True, window=(8, -1), softcap=2.0)
+    right = dense_variant_attention(q, k, v, alibi=slopes_h, **options).to(torch.bfloat16)
+    reference = SdpaReference()
+    result = reference.check(right, q, k, v, alibi_slopes=slopes_h, **options)
+    assert result.passed and result.baseline_used and "SDPA cannot softcap" in result.message
+    # The explicit bf16 baseline is a sensible bf16 attention, not something far off.
+    baseline = baseline_of(q, k, v, alibi_slopes=slopes_h, **options)
+    assert (baseline.double() - right.double()).abs().max() < 5e-2
+    no_softcap = dense_variant_attention(q, k, v, alibi=slopes_h, causal=True, window=(8, -1)).to(torch.bfloat16)
+    with pytest.raises(AssertionError, match="baseline rule"):
+        reference.check(no_softcap, q, k, v, alibi_slopes=slopes_h, **options)
+    no_alibi = dense_variant_attention(q, k, v, **options).to(torch.bfloat16)
+    with pytest.raises(AssertionError):
+        reference.check(no_alibi, q, k, v, alibi_slopes=slopes_h, **options)
+    masked = dense_variant_attention(q, k, v, alibi=slopes_h, causal=True, window=(8, -1)).to(torch.bfloat16)
+    result = reference.check(masked, q, k, v, alibi_slopes=slopes_h, causal=True, window=(8, -1))
+    assert result.passed and "dense mask in the input dtype" in result.message
+
+
+@pytest.mark.parametrize(
+    "options, error, message",
+    [
+        (dict(window=(-2, 0)), ValueError, r"window left side must be >= -1 \(-1 = unbounded\); got -2"),
+        (dict(window=(0, -5)), ValueError, r"window right side must be >= -1"),
+        (dict(window=(1.0, 0)), TypeError, r"window left side must be an int >= -1 .*got 1\.0"),
+        (dict(window=(True, 0)), TypeError, r"window left side must be an int"),
+        (dict(window=(0, False)), TypeError, r"window right side must be an int"),
+        (dict(window=3), TypeError, r"window must be a \(left, right\) pair of ints"),
+        (dict(window=(1, 2, 3)), TypeError, r"window must be a \(left, right\) pair of ints"),
+        (dict(window="ab"), TypeError, r"window must be a \(left, right\) pair of ints"),
+        (dict(softcap=0.0), ValueError, r"softcap must be a finite number > 0; got 0\.0"),
+        (dict(softcap=-3), ValueError, r"softcap must be a finite number > 0; got -3"),
+        (dict(softcap=math.inf), ValueError, r"softcap must be a finite number > 0; got inf"),
+        (dict(softcap=math.nan), ValueError, r"softcap must be a finite number > 0; got nan"),
+        (dict(softcap=True), TypeError, r"softcap must be a finite number > 0; got True"),
+        (dict(softcap="30"), TypeError, r"softcap must be a finite number > 0; got '30'"),
+        (dict(alibi_slopes=[0.5, 0.5, 0.5]), TypeError, r"alibi_slopes must be a floating torch.Tensor .*got list"),
+        (dict(alibi_slopes=torch.ones(3, dtype=torch.int32)), TypeError, r"alibi_slopes must be floating point.*int32"),
+        (dict(alibi_slopes=torch.ones(4)), ValueError, r"alibi_slopes must have shape \[H\] = \(3,\) or \[B, H\] = \(2, 3\); got \(4,\)"),
+        (dict(alibi_slopes=torch.ones(3, 2)), ValueError, r"alibi_slopes must have shape .*got \(3, 2\)"),
+        (dict(alibi_slopes=torch.ones(1, 3)), ValueError, r"alibi_slopes must have shape .*got \(1, 3\)"),
+        (dict(alibi_slopes=torch.ones(2, 3, 1)), ValueError, r"alibi_slopes must have shape .*got \(2, 3, 1\)"),
+        (dict(alibi_slopes=torch.ones(3, device="meta")), ValueError, r"q is on cpu but alibi_slopes is on meta"),
+    ],
+)
+def test_bad_variant_input_names_the_argument(options, error, message):
+    q, k, v, *_ = variant_inputs(2, 3, 3, 5, 5, 4, seed=61)
+    with pytest.raises(error, match=message):
+        attention_reference(q, k, v, **options)
+    with pytest.raises(error, match=message):
+        SdpaReference()(q, k, v, **options)
+    with pytest.raises(error, match=message):
+        SdpaReference().check(q.clone(), q, k, v, **options)
+
+
+def test_slopes_must_agree_with_the_problem():
+    from pytest_kernelcheck.reference import compute_reference, sdpa_baseline
+
+    q, k, v, slopes_h, _ = variant_inputs(1, 3, 3, 5, 5, 4, seed=71)
+    with_alibi = describe_problem(q, k, v, alibi_slopes=slopes_h)
+    without = describe_problem(q, k, v)
+    with pytest.raises(ValueError, match="described with alibi_slopes, but none were passed"):
+        compute_reference(q, k, v, with_alibi, plan_reference(with_alibi))
+    with pytest.raises(ValueError, match="alibi_slopes were passed, but the problem was described without them"):
+        sdpa_baseline(q, k, v, without, alibi_slopes=slopes_h)
