@@ -73,13 +73,43 @@ def _key_mask_args(q: torch.Tensor, key_mask: Optional[torch.Tensor],
     return q, q, 0, 0
 
 
+def _variant_args(q: torch.Tensor, alibi_slopes: Optional[torch.Tensor],
+                  problem: Problem) -> tuple[torch.Tensor, tuple, dict]:
+    """(ALiBi pointer, (stride_alibi_b, stride_alibi_h), (window_left, window_right, softcap), constexpr flags).
+
+    The kernels take window sides >= 0: an unbounded side (-1) becomes max(S_q, S_k), which reaches past every key
+    from every row (|i' - j| < max(S_q, S_k) for all rows and keys), and a huge one is clamped to it so that
+    i' + side cannot overflow 32 bits. WINDOW is off when nothing is bounded, or only the right side under causal
+    (the diagonal hides more): those calls compile exactly as dense ones. Slopes [H] get batch stride 0."""
+    p = problem
+    unbounded = max(p.seq_q, p.seq_k)
+    left = unbounded if p.window_left < 0 else min(p.window_left, unbounded)
+    right = unbounded if p.window_right < 0 else min(p.window_right, unbounded)
+    window = p.window_left >= 0 or (p.window_right >= 0 and p.causal_mode == 0)
+    if p.alibi == "none":
+        alibi, strides = q, (0, 0)
+    elif p.alibi == "heads":
+        alibi = alibi_slopes
+        strides = (0, alibi.stride(0))
+    else:
+        alibi = alibi_slopes
+        strides = (alibi.stride(0), alibi.stride(1))
+    flags = dict(WINDOW=window, SOFTCAP=p.softcap > 0, ALIBI=p.alibi != "none")
+    return alibi, (*strides, left, right, float(p.softcap)), flags
+
+
 def _check_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: Optional[torch.Tensor],
-                  key_lengths: Optional[torch.Tensor], causal_mode: int, scale: float, precision: str) -> Problem:
+                  key_lengths: Optional[torch.Tensor], causal_mode: int, scale: float, precision: str,
+                  window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
+                  alibi_slopes: Optional[torch.Tensor] = None) -> Problem:
     # The custom ops are public through torch.ops: check what the kernels would otherwise get silently wrong.
     if causal_mode not in _CAUSAL_ARGUMENT:
         raise ValueError(f"causal_mode must be 0, 1 or 2, got {causal_mode}")
+    # The ops' flat form of "no variant" (window sides -1, softcap 0.0) is validate's None.
+    window = None if (window_left, window_right) == (-1, -1) else (window_left, window_right)
     problem = validate(q, k, v, _CAUSAL_ARGUMENT[causal_mode], scale, key_padding_mask, key_lengths, "triton",
-                       precision if q.dtype == torch.float32 else None)
+                       precision if q.dtype == torch.float32 else None, window=window,
+                       softcap=None if softcap == 0.0 else softcap, alibi_slopes=alibi_slopes)
     if precision != problem.precision:
         raise ValueError(f"precision {precision!r} does not fit {q.dtype} inputs (expected {problem.precision!r})")
     reason = kernel_unsupported(q, k, v, key_padding_mask)
@@ -161,19 +191,28 @@ def _launch(kernel: Any, site: Any, plan: Plan, grid: Any, tensors: tuple, scala
 
 def _launcher_plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: Optional[torch.Tensor],
                    key_lengths: Optional[torch.Tensor], causal_mode: int, scale: float, precision: str,
+                   window_left: int, window_right: int, softcap: float, alibi_slopes: Optional[torch.Tensor],
                    configs: dict) -> Plan:
     """The plan of a direct launcher call: checked and kept per signature, or, with forced configs, made for
     this call alone."""
     key = None
     if not configs:
         try:
-            key = plans.signature(q, k, v, key_padding_mask, key_lengths, causal_mode, scale, "launcher", precision)
+            # The variant arguments join the key inside its precision slot (plans.signature takes no more): the
+            # window sides, softcap with its class (as causal and scale), and the slopes' layout, whose strides
+            # a recorded launch replays.
+            slopes = None if alibi_slopes is None else (alibi_slopes.shape, alibi_slopes.stride(),
+                                                        alibi_slopes.dtype, alibi_slopes.device)
+            variant = (precision, window_left, window_left.__class__, window_right, window_right.__class__,
+                       softcap, softcap.__class__, slopes)
+            key = plans.signature(q, k, v, key_padding_mask, key_lengths, causal_mode, scale, "launcher", variant)
             plan = plans._PLANS.get(key)
         except (AttributeError, TypeError):  # not tensors, or unhashable arguments: the check names the problem
             key = plan = None
         if plan is not None:
             return plan
-    problem = _check_launch(q, k, v, key_padding_mask, key_lengths, causal_mode, scale, precision)
+    problem = _check_launch(q, k, v, key_padding_mask, key_lengths, causal_mode, scale, precision, window_left,
+                            window_right, softcap, alibi_slopes)
     plan = Plan(problem, Decision("triton", "a direct launcher call"), configs=configs,
                 record=q.is_cuda and not _runtime.interpreting())
     return plans.keep(key, plan) if key is not None else plan
@@ -181,32 +220,41 @@ def _launcher_plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_paddin
 
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       key_padding_mask: Optional[torch.Tensor], key_lengths: Optional[torch.Tensor],
-                      causal_mode: int, scale: float, precision: str,
+                      causal_mode: int, scale: float, precision: str, window_left: int = -1,
+                      window_right: int = -1, softcap: float = 0.0, alibi_slopes: Optional[torch.Tensor] = None,
                       config: Optional[BlockConfig] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the forward kernel; returns (out [B, H, S_q, D] in q's dtype, base-2 lse [B, H, S_q] float32).
 
-    Checks its arguments as ``attention()`` validates them (once per signature). ``config`` = (BLOCK_M, BLOCK_N,
-    num_warps, num_stages[, BH_PER_PROGRAM]) skips autotuning.
+    Checks its arguments as ``attention()`` validates them (once per signature). ``window_left``/``window_right``
+    (-1: unbounded), ``softcap`` (0.0: off) and ``alibi_slopes`` (float32 [H] or [B, H], or None) as
+    ``attention()``'s ``window``, ``softcap`` and ``alibi_slopes``. ``config`` = (BLOCK_M, BLOCK_N, num_warps,
+    num_stages[, BH_PER_PROGRAM]) skips autotuning.
 
     Example:
         >>> q = torch.randn(1, 2, 20, 16)
         >>> out, lse = attention_forward(q, q, q, None, None, 1, 0.25, "ieee")  # doctest: +SKIP
     """
     configs = {} if config is None else {"forward": _forced_config(config, _FORWARD)}
-    plan = _launcher_plan(q, k, v, key_padding_mask, key_lengths, causal_mode, scale, precision, configs)
-    return launch_forward(q, k, v, key_padding_mask if key_lengths is None else key_lengths, plan)
+    plan = _launcher_plan(q, k, v, key_padding_mask, key_lengths, causal_mode, scale, precision, window_left,
+                          window_right, softcap, alibi_slopes, configs)
+    return launch_forward(q, k, v, key_padding_mask if key_lengths is None else key_lengths, alibi_slopes, plan)
 
 
-def launch_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: Optional[torch.Tensor], plan: Plan,
+def launch_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: Optional[torch.Tensor],
+                   alibi_slopes: Optional[torch.Tensor], plan: Plan,
                    need_lse: bool = True) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """(out, lse; None without ``need_lse``) of a call of ``plan``'s signature. Without ``need_lse`` the kernel
-    skips its log-sum-exp store (inference: no backward pass will read it) and ``out`` fills the unused slot."""
+    skips its log-sum-exp store (inference: no backward pass will read it) and ``out`` fills the unused slot.
+    Window and softcap come from ``plan.problem``; ``alibi_slopes`` is this call's (None unless the problem has
+    ALiBi), a leading tensor of the launch, so a recorded launch replays with each call's slopes."""
     p = plan.problem
     # Contiguous [B, H, S_q, D] (empty_like parses fewer arguments than empty).
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((p.batch, p.heads, p.seq_q), dtype=torch.float32, device=q.device) if need_lse else out
     mask_arg, lengths_arg, stride_mask_b, stride_mask_n = _key_mask_args(q, key_mask, p)
-    tensors = (q, k, v, out, lse, mask_arg, lengths_arg)  # the kernel's Q, K, V, Out, Lse, KeyMask, KeyLen
+    alibi_arg, variant_scalars, variant_flags = _variant_args(q, alibi_slopes, p)
+    # the kernel's Q, K, V, Out, Lse, KeyMask, KeyLen, Alibi
+    tensors = (q, k, v, out, lse, mask_arg, lengths_arg, alibi_arg)
     site = "forward" if need_lse else "inference"
     recorded = plan.recorded.get(site)  # _replayed, inline: this is the hot path of a replayed inference call
     if recorded is None or not recorded.launch(*tensors):
@@ -215,19 +263,22 @@ def launch_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: 
         dot = _dot_mode(p.precision)
         _launch(_FORWARD, site, plan, _Grid(p.seq_q, "BLOCK_M", p.batch * p.heads), tensors,
                 (*q.stride(), *k.stride(), *v.stride(), *out.stride(), stride_mask_b, stride_mask_n,
-                 p.heads, p.group_size, p.seq_q, p.seq_k, p.scale * math.log2(math.e), p.batch * p.heads, *buckets),
+                 *variant_scalars[:2], p.heads, p.group_size, p.seq_q, p.seq_k, p.scale * math.log2(math.e),
+                 p.batch * p.heads, *variant_scalars[2:], *buckets),
                 dict(HEAD_DIM=p.head_dim, BLOCK_D=block_d, CAUSAL=p.causal_mode, KEY_MASK=p.key_masking, DOT=dot,
-                     FLAT_GRID=p.batch * p.heads > _GRID_AXIS1_LIMIT, STORE_LSE=need_lse))
+                     FLAT_GRID=p.batch * p.heads > _GRID_AXIS1_LIMIT, STORE_LSE=need_lse, **variant_flags))
     return out, (lse if need_lse else None)
 
 
 def attention_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        out: torch.Tensor, lse: torch.Tensor,
                        key_padding_mask: Optional[torch.Tensor], key_lengths: Optional[torch.Tensor],
-                       causal_mode: int, scale: float, precision: str,
+                       causal_mode: int, scale: float, precision: str, window_left: int = -1,
+                       window_right: int = -1, softcap: float = 0.0, alibi_slopes: Optional[torch.Tensor] = None,
                        dkdv_config: Optional[BlockConfig] = None,
                        dq_config: Optional[BlockConfig] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Launch the backward kernels; returns (dq, dk, dv) shaped and typed like q, k, v.
+    """Launch the backward kernels; returns (dq, dk, dv) shaped and typed like q, k, v. The variant arguments as in
+    ``attention_forward``, the same as the forward's that gave ``out`` and ``lse``.
 
     Example:
         >>> dq, dk, dv = attention_backward(do, q, k, v, out, lse, None, None, 1, 0.25, "ieee")  # doctest: +SKIP
@@ -237,15 +288,17 @@ def attention_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
         configs["dkdv"] = _forced_config(dkdv_config, _DKDV)
     if dq_config is not None:
         configs["dq"] = _forced_config(dq_config, _DQ)
-    plan = _launcher_plan(q, k, v, key_padding_mask, key_lengths, causal_mode, scale, precision, configs)
+    plan = _launcher_plan(q, k, v, key_padding_mask, key_lengths, causal_mode, scale, precision, window_left,
+                          window_right, softcap, alibi_slopes, configs)
     return launch_backward(grad_out, q, k, v, out, lse, key_padding_mask if key_lengths is None else key_lengths,
-                           plan)
+                           alibi_slopes, plan)
 
 
 def launch_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-                    lse: torch.Tensor, key_mask: Optional[torch.Tensor],
+                    lse: torch.Tensor, key_mask: Optional[torch.Tensor], alibi_slopes: Optional[torch.Tensor],
                     plan: Plan) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv) of a call of ``plan``'s signature, from the forward's ``out`` and ``lse``."""
+    """(dq, dk, dv) of a call of ``plan``'s signature, from the forward's ``out`` and ``lse``; ``alibi_slopes`` as in
+    ``launch_forward``."""
     p = plan.problem
     lse = lse.contiguous()
     delta = torch.empty_like(lse)
@@ -253,13 +306,14 @@ def launch_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v:
     dk = torch.empty((p.batch, p.kv_heads, p.seq_k, p.head_dim), dtype=k.dtype, device=k.device)
     dv = torch.empty((p.batch, p.kv_heads, p.seq_k, p.head_dim), dtype=v.dtype, device=v.device)
     mask_arg, lengths_arg, stride_mask_b, stride_mask_n = _key_mask_args(q, key_mask, p)
+    alibi_arg, variant_scalars, variant_flags = _variant_args(q, alibi_slopes, p)
     # The incoming gradient's layout and dtype are not part of the signature (autograd may pass an expanded or
     # transposed gradient): they join the sites' names, so each layout has its own recordings. out and lse come from
     # the forward of this signature, but a direct launcher call may pass its own: their strides join too.
     layout = (grad_out.stride(), grad_out.dtype, out.stride(), out.dtype)
     delta_tensors = (out, grad_out, delta)  # the kernels' leading tensors, in order
-    dkdv_tensors = (q, k, v, grad_out, lse, delta, dk, dv, mask_arg, lengths_arg)
-    dq_tensors = (q, k, v, grad_out, lse, delta, dq, mask_arg, lengths_arg)
+    dkdv_tensors = (q, k, v, grad_out, lse, delta, dk, dv, mask_arg, lengths_arg, alibi_arg)
+    dq_tensors = (q, k, v, grad_out, lse, delta, dq, mask_arg, lengths_arg, alibi_arg)
     block_d = _block_d(p.head_dim)
     flat_q = p.batch * p.heads > _GRID_AXIS1_LIMIT
     if not _replayed(plan, ("delta", layout), delta_tensors):
@@ -268,17 +322,19 @@ def launch_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v:
                 dict(HEAD_DIM=p.head_dim, BLOCK_D=block_d, FLAT_GRID=flat_q, BLOCK_M=_bwd.DELTA_BLOCK_M))
     qk_scale = p.scale * math.log2(math.e)
     meta = dict(HEAD_DIM=p.head_dim, BLOCK_D=block_d, CAUSAL=p.causal_mode, KEY_MASK=p.key_masking,
-                DOT=_dot_mode(p.precision))
+                DOT=_dot_mode(p.precision), **variant_flags)
     if not _replayed(plan, ("dkdv", layout), dkdv_tensors):
         _launch(_DKDV, ("dkdv", layout), plan, _Grid(p.seq_k, "BLOCK_N", p.batch * p.kv_heads), dkdv_tensors,
                 (*q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *dk.stride(), *dv.stride(),
-                 stride_mask_b, stride_mask_n, p.heads, p.kv_heads, p.group_size, p.seq_q, p.seq_k, qk_scale, p.scale,
+                 stride_mask_b, stride_mask_n, *variant_scalars[:2], p.heads, p.kv_heads, p.group_size, p.seq_q,
+                 p.seq_k, qk_scale, p.scale, *variant_scalars[2:],
                  *_tuning.tuning_buckets(p.seq_q, p.seq_k, p.batch * p.heads)),
                 dict(FLAT_GRID=p.batch * p.kv_heads > _GRID_AXIS1_LIMIT, **meta))
     if not _replayed(plan, ("dq", layout), dq_tensors):
         _launch(_DQ, ("dq", layout), plan, _Grid(p.seq_q, "BLOCK_M", p.batch * p.heads), dq_tensors,
                 (*q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *dq.stride(),
-                 stride_mask_b, stride_mask_n, p.heads, p.group_size, p.seq_q, p.seq_k, qk_scale, p.scale,
+                 stride_mask_b, stride_mask_n, *variant_scalars[:2], p.heads, p.group_size, p.seq_q, p.seq_k,
+                 qk_scale, p.scale, *variant_scalars[2:],
                  *_tuning.tuning_buckets(p.seq_q, p.seq_k, p.batch * p.heads)),
                 dict(FLAT_GRID=flat_q, **meta))
     return dq, dk, dv

@@ -8,7 +8,12 @@ With P = softmax(scale * Q K^T) recomputed tile by tile as ``exp2(qk_scale * q.k
 ``_attn_bwd_dkdv`` runs one program per key block per (batch, kv head) and loops over the query blocks of every
 query head of its group, so grouped-query attention needs no atomics; ``_attn_bwd_dq`` runs one program per query
 block per (batch, head) and loops over key blocks. Masked keys and rows that see no key (lse = -inf, read as
-+inf so that P = 0) get exactly zero gradient. Mask, causal and precision conventions: see ``attention_common``.
++inf so that P = 0) get exactly zero gradient. Mask, causal, variant and precision conventions: see
+``attention_common``.
+
+Variants: P is recomputed from the same transformed scores as the forward's (capped, then ALiBi-biased), so the
+forward's lse normalises it. ALiBi adds a constant per (row, key), which has no derivative; the softcap's does:
+d(c tanh(s / c))/ds = 1 - tanh^2, so dS = P * (dP - delta) * (1 - tanh^2). Windows mask like causal.
 """
 from __future__ import annotations
 
@@ -17,7 +22,8 @@ import triton.language as tl
 
 from flashlite import _runtime
 from flashlite.kernels.attention_common import (cast_out, key_range, load_cols, load_cols_where, load_rows,
-                                                load_rows_where, mma, program_ids)
+                                                load_rows_where, mma, program_ids, tanh, variant_scalars,
+                                                window_shift_and_right)
 from flashlite.kernels.tuning import AUTOTUNE_KEY, SCRATCH_BYTES, even_m, make_configs, prune_by_resources
 
 
@@ -60,10 +66,13 @@ def _load_lse(Lse, offs_m, seq_q, CHECK_ROWS: tl.constexpr):
 def _attn_bwd_dkdv_inner(dk, dv, k, v, key_ok, q_base, do_base, lse_row, delta_row,  # *_row: [S_q] of one (b, h)
                          stride_qm, stride_qd, stride_dom, stride_dod,
                          offs_n, offs_d, start, end, seq_q, diag_shift, qk_scale,
+                         window_left, window_right, softcap2, slope2,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
                          BLOCK_D: tl.constexpr, CAUSAL_BLOCKS: tl.constexpr, KEY_MASK: tl.constexpr,
-                         DOT: tl.constexpr, EVEN_M: tl.constexpr):
-    """Accumulate dK, dV of one key block over query blocks [start, end). CAUSAL_BLOCKS: they cross the diagonal."""
+                         DOT: tl.constexpr, EVEN_M: tl.constexpr, CAUSAL: tl.constexpr = 0,
+                         WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False, ALIBI: tl.constexpr = False):
+    """Accumulate dK, dV of one key block over query blocks [start, end). CAUSAL_BLOCKS: they cross the diagonal
+    (or, with WINDOW, a window edge), so mask; ``softcap2``, ``slope2`` in base 2 as in the forward."""
     offs_m0 = tl.arange(0, BLOCK_M)
     for start_m in range(start, end, BLOCK_M):
         offs_m = start_m + offs_m0
@@ -77,14 +86,29 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, key_ok, q_base, do_base, lse_row, delta_r
         else:
             delta = tl.load(delta_row + offs_m, mask=offs_m < seq_q, other=0.0)
         qk_t = mma(k, tl.trans(q), tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), DOT) * qk_scale
+        if SOFTCAP:
+            tanh_t = tanh(qk_t * (1.0 / softcap2))
+            qk_t = softcap2 * tanh_t
+        if ALIBI:
+            qk_t = qk_t - slope2 * tl.abs(offs_m[None, :] + diag_shift - offs_n[:, None]).to(tl.float32)
         p_t = tl.math.exp2(qk_t - lse[None, :])
         if CAUSAL_BLOCKS:
-            p_t = tl.where(offs_n[:, None] <= offs_m[None, :] + diag_shift, p_t, 0.0)
+            if WINDOW:
+                visible = offs_n[:, None] >= offs_m[None, :] + diag_shift - window_left
+                if CAUSAL != 0:
+                    visible = visible & (offs_n[:, None] <= offs_m[None, :] + diag_shift)
+                else:
+                    visible = visible & (offs_n[:, None] <= offs_m[None, :] + diag_shift + window_right)
+                p_t = tl.where(visible, p_t, 0.0)
+            else:
+                p_t = tl.where(offs_n[:, None] <= offs_m[None, :] + diag_shift, p_t, 0.0)
         if KEY_MASK != "none":
             p_t = tl.where(key_ok[:, None], p_t, 0.0)
         dv = mma(p_t, do, dv, DOT)
         dp_t = mma(v, tl.trans(do), tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), DOT)
         ds_t = p_t * (dp_t - delta[None, :])
+        if SOFTCAP:
+            ds_t = ds_t * (1.0 - tanh_t * tanh_t)
         dk = mma(ds_t, q, dk, DOT)
     return dk, dv
 
@@ -100,6 +124,7 @@ def _attn_bwd_dkdv(Q,  # [B, H, S_q, D]
                    dV,  # [B, H_kv, S_k, D], dtype of V
                    KeyMask,  # [B, S_k] uint8 when KEY_MASK == "bool"
                    KeyLen,  # [B] int when KEY_MASK == "lengths"
+                   Alibi,  # [B, H] or [H] float32 slopes when ALIBI (else unused); [H]: stride_alibi_b = 0
                    stride_qb, stride_qh, stride_qm, stride_qd,
                    stride_kb, stride_kh, stride_kn, stride_kd,
                    stride_vb, stride_vh, stride_vn, stride_vd,
@@ -107,11 +132,15 @@ def _attn_bwd_dkdv(Q,  # [B, H, S_q, D]
                    stride_dkb, stride_dkh, stride_dkn, stride_dkd,
                    stride_dvb, stride_dvh, stride_dvn, stride_dvd,
                    stride_mask_b, stride_mask_n,
+                   stride_alibi_b, stride_alibi_h,
                    num_heads, num_kv_heads, group_size, seq_q, seq_k, qk_scale, sm_scale,
+                   window_left, window_right,  # >= 0 when WINDOW, as in the forward
+                   softcap,  # c > 0 when SOFTCAP, natural units
                    SEQ_Q_BUCKET, SEQ_K_BUCKET, BATCH_HEADS_BUCKET,  # autotuning keys only
                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, KEY_MASK: tl.constexpr,
                    DOT: tl.constexpr, FLAT_GRID: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_M: tl.constexpr):
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_M: tl.constexpr,
+                   WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False, ALIBI: tl.constexpr = False):
     num_n_blocks = tl.cdiv(seq_k, BLOCK_N)
     pid_n, pid_bkv = program_ids(num_n_blocks, FLAT_GRID)
     b = pid_bkv // num_kv_heads
@@ -132,7 +161,25 @@ def _attn_bwd_dkdv(Q,  # [B, H, S_q, D]
     else:
         key_ok = offs_n < seq_k
 
-    if CAUSAL != 0:
+    if WINDOW:
+        diag_shift, right = window_shift_and_right(seq_q, seq_k, window_right, CAUSAL)
+        # Query i sees key j when j - right <= i' <= j + left (i' = i + diag_shift). Rows some key of the block
+        # sees: from its first key's lowest row to its last real key's highest; rows that see every key: from the
+        # last key's lowest row to the first key's highest (none when the block is wider than the window).
+        last_key = tl.minimum(start_n + BLOCK_N, seq_k) - 1
+        seen_lo = tl.minimum(tl.maximum(start_n - right - diag_shift, 0), q_end)
+        seen_hi = tl.minimum(tl.maximum(last_key + window_left - diag_shift + 1, 0), q_end)
+        all_lo = tl.minimum(tl.maximum(last_key - right - diag_shift, 0), q_end)
+        all_hi = tl.minimum(tl.maximum(start_n + window_left - diag_shift + 1, 0), q_end)
+        lo = (seen_lo // BLOCK_M) * BLOCK_M
+        full_from = tl.cdiv(all_lo, BLOCK_M) * BLOCK_M
+        full_to = (all_hi // BLOCK_M) * BLOCK_M
+        no_full = full_from >= full_to
+        full_from = tl.where(no_full, lo, full_from)
+        full_to = tl.where(no_full, lo, full_to)
+        seen_by_some_row = (key_ok & (offs_n >= diag_shift - window_left)
+                            & (offs_n <= seq_q - 1 + diag_shift + right))
+    elif CAUSAL != 0:
         if CAUSAL == 1:
             diag_shift = 0
         else:
@@ -166,14 +213,42 @@ def _attn_bwd_dkdv(Q,  # [B, H, S_q, D]
         q_base = Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
         do_base = dOut + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
         row = (b * num_heads + h).to(tl.int64) * seq_q
-        dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, key_ok, q_base, do_base, Lse + row, Delta + row,
-                                      stride_qm, stride_qd, stride_dom, stride_dod,
-                                      offs_n, offs_d, lo, tl.minimum(mid, q_end), seq_q, diag_shift, qk_scale,
-                                      BLOCK_M, BLOCK_N, HEAD_DIM, BLOCK_D, CAUSAL != 0, KEY_MASK, DOT, EVEN_M)
-        dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, key_ok, q_base, do_base, Lse + row, Delta + row,
-                                      stride_qm, stride_qd, stride_dom, stride_dod,
-                                      offs_n, offs_d, mid, q_end, seq_q, diag_shift, qk_scale,
-                                      BLOCK_M, BLOCK_N, HEAD_DIM, BLOCK_D, False, KEY_MASK, DOT, EVEN_M)
+        softcap2, slope2 = variant_scalars(Alibi, b, h, stride_alibi_b, stride_alibi_h, softcap, qk_scale, SOFTCAP,
+                                           ALIBI)
+        if WINDOW:
+            # Query blocks crossing the window's lower edge, those that see the whole key block, and those
+            # crossing its upper edge.
+            dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, key_ok, q_base, do_base, Lse + row, Delta + row,
+                                          stride_qm, stride_qd, stride_dom, stride_dod,
+                                          offs_n, offs_d, lo, full_from, seq_q, diag_shift, qk_scale,
+                                          window_left, window_right, softcap2, slope2,
+                                          BLOCK_M, BLOCK_N, HEAD_DIM, BLOCK_D, True, KEY_MASK, DOT, EVEN_M,
+                                          CAUSAL, WINDOW, SOFTCAP, ALIBI)
+            dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, key_ok, q_base, do_base, Lse + row, Delta + row,
+                                          stride_qm, stride_qd, stride_dom, stride_dod,
+                                          offs_n, offs_d, full_from, full_to, seq_q, diag_shift, qk_scale,
+                                          window_left, window_right, softcap2, slope2,
+                                          BLOCK_M, BLOCK_N, HEAD_DIM, BLOCK_D, False, KEY_MASK, DOT, EVEN_M,
+                                          CAUSAL, WINDOW, SOFTCAP, ALIBI)
+            dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, key_ok, q_base, do_base, Lse + row, Delta + row,
+                                          stride_qm, stride_qd, stride_dom, stride_dod,
+                                          offs_n, offs_d, full_to, seen_hi, seq_q, diag_shift, qk_scale,
+                                          window_left, window_right, softcap2, slope2,
+                                          BLOCK_M, BLOCK_N, HEAD_DIM, BLOCK_D, True, KEY_MASK, DOT, EVEN_M,
+                                          CAUSAL, WINDOW, SOFTCAP, ALIBI)
+        else:
+            dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, key_ok, q_base, do_base, Lse + row, Delta + row,
+                                          stride_qm, stride_qd, stride_dom, stride_dod,
+                                          offs_n, offs_d, lo, tl.minimum(mid, q_end), seq_q, diag_shift,
+                                          qk_scale, window_left, window_right, softcap2, slope2,
+                                          BLOCK_M, BLOCK_N, HEAD_DIM, BLOCK_D, CAUSAL != 0, KEY_MASK, DOT, EVEN_M,
+                                          CAUSAL, WINDOW, SOFTCAP, ALIBI)
+            dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, key_ok, q_base, do_base, Lse + row, Delta + row,
+                                          stride_qm, stride_qd, stride_dom, stride_dod,
+                                          offs_n, offs_d, mid, q_end, seq_q, diag_shift, qk_scale,
+                                          window_left, window_right, softcap2, slope2,
+                                          BLOCK_M, BLOCK_N, HEAD_DIM, BLOCK_D, False, KEY_MASK, DOT, EVEN_M,
+                                          CAUSAL, WINDOW, SOFTCAP, ALIBI)
     dk = dk * sm_scale
 
     store_mask = (offs_n[:, None] < seq_k) & (offs_d[None, :] < HEAD_DIM)
@@ -189,34 +264,57 @@ def _attn_bwd_dkdv(Q,  # [B, H, S_q, D]
 def _attn_bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, mask_row,  # k_base, v_base: one (b, kv head)
                        stride_kn, stride_kd, stride_vn, stride_vd, stride_mask_n,
                        offs_m, offs_d, start, end, n_len, diag_shift, qk_scale,
+                       first, window_left, window_right, softcap2, slope2,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                       CAUSAL: tl.constexpr, KEY_MASK: tl.constexpr, DOT: tl.constexpr, BOUNDARY: tl.constexpr):
-    """Accumulate dQ of one query block over key blocks [start, end); BOUNDARY as in the forward."""
+                       CAUSAL: tl.constexpr, KEY_MASK: tl.constexpr, DOT: tl.constexpr, BOUNDARY: tl.constexpr,
+                       WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr):
+    """Accumulate dQ of one query block over key blocks [start, end); BOUNDARY, ``first`` and the variants as in
+    the forward."""
     offs_n0 = tl.arange(0, BLOCK_N)
     for start_n in range(start, end, BLOCK_N):
         offs_n = start_n + offs_n0
         # Keys no row of this block may see load as zeros, as in the forward: past `end` (the key length, or the
-        # causal frontier of the block's last row in the boundary loop) and those the boolean mask hides.
+        # causal frontier of the block's last row in the boundary loop), before `first` (left of every row's
+        # window) and those the boolean mask hides.
         k_ptrs = k_base + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd
         v_ptrs = v_base + offs_n[None, :] * stride_vn + offs_d[:, None] * stride_vd
         if KEY_MASK == "bool":
             keep = tl.load(mask_row + offs_n * stride_mask_n, mask=offs_n < n_len, other=0) != 0
-            kt = load_cols_where(k_ptrs, offs_d, HEAD_DIM, BLOCK_D, keep & (offs_n < end))
-            vt = load_cols_where(v_ptrs, offs_d, HEAD_DIM, BLOCK_D, keep & (offs_n < end))
+            if WINDOW and BOUNDARY:
+                seen = keep & (offs_n < end) & (offs_n >= first)
+            else:
+                seen = keep & (offs_n < end)
+            kt = load_cols_where(k_ptrs, offs_d, HEAD_DIM, BLOCK_D, seen)
+            vt = load_cols_where(v_ptrs, offs_d, HEAD_DIM, BLOCK_D, seen)
+        elif WINDOW and BOUNDARY:
+            seen = (offs_n < end) & (offs_n >= first)
+            kt = load_cols_where(k_ptrs, offs_d, HEAD_DIM, BLOCK_D, seen)
+            vt = load_cols_where(v_ptrs, offs_d, HEAD_DIM, BLOCK_D, seen)
         else:
             kt = load_cols(k_ptrs, offs_d, HEAD_DIM, BLOCK_D, offs_n, end, BOUNDARY)
             vt = load_cols(v_ptrs, offs_d, HEAD_DIM, BLOCK_D, offs_n, end, BOUNDARY)
         qk = mma(q, kt, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), DOT) * qk_scale
+        if SOFTCAP:
+            tanh_s = tanh(qk * (1.0 / softcap2))
+            qk = softcap2 * tanh_s
+        if ALIBI:
+            qk = qk - slope2 * tl.abs(offs_m[:, None] + diag_shift - offs_n[None, :]).to(tl.float32)
         p = tl.math.exp2(qk - lse[:, None])
         if BOUNDARY:
             visible = offs_n[None, :] < n_len
             if CAUSAL != 0:
                 visible = visible & (offs_n[None, :] <= offs_m[:, None] + diag_shift)
+            if WINDOW:
+                visible = visible & (offs_n[None, :] >= offs_m[:, None] + diag_shift - window_left)
+                if CAUSAL == 0:
+                    visible = visible & (offs_n[None, :] <= offs_m[:, None] + diag_shift + window_right)
             p = tl.where(visible, p, 0.0)
         if KEY_MASK == "bool":
             p = tl.where(keep[None, :], p, 0.0)
         dp = mma(do, vt, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), DOT)
         ds = p * (dp - delta[:, None])
+        if SOFTCAP:
+            ds = ds * (1.0 - tanh_s * tanh_s)
         dq = mma(ds, tl.trans(kt), dq, DOT)
     return dq
 
@@ -231,17 +329,22 @@ def _attn_bwd_dq(Q,  # [B, H, S_q, D]
                  dQ,  # [B, H, S_q, D], dtype of Q
                  KeyMask,  # [B, S_k] uint8 when KEY_MASK == "bool"
                  KeyLen,  # [B] int when KEY_MASK == "lengths"
+                 Alibi,  # [B, H] or [H] float32 slopes when ALIBI (else unused); [H]: stride_alibi_b = 0
                  stride_qb, stride_qh, stride_qm, stride_qd,
                  stride_kb, stride_kh, stride_kn, stride_kd,
                  stride_vb, stride_vh, stride_vn, stride_vd,
                  stride_dob, stride_doh, stride_dom, stride_dod,
                  stride_dqb, stride_dqh, stride_dqm, stride_dqd,
                  stride_mask_b, stride_mask_n,
+                 stride_alibi_b, stride_alibi_h,
                  num_heads, group_size, seq_q, seq_k, qk_scale, sm_scale,
+                 window_left, window_right,  # >= 0 when WINDOW, as in the forward
+                 softcap,  # c > 0 when SOFTCAP, natural units
                  SEQ_Q_BUCKET, SEQ_K_BUCKET, BATCH_HEADS_BUCKET,  # autotuning keys only
                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, KEY_MASK: tl.constexpr,
                  DOT: tl.constexpr, FLAT_GRID: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_M: tl.constexpr):
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_M: tl.constexpr,
+                 WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False, ALIBI: tl.constexpr = False):
     num_m_blocks = tl.cdiv(seq_q, BLOCK_M)
     pid_m, pid_bh = program_ids(num_m_blocks, FLAT_GRID)
     if CAUSAL != 0:
@@ -266,21 +369,34 @@ def _attn_bwd_dq(Q,  # [B, H, S_q, D]
     else:
         delta = tl.load(Delta + row + offs_m, mask=offs_m < seq_q, other=0.0)
 
-    n_len, diag_shift, full_end, hi = key_range(KeyLen, b, start_m, seq_q, seq_k, BLOCK_M, BLOCK_N, CAUSAL,
-                                                KEY_MASK)
+    n_len, diag_shift, first, lo, full_start, full_end, hi = key_range(
+        KeyLen, b, start_m, seq_q, seq_k, window_left, window_right, BLOCK_M, BLOCK_N, CAUSAL, KEY_MASK, WINDOW)
+    softcap2, slope2 = variant_scalars(Alibi, b, h, stride_alibi_b, stride_alibi_h, softcap, qk_scale, SOFTCAP,
+                                       ALIBI)
 
     k_base = K + b.to(tl.int64) * stride_kb + kv_h.to(tl.int64) * stride_kh
     v_base = V + b.to(tl.int64) * stride_vb + kv_h.to(tl.int64) * stride_vh
     mask_row = KeyMask + b.to(tl.int64) * stride_mask_b
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    if WINDOW:  # blocks crossing the window's left edge, as in the forward
+        dq = _attn_bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, mask_row,
+                                stride_kn, stride_kd, stride_vn, stride_vd, stride_mask_n,
+                                offs_m, offs_d, lo, full_start, n_len, diag_shift, qk_scale,
+                                first, window_left, window_right, softcap2, slope2,
+                                BLOCK_M, BLOCK_N, HEAD_DIM, BLOCK_D, CAUSAL, KEY_MASK, DOT, True,
+                                WINDOW, SOFTCAP, ALIBI)
     dq = _attn_bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, mask_row,
                             stride_kn, stride_kd, stride_vn, stride_vd, stride_mask_n,
-                            offs_m, offs_d, 0, full_end, n_len, diag_shift, qk_scale,
-                            BLOCK_M, BLOCK_N, HEAD_DIM, BLOCK_D, CAUSAL, KEY_MASK, DOT, False)
+                            offs_m, offs_d, full_start, full_end, n_len, diag_shift, qk_scale,
+                            first, window_left, window_right, softcap2, slope2,
+                            BLOCK_M, BLOCK_N, HEAD_DIM, BLOCK_D, CAUSAL, KEY_MASK, DOT, False,
+                            WINDOW, SOFTCAP, ALIBI)
     dq = _attn_bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, mask_row,
                             stride_kn, stride_kd, stride_vn, stride_vd, stride_mask_n,
                             offs_m, offs_d, full_end, hi, n_len, diag_shift, qk_scale,
-                            BLOCK_M, BLOCK_N, HEAD_DIM, BLOCK_D, CAUSAL, KEY_MASK, DOT, True)
+                            first, window_left, window_right, softcap2, slope2,
+                            BLOCK_M, BLOCK_N, HEAD_DIM, BLOCK_D, CAUSAL, KEY_MASK, DOT, True,
+                            WINDOW, SOFTCAP, ALIBI)
     dq = dq * sm_scale
 
     dq_ptrs = (dQ + b.to(tl.int64) * stride_dqb + h.to(tl.int64) * stride_dqh

@@ -15,6 +15,17 @@ kernel compiles). Conventions of the kernels' parameters, which the helpers foll
 * ``SEQ_Q_BUCKET``/``SEQ_K_BUCKET``/``BATCH_HEADS_BUCKET`` are powers of two of the sequence lengths and of
   batch * heads, passed only as autotuning keys: the sizes themselves are runtime integers, so a new size reuses
   the compiled kernels and tuned config of its bucket (``tuning.tuning_buckets``).
+
+Variants (constexpr flags, all False by default so that a dense launch compiles exactly as it did without them):
+
+* ``i'``: query row i aligned to the causal diagonal, ``i + diag_shift`` (diag_shift = seq_k - seq_q for CAUSAL 2,
+  else 0; CAUSAL 0 aligns top-left like 1).
+* ``WINDOW``: query i sees keys ``i' - window_left <= j <= i' + window_right``. The kernels take both sides as
+  non-negative integers (the launcher turns "unbounded" into a side no key lies beyond); causal still hides
+  j > i', so with CAUSAL != 0 only the left side matters.
+* ``SOFTCAP``: scores s = scale * q.k become ``softcap * tanh(s / softcap)`` (``softcap`` in natural units).
+* ``ALIBI``: then ``-slope[b, h] * |i' - j|`` is added (``Alibi`` float32, batch stride 0 for [H] slopes).
+* Masks (causal, window, key length, key mask) apply last, always with ``where``.
 """
 from __future__ import annotations
 
@@ -108,6 +119,20 @@ def load_cols(ptrs, rows, n_rows: tl.constexpr, BLOCK_ROWS: tl.constexpr, cols, 
     return tile
 
 
+# log2(e): the kernels keep scores in base 2 (see attention_fwd), so natural-unit constants are scaled by it.
+LOG2E = tl.constexpr(1.4426950408889634)
+
+
+@triton.jit
+def tanh(x):
+    """tanh(x) from exp2, so that one definition runs under the interpreter and compiles for sm_90 alike:
+    tanh(|x|) = (1 - t) / (1 + t) with t = e^(-2|x|) = 2^(-2|x| log2 e) in (0, 1], which never overflows (large
+    |x| gives t = 0 and exactly 1), and the sign is restored afterwards."""
+    t = tl.math.exp2(-2.0 * LOG2E * tl.abs(x))
+    r = (1.0 - t) / (1.0 + t)
+    return tl.where(x < 0, -r, r)
+
+
 @triton.jit
 def program_ids(num_seq_blocks, FLAT_GRID: tl.constexpr):
     """(sequence block, batch * head) of this program. The launchers put sequence blocks on grid axis 0 and
@@ -119,27 +144,79 @@ def program_ids(num_seq_blocks, FLAT_GRID: tl.constexpr):
 
 
 @triton.jit
+def window_shift_and_right(seq_q, seq_k, window_right, CAUSAL: tl.constexpr):
+    """(diag_shift, right side) of a windowed kernel: with causal the diagonal is the tighter right side."""
+    if CAUSAL == 2:
+        diag_shift = seq_k - seq_q
+    else:
+        diag_shift = 0
+    if CAUSAL != 0:
+        right = 0
+    else:
+        right = window_right
+    return diag_shift, right
+
+
+@triton.jit
+def variant_scalars(Alibi, b, h, stride_alibi_b, stride_alibi_h, softcap, placeholder, SOFTCAP: tl.constexpr,
+                    ALIBI: tl.constexpr):
+    """(softcap, ALiBi slope of (b, h)), both in base 2 (times log2 e, as the scores). A variant that is off gets
+    ``placeholder``, a scalar the kernel has anyway and never reads then: a literal would be a new constant, and a
+    dense kernel would no longer compile to exactly the IR it did before the variants existed."""
+    softcap2 = placeholder
+    if SOFTCAP:
+        softcap2 = softcap * LOG2E
+    slope2 = placeholder
+    if ALIBI:
+        slope2 = tl.load(Alibi + b.to(tl.int64) * stride_alibi_b + h * stride_alibi_h) * LOG2E
+    return softcap2, slope2
+
+
+@triton.jit
 def key_range(KeyLen,  # [B] int32/int64 when KEY_MASK == "lengths" (else unused)
-              b, start_m, seq_q, seq_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-              KEY_MASK: tl.constexpr):
+              b, start_m, seq_q, seq_k, window_left, window_right, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              CAUSAL: tl.constexpr, KEY_MASK: tl.constexpr, WINDOW: tl.constexpr):
     """The keys a block of query rows [start_m, start_m + BLOCK_M) visits, shared by the forward and dQ kernels:
-    (n_len: keys that exist for batch b, diag_shift: causal offset, full_end: keys [0, full_end) need no mask,
-    hi: keys [full_end, hi) need the causal/length mask; keys past hi are invisible to every row)."""
+    (n_len: keys that exist for batch b, diag_shift: causal offset, first, lo, full_start, full_end, hi): key
+    blocks [lo, full_start) and [full_end, hi) need the causal/window/length masks, keys [full_start, full_end)
+    need none, and keys outside [first, hi) are invisible to every row (first <= lo + BLOCK_N: the first key any
+    row's window reaches). lo, full_start and full_end are multiples of BLOCK_N. Without WINDOW, first = lo =
+    full_start = 0 (the left side is unbounded), and the ranges are computed as before the window existed."""
     if KEY_MASK == "lengths":
         n_len = tl.minimum(tl.maximum(tl.load(KeyLen + b), 0), seq_k).to(tl.int32)
     else:
         n_len = seq_k
-    if CAUSAL != 0:
-        if CAUSAL == 1:
-            diag_shift = 0
-        else:
-            diag_shift = seq_k - seq_q
-        # Keys below every row's diagonal need no mask; keys up to the last real row's diagonal need one.
-        full_lim = tl.minimum(tl.maximum(start_m + diag_shift + 1, 0), n_len)
-        hi = tl.minimum(tl.maximum(tl.minimum(start_m + BLOCK_M, seq_q) + diag_shift, 0), n_len)
+    if WINDOW:
+        diag_shift, right = window_shift_and_right(seq_q, seq_k, window_right, CAUSAL)
+        first_row = start_m + diag_shift  # i' of the block's first row and of its last real row
+        last_row = tl.minimum(start_m + BLOCK_M, seq_q) - 1 + diag_shift
+        # Keys some row sees: from the first row's left edge to the last row's right edge. Keys every row sees:
+        # from the last row's left edge to the first row's right edge (empty when the block is taller than the
+        # window is wide).
+        seen_lo = tl.maximum(first_row - window_left, 0)
+        hi = tl.minimum(tl.maximum(last_row + right + 1, 0), n_len)
+        all_lo = tl.maximum(last_row - window_left, 0)
+        all_hi = tl.minimum(tl.maximum(first_row + right + 1, 0), n_len)
+        lo = (seen_lo // BLOCK_N) * BLOCK_N
+        full_start = tl.cdiv(all_lo, BLOCK_N) * BLOCK_N
+        full_end = (all_hi // BLOCK_N) * BLOCK_N
+        # No whole block every row sees: the masked loop alone covers [lo, hi).
+        no_full = full_start >= full_end
+        full_start = tl.where(no_full, lo, full_start)
+        full_end = tl.where(no_full, lo, full_end)
+        return n_len, diag_shift, seen_lo, lo, full_start, full_end, hi
     else:
-        diag_shift = 0
-        full_lim = n_len
-        hi = n_len
-    full_end = (full_lim // BLOCK_N) * BLOCK_N
-    return n_len, diag_shift, full_end, hi
+        if CAUSAL != 0:
+            if CAUSAL == 1:
+                diag_shift = 0
+            else:
+                diag_shift = seq_k - seq_q
+            # Keys below every row's diagonal need no mask; keys up to the last real row's diagonal need one.
+            full_lim = tl.minimum(tl.maximum(start_m + diag_shift + 1, 0), n_len)
+            hi = tl.minimum(tl.maximum(tl.minimum(start_m + BLOCK_M, seq_q) + diag_shift, 0), n_len)
+        else:
+            diag_shift = 0
+            full_lim = n_len
+            hi = n_len
+        full_end = (full_lim // BLOCK_N) * BLOCK_N
+        return n_len, diag_shift, 0, 0, 0, full_end, hi

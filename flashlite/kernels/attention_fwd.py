@@ -9,9 +9,11 @@ log-sum-exp is stored for the backward pass, also in base 2:
 
     lse[b, h, i] = log2(sum_j 2 ** (scale * log2(e) * q_i . k_j))      (= natural log-sum-exp * log2(e))
 
-A row that sees no key (everything masked) has l = 0: its output is 0 and its lse is -inf.
+A row that sees no key (everything masked) has l = 0: its output is 0 and its lse is -inf. With SOFTCAP or ALIBI the
+lse is that of the transformed scores (capped, biased), which is what the backward recomputes P from.
 
-Parameter conventions (``CAUSAL``, ``KEY_MASK``, ``DOT``, offsets, bucket keys): see ``attention_common``.
+Parameter conventions (``CAUSAL``, ``KEY_MASK``, ``DOT``, offsets, bucket keys, the ``WINDOW``, ``SOFTCAP`` and
+``ALIBI`` variants): see ``attention_common``.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ import triton.language as tl
 
 from flashlite import _runtime
 from flashlite.kernels.attention_common import (cast_out, key_range, load_cols, load_rows, load_rows_where, mma,
-                                                program_ids)
+                                                program_ids, tanh, variant_scalars)
 from flashlite.kernels.tuning import AUTOTUNE_KEY, SCRATCH_BYTES, even_m, make_configs, prune_by_resources
 
 
@@ -28,10 +30,13 @@ from flashlite.kernels.tuning import AUTOTUNE_KEY, SCRATCH_BYTES, even_m, make_c
 def _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, mask_row,  # k_base, v_base: one (b, kv head); mask_row: [S_k]
                     stride_kn, stride_kd, stride_vn, stride_vd, stride_mask_n,
                     offs_m, offs_d, start, end, n_len, diag_shift, qk_scale,
+                    first, window_left, window_right, softcap2, slope2,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                    CAUSAL: tl.constexpr, KEY_MASK: tl.constexpr, DOT: tl.constexpr, BOUNDARY: tl.constexpr):
-    """Fold key blocks [start, end) into the running softmax. BOUNDARY: the blocks may cross the causal diagonal
-    or the key length, so apply those masks; blocks outside that need no mask at all."""
+                    CAUSAL: tl.constexpr, KEY_MASK: tl.constexpr, DOT: tl.constexpr, BOUNDARY: tl.constexpr,
+                    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr):
+    """Fold key blocks [start, end) into the running softmax. BOUNDARY: the blocks may cross the causal diagonal,
+    a window edge or the key length, so apply those masks; blocks outside that need no mask at all. ``first``: the
+    first key any row of the block sees (WINDOW); ``softcap2``, ``slope2``: softcap and ALiBi slope in base 2."""
     offs_n0 = tl.arange(0, BLOCK_N)
     for start_n in range(start, end, BLOCK_N):
         offs_n = start_n + offs_n0
@@ -40,14 +45,24 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, mask_row,  # k_base, v_bas
         kt = load_cols(k_base + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd,
                        offs_d, HEAD_DIM, BLOCK_D, offs_n, n_len, BOUNDARY)
         scores = mma(q, kt, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), DOT)
-        if BOUNDARY or KEY_MASK == "bool":
+        if BOUNDARY or KEY_MASK == "bool" or SOFTCAP or ALIBI:
             qk = scores * qk_scale
+            # The score transforms come before every mask, as the semantics order them. In base 2 the cap is
+            # softcap * log2(e): c * tanh(s / c) * log2(e) = c2 * tanh(qk / c2) with qk = s * log2(e).
+            if SOFTCAP:
+                qk = softcap2 * tanh(qk * (1.0 / softcap2))
+            if ALIBI:
+                qk = qk - slope2 * tl.abs(offs_m[:, None] + diag_shift - offs_n[None, :]).to(tl.float32)
             # Masks are applied with `where`, never added: a hidden key may hold NaN or inf (a cache filled past
             # its end), and NaN + -inf is NaN. A hidden key's score only ever reaches its own column.
             if BOUNDARY:
                 visible = offs_n[None, :] < n_len
                 if CAUSAL != 0:
                     visible = visible & (offs_n[None, :] <= offs_m[:, None] + diag_shift)
+                if WINDOW:
+                    visible = visible & (offs_n[None, :] >= offs_m[:, None] + diag_shift - window_left)
+                    if CAUSAL == 0:  # with causal, the diagonal is the tighter right side
+                        visible = visible & (offs_n[None, :] <= offs_m[:, None] + diag_shift + window_right)
                 qk = tl.where(visible, qk, float("-inf"))
             if KEY_MASK == "bool":
                 qk = tl.where(keep[None, :], qk, float("-inf"))
@@ -70,12 +85,18 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, mask_row,  # k_base, v_bas
         # Values, unlike scores, are summed across keys: p = 0 times a NaN value is NaN in every row of the tile.
         # So the values of keys no row of this block may see load as zeros (the copy fills them, which costs
         # nothing): keys past `end` (the key length, or the causal frontier of the block's last row in the
-        # boundary loop) and keys the boolean mask hides.
+        # boundary loop), keys before `first` (left of every row's window) and keys the boolean mask hides.
         v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd
         if KEY_MASK == "bool":
-            v = load_rows_where(v_ptrs, keep & (offs_n < end), offs_d, HEAD_DIM, BLOCK_D)
+            if WINDOW and BOUNDARY:
+                v = load_rows_where(v_ptrs, keep & (offs_n < end) & (offs_n >= first), offs_d, HEAD_DIM, BLOCK_D)
+            else:
+                v = load_rows_where(v_ptrs, keep & (offs_n < end), offs_d, HEAD_DIM, BLOCK_D)
         else:
-            v = load_rows(v_ptrs, offs_n, end, offs_d, HEAD_DIM, BLOCK_D, BOUNDARY)
+            if WINDOW and BOUNDARY:
+                v = load_rows_where(v_ptrs, (offs_n < end) & (offs_n >= first), offs_d, HEAD_DIM, BLOCK_D)
+            else:
+                v = load_rows(v_ptrs, offs_n, end, offs_d, HEAD_DIM, BLOCK_D, BOUNDARY)
         acc = mma(p, v, acc * alpha[:, None], DOT)
         m_i = m_new
     return acc, l_i, m_i
@@ -89,17 +110,22 @@ def _attn_fwd(Q,  # [B, H, S_q, D], any strides
               Lse,  # [B, H, S_q] float32, contiguous; base-2 log-sum-exp of the scaled scores (unused: STORE_LSE off)
               KeyMask,  # [B, S_k] uint8 when KEY_MASK == "bool" (else unused)
               KeyLen,  # [B] int32/int64 when KEY_MASK == "lengths" (else unused)
+              Alibi,  # [B, H] or [H] float32 slopes when ALIBI (else unused); [H]: stride_alibi_b = 0
               stride_qb, stride_qh, stride_qm, stride_qd,
               stride_kb, stride_kh, stride_kn, stride_kd,
               stride_vb, stride_vh, stride_vn, stride_vd,
               stride_ob, stride_oh, stride_om, stride_od,
               stride_mask_b, stride_mask_n,
+              stride_alibi_b, stride_alibi_h,
               num_heads, group_size, seq_q, seq_k, qk_scale, batch_heads,
+              window_left, window_right,  # >= 0 when WINDOW (the launcher turns -1 into a side past every key)
+              softcap,  # c > 0 when SOFTCAP, natural units
               SEQ_Q_BUCKET, SEQ_K_BUCKET, BATCH_HEADS_BUCKET,  # autotuning keys only
               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, KEY_MASK: tl.constexpr,
               DOT: tl.constexpr, FLAT_GRID: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_M: tl.constexpr, BH_PER_PROGRAM: tl.constexpr = 1,
-              STORE_LSE: tl.constexpr = True):
+              STORE_LSE: tl.constexpr = True, WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False,
+              ALIBI: tl.constexpr = False):
     # Grid: axis 0 query blocks, axis 1 groups of BH_PER_PROGRAM (batch, head) pairs; flattened into axis 0 when
     # the groups exceed axis 1's limit. Several pairs per program give short sequences, whose programs are tiny,
     # more work per launch slot; the autotuner decides where that pays.
@@ -109,35 +135,37 @@ def _attn_fwd(Q,  # [B, H, S_q, D], any strides
         # Later query blocks see more keys; launch them first so the short ones fill the tail.
         pid_m = num_m_blocks - 1 - pid_m
     if BH_PER_PROGRAM == 1:
-        _attn_fwd_block(Q, K, V, Out, Lse, KeyMask, KeyLen,
+        _attn_fwd_block(Q, K, V, Out, Lse, KeyMask, KeyLen, Alibi,
                         stride_qb, stride_qh, stride_qm, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
                         stride_vb, stride_vh, stride_vn, stride_vd, stride_ob, stride_oh, stride_om, stride_od,
-                        stride_mask_b, stride_mask_n, num_heads, group_size, seq_q, seq_k, qk_scale,
+                        stride_mask_b, stride_mask_n, stride_alibi_b, stride_alibi_h, num_heads, group_size, seq_q,
+                        seq_k, qk_scale, window_left, window_right, softcap,
                         pid_m, pid_group, HEAD_DIM, BLOCK_D, CAUSAL, KEY_MASK, DOT, BLOCK_M, BLOCK_N, EVEN_M,
-                        STORE_LSE)
+                        STORE_LSE, WINDOW, SOFTCAP, ALIBI)
     else:
         for i in tl.static_range(BH_PER_PROGRAM):
             pid_bh = pid_group * BH_PER_PROGRAM + i
             if pid_bh < batch_heads:
-                _attn_fwd_block(Q, K, V, Out, Lse, KeyMask, KeyLen,
+                _attn_fwd_block(Q, K, V, Out, Lse, KeyMask, KeyLen, Alibi,
                                 stride_qb, stride_qh, stride_qm, stride_qd, stride_kb, stride_kh, stride_kn,
                                 stride_kd, stride_vb, stride_vh, stride_vn, stride_vd, stride_ob, stride_oh,
-                                stride_om, stride_od, stride_mask_b, stride_mask_n, num_heads, group_size, seq_q,
-                                seq_k, qk_scale, pid_m, pid_bh, HEAD_DIM, BLOCK_D, CAUSAL, KEY_MASK, DOT, BLOCK_M,
-                                BLOCK_N, EVEN_M, STORE_LSE)
+                                stride_om, stride_od, stride_mask_b, stride_mask_n, stride_alibi_b, stride_alibi_h,
+                                num_heads, group_size, seq_q, seq_k, qk_scale, window_left, window_right, softcap,
+                                pid_m, pid_bh, HEAD_DIM, BLOCK_D, CAUSAL, KEY_MASK, DOT, BLOCK_M,
+                                BLOCK_N, EVEN_M, STORE_LSE, WINDOW, SOFTCAP, ALIBI)
 
 
 @triton.jit
-def _attn_fwd_block(Q, K, V, Out, Lse, KeyMask, KeyLen,  # as in _attn_fwd
+def _attn_fwd_block(Q, K, V, Out, Lse, KeyMask, KeyLen, Alibi,  # as in _attn_fwd
                     stride_qb, stride_qh, stride_qm, stride_qd,
                     stride_kb, stride_kh, stride_kn, stride_kd,
                     stride_vb, stride_vh, stride_vn, stride_vd,
                     stride_ob, stride_oh, stride_om, stride_od,
-                    stride_mask_b, stride_mask_n,
-                    num_heads, group_size, seq_q, seq_k, qk_scale, pid_m, pid_bh,
+                    stride_mask_b, stride_mask_n, stride_alibi_b, stride_alibi_h,
+                    num_heads, group_size, seq_q, seq_k, qk_scale, window_left, window_right, softcap, pid_m, pid_bh,
                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, KEY_MASK: tl.constexpr,
                     DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_M: tl.constexpr,
-                    STORE_LSE: tl.constexpr):
+                    STORE_LSE: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr):
     """Query block ``pid_m`` of the (batch, head) pair ``pid_bh``: output rows and, with STORE_LSE (needed only
     for a backward pass), their log-sum-exp."""
     b = pid_bh // num_heads
@@ -155,20 +183,34 @@ def _attn_fwd_block(Q, K, V, Out, Lse, KeyMask, KeyLen,  # as in _attn_fwd
     q = load_rows(q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
                   offs_m, seq_q, offs_d, HEAD_DIM, BLOCK_D, not EVEN_M)
 
-    n_len, diag_shift, full_end, hi = key_range(KeyLen, b, start_m, seq_q, seq_k, BLOCK_M, BLOCK_N, CAUSAL,
-                                                KEY_MASK)
+    n_len, diag_shift, first, lo, full_start, full_end, hi = key_range(
+        KeyLen, b, start_m, seq_q, seq_k, window_left, window_right, BLOCK_M, BLOCK_N, CAUSAL, KEY_MASK, WINDOW)
+    softcap2, slope2 = variant_scalars(Alibi, b, h, stride_alibi_b, stride_alibi_h, softcap, qk_scale, SOFTCAP,
+                                       ALIBI)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    if WINDOW:
+        # Blocks that cross the window's left edge (for some rows), before the ones every row sees whole.
+        acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, mask_row,
+                                        stride_kn, stride_kd, stride_vn, stride_vd, stride_mask_n,
+                                        offs_m, offs_d, lo, full_start, n_len, diag_shift, qk_scale,
+                                        first, window_left, window_right, softcap2, slope2,
+                                        BLOCK_M, BLOCK_N, HEAD_DIM, BLOCK_D, CAUSAL, KEY_MASK, DOT, True,
+                                        WINDOW, SOFTCAP, ALIBI)
     acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, mask_row,
                                     stride_kn, stride_kd, stride_vn, stride_vd, stride_mask_n,
-                                    offs_m, offs_d, 0, full_end, n_len, diag_shift, qk_scale,
-                                    BLOCK_M, BLOCK_N, HEAD_DIM, BLOCK_D, CAUSAL, KEY_MASK, DOT, False)
+                                    offs_m, offs_d, full_start, full_end, n_len, diag_shift, qk_scale,
+                                    first, window_left, window_right, softcap2, slope2,
+                                    BLOCK_M, BLOCK_N, HEAD_DIM, BLOCK_D, CAUSAL, KEY_MASK, DOT, False,
+                                    WINDOW, SOFTCAP, ALIBI)
     acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, mask_row,
                                     stride_kn, stride_kd, stride_vn, stride_vd, stride_mask_n,
                                     offs_m, offs_d, full_end, hi, n_len, diag_shift, qk_scale,
-                                    BLOCK_M, BLOCK_N, HEAD_DIM, BLOCK_D, CAUSAL, KEY_MASK, DOT, True)
+                                    first, window_left, window_right, softcap2, slope2,
+                                    BLOCK_M, BLOCK_N, HEAD_DIM, BLOCK_D, CAUSAL, KEY_MASK, DOT, True,
+                                    WINDOW, SOFTCAP, ALIBI)
 
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)

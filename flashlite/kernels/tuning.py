@@ -93,7 +93,9 @@ MAX_SEQ_BUCKET = 16384
 # Batch * heads joins the key as a power of two (capped): it sets how many programs share the GPU, so a config tuned
 # at B=1 (a fraction of one wave) is not reused at B=16 (many waves) of the same sequence length.
 MAX_BATCH_HEADS_BUCKET = 4096
-AUTOTUNE_KEY = ["SEQ_Q_BUCKET", "SEQ_K_BUCKET", "BATCH_HEADS_BUCKET", "HEAD_DIM", "CAUSAL", "KEY_MASK", "DOT"]
+# The variant flags join too: a windowed kernel visits a band of blocks, so its best tiles differ from dense ones.
+AUTOTUNE_KEY = ["SEQ_Q_BUCKET", "SEQ_K_BUCKET", "BATCH_HEADS_BUCKET", "HEAD_DIM", "CAUSAL", "KEY_MASK", "DOT",
+                "WINDOW", "SOFTCAP", "ALIBI"]
 
 
 def tuning_buckets(seq_q: int, seq_k: int, batch_heads: int) -> tuple[int, int, int]:

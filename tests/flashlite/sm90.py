@@ -17,12 +17,13 @@ import flashlite
 from flashlite.kernels import attention_bwd, attention_fwd
 
 def compile_for_sm90(fn, blocks, *, head_dim=80, block_d=128, causal=2, key_mask="bool", warps=4, stages=3,
-                     operand="*bf16", dot="bf16"):
+                     operand="*bf16", dot="bf16", flags=None):
     # Mirror the JIT's specialization for contiguous [B, H, S, D] inputs: unit strides are constants, pointers
-    # and other strides divisible by 16. ``operand``: the q, k, v, out and gradient pointer type.
-    pointers = dict(Lse="*fp32", Delta="*fp32", KeyMask="*u8", KeyLen="*i64")
+    # and other strides divisible by 16. ``operand``: the q, k, v, out and gradient pointer type. ``flags``: more
+    # constexprs, e.g. the variants (WINDOW, SOFTCAP, ALIBI: True).
+    pointers = dict(Lse="*fp32", Delta="*fp32", KeyMask="*u8", KeyLen="*i64", Alibi="*fp32")
     constants = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, CAUSAL=causal, KEY_MASK=key_mask, DOT=dot,
-                     FLAT_GRID=False, EVEN_M=False, **blocks)
+                     FLAT_GRID=False, EVEN_M=False, **blocks, **(flags or {}))
     # Constexpr parameters with defaults (BH_PER_PROGRAM, STORE_LSE) take them, as a launch that omits them does.
     for param in fn.params:
         if param.is_constexpr and param.name not in constants and param.default is not inspect.Parameter.empty:
@@ -37,38 +38,49 @@ def compile_for_sm90(fn, blocks, *, head_dim=80, block_d=128, causal=2, key_mask
             signature[name] = pointers.get(name, operand)
             attrs[(i,)] = [["tt.divisibility", 16]]
         else:
-            signature[name] = "fp32" if "scale" in name else "i32"
+            signature[name] = "fp32" if "scale" in name or name == "softcap" else "i32"
             if name.startswith("stride_"):
                 attrs[(i,)] = [["tt.divisibility", 16]]
     return triton.compile(ASTSource(fn, signature, constants, attrs), target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": warps, "num_stages": stages})
 
 
-class _SharedMemoryKnown(Exception):
+class _Stopped(Exception):
     pass
 
 
-def shared_memory_for_sm90(fn, blocks, **kwargs):
-    # Bytes of shared memory the compiled kernel asks for. Triton fixes them when it lowers to LLVM IR, before PTX
-    # and machine code, which take most of a compile's time and add none: the lowering stops there.
+def _compile_until(stage, result, fn, blocks, **kwargs):
+    # Compile and stop when the compiler reaches ``stage`` (a stage name of the CUDA backend), answering
+    # ``result(module, metadata)`` of the stage before it; the later stages (PTX and machine code take most of a
+    # compile's time) never run.
     from triton.backends.nvidia.compiler import CUDABackend
     add_stages = CUDABackend.add_stages
 
-    def until_llvm_ir(self, stages, options, language):
+    def until(self, stages, options, language):
         add_stages(self, stages, options, language)
 
         def stop(module, metadata):
-            raise _SharedMemoryKnown(metadata["shared"])
-        stages["ptx"] = stop
+            raise _Stopped(result(module, metadata))
+        stages[stage] = stop
 
-    CUDABackend.add_stages = until_llvm_ir
+    CUDABackend.add_stages = until
     try:
         compile_for_sm90(fn, blocks, **kwargs)
-    except _SharedMemoryKnown as known:
-        return known.args[0]
+    except _Stopped as stopped:
+        return stopped.args[0]
     finally:
         CUDABackend.add_stages = add_stages
-    raise AssertionError("the compile did not reach its LLVM IR stage")
+    raise AssertionError(f"the compile did not reach its {stage!r} stage (a cached kernel skips the stages)")
+
+
+def shared_memory_for_sm90(fn, blocks, **kwargs):
+    # Bytes of shared memory the compiled kernel asks for: Triton fixes them when it lowers to LLVM IR.
+    return _compile_until("ptx", lambda module, metadata: metadata["shared"], fn, blocks, **kwargs)
+
+
+def ttgir_for_sm90(fn, blocks, **kwargs):
+    # The TTGIR (Triton GPU IR, after layout assignment and pipelining) of the kernel compiled for sm_90.
+    return _compile_until("llir", lambda module, metadata: str(module), fn, blocks, **kwargs)
 '''
 
 

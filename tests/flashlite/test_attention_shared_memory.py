@@ -4,7 +4,9 @@ With autotuning off (FLASHLITE_AUTOTUNE=0) a launch takes the first config the p
 what Triton allocates is a crash on the GPU (OutOfResources), not a slower config. This test compiles, for the
 forward, dK/dV and dQ kernels, every kept config at each tile width the head dims 16 to 256 use (BLOCK_D 16, 32,
 64, 128, 256) with 2-byte (bf16) and 4-byte (float32) operands, in the variant with the most code (causal, boolean
-key mask), and checks the compiled kernel's shared memory against the limit and against the estimate.
+key mask), and checks the compiled kernel's shared memory against the limit and against the estimate. The window,
+softcap and ALiBi add no tiles (scalars and masks only), so the same estimate must hold with all three on: checked at
+one tile width, the 256-wide one where the limit binds.
 """
 import json
 
@@ -17,6 +19,9 @@ from tests.flashlite.sm90 import SM90_COMPILER, run_script
 HOPPER_SHARED_MEMORY = 232448  # bytes per thread block on an H100/H200, as Triton reports the limit
 # One head dim per tile width, not a power of two where one exists (160 pads to 256, like 192 and 224).
 HEAD_DIMS = (16, 24, 48, 96, 160)
+# Head dims compiled again with WINDOW, SOFTCAP and ALIBI on.
+VARIANT_HEAD_DIMS = (160,)
+VARIANT_FLAGS = {"WINDOW": True, "SOFTCAP": True, "ALIBI": True}
 
 _COMPILE_KEPT = SM90_COMPILER + r'''
 import json
@@ -34,20 +39,23 @@ def block_d(head_dim):
 
 def jobs():
     for kernel, (fn, blocks, prune) in KERNELS.items():
-        for head_dim in HEAD_DIMS:
-            for elem, (dtype, _, _) in OPERANDS.items():
-                # A short sequence, so that the forward's several-pairs-per-program configs are candidates too.
-                named = {"Q": torch.empty(0, dtype=dtype), "SEQ_Q_BUCKET": 128}
-                for config in prune(tuning.make_configs(blocks), named, BLOCK_D=block_d(head_dim)):
-                    yield kernel, head_dim, elem, dict(config.kwargs), config.num_warps, config.num_stages
+        for variants, head_dims in ((False, HEAD_DIMS), (True, VARIANT_HEAD_DIMS)):
+            for head_dim in head_dims:
+                for elem, (dtype, _, _) in OPERANDS.items():
+                    # A short sequence, so that the forward's several-pairs-per-program configs are candidates too.
+                    named = {"Q": torch.empty(0, dtype=dtype), "SEQ_Q_BUCKET": 128}
+                    for config in prune(tuning.make_configs(blocks), named, BLOCK_D=block_d(head_dim)):
+                        yield (kernel, head_dim, elem, dict(config.kwargs), config.num_warps, config.num_stages,
+                               variants)
 
 def measure(job):
-    kernel, head_dim, elem, meta, warps, stages = job
+    kernel, head_dim, elem, meta, warps, stages, variants = job
     _, operand, dot = OPERANDS[elem]
     shared = shared_memory_for_sm90(KERNELS[kernel][0], meta, head_dim=head_dim, block_d=block_d(head_dim),
-                                    causal=1, key_mask="bool", warps=warps, stages=stages, operand=operand, dot=dot)
+                                    causal=1, key_mask="bool", warps=warps, stages=stages, operand=operand, dot=dot,
+                                    flags=VARIANT_FLAGS if variants else None)
     return {"kernel": kernel, "head_dim": head_dim, "elem": elem, "meta": meta, "warps": warps, "stages": stages,
-            "shared": shared}
+            "shared": shared, "variants": variants}
 
 if __name__ == "__main__":
     with ProcessPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool:
@@ -74,11 +82,13 @@ def _estimate(row):
 def test_every_kept_config_fits_hopper_shared_memory_at_every_head_dim(tmp_path):
     pytest.importorskip("triton.backends.nvidia")
     script = tmp_path / "compile_kept.py"  # a file, so that the process pool's workers can import it
-    script.write_text(f"HEAD_DIMS = {HEAD_DIMS!r}\n" + _COMPILE_KEPT)
+    script.write_text(f"HEAD_DIMS = {HEAD_DIMS!r}\nVARIANT_HEAD_DIMS = {VARIANT_HEAD_DIMS!r}\n"
+                      f"VARIANT_FLAGS = {VARIANT_FLAGS!r}\n" + _COMPILE_KEPT)
     rows = [json.loads(line) for line in run_script(f"import runpy; runpy.run_path({str(script)!r}, "
                                                     f"run_name='__main__')").splitlines()]
-    seen = {(row["kernel"], row["head_dim"], row["elem"]) for row in rows}
-    assert seen == {(k, d, e) for k in ("fwd", "dkdv", "dq") for d in HEAD_DIMS for e in (2, 4)}
+    seen = {(row["kernel"], row["head_dim"], row["elem"], row["variants"]) for row in rows}
+    assert seen == ({(k, d, e, False) for k in ("fwd", "dkdv", "dq") for d in HEAD_DIMS for e in (2, 4)}
+                    | {(k, d, e, True) for k in ("fwd", "dkdv", "dq") for d in VARIANT_HEAD_DIMS for e in (2, 4)})
     over = [row for row in rows if not 0 < row["shared"] <= HOPPER_SHARED_MEMORY]
     assert not over, f"kept configs that ask for more than {HOPPER_SHARED_MEMORY} bytes: {over}"
     # The estimate the pruning uses never undercounts, so what it keeps is what fits.

@@ -1,0 +1,312 @@
+"""Sliding windows, softcapping and ALiBi inside the Triton kernels, forward and backward, through the launchers.
+
+Run through the interpreter on the CPU: every variant alone and combined, at small odd sizes (S_q = 37, S_k = 45,
+grouped-query heads H = 4 over H_kv = 2) so that the blocks of the interpreter configs (32 x 16 forward and dQ,
+16 x 32 dK/dV) end mid-tile and the window's edges cross blocks at every offset. The reference is written out here
+in float64 (dense scores, torch.autograd for the gradients), independent of the kernels' block logic. Shapes are tiny
+because the interpreter runs every tile op as Python; the cases are chosen so that each variant, each causal mode and
+each key mask meets the window at least once.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from flashlite._attention.launch import attention_backward, attention_forward
+from flashlite.kernels import attention_bwd, attention_fwd
+from tests.flashlite.sm90 import SM90_COMPILER
+
+B, H, H_KV, S_Q, S_K = 2, 4, 2, 37, 45
+SCALE = 0.3
+# Absolute tolerances, relative to the largest reference value of each tensor. float32 with ieee dots: errors of a
+# few float32 ulps summed over ~45 keys (measured near 1e-6). fp16: the inputs' own rounding (2**-11 relative) and
+# fp16 operands of P V and dS K (measured near 2e-3); the bound leaves room for other seeds.
+TOLERANCE = {torch.float32: 2e-5, torch.float16: 1e-2}
+PRECISION = {torch.float32: "ieee", torch.float16: "fp16"}
+
+
+def random_inputs(dtype, seed, *, seq_q=S_Q, seq_k=S_K, heads=H, kv_heads=H_KV, head_dim=16):
+    """Fresh seeded N(0, 1) q, k, v and a gradient of the output (never zeros, so no term vanishes by accident)."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def rand(*size):
+        return torch.randn(*size, generator=gen).to(dtype)
+
+    return (rand(B, heads, seq_q, head_dim), rand(B, kv_heads, seq_k, head_dim), rand(B, kv_heads, seq_k, head_dim),
+            rand(B, heads, seq_q, head_dim))
+
+
+def visible(causal, window, seq_q, seq_k, key_lengths=None, key_mask=None):
+    """[B, S_q, S_k] bool: which keys each query row sees, straight from the definitions."""
+    shift = seq_k - seq_q if causal == 2 else 0
+    i = torch.arange(seq_q)[:, None] + shift  # i': the row aligned to the causal diagonal
+    j = torch.arange(seq_k)[None, :]
+    seen = torch.ones(seq_q, seq_k, dtype=torch.bool)
+    if causal:
+        seen &= j <= i
+    left, right = window
+    if left >= 0:
+        seen &= j >= i - left
+    if right >= 0:
+        seen &= j <= i + right
+    seen = seen.expand(B, seq_q, seq_k).clone()
+    if key_lengths is not None:
+        seen &= j[None] < key_lengths.view(B, 1, 1)
+    if key_mask is not None:
+        seen &= key_mask.view(B, 1, seq_k)
+    return seen
+
+
+def reference(q, k, v, grad_out, *, causal=0, window=(-1, -1), softcap=0.0, slopes=None, key_lengths=None,
+              key_mask=None):
+    """float64 (out, base-2 lse, dq, dk, dv) of the semantics: scores scale * q.k, then c * tanh(s / c), then
+    - slope * |i' - j|, then every mask; rows that see no key give zeros (and lse -inf)."""
+    q, k, v = (t.detach().double().requires_grad_() for t in (q, k, v))
+    seq_q, seq_k = q.shape[2], k.shape[2]
+    group = q.shape[1] // k.shape[1]
+    kk, vv = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    scores = SCALE * q @ kk.transpose(-1, -2)
+    if softcap:
+        scores = softcap * torch.tanh(scores / softcap)
+    if slopes is not None:
+        shift = seq_k - seq_q if causal == 2 else 0
+        distance = (torch.arange(seq_q)[:, None] + shift - torch.arange(seq_k)[None, :]).abs().double()
+        per_head = slopes.double().view(-1, q.shape[1], 1, 1)  # [1 or B, H, 1, 1]
+        scores = scores - per_head * distance
+    seen = visible(causal, window, seq_q, seq_k, key_lengths, key_mask)[:, None]
+    scores = scores.masked_fill(~seen, float("-inf"))
+    lse = torch.logsumexp(scores, -1)
+    probs = torch.where(seen, torch.exp(scores - torch.where(torch.isinf(lse), 0.0, lse)[..., None]), 0.0)
+    out = probs @ vv
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), grad_out.double())
+    return out.detach(), lse.detach() / math.log(2.0), dq, dk, dv
+
+
+def run_kernels(q, k, v, grad_out, *, causal=0, window=(-1, -1), softcap=0.0, slopes=None, key_lengths=None,
+                key_mask=None):
+    args = (key_mask, key_lengths, causal, SCALE, PRECISION[q.dtype], *window, softcap, slopes)
+    out, lse = attention_forward(q, k, v, *args)
+    dq, dk, dv = attention_backward(grad_out, q, k, v, out, lse, *args)
+    return out, lse, dq, dk, dv
+
+
+def assert_matches(got, expected, dtype):
+    names = ("out", "lse", "dq", "dk", "dv")
+    for name, g, e in zip(names, got, expected):
+        g = g.double()
+        if name == "lse":  # rows that see no key: -inf in both; the rest compared as values
+            assert torch.equal(torch.isinf(g), torch.isinf(e)), "rows with no key differ"
+            g, e = g[~torch.isinf(e)], e[~torch.isinf(e)]
+        assert torch.isfinite(g).all(), f"{name} is not finite"
+        bound = TOLERANCE[dtype] * max(1.0, e.abs().max().item())
+        err = (g - e).abs().max().item()
+        assert err <= bound, f"{name}: max error {err:.3g} > {bound:.3g}"
+
+
+def _lengths():
+    return torch.tensor([30, 45])  # batch 0 padded, batch 1 full: the window meets the key length in one of them
+
+
+def _padding():
+    gen = torch.Generator().manual_seed(7)
+    mask = torch.rand(B, S_K, generator=gen) > 0.3
+    mask[:, 0] = True
+    return mask
+
+
+def _slopes(per_batch):
+    gen = torch.Generator().manual_seed(11)
+    return (torch.rand(B, H, generator=gen) if per_batch else torch.rand(H, generator=gen)) * 0.25 + 0.05
+
+
+# (dtype, variant arguments): each variant alone, the window with each causal mode, and combinations with the key
+# masks. Window sides are chosen to end inside blocks (neither multiple of 16 nor of 32).
+CASES = {
+    "window-noncausal": (torch.float32, dict(causal=0, window=(5, 3))),
+    "window-topleft": (torch.float16, dict(causal=1, window=(6, -1))),
+    "window-lowerright": (torch.float32, dict(causal=2, window=(9, 2))),
+    "window-right-only": (torch.float16, dict(causal=0, window=(-1, 4))),
+    "softcap": (torch.float32, dict(causal=0, softcap=1.5)),
+    "alibi-heads": (torch.float16, dict(causal=1, slopes=_slopes(False))),
+    "softcap-alibi-batch-heads-lengths": (torch.float32, dict(causal=2, softcap=2.0, slopes=_slopes(True),
+                                                              key_lengths=_lengths())),
+    "all-bool-mask": (torch.float16, dict(causal=0, window=(8, 7), softcap=3.0, slopes=_slopes(True),
+                                          key_mask=_padding())),
+    "window-alibi-lengths": (torch.float32, dict(causal=1, window=(20, -1), slopes=_slopes(False),
+                                                 key_lengths=_lengths())),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_variant_matches_float64_reference(case):
+    dtype, variant = CASES[case]
+    q, k, v, grad_out = random_inputs(dtype, seed=sum(map(ord, case)))
+    assert_matches(run_kernels(q, k, v, grad_out, **variant), reference(q, k, v, grad_out, **variant), dtype)
+
+
+def test_rows_whose_window_holds_no_key_give_zeros_and_zero_gradients():
+    # Batch 0 has 20 keys; with a window of (2, 0) rows 23.. see none of them: zeros, lse -inf, dq = 0. S_q > S_k
+    # under lower-right causal would do the same through negative i'; this covers the key-length side.
+    q, k, v, grad_out = random_inputs(torch.float32, seed=5)
+    variant = dict(causal=0, window=(2, 0), key_lengths=torch.tensor([20, 45]))
+    got = run_kernels(q, k, v, grad_out, **variant)
+    assert_matches(got, reference(q, k, v, grad_out, **variant), torch.float32)
+    out, lse, dq, dk, dv = got
+    assert torch.equal(out[0, :, 23:], torch.zeros_like(out[0, :, 23:]))
+    assert torch.isinf(lse[0, :, 23:]).all() and (lse[0, :, 23:] < 0).all()
+    assert torch.equal(dq[0, :, 23:], torch.zeros_like(dq[0, :, 23:]))
+    assert torch.equal(dk[0, :, 20:], torch.zeros_like(dk[0, :, 20:]))
+
+
+@pytest.mark.parametrize("causal, window, hidden", [
+    (2, (3, -1), slice(0, 5)),  # i' = i + 8: keys 0..4 lie left of every row's window, inside the first block
+    (0, (3, 1), slice(38, 45)),  # the last row (36) reaches key 37: keys 38..44 lie right of every window
+])
+def test_nan_in_keys_hidden_by_the_window_never_reaches_the_outputs(causal, window, hidden):
+    q, k, v, grad_out = random_inputs(torch.float16, seed=9)
+    expected = reference(q, k, v, grad_out, causal=causal, window=window)
+    poisoned_k, poisoned_v = k.clone(), v.clone()
+    poisoned_k[:, :, hidden] = float("nan")
+    poisoned_v[:, :, hidden] = float("inf")
+    got = run_kernels(q, poisoned_k, poisoned_v, grad_out, causal=causal, window=window)
+    assert_matches(got, expected, torch.float16)
+
+
+def _visited_block_pairs(seen, block_rows, block_cols):
+    """(row block, column block) pairs of a [S_q, S_k] visibility holding at least one visible entry: what a kernel
+    that skips every block wholly outside the window visits, no more."""
+    rows, cols = seen.shape
+    return sum(bool(seen[r:r + block_rows, c:c + block_cols].any())
+               for r in range(0, rows, block_rows) for c in range(0, cols, block_cols))
+
+
+def test_the_window_skips_key_blocks_wholly_outside_it(monkeypatch):
+    # Count the tile products the kernels run (their `mma` helper, replaced by a counting one): the forward does
+    # two per (query block, key block) it visits, dK/dV four per (key block, query block), dQ three. With a window
+    # they must visit exactly the block pairs the window touches: at S = 192 already about half of what causal
+    # attention visits (42 forward block pairs), a share that shrinks as S grows, since the band's pairs grow as S.
+    seq, head_dim = 192, 16
+    gen = torch.Generator().manual_seed(3)
+    q, k, v, grad_out = (torch.randn(1, 1, seq, head_dim, generator=gen) for _ in range(4))
+    counts = {}
+
+    def counting(module, name):
+        original = module.mma
+
+        def mma(a, b, acc, DOT):
+            counts[name] += 1
+            return original.fn(a, b, acc, DOT)
+        monkeypatch.setattr(module, "mma", mma)
+
+    counting(attention_fwd, "fwd")
+    counting(attention_bwd, "bwd")
+    (fm, fn_), (km, kn), (qm, qn) = (attention_fwd.FWD_INTERPRETER_BLOCKS[0][:2],
+                                     attention_bwd.DKDV_INTERPRETER_BLOCKS[0][:2],
+                                     attention_bwd.DQ_INTERPRETER_BLOCKS[0][:2])
+    for causal, window in ((1, (-1, -1)), (1, (21, -1)), (0, (13, 6))):
+        counts.update(fwd=0, bwd=0)
+        args = (None, None, causal, SCALE, "ieee", *window, 0.0, None)
+        out, lse = attention_forward(q, k, v, *args)
+        attention_backward(grad_out, q, k, v, out, lse, *args)
+        seen = visible(causal, window, seq, seq)[0]
+        assert counts["fwd"] == 2 * _visited_block_pairs(seen, fm, fn_)
+        assert counts["bwd"] == 4 * _visited_block_pairs(seen.T, kn, km) + 3 * _visited_block_pairs(seen, qm, qn)
+        if window == (-1, -1):
+            dense = counts["fwd"]
+        else:
+            assert counts["fwd"] < 0.6 * dense
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# With every variant off, the kernels compile to what they compiled to before the variants existed.
+
+# The last commit that changed flashlite/kernels before the variants were added.
+DENSE_KERNELS_COMMIT = "e4eeb70591f56e393cbe85ee7a76da62821e9af8"
+# Arguments the variants added: unused when they are off, so present in the function's signature only.
+VARIANT_ARGUMENTS = ["Alibi", "stride_alibi_b", "stride_alibi_h", "window_left", "window_right", "softcap"]
+
+_DENSE_TTGIR = SM90_COMPILER + r'''
+import json, re
+# Dense launches as the launcher makes them: several causal modes, key masks and forward tilings, bf16, D=64.
+JOBS = [("fwd", attention_fwd._attn_fwd, dict(BLOCK_M=128, BLOCK_N=64), 1, "none"),
+        ("fwd", attention_fwd._attn_fwd, dict(BLOCK_M=64, BLOCK_N=64, BH_PER_PROGRAM=2), 2, "bool"),
+        ("dkdv", attention_bwd._attn_bwd_dkdv, dict(BLOCK_M=32, BLOCK_N=128), 1, "none"),
+        ("dkdv", attention_bwd._attn_bwd_dkdv, dict(BLOCK_M=32, BLOCK_N=128), 2, "lengths"),
+        ("dq", attention_bwd._attn_bwd_dq, dict(BLOCK_M=128, BLOCK_N=32), 1, "none"),
+        ("dq", attention_bwd._attn_bwd_dq, dict(BLOCK_M=128, BLOCK_N=32), 0, "bool")]
+
+def renumbered(lines, keep):
+    # Values are named by definition, in order: a name the printer reuses in sibling regions (it derives names
+    # from Python variables) gets a fresh number at each definition, and each use the number of the latest one.
+    current, out = {}, []
+    for line in lines:
+        block_args = line.lstrip().startswith("^")
+
+        def rename(m):
+            token, rest = m.group(0), line[m.end():]
+            if token[1:] in keep:
+                return token
+            if re.match(r"(:\d+)?\s*=(?!=)", rest) or (block_args and rest.startswith(":")) or token not in current:
+                current[token] = f"%v{len(current)}_{sum(1 for _ in out)}"
+            return current[token]
+        out.append(re.sub(r"%[\w$.\-]+", rename, line))
+    # The numbers above carry the line of definition; make them plain counters of first appearance.
+    order = {}
+    return [re.sub(r"%v\d+_\d+", lambda m: order.setdefault(m.group(0), f"%v{len(order)}"), line) for line in out]
+
+def normalised(ttgir):
+    # The function's arguments keep their parameter names in the IR; every other value's name is a hint from the
+    # Python variable it came from, or a counter (block arguments are numbered on after the function's, so inserted
+    # parameters renumber them): they are renumbered, so that a renamed variable or an inserted parameter changes
+    # no line. Locations go too.
+    ttgir = re.sub(r"\s*loc\((?:[^()]|\((?:[^()]|\([^()]*\))*\))*\)", "", ttgir)
+    lines = [line for line in ttgir.splitlines() if not line.startswith("#loc")]
+    start = next(i for i, line in enumerate(lines) if "tt.func public" in line)
+    params = re.findall(r"%([\w$.\-]+): ([^,{)]+)", lines[start])
+    body = renumbered(lines[:start] + lines[start + 1:], {name for name, _ in params})
+    return {"params": [[name, kind.strip()] for name, kind in params], "body": body}
+
+print(json.dumps([normalised(ttgir_for_sm90(fn, blocks, head_dim=64, block_d=64, causal=causal, key_mask=mask))
+                  for _, fn, blocks, causal, mask in JOBS]))
+'''
+
+
+def _dense_ttgir(tree, cache) -> list:
+    import json
+    import os
+    import subprocess
+    import sys
+    # cwd = the tree: python -c puts the working directory first on sys.path, so `import flashlite` finds its copy.
+    # A fresh Triton cache: a cached kernel skips the compile stages, and with them the TTGIR this stops at.
+    done = subprocess.run([sys.executable, "-c", _DENSE_TTGIR], capture_output=True, text=True, timeout=600,
+                          cwd=tree, env={**os.environ, "TRITON_CACHE_DIR": str(cache)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU suite compiles the kernels for real")
+def test_dense_kernels_compile_to_the_same_ttgir_as_before_the_variants(tmp_path):
+    pytest.importorskip("triton.backends.nvidia")
+    import pathlib
+    import shutil
+    import subprocess
+    import tarfile
+    root = pathlib.Path(__file__).resolve().parents[2]
+    if shutil.which("git") is None or subprocess.run(
+            ["git", "cat-file", "-e", DENSE_KERNELS_COMMIT], cwd=root, capture_output=True).returncode != 0:
+        pytest.skip(f"needs the repository's history (commit {DENSE_KERNELS_COMMIT[:9]}), e.g. not a shallow clone")
+    # The package as it was at that commit, exported (not checked out) beside this tree.
+    archive = tmp_path / "before.tar"
+    subprocess.run(["git", "archive", "-o", str(archive), DENSE_KERNELS_COMMIT, "flashlite"], cwd=root, check=True)
+    with tarfile.open(archive) as tar:
+        tar.extractall(tmp_path / "before", filter="data")
+    before = _dense_ttgir(tmp_path / "before", tmp_path / "cache-before")
+    now = _dense_ttgir(root, tmp_path / "cache-now")
+    for old, new in zip(before, now):
+        assert new["body"] == old["body"]
+        # The signature: the old parameters, in order and of the same types, plus the variants' unused ones.
+        assert [p for p in new["params"] if p[0] not in VARIANT_ARGUMENTS] == old["params"]
+        assert {p[0] for p in new["params"]} - {p[0] for p in old["params"]} == set(VARIANT_ARGUMENTS)
+    assert len(before) == len(now) == 6
