@@ -79,7 +79,7 @@ def main() -> None:
     q, k, v = (torch.randn(1, 16, 128, 64) for _ in range(3))
     problem = validation_module.validate(q, k, v, True, None, None, None, "triton", None)
     plan = plans_module.Plan(problem, None)
-    args = (q, k, v, None, plan)
+    args = (q, k, v, None, None, plan)  # q, k, v, key mask, ALiBi slopes, plan
     launch_module.launch_forward(*args)  # the plan keeps the stub's config as the tuned one
     x, w, b = torch.randn(1, 128, 1024), torch.randn(1024), torch.randn(1024)
     env = {"A": launch_module, "N": norm, "args": args, "x": x, "w": w, "b": b, "torch": torch}
