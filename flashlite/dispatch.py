@@ -56,15 +56,20 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def table_key(dtype: torch.dtype, head_dim: int, causal: bool | str, batch: int, seq_len: int) -> str:
-    """Key of one entry of a dispatch table.
+def table_key(dtype: torch.dtype, head_dim: int, causal: bool | str, batch: int, seq_len: int,
+              variant: str = "dense") -> str:
+    """Key of one entry of a dispatch table; calls with a variant (key padding, window, softcap, ALiBi; see
+    ``flashlite.attention``) have entries of their own, named by the variant.
 
     Example:
         >>> table_key(torch.bfloat16, 64, True, 64, 256)
         'bfloat16/D64/causal/B64/S256'
+        >>> table_key(torch.bfloat16, 64, True, 8, 2048, variant="key_padding")
+        'bfloat16/D64/causal/B8/S2048/key_padding'
     """
     mode = "causal" if causal is True else ("lower_right" if causal == "lower_right" else "full")
-    return f"{_dtype_name(dtype)}/D{head_dim}/{mode}/B{batch}/S{seq_bucket(seq_len)}"
+    key = f"{_dtype_name(dtype)}/D{head_dim}/{mode}/B{batch}/S{seq_bucket(seq_len)}"
+    return key if variant == "dense" else f"{key}/{variant}"
 
 
 @functools.lru_cache(maxsize=None)
@@ -119,28 +124,35 @@ def _slug_of(q: torch.Tensor) -> str | None:
 
 
 def _decide(slug: str | None, dtype: torch.dtype, head_dim: int, causal: bool | str, batch: int,
-                   seq_len: int) -> Decision:
+            seq_len: int, variant: str = "dense") -> Decision:
     if slug is None:
         return Decision("sdpa", "CPU tensors: SDPA runs natively, the Triton kernel only through its interpreter")
     table = _TABLES[slug] if _table_loaded(slug) else None
+    shown = "" if variant == "dense" else f" ({variant})"
     if table is not None:
-        entry = table["entries"].get(table_key(dtype, head_dim, causal, batch, seq_len))
+        entry = table["entries"].get(table_key(dtype, head_dim, causal, batch, seq_len, variant))
         if entry is not None:
             origin = {**table["origin"], **entry}  # an entry merged from an older report names its own origin
-            return Decision(entry["backend"], f"{slug} table ({origin.get('date', '?')}, commit "
+            return Decision(entry["backend"], f"{slug} table{shown} ({origin.get('date', '?')}, commit "
                                               f"{origin.get('commit', '?')}): {entry.get('why', entry['backend'])}")
-    where = f"no {slug} table entry" if table is not None else f"no dispatch table for {slug}"
+    where = f"no {slug} table entry{shown}" if table is not None else f"no dispatch table for {slug}{shown}"
+    if variant != "dense":
+        return Decision("triton", f"{where}; rule: {variant} calls use the kernel (SDPA has no fast path for "
+                                  "them: it needs a dense mask or bias, or a score function it cannot take)")
     if dtype == torch.float32:
         return Decision("triton", f"{where}; rule: float32 inputs use the tensor-core kernel (SDPA has only its "
                                   "memory-efficient kernel for float32)")
     return Decision("sdpa", f"{where}; rule: SDPA unless a measurement says otherwise")
 
 
-def choose_backend(q: torch.Tensor, *, causal: bool | str, seq_k: int,
-                   unsupported: str | None = None) -> Decision:
+def choose_backend(q: torch.Tensor, *, causal: bool | str, seq_k: int, unsupported: str | None = None,
+                   variant: str = "dense") -> Decision:
     """Pick the implementation for an attention call on ``q`` of shape [B, H, S_q, D].
 
     ``unsupported`` is the reason the Triton kernel cannot run this call at all, if there is one; SDPA then runs.
+    ``variant`` names what the call adds to dense attention ("dense", or parts such as "key_padding",
+    "window", "softcap", "alibi" joined by "+"): the table keys on it, and where no entry applies, the kernel
+    runs such calls, since SDPA can only take them as a dense mask or bias.
 
     Example:
         >>> choose_backend(torch.randn(1, 2, 8, 16), causal=True, seq_k=8).backend
@@ -150,4 +162,4 @@ def choose_backend(q: torch.Tensor, *, causal: bool | str, seq_k: int,
         return Decision("sdpa", f"kernel cannot run this call: {unsupported}")
     slug = _slug_of(q)
     batch, _, seq_q, head_dim = q.shape
-    return _decide(slug, q.dtype, head_dim, causal, batch, max(seq_q, seq_k))
+    return _decide(slug, q.dtype, head_dim, causal, batch, max(seq_q, seq_k), variant)

@@ -49,8 +49,9 @@ def build_table(report: dict, commit: str | None = None, source: str | None = No
         if not str(rec.get("name", "")).startswith(FORWARD_PREFIXES) or not rec.get("shape"):
             continue
         shape = rec["shape"]
+        # A comparison of a variant (key padding, window, softcap, ALiBi) names it in its shape's "variant".
         key = table_key(_dtype(shape["dtype"]), int(shape["D"]), shape.get("causal", True), int(shape["B"]),
-                        int(shape["S"]))
+                        int(shape["S"]), str(shape.get("variant", "dense")))
         if rec.get("verdict") in (None, "error"):
             entries[key] = {"backend": "sdpa", "why": f"comparison failed: {rec.get('error')}"}
             continue

@@ -16,7 +16,9 @@ from flashlite.dispatch import Decision
 def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: Union[bool, str] = False,
                      scale: Optional[float] = None, key_padding_mask: Optional[torch.Tensor] = None,
                      key_lengths: Optional[torch.Tensor] = None, attn_mask: Optional[torch.Tensor] = None,
-                     backend: str = "auto", precision: Optional[str] = None) -> Decision:
+                     window: Optional[tuple[int, int]] = None, softcap: Optional[float] = None,
+                     alibi_slopes: Optional[torch.Tensor] = None, backend: str = "auto",
+                     precision: Optional[str] = None) -> Decision:
     """Which implementation ``attention(q, k, v, **same arguments)`` would run, and why.
 
     Raises the same errors as ``attention`` for invalid calls. With FLASHLITE_DEBUG_DISPATCH=1 the decision is
@@ -27,18 +29,21 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causa
         >>> print(explain_dispatch(q, q, q).reason)
         kernel cannot run this call: head dim 8 is outside the kernel's range 16..256
     """
+    variants = dict(window=window, softcap=softcap, alibi_slopes=alibi_slopes)
     if attn_mask is not None:
-        validate(q, k, v, causal, scale, key_padding_mask, key_lengths, backend, precision)
-        decision = decide_with_mask(q, k, backend, attn_mask)
+        problem = validate(q, k, v, causal, scale, key_padding_mask, key_lengths, backend, precision, **variants)
+        decision = decide_with_mask(q, k, problem, backend, attn_mask)
         log_decision(decision, q, k)
         return decision
-    return make_plan(q, k, v, causal, scale, key_padding_mask, key_lengths, backend, precision).decision
+    return make_plan(q, k, v, causal, scale, key_padding_mask, key_lengths, backend, precision, **variants).decision
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: Union[bool, str] = False,
               scale: Optional[float] = None, key_padding_mask: Optional[torch.Tensor] = None,
               key_lengths: Optional[torch.Tensor] = None, attn_mask: Optional[torch.Tensor] = None,
-              backend: str = "auto", precision: Optional[str] = None) -> torch.Tensor:
+              window: Optional[tuple[int, int]] = None, softcap: Optional[float] = None,
+              alibi_slopes: Optional[torch.Tensor] = None, backend: str = "auto",
+              precision: Optional[str] = None) -> torch.Tensor:
     """Scaled dot-product attention, softmax(scale * q k^T) v, with flashlite's Triton kernel or SDPA.
 
     Args:
@@ -59,6 +64,13 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: Unio
             floating (added to the scaled scores), combined with ``causal`` and key padding. The Triton kernel
             has no such input, so these calls run on SDPA (``backend="triton"`` refuses them); rows that see no
             key still give zeros.
+        window: (left, right): query i sees only keys i' - left <= j <= i' + right, -1 meaning unbounded on that
+            side, where i' is row i aligned to the diagonal ``causal`` names (i for False and True,
+            i + S_k - S_q for "lower_right"); ``causal`` still hides keys j > i'. The Triton kernel skips key
+            blocks wholly outside the window, so its cost grows as S times the window, not S squared.
+        softcap: c > 0: the scaled scores s become c * tanh(s / c) (before ALiBi and the masks).
+        alibi_slopes: float32 [H] or [B, H]: adds -slope * |i' - j| to the (capped) scores of head h.
+            Order of operations: scale * q.k, then softcap, then ALiBi, then every mask.
         backend: "auto" (per-shape choice from ``flashlite.dispatch``; see ``explain_dispatch``), "triton" or
             "sdpa". Calls without ``attn_mask`` are validated and decided once per signature (shapes, strides,
             dtypes, devices, arguments) and replayed after that; with FLASHLITE_DEBUG_DISPATCH=1 each signature's
@@ -73,19 +85,23 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: Unio
         >>> attention(q, k, v, causal=True, backend="sdpa").shape
         torch.Size([2, 4, 10, 16])
     """
-    if attn_mask is not None:  # arbitrary masks and biases run on SDPA, unplanned: their cost dwarfs validation
-        problem = validate(q, k, v, causal, scale, key_padding_mask, key_lengths, backend, precision)
-        log_decision(decide_with_mask(q, k, backend, attn_mask), q, k)
-        return sdpa_attention(q, k, v, key_padding_mask if key_lengths is None else key_lengths, problem, attn_mask)
     key_mask = key_padding_mask if key_lengths is None else key_lengths
+    if attn_mask is not None:  # arbitrary masks and biases run on SDPA, unplanned: their cost dwarfs validation
+        problem = validate(q, k, v, causal, scale, key_padding_mask, key_lengths, backend, precision, window,
+                           softcap, alibi_slopes)
+        log_decision(decide_with_mask(q, k, problem, backend, attn_mask), q, k)
+        return sdpa_attention(q, k, v, key_mask, problem, attn_mask=attn_mask, alibi_slopes=alibi_slopes)
     key = None
     if not torch.compiler.is_compiling():  # under torch.compile the plan is made at trace time, not kept
         try:
-            key = plans.signature(q, k, v, key_padding_mask, key_lengths, causal, scale, backend, precision)
+            key = plans.signature(q, k, v, key_padding_mask, key_lengths, causal, scale, backend, precision, window,
+                                  softcap, alibi_slopes)
             plan = plans._PLANS.get(key)
         except (AttributeError, TypeError):  # not tensors, or unhashable arguments: validation names the problem
             key = plan = None
         if plan is not None:
-            return plan.run(q, k, v, key_mask)
-    plan = plans.keep(key, make_plan(q, k, v, causal, scale, key_padding_mask, key_lengths, backend, precision))
-    return plan.run(q, k, v, key_mask)
+            # A dense plan may run SDPA itself, whose fourth parameter is attn_mask (None here) and fifth dropout.
+            return plan.run(q, k, v, key_mask) if alibi_slopes is None else plan.run(q, k, v, key_mask, alibi_slopes)
+    plan = plans.keep(key, make_plan(q, k, v, causal, scale, key_padding_mask, key_lengths, backend, precision,
+                                     window, softcap, alibi_slopes))
+    return plan.run(q, k, v, key_mask) if alibi_slopes is None else plan.run(q, k, v, key_mask, alibi_slopes)

@@ -34,7 +34,7 @@ def decide(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: 
             raise ValueError(f"backend='triton' cannot run this call: {unsupported}")
         return Decision("triton", "forced by backend='triton'")
     return choose_backend(q, causal=_CAUSAL_ARGUMENT[problem.causal_mode], seq_k=problem.seq_k,
-                          unsupported=unsupported)
+                          unsupported=unsupported, variant=problem.variant)
 
 
 def log_decision(decision: Decision, q: torch.Tensor, k: torch.Tensor) -> None:
@@ -43,9 +43,12 @@ def log_decision(decision: Decision, q: torch.Tensor, k: torch.Tensor) -> None:
                    decision.backend, decision.reason)
 
 
-def decide_with_mask(q: torch.Tensor, k: torch.Tensor, backend: str, attn_mask: object) -> Decision:
+def decide_with_mask(q: torch.Tensor, k: torch.Tensor, problem: Problem, backend: str,
+                     attn_mask: object) -> Decision:
     check_attn_mask(q, k, attn_mask)
     reason = "an explicit attn_mask (arbitrary mask or bias) is not an input of the Triton kernel"
+    if problem.variant != "dense":
+        reason += f" (the call's variant: {problem.variant} with attn_mask)"
     if backend == "triton":
         raise ValueError(f"backend='triton' cannot run this call: {reason}; use key_padding_mask / key_lengths "
                          f"and causal, or backend='sdpa'")
@@ -53,19 +56,26 @@ def decide_with_mask(q: torch.Tensor, k: torch.Tensor, backend: str, attn_mask: 
                                                                                 f"{reason}")
 
 
+def _run_sdpa(problem: Problem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: Optional[torch.Tensor],
+              alibi_slopes: Optional[torch.Tensor] = None) -> torch.Tensor:
+    return sdpa_attention(q, k, v, key_mask, problem, alibi_slopes=alibi_slopes)
+
+
 def make_plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: Union[bool, str], scale: Optional[float],
               key_padding_mask: Optional[torch.Tensor], key_lengths: Optional[torch.Tensor], backend: str,
-              precision: Optional[str]) -> Plan:
+              precision: Optional[str], window: Optional[tuple[int, int]] = None, softcap: Optional[float] = None,
+              alibi_slopes: Optional[torch.Tensor] = None) -> Plan:
     """Validate and decide a call (raising what validation raises), logging the decision; the plan's ``run``
-    computes calls of its signature."""
-    problem = validate(q, k, v, causal, scale, key_padding_mask, key_lengths, backend, precision)
+    computes calls of its signature: ``run(q, k, v, key_mask)``, plus the call's ALiBi slopes when it has them."""
+    problem = validate(q, k, v, causal, scale, key_padding_mask, key_lengths, backend, precision, window, softcap,
+                       alibi_slopes)
     decision = decide(q, k, v, key_padding_mask, problem, backend)
     log_decision(decision, q, k)
     plan = Plan(problem, decision, record=decision.backend == "triton" and q.is_cuda and not _runtime.interpreting())
     if decision.backend == "triton":
         # Plans made while torch.compile traces are never kept: they run the custom op, which the graph keeps.
         plan.run = functools.partial(run_triton_compiled if torch.compiler.is_compiling() else run_triton, plan)
-    elif (problem.key_masking == "none" and problem.causal_mode != CAUSAL_BOTTOM_RIGHT
+    elif (problem.variant == "dense" and problem.causal_mode != CAUSAL_BOTTOM_RIGHT
           and not (problem.causal_mode == CAUSAL_TOP_LEFT and problem.seq_k > problem.seq_q)):
         # SDPA itself, bound in a partial so that a replay costs one C-level call, with only the arguments the call
         # needs (SDPA parses every keyword it is given, on every call). Its fourth positional parameter is
@@ -77,5 +87,5 @@ def make_plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: Union[b
             sdpa_kwargs["enable_gqa"] = True
         plan.run = functools.partial(F.scaled_dot_product_attention, **sdpa_kwargs)
     else:
-        plan.run = functools.partial(sdpa_attention, problem=problem)
+        plan.run = functools.partial(_run_sdpa, problem)
     return plan

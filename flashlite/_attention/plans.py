@@ -56,19 +56,22 @@ def _mask_signature(mask: Optional[torch.Tensor]) -> Optional[tuple]:
 
 
 def signature(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: Optional[torch.Tensor],
-              key_lengths: Optional[torch.Tensor], causal: Any, scale: Any, backend: str,
-              precision: Optional[str]) -> tuple:
+              key_lengths: Optional[torch.Tensor], causal: Any, scale: Any, backend: str, precision: Any,
+              window: Any = None, softcap: Any = None, alibi_slopes: Optional[torch.Tensor] = None) -> tuple:
     """The plan key of a call. Raises AttributeError or TypeError for arguments that are not tensors or not
     hashable; validation then names the problem.
 
-    causal and scale join the key with their classes: 1 == True == 1.0 hash alike, but validation refuses causal=1
-    and scale=True, so a plan made for one must never answer the other. The key is flat, masks appended only when
-    given: it is built on every call, and a nested tuple costs a tenth of a microsecond."""
+    causal, scale and softcap join the key with their classes: 1 == True == 1.0 hash alike, but validation
+    refuses causal=1 and scale=True, so a plan made for one must never answer the other. The key is flat, and
+    the optional arguments are appended only when one is given: it is built on every call, and each element
+    costs time."""
     key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
            q.device, k.device, v.device, causal, causal.__class__, scale, scale.__class__, backend, precision)
-    if key_padding_mask is None and key_lengths is None:
+    if (key_padding_mask is None and key_lengths is None and window is None and softcap is None
+            and alibi_slopes is None):
         return key
-    return (*key, _mask_signature(key_padding_mask), _mask_signature(key_lengths))
+    return (*key, _mask_signature(key_padding_mask), _mask_signature(key_lengths), window, window.__class__,
+            softcap, softcap.__class__, _mask_signature(alibi_slopes))
 
 
 # Plans by signature. Past MAX_PLANS distinct signatures, new ones are validated and decided on every call.

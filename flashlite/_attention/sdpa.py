@@ -1,7 +1,10 @@
 """The SDPA path: run a validated call on ``F.scaled_dot_product_attention`` so that it agrees with the kernel.
 
-Builds the visibility mask from causal mode and key padding, checks an explicit ``attn_mask``, keeps hidden keys
-and values out of the output, and zeros the rows that see no key. Imports ``validation`` only.
+Builds the visibility mask from causal mode, window and key padding and the ALiBi bias, checks an explicit
+``attn_mask``, keeps hidden keys and values out of the output, and zeros the rows that see no key. SDPA takes a
+window and ALiBi only as a dense mask and bias, and softcapping not at all: a softcapped call is computed here in
+float32 from explicit scores. Each of these paths holds O(S_q * S_k) memory; they are the fallback for calls the
+kernel cannot run. Imports ``validation`` only.
 """
 from typing import Optional
 
@@ -12,16 +15,36 @@ from flashlite._attention.validation import CAUSAL_BOTTOM_RIGHT, CAUSAL_NONE, CA
 
 def _visibility_mask(q: torch.Tensor, k: torch.Tensor, key_mask: Optional[torch.Tensor],
                      problem: Problem) -> torch.Tensor:
-    """Bool [B or 1, 1, S_q, S_k]: True where query i may attend key j, from causal mode and key padding."""
+    """Bool [B or 1, 1, S_q, S_k]: True where query i may attend key j, from causal mode, window and key
+    padding."""
     seq_q, seq_k = q.shape[2], k.shape[2]
     mask = torch.ones((1, 1, seq_q, seq_k), dtype=torch.bool, device=q.device)
+    shift = _diagonal_shift(problem)
     if problem.causal_mode != CAUSAL_NONE:
-        shift = 0 if problem.causal_mode == CAUSAL_TOP_LEFT else seq_k - seq_q
         mask = mask.tril(diagonal=shift)
+    if problem.window_left >= 0:
+        mask = mask.triu(diagonal=shift - problem.window_left)  # j >= i' - left
+    if problem.window_right >= 0:
+        mask = mask.tril(diagonal=shift + problem.window_right)  # j <= i' + right
     padded = _padded_keys(k, key_mask, problem)
     if padded is not None:
         mask = mask & ~padded[:, None, None, :]
     return mask
+
+
+def _diagonal_shift(problem: Problem) -> int:
+    """i' - i: how far query row i's diagonal sits from key i (S_k - S_q for bottom-right causal, else 0)."""
+    return problem.seq_k - problem.seq_q if problem.causal_mode == CAUSAL_BOTTOM_RIGHT else 0
+
+
+def _alibi_bias(q: torch.Tensor, problem: Problem, alibi_slopes: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """Float32 [B or 1, H, S_q, S_k]: -slope * |i' - j|, or None without slopes."""
+    if alibi_slopes is None:
+        return None
+    rows = torch.arange(problem.seq_q, device=q.device)[:, None] + _diagonal_shift(problem)
+    distance = (rows - torch.arange(problem.seq_k, device=q.device)[None, :]).abs().to(torch.float32)
+    slopes = alibi_slopes if alibi_slopes.dim() == 2 else alibi_slopes[None]
+    return -slopes[:, :, None, None] * distance
 
 
 def check_attn_mask(q: torch.Tensor, k: torch.Tensor, attn_mask: object) -> torch.Tensor:
@@ -64,7 +87,7 @@ def _without_hidden_values(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ke
     if padded is not None:
         k = k.masked_fill(padded[:, None, :, None], 0.0)
         v = v.masked_fill(padded[:, None, :, None], 0.0)
-    if problem.causal_mode == CAUSAL_NONE:
+    if problem.causal_mode == CAUSAL_NONE and problem.window_left < 0 and problem.window_right < 0:
         return k, v, None
     bad = ~(torch.isfinite(k).all(dim=-1) & torch.isfinite(v).all(dim=-1))  # [B, H_kv, S_k]
     k = k.masked_fill(bad[..., None], 0.0)
@@ -74,10 +97,11 @@ def _without_hidden_values(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ke
 
 
 def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: Optional[torch.Tensor],
-                   problem: Problem, attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+                   problem: Problem, attn_mask: Optional[torch.Tensor] = None,
+                   alibi_slopes: Optional[torch.Tensor] = None) -> torch.Tensor:
     """A validated call on SDPA (``key_mask``: the call's key_padding_mask or key_lengths, as ``problem`` says)."""
     gqa = {"enable_gqa": True} if problem.heads != problem.kv_heads else {}
-    if attn_mask is None and problem.key_masking == "none" and problem.causal_mode != CAUSAL_BOTTOM_RIGHT:
+    if attn_mask is None and problem.variant == "dense" and problem.causal_mode != CAUSAL_BOTTOM_RIGHT:
         if problem.causal_mode == CAUSAL_TOP_LEFT and problem.seq_k > problem.seq_q:
             # Keys past the last query row are hidden from every row: SDPA never sees them (a view, no copy).
             k, v = k[:, :, :problem.seq_q], v[:, :, :problem.seq_q]
@@ -88,20 +112,41 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: 
     visible = _visibility_mask(q, k, key_mask, problem)
     if attn_mask is not None and attn_mask.dtype == torch.bool:
         visible = visible & attn_mask
+    bias = _alibi_bias(q, problem, alibi_slopes)
+    if attn_mask is not None and attn_mask.dtype != torch.bool:
+        bias = attn_mask.to(torch.float32) if bias is None else bias + attn_mask.to(torch.float32)
     k, v, sees_bad = _without_hidden_values(q, k, v, key_mask, problem, visible)
-    out = _sdpa_masked(q, k, v, problem, attn_mask, visible, gqa)
+    if problem.softcap > 0:
+        out = _softcapped(q, k, v, problem, bias, visible)
+    else:
+        out = _sdpa_masked(q, k, v, problem, bias, visible, gqa)
     return out if sees_bad is None else out.masked_fill(sees_bad, float("nan"))
 
 
+def _softcapped(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, bias: Optional[torch.Tensor],
+                visible: torch.Tensor) -> torch.Tensor:
+    """softmax(mask(c * tanh(scale * q.k / c) + bias)) v from explicit float32 scores (SDPA has no score
+    function); rows that see no key give zeros."""
+    if problem.group_size > 1:
+        k, v = (t.repeat_interleave(problem.group_size, dim=1) for t in (k, v))
+    scores = torch.matmul(q.float(), k.float().transpose(-2, -1)) * problem.scale
+    scores = problem.softcap * torch.tanh(scores / problem.softcap)
+    if bias is not None:
+        scores = scores + bias
+    empty_rows = ~visible.any(dim=-1, keepdim=True)
+    # Rows that see no key see every key instead (finite), and are zeroed after, as in _sdpa_masked.
+    weights = torch.softmax(scores.masked_fill(~(visible | empty_rows), float("-inf")), dim=-1)
+    return torch.matmul(weights, v.float()).to(q.dtype).masked_fill(empty_rows, 0.0)
+
+
 def _sdpa_masked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem,
-                 attn_mask: Optional[torch.Tensor], visible: torch.Tensor, gqa: dict) -> torch.Tensor:
-    """SDPA under ``visible`` (bool, attn_mask included when it is bool) or ``visible`` plus a float attn_mask."""
-    if attn_mask is not None and attn_mask.dtype != torch.bool:
-        # A float bias: positions the causal or padding mask hides get -inf; rows are empty where nothing finite
-        # is left.
-        bias = torch.where(visible, attn_mask.to(q.dtype), float("-inf"))
+                 bias: Optional[torch.Tensor], visible: torch.Tensor, gqa: dict) -> torch.Tensor:
+    """SDPA under ``visible`` (bool), plus the float32 ``bias`` (ALiBi and a float attn_mask) when there is one."""
+    if bias is not None:
+        # Positions the masks hide get -inf; rows are empty where nothing finite is left.
+        bias = torch.where(visible, bias, float("-inf"))
         empty_rows = torch.isneginf(bias).all(dim=-1, keepdim=True)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.masked_fill(empty_rows, 0.0),
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.masked_fill(empty_rows, 0.0).to(q.dtype),
                                              scale=problem.scale, **gqa)
         return out.masked_fill(empty_rows, 0.0)
     # SDPA returns NaN for a row that sees no key; let such rows see every key (finite), then zero them, so the

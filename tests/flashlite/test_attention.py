@@ -178,7 +178,8 @@ def test_inference_launch_skips_the_log_sum_exp_and_gives_the_same_output(causal
     monkeypatch.setattr(launch_module, "_launch", spy)
     monkeypatch.setattr(plans_module, "_PLANS", {})
     problem = validation_module.validate(q, k, v, bool(causal_mode), 0.2, None, None, "triton", None)
-    out, lse = launch_module.launch_forward(q, k, v, None, plans_module.Plan(problem, None), need_lse=False)
+    out, lse = launch_module.launch_forward(q, k, v, None, None, plans_module.Plan(problem, None),
+                                            need_lse=False)
     with torch.no_grad():
         public = attention(q, k, v, causal=bool(causal_mode), scale=0.2, backend="triton")
     assert lse is None
@@ -244,8 +245,9 @@ def test_auto_backend_follows_explain_dispatch():
 def test_autotune_keys_are_bucketed():
     # Sizes reach the autotuner only as power-of-two buckets, and the kernels do not specialise on them.
     for kernel in (attention_fwd.attn_fwd, attention_bwd.attn_bwd_dkdv, attention_bwd.attn_bwd_dq):
+        # The variants join the key: a windowed call is tuned apart from a dense one of the same sizes.
         assert kernel.keys == ["SEQ_Q_BUCKET", "SEQ_K_BUCKET", "BATCH_HEADS_BUCKET", "HEAD_DIM", "CAUSAL",
-                               "KEY_MASK", "DOT"]
+                               "KEY_MASK", "DOT", "WINDOW", "SOFTCAP", "ALIBI"]
         python_fn = kernel.fn.fn.fn  # autotuner -> heuristics -> jit (or interpreted) function -> Python function
         constexprs = {name for name, p in inspect.signature(python_fn).parameters.items()
                       if "constexpr" in str(p.annotation)}
