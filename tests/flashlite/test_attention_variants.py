@@ -168,3 +168,63 @@ def test_variant_calls_get_their_own_plans(monkeypatch):
             assert_close(out, reference(q, k, v, causal=True, **options), policy="fp32")
         results[repr(options)] = out
     assert len(plans_module._PLANS) == 6  # the slopes are a per-call tensor: both slope values share a plan
+
+
+def test_variants_compile_into_one_graph_and_match_eager():
+    # torch.compile sees the custom op with the variant arguments: no graph break, eager's results and gradients.
+    torch._dynamo.reset()
+    q, k, v = (t.requires_grad_() for t in make(seed=9))
+    slopes = torch.tensor([0.4, 0.3, 0.2, 0.1], device=DEVICE)
+
+    def block(q, k, v):
+        return attention(q, k, v, causal="lower_right", window=(6, 1), softcap=2.0, alibi_slopes=slopes,
+                         backend="triton", precision="ieee")
+
+    results = []
+    for fn in (block, torch.compile(block, fullgraph=True, backend="aot_eager")):
+        for t in (q, k, v):
+            t.grad = None
+        out = fn(q, k, v)
+        out.sum().backward()
+        results.append([out.detach(), q.grad.clone(), k.grad.clone(), v.grad.clone()])
+    torch._dynamo.reset()
+    for eager, compiled in zip(*results):
+        assert torch.equal(eager, compiled)
+    expected = reference(q.detach(), k.detach(), v.detach(), causal="lower_right", window=(6, 1), softcap=2.0,
+                         alibi_slopes=slopes)
+    assert_close(results[0][0], expected, policy="fp32")
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; the CPU runs the same "
+                                                                      "checks at tiny sizes above")
+
+
+@needs_cuda
+@pytest.mark.parametrize("options", [dict(window=(1024, 0)), dict(softcap=30.0), dict(alibi=True),
+                                     dict(window=(700, 0), softcap=30.0, alibi=True)], ids=repr)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_variants_at_real_sizes_against_the_plugin_reference(options, dtype, sdpa_reference):
+    # B=2, S=4099 (not a multiple of any block), H=16 over 4 kv heads, D=64, causal, forward and backward.
+    options = dict(options)
+    if options.pop("alibi", False):
+        options["alibi_slopes"] = torch.tensor([2.0 ** (-8.0 * (i + 1) / 16) for i in range(16)], device="cuda")
+    gen = torch.Generator(device="cuda").manual_seed(4)
+    q = torch.randn(2, 16, 4099, 64, device="cuda", dtype=dtype, generator=gen)
+    k, v = (torch.randn(2, 4, 4099, 64, device="cuda", dtype=dtype, generator=gen) for _ in range(2))
+    out = attention(q, k, v, causal=True, backend="triton", **options)
+    sdpa_reference.check(out, q, k, v, causal=True, enable_gqa=True, **options)
+
+
+@needs_cuda
+def test_sliding_window_peak_memory_is_output_and_statistics_only():
+    # At S=65,536 a dense mask alone would be 4 GiB: the windowed forward allocates its output and lse only.
+    q, k, v = (torch.randn(1, 16, 65536, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    attention(q, k, v, causal=True, window=(1024, 0), backend="triton")  # compile and tune outside
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    out = attention(q, k, v, causal=True, window=(1024, 0), backend="triton")
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - before
+    allowed = out.numel() * out.element_size() + 16 * 65536 * 4
+    assert extra <= 1.05 * allowed, f"forward used {extra} bytes beyond its inputs; output + lse are {allowed}"
