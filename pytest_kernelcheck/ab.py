@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
+from . import inputs as owned_inputs
 from . import outputs, stats, throughput, timing
 from .gpu_lock import device_lock
 from .records import (
@@ -157,6 +158,7 @@ class ComparisonResult:
     candidate_throughput: ThroughputRecord | None = None  # with flops= or bytes=
     baseline_throughput: ThroughputRecord | None = None
     ceiling: CeilingRecord | None = None
+    input_sets: int | None = None  # with inputs=: how many sets the plugin built and rotated
 
     def describe(self) -> str:
         """One line with every number behind the verdict.
@@ -235,6 +237,7 @@ class TournamentResult:
     shape: dict[str, Any] | None = None
     throughput: dict[str, ThroughputRecord] = field(default_factory=dict)  # variants given flops= or bytes=
     ceiling: CeilingRecord | None = None
+    input_sets: int | None = None  # with inputs=: how many sets the plugin built and rotated
 
     def versus(self, a: str, b: str) -> PairwiseResult:
         """The pairwise result for two variant names, in either order."""
@@ -310,6 +313,7 @@ class MeasureResult:
     shape: dict[str, Any] | None = None
     throughput: ThroughputRecord | None = None
     ceiling: CeilingRecord | None = None
+    input_sets: int | None = None  # with inputs=: how many sets the plugin built and rotated
 
     def describe(self) -> str:
         """One line: median, interval, samples and method, and the rates when work was given.
@@ -354,7 +358,7 @@ def _run_details(result: ComparisonResult | TournamentResult | MeasureResult) ->
         method=result.method, calls_per_sample=result.calls_per_sample, alpha=result.alpha, margin=result.margin,
         ci_level=result.ci_level, looks_planned=result.looks_planned, looks_done=result.looks_done,
         stop_reason=result.stop_reason, elapsed_s=result.elapsed_s, device=result.device, clock=result.clock,
-        throttled=result.throttled, notes=tuple(result.notes),
+        throttled=result.throttled, notes=tuple(result.notes), input_sets=result.input_sets,
     )
 
 
@@ -375,6 +379,7 @@ class _Measurement:
     device: str
     notes: list[str]
     ceiling: CeilingRecord | None = None
+    input_sets: int | None = None
 
 
 # What a run asks for a ceiling: given the timer that timed it, the ceiling of that device (or None).
@@ -433,12 +438,22 @@ def _measure(
     timer: Any,
     on_look: Callable[[timing.RoundSamples], bool],
     ceiling: CeilingSource | None = None,
+    make_inputs: Any = None,
 ) -> _Measurement:
     """Everything between "these callables" and "these samples": the shared engine of compare, tournament and
-    measure. ``ceiling`` is asked for this device's ceiling inside the device lock, after sampling."""
+    measure. ``ceiling`` is asked for this device's ceiling inside the device lock, after sampling.
+
+    With ``make_inputs`` the callables take the inputs: each timed call runs on the next of several input sets
+    (:mod:`.inputs`), and the first call and the same-output check after timing run on the first set."""
+    owned = None
+    if make_inputs is not None:
+        owned = owned_inputs.build_input_sets(make_inputs)
+        pinned = [owned.pinned(fn) for fn in fns]
+        fns = owned_inputs.bind_all(owned, fns, sides)
     for fn, side in zip(fns, sides):
         timing.require_zero_arguments(fn, side)
-    first_outputs = [outputs.snapshot(timing.call_once(fn, side, "its first call")) for fn, side in zip(fns, sides)]
+    pinned = pinned if owned is not None else list(fns)
+    first_outputs = [outputs.snapshot(timing.call_once(fn, side, "its first call")) for fn, side in zip(pinned, sides)]
     if budget.check_output:
         for output, side in zip(first_outputs, sides):
             # Compared with itself, only NaN can differ; a type the check cannot compare is refused here, before
@@ -448,7 +463,7 @@ def _measure(
                 raise ValueError(f"{side} {problem}")
     timer = _resolve_timer(timer, first_outputs, budget)
     is_cuda = isinstance(timer, timing.CudaEventTimer)
-    notes: list[str] = []
+    notes: list[str] = [owned.note] if owned is not None else []
     if budget.flush_l2 and not is_cuda:
         notes.append("flush_l2 ignored: it applies to CUDA event timing only")
     if budget.hold_gpu and not is_cuda:
@@ -478,7 +493,7 @@ def _measure(
             notes.append(f"the GPU hold ended before the host had queued the round in {timer.short_holds} of "
                          f"{timer.holds} sequences: those samples may include launch gaps")
         if budget.check_output:
-            for fn, side, first in zip(fns, sides, first_outputs):
+            for fn, side, first in zip(pinned, sides, first_outputs):
                 again = timing.call_once(fn, side, "the output check after timing")
                 difference = _output_difference(first, again, side)
                 if difference:
@@ -491,7 +506,7 @@ def _measure(
     device = f"{timer.device} ({timer.device_name})" if is_cuda else timer.name
     return _Measurement(
         samples, method, calls, monitor.summary(), monitor.throttled, elapsed, stop_reason, looks_done, device, notes,
-        found_ceiling,
+        found_ceiling, len(owned) if owned is not None else None,
     )
 
 
@@ -596,8 +611,16 @@ def run_comparison(
     bytes: float | None = None,  # noqa: A002  (the keyword users write)
     dtype: str | None = None,
     ceilings: throughput.CeilingMeter | None = None,
+    inputs: Any = None,
+    check: Any = None,
 ) -> ComparisonResult:
     """Time two zero-argument callables in interleaved pairs and return the verdict for the candidate.
+
+    ``inputs``: a zero-argument callable returning a tuple of arguments or a dict of keyword arguments; the
+    callables then take them. The plugin builds and rotates several input sets (every timed call starts cold)
+    and, after timing, checks the candidate's output against the baseline's on fresh inputs under ``check`` (a
+    tolerance policy, a callable ``(candidate_out, baseline_out)`` that raises, or ``False``; default: the policy
+    of the output's dtype), raising :class:`pytest_kernelcheck.inputs.FreshOutputMismatch` on a mismatch.
 
     ``timer``: ``None``/``"auto"`` (CUDA events when outputs live on a GPU, else the CPU clock), ``"cpu"``,
     ``"cuda"``, or any object following :class:`pytest_kernelcheck.timing.Timer`. ``flops`` and ``bytes`` (per
@@ -609,11 +632,17 @@ def run_comparison(
     >>> r = run_comparison(lambda: np.sort(x), lambda: np.sort(np.concatenate([x, x])), Budget(max_time=0.3))
     >>> r.verdict
     'win'
+    >>> rng = np.random.default_rng(1)
+    >>> r = run_comparison(np.sort, lambda v: np.sort(np.concatenate([v, v]))[::2], Budget(max_time=0.3),
+    ...                    inputs=lambda: (rng.random(20_000),))
+    >>> r.verdict, r.input_sets
+    ('win', 3)
     """
     import numpy as np
 
     budget = budget or Budget()
     budget.validate()
+    _check_owned_inputs(inputs, check)
     looks = budget.planned_looks
     alpha_look = budget.alpha / looks
     latest: dict[str, stats.PairedAnalysis] = {}
@@ -625,7 +654,10 @@ def run_comparison(
 
     work = throughput.Work.of(flops, bytes)
     measured = _measure([candidate, baseline], ["candidate", "baseline"], budget, timer, on_look,
-                        _ceiling_source(work.given, dtype, ceilings))
+                        _ceiling_source(work.given, dtype, ceilings), make_inputs=inputs)
+    if inputs is not None:
+        owned_inputs.check_fresh_outputs(candidate, baseline, inputs, check)
+        measured.notes.append(_fresh_note(check, "the baseline's"))
     analysis = latest["analysis"]
     candidate_ms = float(np.median(measured.samples.times[0])) * 1e3
     baseline_ms = float(np.median(measured.samples.times[1])) * 1e3
@@ -660,7 +692,30 @@ def run_comparison(
         candidate_throughput=throughput.achieved(work, candidate_ms / 1e3, measured.ceiling),
         baseline_throughput=throughput.achieved(work, baseline_ms / 1e3, measured.ceiling),
         ceiling=measured.ceiling,
+        input_sets=measured.input_sets,
     )
+
+
+def _check_owned_inputs(inputs: Any, check: Any) -> None:
+    """Refuse bad ``inputs=`` / ``check=`` before anything runs, naming the argument."""
+    if inputs is None:
+        if check is not None:
+            raise TypeError("check= applies to inputs the plugin owns: pass inputs=make_inputs with it")
+        return
+    if not callable(inputs):
+        raise TypeError(
+            "inputs must be a zero-argument callable returning a tuple of arguments or a dict of keyword "
+            f"arguments, got {type(inputs).__name__}: {inputs!r}"
+        )
+    owned_inputs.validate_check(check)
+
+
+def _fresh_note(check: Any, against: str) -> str:
+    if check is False:
+        return "inputs owned by the plugin; the check on fresh inputs is off (check=False)"
+    how = "a callable" if callable(check) and not isinstance(check, bool) else (
+        "the policy of the output's dtype" if check in (None, True) else f"policy {check}")
+    return f"inputs owned by the plugin; outputs on fresh inputs matched {against} ({how})"
 
 
 def _tournament_look(
@@ -709,12 +764,15 @@ def run_tournament(
     bytes: Any = None,  # noqa: A002  (the keyword users write)
     dtype: str | None = None,
     ceilings: throughput.CeilingMeter | None = None,
+    inputs: Any = None,
+    check: Any = None,
 ) -> TournamentResult:
     """Rank several zero-argument callables on one input by rounds of calls in random order.
 
     Stops when every pair involving the current best has a verdict, or when the budget is spent. ``flops`` and
     ``bytes``: numbers per call for every variant, or mappings of variant names to theirs (see
-    :func:`run_comparison`).
+    :func:`run_comparison`). ``inputs`` and ``check``: as there; every variant's output on fresh inputs is
+    checked against the first variant's.
 
     >>> import numpy as np
     >>> x = np.random.default_rng(0).random(20_000)
@@ -727,6 +785,7 @@ def run_tournament(
 
     budget = budget or Budget()
     budget.validate()
+    _check_owned_inputs(inputs, check)
     if not isinstance(variants, Mapping) or len(variants) < 2:
         raise ValueError(f"a tournament needs a mapping of at least two named callables, got {variants!r}")
     names = [str(n) for n in variants]
@@ -750,7 +809,12 @@ def run_tournament(
         return all(p.verdict != "inconclusive" for p in pairwise if p.faster == ranking[0])
 
     measured = _measure(fns, [f"variant {n!r}" for n in names], budget, timer, on_look,
-                        _ceiling_source(any(w.given for w in work.values()), dtype, ceilings))
+                        _ceiling_source(any(w.given for w in work.values()), dtype, ceilings), make_inputs=inputs)
+    if inputs is not None:
+        for variant, fn in zip(names[1:], fns[1:]):
+            owned_inputs.check_fresh_outputs(fn, fns[0], inputs, check, candidate_side=f"variant {variant!r}",
+                                             baseline_side=f"variant {names[0]!r}")
+        measured.notes.append(_fresh_note(check, f"variant {names[0]!r}'s"))
 
     ranking, pairwise = latest["ranking"], latest["pairwise"]
     best = ranking[0]
@@ -782,6 +846,7 @@ def run_tournament(
         notes=measured.notes,
         throughput={n: r for n, r in rates.items() if r is not None},
         ceiling=measured.ceiling,
+        input_sets=measured.input_sets,
     )
 
 
@@ -795,8 +860,12 @@ def run_measurement(
     bytes: float | None = None,  # noqa: A002  (the keyword users write)
     dtype: str | None = None,
     ceilings: throughput.CeilingMeter | None = None,
+    inputs: Any = None,
 ) -> MeasureResult:
     """Time one zero-argument callable alone, with the timers, warm-up and batching of comparisons.
+
+    ``inputs``: as for :func:`run_comparison`, the input sets rotate between calls (there is no baseline to
+    check the output against).
 
     Samples are taken until, at a look (20, 40, 80, ... samples), the interval for the median call time is
     within the margin (its upper end at most ``1 + margin`` times its lower end), or until the budget is spent.
@@ -814,6 +883,7 @@ def run_measurement(
 
     budget = budget or Budget()
     budget.validate()
+    _check_owned_inputs(inputs, None)
     work = throughput.Work.of(flops, bytes)
     looks = budget.planned_looks
     alpha_look = budget.alpha / looks
@@ -823,7 +893,7 @@ def run_measurement(
         return math.isfinite(low) and math.isfinite(high) and high <= low * (1 + budget.margin)
 
     measured = _measure([fn], ["the measured function"], budget, timer, on_look,
-                        _ceiling_source(work.given, dtype, ceilings))
+                        _ceiling_source(work.given, dtype, ceilings), make_inputs=inputs)
     seconds = measured.samples.times[0]
     median_s = float(np.median(seconds))
     low, high = stats.median_interval(seconds, alpha_look)
@@ -835,7 +905,7 @@ def run_measurement(
         stop_reason="precise" if measured.stop_reason == "decided" else measured.stop_reason,
         elapsed_s=measured.elapsed_s, device=measured.device, clock=measured.clock, throttled=measured.throttled,
         notes=measured.notes, throughput=throughput.achieved(work, median_s, measured.ceiling),
-        ceiling=measured.ceiling,
+        ceiling=measured.ceiling, input_sets=measured.input_sets,
     )
 
 
@@ -929,9 +999,17 @@ class KernelAB:
         flops: Any = None,
         bytes: Any = None,  # noqa: A002  (the keyword users write)
         dtype: Any = None,
+        inputs: Any = None,
+        check: Any = None,
         **budget: Any,
     ) -> ComparisonResult:
         """Time ``candidate`` against ``baseline`` (zero-argument callables); never fails on the verdict.
+
+        ``inputs=make_inputs`` (a zero-argument callable returning a tuple of arguments or a dict of keyword
+        arguments): the callables take the inputs, the plugin rotates several sets of them so every timed call
+        starts cold, and after timing the candidate's output on fresh inputs must match the baseline's under
+        ``check`` (a policy name or dtype for ``assert_close``, a callable ``(candidate_out, baseline_out)`` that
+        raises, or ``False``; default: the policy of the output's dtype) or the comparison fails.
 
         ``name`` labels the result in the report (default: the test's name); each comparison, tournament and
         measurement of one test needs its own, and a name used twice raises ``ValueError``. ``flops`` and
@@ -944,12 +1022,17 @@ class KernelAB:
         ...                            flops=lambda s: 2 * s.M * s.N * s.K, bytes=lambda s: 2 * s.M * s.N * 3)
         >>> result.verdict, result.speedup, result.candidate_throughput.tflops  # doctest: +SKIP
         ('win', 1.18, 412.5)
+        >>> make = lambda: (torch.randn(4096, 4096, device="cuda"),)  # doctest: +SKIP
+        >>> kernel_ab.compare(new, old, inputs=make, check="fp32").input_sets  # doctest: +SKIP
+        4
         """
+        _check_owned_inputs(inputs, check)  # before the name is claimed: a refused call records nothing
+
         def work(settings: Budget, label: str, shape: Any) -> ComparisonResult:
             counts = throughput.Work.of(flops, bytes, shape)
             return run_comparison(candidate, baseline, settings, name=label, timer=timer, flops=counts.flops,
                                   bytes=counts.bytes, dtype=throughput.dtype_name(dtype, shape),
-                                  ceilings=self._ceilings)
+                                  ceilings=self._ceilings, inputs=inputs, check=check)
 
         return self._run(ComparisonRecord, name, work, budget)
 
@@ -988,19 +1071,24 @@ class KernelAB:
         flops: Any = None,
         bytes: Any = None,  # noqa: A002  (the keyword users write)
         dtype: Any = None,
+        inputs: Any = None,
+        check: Any = None,
         **budget: Any,
     ) -> TournamentResult:
         """Rank named variants on one input; says which cannot be told apart from the best.
 
         ``name`` follows the rule of :meth:`compare`: unique among the test's comparisons and tournaments.
         ``flops`` and ``bytes``: as for :meth:`compare`, one value for every variant or a mapping of variant
-        names to their own (a number or a callable of the shape each).
+        names to their own (a number or a callable of the shape each). ``inputs`` and ``check``: as for
+        :meth:`compare`; each variant's output on fresh inputs is checked against the first variant's.
 
         >>> t = kernel_ab.tournament({"a": lambda: a(x), "b": lambda: b(x), "c": lambda: c(x)},  # doctest: +SKIP
         ...                          flops=2 * n**3, bytes={"a": 6 * n**2, "b": 6 * n**2, "c": 8 * n**2})
         >>> t.best, t.indistinguishable_from_best, t.throughput["b"].tflops  # doctest: +SKIP
         ('b', ['b', 'c'], 310.2)
         """
+        _check_owned_inputs(inputs, check)
+
         def work(settings: Budget, label: str, shape: Any) -> TournamentResult:
             names = [str(n) for n in variants] if isinstance(variants, Mapping) else []
             counts = {n: throughput.Work.of(f, b, shape, what=f"variant {n!r}: ") for n, f, b in zip(
@@ -1009,7 +1097,8 @@ class KernelAB:
             return run_tournament(variants, settings, name=label, timer=timer,
                                   flops={n: c.flops for n, c in counts.items()},
                                   bytes={n: c.bytes for n, c in counts.items()},
-                                  dtype=throughput.dtype_name(dtype, shape), ceilings=self._ceilings)
+                                  dtype=throughput.dtype_name(dtype, shape), ceilings=self._ceilings,
+                                  inputs=inputs, check=check)
 
         return self._run(TournamentRecord, name, work, budget)
 
@@ -1022,22 +1111,27 @@ class KernelAB:
         dtype: Any = None,
         name: str | None = None,
         timer: Any = None,
+        inputs: Any = None,
         **budget: Any,
     ) -> MeasureResult:
         """Time one zero-argument callable alone: median per call with an exact interval, samples and throughput.
 
         Same timers and budget keywords as :meth:`compare`; ``flops``, ``bytes`` and ``dtype`` as there. The
         result is a row of the report's measurements table. Sampling stops once the interval's ends are within
-        ``margin`` of each other (or the budget is spent).
+        ``margin`` of each other (or the budget is spent). ``inputs``: as for :meth:`compare`, the sets rotate
+        between calls (nothing to check the output against).
 
         >>> m = kernel_ab.measure(lambda: torch.mm(a, b), flops=2 * n**3, bytes=3 * n * n * 2)  # doctest: +SKIP
         >>> m.median_ms, m.ci_ms, m.throughput.tflops, m.throughput.tflops_pct  # doctest: +SKIP
         (1.52, (1.51, 1.53), 723.4, 91.0)
         """
+        _check_owned_inputs(inputs, None)
+
         def work(settings: Budget, label: str, shape: Any) -> MeasureResult:
             counts = throughput.Work.of(flops, bytes, shape)
             return run_measurement(fn, settings, name=label, timer=timer, flops=counts.flops, bytes=counts.bytes,
-                                   dtype=throughput.dtype_name(dtype, shape), ceilings=self._ceilings)
+                                   dtype=throughput.dtype_name(dtype, shape), ceilings=self._ceilings,
+                                   inputs=inputs)
 
         return self._run(MeasurementRecord, name, work, budget)
 

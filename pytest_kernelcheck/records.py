@@ -94,6 +94,11 @@ class RunDetails:
     clock: Mapping[str, Any] = field(default_factory=dict)  # timing.ClockMonitor.summary()
     throttled: bool = False
     notes: tuple[str, ...] = ()
+    input_sets: int | None = None  # inputs= given: the sets the plugin built and rotated (None: the test's own)
+
+    @property
+    def inputs_owned(self) -> bool:
+        return self.input_sets is not None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -102,6 +107,8 @@ class RunDetails:
             "looks_done": self.looks_done, "stop_reason": self.stop_reason, "elapsed_s": self.elapsed_s,
             "device": self.device, "clock": copy.deepcopy(dict(self.clock)), "throttled": self.throttled,
             "notes": list(self.notes),
+            # Only rows whose inputs the plugin owned carry the key: other rows keep the layout of every report.
+            **({"input_sets": self.input_sets} if self.input_sets is not None else {}),
         }
 
     @classmethod
@@ -112,6 +119,7 @@ class RunDetails:
             looks_done=data.get("looks_done"), stop_reason=data.get("stop_reason"),
             elapsed_s=data.get("elapsed_s"), device=data.get("device"), clock=data.get("clock") or {},
             throttled=bool(data.get("throttled", False)), notes=tuple(data.get("notes") or ()),
+            input_sets=data.get("input_sets"),
         )
 
 

@@ -752,3 +752,28 @@ def test_a_bad_ceilings_setting_is_a_usage_error(pytester):
     result = pytester.runpytest("--kernel-ab")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--kernel-ab-ceilings / kernel_ab_ceilings: 'on' or 'off', got 'maybe'*"])
+
+
+def test_inputs_owned_by_the_plugin_end_to_end(pytester):
+    pytester.makepyfile(
+        """
+import numpy as np
+
+rng = np.random.default_rng(0)
+make = lambda: (rng.random(1000),)
+
+def test_owned(kernel_ab):
+    result = kernel_ab.compare(lambda x: x * 2, lambda x: x + x, inputs=make)
+    assert result.input_sets == 3
+
+def test_cached(kernel_ab):
+    kept = {}
+    kernel_ab.compare(lambda x: kept.setdefault("out", x * 2), lambda x: x + x, inputs=make, name="cached")
+"""
+    )
+    result = pytester.runpytest(*FAST, "--kernel-ab-report", "r.json")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*the candidate returns the same output for different inputs*"])
+    rows = {row["name"]: row for row in json.loads((pytester.path / "r.json").read_text())["comparisons"]}
+    assert rows["test_owned"]["input_sets"] == 3
+    assert any("3 input sets" in note for note in rows["test_owned"]["notes"])
