@@ -21,7 +21,7 @@ from .memory import (
     release_memory,
     required_memory,
 )
-from .shapes import Shape, expand_shape_markers
+from .shapes import Shape, expand_shape_markers, missing_device
 
 pytest_plugins = ["pytest_kernelcheck.plugin_ab"]
 
@@ -143,6 +143,9 @@ def _marked_shape(item: pytest.Item) -> Shape | None:
 # installed plugin, and pluggy calls later registrations first. test_memory pins both orders.
 def pytest_runtest_setup(item: pytest.Item) -> None:
     shape = _marked_shape(item)
+    reason = missing_device(shape)  # the most basic reason first: a case for a device this machine lacks
+    if reason is not None:
+        raise _skip(reason)
     marker = item.get_closest_marker("intractable")
     if marker is not None:
         reason = _failing_on_bad_marker(lambda: case_reason(marker.args, marker.kwargs, shape))

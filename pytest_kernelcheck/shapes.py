@@ -359,3 +359,39 @@ def short_repr(value: Any, limit: int = 80) -> str:
     """
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def missing_device(shape: Mapping[str, Any] | None, cuda: tuple[bool, int] | None = None) -> str | None:
+    """Why a case cannot run here, when its ``device`` names a CUDA device this machine lacks; else None.
+
+    ``device=["cpu", "cuda"]`` on a machine without CUDA would otherwise fail inside the test with torch's
+    "Torch not compiled with CUDA enabled"; a skip naming the device says what is missing. ``cuda``: (CUDA
+    available, device count), read from torch when None (only for a case that names a CUDA device).
+
+    >>> missing_device({"device": "cuda"}, cuda=(False, 0))
+    "device 'cuda': CUDA is not available on this machine"
+    >>> missing_device({"device": "cuda:2"}, cuda=(True, 2))
+    "device 'cuda:2': this machine has 2 CUDA devices (cuda:0 to cuda:1)"
+    >>> missing_device({"device": "cpu"}) is None, missing_device({"S": 1}) is None
+    (True, True)
+    """
+    if shape is None or "device" not in shape:
+        return None
+    text = str(shape["device"])
+    kind, _, index_text = text.partition(":")
+    if kind != "cuda":
+        return None
+    if cuda is None:
+        try:
+            import torch
+        except ImportError:
+            return f"device {text!r}: torch is not installed"
+        available = torch.cuda.is_available()
+        cuda = (available, torch.cuda.device_count() if available else 0)
+    available, count = cuda
+    if not available or count == 0:
+        return f"device {text!r}: CUDA is not available on this machine"
+    if index_text.isdigit() and int(index_text) >= count:
+        plural = "device (cuda:0)" if count == 1 else f"devices (cuda:0 to cuda:{count - 1})"
+        return f"device {text!r}: this machine has {count} CUDA {plural}"
+    return None

@@ -76,3 +76,38 @@ def test_package_never_imports_flashlite():
             with open(os.path.join(package, name), encoding="utf-8") as source:
                 text = source.read()
             assert "import flashlite" not in text and "from flashlite" not in text, name
+
+
+@pytest.mark.parametrize(("count", "skipped_reason"), [
+    (0, "*device 'cuda': CUDA is not available on this machine*"),
+    (1, "*device 'cuda:1': this machine has 1 CUDA device (cuda:0)*"),
+])
+def test_shape_cases_on_a_missing_cuda_device_skip_naming_it(pytester, count, skipped_reason):
+    # torch's CUDA queries are faked in the run's conftest, so the outcome is the same on a GPU machine.
+    pytester.makeconftest(
+        f"""
+import torch
+
+def pytest_configure(config):
+    config._kc_saved = torch.cuda.is_available, torch.cuda.device_count
+    torch.cuda.is_available = lambda: {count} > 0
+    torch.cuda.device_count = lambda: {count}
+
+def pytest_unconfigure(config):
+    torch.cuda.is_available, torch.cuda.device_count = config._kc_saved
+"""
+    )
+    pytester.makepyfile(
+        """
+import pytest, torch
+
+@pytest.mark.shape(dict(n=4), device=["cpu", "cuda" if torch.cuda.device_count() == 0 else "cuda:1"])
+def test_zeros(shape):
+    assert torch.zeros(shape.n, device="cpu").sum() == 0
+    if shape.device != "cpu":
+        raise AssertionError("a case for a missing device ran")
+"""
+    )
+    result = pytester.runpytest("-rs", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1, skipped=1)
+    result.stdout.fnmatch_lines([skipped_reason])

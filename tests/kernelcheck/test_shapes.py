@@ -272,3 +272,14 @@ def test_shape_fixture_without_marker_is_an_error(pytester):
     result = pytester.runpytest()
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(["*the `shape` fixture needs @pytest.mark.shape(...) on the test*"])
+
+
+def test_a_cuda_case_names_what_this_machine_lacks():
+    from pytest_kernelcheck.shapes import missing_device
+
+    assert missing_device(Shape({"device": "cuda"}), cuda=(False, 0)) == (
+        "device 'cuda': CUDA is not available on this machine")
+    assert missing_device(Shape({"device": "cuda:1"}), cuda=(True, 1)) == (
+        "device 'cuda:1': this machine has 1 CUDA device (cuda:0)")
+    assert missing_device(Shape({"device": "cuda:0"}), cuda=(True, 1)) is None
+    assert missing_device(Shape({"device": "cpu"}), cuda=(False, 0)) is None
