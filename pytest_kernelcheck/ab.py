@@ -489,6 +489,8 @@ def _measure(
         )
         elapsed = timer.now() - start
         monitor.sample()
+        if not is_cuda:  # on a GPU the spread is the clock's and the throttling flag's business
+            notes.extend(n for n in (stats.spread_note(times, side) for times, side in zip(samples.times, sides)) if n)
         if is_cuda and timer.hold_gpu and timer.short_holds:
             notes.append(f"the GPU hold ended before the host had queued the round in {timer.short_holds} of "
                          f"{timer.holds} sequences: those samples may include launch gaps")
@@ -926,8 +928,10 @@ class KernelAB:
         shape: Callable[[], Any] = lambda: None,
         record: Callable[[dict[str, Any]], None] = lambda record: None,
         ceilings: throughput.CeilingMeter | None = None,
+        cpu_threads: int | None = None,
     ) -> None:
         self.defaults = defaults or Budget()
+        self._cpu_threads = cpu_threads  # --kernel-ab-cpu-threads: torch's threads while a comparison runs
         self._nodeid = nodeid
         self._test_name = test_name
         self._shape = shape  # the test's shape as the test sees it: callables of flops= and bytes= get it
@@ -976,7 +980,8 @@ class KernelAB:
         shape = shape_record(shape_value)
         started = time.perf_counter()
         try:
-            result = work(settings, label, shape_value)
+            with timing.torch_threads(self._cpu_threads):
+                result = work(settings, label, shape_value)
         except Exception as exc:
             # Recorded so the report keeps every other comparison and shows this one failed, then re-raised.
             failure = record_type.of_error(

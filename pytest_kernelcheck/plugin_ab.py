@@ -49,6 +49,7 @@ class _ABSession:
     machine_folder: Any = None  # () -> Path, see _machine_folder
     regressions: tuple[Any, ...] = ()  # gate.Regression: what the rules found, at session finish
     ceilings: Any = None  # throughput.CeilingMeter of this process (--kernel-ab-ceilings)
+    cpu_threads: int | None = None  # --kernel-ab-cpu-threads
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -116,6 +117,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     parser.addini("kernel_ab_ceilings", "measure throughput ceilings: on or off (see --kernel-ab-ceilings)",
                   default="on")
+    group.addoption(
+        "--kernel-ab-cpu-threads", dest="kernel_ab_cpu_threads", default=None, metavar="N",
+        help="torch.set_num_threads(N) while each A/B comparison runs (restored after); 1 gives stable CPU times",
+    )
+    parser.addini("kernel_ab_cpu_threads", "torch threads during A/B comparisons (see --kernel-ab-cpu-threads)",
+                  default="")
 
 
 def _setting(config: pytest.Config, name: str) -> Any:
@@ -196,10 +203,17 @@ def pytest_configure(config: pytest.Config) -> None:
         gate.check_rules(rules, comparing=previous is not None)
     except gate.GateError as exc:
         raise pytest.UsageError(f"kernel A/B: {exc}") from None
+    raw_threads = _setting(config, "cpu_threads")
+    try:
+        cpu_threads = int(raw_threads) if raw_threads not in (None, "") else None
+        if cpu_threads is not None and cpu_threads < 1:
+            raise ValueError
+    except (TypeError, ValueError):
+        raise pytest.UsageError(f"--kernel-ab-cpu-threads / kernel_ab_cpu_threads: not a count >= 1: {raw_threads!r}")
     session = _ABSession(enabled, settings, report_path, previous, rules=rules, save_folder=save_folder,
                          save_name=save_name, rootpath=config.rootpath, history_count=history_count,
                          storage_root=storage_root, machine_folder=machine_folder,
-                         ceilings=throughput.CeilingMeter(enabled=ceilings_mode == "on"))
+                         ceilings=throughput.CeilingMeter(enabled=ceilings_mode == "on"), cpu_threads=cpu_threads)
     config.stash[_SESSION] = session
     config.pluginmanager.register(_Collector(session), _COLLECTOR_NAME)
 
@@ -248,6 +262,7 @@ def kernel_ab(request: pytest.FixtureRequest) -> Any:
         shape=lambda: _shape_value(request),
         record=pending.append,
         ceilings=request.getfixturevalue("kernel_ab_ceilings"),
+        cpu_threads=session.cpu_threads,
     )
 
 
@@ -316,6 +331,8 @@ def _finish(session: _ABSession) -> None:
     if not session.records:
         return
     environment = report.environment_info() if session.report_path or session.save_folder else {}
+    if session.cpu_threads is not None:
+        environment = {**environment, "cpu_threads": session.cpu_threads}
     settings = {**session.settings, "ceilings": "on" if session.ceilings.enabled else "off"}
     session.built = report.build_report(
         session.records, settings=settings, environment=environment, previous=session.previous

@@ -207,3 +207,29 @@ def geometric_mean(values: Sequence[float]) -> float:
     if any(not (v > 0) for v in values):
         raise ValueError(f"geometric mean needs positive values, got {list(values)}")
     return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+# CPU times whose 90th percentile is past this multiple of their 10th are bimodal or widely spread: a 64^3 matmul
+# on two cores with torch's default thread pool took 16 ms in one test and 0.013 ms in another.
+SPREAD_RATIO = 3.0
+
+
+def spread_note(times: Sequence[float], side: str, ratio: float = SPREAD_RATIO) -> str | None:
+    """A note for CPU samples whose 90th/10th percentile ratio exceeds ``ratio``, with the usual fix; else None.
+
+    >>> spread_note([1e-3] * 50 + [16e-3] * 50, "candidate")  # doctest: +ELLIPSIS
+    "candidate's CPU times are bimodal or widely spread: ... pass --kernel-ab-cpu-threads 1 ..."
+    >>> spread_note([1e-3, 1.1e-3] * 20, "candidate") is None
+    True
+    """
+    import numpy as np
+
+    values = np.asarray(times, dtype=float)
+    if values.size < 10:
+        return None
+    low, high = np.percentile(values, [10, 90])
+    if low <= 0 or high / low <= ratio:
+        return None
+    return (f"{side}'s CPU times are bimodal or widely spread: the 90th percentile ({high * 1e3:.4g} ms) is "
+            f"{high / low:.3g}x the 10th ({low * 1e3:.4g} ms), usually torch's thread pool contending for the "
+            "cores; pass --kernel-ab-cpu-threads 1 (or torch.set_num_threads(1)) for stable times")

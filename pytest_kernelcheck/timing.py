@@ -498,3 +498,34 @@ class ClockMonitor:
             "samples": len(self._samples),
             "throttled": self.throttled,
         }
+
+
+class torch_threads:  # noqa: N801  (used as a context manager, like contextlib's)
+    """Set ``torch.set_num_threads(n)`` inside the block and restore the previous count after; None: no change.
+
+    >>> import torch
+    >>> before = torch.get_num_threads()
+    >>> with torch_threads(1):
+    ...     torch.get_num_threads()
+    1
+    >>> torch.get_num_threads() == before
+    True
+    """
+
+    def __init__(self, n: int | None) -> None:
+        self._n = n
+        self._before: int | None = None
+
+    def __enter__(self) -> "torch_threads":
+        if self._n is not None:
+            import torch
+
+            self._before = torch.get_num_threads()
+            torch.set_num_threads(self._n)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._before is not None:
+            import torch
+
+            torch.set_num_threads(self._before)

@@ -777,3 +777,25 @@ def test_cached(kernel_ab):
     rows = {row["name"]: row for row in json.loads((pytester.path / "r.json").read_text())["comparisons"]}
     assert rows["test_owned"]["input_sets"] == 3
     assert any("3 input sets" in note for note in rows["test_owned"]["notes"])
+
+
+def test_cpu_threads_option_sets_torch_threads_during_comparisons_and_records_them(pytester):
+    pytester.makepyfile(
+        """
+import torch
+
+seen = []
+x = torch.randn(64, 64)
+
+def test_threads(kernel_ab):
+    before = torch.get_num_threads()
+    kernel_ab.compare(lambda: seen.append(torch.get_num_threads()) or x @ x, lambda: x @ x, check_output=False)
+    assert set(seen) == {1}
+    assert torch.get_num_threads() == before
+"""
+    )
+    result = pytester.runpytest(*FAST, "--kernel-ab-cpu-threads", "1", "--kernel-ab-report", "r.json")
+    result.assert_outcomes(passed=1)
+    assert json.loads((pytester.path / "r.json").read_text())["environment"]["cpu_threads"] == 1
+    bad = pytester.runpytest(*FAST, "--kernel-ab-cpu-threads", "0")
+    bad.stderr.fnmatch_lines(["*--kernel-ab-cpu-threads / kernel_ab_cpu_threads: not a count >= 1*"])

@@ -117,3 +117,22 @@ def test_keyword_inputs_and_tournament_and_measure():
 def test_bad_arguments_are_refused_naming_them(kwargs, message):
     with pytest.raises(TypeError, match=message):
         run_comparison(lambda x: x, lambda x: x, FAST, **kwargs)
+
+
+def test_bimodal_cpu_samples_are_named_with_the_fix():
+    # Injected samples: half the calls 16x slower, as torch's thread pool did to a 64^3 matmul on two cores.
+    fast, steady = (lambda: None), (lambda: None)
+    timer = timing.SimulatedTimer({
+        fast: lambda rng, now: 1e-3 if rng.random() < 0.5 else 16e-3,
+        steady: lambda rng, now: 1e-3 * (1 + 0.01 * rng.random()),
+    })
+    notes = run_comparison(fast, steady, Budget(max_time=0.5, warmup=0.0, seed=0), timer=timer).notes
+    spread = [n for n in notes if "bimodal or widely spread" in n]
+    assert len(spread) == 1 and spread[0].startswith("candidate's") and "--kernel-ab-cpu-threads 1" in spread[0]
+
+
+def test_steady_cpu_samples_get_no_spread_note():
+    one, two = (lambda: None), (lambda: None)
+    timer = timing.SimulatedTimer({f: lambda rng, now: 1e-3 * (1 + 0.05 * rng.random()) for f in (one, two)})
+    notes = run_comparison(one, two, Budget(max_time=0.5, warmup=0.0, seed=0), timer=timer).notes
+    assert not any("bimodal" in n for n in notes)
