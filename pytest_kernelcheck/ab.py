@@ -409,26 +409,12 @@ def _resolve_timer(timer: Any, first_outputs: Sequence[Any], budget: Budget) -> 
         return timing.CudaEventTimer(None, flush_l2=budget.flush_l2, hold_gpu=budget.hold_gpu)
     # "auto": outputs on a GPU mean GPU work; outputs of None mean in-place work, on the GPU when there is one.
     for output in first_outputs:
-        device = _first_cuda_device(output)
+        device = owned_inputs.cuda_device(output)
         if device is not None:
             return timing.CudaEventTimer(device, flush_l2=budget.flush_l2, hold_gpu=budget.hold_gpu)
     if all(o is None for o in first_outputs) and torch is not None and torch.cuda.is_available():
         return timing.CudaEventTimer(None, flush_l2=budget.flush_l2, hold_gpu=budget.hold_gpu)
     return timing.CpuTimer()
-
-
-def _first_cuda_device(value: Any) -> Any:
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return None
-    if isinstance(value, torch.Tensor):
-        return value.device if value.is_cuda else None
-    items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
-    for item in items:
-        device = _first_cuda_device(item)
-        if device is not None:
-            return device
-    return None
 
 
 def _measure(

@@ -28,12 +28,19 @@ SOFTCAP = 30.0
 
 
 def _flex():
-    """FlexAttention compiled, or None where this torch has none (the FlexAttention rows are then skipped)."""
+    """(FlexAttention compiled, create_block_mask); the test skips where this torch has no FlexAttention."""
     try:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
     except ImportError:
-        return None
+        pytest.skip("this torch has no FlexAttention")
     return torch.compile(flex_attention), create_block_mask
+
+
+def _window_mask(S: int) -> torch.Tensor:
+    """Bool [S, S]: causal, and at most WINDOW keys to the left, as a user builds it for SDPA."""
+    rows = torch.arange(S, device="cuda")[:, None]
+    cols = torch.arange(S, device="cuda")[None, :]
+    return (cols <= rows) & (rows - cols <= WINDOW)
 
 
 def _slopes(heads: int) -> torch.Tensor:
@@ -102,9 +109,7 @@ def test_sliding_window_vs_sdpa_with_a_dense_mask(shape, kernel_ab):
     q, k, v = qkv(shape.B, shape.H, shape.S, shape.D, shape.dtype)
 
     def baseline():
-        rows = torch.arange(shape.S, device="cuda")[:, None]
-        cols = torch.arange(shape.S, device="cuda")[None, :]
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=(cols <= rows) & (rows - cols <= WINDOW))
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=_window_mask(shape.S))
 
     def candidate():
         return attention(q, k, v, causal=True, window=(WINDOW, 0))
@@ -116,10 +121,7 @@ def test_sliding_window_vs_sdpa_with_a_dense_mask(shape, kernel_ab):
 @pytest.mark.shape(*WINDOWED, dtype=[torch.bfloat16])
 @pytest.mark.memory(lambda shape: _memory(shape, copies=10))
 def test_sliding_window_vs_flex_attention(shape, kernel_ab):
-    flex = _flex()
-    if flex is None:
-        pytest.skip("this torch has no FlexAttention")
-    flex_attention, create_block_mask = flex
+    flex_attention, create_block_mask = _flex()
     q, k, v = qkv(shape.B, shape.H, shape.S, shape.D, shape.dtype)
     block_mask = create_block_mask(lambda b, h, i, j: (j <= i) & (i - j <= WINDOW), B=None, H=None,
                                    Q_LEN=shape.S, KV_LEN=shape.S, device="cuda")
@@ -146,9 +148,7 @@ def test_sliding_window_forward_backward_vs_sdpa_with_a_dense_mask(shape, kernel
         return run
 
     def dense():
-        rows = torch.arange(shape.S, device="cuda")[:, None]
-        cols = torch.arange(shape.S, device="cuda")[None, :]
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=(cols <= rows) & (rows - cols <= WINDOW))
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=_window_mask(shape.S))
 
     candidate = step(lambda: attention(q, k, v, causal=True, window=(WINDOW, 0)))
     kernel_ab.compare(candidate, step(dense), name=f"fwd+bwd window {WINDOW} vs sdpa+mask", check_output=False,
@@ -190,10 +190,7 @@ def test_softcap_and_alibi_vs_materialized_scores(shape, kernel_ab):
 @pytest.mark.shape(*SCORED, dtype=[torch.bfloat16])
 @pytest.mark.memory(lambda shape: _memory(shape, copies=10))
 def test_softcap_and_alibi_vs_flex_attention(shape, kernel_ab):
-    flex = _flex()
-    if flex is None:
-        pytest.skip("this torch has no FlexAttention")
-    flex_attention, create_block_mask = flex
+    flex_attention, create_block_mask = _flex()
     q, k, v = qkv(shape.B, shape.H, shape.S, shape.D, shape.dtype)
     slopes = _slopes(shape.H)
     block_mask = create_block_mask(lambda b, h, i, j: j <= i, B=None, H=None, Q_LEN=shape.S, KV_LEN=shape.S,
