@@ -134,8 +134,16 @@ def trend_series(report: ABReport | Mapping[str, Any], history: Sequence[Any]) -
                 low, high = getattr(run, "intervals", {}).get(key, (None, None))
                 earlier.append((run.label, speedup, low, high))
         if earlier and record.speedup is not None:
-            series.append((str(record.name), earlier + [("this run", record.speedup, *record.ci)]))
+            # The shape on a second line: a parametrized test gives every panel the same name otherwise.
+            label = str(record.name) + (f"\n{_shape_text(record.shape)}" if record.shape else "")
+            series.append((label, earlier + [("this run", record.speedup, *record.ci)]))
     return series
+
+
+def _shape_text(shape: Any) -> str:
+    if isinstance(shape, dict):
+        return " ".join(f"{k}={str(v).removeprefix('torch.')}" for k, v in shape.items())
+    return str(shape)
 
 
 def write_trend(report: ABReport | Mapping[str, Any], history: Sequence[Any], path: str | Path) -> bool | str | None:
@@ -162,7 +170,8 @@ def write_trend(report: ABReport | Mapping[str, Any], history: Sequence[Any], pa
         axes.set_xticks(xs)
         axes.set_xticklabels([p[0].split("_")[0] for p in points], rotation=45, ha="right", fontsize=6)
         axes.tick_params(axis="y", labelsize=7)
-        axes.set_title(label if len(label) <= 40 else label[:37] + "...", fontsize=7)
+        axes.set_title("\n".join(line if len(line) <= 48 else line[:45] + "..." for line in label.split("\n")),
+                       fontsize=7)
     for axes in list(grid.flat)[len(series):]:
         axes.set_visible(False)
     figure.suptitle("Speedup (baseline / candidate) with its interval, per saved run of this machine", fontsize=9)

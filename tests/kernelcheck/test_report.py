@@ -377,7 +377,7 @@ def test_trend_plot_of_saved_runs_is_written_and_linked(tmp_path):
     key = ("test_x.py::fast", "fast")
     history = [RunSpeedups("0001_old", {key: 1.1}, {key: (1.0, None)}), RunSpeedups("0002_new", {key: 1.15})]
     assert plots.trend_series(built, history) == [
-        ("fast", [("0001_old", 1.1, 1.0, None), ("0002_new", 1.15, None, None), ("this run", 1.2, 1.15, 1.25)])]
+        ("fast\nB=1 S=128", [("0001_old", 1.1, 1.0, None), ("0002_new", 1.15, None, None), ("this run", 1.2, 1.15, 1.25)])]
     written = report.write_all(built, tmp_path / "ab.json", history)
     assert (tmp_path / "ab_trend.png") in written.paths
     assert (tmp_path / "ab_trend.png").read_bytes()[:4] == b"\x89PNG"
