@@ -72,16 +72,22 @@ def _agree(candidate, baseline) -> None:
     assert_close(out.float(), expected.double(), policy=out.dtype)
 
 
-def _memory(shape, copies=8) -> int:
-    # Inputs, outputs and the baseline's dense [S, S] mask or bias (bf16 bias or fp32 scores for softcap).
-    return int(copies * shape.B * shape.H * shape.S * shape.D * 2 + 6 * shape.B * shape.H * shape.S * shape.S)
+def _memory(shape, copies=8, dense="head") -> int:
+    """Inputs and outputs (``copies`` of q's size), plus the baseline's dense [S, S] mask, bias or scores, as
+    many of them as ``dense`` says: "shared" (one [S, S] mask broadcast over batch and heads), "batch" (one per
+    batch entry), "head" (one per batch entry and head: materialized scores), or "none" (FlexAttention's block
+    mask, which is tiny). 6 bytes an element: the bool mask and the fp32 bias SDPA turns it into, or fp32 scores
+    and a bf16 bias. The 64k window runs skipped on 385 GiB when every mask was counted per head; one shared
+    mask there is 24 GiB."""
+    per = {"none": 0, "shared": 1, "batch": shape.B, "head": shape.B * shape.H}[dense]
+    return int(copies * shape.B * shape.H * shape.S * shape.D * 2 + 6 * per * shape.S * shape.S)
 
 
 PADDING = [dict(variant="key_padding", B=8, S=2048, H=16, D=D) for D in (64, 128)]
 
 
 @pytest.mark.shape(*PADDING, dtype=[torch.bfloat16])
-@pytest.mark.memory(lambda shape: _memory(shape))
+@pytest.mark.memory(lambda shape: _memory(shape, dense="batch"))
 def test_key_padding_auto_vs_sdpa_with_its_mask(shape, kernel_ab):
     # Random lengths in [S/2, S], the issue's padded batch; `auto` must send it to the kernel.
     q, k, v = qkv(shape.B, shape.H, shape.S, shape.D, shape.dtype)
@@ -104,7 +110,7 @@ WINDOWED = [dict(variant="window", B=1, S=S, H=16, D=D) for S in (16_384, 65_536
 
 
 @pytest.mark.shape(*WINDOWED, dtype=[torch.bfloat16])
-@pytest.mark.memory(lambda shape: _memory(shape))
+@pytest.mark.memory(lambda shape: _memory(shape, dense="shared"))
 def test_sliding_window_vs_sdpa_with_a_dense_mask(shape, kernel_ab):
     q, k, v = qkv(shape.B, shape.H, shape.S, shape.D, shape.dtype)
 
@@ -119,7 +125,7 @@ def test_sliding_window_vs_sdpa_with_a_dense_mask(shape, kernel_ab):
 
 
 @pytest.mark.shape(*WINDOWED, dtype=[torch.bfloat16])
-@pytest.mark.memory(lambda shape: _memory(shape, copies=10))
+@pytest.mark.memory(lambda shape: _memory(shape, copies=10, dense="none"))
 def test_sliding_window_vs_flex_attention(shape, kernel_ab):
     flex_attention, create_block_mask = _flex()
     q, k, v = qkv(shape.B, shape.H, shape.S, shape.D, shape.dtype)
@@ -135,7 +141,7 @@ def test_sliding_window_vs_flex_attention(shape, kernel_ab):
 
 
 @pytest.mark.shape(*WINDOWED[:2], dtype=[torch.bfloat16])
-@pytest.mark.memory(lambda shape: _memory(shape, copies=16))
+@pytest.mark.memory(lambda shape: _memory(shape, copies=16, dense="shared"))
 def test_sliding_window_forward_backward_vs_sdpa_with_a_dense_mask(shape, kernel_ab):
     q, k, v = qkv(shape.B, shape.H, shape.S, shape.D, shape.dtype, requires_grad=True)
     grad_out = torch.randn_like(q)
@@ -188,7 +194,7 @@ def test_softcap_and_alibi_vs_materialized_scores(shape, kernel_ab):
 
 
 @pytest.mark.shape(*SCORED, dtype=[torch.bfloat16])
-@pytest.mark.memory(lambda shape: _memory(shape, copies=10))
+@pytest.mark.memory(lambda shape: _memory(shape, copies=10, dense="none"))
 def test_softcap_and_alibi_vs_flex_attention(shape, kernel_ab):
     flex_attention, create_block_mask = _flex()
     q, k, v = qkv(shape.B, shape.H, shape.S, shape.D, shape.dtype)
