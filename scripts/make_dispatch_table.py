@@ -1,9 +1,12 @@
 """Turn an A/B report of the attention suite into flashlite's dispatch table for one GPU model.
 
 Reads the JSON that ``pytest tests/perf --kernel-ab --kernel-ab-report PATH`` writes and, for every forward
-"triton vs sdpa" comparison, records which backend ``flashlite.attention(backend="auto")`` should use for that
-(dtype, head dim, causal, batch, sequence bucket): the Triton kernel only where its win survives the report's
-Benjamini-Hochberg correction; SDPA on a loss, a tie or an inconclusive result, since SDPA is the safe default.
+comparison of the kernel against what ``backend="sdpa"`` runs ("triton vs sdpa" for dense calls; for a variant,
+named in the shape's "variant", "vs sdpa+mask" or "vs materialized": SDPA with the mask or bias built, or the
+scores materialized for softcapping), records which backend ``flashlite.attention(backend="auto")`` should use for
+that (dtype, head dim, causal, batch, sequence bucket, variant): the Triton kernel only where its win survives the
+report's Benjamini-Hochberg correction; SDPA on a loss, a tie or an inconclusive result, since SDPA is the safe
+default. Comparisons against FlexAttention (which ``auto`` never runs) and forward+backward ones are not read.
 
 Several reports (of the same GPU model) may be given, oldest first: a later report's entry replaces an earlier one
 for the same key, and every entry records the report, commit and date it came from.
@@ -24,6 +27,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from flashlite.dispatch import gpu_slug, table_key  # noqa: E402
 
 FORWARD_PREFIXES = ("fwd triton vs sdpa", "fwd fp32 triton vs sdpa", "fwd D128 triton vs sdpa")
+# A variant's forward against the SDPA path: the kernel (or auto, which the rule sends to it) on the left.
+VARIANT_BASELINES = ("vs sdpa+mask", "vs materialized")
+
+
+def _forward_against_sdpa(rec: dict) -> bool:
+    name = str(rec.get("name", ""))
+    if name.startswith(FORWARD_PREFIXES):
+        return True
+    variant = (rec.get("shape") or {}).get("variant", "dense")
+    return variant != "dense" and name.endswith(VARIANT_BASELINES) and not name.startswith("fwd+bwd")
 
 
 def _dtype(value: str) -> torch.dtype:
@@ -46,7 +59,7 @@ def build_table(report: dict, commit: str | None = None, source: str | None = No
     commit = commit or (env.get("commit_info") or {}).get("id") or "unknown"
     entries: dict[str, dict] = {}
     for rec in report.get("comparisons", []):
-        if not str(rec.get("name", "")).startswith(FORWARD_PREFIXES) or not rec.get("shape"):
+        if not rec.get("shape") or not _forward_against_sdpa(rec):
             continue
         shape = rec["shape"]
         # A comparison of a variant (key padding, window, softcap, ALiBi) names it in its shape's "variant".

@@ -120,6 +120,33 @@ def test_generator_turns_a_report_into_a_table(tmp_path):
     assert entries["bfloat16/D64/causal/B8/S4096"]["backend"] == "sdpa"
 
 
+def test_generator_reads_variant_comparisons_against_the_sdpa_path_only(tmp_path):
+    def record(name, variant, verdict, speedup=2.0):
+        return {"name": name, "nodeid": "t", "verdict": verdict, "verdict_bh": verdict, "speedup": speedup,
+                "ci": [speedup * 0.9, speedup * 1.1], "n_pairs": 20,
+                "shape": {"variant": variant, "B": 1, "S": 8192, "H": 16, "D": 64, "dtype": "torch.bfloat16"}}
+
+    report = {"created": "2026-01-02T03:04:05+00:00", "environment": {"gpu": {"devices": ["Test GPU X"]}},
+              "comparisons": [record("window 1024 vs sdpa+mask", "window", "win"),
+                              record("softcap vs materialized", "softcap", "loss", 0.8),
+                              # neither is a choice auto makes between the kernel and SDPA:
+                              record("alibi vs flex", "alibi", "win"),
+                              record("fwd+bwd window 1024 vs sdpa+mask", "window_fwdbwd", "win"),
+                              # a dense comparison named like a variant's is not read as one
+                              record("dense vs sdpa+mask", "dense", "win")]}
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps(report))
+    out = tmp_path / "tables"
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "make_dispatch_table.py"), str(path),
+                           "--commit", "abc123", "--out", str(out)], capture_output=True, text=True, check=True)
+    assert "2 entries, 1 use the Triton kernel" in done.stdout
+    entries = json.loads((out / "test-gpu-x.json").read_text())["entries"]
+    assert entries["bfloat16/D64/causal/B1/S8192/window"]["backend"] == "triton"
+    assert entries["bfloat16/D64/causal/B1/S8192/softcap"]["backend"] == "sdpa"
+    # the key the generator writes is the key the dispatch reads
+    assert dispatch.table_key(torch.bfloat16, 64, True, 1, 8192, "window") == "bfloat16/D64/causal/B1/S8192/window"
+
+
 def test_generator_merges_reports_newest_last(tmp_path):
     def report(created, records):
         return {"created": created, "environment": {"gpu": {"devices": ["Test GPU X"]}},
