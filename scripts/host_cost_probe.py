@@ -4,7 +4,8 @@ Measures Python work only (argument handling, grid and block arithmetic, allocat
 Triton kernel is replaced by a no-op before timing. Under the CPU interpreter the autotuned forward path would
 benchmark configs, so the stub reports a fixed best config and the timed calls reuse it, as tuned calls do on a GPU.
 Usage: python scripts/host_cost_probe.py   (prints best-of-5 timeit means in microseconds; SDPA and the
-``auto`` replay best-of-15, timed in alternation)
+``auto`` replay best-of-15, timed in alternation). The "floor" line is the cost of the cheapest key lookup Python
+allows, with fewer checks than a correct key needs: what any pure-Python plan cache pays at least per call.
 """
 from __future__ import annotations
 
@@ -88,6 +89,13 @@ def main() -> None:
           f"{triton.__version__} | {platform.processor() or platform.machine()} | CPU tensors, kernels stubbed")
     print(f"SDPA call, B=1 H=2 S=8 D=16              {sdpa_us:7.2f} us")
     print(f"attention(backend='auto') replaying SDPA  {auto_us:7.2f} us  (+{auto_us - sdpa_us:.2f} us)")
+    # The least a plan lookup in Python can cost: the three shapes, one dtype and one device (fewer checks than a
+    # correct key needs: no strides, no dtype or device of k and v) and the arguments, hashed into one dict lookup.
+    floor_env = {"q": q, "k": k, "v": v, "plans": {}}
+    floor_env["plans"][(q.shape, k.shape, v.shape, q.dtype, q.device, True, None, "auto")] = None
+    floor_us = _us("plans.get((q.shape, k.shape, v.shape, q.dtype, q.device, True, None, 'auto'))", floor_env,
+                   number=20000)
+    print(f"floor of a Python plan lookup (3 shapes, 1 dtype, 1 device) {floor_us:5.2f} us")
     print(f"attention forward launcher, B=1 H=16 S=128 {_us('A.launch_forward(*args)', env):7.2f} us")
     print(f"layer-norm forward launcher, 128 x 1024    "
           f"{_us('N._launch_layer_norm_fwd(x, w, b, 1e-5, None, torch.bfloat16)', env):7.2f} us")
