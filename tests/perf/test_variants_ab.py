@@ -3,8 +3,10 @@ write (GPU only).
 
 Baselines: SDPA with the equivalent dense mask or bias, built inside the timed call (a user's code builds it per
 call, or at least per shape), or, for softcapping, which SDPA cannot take, the same math from explicit scores; and
-FlexAttention, compiled, with the equivalent block mask or score function, where it runs. Each test first checks
-that both sides agree on fresh inputs. Every shape names its variant (``shape["variant"]``), which
+FlexAttention, compiled, with the equivalent block mask or score function, where it runs. Each forward test first
+checks that both sides agree on fresh inputs; the forward+backward ones ("fwd+bwd ..." comparisons) time a forward
+and a backward with one random incoming gradient and leave the gradients to tests/flashlite (SDPA's backward
+accumulates with atomics, so its own repeats differ by rounding). Every shape names its variant (``shape["variant"]``), which
 ``scripts/make_dispatch_table.py`` keys the dispatch table on. bf16, H=16, causal.
 """
 from __future__ import annotations
@@ -67,30 +69,39 @@ def _causal(S: int) -> torch.Tensor:
     return torch.ones(S, S, dtype=torch.bool, device="cuda").tril()
 
 
+def _forward_backward(q, k, v, forward):
+    """A timed step of forward and backward with one fixed incoming gradient; returns dq (what the check reads)."""
+    grad_out = torch.randn_like(q)
+
+    def run():
+        q.grad = k.grad = v.grad = None
+        forward().backward(grad_out)
+        return q.grad
+    return run
+
+
 def _agree(candidate, baseline) -> None:
     out, expected = candidate(), baseline()
     assert_close(out.float(), expected.double(), policy=out.dtype)
 
 
-def _memory(shape, copies=8, dense="head") -> int:
+def _memory(shape, copies=8, dense="head", dense_bytes=6) -> int:
     """Inputs and outputs (``copies`` of q's size), plus the baseline's dense [S, S] mask, bias or scores, as
     many of them as ``dense`` says: "shared" (one [S, S] mask broadcast over batch and heads), "batch" (one per
     batch entry), "head" (one per batch entry and head: materialized scores), or "none" (FlexAttention's block
-    mask, which is tiny). 6 bytes an element: the bool mask and the fp32 bias SDPA turns it into, or fp32 scores
-    and a bf16 bias. The 64k window runs skipped on 385 GiB when every mask was counted per head; one shared
+    mask, which is tiny). ``dense_bytes`` an element, 6 by default: the bool mask and the fp32 bias SDPA turns it
+    into, or fp32 scores and a bf16 bias; a backward through materialized scores keeps several of them. The 64k window runs skipped on 385 GiB when every mask was counted per head; one shared
     mask there is 24 GiB."""
     per = {"none": 0, "shared": 1, "batch": shape.B, "head": shape.B * shape.H}[dense]
-    return int(copies * shape.B * shape.H * shape.S * shape.D * 2 + 6 * per * shape.S * shape.S)
+    return int(copies * shape.B * shape.H * shape.S * shape.D * 2 + dense_bytes * per * shape.S * shape.S)
 
 
 PADDING = [dict(variant="key_padding", B=8, S=2048, H=16, D=D) for D in (64, 128)]
 
 
-@pytest.mark.shape(*PADDING, dtype=[torch.bfloat16])
-@pytest.mark.memory(lambda shape: _memory(shape, dense="batch"))
-def test_key_padding_auto_vs_sdpa_with_its_mask(shape, kernel_ab):
-    # Random lengths in [S/2, S], the issue's padded batch; `auto` must send it to the kernel.
-    q, k, v = qkv(shape.B, shape.H, shape.S, shape.D, shape.dtype)
+def _padded_pair(shape, q, k, v):
+    """(auto with key lengths, SDPA with the padding and causal mask built in the call): random lengths in
+    [S/2, S], the issue's padded batch; `auto` must send it to the kernel."""
     gen = torch.Generator(device="cuda").manual_seed(5)
     lengths = torch.randint(shape.S // 2, shape.S + 1, (shape.B,), device="cuda", generator=gen)
 
@@ -99,11 +110,25 @@ def test_key_padding_auto_vs_sdpa_with_its_mask(shape, kernel_ab):
         mask = _causal(shape.S)[None, None] & keep[:, None, None, :]
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
-    def candidate():
-        return attention(q, k, v, causal=True, key_lengths=lengths)
+    return (lambda: attention(q, k, v, causal=True, key_lengths=lengths)), baseline
 
+
+@pytest.mark.shape(*PADDING, dtype=[torch.bfloat16])
+@pytest.mark.memory(lambda shape: _memory(shape, dense="batch"))
+def test_key_padding_auto_vs_sdpa_with_its_mask(shape, kernel_ab):
+    candidate, baseline = _padded_pair(shape, *qkv(shape.B, shape.H, shape.S, shape.D, shape.dtype))
     _agree(candidate, baseline)
     kernel_ab.compare(candidate, baseline, name="key padding auto vs sdpa+mask", **_work(shape))
+
+
+@pytest.mark.shape(*PADDING, dtype=[torch.bfloat16])
+@pytest.mark.memory(lambda shape: _memory(shape, copies=16, dense="batch"))
+def test_key_padding_forward_backward_auto_vs_sdpa_with_its_mask(shape, kernel_ab):
+    q, k, v = qkv(shape.B, shape.H, shape.S, shape.D, shape.dtype, requires_grad=True)
+    candidate, baseline = _padded_pair(shape, q, k, v)
+    kernel_ab.compare(_forward_backward(q, k, v, candidate), _forward_backward(q, k, v, baseline),
+                      name="fwd+bwd key padding auto vs sdpa+mask", check_output=False,
+                      **_work(shape, passes="forward+backward"))
 
 
 WINDOWED = [dict(variant="window", B=1, S=S, H=16, D=D) for S in (16_384, 65_536) for D in (64, 128)]
@@ -144,32 +169,39 @@ def test_sliding_window_vs_flex_attention(shape, kernel_ab):
 @pytest.mark.memory(lambda shape: _memory(shape, copies=16, dense="shared"))
 def test_sliding_window_forward_backward_vs_sdpa_with_a_dense_mask(shape, kernel_ab):
     q, k, v = qkv(shape.B, shape.H, shape.S, shape.D, shape.dtype, requires_grad=True)
-    grad_out = torch.randn_like(q)
-
-    def step(fn):
-        def run():
-            q.grad = k.grad = v.grad = None
-            fn().backward(grad_out)
-            return q.grad
-        return run
 
     def dense():
         return F.scaled_dot_product_attention(q, k, v, attn_mask=_window_mask(shape.S))
 
-    candidate = step(lambda: attention(q, k, v, causal=True, window=(WINDOW, 0)))
-    kernel_ab.compare(candidate, step(dense), name=f"fwd+bwd window {WINDOW} vs sdpa+mask", check_output=False,
+    candidate = _forward_backward(q, k, v, lambda: attention(q, k, v, causal=True, window=(WINDOW, 0)))
+    kernel_ab.compare(candidate, _forward_backward(q, k, v, dense), name=f"fwd+bwd window {WINDOW} vs sdpa+mask",
+                      check_output=False, **_work(shape, window=WINDOW, passes="forward+backward"))
+
+
+@pytest.mark.shape(*WINDOWED, dtype=[torch.bfloat16])
+@pytest.mark.memory(lambda shape: _memory(shape, copies=16, dense="none"))
+def test_sliding_window_forward_backward_vs_flex_attention(shape, kernel_ab):
+    flex_attention, create_block_mask = _flex()
+    q, k, v = qkv(shape.B, shape.H, shape.S, shape.D, shape.dtype, requires_grad=True)
+    block_mask = create_block_mask(lambda b, h, i, j: (j <= i) & (i - j <= WINDOW), B=None, H=None,
+                                   Q_LEN=shape.S, KV_LEN=shape.S, device="cuda")
+    candidate = _forward_backward(q, k, v, lambda: attention(q, k, v, causal=True, window=(WINDOW, 0)))
+    baseline = _forward_backward(q, k, v, lambda: flex_attention(q, k, v, block_mask=block_mask))
+    kernel_ab.compare(candidate, baseline, name=f"fwd+bwd window {WINDOW} vs flex", check_output=False,
                       **_work(shape, window=WINDOW, passes="forward+backward"))
 
 
 SCORED = [dict(variant=variant, B=1, S=8192, H=16, D=D) for variant in ("softcap", "alibi") for D in (64, 128)]
 
 
-@pytest.mark.shape(*SCORED, dtype=[torch.bfloat16])
-@pytest.mark.memory(lambda shape: _memory(shape))
-def test_softcap_and_alibi_vs_materialized_scores(shape, kernel_ab):
-    # SDPA takes ALiBi as a dense bias; softcapping it cannot take at all, so its baseline is the same math from
-    # explicit scores (what a user without a fused kernel writes).
-    q, k, v = qkv(shape.B, shape.H, shape.S, shape.D, shape.dtype)
+def _scored_candidate(shape, q, k, v):
+    options = dict(alibi_slopes=_slopes(shape.H)) if shape.variant == "alibi" else dict(softcap=SOFTCAP)
+    return lambda: attention(q, k, v, causal=True, **options)
+
+
+def _materialized(shape, q, k, v):
+    """SDPA takes ALiBi as a dense bias; softcapping it cannot take at all, so that baseline is the same math from
+    explicit scores (what a user without a fused kernel writes). Masks and biases are built inside the call."""
     slopes = _slopes(shape.H)
     scale = 1 / math.sqrt(shape.D)
 
@@ -183,36 +215,57 @@ def test_softcap_and_alibi_vs_materialized_scores(shape, kernel_ab):
         scores = (q @ k.transpose(-2, -1)).float() * scale
         scores = (SOFTCAP * torch.tanh(scores / SOFTCAP)).masked_fill(~causal, float("-inf"))
         return torch.softmax(scores, dim=-1).to(q.dtype) @ v
+    return baseline
 
-    options = dict(alibi_slopes=slopes) if shape.variant == "alibi" else dict(softcap=SOFTCAP)
 
-    def candidate():
-        return attention(q, k, v, causal=True, **options)
-
+@pytest.mark.shape(*SCORED, dtype=[torch.bfloat16])
+@pytest.mark.memory(lambda shape: _memory(shape))
+def test_softcap_and_alibi_vs_materialized_scores(shape, kernel_ab):
+    q, k, v = qkv(shape.B, shape.H, shape.S, shape.D, shape.dtype)
+    candidate, baseline = _scored_candidate(shape, q, k, v), _materialized(shape, q, k, v)
     _agree(candidate, baseline)
     kernel_ab.compare(candidate, baseline, name=f"{shape.variant} vs materialized", **_work(shape))
 
 
 @pytest.mark.shape(*SCORED, dtype=[torch.bfloat16])
-@pytest.mark.memory(lambda shape: _memory(shape, copies=10, dense="none"))
-def test_softcap_and_alibi_vs_flex_attention(shape, kernel_ab):
+@pytest.mark.memory(lambda shape: _memory(shape, copies=16, dense_bytes=24))
+def test_softcap_and_alibi_forward_backward_vs_materialized_scores(shape, kernel_ab):
+    q, k, v = qkv(shape.B, shape.H, shape.S, shape.D, shape.dtype, requires_grad=True)
+    kernel_ab.compare(_forward_backward(q, k, v, _scored_candidate(shape, q, k, v)),
+                      _forward_backward(q, k, v, _materialized(shape, q, k, v)),
+                      name=f"fwd+bwd {shape.variant} vs materialized", check_output=False,
+                      **_work(shape, passes="forward+backward"))
+
+
+def _flex_scored(shape, q, k, v):
+    """FlexAttention compiled with the causal block mask and the variant as its score_mod."""
     flex_attention, create_block_mask = _flex()
-    q, k, v = qkv(shape.B, shape.H, shape.S, shape.D, shape.dtype)
     slopes = _slopes(shape.H)
     block_mask = create_block_mask(lambda b, h, i, j: j <= i, B=None, H=None, Q_LEN=shape.S, KV_LEN=shape.S,
                                    device="cuda")
     if shape.variant == "alibi":
         def score_mod(score, b, h, i, j):
             return score - slopes[h] * (i - j).abs()
-        options = dict(alibi_slopes=slopes)
     else:
         def score_mod(score, b, h, i, j):
             return SOFTCAP * torch.tanh(score / SOFTCAP)
-        options = dict(softcap=SOFTCAP)
+    return lambda: flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask)
 
-    def candidate():
-        return attention(q, k, v, causal=True, **options)
 
-    baseline = lambda: flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask)  # noqa: E731
+@pytest.mark.shape(*SCORED, dtype=[torch.bfloat16])
+@pytest.mark.memory(lambda shape: _memory(shape, copies=10, dense="none"))
+def test_softcap_and_alibi_vs_flex_attention(shape, kernel_ab):
+    q, k, v = qkv(shape.B, shape.H, shape.S, shape.D, shape.dtype)
+    candidate, baseline = _scored_candidate(shape, q, k, v), _flex_scored(shape, q, k, v)
     _agree(candidate, baseline)
     kernel_ab.compare(candidate, baseline, name=f"{shape.variant} vs flex", **_work(shape))
+
+
+@pytest.mark.shape(*SCORED, dtype=[torch.bfloat16])
+@pytest.mark.memory(lambda shape: _memory(shape, copies=16, dense="none"))
+def test_softcap_and_alibi_forward_backward_vs_flex_attention(shape, kernel_ab):
+    q, k, v = qkv(shape.B, shape.H, shape.S, shape.D, shape.dtype, requires_grad=True)
+    kernel_ab.compare(_forward_backward(q, k, v, _scored_candidate(shape, q, k, v)),
+                      _forward_backward(q, k, v, _flex_scored(shape, q, k, v)),
+                      name=f"fwd+bwd {shape.variant} vs flex", check_output=False,
+                      **_work(shape, passes="forward+backward"))
