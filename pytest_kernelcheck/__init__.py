@@ -19,6 +19,7 @@ _EXPORTS = {
     "Shape": "shapes",
     "format_id": "shapes",
     "attention_reference": "reference",
+    "attention_reference_varlen": "reference_varlen",
     "sample_query_rows": "reference",
     "SdpaReference": "reference",
     "ReferenceCheck": "reference",
