@@ -137,18 +137,29 @@ def _host_available() -> int | None:
     return int(psutil.virtual_memory().available)
 
 
-def memory_shortfall(needed: int, device: str) -> str | None:
-    """A skip reason when ``needed`` bytes exceed the free memory of ``device``, else None.
+def memory_shortfall(needed: int, device: str, cap: int | None = None) -> str | None:
+    """A skip reason when ``needed`` bytes exceed what ``device`` can give, else None.
+
+    Without ``cap`` that is its free memory. With ``cap`` (bytes, ``--kernel-device-memory``) it is the smaller of
+    the cap and the free memory, on a CUDA device, and on the host of a machine without CUDA (where the cap
+    stands for the GPU the run pretends to have); host estimates on a machine with CUDA ignore the cap.
 
     Example::
 
         >>> memory_shortfall(2**60, "cpu")  # doctest: +ELLIPSIS
         'needs 1 EiB, ... free on cpu'
+        >>> memory_shortfall(5 * 2**30, "cuda:0", cap=4 * 2**30)
+        'needs 5 GiB, more than the device memory cap of 4 GiB (--kernel-device-memory) on cuda:0'
     """
     free = free_memory(device)
+    capped = cap is not None and (device.startswith("cuda") or not _cuda_available())
+    if capped and needed > cap and (free is None or cap <= free):
+        return f"needs {human_bytes(needed)}, more than the device memory cap of {human_bytes(cap)} " \
+               f"(--kernel-device-memory) on {device}"
     if free is None or needed <= free:
         return None
-    return f"needs {human_bytes(needed)}, {human_bytes(free)} free on {device}"
+    under_cap = f" (under the device memory cap of {human_bytes(cap)})" if capped else ""
+    return f"needs {human_bytes(needed)}, {human_bytes(free)} free on {device}{under_cap}"
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
@@ -176,16 +187,20 @@ def is_out_of_memory(exc: BaseException) -> bool:
     return "out of memory" in text or "defaultcpuallocator: can't allocate memory" in text
 
 
-def oom_skip_reason(exc: BaseException) -> str:
-    """The skip reason for an out-of-memory error: its first message line (or its type's name).
+def oom_skip_reason(exc: BaseException, cap: int | None = None) -> str:
+    """The skip reason for an out-of-memory error: its first message line (or its type's name), and the device
+    memory cap when the run has one (``--kernel-device-memory``), since the cap, not the GPU, may have run out.
 
     Example::
 
         >>> oom_skip_reason(MemoryError("out of memory\\n(allocator details)"))
         'out of memory: out of memory'
+        >>> oom_skip_reason(MemoryError(), cap=2**32)
+        'out of memory: MemoryError (device memory capped at 4 GiB by --kernel-device-memory)'
     """
     summary = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-    return f"out of memory: {summary}"
+    capped = f" (device memory capped at {human_bytes(cap)} by --kernel-device-memory)" if cap is not None else ""
+    return f"out of memory: {summary}{capped}"
 
 
 def forget_frames(exc: BaseException) -> None:

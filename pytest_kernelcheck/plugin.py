@@ -1,9 +1,9 @@
 """pytest wiring for pytest-kernelcheck's correctness checks: options, markers, fixtures and hooks only.
 
 The logic lives in ``shapes`` (parametrization and ids), ``tolerance`` (policies, overrides, assert_close),
-``reference`` (float64 attention references), ``memory`` (estimates, free memory, OOM handling) and
-``intractable`` (cases not to run). torch is imported inside hooks and fixtures, and only for tests that use a
-marker needing it, so ``pytest --help`` stays fast.
+``reference`` (float64 attention references), ``memory`` (estimates, free memory, OOM handling),
+``device_memory`` (the ``--kernel-device-memory`` cap) and ``intractable`` (cases not to run). torch is imported
+inside hooks and fixtures, and only for tests that use a marker needing it, so ``pytest --help`` stays fast.
 """
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any, Callable, TypeVar
 
 import pytest
 
+from .device_memory import apply_cap, header_line, parse_size
 from .intractable import REASON_PROPERTY, case_reason, listed_cases, parse_intractable_marker
 from .memory import (
     forget_frames,
@@ -31,6 +32,8 @@ OOM_CHOICES = ("skip", "fail")
 _T = TypeVar("_T")
 
 _had_oom = pytest.StashKey[bool]()
+_memory_cap = pytest.StashKey["int | None"]()  # --kernel-device-memory, bytes
+_cap_applied = pytest.StashKey[Any]()  # device_memory.DeviceFraction list where this process applied the cap
 _tolerance_override = pytest.StashKey[Any]()
 
 MARKERS = (
@@ -61,6 +64,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="what an out-of-memory error raised by a test becomes: 'skip' (default) or 'fail'. ini: kernel_oom.",
     )
     parser.addini("kernel_oom", "out-of-memory errors in tests: 'skip' (default) or 'fail'", default="skip")
+    group.addoption(
+        "--kernel-device-memory",
+        action="store",
+        default=None,
+        dest="kernel_device_memory",
+        metavar="SIZE",
+        help="cap the memory each CUDA device gives the tests (4GiB, 512MiB, 4GB or bytes): a smaller GPU on a "
+        "big one; memory markers compare their estimates with it. ini: kernel_device_memory.",
+    )
+    parser.addini("kernel_device_memory", "device memory cap per CUDA device (see --kernel-device-memory)", default="")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -69,6 +82,26 @@ def pytest_configure(config: pytest.Config) -> None:
     mode = _oom_mode(config)
     if mode not in OOM_CHOICES:
         raise pytest.UsageError(f"kernel_oom must be one of {', '.join(OOM_CHOICES)}; got {mode!r}")
+    raw_cap = config.getoption("kernel_device_memory", None) or str(config.getini("kernel_device_memory")).strip()
+    try:
+        config.stash[_memory_cap] = parse_size(raw_cap) if raw_cap else None
+    except ValueError as exc:
+        raise pytest.UsageError(f"--kernel-device-memory / kernel_device_memory: {exc}") from None
+
+
+# Before the terminal reporter's (trylast) sessionstart prints the header, so the header can say what was set. An
+# xdist controller runs no tests: it leaves CUDA alone, and each worker sets the cap in its own process.
+def pytest_sessionstart(session: pytest.Session) -> None:
+    config = session.config
+    cap = config.stash.get(_memory_cap, None)
+    distributing = getattr(config.option, "dist", "no") != "no" and not hasattr(config, "workerinput")
+    if cap is not None and not distributing:
+        config.stash[_cap_applied] = apply_cap(cap)
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    cap = config.stash.get(_memory_cap, None)
+    return header_line(cap, config.stash.get(_cap_applied, None)) if cap is not None else None
 
 
 def _oom_mode(config: pytest.Config) -> str:
@@ -156,7 +189,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     if marker is not None:
         params = dict(item.callspec.params) if hasattr(item, "callspec") else {}
         needed, device = _failing_on_bad_marker(lambda: required_memory(marker.args, marker.kwargs, shape, params))
-        reason = memory_shortfall(needed, device)
+        reason = memory_shortfall(needed, device, item.config.stash.get(_memory_cap, None))
         if reason is not None:
             raise _skip(reason)
 
@@ -191,7 +224,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
     if hasattr(report, "wasxfail") or call.when == "teardown" or _oom_mode(item.config) == "fail":
         return report
     try:
-        raise _skip(oom_skip_reason(error))
+        raise _skip(oom_skip_reason(error, item.config.stash.get(_memory_cap, None)))
     except pytest.skip.Exception:
         # The call now holds the skip, as if the test had raised it: pytest reports it at the test's location
         # and does not offer --pdb for it.

@@ -16,6 +16,8 @@ import pytest
 
 RECORDS_ATTRIBUTE = "kernel_ab_records"
 _PENDING = pytest.StashKey[list]()
+_PROFILED = pytest.StashKey[list]()  # profile mode: profiling.ProfiledRun entries, as RECORDS_ATTRIBUTE's records
+PROFILE_ATTRIBUTE = "kernel_ab_profiled"
 _SESSION = pytest.StashKey["_ABSession"]()
 _COLLECTOR_NAME = "kernelcheck-ab-collector"
 
@@ -50,6 +52,8 @@ class _ABSession:
     regressions: tuple[Any, ...] = ()  # gate.Regression: what the rules found, at session finish
     ceilings: Any = None  # throughput.CeilingMeter of this process (--kernel-ab-ceilings)
     cpu_threads: int | None = None  # --kernel-ab-cpu-threads
+    profile: Any = None  # profiling.ProfileMode: --kernel-ab-profile / --kernel-ab-trace; None: a timed run
+    profiled: list[dict[str, Any]] = field(default_factory=list)  # profile mode: what every process ran
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -123,6 +127,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     parser.addini("kernel_ab_cpu_threads", "torch threads during A/B comparisons (see --kernel-ab-cpu-threads)",
                   default="")
+    # Profile runs are asked for one at a time, under a profiler: command-line options only, no ini keys.
+    group.addoption(
+        "--kernel-ab-profile", action="store_true", default=None, dest="kernel_ab_profile",
+        help="profile mode (turns on --kernel-ab): run each compared callable once after a warm-up inside an NVTX "
+             "range kernelcheck:<test id>:<name>:<side>, for nsys or ncu --nvtx; nothing is timed, no verdicts",
+    )
+    group.addoption(
+        "--kernel-ab-trace", dest="kernel_ab_trace", default=None, metavar="DIR",
+        help="profile mode (as --kernel-ab-profile) that also writes a torch.profiler Chrome trace per comparison "
+             "into DIR",
+    )
 
 
 def _setting(config: pytest.Config, name: str) -> Any:
@@ -168,6 +183,15 @@ def pytest_configure(config: pytest.Config) -> None:
     except ValueError as exc:
         raise pytest.UsageError(f"kernel A/B settings: {exc}") from None
     enabled = bool(config.getoption("kernel_ab") or config.getini("kernel_ab"))
+    profile = None
+    if config.getoption("kernel_ab_profile") or config.getoption("kernel_ab_trace"):
+        from . import profiling
+
+        try:
+            profile = profiling.ProfileMode.from_options(True, config.getoption("kernel_ab_trace"))
+        except OSError as exc:
+            raise pytest.UsageError(f"--kernel-ab-trace: cannot create the trace folder: {exc}") from None
+        enabled = True
     ceilings_mode = _setting(config, "ceilings")
     if ceilings_mode not in ("on", "off"):
         raise pytest.UsageError(f"--kernel-ab-ceilings / kernel_ab_ceilings: 'on' or 'off', got {ceilings_mode!r}")
@@ -213,7 +237,8 @@ def pytest_configure(config: pytest.Config) -> None:
     session = _ABSession(enabled, settings, report_path, previous, rules=rules, save_folder=save_folder,
                          save_name=save_name, rootpath=config.rootpath, history_count=history_count,
                          storage_root=storage_root, machine_folder=machine_folder,
-                         ceilings=throughput.CeilingMeter(enabled=ceilings_mode == "on"), cpu_threads=cpu_threads)
+                         ceilings=throughput.CeilingMeter(enabled=ceilings_mode == "on"), cpu_threads=cpu_threads,
+                         profile=profile)
     config.stash[_SESSION] = session
     config.pluginmanager.register(_Collector(session), _COLLECTOR_NAME)
 
@@ -255,6 +280,12 @@ def kernel_ab(request: pytest.FixtureRequest) -> Any:
     from .ab import KernelAB
 
     pending = request.node.stash.setdefault(_PENDING, [])
+    if session.profile is not None:
+        from .profiling import ProfilingKernelAB
+
+        return ProfilingKernelAB(session.profile, _budget_from(session.settings), nodeid=request.node.nodeid,
+                                 test_name=request.node.name, shape=lambda: _shape_value(request),
+                                 record=request.node.stash.setdefault(_PROFILED, []).append)
     return KernelAB(
         _budget_from(session.settings),
         nodeid=request.node.nodeid,
@@ -284,6 +315,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
         # A JSON string survives every transport (xdist's execnet included) whatever the records hold.
         setattr(outcome.get_result(), RECORDS_ATTRIBUTE, json.dumps(pending, default=str))
         pending.clear()
+    profiled = item.stash.get(_PROFILED, None)
+    if profiled:
+        setattr(outcome.get_result(), PROFILE_ATTRIBUTE, json.dumps(profiled, default=str))
+        profiled.clear()
 
 
 class _Collector:
@@ -296,6 +331,9 @@ class _Collector:
         payload = getattr(report, RECORDS_ATTRIBUTE, None)
         if payload:
             self.session.records.extend(json.loads(payload))
+        profiled = getattr(report, PROFILE_ATTRIBUTE, None)
+        if profiled:
+            self.session.profiled.extend(json.loads(profiled))
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         # Plain sessionfinish hooks run before the terminal reporter's wrapper prints the summary, and pytest exits
@@ -384,6 +422,11 @@ def _save(session: _ABSession) -> None:
 def _summarise(session: _ABSession, terminalreporter: Any) -> None:
     from . import report
 
+    if session.profile is not None:  # nothing was timed: no report, only what ran and where its ranges went
+        terminalreporter.write_sep("=", "kernel A/B profile")
+        for line in session.profile.summary_lines(session.profiled):
+            terminalreporter.write_line(line)
+        return
     if session.built is None:
         terminalreporter.write_sep("=", "kernel A/B comparisons")
         terminalreporter.write_line("no A/B comparisons ran")
