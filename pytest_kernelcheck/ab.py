@@ -2,9 +2,11 @@
 
 ``run_comparison``, ``run_tournament`` and ``run_measurement`` do the work and need no pytest: check the
 callables, call each once (keeping its output), pick a timer, take the device lock, warm up, choose calls per
-sample (or a CUDA graph), sample rounds in random order with looks at 20, 40, 80, ... rounds until a verdict is
-clear (a measurement: until its interval is within the margin) or the budget is spent, then check that every
-output is unchanged and, given ``flops``/``bytes``, fetch this device's ceiling (:mod:`.throughput`).
+sample (or a CUDA graph), on CUDA check that the events see the callables' work (:mod:`.escape`), sample rounds
+in random order with looks at 20, 40, 80, ... rounds until a verdict is clear (a measurement: until its interval
+is within the margin) or the budget is spent, reading the SM clock between chunks of rounds and flagging,
+dropping or failing on throttled rounds (:mod:`.clocks`), then check that every output is unchanged and, given
+``flops``/``bytes``, fetch this device's ceiling (:mod:`.throughput`).
 :class:`KernelAB` wraps them for tests: defaults from the command line, names, shapes, records for the report,
 and assertion helpers.
 """
@@ -18,12 +20,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
+from . import clocks, escape, outputs, stats, throughput, timing
 from . import inputs as owned_inputs
-from . import outputs, stats, throughput, timing
 from .gpu_lock import device_lock
 from .records import (
     ABRecord,
     CeilingRecord,
+    ClockRecord,
     ComparisonRecord,
     MeasurementRecord,
     PairwiseRecord,
@@ -62,7 +65,7 @@ class Budget:
     >>> Budget().replace(max_tme=1)
     Traceback (most recent call last):
     ...
-    TypeError: unknown budget keyword 'max_tme'; expected one of: alpha, calls_per_sample, check_output, flush_l2, hold_gpu, margin, max_pairs, max_time, min_pairs, seed, use_cuda_graph, warmup
+    TypeError: unknown budget keyword 'max_tme'; expected one of: alpha, calls_per_sample, check_escape, check_output, flush_l2, hold_gpu, margin, max_pairs, max_time, min_pairs, seed, throttle, use_cuda_graph, warmup
     """
 
     max_time: float = DEFAULT_MAX_TIME_S  # seconds of sampling, after warm-up; min_pairs overrides it
@@ -77,6 +80,8 @@ class Budget:
     warmup: float = 0.025  # seconds of warm-up rounds (at least 3) before sampling
     check_output: bool = True  # outputs after timing must equal the first call's
     seed: int | None = None  # seeds the random order inside rounds
+    throttle: str = "flag"  # rounds taken with the SM clock >10% below the session's highest: flag, discard, fail
+    check_escape: bool = True  # CUDA only: fail when the events miss most of the work (see escape.py)
 
     def replace(self, **changes: Any) -> "Budget":
         known = {f.name for f in dataclasses.fields(self)}
@@ -112,7 +117,8 @@ class Budget:
             positive_int("calls_per_sample", self.calls_per_sample)
         if self.use_cuda_graph not in (True, False, "auto"):
             raise ValueError(f"budget use_cuda_graph must be True, False or 'auto', got {self.use_cuda_graph!r}")
-        for name in ("flush_l2", "hold_gpu", "check_output"):
+        clocks.check_policy(self.throttle)
+        for name in ("flush_l2", "hold_gpu", "check_output", "check_escape"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"budget {name} must be True or False, got {getattr(self, name)!r}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
@@ -357,7 +363,8 @@ def _run_details(result: ComparisonResult | TournamentResult | MeasureResult) ->
     return RunDetails(
         method=result.method, calls_per_sample=result.calls_per_sample, alpha=result.alpha, margin=result.margin,
         ci_level=result.ci_level, looks_planned=result.looks_planned, looks_done=result.looks_done,
-        stop_reason=result.stop_reason, elapsed_s=result.elapsed_s, device=result.device, clock=result.clock,
+        stop_reason=result.stop_reason, elapsed_s=result.elapsed_s, device=result.device,
+        clock=ClockRecord.from_json(result.clock),
         throttled=result.throttled, notes=tuple(result.notes), input_sets=result.input_sets,
     )
 
@@ -368,11 +375,11 @@ class KernelABAssertionError(AssertionError):
 
 @dataclass
 class _Measurement:
-    samples: timing.RoundSamples
+    samples: timing.RoundSamples  # the rounds the verdict used (throttle="discard" drops some)
     method: str
     calls_per_sample: int
-    clock: dict[str, Any]  # timing.ClockMonitor.summary()
-    throttled: bool  # the SM clock dropped during sampling (timing.ClockMonitor.throttled)
+    clock: dict[str, Any]  # clocks.ClockMonitor.summary()
+    throttled: bool  # the SM clock fell below 90% of the session's highest (clocks.ClockMonitor.throttled)
     elapsed_s: float
     stop_reason: str
     looks_done: int
@@ -430,7 +437,10 @@ def _measure(
     measure. ``ceiling`` is asked for this device's ceiling inside the device lock, after sampling.
 
     With ``make_inputs`` the callables take the inputs: each timed call runs on the next of several input sets
-    (:mod:`.inputs`), and the first call and the same-output check after timing run on the first set."""
+    (:mod:`.inputs`), and the first call and the same-output check after timing run on the first set.
+
+    Before sampling, a CUDA comparison checks that the events see the callables' work (:mod:`.escape`); during
+    sampling the SM clock is read after each chunk of rounds and ``budget.throttle`` applies (:mod:`.clocks`)."""
     owned = None
     if make_inputs is not None:
         owned = owned_inputs.build_input_sets(make_inputs)
@@ -467,14 +477,19 @@ def _measure(
         else:
             calls = int(budget.calls_per_sample)
         timed_fns, repeat, method = _timed_callables(timer, fns, calls, budget, notes)
-        monitor = timing.ClockMonitor(timer.device if is_cuda else None)
-        monitor.sample()
+        probe = escape.probe_for(timer) if budget.check_escape else None
+        if probe is not None:  # before sampling: a comparison the events cannot see fails before it spends its budget
+            escape.check_escaping_work(probe, timed_fns, sides, repeat)
+        source, no_clock = clocks.clock_for(timer, is_cuda)
+        monitor = clocks.ClockMonitor(source, reason=no_clock, policy=budget.throttle)
         start = timer.now()
-        samples, looks_done, stop_reason = _sample_with_looks(
+        taken, samples, looks_done, stop_reason = _sample_with_looks(
             timer, timed_fns, sides, repeat, calls, warm, budget, on_look, monitor
         )
         elapsed = timer.now() - start
-        monitor.sample()
+        throttle_note = monitor.note(taken)
+        if throttle_note:
+            notes.append(throttle_note)
         if not is_cuda:  # on a GPU the spread is the clock's and the throttling flag's business
             notes.extend(n for n in (stats.spread_note(times, side) for times, side in zip(samples.times, sides)) if n)
         if is_cuda and timer.hold_gpu and timer.short_holds:
@@ -535,33 +550,44 @@ def _sample_with_looks(
     warm: Sequence[Sequence[float]],
     budget: Budget,
     on_look: Callable[[timing.RoundSamples], bool],
-    monitor: timing.ClockMonitor,
-) -> tuple[timing.RoundSamples, int, str]:
-    """Sample rounds in chunks, looking at the data at each scheduled count, until decided or out of budget."""
+    monitor: clocks.ClockMonitor,
+) -> tuple[int, timing.RoundSamples, int, str]:
+    """Sample rounds in chunks, looking at the data at each scheduled count, until decided or out of budget.
+
+    Returns the rounds taken, the samples the last look used, the looks and why sampling stopped. The clock is
+    read after each chunk. The schedule counts the rounds the verdict may use: with ``throttle="discard"`` those
+    not taken while throttled, so each look judges as many pairs as planned; the time budget counts every round.
+    """
     rng = random.Random(budget.seed)
     samples = timing.RoundSamples.empty(len(timed_fns))
+    usable = samples
     start = timer.now()
     looks_done, last_look = 0, 0
     for look_at in stats.look_schedule(budget.min_pairs, budget.max_pairs):
         out_of_time = False
-        while samples.n_rounds < look_at:
+        while usable.n_rounds < look_at:
             spent = timer.now() - start
             if spent >= budget.max_time and samples.n_rounds >= budget.min_pairs:
                 out_of_time = True
                 break
             round_s = _round_seconds(samples, warm, calls)
-            chunk = max(1, min(look_at - samples.n_rounds, int(CHUNK_SECONDS / round_s) if round_s > 0 else 64))
+            chunk = max(1, min(look_at - usable.n_rounds, int(CHUNK_SECONDS / round_s) if round_s > 0 else 64))
             if samples.n_rounds >= budget.min_pairs and round_s > 0:
                 chunk = max(1, min(chunk, int((budget.max_time - spent) / round_s) + 1))
             timing.sample_rounds(timer, timed_fns, sides, chunk, repeat, rng, samples, calls_per_sample=calls)
-        if samples.n_rounds > last_look:  # a look only when there is new data
-            monitor.sample()
+            monitor.after_chunk(samples.n_rounds)  # with throttle="fail", raises here
+            kept = monitor.kept_rounds(samples.n_rounds)
+            usable = samples if kept is None else samples.select(kept)
+        if samples.n_rounds > last_look and usable.n_rounds:  # a look only when there is new data
+            monitor.at_look()
             looks_done, last_look = looks_done + 1, samples.n_rounds
-            if on_look(samples):
-                return samples, looks_done, "decided"
+            if on_look(usable):
+                return samples.n_rounds, usable, looks_done, "decided"
         if out_of_time:
-            return samples, looks_done, "max_time"
-    return samples, looks_done, "max_pairs"
+            break
+    if not usable.n_rounds:  # discard dropped every round: there is nothing to decide on
+        raise monitor.nothing_left(samples.n_rounds)
+    return samples.n_rounds, usable, looks_done, "max_time" if out_of_time else "max_pairs"
 
 
 def _round_seconds(samples: timing.RoundSamples, warm: Sequence[Sequence[float]], calls: int) -> float:
@@ -1007,7 +1033,7 @@ class KernelAB:
         ``bytes``: the work of one call (numbers, or callables of the test's ``shape``), the same for both
         sides; they add TFLOP/s, GB/s and the share of this device's ceiling for ``dtype`` (default: the shape's
         dtype) to the result and the report. Budget keywords: max_time, min_pairs, max_pairs, alpha, margin,
-        flush_l2, hold_gpu, calls_per_sample, use_cuda_graph, warmup, check_output, seed.
+        flush_l2, hold_gpu, calls_per_sample, use_cuda_graph, warmup, check_output, seed, throttle, check_escape.
 
         >>> result = kernel_ab.compare(lambda: new(x), lambda: old(x), max_time=1.0,  # doctest: +SKIP
         ...                            flops=lambda s: 2 * s.M * s.N * s.K, bytes=lambda s: 2 * s.M * s.N * 3)

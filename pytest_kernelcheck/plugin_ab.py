@@ -74,6 +74,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("kernel_ab_hold_gpu", "hold the GPU while each A/B round is queued (device time alone)",
                   type="bool", default=False)
     group.addoption(
+        "--kernel-ab-throttle", dest="kernel_ab_throttle", default=None, metavar="flag|discard|fail",
+        help="rounds taken with the SM clock more than 10%% below the session's highest: flag (default: keep "
+             "them, note it), discard (drop them, decide on the rest) or fail (fail the comparison)",
+    )
+    parser.addini("kernel_ab_throttle", "throttled A/B rounds: flag, discard or fail (see --kernel-ab-throttle)",
+                  default="flag")
+    group.addoption(
         "--kernel-ab-report", dest="kernel_ab_report", default=None, metavar="PATH",
         help="write the A/B report as JSON to PATH, with a markdown table (.md) and a plot (.png) beside it",
     )
@@ -178,6 +185,12 @@ def pytest_configure(config: pytest.Config) -> None:
         except (TypeError, ValueError):
             raise pytest.UsageError(f"--kernel-ab-{name.replace('_', '-')} / kernel_ab_{name}: not a number: {raw!r}")
     settings["hold_gpu"] = bool(config.getoption("kernel_ab_hold_gpu") or config.getini("kernel_ab_hold_gpu"))
+    throttle = _setting(config, "throttle")
+    if throttle not in ("flag", "discard", "fail"):
+        raise pytest.UsageError(f"--kernel-ab-throttle / kernel_ab_throttle: one of flag, discard, fail; "
+                                f"got {throttle!r}")
+    if throttle != "flag":  # the default leaves the report's settings as they were before the option
+        settings["throttle"] = throttle
     try:
         _budget_from(settings)
     except ValueError as exc:

@@ -6,7 +6,7 @@ controller as text on the test report) and the report is a JSON file, so each re
 and ``from_json()``; ``from_json`` gives every missing key its default, so reports written by earlier versions
 still load. The report fills in Benjamini-Hochberg columns and the match with an earlier run (:class:`LastRun`);
 :class:`ABReport` is the whole document, :class:`ReportSummary` its totals, :class:`RunEnvironment` where the
-numbers came from.
+numbers came from; :class:`ClockRecord` is the SM clock of one run (in :class:`RunDetails`).
 
 >>> row = ComparisonRecord.from_json({"kind": "comparison", "name": "fused", "verdict": "win", "speedup": 1.2})
 >>> row.speedup, row.ci, row.failed
@@ -74,6 +74,76 @@ def describe_error(error: BaseException) -> str:
 
 
 @dataclass(frozen=True)
+class ClockRecord:
+    """The SM clock and temperature during a run (:class:`pytest_kernelcheck.clocks.ClockMonitor`), or why
+    they were not read (``available`` False: a CPU run, no nvidia-ml-py, NVML refused).
+
+    ``throttled``: some reading was more than 10% below ``session_highest_mhz``, the highest clock this process
+    saw on the device. ``at_looks_mhz``: the clock at each look. ``policy`` is ``--kernel-ab-throttle``;
+    ``rounds_below`` counts the rounds taken below the threshold and ``dropped_rounds`` those the verdict left
+    out (``discard``).
+
+    >>> row = ClockRecord(available=True, throttled=True, samples=3, sm_start_mhz=1980, sm_min_mhz=1500,
+    ...                   session_highest_mhz=1980, at_looks_mhz=(1980, 1500), policy="discard", dropped_rounds=20)
+    >>> row.to_json()["throttle"], ClockRecord.from_json(row.to_json()) == row
+    ({'policy': 'discard', 'rounds_below': 0, 'dropped_rounds': 20}, True)
+    >>> ClockRecord.from_json({"available": False, "reason": "not a CUDA comparison", "throttled": False}).to_json()
+    {'available': False, 'reason': 'not a CUDA comparison', 'throttled': False}
+    """
+
+    available: bool = False
+    reason: str | None = None  # why the clock was not read
+    throttled: bool = False
+    samples: int = 0  # readings: one after each chunk of rounds
+    sm_start_mhz: int | None = None
+    sm_min_mhz: int | None = None
+    sm_end_mhz: int | None = None
+    sm_max_supported_mhz: int | None = None  # NVML's maximum SM clock of the device
+    session_highest_mhz: int | None = None
+    at_looks_mhz: tuple[int, ...] = ()
+    temperature_start_c: int | None = None
+    temperature_max_c: int | None = None
+    temperature_end_c: int | None = None
+    policy: str | None = None  # "flag", "discard" or "fail"; None in reports written before the option
+    rounds_below: int = 0
+    dropped_rounds: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        if not self.available:
+            return {"available": False, "reason": self.reason, "throttled": self.throttled}
+        data: dict[str, Any] = {
+            "available": True,
+            "sm_clock_mhz": {"start": self.sm_start_mhz, "min": self.sm_min_mhz, "end": self.sm_end_mhz,
+                             "max_supported": self.sm_max_supported_mhz,
+                             "session_highest": self.session_highest_mhz, "at_looks": list(self.at_looks_mhz)},
+            "temperature_c": {"start": self.temperature_start_c, "max": self.temperature_max_c,
+                              "end": self.temperature_end_c},
+            "samples": self.samples, "throttled": self.throttled,
+        }
+        if self.policy is not None:
+            data["throttle"] = {"policy": self.policy, "rounds_below": self.rounds_below,
+                                "dropped_rounds": self.dropped_rounds}
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any] | None) -> "ClockRecord":
+        data = data or {}
+        sm = data.get("sm_clock_mhz") or {}
+        temperature = data.get("temperature_c") or {}
+        throttle = data.get("throttle") or {}
+        return cls(
+            available=bool(data.get("available", False)), reason=data.get("reason"),
+            throttled=bool(data.get("throttled", False)), samples=int(data.get("samples") or 0),
+            sm_start_mhz=sm.get("start"), sm_min_mhz=sm.get("min"), sm_end_mhz=sm.get("end"),
+            sm_max_supported_mhz=sm.get("max_supported"), session_highest_mhz=sm.get("session_highest"),
+            at_looks_mhz=tuple(sm.get("at_looks") or ()), temperature_start_c=temperature.get("start"),
+            temperature_max_c=temperature.get("max"), temperature_end_c=temperature.get("end"),
+            policy=throttle.get("policy"), rounds_below=int(throttle.get("rounds_below") or 0),
+            dropped_rounds=int(throttle.get("dropped_rounds") or 0),
+        )
+
+
+@dataclass(frozen=True)
 class RunDetails:
     """How a comparison or tournament was measured and decided: the columns both kinds of record share.
 
@@ -91,7 +161,7 @@ class RunDetails:
     stop_reason: str | None = None  # "decided", "max_time" or "max_pairs"
     elapsed_s: float | None = None
     device: str | None = None
-    clock: Mapping[str, Any] = field(default_factory=dict)  # timing.ClockMonitor.summary()
+    clock: ClockRecord = ClockRecord()  # clocks.ClockMonitor.record()
     throttled: bool = False
     notes: tuple[str, ...] = ()
     input_sets: int | None = None  # inputs= given: the sets the plugin built and rotated (None: the test's own)
@@ -105,7 +175,7 @@ class RunDetails:
             "method": self.method, "calls_per_sample": self.calls_per_sample, "alpha": self.alpha,
             "margin": self.margin, "ci_level": self.ci_level, "looks_planned": self.looks_planned,
             "looks_done": self.looks_done, "stop_reason": self.stop_reason, "elapsed_s": self.elapsed_s,
-            "device": self.device, "clock": copy.deepcopy(dict(self.clock)), "throttled": self.throttled,
+            "device": self.device, "clock": self.clock.to_json(), "throttled": self.throttled,
             "notes": list(self.notes),
             # Only rows whose inputs the plugin owned carry the key: other rows keep the layout of every report.
             **({"input_sets": self.input_sets} if self.input_sets is not None else {}),
@@ -117,7 +187,7 @@ class RunDetails:
             method=data.get("method"), calls_per_sample=data.get("calls_per_sample"), alpha=data.get("alpha"),
             margin=data.get("margin"), ci_level=data.get("ci_level"), looks_planned=data.get("looks_planned"),
             looks_done=data.get("looks_done"), stop_reason=data.get("stop_reason"),
-            elapsed_s=data.get("elapsed_s"), device=data.get("device"), clock=data.get("clock") or {},
+            elapsed_s=data.get("elapsed_s"), device=data.get("device"), clock=ClockRecord.from_json(data.get("clock")),
             throttled=bool(data.get("throttled", False)), notes=tuple(data.get("notes") or ()),
             input_sets=data.get("input_sets"),
         )

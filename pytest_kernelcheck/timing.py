@@ -1,4 +1,4 @@
-"""Timing engine for A/B comparisons: timers, warm-up, interleaved sampling, CUDA graphs and clocks.
+"""Timing engine for A/B comparisons: timers, warm-up, interleaved sampling and CUDA graphs.
 
 A timer times a sequence of zero-argument callables back to back and returns one duration per element. Rounds
 (pairs, for two variants) run every variant once in a fresh random order, so drift, throttling and cache state
@@ -18,7 +18,9 @@ Timers:
 - :class:`SimulatedTimer`: draws durations from given models on a virtual clock; it lets tests check the
   statistics against known truths (A/A, known slowdowns, drift) quickly and reproducibly.
 
-Whether an output stayed the same across the timed calls is :mod:`pytest_kernelcheck.outputs`' job.
+Whether an output stayed the same across the timed calls is :mod:`pytest_kernelcheck.outputs`' job; the SM clock
+during sampling is :mod:`pytest_kernelcheck.clocks`', and work that escapes the timed stream
+:mod:`pytest_kernelcheck.escape`'s.
 """
 from __future__ import annotations
 
@@ -29,6 +31,9 @@ import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Protocol, Sequence
+
+from . import clocks
+from .clocks import ClockMonitor  # noqa: F401  (importable from here, where it lived before clocks.py)
 
 # Below this median single-call time a sample batches several calls (or replays a CUDA graph): launch overhead
 # and timer resolution would otherwise dominate (an 8 us kernel timed alone varies by ~16% on an H200).
@@ -47,8 +52,6 @@ L2_FLUSH_BYTES = 256 * 1024 * 1024
 HOLD_MARGIN = 2.0
 HOLD_MIN_S = 200e-6
 HOLD_MAX_S = 2.0  # a host-bound callable batched 100 times can take a few hundred ms to queue
-# A comparison is flagged as throttled when the SM clock drops below this fraction of its starting value.
-THROTTLE_FRACTION = 0.9
 
 
 def l2_flush_bytes(l2_cache_bytes: int | None) -> int:
@@ -238,10 +241,20 @@ class SimulatedTimer:
     The clock advances by every simulated duration plus ``overhead_s`` per element. The callables themselves are
     not run unless ``run_callables`` is true.
 
+    ``sm_clock(now) -> MHz`` gives the simulated device an SM clock (``timer.sm_clock``, read by
+    :mod:`.clocks`), so throttling can be simulated together with what it does to the durations. ``escaped``
+    maps callables to models of work they leave outside the timed stream: the timer then answers the escape
+    check (:mod:`.escape`) as a CUDA device would, events seeing the model's time and a synchronised wall clock
+    that plus the escaped work plus ``sync_overhead_s`` (launch and synchronisation latency). Without
+    ``escaped`` there is no escape check, as on the CPU.
+
     >>> fast, slow = (lambda: None), (lambda: None)
     >>> timer = SimulatedTimer({fast: lambda rng, now: 1e-3, slow: lambda rng, now: 2e-3})
     >>> timer.time_calls([fast, slow], repeat=2), timer.now()
     ([0.002, 0.004], 0.006)
+    >>> timer = SimulatedTimer({fast: lambda rng, now: 1e-3}, escaped={fast: lambda rng, now: 3e-3})
+    >>> timer.escape_probe.event_time(fast, 1), round(timer.escape_probe.synced_time(fast, 1), 6)
+    (0.001, 0.00401)
     """
 
     name = "simulated"
@@ -253,12 +266,31 @@ class SimulatedTimer:
         seed: int = 0,
         overhead_s: float = 0.0,
         run_callables: bool = False,
+        sm_clock: Callable[[float], float] | None = None,
+        escaped: Mapping[Callable[[], Any], DurationModel] | None = None,
+        sync_overhead_s: float = 10e-6,
     ) -> None:
         self._models = {id(fn): model for fn, model in models.items()}
         self._rng = random.Random(seed)
         self._clock = 0.0
         self._overhead_s = overhead_s
         self._run_callables = run_callables
+        self.sm_clock = clocks.FakeClock(lambda: sm_clock(self._clock)) if sm_clock is not None else None
+        self._escaped = {id(fn): model for fn, model in (escaped or {}).items()}
+        self.escape_probe = self if escaped is not None else None
+        self._sync_overhead_s = sync_overhead_s
+
+    def event_time(self, fn: Callable[[], Any], repeat: int) -> float:
+        """Seconds the events of one sample of ``fn`` see: its model's time (the escape check's event timer)."""
+        return self.time_calls([fn], repeat)[0]
+
+    def synced_time(self, fn: Callable[[], Any], repeat: int) -> float:
+        """Seconds between device-wide synchronisations around one sample: its time, escaped work and latency."""
+        timed = self.time_calls([fn], repeat)[0]
+        model = self._escaped.get(id(fn))
+        escaped = sum(model(self._rng, self._clock) for _ in range(repeat)) if model is not None else 0.0
+        self._clock += escaped + self._sync_overhead_s
+        return timed + escaped + self._sync_overhead_s
 
     def time_calls(self, fns: Sequence[Callable[[], Any]], repeat: int) -> list[float]:
         durations = []
@@ -331,6 +363,14 @@ class RoundSamples:
     @property
     def n_rounds(self) -> int:
         return len(self.orders)
+
+    def select(self, rounds: Sequence[int]) -> "RoundSamples":
+        """These samples with only the given rounds (indices, in order), e.g. those a throttled clock left.
+
+        >>> RoundSamples([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], [(0, 1), (1, 0), (0, 1)]).select([0, 2]).times
+        [[1.0, 3.0], [4.0, 6.0]]
+        """
+        return RoundSamples([[times[i] for i in rounds] for times in self.times], [self.orders[i] for i in rounds])
 
 
 def sample_rounds(
@@ -434,70 +474,6 @@ def capture_cuda_graph(fn: Callable[[], Any], calls: int) -> Callable[[], Any]:
             fn()
     torch.cuda.synchronize()
     return graph.replay
-
-
-class ClockMonitor:
-    """SM clock and temperature of a CUDA device through NVML (nvidia-ml-py), sampled during a comparison.
-
-    Without a CUDA device or without nvidia-ml-py, ``summary()`` says it was unavailable and why.
-
-    >>> ClockMonitor(None).summary()["available"]
-    False
-    """
-
-    def __init__(self, device: Any) -> None:
-        self._device = device
-        self._samples: list[tuple[float, int, int]] = []
-        self._reason = ""
-        self._max_sm_mhz: int | None = None
-        if device is None:
-            self._reason = "not a CUDA comparison"
-            return
-        try:
-            import pynvml  # noqa: F401  (nvidia-ml-py; torch's clock_rate/temperature need it)
-            import torch
-
-            self._torch = torch
-            handle = torch.cuda._get_pynvml_handler(device)
-            self._max_sm_mhz = int(pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM))
-        except ImportError:
-            self._reason = "nvidia-ml-py is not installed (pip install pytest-kernelcheck[nvml])"
-        except Exception as exc:  # NVML can be missing or refuse (containers, MIG): record, never fail a test
-            self._reason = f"NVML unavailable: {type(exc).__name__}: {exc}"
-
-    def sample(self) -> None:
-        if self._reason:
-            return
-        try:
-            clock = int(self._torch.cuda.clock_rate(self._device))
-            temperature = int(self._torch.cuda.temperature(self._device))
-        except Exception as exc:
-            self._reason = f"NVML query failed: {type(exc).__name__}: {exc}"
-            return
-        self._samples.append((time.perf_counter(), clock, temperature))
-
-    @property
-    def throttled(self) -> bool:
-        """Whether the SM clock dropped below ``THROTTLE_FRACTION`` of its first sample (False without samples)."""
-        if self._reason or not self._samples:
-            return False
-        clocks = [c for _, c, _ in self._samples]
-        return min(clocks) < THROTTLE_FRACTION * clocks[0]
-
-    def summary(self) -> dict[str, Any]:
-        if self._reason or not self._samples:
-            return {"available": False, "reason": self._reason or "no samples", "throttled": self.throttled}
-        clocks = [c for _, c, _ in self._samples]
-        temperatures = [t for _, _, t in self._samples]
-        return {
-            "available": True,
-            "sm_clock_mhz": {
-                "start": clocks[0], "min": min(clocks), "end": clocks[-1], "max_supported": self._max_sm_mhz
-            },
-            "temperature_c": {"start": temperatures[0], "max": max(temperatures), "end": temperatures[-1]},
-            "samples": len(self._samples),
-            "throttled": self.throttled,
-        }
 
 
 class torch_threads:  # noqa: N801  (used as a context manager, like contextlib's)
