@@ -94,8 +94,28 @@ def _variant_args(q: torch.Tensor, alibi_slopes: Optional[torch.Tensor],
     else:
         alibi = alibi_slopes
         strides = (alibi.stride(0), alibi.stride(1))
-    flags = dict(WINDOW=window, SOFTCAP=p.softcap > 0, ALIBI=p.alibi != "none")
+    flags = dict(WINDOW=window, SOFTCAP=p.softcap > 0, ALIBI=p.alibi != "none", VARLEN=p.varlen)
     return alibi, (*strides, left, right, float(p.softcap)), flags
+
+
+def packed_view(tokens: torch.Tensor, sequences: int) -> torch.Tensor:
+    """A packed [total, H, D] tensor as the kernels' [B, H, total, D] view with batch stride 0 (no copy): each
+    program of packed sequence b offsets into the token axis by cu_seqlens[b] itself.
+
+    Example:
+        >>> packed_view(torch.zeros(7, 2, 4), 3).stride()
+        (0, 4, 8, 1)
+    """
+    return tokens.transpose(0, 1).unsqueeze(0).expand(sequences, -1, -1, -1)
+
+
+def _new_output(like: torch.Tensor, problem: Problem) -> torch.Tensor:
+    """A contiguous tensor shaped like ``like`` (q, k or v of a call); for packed sequences a fresh packed
+    [total, H, D] tensor in the kernels' view, not B copies."""
+    if problem.varlen:
+        return packed_view(torch.empty_like(like[0].transpose(0, 1), memory_format=torch.contiguous_format),
+                           problem.batch)
+    return torch.empty_like(like, memory_format=torch.contiguous_format)
 
 
 def _check_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: Optional[torch.Tensor],
@@ -241,20 +261,24 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 
 def launch_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: Optional[torch.Tensor],
-                   alibi_slopes: Optional[torch.Tensor], plan: Plan,
-                   need_lse: bool = True) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+                   alibi_slopes: Optional[torch.Tensor], plan: Plan, need_lse: bool = True,
+                   cu_seqlens: Optional[tuple[torch.Tensor, torch.Tensor]] = None
+                   ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """(out, lse; None without ``need_lse``) of a call of ``plan``'s signature. Without ``need_lse`` the kernel
     skips its log-sum-exp store (inference: no backward pass will read it) and ``out`` fills the unused slot.
     Window and softcap come from ``plan.problem``; ``alibi_slopes`` is this call's (None unless the problem has
-    ALiBi), a leading tensor of the launch, so a recorded launch replays with each call's slopes."""
+    ALiBi), a leading tensor of the launch, so a recorded launch replays with each call's slopes. Packed
+    sequences (``plan.problem.varlen``): q, k, v are ``packed_view``s, ``cu_seqlens`` the int32 (q, k) starts;
+    ``out`` is then a packed view too, and lse [B, H, max S_q] padded."""
     p = plan.problem
     # Contiguous [B, H, S_q, D] (empty_like parses fewer arguments than empty).
-    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    out = _new_output(q, p) if p.varlen else torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((p.batch, p.heads, p.seq_q), dtype=torch.float32, device=q.device) if need_lse else out
     mask_arg, lengths_arg, stride_mask_b, stride_mask_n = _key_mask_args(q, key_mask, p)
     alibi_arg, variant_scalars, variant_flags = _variant_args(q, alibi_slopes, p)
-    # the kernel's Q, K, V, Out, Lse, KeyMask, KeyLen, Alibi
-    tensors = (q, k, v, out, lse, mask_arg, lengths_arg, alibi_arg)
+    cu_q, cu_k = (q, q) if cu_seqlens is None else cu_seqlens
+    # the kernel's Q, K, V, Out, Lse, KeyMask, KeyLen, Alibi, CuSeqQ, CuSeqK
+    tensors = (q, k, v, out, lse, mask_arg, lengths_arg, alibi_arg, cu_q, cu_k)
     site = "forward" if need_lse else "inference"
     recorded = plan.recorded.get(site)  # _replayed, inline: this is the hot path of a replayed inference call
     if recorded is None or not recorded.launch(*tensors):
@@ -296,30 +320,36 @@ def attention_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
 
 def launch_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                     lse: torch.Tensor, key_mask: Optional[torch.Tensor], alibi_slopes: Optional[torch.Tensor],
-                    plan: Plan) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv) of a call of ``plan``'s signature, from the forward's ``out`` and ``lse``; ``alibi_slopes`` as in
-    ``launch_forward``."""
+                    plan: Plan, cu_seqlens: Optional[tuple[torch.Tensor, torch.Tensor]] = None
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) of a call of ``plan``'s signature, from the forward's ``out`` and ``lse``; ``alibi_slopes`` and
+    packed sequences (``cu_seqlens``, every tensor a ``packed_view``, the gradients too) as in ``launch_forward``."""
     p = plan.problem
     lse = lse.contiguous()
     delta = torch.empty_like(lse)
-    dq = torch.empty((p.batch, p.heads, p.seq_q, p.head_dim), dtype=q.dtype, device=q.device)
-    dk = torch.empty((p.batch, p.kv_heads, p.seq_k, p.head_dim), dtype=k.dtype, device=k.device)
-    dv = torch.empty((p.batch, p.kv_heads, p.seq_k, p.head_dim), dtype=v.dtype, device=v.device)
+    if p.varlen:
+        dq, dk, dv = _new_output(q, p), _new_output(k, p), _new_output(v, p)
+    else:
+        dq = torch.empty((p.batch, p.heads, p.seq_q, p.head_dim), dtype=q.dtype, device=q.device)
+        dk = torch.empty((p.batch, p.kv_heads, p.seq_k, p.head_dim), dtype=k.dtype, device=k.device)
+        dv = torch.empty((p.batch, p.kv_heads, p.seq_k, p.head_dim), dtype=v.dtype, device=v.device)
     mask_arg, lengths_arg, stride_mask_b, stride_mask_n = _key_mask_args(q, key_mask, p)
     alibi_arg, variant_scalars, variant_flags = _variant_args(q, alibi_slopes, p)
     # The incoming gradient's layout and dtype are not part of the signature (autograd may pass an expanded or
     # transposed gradient): they join the sites' names, so each layout has its own recordings. out and lse come from
     # the forward of this signature, but a direct launcher call may pass its own: their strides join too.
     layout = (grad_out.stride(), grad_out.dtype, out.stride(), out.dtype)
-    delta_tensors = (out, grad_out, delta)  # the kernels' leading tensors, in order
-    dkdv_tensors = (q, k, v, grad_out, lse, delta, dk, dv, mask_arg, lengths_arg, alibi_arg)
-    dq_tensors = (q, k, v, grad_out, lse, delta, dq, mask_arg, lengths_arg, alibi_arg)
+    cu_q, cu_k = (q, q) if cu_seqlens is None else cu_seqlens
+    delta_tensors = (out, grad_out, delta, cu_q)  # the kernels' leading tensors, in order
+    dkdv_tensors = (q, k, v, grad_out, lse, delta, dk, dv, mask_arg, lengths_arg, alibi_arg, cu_q, cu_k)
+    dq_tensors = (q, k, v, grad_out, lse, delta, dq, mask_arg, lengths_arg, alibi_arg, cu_q, cu_k)
     block_d = _block_d(p.head_dim)
     flat_q = p.batch * p.heads > _GRID_AXIS1_LIMIT
     if not _replayed(plan, ("delta", layout), delta_tensors):
         _launch(_bwd.attn_bwd_delta, ("delta", layout), plan, _Grid(p.seq_q, "BLOCK_M", p.batch * p.heads),
                 delta_tensors, (*out.stride(), *grad_out.stride(), p.heads, p.seq_q),
-                dict(HEAD_DIM=p.head_dim, BLOCK_D=block_d, FLAT_GRID=flat_q, BLOCK_M=_bwd.DELTA_BLOCK_M))
+                dict(HEAD_DIM=p.head_dim, BLOCK_D=block_d, FLAT_GRID=flat_q, BLOCK_M=_bwd.DELTA_BLOCK_M,
+                     VARLEN=p.varlen))
     qk_scale = p.scale * math.log2(math.e)
     meta = dict(HEAD_DIM=p.head_dim, BLOCK_D=block_d, CAUSAL=p.causal_mode, KEY_MASK=p.key_masking,
                 DOT=_dot_mode(p.precision), **variant_flags)

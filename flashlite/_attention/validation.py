@@ -72,6 +72,8 @@ class Problem:
     window_right: int = -1  # keys j <= i' + window_right are visible; -1: no bound
     softcap: float = 0.0  # scores become softcap * tanh(scores / softcap); 0.0: off
     alibi: AlibiSlopes = "none"  # slopes per query head ("heads", [H]) or per batch and head ("batch_heads")
+    # Packed sequences (attention_varlen): batch counts the sequences, seq_q and seq_k are the longest ones
+    varlen: bool = False
 
     @property
     def group_size(self) -> int:
@@ -81,8 +83,8 @@ class Problem:
     @property
     def variant(self) -> str:
         """What the call adds to dense attention, as the dispatch keys it: "dense", or the parts joined by "+"
-        ("key_padding", "window", "softcap", "alibi")."""
-        parts = [name for name, present in (("key_padding", self.key_masking != "none"),
+        ("varlen", "key_padding", "window", "softcap", "alibi")."""
+        parts = [name for name, present in (("varlen", self.varlen), ("key_padding", self.key_masking != "none"),
                                              ("window", self.window_left >= 0 or self.window_right >= 0),
                                              ("softcap", self.softcap > 0), ("alibi", self.alibi != "none"))
                  if present]

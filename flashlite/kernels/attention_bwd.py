@@ -23,7 +23,7 @@ import triton.language as tl
 from flashlite import _runtime
 from flashlite.kernels.attention_common import (cast_out, key_range, load_cols, load_cols_where, load_rows,
                                                 load_rows_where, mma, program_ids, tanh, variant_scalars,
-                                                window_shift_and_right)
+                                                varlen_sequence, window_shift_and_right)
 from flashlite.kernels.tuning import AUTOTUNE_KEY, SCRATCH_BYTES, even_m, make_configs, prune_by_resources
 
 
@@ -31,15 +31,20 @@ from flashlite.kernels.tuning import AUTOTUNE_KEY, SCRATCH_BYTES, even_m, make_c
 def _attn_bwd_delta(Out,  # [B, H, S_q, D]
                     dOut,  # [B, H, S_q, D]
                     Delta,  # [B, H, S_q] float32, contiguous
+                    CuSeqQ,  # [B + 1] int32 starts of the packed sequences when VARLEN (else unused)
                     stride_ob, stride_oh, stride_om, stride_od,
                     stride_dob, stride_doh, stride_dom, stride_dod,
                     num_heads, seq_q,
                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, FLAT_GRID: tl.constexpr,
-                    BLOCK_M: tl.constexpr):
+                    BLOCK_M: tl.constexpr, VARLEN: tl.constexpr = False):
     num_m_blocks = tl.cdiv(seq_q, BLOCK_M)
     pid_m, pid_bh = program_ids(num_m_blocks, FLAT_GRID)
     b = pid_bh // num_heads
     h = pid_bh % num_heads
+    row_len = seq_q  # rows of Delta: the padded maximum for packed sequences
+    if VARLEN:
+        q_start, _, seq_q, _ = varlen_sequence(CuSeqQ, CuSeqQ, b)
+        Out, dOut = Out + q_start.to(tl.int64) * stride_om, dOut + q_start.to(tl.int64) * stride_dom
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     o = load_rows(Out + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
@@ -49,7 +54,7 @@ def _attn_bwd_delta(Out,  # [B, H, S_q, D]
                    + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
                    offs_m, seq_q, offs_d, HEAD_DIM, BLOCK_D, True)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
-    tl.store(Delta + pid_bh.to(tl.int64) * seq_q + offs_m, delta, mask=offs_m < seq_q)
+    tl.store(Delta + pid_bh.to(tl.int64) * row_len + offs_m, delta, mask=offs_m < seq_q)
 
 
 @triton.jit
@@ -125,6 +130,8 @@ def _attn_bwd_dkdv(Q,  # [B, H, S_q, D]
                    KeyMask,  # [B, S_k] uint8 when KEY_MASK == "bool"
                    KeyLen,  # [B] int when KEY_MASK == "lengths"
                    Alibi,  # [B, H] or [H] float32 slopes when ALIBI (else unused); [H]: stride_alibi_b = 0
+                   CuSeqQ,  # [B + 1] int32 starts of the packed sequences in q's tokens when VARLEN (else unused)
+                   CuSeqK,  # [B + 1] int32 starts of the packed sequences in k's and v's tokens when VARLEN
                    stride_qb, stride_qh, stride_qm, stride_qd,
                    stride_kb, stride_kh, stride_kn, stride_kd,
                    stride_vb, stride_vh, stride_vn, stride_vd,
@@ -140,17 +147,26 @@ def _attn_bwd_dkdv(Q,  # [B, H, S_q, D]
                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, KEY_MASK: tl.constexpr,
                    DOT: tl.constexpr, FLAT_GRID: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_M: tl.constexpr,
-                   WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False, ALIBI: tl.constexpr = False):
+                   WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False, ALIBI: tl.constexpr = False,
+                   VARLEN: tl.constexpr = False):
     num_n_blocks = tl.cdiv(seq_k, BLOCK_N)
     pid_n, pid_bkv = program_ids(num_n_blocks, FLAT_GRID)
     b = pid_bkv // num_kv_heads
     kv_h = pid_bkv % num_kv_heads
     start_n = pid_n * BLOCK_N
+    row_len = seq_q  # rows of Lse and Delta: the padded maximum for packed sequences
+    if VARLEN:
+        q_start, k_start, seq_q, seq_k = varlen_sequence(CuSeqQ, CuSeqK, b)
+        Q, dOut = Q + q_start.to(tl.int64) * stride_qm, dOut + q_start.to(tl.int64) * stride_dom
+        K, V = K + k_start.to(tl.int64) * stride_kn, V + k_start.to(tl.int64) * stride_vn
+        dK, dV = dK + k_start.to(tl.int64) * stride_dkn, dV + k_start.to(tl.int64) * stride_dvn
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
 
     # Keys past seq_k are never stored, so only padding needs a per-key mask.
     q_end = seq_q
+    if VARLEN:
+        q_end = tl.where(start_n < seq_k, seq_q, 0)  # a key block past its sequence's end: nothing to do
     if KEY_MASK == "lengths":
         n_len = tl.minimum(tl.maximum(tl.load(KeyLen + b), 0), seq_k).to(tl.int32)
         key_ok = offs_n < n_len
@@ -212,7 +228,7 @@ def _attn_bwd_dkdv(Q,  # [B, H, S_q, D]
         h = kv_h * group_size + g
         q_base = Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
         do_base = dOut + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
-        row = (b * num_heads + h).to(tl.int64) * seq_q
+        row = (b * num_heads + h).to(tl.int64) * row_len
         softcap2, slope2 = variant_scalars(Alibi, b, h, stride_alibi_b, stride_alibi_h, softcap, qk_scale, SOFTCAP,
                                            ALIBI)
         if WINDOW:
@@ -330,6 +346,8 @@ def _attn_bwd_dq(Q,  # [B, H, S_q, D]
                  KeyMask,  # [B, S_k] uint8 when KEY_MASK == "bool"
                  KeyLen,  # [B] int when KEY_MASK == "lengths"
                  Alibi,  # [B, H] or [H] float32 slopes when ALIBI (else unused); [H]: stride_alibi_b = 0
+                 CuSeqQ,  # [B + 1] int32 starts of the packed sequences in q's tokens when VARLEN (else unused)
+                 CuSeqK,  # [B + 1] int32 starts of the packed sequences in k's and v's tokens when VARLEN
                  stride_qb, stride_qh, stride_qm, stride_qd,
                  stride_kb, stride_kh, stride_kn, stride_kd,
                  stride_vb, stride_vh, stride_vn, stride_vd,
@@ -344,7 +362,8 @@ def _attn_bwd_dq(Q,  # [B, H, S_q, D]
                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, KEY_MASK: tl.constexpr,
                  DOT: tl.constexpr, FLAT_GRID: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_M: tl.constexpr,
-                 WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False, ALIBI: tl.constexpr = False):
+                 WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False, ALIBI: tl.constexpr = False,
+                 VARLEN: tl.constexpr = False):
     num_m_blocks = tl.cdiv(seq_q, BLOCK_M)
     pid_m, pid_bh = program_ids(num_m_blocks, FLAT_GRID)
     if CAUSAL != 0:
@@ -353,6 +372,13 @@ def _attn_bwd_dq(Q,  # [B, H, S_q, D]
     h = pid_bh % num_heads
     kv_h = h // group_size
     start_m = pid_m * BLOCK_M
+    row_len = seq_q  # rows of Lse and Delta: the padded maximum for packed sequences
+    if VARLEN:
+        q_start, k_start, seq_q, seq_k = varlen_sequence(CuSeqQ, CuSeqK, b)
+        Q, dOut = Q + q_start.to(tl.int64) * stride_qm, dOut + q_start.to(tl.int64) * stride_dom
+        dQ = dQ + q_start.to(tl.int64) * stride_dqm
+        K, V = K + k_start.to(tl.int64) * stride_kn, V + k_start.to(tl.int64) * stride_vn
+        seq_k = tl.where(start_m < seq_q, seq_k, 0)  # a query block past its sequence's end visits no key
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
 
@@ -362,7 +388,7 @@ def _attn_bwd_dq(Q,  # [B, H, S_q, D]
     do = load_rows(dOut + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
                    + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
                    offs_m, seq_q, offs_d, HEAD_DIM, BLOCK_D, not EVEN_M)
-    row = pid_bh.to(tl.int64) * seq_q
+    row = pid_bh.to(tl.int64) * row_len
     lse = _load_lse(Lse + row, offs_m, seq_q, not EVEN_M)
     if EVEN_M:
         delta = tl.load(Delta + row + offs_m)

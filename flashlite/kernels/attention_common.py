@@ -26,6 +26,14 @@ Variants (constexpr flags, all False by default so that a dense launch compiles 
 * ``SOFTCAP``: scores s = scale * q.k become ``softcap * tanh(s / softcap)`` (``softcap`` in natural units).
 * ``ALIBI``: then ``-slope[b, h] * |i' - j|`` is added (``Alibi`` float32, batch stride 0 for [H] slopes).
 * Masks (causal, window, key length, key mask) apply last, always with ``where``.
+
+Packed variable-length batches (constexpr ``VARLEN``, False by default): the sequences lie end to end on the
+token axis of q [total_q, H, D] and k, v [total_k, H_kv, D], which the launcher passes as [B, H, total, D] views
+with batch stride 0; ``CuSeqQ`` / ``CuSeqK`` are int32 [B + 1] starts (``cu_seqlens``). The runtime ``seq_q`` and
+``seq_k`` are then the longest sequence's lengths: they size the grid and the padded [B, H, seq_q] rows of the
+log-sum-exp and delta, and each program replaces them with its own sequence's lengths (``varlen_sequence``), so
+every mask, loop bound and causal alignment is per sequence. Programs past their sequence's end compute nothing
+and store nothing (EVEN_M is off for VARLEN).
 """
 from __future__ import annotations
 
@@ -131,6 +139,14 @@ def tanh(x):
     t = tl.math.exp2(-2.0 * LOG2E * tl.abs(x))
     r = (1.0 - t) / (1.0 + t)
     return tl.where(x < 0, -r, r)
+
+
+@triton.jit
+def varlen_sequence(CuSeqQ, CuSeqK, b):
+    """(q start, k start, S_q, S_k) of packed sequence b, from the int32 [B + 1] starts of q's and k's tokens."""
+    q_start = tl.load(CuSeqQ + b)
+    k_start = tl.load(CuSeqK + b)
+    return q_start, k_start, tl.load(CuSeqQ + b + 1) - q_start, tl.load(CuSeqK + b + 1) - k_start
 
 
 @triton.jit

@@ -22,7 +22,7 @@ import triton.language as tl
 
 from flashlite import _runtime
 from flashlite.kernels.attention_common import (cast_out, key_range, load_cols, load_rows, load_rows_where, mma,
-                                                program_ids, tanh, variant_scalars)
+                                                program_ids, tanh, variant_scalars, varlen_sequence)
 from flashlite.kernels.tuning import AUTOTUNE_KEY, SCRATCH_BYTES, even_m, make_configs, prune_by_resources
 
 
@@ -111,6 +111,8 @@ def _attn_fwd(Q,  # [B, H, S_q, D], any strides
               KeyMask,  # [B, S_k] uint8 when KEY_MASK == "bool" (else unused)
               KeyLen,  # [B] int32/int64 when KEY_MASK == "lengths" (else unused)
               Alibi,  # [B, H] or [H] float32 slopes when ALIBI (else unused); [H]: stride_alibi_b = 0
+              CuSeqQ,  # [B + 1] int32 starts of the packed sequences in q's token axis when VARLEN (else unused)
+              CuSeqK,  # [B + 1] int32 starts of the packed sequences in k's and v's token axis when VARLEN
               stride_qb, stride_qh, stride_qm, stride_qd,
               stride_kb, stride_kh, stride_kn, stride_kd,
               stride_vb, stride_vh, stride_vn, stride_vd,
@@ -125,7 +127,7 @@ def _attn_fwd(Q,  # [B, H, S_q, D], any strides
               DOT: tl.constexpr, FLAT_GRID: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_M: tl.constexpr, BH_PER_PROGRAM: tl.constexpr = 1,
               STORE_LSE: tl.constexpr = True, WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False,
-              ALIBI: tl.constexpr = False):
+              ALIBI: tl.constexpr = False, VARLEN: tl.constexpr = False):
     # Grid: axis 0 query blocks, axis 1 groups of BH_PER_PROGRAM (batch, head) pairs; flattened into axis 0 when
     # the groups exceed axis 1's limit. Several pairs per program give short sequences, whose programs are tiny,
     # more work per launch slot; the autotuner decides where that pays.
@@ -135,28 +137,28 @@ def _attn_fwd(Q,  # [B, H, S_q, D], any strides
         # Later query blocks see more keys; launch them first so the short ones fill the tail.
         pid_m = num_m_blocks - 1 - pid_m
     if BH_PER_PROGRAM == 1:
-        _attn_fwd_block(Q, K, V, Out, Lse, KeyMask, KeyLen, Alibi,
+        _attn_fwd_block(Q, K, V, Out, Lse, KeyMask, KeyLen, Alibi, CuSeqQ, CuSeqK,
                         stride_qb, stride_qh, stride_qm, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
                         stride_vb, stride_vh, stride_vn, stride_vd, stride_ob, stride_oh, stride_om, stride_od,
                         stride_mask_b, stride_mask_n, stride_alibi_b, stride_alibi_h, num_heads, group_size, seq_q,
                         seq_k, qk_scale, window_left, window_right, softcap,
                         pid_m, pid_group, HEAD_DIM, BLOCK_D, CAUSAL, KEY_MASK, DOT, BLOCK_M, BLOCK_N, EVEN_M,
-                        STORE_LSE, WINDOW, SOFTCAP, ALIBI)
+                        STORE_LSE, WINDOW, SOFTCAP, ALIBI, VARLEN)
     else:
         for i in tl.static_range(BH_PER_PROGRAM):
             pid_bh = pid_group * BH_PER_PROGRAM + i
             if pid_bh < batch_heads:
-                _attn_fwd_block(Q, K, V, Out, Lse, KeyMask, KeyLen, Alibi,
+                _attn_fwd_block(Q, K, V, Out, Lse, KeyMask, KeyLen, Alibi, CuSeqQ, CuSeqK,
                                 stride_qb, stride_qh, stride_qm, stride_qd, stride_kb, stride_kh, stride_kn,
                                 stride_kd, stride_vb, stride_vh, stride_vn, stride_vd, stride_ob, stride_oh,
                                 stride_om, stride_od, stride_mask_b, stride_mask_n, stride_alibi_b, stride_alibi_h,
                                 num_heads, group_size, seq_q, seq_k, qk_scale, window_left, window_right, softcap,
                                 pid_m, pid_bh, HEAD_DIM, BLOCK_D, CAUSAL, KEY_MASK, DOT, BLOCK_M,
-                                BLOCK_N, EVEN_M, STORE_LSE, WINDOW, SOFTCAP, ALIBI)
+                                BLOCK_N, EVEN_M, STORE_LSE, WINDOW, SOFTCAP, ALIBI, VARLEN)
 
 
 @triton.jit
-def _attn_fwd_block(Q, K, V, Out, Lse, KeyMask, KeyLen, Alibi,  # as in _attn_fwd
+def _attn_fwd_block(Q, K, V, Out, Lse, KeyMask, KeyLen, Alibi, CuSeqQ, CuSeqK,  # as in _attn_fwd
                     stride_qb, stride_qh, stride_qm, stride_qd,
                     stride_kb, stride_kh, stride_kn, stride_kd,
                     stride_vb, stride_vh, stride_vn, stride_vd,
@@ -165,13 +167,20 @@ def _attn_fwd_block(Q, K, V, Out, Lse, KeyMask, KeyLen, Alibi,  # as in _attn_fw
                     num_heads, group_size, seq_q, seq_k, qk_scale, window_left, window_right, softcap, pid_m, pid_bh,
                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, KEY_MASK: tl.constexpr,
                     DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_M: tl.constexpr,
-                    STORE_LSE: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr):
+                    STORE_LSE: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
+                    VARLEN: tl.constexpr):
     """Query block ``pid_m`` of the (batch, head) pair ``pid_bh``: output rows and, with STORE_LSE (needed only
-    for a backward pass), their log-sum-exp."""
+    for a backward pass), their log-sum-exp. With VARLEN, b is a packed sequence (see ``varlen_sequence``)."""
     b = pid_bh // num_heads
     h = pid_bh % num_heads
     kv_h = h // group_size
     start_m = pid_m * BLOCK_M
+    lse_row_len = seq_q  # the lse's rows are seq_q long; for packed sequences the padded maximum
+    if VARLEN:
+        q_start, k_start, seq_q, seq_k = varlen_sequence(CuSeqQ, CuSeqK, b)
+        Q, Out = Q + q_start.to(tl.int64) * stride_qm, Out + q_start.to(tl.int64) * stride_om
+        K, V = K + k_start.to(tl.int64) * stride_kn, V + k_start.to(tl.int64) * stride_vn
+        seq_k = tl.where(start_m < seq_q, seq_k, 0)  # a query block past its sequence's end visits no key
 
     q_base = Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
     k_base = K + b.to(tl.int64) * stride_kb + kv_h.to(tl.int64) * stride_kh
@@ -219,7 +228,7 @@ def _attn_fwd_block(Q, K, V, Out, Lse, KeyMask, KeyLen, Alibi,  # as in _attn_fw
 
     o_ptrs = (Out + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
               + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od)
-    lse_ptrs = Lse + pid_bh.to(tl.int64) * seq_q + offs_m
+    lse_ptrs = Lse + pid_bh.to(tl.int64) * lse_row_len + offs_m
     out = cast_out(out, Out.dtype.element_ty, DOT)
     if EVEN_M:
         if STORE_LSE:

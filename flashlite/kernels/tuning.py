@@ -95,7 +95,7 @@ MAX_SEQ_BUCKET = 16384
 MAX_BATCH_HEADS_BUCKET = 4096
 # The variant flags join too: a windowed kernel visits a band of blocks, so its best tiles differ from dense ones.
 AUTOTUNE_KEY = ["SEQ_Q_BUCKET", "SEQ_K_BUCKET", "BATCH_HEADS_BUCKET", "HEAD_DIM", "CAUSAL", "KEY_MASK", "DOT",
-                "WINDOW", "SOFTCAP", "ALIBI"]
+                "WINDOW", "SOFTCAP", "ALIBI", "VARLEN"]
 
 
 def tuning_buckets(seq_q: int, seq_k: int, batch_heads: int) -> tuple[int, int, int]:
@@ -110,4 +110,6 @@ def tuning_buckets(seq_q: int, seq_k: int, batch_heads: int) -> tuple[int, int, 
 
 
 # EVEN_M derived from the block size: the query rows divide evenly into BLOCK_M blocks, so row masks can be skipped.
-even_m = triton.heuristics({"EVEN_M": lambda a: a["seq_q"] % a["BLOCK_M"] == 0})
+# Never for packed sequences: seq_q is then the longest one, and the others end inside their blocks.
+even_m = triton.heuristics({"EVEN_M": lambda a: a["seq_q"] % a["BLOCK_M"] == 0
+                            and not a.get("VARLEN", False)})

@@ -245,9 +245,9 @@ def test_auto_backend_follows_explain_dispatch():
 def test_autotune_keys_are_bucketed():
     # Sizes reach the autotuner only as power-of-two buckets, and the kernels do not specialise on them.
     for kernel in (attention_fwd.attn_fwd, attention_bwd.attn_bwd_dkdv, attention_bwd.attn_bwd_dq):
-        # The variants join the key: a windowed call is tuned apart from a dense one of the same sizes.
+        # The variants join the key: a windowed or packed call is tuned apart from a dense one of the same sizes.
         assert kernel.keys == ["SEQ_Q_BUCKET", "SEQ_K_BUCKET", "BATCH_HEADS_BUCKET", "HEAD_DIM", "CAUSAL",
-                               "KEY_MASK", "DOT", "WINDOW", "SOFTCAP", "ALIBI"]
+                               "KEY_MASK", "DOT", "WINDOW", "SOFTCAP", "ALIBI", "VARLEN"]
         python_fn = kernel.fn.fn.fn  # autotuner -> heuristics -> jit (or interpreted) function -> Python function
         constexprs = {name for name, p in inspect.signature(python_fn).parameters.items()
                       if "constexpr" in str(p.annotation)}

@@ -232,7 +232,8 @@ def test_the_window_skips_key_blocks_wholly_outside_it(monkeypatch):
 # The last commit that changed flashlite/kernels before the variants were added.
 DENSE_KERNELS_COMMIT = "e4eeb70591f56e393cbe85ee7a76da62821e9af8"
 # Arguments the variants added: unused when they are off, so present in the function's signature only.
-VARIANT_ARGUMENTS = ["Alibi", "stride_alibi_b", "stride_alibi_h", "window_left", "window_right", "softcap"]
+VARIANT_ARGUMENTS = ["Alibi", "stride_alibi_b", "stride_alibi_h", "window_left", "window_right", "softcap",
+                     "CuSeqQ", "CuSeqK"]  # the last two: packed sequences (VARLEN)
 
 _DENSE_TTGIR = SM90_COMPILER + r'''
 import json, re
