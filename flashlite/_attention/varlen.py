@@ -1,0 +1,306 @@
+"""``attention_varlen``: attention over packed variable-length sequences, on the Triton kernel or through SDPA.
+
+The sequences lie end to end: q [total_q, H, D], k and v [total_k, H_kv, D], ``cu_seqlens_q`` / ``cu_seqlens_k``
+int32 [batch + 1] starts (the first 0, the last the total). The kernel reads the starts itself (its VARLEN mode,
+``flashlite.kernels.attention_common``), so a call costs no padding and no device synchronisation. The SDPA path,
+for where the kernel cannot run, pads on the device (scatter and gather, no synchronisation either) and masks the
+padding. Imports ``validation``, ``plans``, ``launch`` and ``sdpa``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import numbers
+import os
+from typing import Optional, Union
+
+import torch
+
+from flashlite import _ops
+from flashlite._attention.launch import launch_backward, launch_forward, packed_view
+from flashlite._attention.plans import Plan
+from flashlite._attention.sdpa import sdpa_attention
+from flashlite._attention.validation import (_SUPPORTED_DTYPES, CAUSAL_BOTTOM_RIGHT, Problem, _causal_mode,
+                                             _check_alibi, _check_softcap, _check_window, _resolve_precision,
+                                             kernel_unsupported)
+from flashlite.dispatch import Decision
+
+
+def _check_values_wanted(check_values: Optional[bool], cu_seqlens_q: torch.Tensor) -> bool:
+    # Reading offsets on a GPU synchronises the device (and breaks CUDA-graph capture): only on request there.
+    if torch.compiler.is_compiling():  # traced offsets have no values to read
+        return False
+    if check_values is not None:
+        return bool(check_values)
+    if cu_seqlens_q.device.type == "cpu":
+        return True
+    return os.environ.get("FLASHLITE_CHECK_VALUES", "0") not in ("", "0")
+
+
+def _check_offsets(name: str, cu: torch.Tensor, total: int, max_len: int, max_name: str) -> None:
+    values = cu.tolist()
+    if values[0] != 0 or values[-1] != total:
+        raise ValueError(f"{name} must start at 0 and end at the token count {total}; got {values[0]} ... "
+                         f"{values[-1]}")
+    lengths = [b - a for a, b in zip(values, values[1:])]
+    if min(lengths) < 0:
+        raise ValueError(f"{name} must never decrease; got {values}")
+    if max(lengths) > max_len:
+        raise ValueError(f"{max_name}={max_len} is below the longest sequence of {name} ({max(lengths)} tokens)")
+
+
+def validate_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                    cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: Union[bool, str],
+                    scale: Optional[float], window: Optional[tuple[int, int]], softcap: Optional[float],
+                    alibi_slopes: Optional[torch.Tensor], precision: Optional[str],
+                    check_values: Optional[bool]) -> Problem:
+    """The ``Problem`` of a packed call (``varlen``; batch = the sequence count, seq_q / seq_k = the maxima), or
+    the error that names what is wrong with it."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 3:
+            raise ValueError(f"{name} must have 3 dimensions [total tokens, heads, head dim], got shape "
+                             f"{tuple(t.shape)}")
+    if q.dtype not in _SUPPORTED_DTYPES:
+        raise TypeError(f"q has dtype {q.dtype}; supported: float16, bfloat16, float32")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise TypeError(f"q, k and v must share one dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}")
+    if k.device != q.device or v.device != q.device:
+        raise ValueError(f"q, k and v must be on one device, got q {q.device}, k {k.device}, v {v.device}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got k {tuple(k.shape)} and v {tuple(v.shape)}")
+    total_q, heads, head_dim = q.shape
+    total_k, kv_heads, head_dim_k = k.shape
+    if head_dim_k != head_dim:
+        raise ValueError(f"head dim differs: q has {head_dim}, k and v have {head_dim_k}")
+    if kv_heads == 0 or heads % kv_heads != 0:
+        raise ValueError(f"q has {heads} heads and k, v have {kv_heads}: the number of q heads must be a multiple "
+                         f"of the k/v heads (grouped-query attention)")
+    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if not isinstance(cu, torch.Tensor) or cu.dtype != torch.int32:
+            raise TypeError(f"{name} must be an int32 tensor [batch + 1] of sequence starts, got "
+                            f"{getattr(cu, 'dtype', type(cu).__name__)}")
+        if cu.dim() != 1 or cu.shape[0] < 2:
+            raise ValueError(f"{name} must be 1-D with batch + 1 >= 2 entries, got shape {tuple(cu.shape)}")
+        if cu.device != q.device:
+            raise ValueError(f"{name} is on {cu.device}, q on {q.device}")
+    if cu_seqlens_q.shape != cu_seqlens_k.shape:
+        raise ValueError(f"cu_seqlens_q and cu_seqlens_k must hold the same number of sequences, got "
+                         f"{cu_seqlens_q.shape[0] - 1} and {cu_seqlens_k.shape[0] - 1}")
+    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+            raise ValueError(f"{name} must be a positive integer (the longest sequence's length), got {value!r}")
+    if min(total_q, total_k, heads, head_dim) == 0:
+        raise ValueError(f"empty input: q {tuple(q.shape)}, k {tuple(k.shape)}")
+    if _check_values_wanted(check_values, cu_seqlens_q):
+        _check_offsets("cu_seqlens_q", cu_seqlens_q, total_q, int(max_seqlen_q), "max_seqlen_q")
+        _check_offsets("cu_seqlens_k", cu_seqlens_k, total_k, int(max_seqlen_k), "max_seqlen_k")
+    batch = cu_seqlens_q.shape[0] - 1
+    if scale is None:
+        scale = head_dim ** -0.5
+    elif isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        raise TypeError(f"scale must be a finite real number or None, got {scale!r}")
+    window_left, window_right = _check_window(window)
+    return Problem(batch, heads, kv_heads, int(max_seqlen_q), int(max_seqlen_k), head_dim, q.dtype,
+                   _causal_mode(causal), float(scale), _resolve_precision(q.dtype, precision), "none", window_left,
+                   window_right, _check_softcap(softcap), _check_alibi(alibi_slopes, q, batch, heads), varlen=True)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The kernel path: packed tensors as the kernels' views, and one eager autograd Function (the norms' mechanism).
+
+def _varlen_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                    cu_seqlens_k: torch.Tensor, alibi_slopes: Optional[torch.Tensor], plan: Plan,
+                    need_lse: bool = True) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """(out [total_q, H, D], padded lse [B, H, max S_q] or None)."""
+    batch = plan.problem.batch
+    out, lse = launch_forward(packed_view(q, batch), packed_view(k, batch), packed_view(v, batch), None,
+                              alibi_slopes, plan, need_lse, cu_seqlens=(cu_seqlens_q, cu_seqlens_k))
+    return out[0].transpose(0, 1), lse
+
+
+def _setup(ctx, inputs, output):
+    q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, plan = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes)
+    ctx.plan = plan
+
+
+def _gradient(ctx, grad_out, _grad_lse):
+    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes = ctx.saved_tensors
+    batch = ctx.plan.problem.batch
+    views = (packed_view(t, batch) for t in (grad_out, q, k, v, out))
+    dq, dk, dv = launch_backward(*views, lse, None, alibi_slopes, ctx.plan, cu_seqlens=(cu_seqlens_q, cu_seqlens_k))
+    return dq[0].transpose(0, 1), dk[0].transpose(0, 1), dv[0].transpose(0, 1), None, None, None, None
+
+
+_EagerVarlenAttention = _ops.eager_function("_EagerVarlenAttention", _varlen_forward, _setup, _gradient,
+                                            non_differentiable=(1,))
+
+
+# torch.compile sees the kernel path as two opaque custom ops with fake implementations, as for attention().
+def _op_plan(cu_seqlens_q: torch.Tensor, q: torch.Tensor, k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int,
+             causal_mode: int, scale: float, precision: str, window_left: int, window_right: int, softcap: float,
+             alibi_slopes: Optional[torch.Tensor]) -> Plan:
+    alibi = "none" if alibi_slopes is None else "heads" if alibi_slopes.dim() == 1 else "batch_heads"
+    problem = Problem(cu_seqlens_q.shape[0] - 1, q.shape[1], k.shape[1], max_seqlen_q, max_seqlen_k, q.shape[2],
+                      q.dtype, causal_mode, scale, precision, "none", window_left, window_right, softcap, alibi,
+                      varlen=True)
+    return Plan(problem, Decision("triton", "a torch.compile'd graph"))
+
+
+@torch.library.custom_op("flashlite::attention_varlen_forward", mutates_args=())
+def attention_varlen_forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                                cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal_mode: int,
+                                scale: float, precision: str, window_left: int, window_right: int, softcap: float,
+                                alibi_slopes: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The packed forward as an opaque op (arguments validated by ``attention_varlen`` at trace time): (out
+    [total_q, H, D], padded base-2 lse [B, H, max_seqlen_q] float32)."""
+    plan = _op_plan(cu_seqlens_q, q, k, max_seqlen_q, max_seqlen_k, causal_mode, scale, precision, window_left,
+                    window_right, softcap, alibi_slopes)
+    out, lse = _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, plan)
+    return out, lse
+
+
+@attention_varlen_forward_op.register_fake
+def _forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal_mode, scale, precision,
+                  window_left, window_right, softcap, alibi_slopes):
+    return (q.new_empty(q.shape),
+            q.new_empty((cu_seqlens_q.shape[0] - 1, q.shape[1], max_seqlen_q), dtype=torch.float32))
+
+
+@torch.library.custom_op("flashlite::attention_varlen_backward", mutates_args=())
+def attention_varlen_backward_op(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                                 out: torch.Tensor, lse: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                                 cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int,
+                                 causal_mode: int, scale: float, precision: str, window_left: int,
+                                 window_right: int, softcap: float, alibi_slopes: Optional[torch.Tensor]
+                                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The packed backward as an opaque op: (dq, dk, dv), contiguous, shaped like q, k, v."""
+    plan = _op_plan(cu_seqlens_q, q, k, max_seqlen_q, max_seqlen_k, causal_mode, scale, precision, window_left,
+                    window_right, softcap, alibi_slopes)
+    batch = plan.problem.batch
+    views = (packed_view(t, batch) for t in (grad_out, q, k, v, out))
+    dq, dk, dv = launch_backward(*views, lse, None, alibi_slopes, plan, cu_seqlens=(cu_seqlens_q, cu_seqlens_k))
+    return dq[0].transpose(0, 1), dk[0].transpose(0, 1), dv[0].transpose(0, 1)
+
+
+@attention_varlen_backward_op.register_fake
+def _backward_fake(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *arguments):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _setup_op(ctx, inputs, output):
+    q, k, v, cu_seqlens_q, cu_seqlens_k, *arguments, alibi_slopes = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes)
+    ctx.mark_non_differentiable(lse)
+    ctx.arguments = arguments
+
+
+def _op_gradient(ctx, grad_out, _grad_lse):
+    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes = ctx.saved_tensors
+    dq, dk, dv = attention_varlen_backward_op(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+                                              *ctx.arguments, alibi_slopes)
+    return (dq, dk, dv) + (None,) * 11
+
+
+attention_varlen_forward_op.register_autograd(_op_gradient, setup_context=_setup_op)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The SDPA path: pad on the device, attend with the padding masked, gather the rows back.
+
+def _token_positions(cu_seqlens: torch.Tensor, total: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sequence, position in it) of every packed token, computed on the device."""
+    tokens = torch.arange(total, device=cu_seqlens.device, dtype=torch.int32)
+    sequence = torch.searchsorted(cu_seqlens[1:].contiguous(), tokens, right=True)
+    return sequence, (tokens - cu_seqlens[sequence]).long()
+
+
+def _sdpa_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                 cu_seqlens_k: torch.Tensor, alibi_slopes: Optional[torch.Tensor], problem: Problem) -> torch.Tensor:
+    p = problem
+    lengths_q = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).long()
+    lengths_k = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).long()
+    seq_q, pos_q = _token_positions(cu_seqlens_q, q.shape[0])
+    seq_k, pos_k = _token_positions(cu_seqlens_k, k.shape[0])
+    if p.causal_mode == CAUSAL_BOTTOM_RIGHT:
+        # Bottom-right alignment is per sequence: end-align queries and keys in the padded batch, so that every
+        # sequence's diagonal ends in the padded corner (i + S_k - S_q stays i' for each of them).
+        pos_q = pos_q + (p.seq_q - lengths_q)[seq_q]
+        pos_k = pos_k + (p.seq_k - lengths_k)[seq_k]
+        keep = torch.arange(p.seq_k, device=q.device)[None, :] >= (p.seq_k - lengths_k)[:, None]
+    else:
+        keep = torch.arange(p.seq_k, device=q.device)[None, :] < lengths_k[:, None]
+
+    def padded(t: torch.Tensor, sequence: torch.Tensor, position: torch.Tensor, length: int) -> torch.Tensor:
+        return t.new_zeros(p.batch, length, *t.shape[1:]).index_put((sequence, position), t).transpose(1, 2)
+
+    out = sdpa_attention(padded(q, seq_q, pos_q, p.seq_q), padded(k, seq_k, pos_k, p.seq_k),
+                         padded(v, seq_k, pos_k, p.seq_k), keep, _with_key_padding(p), alibi_slopes=alibi_slopes)
+    return out.transpose(1, 2)[seq_q, pos_q]
+
+
+def _with_key_padding(problem: Problem) -> Problem:
+    """The padded batch's problem: dense sizes, the padding as a boolean key mask."""
+    return dataclasses.replace(problem, key_masking="bool", varlen=False)
+
+
+def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                     cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, *,
+                     causal: Union[bool, str] = False, scale: Optional[float] = None,
+                     window: Optional[tuple[int, int]] = None, softcap: Optional[float] = None,
+                     alibi_slopes: Optional[torch.Tensor] = None, backend: str = "auto",
+                     precision: Optional[str] = None, check_values: Optional[bool] = None) -> torch.Tensor:
+    """Attention over packed variable-length sequences: each sequence attends only within itself.
+
+    Args:
+        q: [total_q, H, D]; k, v: [total_k, H_kv, D] (H a multiple of H_kv); any strides; float16, bfloat16 or
+            float32. Sequence b holds rows ``cu_seqlens_q[b]:cu_seqlens_q[b + 1]`` of q and the matching rows of
+            k and v.
+        cu_seqlens_q, cu_seqlens_k: int32 [batch + 1] starts on q's device: 0 first, the token count last,
+            never decreasing (empty sequences are allowed; rows of a sequence without keys are zeros).
+        max_seqlen_q, max_seqlen_k: the longest sequence's lengths (they size the launch; passing them avoids
+            reading the offsets back from the device).
+        causal, scale, window, softcap, precision: as in ``flashlite.attention``, per sequence ("lower_right"
+            aligns each sequence's own diagonal). alibi_slopes: float32 [H] or [batch, H].
+        backend: "auto" (the kernel where it can run, else SDPA on a padded copy), "triton" or "sdpa".
+        check_values: read the offsets back and check them (start 0, end the total, never decreasing, no
+            sequence longer than the maxima). Default: on for CPU tensors; on CUDA off, since reading them
+            synchronises the device and breaks CUDA-graph capture, unless FLASHLITE_CHECK_VALUES=1. Offsets
+            that break these rules give wrong results without the check.
+
+    Returns:
+        [total_q, H, D] in q's dtype. Differentiable with respect to q, k and v.
+
+    Example:
+        >>> q, k, v = (torch.randn(9, 4, 16) for _ in range(3))
+        >>> cu = torch.tensor([0, 2, 9], dtype=torch.int32)  # sequences of 2 and 7 tokens
+        >>> attention_varlen(q, k, v, cu, cu, 7, 7, causal=True, backend="sdpa").shape
+        torch.Size([9, 4, 16])
+    """
+    problem = validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
+                              window, softcap, alibi_slopes, precision, check_values)
+    if backend not in ("auto", "triton", "sdpa"):
+        raise ValueError(f"backend must be one of ('auto', 'triton', 'sdpa'), got {backend!r}")
+    unsupported = None if backend == "sdpa" else kernel_unsupported(*(packed_view(t, problem.batch)
+                                                                      for t in (q, k, v)), None)
+    if backend == "triton" and unsupported is not None:
+        raise ValueError(f"backend='triton' cannot run this call: {unsupported}")
+    if backend == "sdpa" or unsupported is not None:
+        return _sdpa_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, problem)
+    # The kernels read the starts at offset b: a strided view is copied ([batch + 1] elements).
+    cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
+    if torch.compiler.is_compiling():
+        p = problem
+        return attention_varlen_forward_op(q, k, v, cu_seqlens_q, cu_seqlens_k, p.seq_q, p.seq_k, p.causal_mode,
+                                           p.scale, p.precision, p.window_left, p.window_right, p.softcap,
+                                           alibi_slopes)[0]
+    reason = "forced by backend='triton'" if backend == "triton" else "rule: packed sequences use the kernel"
+    plan = Plan(problem, Decision("triton", reason))
+    inputs = (q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes)
+    if _ops.needs_grad((q, k, v)):
+        return _EagerVarlenAttention.apply(*inputs, plan)[0]
+    return _varlen_forward(*inputs, plan, need_lse=False)[0]
+

@@ -1,0 +1,254 @@
+"""``flashlite.attention_varlen`` (packed variable-length sequences) on both backends, forward and backward, against
+a float64 reference written out here: all tokens at once with a block-diagonal mask, gradients by autograd.
+
+Odd lengths on purpose, with a one-token sequence, an empty one, one with queries but no keys and one with keys but
+no queries, so that sequences start and end inside the kernels' blocks (32 x 16 forward and dQ, 16 x 32 dK/dV
+under the interpreter) and programs run past their sequence's end. The forward is also checked against the
+plugin's own packed reference.
+"""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+import flashlite
+from flashlite.attention import attention_varlen
+from pytest_kernelcheck import assert_close, attention_reference_varlen
+from tests.flashlite.sm90 import SM90_COMPILER, run_script
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# Per sequence: (query tokens, key tokens). S_q != S_k in most, so lower-right alignment differs from top-left.
+LENGTHS = [(5, 7), (1, 1), (0, 0), (37, 29), (3, 0), (0, 4), (18, 18)]
+PRECISION = {torch.float32: "ieee", torch.float16: None}
+POLICY = {torch.float32: "fp32", torch.float16: torch.float16}
+
+
+def offsets(lengths):
+    return [0, *torch.tensor(lengths).cumsum(0).tolist()]
+
+
+def packed(dtype, seed, lengths=LENGTHS, heads=4, kv_heads=2, head_dim=16, grad=False):
+    gen = torch.Generator().manual_seed(seed)
+    total_q, total_k = sum(n for n, _ in lengths), sum(m for _, m in lengths)
+    tensors = [torch.randn(total_q, heads, head_dim, generator=gen),
+               torch.randn(total_k, kv_heads, head_dim, generator=gen),
+               torch.randn(total_k, kv_heads, head_dim, generator=gen)]
+    tensors = [t.to(device=DEVICE, dtype=dtype).requires_grad_(grad) for t in tensors]
+    cu_q = torch.tensor(offsets([n for n, _ in lengths]), dtype=torch.int32, device=DEVICE)
+    cu_k = torch.tensor(offsets([m for _, m in lengths]), dtype=torch.int32, device=DEVICE)
+    return (*tensors, cu_q, cu_k, max(n for n, _ in lengths), max(m for _, m in lengths))
+
+
+def reference(q, k, v, cu_q, cu_k, *, causal=False, window=None, softcap=None, alibi_slopes=None):
+    """float64 over all tokens at once: scores of every (query token, key token) pair, keys of other sequences
+    masked, then causal / window per sequence, in the documented order (scale, softcap, ALiBi, masks)."""
+    q, k, v = (t.detach().cpu().double().requires_grad_() for t in (q, k, v))
+    cu_q, cu_k = cu_q.cpu().long(), cu_k.cpu().long()
+    group = q.shape[1] // k.shape[1]
+    seq_q = torch.repeat_interleave(torch.arange(len(cu_q) - 1), cu_q.diff())
+    seq_k = torch.repeat_interleave(torch.arange(len(cu_k) - 1), cu_k.diff())
+    pos_q, pos_k = torch.arange(q.shape[0]) - cu_q[seq_q], torch.arange(k.shape[0]) - cu_k[seq_k]
+    rows = pos_q + ((cu_k.diff() - cu_q.diff())[seq_q] if causal == "lower_right" else 0)  # i' per query token
+    kk, vv = k.repeat_interleave(group, 1).transpose(0, 1), v.repeat_interleave(group, 1).transpose(0, 1)
+    scores = q.transpose(0, 1) @ kk.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
+    if alibi_slopes is not None:
+        slopes = alibi_slopes.cpu().double()
+        per = slopes[:, None] if slopes.dim() == 1 else slopes[seq_q].T  # [H, total_q]
+        scores = scores - per[:, :, None] * (rows[:, None] - pos_k[None, :]).abs()
+    seen = seq_q[:, None] == seq_k[None, :]
+    if causal:
+        seen &= pos_k[None, :] <= rows[:, None]
+    if window is not None:
+        left, right = window
+        if left >= 0:
+            seen &= pos_k[None, :] >= rows[:, None] - left
+        if right >= 0:
+            seen &= pos_k[None, :] <= rows[:, None] + right
+    scores = scores.masked_fill(~seen, float("-inf"))
+    weights = torch.where(seen, torch.softmax(scores, -1), 0.0)  # rows that see no key: all zeros
+    return q, k, v, (weights.nan_to_num(0.0) @ vv).transpose(0, 1)
+
+
+CASES = {
+    "noncausal": (torch.float32, dict()),
+    "causal": (torch.float16, dict(causal=True)),
+    "lower-right": (torch.float32, dict(causal="lower_right")),
+    "window": (torch.float32, dict(causal=True, window=(6, -1))),
+    "window-both-sides": (torch.float16, dict(window=(4, 3))),
+    "softcap-alibi": (torch.float32, dict(causal="lower_right", softcap=2.0, alibi_slopes="batch")),
+    "alibi-heads": (torch.float16, dict(causal=True, alibi_slopes="heads")),
+}
+
+
+def _slopes(kind):
+    if kind == "heads":
+        return torch.tensor([0.5, 0.25, 0.125, 0.0625], device=DEVICE)
+    gen = torch.Generator().manual_seed(2)
+    return (torch.rand(len(LENGTHS), 4, generator=gen) * 0.3 + 0.05).to(DEVICE)
+
+
+@pytest.mark.parametrize("backend", ["triton", "sdpa"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_forward_and_backward_match_the_float64_reference(case, backend):
+    dtype, options = CASES[case]
+    options = dict(options)
+    if "alibi_slopes" in options:
+        options["alibi_slopes"] = _slopes(options["alibi_slopes"])
+    q, k, v, cu_q, cu_k, max_q, max_k = packed(dtype, seed=sum(map(ord, case)), grad=True)
+    out = attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, backend=backend, precision=PRECISION[dtype],
+                           **options)
+    grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(8)).to(out)
+    out.backward(grad_out)
+    rq, rk, rv, expected = reference(q, k, v, cu_q, cu_k, **options)
+    expected.backward(grad_out.cpu().double())
+    assert out.shape == q.shape and out.dtype == dtype
+    for got, want in ((out, expected), (q.grad, rq.grad), (k.grad, rk.grad), (v.grad, rv.grad)):
+        assert_close(got.detach().cpu(), want.detach(), policy=POLICY[dtype])
+    # The plugin's packed reference agrees with this one.
+    plugin = attention_reference_varlen(q.detach().cpu(), k.detach().cpu(), v.detach().cpu(), cu_q.cpu(), cu_k.cpu(),
+                                        **{**options, **({"alibi_slopes": options["alibi_slopes"].cpu()}
+                                                         if "alibi_slopes" in options else {})})
+    torch.testing.assert_close(plugin, expected.detach(), rtol=1e-10, atol=1e-10)
+
+
+def test_rows_of_a_sequence_without_keys_are_zeros_with_zero_gradients():
+    q, k, v, cu_q, cu_k, max_q, max_k = packed(torch.float32, seed=3, grad=True)
+    out = attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=True, precision="ieee", backend="triton")
+    out.backward(torch.ones_like(out))
+    start = sum(n for n, _ in LENGTHS[:4])  # the sequence of 3 queries and no keys
+    assert torch.equal(out[start:start + 3], torch.zeros_like(out[start:start + 3]))
+    assert torch.equal(q.grad[start:start + 3], torch.zeros_like(q.grad[start:start + 3]))
+
+
+def test_each_sequence_sees_only_its_own_keys_even_when_others_hold_nan():
+    # NaN in the keys and values of every other sequence never reaches a sequence's output.
+    q, k, v, cu_q, cu_k, max_q, max_k = packed(torch.float16, seed=4)
+    alone = attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=True, backend="triton")
+    first_keys = LENGTHS[0][1]
+    poisoned_k, poisoned_v = k.clone(), v.clone()
+    poisoned_k[first_keys:], poisoned_v[first_keys:] = float("nan"), float("inf")
+    out = attention_varlen(q, poisoned_k, poisoned_v, cu_q, cu_k, max_q, max_k, causal=True, backend="triton")
+    rows = LENGTHS[0][0]
+    assert torch.equal(out[:rows], alone[:rows])
+
+
+def test_strided_inputs_and_offsets_give_the_contiguous_result_and_nothing_is_modified():
+    q, k, v, cu_q, cu_k, max_q, max_k = packed(torch.float32, seed=5)
+    wide = torch.randn(q.shape[0], q.shape[1], 2 * q.shape[2], device=DEVICE)
+    wide[..., ::2] = q
+    cu_wide = torch.stack([cu_q, torch.zeros_like(cu_q)], 1).reshape(-1)  # cu_q as a stride-2 view
+    before = [t.clone() for t in (wide, k, v, cu_wide)]
+    strided = attention_varlen(wide[..., ::2], k, v, cu_wide[::2], cu_k, max_q, max_k, causal=True,
+                               precision="ieee", backend="triton")
+    dense = attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=True, precision="ieee", backend="triton")
+    assert torch.equal(strided, dense)
+    for t, saved in zip((wide, k, v, cu_wide), before):
+        assert torch.equal(t, saved)
+
+
+def test_auto_uses_the_kernel_where_it_runs_and_sdpa_elsewhere(monkeypatch):
+    import flashlite._attention.varlen as varlen_module
+    q, k, v, cu_q, cu_k, max_q, max_k = packed(torch.float32, seed=6)
+    used = []
+    monkeypatch.setattr(varlen_module, "_sdpa_varlen", lambda *a: used.append("sdpa") or q.new_zeros(q.shape))
+    attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k)
+    assert used == []  # the kernel ran (under the interpreter on the CPU)
+    small = packed(torch.float32, seed=6, head_dim=8)  # below the kernel's head-dim range
+    attention_varlen(*small)
+    assert used == ["sdpa"]
+
+
+def test_public_name():
+    assert flashlite.attention_varlen is attention_varlen
+
+
+@pytest.mark.parametrize("change, error, match", [
+    (lambda a: {**a, "q": a["q"][None]}, ValueError, "q must have 3 dimensions"),
+    (lambda a: {**a, "k": a["k"].double(), "v": a["v"].double()}, TypeError, "share one dtype"),
+    (lambda a: {**a, "cu_seqlens_q": a["cu_seqlens_q"].long()}, TypeError, "cu_seqlens_q must be an int32"),
+    (lambda a: {**a, "cu_seqlens_k": a["cu_seqlens_k"][:-1]}, ValueError, "same number of sequences"),
+    (lambda a: {**a, "cu_seqlens_q": a["cu_seqlens_q"].flip(0)}, ValueError, "must start at 0"),
+    (lambda a: {**a, "cu_seqlens_q": torch.tensor([0, 70, 64], dtype=torch.int32, device=DEVICE)},
+     ValueError, "never decrease"),
+    (lambda a: {**a, "max_seqlen_q": 3}, ValueError, "max_seqlen_q=3 is below the longest sequence"),
+    (lambda a: {**a, "max_seqlen_k": 0}, ValueError, "max_seqlen_k must be a positive integer"),
+    (lambda a: {**a, "alibi_slopes": torch.rand(5, 4, device=DEVICE)}, ValueError, "alibi_slopes must have shape"),
+    (lambda a: {**a, "window": (-2, 0)}, ValueError, "window sides"),
+    (lambda a: {**a, "backend": "cudnn"}, ValueError, "backend must be one of"),
+])
+def test_bad_input_is_named(change, error, match):
+    q, k, v, cu_q, cu_k, max_q, max_k = packed(torch.float32, seed=7, lengths=[(20, 20), (44, 30)])
+    args = dict(q=q, k=k, v=v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q, max_seqlen_k=max_k)
+    with pytest.raises(error, match=match):
+        attention_varlen(**change(args))
+
+
+def test_offsets_are_checked_on_request_only_on_cuda(monkeypatch):
+    import flashlite._attention.varlen as varlen_module
+    cu = torch.tensor([0, 5, 3], dtype=torch.int32)
+    assert varlen_module._check_values_wanted(None, cu)  # CPU tensors: always
+    fake_cuda = cu.to("meta")  # a tensor off the CPU, without needing a GPU
+    assert not varlen_module._check_values_wanted(None, fake_cuda)
+    assert varlen_module._check_values_wanted(True, fake_cuda)
+    monkeypatch.setenv("FLASHLITE_CHECK_VALUES", "1")
+    assert varlen_module._check_values_wanted(None, fake_cuda)
+
+
+_COMPILE_VARLEN = SM90_COMPILER + r'''
+import json
+from flashlite.kernels import tuning
+# The first GPU config of each kernel, packed sequences with every variant on, bf16, at D=64 and 128.
+for name, fn, blocks in (("fwd", attention_fwd._attn_fwd, attention_fwd.FWD_GPU_BLOCKS),
+                         ("dkdv", attention_bwd._attn_bwd_dkdv, attention_bwd.DKDV_GPU_BLOCKS),
+                         ("dq", attention_bwd._attn_bwd_dq, attention_bwd.DQ_GPU_BLOCKS)):
+    block_m, block_n, warps, stages = blocks[0][:4]
+    for head_dim in (64, 128):
+        shared = shared_memory_for_sm90(fn, dict(BLOCK_M=block_m, BLOCK_N=block_n), head_dim=head_dim,
+                                        block_d=head_dim, causal=2, key_mask="none", warps=warps, stages=stages,
+                                        flags=dict(VARLEN=True, WINDOW=True, SOFTCAP=True, ALIBI=True))
+        print(json.dumps({"kernel": name, "head_dim": head_dim, "shared": shared}))
+'''
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU suite compiles the kernels for real")
+def test_packed_kernels_compile_for_hopper_within_its_shared_memory():
+    pytest.importorskip("triton.backends.nvidia")
+    rows = [json.loads(line) for line in run_script(_COMPILE_VARLEN).splitlines()]
+    assert {(row["kernel"], row["head_dim"]) for row in rows} == {(k, d) for k in ("fwd", "dkdv", "dq")
+                                                                   for d in (64, 128)}
+    assert all(0 < row["shared"] <= 232448 for row in rows), rows  # sm_90's 227 KiB per block
+
+
+def test_compiles_into_one_graph_with_the_custom_op_and_matches_eager():
+    torch._dynamo.reset()
+    q, k, v, cu_q, cu_k, max_q, max_k = packed(torch.float32, seed=11, grad=True)
+    slopes = _slopes("heads")
+
+    def block(q, k, v):
+        return attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal="lower_right", window=(5, 2),
+                                softcap=2.0, alibi_slopes=slopes, precision="ieee", backend="triton")
+
+    weight = torch.randn(q.shape, generator=torch.Generator().manual_seed(12)).to(q)
+    results = []
+    for fn in (block, torch.compile(block, fullgraph=True, backend="aot_eager")):
+        for t in (q, k, v):
+            t.grad = None
+        out = fn(q, k, v)
+        out.backward(weight)
+        results.append([out.detach(), q.grad.clone(), k.grad.clone(), v.grad.clone()])
+    torch._dynamo.reset()
+    for eager, compiled in zip(*results):
+        assert torch.equal(eager, compiled)
+
+
+def test_custom_ops_pass_opcheck():
+    import flashlite._attention.varlen as varlen_module
+    q, k, v, cu_q, cu_k, max_q, max_k = packed(torch.float32, seed=13, lengths=[(5, 7), (19, 11)])
+    args = (q, k, v, cu_q, cu_k, max_q, max_k, 2, 0.25, "ieee", -1, -1, 0.0, None)
+    torch.library.opcheck(varlen_module.attention_varlen_forward_op, args,
+                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
