@@ -124,6 +124,18 @@ def _check_tensor(name: str, t: object) -> torch.Tensor:
     return t
 
 
+def check_dtypes_and_devices(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """One supported dtype and one device for q, k and v, and k shaped like v (every layout's rule)."""
+    if q.dtype not in _SUPPORTED_DTYPES:
+        raise TypeError(f"q has dtype {q.dtype}; supported: float16, bfloat16, float32")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise TypeError(f"q, k and v must share one dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}")
+    if k.device != q.device or v.device != q.device:
+        raise ValueError(f"q, k and v must be on one device, got q {q.device}, k {k.device}, v {v.device}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got k {tuple(k.shape)} and v {tuple(v.shape)}")
+
+
 def validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: Union[bool, str], scale: Optional[float],
              key_padding_mask: Optional[torch.Tensor], key_lengths: Optional[torch.Tensor],
              backend: str, precision: Optional[str], window: Optional[tuple[int, int]] = None,
@@ -131,15 +143,8 @@ def validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: Union[bo
     """The ``Problem`` of an ``attention()`` call, or the error that names what is wrong with it."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_tensor(name, t)
-    if q.dtype not in _SUPPORTED_DTYPES:
-        raise TypeError(f"q has dtype {q.dtype}; supported: float16, bfloat16, float32")
-    if k.dtype != q.dtype or v.dtype != q.dtype:
-        raise TypeError(f"q, k and v must share one dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}")
-    if k.device != q.device or v.device != q.device:
-        raise ValueError(f"q, k and v must be on one device, got q {q.device}, k {k.device}, v {v.device}")
+    check_dtypes_and_devices(q, k, v)
     batch, heads, seq_q, head_dim = q.shape
-    if k.shape != v.shape:
-        raise ValueError(f"k and v must have the same shape, got k {tuple(k.shape)} and v {tuple(v.shape)}")
     batch_k, kv_heads, seq_k, head_dim_k = k.shape
     if batch_k != batch:
         raise ValueError(f"batch size differs: q has {batch}, k and v have {batch_k}")

@@ -19,9 +19,9 @@ from flashlite import _ops
 from flashlite._attention.launch import launch_backward, launch_forward, packed_view
 from flashlite._attention.plans import Plan
 from flashlite._attention.sdpa import sdpa_attention
-from flashlite._attention.validation import (_SUPPORTED_DTYPES, CAUSAL_BOTTOM_RIGHT, Problem, _causal_mode,
-                                             _check_alibi, _check_softcap, _check_window, _resolve_precision,
-                                             kernel_unsupported)
+from flashlite._attention.validation import (CAUSAL_BOTTOM_RIGHT, Problem, _causal_mode, _check_alibi,
+                                             _check_softcap, _check_window, _resolve_precision,
+                                             check_dtypes_and_devices, kernel_unsupported)
 from flashlite.dispatch import Decision
 
 
@@ -61,14 +61,7 @@ def validate_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlen
         if t.dim() != 3:
             raise ValueError(f"{name} must have 3 dimensions [total tokens, heads, head dim], got shape "
                              f"{tuple(t.shape)}")
-    if q.dtype not in _SUPPORTED_DTYPES:
-        raise TypeError(f"q has dtype {q.dtype}; supported: float16, bfloat16, float32")
-    if k.dtype != q.dtype or v.dtype != q.dtype:
-        raise TypeError(f"q, k and v must share one dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}")
-    if k.device != q.device or v.device != q.device:
-        raise ValueError(f"q, k and v must be on one device, got q {q.device}, k {k.device}, v {v.device}")
-    if k.shape != v.shape:
-        raise ValueError(f"k and v must have the same shape, got k {tuple(k.shape)} and v {tuple(v.shape)}")
+    check_dtypes_and_devices(q, k, v)
     total_q, heads, head_dim = q.shape
     total_k, kv_heads, head_dim_k = k.shape
     if head_dim_k != head_dim:
