@@ -273,7 +273,12 @@ def launch_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: 
     p = plan.problem
     # Contiguous [B, H, S_q, D] (empty_like parses fewer arguments than empty).
     out = _new_output(q, p) if p.varlen else torch.empty_like(q, memory_format=torch.contiguous_format)
-    lse = torch.empty((p.batch, p.heads, p.seq_q), dtype=torch.float32, device=q.device) if need_lse else out
+    if not need_lse:
+        lse = out
+    elif p.varlen:  # padded rows: the kernel writes each sequence's own; the rest read as rows that see no key
+        lse = torch.full((p.batch, p.heads, p.seq_q), float("-inf"), dtype=torch.float32, device=q.device)
+    else:
+        lse = torch.empty((p.batch, p.heads, p.seq_q), dtype=torch.float32, device=q.device)
     mask_arg, lengths_arg, stride_mask_b, stride_mask_n = _key_mask_args(q, key_mask, p)
     alibi_arg, variant_scalars, variant_flags = _variant_args(q, alibi_slopes, p)
     cu_q, cu_k = (q, q) if cu_seqlens is None else cu_seqlens

@@ -252,3 +252,10 @@ def test_custom_ops_pass_opcheck():
     args = (q, k, v, cu_q, cu_k, max_q, max_k, 2, 0.25, "ieee", -1, -1, 0.0, None)
     torch.library.opcheck(varlen_module.attention_varlen_forward_op, args,
                           test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
+    # The log-sum-exp is padded to the longest sequence: its rows past a sequence's end are -inf (rows that see
+    # no key), never uninitialised memory, so the op's outputs are a function of its inputs.
+    _, lse = varlen_module.attention_varlen_forward_op(*args)
+    assert lse.shape == (2, 4, 19) and torch.isinf(lse[0, :, 5:]).all() and (lse[0, :, 5:] < 0).all()
+    # Sequence 1 (19 queries, 11 keys, lower-right): its first 8 rows see no key, the others all see some.
+    assert torch.isfinite(lse[0, :, :5]).all() and torch.isfinite(lse[1, :, 8:]).all()
+    assert torch.isinf(lse[1, :, :8]).all()
