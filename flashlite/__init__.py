@@ -14,7 +14,7 @@ from typing import Any
 from flashlite import _runtime  # noqa: F401  (sets TRITON_INTERPRET before any kernel module is imported)
 # Bound eagerly: the submodule flashlite.attention shares the function's name, and importing the submodule later
 # would otherwise leave the package attribute pointing at the module instead of the function.
-from flashlite.attention import attention, attention_varlen, explain_dispatch
+from flashlite.attention import attention, attention_varlen, attention_with_kvcache, explain_dispatch
 
 # Public names and the module that defines each; imported on first use so that `import flashlite` stays cheap.
 _EXPORTS = {
@@ -23,7 +23,7 @@ _EXPORTS = {
     "CASES": "flashlite.cases",
 }
 
-__all__ = sorted([*_EXPORTS, "attention", "attention_varlen", "explain_dispatch"])
+__all__ = sorted([*_EXPORTS, "attention", "attention_varlen", "attention_with_kvcache", "explain_dispatch"])
 
 
 def __getattr__(name: str) -> Any:

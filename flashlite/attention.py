@@ -25,7 +25,8 @@ shape [B, H, S_q]; -inf for rows that see no key.
 from flashlite._attention.api import attention, explain_dispatch
 from flashlite._attention.launch import attention_backward, attention_forward
 from flashlite._attention.validation import CAUSAL_MODES
+from flashlite._attention.kvcache import attention_with_kvcache
 from flashlite._attention.varlen import attention_varlen
 
-__all__ = ["attention", "attention_varlen", "explain_dispatch", "attention_forward", "attention_backward",
-           "CAUSAL_MODES"]
+__all__ = ["attention", "attention_varlen", "attention_with_kvcache", "explain_dispatch", "attention_forward",
+           "attention_backward", "CAUSAL_MODES"]

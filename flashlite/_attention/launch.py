@@ -17,7 +17,8 @@ import torch
 from flashlite import _direct_launch, _runtime
 from flashlite._attention import plans
 from flashlite._attention.plans import Plan
-from flashlite._attention.validation import _CAUSAL_ARGUMENT, _TRITON_ERROR, Problem, kernel_unsupported, validate
+from flashlite._attention.validation import (_CAUSAL_ARGUMENT, _TRITON_ERROR, CAUSAL_KEY_LENGTH, Problem,
+                                             kernel_unsupported, validate)
 from flashlite._intmath import cdiv, next_power_of_2
 from flashlite.dispatch import Decision
 
@@ -330,6 +331,9 @@ def launch_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v:
     """(dq, dk, dv) of a call of ``plan``'s signature, from the forward's ``out`` and ``lse``; ``alibi_slopes`` and
     packed sequences (``cu_seqlens``, every tensor a ``packed_view``, the gradients too) as in ``launch_forward``."""
     p = plan.problem
+    if p.causal_mode == CAUSAL_KEY_LENGTH:  # the backward kernels align their diagonals to S_k, not to n_len
+        raise ValueError("the backward kernels have no causal mode aligned to each key length (decoding against "
+                         "a KV cache is forward only)")
     lse = lse.contiguous()
     delta = torch.empty_like(lse)
     if p.varlen:

@@ -22,6 +22,8 @@ except ImportError as error:  # pragma: no cover - exercised only on platforms w
 
 # Integer causal modes of the custom ops (a fixed op signature cannot take bool-or-str).
 CAUSAL_NONE, CAUSAL_TOP_LEFT, CAUSAL_BOTTOM_RIGHT = 0, 1, 2
+# Internal: bottom-right of each batch entry's key length (attention_with_kvcache, forward only).
+CAUSAL_KEY_LENGTH = 3
 CAUSAL_MODES = {False: CAUSAL_NONE, True: CAUSAL_TOP_LEFT, "top_left": CAUSAL_TOP_LEFT,
                 "lower_right": CAUSAL_BOTTOM_RIGHT}
 

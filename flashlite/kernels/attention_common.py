@@ -4,7 +4,8 @@
 kernel compiles). Conventions of the kernels' parameters, which the helpers follow:
 
 * ``CAUSAL``: 0 none; 1 top-left (query i sees keys j <= i, like SDPA's ``is_causal``); 2 bottom-right
-  (j <= i + seq_k - seq_q).
+  (j <= i + seq_k - seq_q); 3 bottom-right of each batch entry's key length (j <= i + n_len - seq_q, with
+  ``KEY_MASK == "lengths"``: decoding against a KV cache filled to a different length per entry; forward only).
 * ``KEY_MASK``: "none"; "lengths" (``KeyLen`` is int [B], keys j >= length are masked, the length clamped to
   [0, seq_k]); "bool" (``KeyMask`` is uint8 [B, seq_k], nonzero = attend).
 * ``DOT``: operand precision of every ``tl.dot``: "fp16", "bf16", "ieee" (true fp32), "tf32", or
@@ -204,6 +205,8 @@ def key_range(KeyLen,  # [B] int32/int64 when KEY_MASK == "lengths" (else unused
         n_len = seq_k
     if WINDOW:
         diag_shift, right = window_shift_and_right(seq_q, seq_k, window_right, CAUSAL)
+        if CAUSAL == 3:
+            diag_shift = n_len - seq_q
         first_row = start_m + diag_shift  # i' of the block's first row and of its last real row
         last_row = tl.minimum(start_m + BLOCK_M, seq_q) - 1 + diag_shift
         # Keys some row sees: from the first row's left edge to the last row's right edge. Keys every row sees:
@@ -225,6 +228,8 @@ def key_range(KeyLen,  # [B] int32/int64 when KEY_MASK == "lengths" (else unused
         if CAUSAL != 0:
             if CAUSAL == 1:
                 diag_shift = 0
+            elif CAUSAL == 3:
+                diag_shift = n_len - seq_q
             else:
                 diag_shift = seq_k - seq_q
             # Keys below every row's diagonal need no mask; keys up to the last real row's diagonal need one.

@@ -1,0 +1,163 @@
+"""``attention_with_kvcache``: decoding and chunked prefill against a KV cache filled to a length per batch entry.
+
+The queries are the last S_q positions of each entry's sequence: entry b holds ``cache_seqlens[b]`` cached tokens
+(plus the S_q new ones when ``k_new``/``v_new`` are given, written into the cache first), and query i sits at
+position ``n_b - S_q + i`` of its ``n_b`` keys, seeing the keys up to its own position. The kernel takes that as its
+causal mode aligned to each key length (``CAUSAL == 3``, ``kernels/attention_common``) with the lengths as key
+lengths: no mask is built, the cache is read in place and nothing past an entry's length is touched. The SDPA path
+builds the equivalent [B, 1, S_q, S_max] mask or bias. Forward only. Imports ``validation``, ``plans``, ``launch``
+and ``api``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Optional
+
+import torch
+
+from flashlite._attention.api import attention
+from flashlite._attention.launch import launch_forward
+from flashlite._attention.plans import Plan
+from flashlite._attention.validation import CAUSAL_KEY_LENGTH, kernel_unsupported, validate
+from flashlite.dispatch import Decision
+
+
+def _check_values_wanted(check_values: Optional[bool], cache_seqlens: torch.Tensor) -> bool:
+    # Reading lengths on a GPU synchronises the device (and breaks CUDA-graph capture): only on request there.
+    if torch.compiler.is_compiling():
+        return False
+    if check_values is not None:
+        return bool(check_values)
+    return cache_seqlens.device.type == "cpu" or os.environ.get("FLASHLITE_CHECK_VALUES", "0") not in ("", "0")
+
+
+def _check_cache_args(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor,
+                      k_new: Optional[torch.Tensor], v_new: Optional[torch.Tensor]) -> None:
+    if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.dtype != torch.int32:
+        raise TypeError(f"cache_seqlens must be an int32 tensor [B], got "
+                        f"{getattr(cache_seqlens, 'dtype', type(cache_seqlens).__name__)}")
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            raise ValueError(f"{name} must be a 4-D tensor [B, heads, S, D], got "
+                             f"{tuple(getattr(t, 'shape', ())) or type(t).__name__}")
+    if tuple(cache_seqlens.shape) != (q.shape[0],):
+        raise ValueError(f"cache_seqlens must have shape [B] = [{q.shape[0]}], got {list(cache_seqlens.shape)}")
+    if cache_seqlens.device != q.device:
+        raise ValueError(f"cache_seqlens is on {cache_seqlens.device}, q on {q.device}")
+    if (k_new is None) != (v_new is None):
+        raise ValueError("pass k_new and v_new together, or neither")
+    if k_new is not None:
+        expected = (k_cache.shape[0], k_cache.shape[1], q.shape[2], k_cache.shape[3])
+        for name, t in (("k_new", k_new), ("v_new", v_new)):
+            if not isinstance(t, torch.Tensor) or tuple(t.shape) != expected:
+                raise ValueError(f"{name} must have shape [B, H_kv, S_q, D] = {list(expected)}, got "
+                                 f"{list(getattr(t, 'shape', [])) or type(t).__name__}")
+            if t.dtype != k_cache.dtype or t.device != k_cache.device:
+                raise TypeError(f"{name} must match the cache's dtype and device ({k_cache.dtype} on "
+                                f"{k_cache.device}), got {t.dtype} on {t.device}")
+
+
+def _check_lengths(cache_seqlens: torch.Tensor, appended: int, capacity: int) -> None:
+    lengths = cache_seqlens.tolist()
+    if min(lengths) < 0:
+        raise ValueError(f"cache_seqlens must be >= 0, got {lengths}")
+    if max(lengths) + appended > capacity:
+        what = f"cache_seqlens + S_q (the new tokens) = {max(lengths) + appended}" if appended else \
+            f"cache_seqlens = {max(lengths)}"
+        raise ValueError(f"{what} overflows the cache of S_max = {capacity} positions")
+
+
+def _append(cache: torch.Tensor, new: torch.Tensor, cache_seqlens: torch.Tensor) -> None:
+    """Write new [B, H_kv, S_q, D] into cache [B, H_kv, S_max, D] at positions cache_seqlens[b] + i, in place,
+    on the device (no synchronisation)."""
+    batch, _, seq_new, _ = new.shape
+    rows = torch.arange(batch, device=cache.device)[:, None].expand(batch, seq_new)
+    positions = cache_seqlens.long()[:, None] + torch.arange(seq_new, device=cache.device)[None, :]
+    cache.transpose(1, 2).index_put_((rows, positions), new.transpose(1, 2))
+
+
+def _sdpa_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor,
+                  scale: Optional[float], window: Optional[tuple[int, int]], softcap: Optional[float],
+                  alibi_slopes: Optional[torch.Tensor]) -> torch.Tensor:
+    """The same call on SDPA: a float bias [B, H or 1, S_q, S_max] with -inf where a key is hidden (past the
+    entry's length, past the query's own position, outside the window) and the ALiBi distances per entry."""
+    seq_q, capacity = q.shape[2], k_cache.shape[2]
+    rows = (lengths.long()[:, None] - seq_q + torch.arange(seq_q, device=q.device)[None, :])[:, :, None]  # i'
+    keys = torch.arange(capacity, device=q.device)[None, None, :]
+    visible = (keys <= rows) & (keys < lengths.long()[:, None, None])
+    if window is not None:
+        left, right = window
+        if left >= 0:
+            visible &= keys >= rows - left
+    bias = torch.zeros(visible.shape, dtype=torch.float32, device=q.device)[:, None]
+    if alibi_slopes is not None:
+        slopes = alibi_slopes if alibi_slopes.dim() == 2 else alibi_slopes[None]
+        bias = bias - slopes[:, :, None, None] * (rows - keys).abs()[:, None].to(torch.float32)
+    bias = bias.masked_fill(~visible[:, None], float("-inf"))
+    # The lengths again as key_lengths: what lies past them (a cache filled past its end) never reaches the output.
+    return attention(q, k_cache, v_cache, attn_mask=bias, key_lengths=lengths, scale=scale, softcap=softcap,
+                     backend="sdpa")
+
+
+def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           cache_seqlens: torch.Tensor, *, k_new: Optional[torch.Tensor] = None,
+                           v_new: Optional[torch.Tensor] = None, block_table: Optional[torch.Tensor] = None,
+                           scale: Optional[float] = None, window: Optional[tuple[int, int]] = None,
+                           softcap: Optional[float] = None, alibi_slopes: Optional[torch.Tensor] = None,
+                           backend: str = "auto", check_values: Optional[bool] = None) -> torch.Tensor:
+    """Attention of the newest S_q positions of each batch entry against its KV cache (decoding: S_q = 1).
+
+    Args:
+        q: [B, H, S_q, D]; k_cache, v_cache: [B, H_kv, S_max, D] (H a multiple of H_kv), any strides.
+        cache_seqlens: int32 [B], the tokens already in each entry's cache.
+        k_new, v_new: [B, H_kv, S_q, D], or None. When given they are written into the caches at positions
+            ``cache_seqlens[b] .. cache_seqlens[b] + S_q - 1`` before attending (the caches are modified in place;
+            ``cache_seqlens`` is not). The keys of entry b are then its first ``cache_seqlens[b] + S_q``
+            positions, else its first ``cache_seqlens[b]``; query i sits at the last S_q of them.
+        block_table: a paged cache's block table; not supported yet (an error says so).
+        scale, softcap, alibi_slopes: as in ``flashlite.attention``, with i' the query's own position.
+        window: (left, right) as in ``flashlite.attention``; the right side is always closed by the causal rule.
+        backend: "auto" (the kernel where it can run, else SDPA with the equivalent mask), "triton" or "sdpa".
+        check_values: check cache_seqlens (>= 0, no overflow of S_max). Default: on for CPU tensors; on CUDA off,
+            since reading them synchronises the device, unless FLASHLITE_CHECK_VALUES=1. An overflowing write is
+            otherwise an out-of-range index on the device.
+
+    Returns:
+        [B, H, S_q, D] in q's dtype. Forward only: calls that need a gradient are refused.
+
+    Example:
+        >>> q = torch.randn(2, 4, 1, 16)
+        >>> k_cache, v_cache = torch.zeros(2, 2, 8, 16), torch.zeros(2, 2, 8, 16)
+        >>> lengths = torch.tensor([3, 0], dtype=torch.int32)
+        >>> k_new, v_new = torch.randn(2, 2, 1, 16), torch.randn(2, 2, 1, 16)
+        >>> out = attention_with_kvcache(q, k_cache, v_cache, lengths, k_new=k_new, v_new=v_new, backend="sdpa")
+        >>> out.shape, torch.equal(k_cache[0, :, 3], k_new[0, :, 0])
+        (torch.Size([2, 4, 1, 16]), True)
+    """
+    if block_table is not None:
+        raise NotImplementedError("block_table: paged KV caches are not supported yet; pass a contiguous cache "
+                                  "[B, H_kv, S_max, D]")
+    _check_cache_args(q, k_cache, v_cache, cache_seqlens, k_new, v_new)
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k_cache, v_cache, k_new, v_new)):
+        raise ValueError("attention_with_kvcache is forward only (decoding); call it under torch.no_grad() or "
+                         "pass tensors that do not require grad")
+    appended = 0 if k_new is None else q.shape[2]
+    lengths = cache_seqlens + appended if appended else cache_seqlens
+    problem = validate(q, k_cache, v_cache, "lower_right", scale, None, lengths, backend, None, window, softcap,
+                       alibi_slopes)
+    if _check_values_wanted(check_values, cache_seqlens):
+        _check_lengths(cache_seqlens, appended, k_cache.shape[2])
+    if k_new is not None:
+        _append(k_cache, k_new, cache_seqlens)
+        _append(v_cache, v_new, cache_seqlens)
+    unsupported = None if backend == "sdpa" else kernel_unsupported(q, k_cache, v_cache, None)
+    if backend == "triton" and unsupported is not None:
+        raise ValueError(f"backend='triton' cannot run this call: {unsupported}")
+    if backend == "sdpa" or unsupported is not None:
+        return _sdpa_kvcache(q, k_cache, v_cache, lengths, scale, window, softcap, alibi_slopes)
+    # The kernel's causal mode aligned to each key length: query i sees keys j <= i + n_b - S_q.
+    plan = Plan(dataclasses.replace(problem, causal_mode=CAUSAL_KEY_LENGTH),
+                Decision("triton", "forced by backend='triton'" if backend == "triton" else
+                         "rule: KV-cache calls use the kernel"))
+    return launch_forward(q, k_cache, v_cache, lengths, alibi_slopes, plan, need_lse=False)[0]

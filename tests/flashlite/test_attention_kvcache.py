@@ -1,0 +1,179 @@
+"""``flashlite.attention_with_kvcache`` (decoding against a cache filled to a length per batch entry) on both
+backends, against a float64 reference written out here from the definition: query i of entry b sits at position
+n_b - S_q + i of its n_b keys and sees the keys up to it.
+
+Odd sizes: caches of 45 positions filled to 0, 1, 17 and 44 (the last leaves room for one new token), S_q 1 and 3,
+grouped-query heads, so that lengths end inside the kernels' key blocks (16 under the interpreter).
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import flashlite
+from flashlite.attention import attention_with_kvcache
+from pytest_kernelcheck import assert_close
+from tests.flashlite.sm90 import SM90_COMPILER, run_script
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+B, H, H_KV, S_MAX, D = 4, 4, 2, 45, 16
+FILLED = [0, 1, 17, 44]
+POLICY = {torch.float32: "tf32", torch.float16: torch.float16}
+
+
+def inputs(dtype, seed, seq_q=1, filled=FILLED, new=True):
+    gen = torch.Generator().manual_seed(seed)
+
+    def rand(*size):
+        return torch.randn(*size, generator=gen).to(device=DEVICE, dtype=dtype)
+    q = rand(B, H, seq_q, D)
+    k_cache, v_cache = rand(B, H_KV, S_MAX, D), rand(B, H_KV, S_MAX, D)
+    lengths = torch.tensor([min(n, S_MAX - seq_q) for n in filled], dtype=torch.int32, device=DEVICE)
+    k_new, v_new = (rand(B, H_KV, seq_q, D), rand(B, H_KV, seq_q, D)) if new else (None, None)
+    return q, k_cache, v_cache, lengths, k_new, v_new
+
+
+def reference(q, k_cache, v_cache, lengths, *, window=None, softcap=None, alibi_slopes=None):
+    """float64 over the first n_b keys of each entry (the cache after the new tokens were written)."""
+    out = torch.zeros(q.shape, dtype=torch.float64)
+    seq_q = q.shape[2]
+    for b, n in enumerate(lengths.tolist()):
+        qq = q[b].double().cpu()
+        kk = k_cache[b, :, :n].double().cpu().repeat_interleave(H // H_KV, 0)
+        vv = v_cache[b, :, :n].double().cpu().repeat_interleave(H // H_KV, 0)
+        scores = qq @ kk.transpose(-1, -2) / math.sqrt(D)
+        if softcap is not None:
+            scores = softcap * torch.tanh(scores / softcap)
+        rows = torch.arange(seq_q)[:, None] + n - seq_q
+        keys = torch.arange(n)[None, :]
+        if alibi_slopes is not None:
+            slopes = (alibi_slopes if alibi_slopes.dim() == 1 else alibi_slopes[b]).double().cpu()
+            scores = scores - slopes[:, None, None] * (rows - keys).abs()
+        seen = keys <= rows
+        if window is not None and window[0] >= 0:
+            seen &= keys >= rows - window[0]
+        scores = scores.masked_fill(~seen, float("-inf"))
+        weights = torch.where(seen, torch.softmax(scores, -1), 0.0).nan_to_num(0.0)
+        out[b] = weights @ vv
+    return out
+
+
+CASES = {
+    "decode": (torch.float32, 1, dict()),
+    "decode-fp16": (torch.float16, 1, dict()),
+    "chunk-of-3": (torch.float32, 3, dict()),
+    "window": (torch.float16, 3, dict(window=(5, 0))),
+    "softcap-alibi": (torch.float32, 1, dict(softcap=2.0, alibi_slopes="batch")),
+    "alibi-heads": (torch.float16, 3, dict(alibi_slopes="heads")),
+}
+
+
+def _slopes(kind):
+    if kind == "heads":
+        return torch.tensor([0.5, 0.25, 0.125, 0.0625], device=DEVICE)
+    return (torch.rand(B, H, generator=torch.Generator().manual_seed(1)) * 0.3 + 0.05).to(DEVICE)
+
+
+@pytest.mark.parametrize("backend", ["triton", "sdpa"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_new_tokens_are_written_and_attention_matches_the_float64_reference(case, backend):
+    dtype, seq_q, options = CASES[case]
+    options = dict(options)
+    if "alibi_slopes" in options:
+        options["alibi_slopes"] = _slopes(options["alibi_slopes"])
+    q, k_cache, v_cache, lengths, k_new, v_new = inputs(dtype, seed=sum(map(ord, case)), seq_q=seq_q)
+    k_before, v_before, lengths_before = k_cache.clone(), v_cache.clone(), lengths.clone()
+    out = attention_with_kvcache(q, k_cache, v_cache, lengths, k_new=k_new, v_new=v_new, backend=backend,
+                                 **options)
+    # The new tokens sit at positions lengths[b] .. lengths[b] + S_q - 1; every other position is untouched.
+    expected_k, expected_v = k_before.clone(), v_before.clone()
+    for b, n in enumerate(lengths_before.tolist()):
+        expected_k[b, :, n:n + seq_q], expected_v[b, :, n:n + seq_q] = k_new[b], v_new[b]
+    assert torch.equal(k_cache, expected_k) and torch.equal(v_cache, expected_v)
+    assert torch.equal(lengths, lengths_before)  # cache_seqlens is not modified
+    assert out.shape == q.shape and out.dtype == dtype
+    assert_close(out.cpu(), reference(q, k_cache, v_cache, lengths + seq_q, **options), policy=POLICY[dtype])
+
+
+@pytest.mark.parametrize("backend", ["triton", "sdpa"])
+def test_without_new_tokens_the_queries_are_the_last_cached_positions(backend):
+    q, k_cache, v_cache, lengths, _, _ = inputs(torch.float32, seed=3, seq_q=1, filled=[1, 2, 17, 45], new=False)
+    out = attention_with_kvcache(q, k_cache, v_cache, lengths, backend=backend)
+    assert_close(out.cpu(), reference(q, k_cache, v_cache, lengths), policy="tf32")
+
+
+@pytest.mark.parametrize("backend", ["triton", "sdpa"])
+def test_garbage_past_each_length_never_reaches_the_output(backend):
+    q, k_cache, v_cache, lengths, k_new, v_new = inputs(torch.float16, seed=4)
+    clean = attention_with_kvcache(q, k_cache.clone(), v_cache.clone(), lengths, k_new=k_new, v_new=v_new,
+                                   backend=backend)
+    for b, n in enumerate(lengths.tolist()):  # past the new token: NaN and inf
+        k_cache[b, :, n + 1:], v_cache[b, :, n + 1:] = float("nan"), float("inf")
+    out = attention_with_kvcache(q, k_cache, v_cache, lengths, k_new=k_new, v_new=v_new, backend=backend)
+    assert torch.equal(out, clean)
+
+
+def test_auto_runs_the_kernel_where_it_can_and_sdpa_elsewhere(monkeypatch):
+    import flashlite._attention.kvcache as kvcache_module
+    used = []
+    real = kvcache_module._sdpa_kvcache
+    monkeypatch.setattr(kvcache_module, "_sdpa_kvcache", lambda *a: used.append(1) or real(*a))
+    q, k_cache, v_cache, lengths, k_new, v_new = inputs(torch.float32, seed=5)
+    attention_with_kvcache(q, k_cache, v_cache, lengths, k_new=k_new, v_new=v_new)
+    assert used == []
+    small = [t[..., :8].contiguous() if t.dim() == 4 else t for t in inputs(torch.float32, seed=5)]  # D=8
+    attention_with_kvcache(small[0], small[1], small[2], small[3], k_new=small[4], v_new=small[5])
+    assert used == [1]
+
+
+def test_public_name():
+    assert flashlite.attention_with_kvcache is attention_with_kvcache
+
+
+@pytest.mark.parametrize("change, error, match", [
+    (lambda a: {**a, "cache_seqlens": a["cache_seqlens"].long()}, TypeError, "cache_seqlens must be an int32"),
+    (lambda a: {**a, "cache_seqlens": a["cache_seqlens"][:2]}, ValueError, r"cache_seqlens must have shape \[B\]"),
+    (lambda a: {**a, "cache_seqlens": torch.tensor([0, 1, 17, 45], dtype=torch.int32, device=DEVICE)},
+     ValueError, "overflows the cache of S_max = 45"),
+    (lambda a: {**a, "cache_seqlens": torch.tensor([0, -1, 17, 3], dtype=torch.int32, device=DEVICE)},
+     ValueError, "must be >= 0"),
+    (lambda a: {**a, "v_new": None}, ValueError, "k_new and v_new together"),
+    (lambda a: {**a, "k_new": a["k_new"][:, :, :0]}, ValueError, "k_new must have shape"),
+    (lambda a: {**a, "k_new": a["k_new"].double()}, TypeError, "k_new must match the cache's dtype"),
+    (lambda a: {**a, "block_table": torch.zeros(4, 3, dtype=torch.int32)}, NotImplementedError, "paged"),
+    (lambda a: {**a, "q": a["q"][0]}, ValueError, "q must be a 4-D tensor"),
+    (lambda a: {**a, "softcap": -1.0}, ValueError, "softcap must be finite and > 0"),
+])
+def test_bad_input_is_named(change, error, match):
+    q, k_cache, v_cache, lengths, k_new, v_new = inputs(torch.float32, seed=6)
+    args = dict(q=q, k_cache=k_cache, v_cache=v_cache, cache_seqlens=lengths, k_new=k_new, v_new=v_new)
+    args = change(args)
+    with pytest.raises(error, match=match):
+        attention_with_kvcache(args.pop("q"), args.pop("k_cache"), args.pop("v_cache"), args.pop("cache_seqlens"),
+                               **args)
+
+
+def test_calls_that_need_a_gradient_are_refused():
+    q, k_cache, v_cache, lengths, k_new, v_new = inputs(torch.float32, seed=7)
+    with pytest.raises(ValueError, match="forward only"):
+        attention_with_kvcache(q.requires_grad_(), k_cache, v_cache, lengths, k_new=k_new, v_new=v_new)
+    with torch.no_grad():
+        attention_with_kvcache(q, k_cache, v_cache, lengths, k_new=k_new, v_new=v_new)
+
+
+_COMPILE_DECODE = SM90_COMPILER + r'''
+# The forward's first GPU config with the causal mode aligned to each key length, bf16, D=128, every variant on.
+block_m, block_n, warps, stages = attention_fwd.FWD_GPU_BLOCKS[0][:4]
+print(shared_memory_for_sm90(attention_fwd._attn_fwd, dict(BLOCK_M=block_m, BLOCK_N=block_n), head_dim=128,
+                             block_d=128, causal=3, key_mask="lengths", warps=warps, stages=stages,
+                             flags=dict(WINDOW=True, SOFTCAP=True, ALIBI=True)))
+'''
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU suite compiles the kernels for real")
+def test_the_decoding_forward_compiles_for_hopper_within_its_shared_memory():
+    pytest.importorskip("triton.backends.nvidia")
+    shared = int(run_script(_COMPILE_DECODE).strip())
+    assert 0 < shared <= 232448  # sm_90's 227 KiB per block
