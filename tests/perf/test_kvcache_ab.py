@@ -1,0 +1,56 @@
+"""A/B of decoding against a KV cache (GPU only): ``flashlite.attention_with_kvcache`` against SDPA on the same
+cache with a length mask (built inside the timed call, as a decoding loop builds it per step).
+
+B=32, one query per entry, H=32 query heads over H_kv=8, D=128, bf16, caches of 4,096 to 131,072 positions filled
+to random lengths in [S/2, S). Decoding reads the cache once: the bytes counted are the cache's filled part (keys
+and values) plus q and the output, so GB/s against the copy ceiling says how close a call comes to the memory
+bound.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from flashlite.attention import attention_with_kvcache
+from pytest_kernelcheck import assert_close
+
+from .conftest import needs_cuda
+
+pytestmark = needs_cuda
+
+SHAPES = [dict(variant="kvcache", B=32, S=S, H=32, H_kv=8, D=128) for S in (4096, 32768, 131072)]
+
+
+def _inputs(shape):
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(shape.B, shape.H, 1, shape.D, device="cuda", dtype=shape.dtype, generator=gen)
+    k_cache, v_cache = (torch.randn(shape.B, shape.H_kv, shape.S, shape.D, device="cuda", dtype=shape.dtype,
+                                    generator=gen) for _ in range(2))
+    lengths = torch.randint(shape.S // 2, shape.S, (shape.B,), device="cuda", generator=gen, dtype=torch.int32)
+    return q, k_cache, v_cache, lengths
+
+
+def _work(shape, lengths) -> dict:
+    filled = int(lengths.sum())
+    elem = torch.empty((), dtype=shape.dtype).element_size()
+    return {"flops": 4.0 * shape.H * shape.D * filled,
+            "bytes": 2 * filled * shape.H_kv * shape.D * elem + 2 * shape.B * shape.H * shape.D * elem,
+            "dtype": shape.dtype}
+
+
+@pytest.mark.shape(*SHAPES, dtype=[torch.bfloat16])
+@pytest.mark.memory(lambda shape: int(2.5 * 2 * shape.B * shape.H_kv * shape.S * shape.D * 2))
+def test_decoding_vs_sdpa_with_a_length_mask(shape, kernel_ab):
+    q, k_cache, v_cache, lengths = _inputs(shape)
+
+    def candidate():
+        return attention_with_kvcache(q, k_cache, v_cache, lengths)
+
+    def baseline():
+        keep = torch.arange(shape.S, device="cuda")[None, :] < lengths[:, None]
+        return F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=keep[:, None, None, :],
+                                              enable_gqa=True)
+
+    assert_close(candidate().float(), baseline().double(), policy=q.dtype)
+    kernel_ab.compare(candidate, baseline, name="decode vs sdpa+lengths", **_work(shape, lengths))
