@@ -5,7 +5,8 @@ The queries are the last S_q positions of each entry's sequence: entry b holds `
 position ``n_b - S_q + i`` of its ``n_b`` keys, seeing the keys up to its own position. The kernel takes that as its
 causal mode aligned to each key length (``CAUSAL == 3``, ``kernels/attention_common``) with the lengths as key
 lengths: no mask is built, the cache is read in place and nothing past an entry's length is touched. The SDPA path
-builds the equivalent [B, 1, S_q, S_max] mask or bias. Forward only. Imports ``validation``, ``plans``, ``launch``
+builds the equivalent [B, 1, S_q, S_max] mask or bias. A paged cache ([blocks, H_kv, block size, D] with a block
+table) is read by the kernel through the table (``PAGE_SIZE``); the SDPA path gathers it first. Forward only. Imports ``validation``, ``plans``, ``launch``
 and ``api``.
 """
 from __future__ import annotations
@@ -32,6 +33,46 @@ def _check_values_wanted(check_values: Optional[bool], cache_seqlens: torch.Tens
     return cache_seqlens.device.type == "cpu" or os.environ.get("FLASHLITE_CHECK_VALUES", "0") not in ("", "0")
 
 
+def _check_block_table(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                       block_table: torch.Tensor) -> int:
+    """The positions a paged cache holds per entry (max blocks * block size), or the error naming the argument."""
+    if not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32:
+        raise TypeError(f"block_table must be an int32 tensor [B, max blocks], got "
+                        f"{getattr(block_table, 'dtype', type(block_table).__name__)}")
+    if block_table.dim() != 2 or block_table.shape[0] != q.shape[0] or block_table.shape[1] == 0:
+        raise ValueError(f"block_table must have shape [B, max blocks] with B = {q.shape[0]}, got "
+                         f"{list(block_table.shape)}")
+    if block_table.device != q.device:
+        raise ValueError(f"block_table is on {block_table.device}, q on {q.device}")
+    if k_cache.shape != v_cache.shape or k_cache.shape[0] == 0:
+        raise ValueError(f"a paged k_cache and v_cache must both be [blocks, H_kv, block size, D], got "
+                         f"{list(k_cache.shape)} and {list(v_cache.shape)}")
+    if k_cache.shape[2] % 16:
+        raise ValueError(f"the block size (k_cache.shape[2]) must be a multiple of 16, got {k_cache.shape[2]}")
+    return block_table.shape[1] * k_cache.shape[2]
+
+
+def _check_table_values(block_table: torch.Tensor, lengths: torch.Tensor, blocks: int, block_size: int) -> None:
+    for b, (row, n) in enumerate(zip(block_table.tolist(), lengths.tolist())):
+        used = row[:-(-n // block_size)]  # the blocks that hold the entry's first n positions
+        if used and (min(used) < 0 or max(used) >= blocks):
+            raise ValueError(f"block_table[{b}] names blocks outside [0, {blocks}) among the {len(used)} that hold "
+                             f"its {n} positions: {used}")
+
+
+def _virtual_cache(cache: torch.Tensor, batch: int, capacity: int) -> torch.Tensor:
+    """A [B, H_kv, capacity, D] view (stride 0, no copy) that stands for a paged cache in validation."""
+    return cache[:1, :, :1].expand(batch, cache.shape[1], capacity, cache.shape[3])
+
+
+def _gathered(cache: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:
+    """A paged cache's entries as a contiguous [B, H_kv, max blocks * block size, D] copy (the SDPA path). Table
+    entries past an entry's length may be anything: they are clamped, and the positions they give are masked."""
+    blocks = cache[block_table.clamp(0, cache.shape[0] - 1).long()]  # [B, max blocks, H_kv, block size, D]
+    batch, count, heads, size, dim = blocks.shape
+    return blocks.permute(0, 2, 1, 3, 4).reshape(batch, heads, count * size, dim)
+
+
 def _check_cache_args(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor,
                       k_new: Optional[torch.Tensor], v_new: Optional[torch.Tensor]) -> None:
     if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.dtype != torch.int32:
@@ -48,7 +89,7 @@ def _check_cache_args(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     if (k_new is None) != (v_new is None):
         raise ValueError("pass k_new and v_new together, or neither")
     if k_new is not None:
-        expected = (k_cache.shape[0], k_cache.shape[1], q.shape[2], k_cache.shape[3])
+        expected = (q.shape[0], k_cache.shape[1], q.shape[2], k_cache.shape[3])
         for name, t in (("k_new", k_new), ("v_new", v_new)):
             if not isinstance(t, torch.Tensor) or tuple(t.shape) != expected:
                 raise ValueError(f"{name} must have shape [B, H_kv, S_q, D] = {list(expected)}, got "
@@ -68,12 +109,18 @@ def _check_lengths(cache_seqlens: torch.Tensor, appended: int, capacity: int) ->
         raise ValueError(f"{what} overflows the cache of S_max = {capacity} positions")
 
 
-def _append(cache: torch.Tensor, new: torch.Tensor, cache_seqlens: torch.Tensor) -> None:
-    """Write new [B, H_kv, S_q, D] into cache [B, H_kv, S_max, D] at positions cache_seqlens[b] + i, in place,
-    on the device (no synchronisation)."""
+def _append(cache: torch.Tensor, new: torch.Tensor, cache_seqlens: torch.Tensor,
+            block_table: Optional[torch.Tensor]) -> None:
+    """Write new [B, H_kv, S_q, D] into the cache at positions cache_seqlens[b] + i, in place, on the device (no
+    synchronisation): cache [B, H_kv, S_max, D], or paged [blocks, H_kv, block size, D] through ``block_table``."""
     batch, _, seq_new, _ = new.shape
-    rows = torch.arange(batch, device=cache.device)[:, None].expand(batch, seq_new)
     positions = cache_seqlens.long()[:, None] + torch.arange(seq_new, device=cache.device)[None, :]
+    if block_table is None:
+        rows = torch.arange(batch, device=cache.device)[:, None].expand(batch, seq_new)
+    else:
+        size = cache.shape[2]
+        rows = block_table.long().gather(1, positions // size)
+        positions = positions % size
     cache.transpose(1, 2).index_put_((rows, positions), new.transpose(1, 2))
 
 
@@ -115,13 +162,15 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
             ``cache_seqlens[b] .. cache_seqlens[b] + S_q - 1`` before attending (the caches are modified in place;
             ``cache_seqlens`` is not). The keys of entry b are then its first ``cache_seqlens[b] + S_q``
             positions, else its first ``cache_seqlens[b]``; query i sits at the last S_q of them.
-        block_table: a paged cache's block table; not supported yet (an error says so).
+        block_table: int32 [B, max blocks] for a paged cache: k_cache and v_cache are then [blocks, H_kv,
+            block size, D] (block size a multiple of 16), and position j of entry b lives at row j % block size of
+            block ``block_table[b, j // block size]``. Entries past an entry's length are never read.
         scale, softcap, alibi_slopes: as in ``flashlite.attention``, with i' the query's own position.
         window: (left, right) as in ``flashlite.attention``; the right side is always closed by the causal rule.
         backend: "auto" (the kernel where it can run, else SDPA with the equivalent mask), "triton" or "sdpa".
-        check_values: check cache_seqlens (>= 0, no overflow of S_max). Default: on for CPU tensors; on CUDA off,
-            since reading them synchronises the device, unless FLASHLITE_CHECK_VALUES=1. An overflowing write is
-            otherwise an out-of-range index on the device.
+        check_values: check cache_seqlens (>= 0, no overflow of S_max) and the block table's used entries (within
+            [0, blocks)). Default: on for CPU tensors; on CUDA off, since reading them synchronises the device,
+            unless FLASHLITE_CHECK_VALUES=1. An overflowing write is otherwise an out-of-range index on the device.
 
     Returns:
         [B, H, S_q, D] in q's dtype. Forward only: calls that need a gradient are refused.
@@ -135,29 +184,34 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         >>> out.shape, torch.equal(k_cache[0, :, 3], k_new[0, :, 0])
         (torch.Size([2, 4, 1, 16]), True)
     """
-    if block_table is not None:
-        raise NotImplementedError("block_table: paged KV caches are not supported yet; pass a contiguous cache "
-                                  "[B, H_kv, S_max, D]")
     _check_cache_args(q, k_cache, v_cache, cache_seqlens, k_new, v_new)
+    capacity = k_cache.shape[2] if block_table is None else _check_block_table(q, k_cache, v_cache, block_table)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k_cache, v_cache, k_new, v_new)):
         raise ValueError("attention_with_kvcache is forward only (decoding); call it under torch.no_grad() or "
                          "pass tensors that do not require grad")
     appended = 0 if k_new is None else q.shape[2]
     lengths = cache_seqlens + appended if appended else cache_seqlens
-    problem = validate(q, k_cache, v_cache, "lower_right", scale, None, lengths, backend, None, window, softcap,
+    keys, values = (k_cache, v_cache) if block_table is None else (
+        _virtual_cache(k_cache, q.shape[0], capacity), _virtual_cache(v_cache, q.shape[0], capacity))
+    problem = validate(q, keys, values, "lower_right", scale, None, lengths, backend, None, window, softcap,
                        alibi_slopes)
     if _check_values_wanted(check_values, cache_seqlens):
-        _check_lengths(cache_seqlens, appended, k_cache.shape[2])
+        _check_lengths(cache_seqlens, appended, capacity)
+        if block_table is not None:
+            _check_table_values(block_table, lengths, k_cache.shape[0], k_cache.shape[2])
     if k_new is not None:
-        _append(k_cache, k_new, cache_seqlens)
-        _append(v_cache, v_new, cache_seqlens)
-    unsupported = None if backend == "sdpa" else kernel_unsupported(q, k_cache, v_cache, None)
+        _append(k_cache, k_new, cache_seqlens, block_table)
+        _append(v_cache, v_new, cache_seqlens, block_table)
+    unsupported = None if backend == "sdpa" else kernel_unsupported(q, keys, values, None)
     if backend == "triton" and unsupported is not None:
         raise ValueError(f"backend='triton' cannot run this call: {unsupported}")
     if backend == "sdpa" or unsupported is not None:
+        if block_table is not None:
+            k_cache, v_cache = _gathered(k_cache, block_table), _gathered(v_cache, block_table)
         return _sdpa_kvcache(q, k_cache, v_cache, lengths, scale, window, softcap, alibi_slopes)
     # The kernel's causal mode aligned to each key length: query i sees keys j <= i + n_b - S_q.
-    plan = Plan(dataclasses.replace(problem, causal_mode=CAUSAL_KEY_LENGTH),
+    page_size = 0 if block_table is None else k_cache.shape[2]
+    plan = Plan(dataclasses.replace(problem, causal_mode=CAUSAL_KEY_LENGTH, page_size=page_size),
                 Decision("triton", "forced by backend='triton'" if backend == "triton" else
                          "rule: KV-cache calls use the kernel"))
-    return launch_forward(q, k_cache, v_cache, lengths, alibi_slopes, plan, need_lse=False)[0]
+    return launch_forward(q, k_cache, v_cache, lengths, alibi_slopes, plan, need_lse=False, block_table=block_table)[0]

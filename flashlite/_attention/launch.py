@@ -263,14 +263,15 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 def launch_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: Optional[torch.Tensor],
                    alibi_slopes: Optional[torch.Tensor], plan: Plan, need_lse: bool = True,
-                   cu_seqlens: Optional[tuple[torch.Tensor, torch.Tensor]] = None
-                   ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+                   cu_seqlens: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
+                   block_table: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """(out, lse; None without ``need_lse``) of a call of ``plan``'s signature. Without ``need_lse`` the kernel
     skips its log-sum-exp store (inference: no backward pass will read it) and ``out`` fills the unused slot.
     Window and softcap come from ``plan.problem``; ``alibi_slopes`` is this call's (None unless the problem has
     ALiBi), a leading tensor of the launch, so a recorded launch replays with each call's slopes. Packed
     sequences (``plan.problem.varlen``): q, k, v are ``packed_view``s, ``cu_seqlens`` the int32 (q, k) starts;
-    ``out`` is then a packed view too, and lse [B, H, max S_q] padded."""
+    ``out`` is then a packed view too, and lse [B, H, max S_q] padded. A paged cache
+    (``plan.problem.page_size``): k, v are [blocks, H_kv, page_size, D] and ``block_table`` int32 [B, max blocks]."""
     p = plan.problem
     # Contiguous [B, H, S_q, D] (empty_like parses fewer arguments than empty).
     out = _new_output(q, p) if p.varlen else torch.empty_like(q, memory_format=torch.contiguous_format)
@@ -283,8 +284,9 @@ def launch_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: 
     mask_arg, lengths_arg, stride_mask_b, stride_mask_n = _key_mask_args(q, key_mask, p)
     alibi_arg, variant_scalars, variant_flags = _variant_args(q, alibi_slopes, p)
     cu_q, cu_k = (q, q) if cu_seqlens is None else cu_seqlens
-    # the kernel's Q, K, V, Out, Lse, KeyMask, KeyLen, Alibi, CuSeqQ, CuSeqK
-    tensors = (q, k, v, out, lse, mask_arg, lengths_arg, alibi_arg, cu_q, cu_k)
+    table, stride_table = (q, 0) if block_table is None else (block_table, block_table.stride(0))
+    # the kernel's Q, K, V, Out, Lse, KeyMask, KeyLen, Alibi, CuSeqQ, CuSeqK, BlockTable
+    tensors = (q, k, v, out, lse, mask_arg, lengths_arg, alibi_arg, cu_q, cu_k, table)
     site = "forward" if need_lse else "inference"
     recorded = plan.recorded.get(site)  # _replayed, inline: this is the hot path of a replayed inference call
     if recorded is None or not recorded.launch(*tensors):
@@ -293,10 +295,12 @@ def launch_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: 
         dot = _dot_mode(p.precision)
         _launch(_FORWARD, site, plan, _Grid(p.seq_q, "BLOCK_M", p.batch * p.heads), tensors,
                 (*q.stride(), *k.stride(), *v.stride(), *out.stride(), stride_mask_b, stride_mask_n,
-                 *variant_scalars[:2], p.heads, p.group_size, p.seq_q, p.seq_k, p.scale * math.log2(math.e),
+                 *variant_scalars[:2], stride_table, p.heads, p.group_size, p.seq_q, p.seq_k,
+                 p.scale * math.log2(math.e),
                  p.batch * p.heads, *variant_scalars[2:], *buckets),
                 dict(HEAD_DIM=p.head_dim, BLOCK_D=block_d, CAUSAL=p.causal_mode, KEY_MASK=p.key_masking, DOT=dot,
-                     FLAT_GRID=p.batch * p.heads > _GRID_AXIS1_LIMIT, STORE_LSE=need_lse, **variant_flags))
+                     FLAT_GRID=p.batch * p.heads > _GRID_AXIS1_LIMIT, STORE_LSE=need_lse, PAGE_SIZE=p.page_size,
+                     **variant_flags))
     return out, (lse if need_lse else None)
 
 

@@ -76,6 +76,8 @@ class Problem:
     alibi: AlibiSlopes = "none"  # slopes per query head ("heads", [H]) or per batch and head ("batch_heads")
     # Packed sequences (attention_varlen): batch counts the sequences, seq_q and seq_k are the longest ones
     varlen: bool = False
+    # A paged KV cache (attention_with_kvcache): positions per cache block; 0 for contiguous keys
+    page_size: int = 0
 
     @property
     def group_size(self) -> int:

@@ -31,9 +31,10 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, mask_row,  # k_base, v_bas
                     stride_kn, stride_kd, stride_vn, stride_vd, stride_mask_n,
                     offs_m, offs_d, start, end, n_len, diag_shift, qk_scale,
                     first, window_left, window_right, softcap2, slope2,
+                    table_row, stride_kb, stride_vb,  # PAGE_SIZE: the batch entry's row of the block table
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                     CAUSAL: tl.constexpr, KEY_MASK: tl.constexpr, DOT: tl.constexpr, BOUNDARY: tl.constexpr,
-                    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr):
+                    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, PAGE_SIZE: tl.constexpr):
     """Fold key blocks [start, end) into the running softmax. BOUNDARY: the blocks may cross the causal diagonal,
     a window edge or the key length, so apply those masks; blocks outside that need no mask at all. ``first``: the
     first key any row of the block sees (WINDOW); ``softcap2``, ``slope2``: softcap and ALiBi slope in base 2."""
@@ -42,8 +43,16 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, mask_row,  # k_base, v_bas
         offs_n = start_n + offs_n0
         if KEY_MASK == "bool":
             keep = tl.load(mask_row + offs_n * stride_mask_n, mask=offs_n < n_len, other=0) != 0
-        kt = load_cols(k_base + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd,
-                       offs_d, HEAD_DIM, BLOCK_D, offs_n, n_len, BOUNDARY)
+        if PAGE_SIZE != 0:
+            # A paged cache: key j lives at row j % PAGE_SIZE of block table_row[j // PAGE_SIZE].
+            page = tl.load(table_row + offs_n // PAGE_SIZE, mask=offs_n < n_len, other=0).to(tl.int64)
+            k_rows = page * stride_kb + (offs_n % PAGE_SIZE) * stride_kn
+            v_rows = page * stride_vb + (offs_n % PAGE_SIZE) * stride_vn
+            kt = load_cols(k_base + k_rows[None, :] + offs_d[:, None] * stride_kd,
+                           offs_d, HEAD_DIM, BLOCK_D, offs_n, n_len, BOUNDARY)
+        else:
+            kt = load_cols(k_base + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd,
+                           offs_d, HEAD_DIM, BLOCK_D, offs_n, n_len, BOUNDARY)
         scores = mma(q, kt, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), DOT)
         if BOUNDARY or KEY_MASK == "bool" or SOFTCAP or ALIBI:
             qk = scores * qk_scale
@@ -86,7 +95,10 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, mask_row,  # k_base, v_bas
         # So the values of keys no row of this block may see load as zeros (the copy fills them, which costs
         # nothing): keys past `end` (the key length, or the causal frontier of the block's last row in the
         # boundary loop), keys before `first` (left of every row's window) and keys the boolean mask hides.
-        v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd
+        if PAGE_SIZE != 0:
+            v_ptrs = v_base + v_rows[:, None] + offs_d[None, :] * stride_vd
+        else:
+            v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd
         if KEY_MASK == "bool":
             if WINDOW and BOUNDARY:
                 v = load_rows_where(v_ptrs, keep & (offs_n < end) & (offs_n >= first), offs_d, HEAD_DIM, BLOCK_D)
@@ -113,12 +125,13 @@ def _attn_fwd(Q,  # [B, H, S_q, D], any strides
               Alibi,  # [B, H] or [H] float32 slopes when ALIBI (else unused); [H]: stride_alibi_b = 0
               CuSeqQ,  # [B + 1] int32 starts of the packed sequences in q's token axis when VARLEN (else unused)
               CuSeqK,  # [B + 1] int32 starts of the packed sequences in k's and v's token axis when VARLEN
+              BlockTable,  # [B, max blocks] int32 when PAGE_SIZE: K, V are [blocks, H_kv, PAGE_SIZE, D] caches
               stride_qb, stride_qh, stride_qm, stride_qd,
               stride_kb, stride_kh, stride_kn, stride_kd,
               stride_vb, stride_vh, stride_vn, stride_vd,
               stride_ob, stride_oh, stride_om, stride_od,
               stride_mask_b, stride_mask_n,
-              stride_alibi_b, stride_alibi_h,
+              stride_alibi_b, stride_alibi_h, stride_table_b,
               num_heads, group_size, seq_q, seq_k, qk_scale, batch_heads,
               window_left, window_right,  # >= 0 when WINDOW (the launcher turns -1 into a side past every key)
               softcap,  # c > 0 when SOFTCAP, natural units
@@ -127,7 +140,7 @@ def _attn_fwd(Q,  # [B, H, S_q, D], any strides
               DOT: tl.constexpr, FLAT_GRID: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_M: tl.constexpr, BH_PER_PROGRAM: tl.constexpr = 1,
               STORE_LSE: tl.constexpr = True, WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False,
-              ALIBI: tl.constexpr = False, VARLEN: tl.constexpr = False):
+              ALIBI: tl.constexpr = False, VARLEN: tl.constexpr = False, PAGE_SIZE: tl.constexpr = 0):
     # Grid: axis 0 query blocks, axis 1 groups of BH_PER_PROGRAM (batch, head) pairs; flattened into axis 0 when
     # the groups exceed axis 1's limit. Several pairs per program give short sequences, whose programs are tiny,
     # more work per launch slot; the autotuner decides where that pays.
@@ -137,38 +150,40 @@ def _attn_fwd(Q,  # [B, H, S_q, D], any strides
         # Later query blocks see more keys; launch them first so the short ones fill the tail.
         pid_m = num_m_blocks - 1 - pid_m
     if BH_PER_PROGRAM == 1:
-        _attn_fwd_block(Q, K, V, Out, Lse, KeyMask, KeyLen, Alibi, CuSeqQ, CuSeqK,
+        _attn_fwd_block(Q, K, V, Out, Lse, KeyMask, KeyLen, Alibi, CuSeqQ, CuSeqK, BlockTable,
                         stride_qb, stride_qh, stride_qm, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
                         stride_vb, stride_vh, stride_vn, stride_vd, stride_ob, stride_oh, stride_om, stride_od,
-                        stride_mask_b, stride_mask_n, stride_alibi_b, stride_alibi_h, num_heads, group_size, seq_q,
+                        stride_mask_b, stride_mask_n, stride_alibi_b, stride_alibi_h, stride_table_b, num_heads,
+                        group_size, seq_q,
                         seq_k, qk_scale, window_left, window_right, softcap,
                         pid_m, pid_group, HEAD_DIM, BLOCK_D, CAUSAL, KEY_MASK, DOT, BLOCK_M, BLOCK_N, EVEN_M,
-                        STORE_LSE, WINDOW, SOFTCAP, ALIBI, VARLEN)
+                        STORE_LSE, WINDOW, SOFTCAP, ALIBI, VARLEN, PAGE_SIZE)
     else:
         for i in tl.static_range(BH_PER_PROGRAM):
             pid_bh = pid_group * BH_PER_PROGRAM + i
             if pid_bh < batch_heads:
-                _attn_fwd_block(Q, K, V, Out, Lse, KeyMask, KeyLen, Alibi, CuSeqQ, CuSeqK,
+                _attn_fwd_block(Q, K, V, Out, Lse, KeyMask, KeyLen, Alibi, CuSeqQ, CuSeqK, BlockTable,
                                 stride_qb, stride_qh, stride_qm, stride_qd, stride_kb, stride_kh, stride_kn,
                                 stride_kd, stride_vb, stride_vh, stride_vn, stride_vd, stride_ob, stride_oh,
                                 stride_om, stride_od, stride_mask_b, stride_mask_n, stride_alibi_b, stride_alibi_h,
+                                stride_table_b,
                                 num_heads, group_size, seq_q, seq_k, qk_scale, window_left, window_right, softcap,
                                 pid_m, pid_bh, HEAD_DIM, BLOCK_D, CAUSAL, KEY_MASK, DOT, BLOCK_M,
-                                BLOCK_N, EVEN_M, STORE_LSE, WINDOW, SOFTCAP, ALIBI, VARLEN)
+                                BLOCK_N, EVEN_M, STORE_LSE, WINDOW, SOFTCAP, ALIBI, VARLEN, PAGE_SIZE)
 
 
 @triton.jit
-def _attn_fwd_block(Q, K, V, Out, Lse, KeyMask, KeyLen, Alibi, CuSeqQ, CuSeqK,  # as in _attn_fwd
+def _attn_fwd_block(Q, K, V, Out, Lse, KeyMask, KeyLen, Alibi, CuSeqQ, CuSeqK, BlockTable,  # as in _attn_fwd
                     stride_qb, stride_qh, stride_qm, stride_qd,
                     stride_kb, stride_kh, stride_kn, stride_kd,
                     stride_vb, stride_vh, stride_vn, stride_vd,
                     stride_ob, stride_oh, stride_om, stride_od,
-                    stride_mask_b, stride_mask_n, stride_alibi_b, stride_alibi_h,
+                    stride_mask_b, stride_mask_n, stride_alibi_b, stride_alibi_h, stride_table_b,
                     num_heads, group_size, seq_q, seq_k, qk_scale, window_left, window_right, softcap, pid_m, pid_bh,
                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, KEY_MASK: tl.constexpr,
                     DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_M: tl.constexpr,
                     STORE_LSE: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
-                    VARLEN: tl.constexpr):
+                    VARLEN: tl.constexpr, PAGE_SIZE: tl.constexpr):
     """Query block ``pid_m`` of the (batch, head) pair ``pid_bh``: output rows and, with STORE_LSE (needed only
     for a backward pass), their log-sum-exp. With VARLEN, b is a packed sequence (see ``varlen_sequence``)."""
     b = pid_bh // num_heads
@@ -186,6 +201,11 @@ def _attn_fwd_block(Q, K, V, Out, Lse, KeyMask, KeyLen, Alibi, CuSeqQ, CuSeqK,  
     k_base = K + b.to(tl.int64) * stride_kb + kv_h.to(tl.int64) * stride_kh
     v_base = V + b.to(tl.int64) * stride_vb + kv_h.to(tl.int64) * stride_vh
     mask_row = KeyMask + b.to(tl.int64) * stride_mask_b
+    table_row = BlockTable
+    if PAGE_SIZE != 0:  # the batch stride of K and V is their block stride: blocks are found through the table
+        k_base = K + kv_h.to(tl.int64) * stride_kh
+        v_base = V + kv_h.to(tl.int64) * stride_vh
+        table_row = BlockTable + b.to(tl.int64) * stride_table_b
 
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
@@ -206,20 +226,23 @@ def _attn_fwd_block(Q, K, V, Out, Lse, KeyMask, KeyLen, Alibi, CuSeqQ, CuSeqK,  
                                         stride_kn, stride_kd, stride_vn, stride_vd, stride_mask_n,
                                         offs_m, offs_d, lo, full_start, n_len, diag_shift, qk_scale,
                                         first, window_left, window_right, softcap2, slope2,
+                                        table_row, stride_kb, stride_vb,
                                         BLOCK_M, BLOCK_N, HEAD_DIM, BLOCK_D, CAUSAL, KEY_MASK, DOT, True,
-                                        WINDOW, SOFTCAP, ALIBI)
+                                        WINDOW, SOFTCAP, ALIBI, PAGE_SIZE)
     acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, mask_row,
                                     stride_kn, stride_kd, stride_vn, stride_vd, stride_mask_n,
                                     offs_m, offs_d, full_start, full_end, n_len, diag_shift, qk_scale,
                                     first, window_left, window_right, softcap2, slope2,
+                                    table_row, stride_kb, stride_vb,
                                     BLOCK_M, BLOCK_N, HEAD_DIM, BLOCK_D, CAUSAL, KEY_MASK, DOT, False,
-                                    WINDOW, SOFTCAP, ALIBI)
+                                    WINDOW, SOFTCAP, ALIBI, PAGE_SIZE)
     acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, mask_row,
                                     stride_kn, stride_kd, stride_vn, stride_vd, stride_mask_n,
                                     offs_m, offs_d, full_end, hi, n_len, diag_shift, qk_scale,
                                     first, window_left, window_right, softcap2, slope2,
+                                    table_row, stride_kb, stride_vb,
                                     BLOCK_M, BLOCK_N, HEAD_DIM, BLOCK_D, CAUSAL, KEY_MASK, DOT, True,
-                                    WINDOW, SOFTCAP, ALIBI)
+                                    WINDOW, SOFTCAP, ALIBI, PAGE_SIZE)
 
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)

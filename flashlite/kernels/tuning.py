@@ -95,7 +95,7 @@ MAX_SEQ_BUCKET = 16384
 MAX_BATCH_HEADS_BUCKET = 4096
 # The variant flags join too: a windowed kernel visits a band of blocks, so its best tiles differ from dense ones.
 AUTOTUNE_KEY = ["SEQ_Q_BUCKET", "SEQ_K_BUCKET", "BATCH_HEADS_BUCKET", "HEAD_DIM", "CAUSAL", "KEY_MASK", "DOT",
-                "WINDOW", "SOFTCAP", "ALIBI", "VARLEN"]
+                "WINDOW", "SOFTCAP", "ALIBI", "VARLEN", "PAGE_SIZE"]
 
 
 def tuning_buckets(seq_q: int, seq_k: int, batch_heads: int) -> tuple[int, int, int]:

@@ -247,7 +247,7 @@ def test_autotune_keys_are_bucketed():
     for kernel in (attention_fwd.attn_fwd, attention_bwd.attn_bwd_dkdv, attention_bwd.attn_bwd_dq):
         # The variants join the key: a windowed or packed call is tuned apart from a dense one of the same sizes.
         assert kernel.keys == ["SEQ_Q_BUCKET", "SEQ_K_BUCKET", "BATCH_HEADS_BUCKET", "HEAD_DIM", "CAUSAL",
-                               "KEY_MASK", "DOT", "WINDOW", "SOFTCAP", "ALIBI", "VARLEN"]
+                               "KEY_MASK", "DOT", "WINDOW", "SOFTCAP", "ALIBI", "VARLEN", "PAGE_SIZE"]
         python_fn = kernel.fn.fn.fn  # autotuner -> heuristics -> jit (or interpreted) function -> Python function
         constexprs = {name for name, p in inspect.signature(python_fn).parameters.items()
                       if "constexpr" in str(p.annotation)}

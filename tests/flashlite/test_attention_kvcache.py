@@ -142,7 +142,10 @@ def test_public_name():
     (lambda a: {**a, "v_new": None}, ValueError, "k_new and v_new together"),
     (lambda a: {**a, "k_new": a["k_new"][:, :, :0]}, ValueError, "k_new must have shape"),
     (lambda a: {**a, "k_new": a["k_new"].double()}, TypeError, "k_new must match the cache's dtype"),
-    (lambda a: {**a, "block_table": torch.zeros(4, 3, dtype=torch.int32)}, NotImplementedError, "paged"),
+    (lambda a: {**a, "block_table": torch.zeros(4, 3, dtype=torch.int64, device=DEVICE)}, TypeError,
+     "block_table must be an int32"),
+    (lambda a: {**a, "block_table": torch.zeros(3, 3, dtype=torch.int32, device=DEVICE)}, ValueError,
+     r"block_table must have shape \[B, max blocks\]"),
     (lambda a: {**a, "q": a["q"][0]}, ValueError, "q must be a 4-D tensor"),
     (lambda a: {**a, "softcap": -1.0}, ValueError, "softcap must be finite and > 0"),
 ])
@@ -155,6 +158,60 @@ def test_bad_input_is_named(change, error, match):
                                **args)
 
 
+def paged(cache, seed, block_size=16, spare=3):
+    """The same cache as [blocks, H_kv, block size, D] blocks in shuffled order (spare blocks hold noise), and the
+    block table that finds them."""
+    batch, heads, capacity, dim = cache.shape
+    per_entry = capacity // block_size
+    gen = torch.Generator().manual_seed(seed)
+    order = torch.randperm(batch * per_entry + spare, generator=gen)
+    table = order[:batch * per_entry].view(batch, per_entry).to(device=DEVICE, dtype=torch.int32)
+    blocks = torch.randn(batch * per_entry + spare, heads, block_size, dim, generator=gen).to(cache)
+    for b in range(batch):
+        for j in range(per_entry):
+            blocks[table[b, j]] = cache[b, :, j * block_size:(j + 1) * block_size]
+    return blocks, table
+
+
+def gathered(blocks, table):
+    return torch.cat([blocks[table[:, j].long()] for j in range(table.shape[1])], dim=2)
+
+
+@pytest.mark.parametrize("backend", ["triton", "sdpa"])
+@pytest.mark.parametrize("seq_q, options", [(1, dict()), (3, dict(window=(7, 0), alibi_slopes="heads"))])
+def test_a_paged_cache_gives_the_contiguous_result(backend, seq_q, options):
+    options = {key: _slopes(value) if key == "alibi_slopes" else value for key, value in options.items()}
+    q, k_cache, v_cache, lengths, k_new, v_new = inputs(torch.float32, seed=8, seq_q=seq_q)
+    k_cache, v_cache = k_cache[:, :, :32], v_cache[:, :, :32]  # two blocks of 16 per entry
+    lengths = lengths.clamp(max=32 - seq_q)
+    k_blocks, table = paged(k_cache, seed=9)
+    v_blocks, _ = paged(v_cache, seed=9)
+    contiguous = attention_with_kvcache(q, k_cache.clone(), v_cache.clone(), lengths, k_new=k_new, v_new=v_new,
+                                        backend=backend, **options)
+    out = attention_with_kvcache(q, k_blocks, v_blocks, lengths, k_new=k_new, v_new=v_new, block_table=table,
+                                 backend=backend, **options)
+    # The new tokens went to the right block rows: the paged cache, read through its table, is the written one.
+    written_k, written_v = k_cache.clone(), v_cache.clone()
+    for b, n in enumerate(lengths.tolist()):
+        written_k[b, :, n:n + seq_q], written_v[b, :, n:n + seq_q] = k_new[b], v_new[b]
+    assert torch.equal(gathered(k_blocks, table), written_k) and torch.equal(gathered(v_blocks, table), written_v)
+    assert_close(out.cpu(), reference(q, written_k, written_v, lengths + seq_q, **options), policy="tf32")
+    assert_close(out.cpu(), contiguous.cpu().double(), policy="tf32")
+
+
+def test_block_table_entries_outside_the_cache_are_named():
+    q, k_cache, v_cache, lengths, k_new, v_new = inputs(torch.float32, seed=10)
+    k_blocks, table = paged(k_cache[:, :, :32], seed=11)
+    v_blocks, _ = paged(v_cache[:, :, :32], seed=11)
+    bad = table.clone()
+    bad[2, 1] = k_blocks.shape[0]  # entry 2 holds 17 + 1 positions: its second block is used
+    with pytest.raises(ValueError, match=r"block_table\[2\] names blocks outside"):
+        attention_with_kvcache(q, k_blocks, v_blocks, lengths.clamp(max=31), k_new=k_new, v_new=v_new,
+                               block_table=bad)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        attention_with_kvcache(q, k_blocks[:, :, :8], v_blocks[:, :, :8], lengths.clamp(max=7), block_table=table)
+
+
 def test_calls_that_need_a_gradient_are_refused():
     q, k_cache, v_cache, lengths, k_new, v_new = inputs(torch.float32, seed=7)
     with pytest.raises(ValueError, match="forward only"):
@@ -164,16 +221,18 @@ def test_calls_that_need_a_gradient_are_refused():
 
 
 _COMPILE_DECODE = SM90_COMPILER + r'''
-# The forward's first GPU config with the causal mode aligned to each key length, bf16, D=128, every variant on.
+# The forward's first GPU config with the causal mode aligned to each key length, bf16, D=128, every variant on;
+# a contiguous cache and a paged one (blocks of 256 positions).
 block_m, block_n, warps, stages = attention_fwd.FWD_GPU_BLOCKS[0][:4]
-print(shared_memory_for_sm90(attention_fwd._attn_fwd, dict(BLOCK_M=block_m, BLOCK_N=block_n), head_dim=128,
-                             block_d=128, causal=3, key_mask="lengths", warps=warps, stages=stages,
-                             flags=dict(WINDOW=True, SOFTCAP=True, ALIBI=True)))
+for page_size in (0, 256):
+    print(shared_memory_for_sm90(attention_fwd._attn_fwd, dict(BLOCK_M=block_m, BLOCK_N=block_n), head_dim=128,
+                                 block_d=128, causal=3, key_mask="lengths", warps=warps, stages=stages,
+                                 flags=dict(WINDOW=True, SOFTCAP=True, ALIBI=True, PAGE_SIZE=page_size)))
 '''
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU suite compiles the kernels for real")
 def test_the_decoding_forward_compiles_for_hopper_within_its_shared_memory():
     pytest.importorskip("triton.backends.nvidia")
-    shared = int(run_script(_COMPILE_DECODE).strip())
-    assert 0 < shared <= 232448  # sm_90's 227 KiB per block
+    shared = [int(line) for line in run_script(_COMPILE_DECODE).split()]
+    assert len(shared) == 2 and all(0 < n <= 232448 for n in shared), shared  # sm_90's 227 KiB per block

@@ -233,7 +233,8 @@ def test_the_window_skips_key_blocks_wholly_outside_it(monkeypatch):
 DENSE_KERNELS_COMMIT = "e4eeb70591f56e393cbe85ee7a76da62821e9af8"
 # Arguments the variants added: unused when they are off, so present in the function's signature only.
 VARIANT_ARGUMENTS = ["Alibi", "stride_alibi_b", "stride_alibi_h", "window_left", "window_right", "softcap",
-                     "CuSeqQ", "CuSeqK"]  # the last two: packed sequences (VARLEN)
+                     "CuSeqQ", "CuSeqK"]  # packed sequences (VARLEN)
+FORWARD_ARGUMENTS = ["BlockTable", "stride_table_b"]  # paged KV caches (PAGE_SIZE), a forward-only feature
 
 _DENSE_TTGIR = SM90_COMPILER + r'''
 import json, re
@@ -312,9 +313,11 @@ def test_dense_kernels_compile_to_the_same_ttgir_as_before_the_variants(tmp_path
         tar.extractall(tmp_path / "before", filter="data")
     before = _dense_ttgir(tmp_path / "before", tmp_path / "cache-before")
     now = _dense_ttgir(root, tmp_path / "cache-now")
-    for old, new in zip(before, now):
+    kinds = ["fwd", "fwd", "dkdv", "dkdv", "dq", "dq"]  # JOBS' kernels, in order
+    for kind, old, new in zip(kinds, before, now):
         assert new["body"] == old["body"]
         # The signature: the old parameters, in order and of the same types, plus the variants' unused ones.
-        assert [p for p in new["params"] if p[0] not in VARIANT_ARGUMENTS] == old["params"]
-        assert {p[0] for p in new["params"]} - {p[0] for p in old["params"]} == set(VARIANT_ARGUMENTS)
-    assert len(before) == len(now) == 6
+        added = set(VARIANT_ARGUMENTS) | (set(FORWARD_ARGUMENTS) if kind == "fwd" else set())
+        assert [p for p in new["params"] if p[0] not in added] == old["params"]
+        assert {p[0] for p in new["params"]} - {p[0] for p in old["params"]} == added
+    assert len(before) == len(now) == len(kinds)
