@@ -2,7 +2,8 @@
 cache with a length mask (built inside the timed call, as a decoding loop builds it per step).
 
 B=32, one query per entry, H=32 query heads over H_kv=8, D=128, bf16, caches of 4,096 to 131,072 positions filled
-to random lengths in [S/2, S). Decoding reads the cache once: the bytes counted are the cache's filled part (keys
+to random lengths in [S/2, S), contiguous and paged (blocks of 256 positions in shuffled order; SDPA reads the
+contiguous copy, as a server without a paged kernel keeps it). Decoding reads the cache once: the bytes counted are the cache's filled part (keys
 and values) plus q and the output, so GB/s against the copy ceiling says how close a call comes to the memory
 bound.
 """
@@ -19,7 +20,9 @@ from .conftest import needs_cuda
 
 pytestmark = needs_cuda
 
-SHAPES = [dict(variant="kvcache", B=32, S=S, H=32, H_kv=8, D=128) for S in (4096, 32768, 131072)]
+SHAPES = [dict(variant=variant, B=32, S=S, H=32, H_kv=8, D=128) for variant in ("kvcache", "kvcache_paged")
+          for S in (4096, 32768, 131072)]
+BLOCK_SIZE = 256
 
 
 def _inputs(shape):
@@ -31,6 +34,20 @@ def _inputs(shape):
     return q, k_cache, v_cache, lengths
 
 
+def _paged(shape, k_cache, v_cache):
+    """The caches as shuffled [blocks, H_kv, BLOCK_SIZE, D] blocks and their table."""
+    per_entry = shape.S // BLOCK_SIZE
+    order = torch.randperm(shape.B * per_entry, device="cuda", generator=torch.Generator(device="cuda").manual_seed(1))
+    table = order.view(shape.B, per_entry).to(torch.int32)
+
+    def blocks(cache):
+        out = torch.empty(shape.B * per_entry, shape.H_kv, BLOCK_SIZE, shape.D, device="cuda", dtype=cache.dtype)
+        out[order] = cache.view(shape.B, shape.H_kv, per_entry, BLOCK_SIZE, shape.D).transpose(1, 2).reshape(
+            shape.B * per_entry, shape.H_kv, BLOCK_SIZE, shape.D)
+        return out
+    return blocks(k_cache), blocks(v_cache), table
+
+
 def _work(shape, lengths) -> dict:
     filled = int(lengths.sum())
     elem = torch.empty((), dtype=shape.dtype).element_size()
@@ -40,12 +57,18 @@ def _work(shape, lengths) -> dict:
 
 
 @pytest.mark.shape(*SHAPES, dtype=[torch.bfloat16])
-@pytest.mark.memory(lambda shape: int(2.5 * 2 * shape.B * shape.H_kv * shape.S * shape.D * 2))
+@pytest.mark.memory(lambda shape: int(4.5 * 2 * shape.B * shape.H_kv * shape.S * shape.D * 2))
 def test_decoding_vs_sdpa_with_a_length_mask(shape, kernel_ab):
     q, k_cache, v_cache, lengths = _inputs(shape)
 
-    def candidate():
-        return attention_with_kvcache(q, k_cache, v_cache, lengths)
+    if shape.variant == "kvcache_paged":
+        k_blocks, v_blocks, table = _paged(shape, k_cache, v_cache)
+
+        def candidate():
+            return attention_with_kvcache(q, k_blocks, v_blocks, lengths, block_table=table)
+    else:
+        def candidate():
+            return attention_with_kvcache(q, k_cache, v_cache, lengths)
 
     def baseline():
         keep = torch.arange(shape.S, device="cuda")[None, :] < lengths[:, None]
@@ -53,4 +76,4 @@ def test_decoding_vs_sdpa_with_a_length_mask(shape, kernel_ab):
                                               enable_gqa=True)
 
     assert_close(candidate().float(), baseline().double(), policy=q.dtype)
-    kernel_ab.compare(candidate, baseline, name="decode vs sdpa+lengths", **_work(shape, lengths))
+    kernel_ab.compare(candidate, baseline, name=f"decode {shape.variant} vs sdpa+lengths", **_work(shape, lengths))
