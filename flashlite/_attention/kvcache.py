@@ -20,7 +20,7 @@ import torch
 from flashlite._attention.api import attention
 from flashlite._attention.launch import launch_forward
 from flashlite._attention.plans import Plan
-from flashlite._attention.validation import CAUSAL_KEY_LENGTH, kernel_unsupported, validate
+from flashlite._attention.validation import CAUSAL_KEY_LENGTH, CAUSAL_NONE, kernel_unsupported, validate
 from flashlite.dispatch import Decision
 
 
@@ -209,9 +209,20 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         if block_table is not None:
             k_cache, v_cache = _gathered(k_cache, block_table), _gathered(v_cache, block_table)
         return _sdpa_kvcache(q, k_cache, v_cache, lengths, scale, window, softcap, alibi_slopes)
-    # The kernel's causal mode aligned to each key length: query i sees keys j <= i + n_b - S_q.
+    decision = Decision("triton", "forced by backend='triton'" if backend == "triton" else
+                        "rule: KV-cache calls use the kernel")
     page_size = 0 if block_table is None else k_cache.shape[2]
-    plan = Plan(dataclasses.replace(problem, causal_mode=CAUSAL_KEY_LENGTH, page_size=page_size),
-                Decision("triton", "forced by backend='triton'" if backend == "triton" else
-                         "rule: KV-cache calls use the kernel"))
-    return launch_forward(q, k_cache, v_cache, lengths, alibi_slopes, plan, need_lse=False, block_table=block_table)[0]
+    p = problem
+    if p.seq_q == 1 and p.group_size > 1 and p.window_left < 0 and p.alibi == "none":
+        # One query per entry sees every key up to its length, whichever head it is: the group's query heads go
+        # in as the rows of one kv head, so that each program reads its part of the cache once, not once per head.
+        packed = q.reshape(p.batch, p.kv_heads, p.group_size, p.head_dim)
+        plan = Plan(dataclasses.replace(p, heads=p.kv_heads, seq_q=p.group_size, causal_mode=CAUSAL_NONE,
+                                        page_size=page_size), decision)
+        out = launch_forward(packed, k_cache, v_cache, lengths, None, plan, need_lse=False,
+                             block_table=block_table)[0]
+        return out.reshape(q.shape)
+    # The kernel's causal mode aligned to each key length: query i sees keys j <= i + n_b - S_q.
+    plan = Plan(dataclasses.replace(p, causal_mode=CAUSAL_KEY_LENGTH, page_size=page_size), decision)
+    return launch_forward(q, k_cache, v_cache, lengths, alibi_slopes, plan, need_lse=False,
+                          block_table=block_table)[0]

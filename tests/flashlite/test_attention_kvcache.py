@@ -128,6 +128,19 @@ def test_auto_runs_the_kernel_where_it_can_and_sdpa_elsewhere(monkeypatch):
     assert used == [1]
 
 
+def test_one_query_per_entry_reads_each_kv_head_once(monkeypatch):
+    # Decoding with grouped-query heads: the group's queries become rows of one program per kv head.
+    import flashlite._attention.kvcache as kvcache_module
+    shapes = []
+    real = kvcache_module.launch_forward
+    monkeypatch.setattr(kvcache_module, "launch_forward", lambda q, *a, **kw: shapes.append(tuple(q.shape))
+                        or real(q, *a, **kw))
+    q, k_cache, v_cache, lengths, k_new, v_new = inputs(torch.float32, seed=14)
+    out = attention_with_kvcache(q, k_cache, v_cache, lengths, k_new=k_new, v_new=v_new, backend="triton")
+    assert shapes == [(B, H_KV, H // H_KV, D)]
+    assert_close(out.cpu(), reference(q, k_cache, v_cache, lengths + 1), policy="tf32")
+
+
 def test_public_name():
     assert flashlite.attention_with_kvcache is attention_with_kvcache
 
