@@ -249,3 +249,54 @@ def test_the_decoding_forward_compiles_for_hopper_within_its_shared_memory():
     pytest.importorskip("triton.backends.nvidia")
     shared = [int(line) for line in run_script(_COMPILE_DECODE).split()]
     assert len(shared) == 2 and all(0 < n <= 232448 for n in shared), shared  # sm_90's 227 KiB per block
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; the CPU runs the same "
+                                                                      "checks at tiny sizes above")
+
+
+@needs_cuda
+@pytest.mark.parametrize("paged_cache", [False, True])
+def test_real_sizes_decoding_on_the_gpu_and_under_cuda_graph_capture(paged_cache):
+    # B=8, H=32 over H_kv=8, D=128, bf16, a cache of 8,192 positions filled to odd lengths; then the same step
+    # captured in a CUDA graph and replayed with the next lengths (no synchronisation inside the call).
+    batch, heads, kv_heads, capacity, dim = 8, 32, 8, 8192, 128
+    gen = torch.Generator(device="cuda").manual_seed(0)
+
+    def rand(*size):
+        return torch.randn(*size, device="cuda", dtype=torch.bfloat16, generator=gen)
+    q, k_cache, v_cache = rand(batch, heads, 1, dim), rand(batch, kv_heads, capacity, dim), rand(batch, kv_heads,
+                                                                                                   capacity, dim)
+    lengths = torch.tensor([8190, 7000, 4097, 2049, 1025, 300, 17, 0], dtype=torch.int32, device="cuda")
+    k_new, v_new = rand(batch, kv_heads, 1, dim), rand(batch, kv_heads, 1, dim)
+    cache_args = {}
+    if paged_cache:
+        blocks_k, table = paged(k_cache, seed=1, block_size=256)
+        blocks_v, _ = paged(v_cache, seed=1, block_size=256)
+        k_store, v_store, cache_args = blocks_k, blocks_v, dict(block_table=table)
+    else:
+        k_store, v_store = k_cache, v_cache
+    out = attention_with_kvcache(q, k_store, v_store, lengths, k_new=k_new, v_new=v_new, **cache_args)
+    written_k = gathered(k_store, table) if paged_cache else k_store
+    written_v = gathered(v_store, table) if paged_cache else v_store
+    expected = torch.stack([reference_entry(q[b], written_k[b], written_v[b], n + 1)
+                            for b, n in enumerate(lengths.tolist())])
+    assert_close(out, expected, policy=torch.bfloat16)
+    # One decoding step captured, replayed with every entry one token longer.
+    step_lengths = lengths + 1
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = attention_with_kvcache(q, k_store, v_store, step_lengths, k_new=k_new, v_new=v_new, **cache_args)
+    graph.replay()
+    eager = attention_with_kvcache(q, k_store.clone(), v_store.clone(), step_lengths, k_new=k_new, v_new=v_new,
+                                   **cache_args)
+    assert torch.equal(captured, eager)
+
+
+def reference_entry(q, k, v, n):
+    """float64 attention of one entry's queries [H, 1, D] over its first n keys [H_kv, S, D]."""
+    group = q.shape[0] // k.shape[0]
+    kk = k[:, :n].double().repeat_interleave(group, 0)
+    vv = v[:, :n].double().repeat_interleave(group, 0)
+    weights = torch.softmax(q.double() @ kk.transpose(-1, -2) / math.sqrt(q.shape[-1]), -1)
+    return weights @ vv

@@ -259,3 +259,40 @@ def test_custom_ops_pass_opcheck():
     # Sequence 1 (19 queries, 11 keys, lower-right): its first 8 rows see no key, the others all see some.
     assert torch.isfinite(lse[0, :, :5]).all() and torch.isfinite(lse[1, :, 8:]).all()
     assert torch.isinf(lse[1, :, :8]).all()
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; the CPU runs the same "
+                                                                      "checks at tiny sizes above")
+
+
+def _per_sequence_sdpa(q, k, v, cu, grad_out, dtype):
+    """SDPA one sequence at a time in ``dtype`` (float64: the reference; the input dtype: PyTorch's own error, the
+    baseline of the check), with autograd: (out, dq, dk, dv)."""
+    q, k, v = (t.detach().to(dtype).requires_grad_() for t in (q, k, v))
+    outs = [torch.nn.functional.scaled_dot_product_attention(
+                q[a:b].transpose(0, 1), k[a:b].transpose(0, 1), v[a:b].transpose(0, 1), is_causal=True,
+                enable_gqa=True).transpose(0, 1)
+            for a, b in zip(cu.tolist(), cu.tolist()[1:])]
+    out = torch.cat(outs)
+    out.backward(grad_out.to(dtype))
+    return out.detach(), q.grad, k.grad, v.grad
+
+
+@needs_cuda
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_real_sizes_forward_and_backward_on_the_gpu(head_dim, dtype):
+    # 9 sequences of mixed odd lengths up to 2,049 tokens, H=16 over H_kv=4.
+    lengths = [2049, 1000, 777, 513, 300, 129, 64, 17, 1]
+    cu = torch.tensor(offsets(lengths), dtype=torch.int32, device="cuda")
+    gen = torch.Generator(device="cuda").manual_seed(head_dim)
+    q = torch.randn(sum(lengths), 16, head_dim, device="cuda", dtype=dtype, generator=gen).requires_grad_()
+    k, v = (torch.randn(sum(lengths), 4, head_dim, device="cuda", dtype=dtype, generator=gen).requires_grad_()
+            for _ in range(2))
+    out = attention_varlen(q, k, v, cu, cu, max(lengths), max(lengths), causal=True, backend="triton")
+    grad_out = torch.randn_like(out)
+    out.backward(grad_out)
+    reference = _per_sequence_sdpa(q, k, v, cu, grad_out, torch.float64)
+    baseline = _per_sequence_sdpa(q, k, v, cu, grad_out, dtype)
+    for got, want, base in zip((out.detach(), q.grad, k.grad, v.grad), reference, baseline):
+        assert_close(got, want, policy=dtype, baseline=base)
