@@ -56,7 +56,8 @@ class _Kernel:
 
 
 if _TRITON_ERROR is None:
-    _FORWARD = _Kernel("forward", _fwd.attn_fwd, _fwd.attn_fwd_fixed, _fwd.FWD_GPU_BLOCKS, _fwd.prune_fwd_configs)
+    _FORWARD = _Kernel("forward", _fwd.attn_fwd, _fwd.attn_fwd_fixed, _fwd.FWD_DECODE_BLOCKS + _fwd.FWD_GPU_BLOCKS,
+                       _fwd.prune_fwd_configs)
     _DKDV = _Kernel("dkdv", _bwd.attn_bwd_dkdv, _bwd.attn_bwd_dkdv_fixed, _bwd.DKDV_GPU_BLOCKS,
                     _bwd.prune_dkdv_configs)
     _DQ = _Kernel("dq", _bwd.attn_bwd_dq, _bwd.attn_bwd_dq_fixed, _bwd.DQ_GPU_BLOCKS, _bwd.prune_dq_configs)
@@ -185,12 +186,14 @@ def _replayed(plan: Plan, site: Any, tensors: tuple) -> bool:
     return recorded is not None and recorded.launch(*tensors)
 
 
-def _launch(kernel: Any, site: Any, plan: Plan, grid: Any, tensors: tuple, scalars: tuple, meta: dict) -> None:
+def _launch(kernel: Any, site: Any, plan: Plan, grid: Any, tensors: tuple, scalars: tuple, meta: dict,
+            seq_q_bucket: Optional[int] = None) -> None:
     """Launch ``kernel`` (a ``_Kernel``, or a plain jit function that takes no config) with ``tensors`` (its leading
     tensor arguments, in order) and ``scalars`` (the rest), the ordinary way, recording it as the plan's ``site``
     the first time a config is known. A tunable kernel runs the plan's config for it; without one, the autotuner
     chooses it (benchmarking only the first time its tuning key is seen; FLASHLITE_AUTOTUNE=0: the first of its
-    GPU configs that fits, no benchmarking), and the plan keeps the choice."""
+    GPU configs that fits, no benchmarking; ``seq_q_bucket``, the launch's query bucket, lets the forward's pruning
+    pick decoding tiles), and the plan keeps the choice."""
     args = (*tensors, *scalars)
     if isinstance(kernel, _Kernel):
         config = plan.configs.get(kernel.name)
@@ -200,7 +203,9 @@ def _launch(kernel: Any, site: Any, plan: Plan, grid: Any, tensors: tuple, scala
                 plan.configs[kernel.name] = _config_kwargs(kernel.autotuned.best_config)
                 return
             config = plan.configs[kernel.name] = _config_kwargs(
-                kernel.prune(_tuning.make_configs(kernel.gpu_blocks), {"Q": tensors[0]}, BLOCK_D=meta["BLOCK_D"])[0])
+                kernel.prune(_tuning.make_configs(kernel.gpu_blocks),
+                             {"Q": tensors[0], **({} if seq_q_bucket is None else {"SEQ_Q_BUCKET": seq_q_bucket})},
+                             BLOCK_D=meta["BLOCK_D"])[0])
         fixed, meta = kernel.fixed, {**meta, **config}
     else:
         fixed = kernel
@@ -300,7 +305,7 @@ def launch_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: 
                  p.batch * p.heads, *variant_scalars[2:], *buckets),
                 dict(HEAD_DIM=p.head_dim, BLOCK_D=block_d, CAUSAL=p.causal_mode, KEY_MASK=p.key_masking, DOT=dot,
                      FLAT_GRID=p.batch * p.heads > _GRID_AXIS1_LIMIT, STORE_LSE=need_lse, PAGE_SIZE=p.page_size,
-                     **variant_flags))
+                     **variant_flags), seq_q_bucket=buckets[0])
     return out, (lse if need_lse else None)
 
 

@@ -282,19 +282,34 @@ FWD_GPU_BLOCKS = [
 ]
 # Sequences (bucketed) up to this length also try several (batch, head) pairs per program.
 MULTI_PAIR_MAX_SEQ = 256
+# Decoding: a handful of query rows (one per head of a grouped-query group, or a short chunk) against a long cache.
+# The rows fill at most 16 of a block, so the usual 64- and 128-row blocks would spend 4-8x the tensor-core work of
+# the cache's bytes; 16-row blocks keep such calls memory-bound. Tried only, and first, where SEQ_Q_BUCKET <= 16.
+# The last fits every head dim and dtype (D=256 float32 included), as the pruning's fallback.
+FWD_DECODE_BLOCKS = [(16, 128, 4, 3), (16, 64, 4, 4), (16, 256, 8, 2), (16, 128, 4, 4), (16, 32, 4, 2)]
+DECODE_MAX_SEQ = 16
 # Under the interpreter autotuning would only cost time; one small config, with unequal blocks on purpose so that
 # CPU tests exercise the diagonal logic where BLOCK_M != BLOCK_N.
 FWD_INTERPRETER_BLOCKS = [(32, 16, 4, 1)]
 
 
 def fwd_configs() -> list[triton.Config]:
-    """Forward configs for where the kernels run: the GPU list, or the single interpreter config."""
-    return make_configs(FWD_INTERPRETER_BLOCKS if _runtime.interpreting() else FWD_GPU_BLOCKS)
+    """Forward configs for where the kernels run: the GPU lists, or the single interpreter config."""
+    return make_configs(FWD_INTERPRETER_BLOCKS if _runtime.interpreting() else FWD_DECODE_BLOCKS + FWD_GPU_BLOCKS)
 
 
 def prune_fwd_configs(configs, named_args, **kwargs):
+    seq_q_bucket = named_args.get("SEQ_Q_BUCKET", MULTI_PAIR_MAX_SEQ + 1)
+    # Decoding blocks only for decoding-sized queries, and there only them (the first is what autotuning-off takes).
+    decode = {tuple(block) for block in FWD_DECODE_BLOCKS}
+    is_decode = ["BH_PER_PROGRAM" not in c.kwargs
+                 and (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) in decode for c in configs]
+    if seq_q_bucket <= DECODE_MAX_SEQ and any(is_decode):
+        configs = [c for c, decoding in zip(configs, is_decode) if decoding]
+    else:
+        configs = [c for c, decoding in zip(configs, is_decode) if not decoding]
     # Several (batch, head) pairs per program only where a sequence gives each program little work.
-    short = named_args.get("SEQ_Q_BUCKET", MULTI_PAIR_MAX_SEQ + 1) <= MULTI_PAIR_MAX_SEQ
+    short = seq_q_bucket <= MULTI_PAIR_MAX_SEQ
     configs = [c for c in configs if short or c.kwargs.get("BH_PER_PROGRAM", 1) == 1]
     return prune_by_resources(configs, named_args, streamed=("BLOCK_N", "BLOCK_M"), resident="BLOCK_M",
                               scratch=SCRATCH_BYTES, **kwargs)

@@ -93,6 +93,8 @@ MAX_SEQ_BUCKET = 16384
 # Batch * heads joins the key as a power of two (capped): it sets how many programs share the GPU, so a config tuned
 # at B=1 (a fraction of one wave) is not reused at B=16 (many waves) of the same sequence length.
 MAX_BATCH_HEADS_BUCKET = 4096
+# The query bucket of decoding-sized calls (at most this many query rows).
+MIN_SEQ_Q_BUCKET = 16
 # The variant flags join too: a windowed kernel visits a band of blocks, so its best tiles differ from dense ones.
 AUTOTUNE_KEY = ["SEQ_Q_BUCKET", "SEQ_K_BUCKET", "BATCH_HEADS_BUCKET", "HEAD_DIM", "CAUSAL", "KEY_MASK", "DOT",
                 "WINDOW", "SOFTCAP", "ALIBI", "VARLEN", "PAGE_SIZE"]
@@ -102,11 +104,12 @@ def tuning_buckets(seq_q: int, seq_k: int, batch_heads: int) -> tuple[int, int, 
     """The autotuning key's size buckets (SEQ_Q_BUCKET, SEQ_K_BUCKET, BATCH_HEADS_BUCKET): powers of two, capped.
 
     Example:
-        >>> tuning_buckets(1000, 77, 3 * 5), tuning_buckets(100_000, 100_000, 32 * 16)
-        ((1024, 128, 16), (16384, 16384, 512))
+        >>> tuning_buckets(1000, 77, 3 * 5), tuning_buckets(100_000, 100_000, 32 * 16), tuning_buckets(4, 8192, 256)
+        ((1024, 128, 16), (16384, 16384, 512), (16, 8192, 256))
     """
-    return (min(seq_bucket(seq_q), MAX_SEQ_BUCKET), min(seq_bucket(seq_k), MAX_SEQ_BUCKET),
-            min(next_power_of_2(batch_heads), MAX_BATCH_HEADS_BUCKET))
+    # Queries of at most 16 rows (decoding) are a bucket of their own: they take other tiles (attention_fwd).
+    q_bucket = MIN_SEQ_Q_BUCKET if seq_q <= MIN_SEQ_Q_BUCKET else min(seq_bucket(seq_q), MAX_SEQ_BUCKET)
+    return (q_bucket, min(seq_bucket(seq_k), MAX_SEQ_BUCKET), min(next_power_of_2(batch_heads), MAX_BATCH_HEADS_BUCKET))
 
 
 # EVEN_M derived from the block size: the query rows divide evenly into BLOCK_M blocks, so row masks can be skipped.

@@ -171,9 +171,9 @@ def test_inference_launch_skips_the_log_sum_exp_and_gives_the_same_output(causal
     launches = []
     original = launch_module._launch
 
-    def spy(kernel, site, plan, grid, tensors, scalars, meta):
+    def spy(kernel, site, plan, grid, tensors, scalars, meta, **keywords):
         launches.append((site, tensors[4] is tensors[3], meta["STORE_LSE"]))
-        return original(kernel, site, plan, grid, tensors, scalars, meta)
+        return original(kernel, site, plan, grid, tensors, scalars, meta, **keywords)
 
     monkeypatch.setattr(launch_module, "_launch", spy)
     monkeypatch.setattr(plans_module, "_PLANS", {})
@@ -491,3 +491,20 @@ def test_tuning_buckets_separate_batch_sizes_of_one_sequence_length():
     # Past the caps the best tiles stop changing: case 14 reuses the 16,384 bucket, huge batches the 4,096 one.
     assert _tuning_buckets(100_000, 100_000, 32 * 16) == (16384, 16384, 512)
     assert _tuning_buckets(64, 64, 256 * 16 * 4) == (64, 64, 4096)
+
+
+def test_decoding_sized_queries_take_sixteen_row_tiles_with_autotuning_off(monkeypatch):
+    # FLASHLITE_AUTOTUNE=0 on a GPU: a call of at most 16 query rows gets the first decoding config, others the
+    # usual first config.
+    monkeypatch.setattr(launch_module._runtime, "interpreting", lambda: False)
+    monkeypatch.setenv("FLASHLITE_AUTOTUNE", "0")
+    q, problem = _problem()
+    for bucket, expected in ((16, attention_fwd.FWD_DECODE_BLOCKS[0]), (128, attention_fwd.FWD_GPU_BLOCKS[0])):
+        autotuned, fixed = _RecordingKernel(), _RecordingKernel()
+        plan = plans_module.Plan(problem, None)
+        kernel = launch_module._Kernel("forward", autotuned, fixed, launch_module._FORWARD.gpu_blocks,
+                                       attention_fwd.prune_fwd_configs)  # the launcher's own config list
+        launch_module._launch(kernel, "forward", plan, None, (q.half(),), (), {"HEAD_DIM": 64, "BLOCK_D": 64},
+                              seq_q_bucket=bucket)
+        (forced,) = fixed.launches
+        assert (forced["BLOCK_M"], forced["BLOCK_N"], forced["num_warps"], forced["num_stages"]) == expected[:4]

@@ -234,21 +234,28 @@ def test_calls_that_need_a_gradient_are_refused():
 
 
 _COMPILE_DECODE = SM90_COMPILER + r'''
-# The forward's first GPU config with the causal mode aligned to each key length, bf16, D=128, every variant on;
-# a contiguous cache and a paged one (blocks of 256 positions).
-block_m, block_n, warps, stages = attention_fwd.FWD_GPU_BLOCKS[0][:4]
-for page_size in (0, 256):
-    print(shared_memory_for_sm90(attention_fwd._attn_fwd, dict(BLOCK_M=block_m, BLOCK_N=block_n), head_dim=128,
-                                 block_d=128, causal=3, key_mask="lengths", warps=warps, stages=stages,
-                                 flags=dict(WINDOW=True, SOFTCAP=True, ALIBI=True, PAGE_SIZE=page_size)))
+import torch
+from flashlite.kernels import tuning
+# Every decoding config the forward's pruning keeps, with the causal mode aligned to each key length and every
+# variant on, contiguous and paged (blocks of 256 positions): bf16 at D=128, float32 at D=256 (the largest tiles).
+for dtype, operand, dot, head_dim in ((torch.bfloat16, "*bf16", "bf16", 128), (torch.float32, "*fp32", "tf32", 256)):
+    named = {"Q": torch.empty(0, dtype=dtype), "SEQ_Q_BUCKET": 16}
+    for config in attention_fwd.prune_fwd_configs(tuning.make_configs(attention_fwd.FWD_DECODE_BLOCKS), named,
+                                                  BLOCK_D=head_dim):
+        for page_size in (0, 256):
+            print(config.kwargs["BLOCK_M"], shared_memory_for_sm90(
+                attention_fwd._attn_fwd, dict(config.kwargs), head_dim=head_dim, block_d=head_dim, causal=3,
+                key_mask="lengths", warps=config.num_warps, stages=config.num_stages, operand=operand, dot=dot,
+                flags=dict(WINDOW=True, SOFTCAP=True, ALIBI=True, PAGE_SIZE=page_size)))
 '''
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU suite compiles the kernels for real")
-def test_the_decoding_forward_compiles_for_hopper_within_its_shared_memory():
+def test_the_decoding_configs_compile_for_hopper_within_its_shared_memory():
     pytest.importorskip("triton.backends.nvidia")
-    shared = [int(line) for line in run_script(_COMPILE_DECODE).split()]
-    assert len(shared) == 2 and all(0 < n <= 232448 for n in shared), shared  # sm_90's 227 KiB per block
+    rows = [tuple(map(int, line.split())) for line in run_script(_COMPILE_DECODE).splitlines()]
+    assert rows and all(block_m == 16 for block_m, _ in rows)  # decoding-sized queries take 16-row blocks only
+    assert all(0 < shared <= 232448 for _, shared in rows), rows  # sm_90's 227 KiB per block
 
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; the CPU runs the same "
