@@ -3,7 +3,8 @@
 Reads the JSON that ``pytest tests/perf --kernel-ab --kernel-ab-report PATH`` writes and, for every forward
 comparison of the kernel against what ``backend="sdpa"`` runs ("triton vs sdpa" for dense calls; for a variant,
 named in the shape's "variant", "vs sdpa+mask" or "vs materialized": SDPA with the mask or bias built, or the
-scores materialized for softcapping), records which backend ``flashlite.attention(backend="auto")`` should use for
+scores materialized for softcapping; "vs sdpa padded" for packed sequences, "vs sdpa+lengths" for decoding),
+records which backend ``flashlite.attention(backend="auto")`` should use for
 that (dtype, head dim, causal, batch, sequence bucket, variant): the Triton kernel only where its win survives the
 report's Benjamini-Hochberg correction; SDPA on a loss, a tie or an inconclusive result, since SDPA is the safe
 default. Comparisons against FlexAttention (which ``auto`` never runs) and forward+backward ones are not read.
@@ -28,7 +29,7 @@ from flashlite.dispatch import gpu_slug, table_key  # noqa: E402
 
 FORWARD_PREFIXES = ("fwd triton vs sdpa", "fwd fp32 triton vs sdpa", "fwd D128 triton vs sdpa")
 # A variant's forward against the SDPA path: the kernel (or auto, which the rule sends to it) on the left.
-VARIANT_BASELINES = ("vs sdpa+mask", "vs materialized")
+VARIANT_BASELINES = ("vs sdpa+mask", "vs materialized", "vs sdpa padded", "vs sdpa+lengths")
 
 
 def _forward_against_sdpa(rec: dict) -> bool:

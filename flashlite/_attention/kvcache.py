@@ -21,7 +21,7 @@ from flashlite._attention.api import attention
 from flashlite._attention.launch import launch_forward
 from flashlite._attention.plans import Plan
 from flashlite._attention.validation import CAUSAL_KEY_LENGTH, CAUSAL_NONE, kernel_unsupported, validate
-from flashlite.dispatch import Decision
+from flashlite.dispatch import Decision, choose_backend
 
 
 def _check_values_wanted(check_values: Optional[bool], cache_seqlens: torch.Tensor) -> bool:
@@ -167,7 +167,8 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
             block ``block_table[b, j // block size]``. Entries past an entry's length are never read.
         scale, softcap, alibi_slopes: as in ``flashlite.attention``, with i' the query's own position.
         window: (left, right) as in ``flashlite.attention``; the right side is always closed by the causal rule.
-        backend: "auto" (the kernel where it can run, else SDPA with the equivalent mask), "triton" or "sdpa".
+        backend: "auto" (``flashlite.dispatch``: the table's entry for "kvcache" or "kvcache_paged", else the
+            kernel where it can run on CUDA; SDPA with the equivalent mask otherwise), "triton" or "sdpa".
         check_values: check cache_seqlens (>= 0, no overflow of S_max) and the block table's used entries (within
             [0, blocks)). Default: on for CPU tensors; on CUDA off, since reading them synchronises the device,
             unless FLASHLITE_CHECK_VALUES=1. An overflowing write is otherwise an out-of-range index on the device.
@@ -205,12 +206,17 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     unsupported = None if backend == "sdpa" else kernel_unsupported(q, keys, values, None)
     if backend == "triton" and unsupported is not None:
         raise ValueError(f"backend='triton' cannot run this call: {unsupported}")
-    if backend == "sdpa" or unsupported is not None:
+    if backend == "triton":
+        decision = Decision("triton", "forced by backend='triton'")
+    elif backend == "sdpa":
+        decision = Decision("sdpa", "forced by backend='sdpa'")
+    else:  # the table's entry for the cache's kind at (B, S_max), else the kernel where it can run on CUDA
+        decision = choose_backend(q, causal="lower_right", seq_k=capacity, unsupported=unsupported,
+                                  variant="kvcache" if block_table is None else "kvcache_paged")
+    if decision.backend == "sdpa":
         if block_table is not None:
             k_cache, v_cache = _gathered(k_cache, block_table), _gathered(v_cache, block_table)
         return _sdpa_kvcache(q, k_cache, v_cache, lengths, scale, window, softcap, alibi_slopes)
-    decision = Decision("triton", "forced by backend='triton'" if backend == "triton" else
-                        "rule: KV-cache calls use the kernel")
     page_size = 0 if block_table is None else k_cache.shape[2]
     p = problem
     if p.seq_q == 1 and p.group_size > 1 and p.window_left < 0 and p.alibi == "none":

@@ -19,10 +19,10 @@ from flashlite import _ops
 from flashlite._attention.launch import launch_backward, launch_forward, packed_view
 from flashlite._attention.plans import Plan
 from flashlite._attention.sdpa import sdpa_attention
-from flashlite._attention.validation import (CAUSAL_BOTTOM_RIGHT, Problem, _causal_mode, _check_alibi,
-                                             _check_softcap, _check_window, _resolve_precision,
+from flashlite._attention.validation import (_CAUSAL_ARGUMENT, CAUSAL_BOTTOM_RIGHT, Problem, _causal_mode,
+                                             _check_alibi, _check_softcap, _check_window, _resolve_precision,
                                              check_dtypes_and_devices, kernel_unsupported)
-from flashlite.dispatch import Decision
+from flashlite.dispatch import Decision, choose_backend
 
 
 def _check_values_wanted(check_values: Optional[bool], cu_seqlens_q: torch.Tensor) -> bool:
@@ -240,6 +240,20 @@ def _with_key_padding(problem: Problem) -> Problem:
     return dataclasses.replace(problem, key_masking="bool", varlen=False)
 
 
+def decide_packed(q: torch.Tensor, problem: Problem, backend: str, unsupported: Optional[str]) -> Decision:
+    """The backend of a packed call: forced, or for "auto" the dispatch table's entry for its variant ("varlen",
+    "varlen+window", ...) at (batch = sequences, the longest sequence), else the kernel where it can run."""
+    if backend == "sdpa":
+        return Decision("sdpa", "forced by backend='sdpa'")
+    if backend == "triton":
+        return Decision("triton", "forced by backend='triton'")
+    p = problem
+    # A [B, H, max S_q, D] stand-in for q (a stride-0 view): the table keys on those sizes.
+    shaped = q[:1].transpose(0, 1)[None, :, :1].expand(p.batch, p.heads, p.seq_q, p.head_dim)
+    return choose_backend(shaped, causal=_CAUSAL_ARGUMENT[p.causal_mode], seq_k=p.seq_k, unsupported=unsupported,
+                          variant=p.variant)
+
+
 def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                      cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, *,
                      causal: Union[bool, str] = False, scale: Optional[float] = None,
@@ -258,7 +272,8 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
             reading the offsets back from the device).
         causal, scale, window, softcap, precision: as in ``flashlite.attention``, per sequence ("lower_right"
             aligns each sequence's own diagonal). alibi_slopes: float32 [H] or [batch, H].
-        backend: "auto" (the kernel where it can run, else SDPA on a padded copy), "triton" or "sdpa".
+        backend: "auto" (``flashlite.dispatch``: the table's entry for the call's variant, else the kernel where
+            it can run on CUDA; SDPA on a padded copy otherwise), "triton" or "sdpa".
         check_values: read the offsets back and check them (start 0, end the total, never decreasing, no
             sequence longer than the maxima). Default: on for CPU tensors; on CUDA off, since reading them
             synchronises the device and breaks CUDA-graph capture, unless FLASHLITE_CHECK_VALUES=1. Offsets
@@ -281,7 +296,8 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
                                                                       for t in (q, k, v)), None)
     if backend == "triton" and unsupported is not None:
         raise ValueError(f"backend='triton' cannot run this call: {unsupported}")
-    if backend == "sdpa" or unsupported is not None:
+    decision = decide_packed(q, problem, backend, unsupported)
+    if decision.backend == "sdpa":
         return _sdpa_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, problem)
     # The kernels read the starts at offset b: a strided view is copied ([batch + 1] elements).
     cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
@@ -290,8 +306,7 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
         return attention_varlen_forward_op(q, k, v, cu_seqlens_q, cu_seqlens_k, p.seq_q, p.seq_k, p.causal_mode,
                                            p.scale, p.precision, p.window_left, p.window_right, p.softcap,
                                            alibi_slopes)[0]
-    reason = "forced by backend='triton'" if backend == "triton" else "rule: packed sequences use the kernel"
-    plan = Plan(problem, Decision("triton", reason))
+    plan = Plan(problem, decision)
     inputs = (q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes)
     if _ops.needs_grad((q, k, v)):
         return _EagerVarlenAttention.apply(*inputs, plan)[0]

@@ -115,15 +115,26 @@ def test_garbage_past_each_length_never_reaches_the_output(backend):
     assert torch.equal(out, clean)
 
 
-def test_auto_runs_the_kernel_where_it_can_and_sdpa_elsewhere(monkeypatch):
+def test_auto_follows_the_dispatch_and_falls_back_to_sdpa(monkeypatch):
     import flashlite._attention.kvcache as kvcache_module
-    used = []
-    real = kvcache_module._sdpa_kvcache
-    monkeypatch.setattr(kvcache_module, "_sdpa_kvcache", lambda *a: used.append(1) or real(*a))
+    from flashlite.dispatch import Decision
+    used, asked = [], []
+    real_sdpa, real_choose = kvcache_module._sdpa_kvcache, kvcache_module.choose_backend
+    monkeypatch.setattr(kvcache_module, "_sdpa_kvcache", lambda *a: used.append(1) or real_sdpa(*a))
+
+    def choose(q, **keywords):
+        asked.append((keywords["variant"], keywords["seq_k"]))
+        return real_choose(q, **keywords)
+    monkeypatch.setattr(kvcache_module, "choose_backend", choose)
     q, k_cache, v_cache, lengths, k_new, v_new = inputs(torch.float32, seed=5)
+    attention_with_kvcache(q, k_cache, v_cache, lengths, k_new=k_new, v_new=v_new)
+    assert asked == [("kvcache", S_MAX)] and used == ([1] if DEVICE == "cpu" else [])
+    monkeypatch.setattr(kvcache_module, "choose_backend", lambda *a, **kw: Decision("triton", "a table entry"))
+    used.clear()
     attention_with_kvcache(q, k_cache, v_cache, lengths, k_new=k_new, v_new=v_new)
     assert used == []
     small = [t[..., :8].contiguous() if t.dim() == 4 else t for t in inputs(torch.float32, seed=5)]  # D=8
+    monkeypatch.setattr(kvcache_module, "choose_backend", real_choose)
     attention_with_kvcache(small[0], small[1], small[2], small[3], k_new=small[4], v_new=small[5])
     assert used == [1]
 

@@ -151,14 +151,28 @@ def test_strided_inputs_and_offsets_give_the_contiguous_result_and_nothing_is_mo
         assert torch.equal(t, saved)
 
 
-def test_auto_uses_the_kernel_where_it_runs_and_sdpa_elsewhere(monkeypatch):
+def test_auto_follows_the_dispatch_and_falls_back_to_sdpa(monkeypatch):
     import flashlite._attention.varlen as varlen_module
+    from flashlite.dispatch import Decision
     q, k, v, cu_q, cu_k, max_q, max_k = packed(torch.float32, seed=6)
-    used = []
+    used, asked = [], []
     monkeypatch.setattr(varlen_module, "_sdpa_varlen", lambda *a: used.append("sdpa") or q.new_zeros(q.shape))
+    real = varlen_module.choose_backend
+
+    def choose(shaped, **keywords):
+        asked.append((tuple(shaped.shape), keywords["variant"], keywords["seq_k"]))
+        return real(shaped, **keywords)
+    monkeypatch.setattr(varlen_module, "choose_backend", choose)
+    attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, window=(3, 3))
+    # The table is asked at (sequences, heads, longest sequence, head dim) for the call's variant.
+    assert asked == [((len(LENGTHS), 4, max_q, 16), "varlen+window", max_k)]
+    assert used == (["sdpa"] if DEVICE == "cpu" else [])  # CPU tensors: SDPA, as for attention()
+    monkeypatch.setattr(varlen_module, "choose_backend", lambda *a, **kw: Decision("triton", "a table entry"))
+    used.clear()
     attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k)
     assert used == []  # the kernel ran (under the interpreter on the CPU)
     small = packed(torch.float32, seed=6, head_dim=8)  # below the kernel's head-dim range
+    monkeypatch.setattr(varlen_module, "choose_backend", real)
     attention_varlen(*small)
     assert used == ["sdpa"]
 
