@@ -174,7 +174,8 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
             unless FLASHLITE_CHECK_VALUES=1. An overflowing write is otherwise an out-of-range index on the device.
 
     Returns:
-        [B, H, S_q, D] in q's dtype. Forward only: calls that need a gradient are refused.
+        [B, H, S_q, D] in q's dtype. Forward only: calls that need a gradient are refused. Under torch.compile
+        the call is one opaque custom op, ``flashlite::attention_with_kvcache``, that declares the caches mutated.
 
     Example:
         >>> q = torch.randn(2, 4, 1, 16)
@@ -200,9 +201,6 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         _check_lengths(cache_seqlens, appended, capacity)
         if block_table is not None:
             _check_table_values(block_table, lengths, k_cache.shape[0], k_cache.shape[2])
-    if k_new is not None:
-        _append(k_cache, k_new, cache_seqlens, block_table)
-        _append(v_cache, v_new, cache_seqlens, block_table)
     unsupported = None if backend == "sdpa" else kernel_unsupported(q, keys, values, None)
     if backend == "triton" and unsupported is not None:
         raise ValueError(f"backend='triton' cannot run this call: {unsupported}")
@@ -213,6 +211,13 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     else:  # the table's entry for the cache's kind at (B, S_max), else the kernel where it can run on CUDA
         decision = choose_backend(q, causal="lower_right", seq_k=capacity, unsupported=unsupported,
                                   variant="kvcache" if block_table is None else "kvcache_paged")
+    if torch.compiler.is_compiling():  # validated and decided at trace time; the graph holds the opaque op
+        return attention_with_kvcache_op(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, alibi_slopes,
+                                         problem.scale, problem.window_left, problem.window_right, problem.softcap,
+                                         decision.backend == "triton")
+    if k_new is not None:
+        _append(k_cache, k_new, cache_seqlens, block_table)
+        _append(v_cache, v_new, cache_seqlens, block_table)
     if decision.backend == "sdpa":
         if block_table is not None:
             k_cache, v_cache = _gathered(k_cache, block_table), _gathered(v_cache, block_table)
@@ -232,3 +237,24 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     plan = Plan(dataclasses.replace(p, causal_mode=CAUSAL_KEY_LENGTH, page_size=page_size), decision)
     return launch_forward(q, k_cache, v_cache, lengths, alibi_slopes, plan, need_lse=False,
                           block_table=block_table)[0]
+
+
+@torch.library.custom_op("flashlite::attention_with_kvcache", mutates_args=("k_cache", "v_cache"))
+def attention_with_kvcache_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                              cache_seqlens: torch.Tensor, k_new: Optional[torch.Tensor],
+                              v_new: Optional[torch.Tensor], block_table: Optional[torch.Tensor],
+                              alibi_slopes: Optional[torch.Tensor], scale: float, window_left: int,
+                              window_right: int, softcap: float, use_kernel: bool) -> torch.Tensor:
+    """A KV-cache call as one opaque op for torch.compile'd graphs, the caches declared as mutated (the new tokens
+    are written into them). Its arguments were validated when the graph was traced; ``softcap`` 0.0 is off."""
+    window = None if (window_left, window_right) == (-1, -1) else (window_left, window_right)
+    return attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, k_new=k_new, v_new=v_new,
+                                  block_table=block_table, scale=scale, window=window, softcap=softcap or None,
+                                  alibi_slopes=alibi_slopes, backend="triton" if use_kernel else "sdpa",
+                                  check_values=False)
+
+
+@attention_with_kvcache_op.register_fake
+def _kvcache_fake(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, alibi_slopes, scale, window_left,
+                  window_right, softcap, use_kernel):
+    return q.new_empty(q.shape)

@@ -318,3 +318,31 @@ def reference_entry(q, k, v, n):
     vv = v[:, :n].double().repeat_interleave(group, 0)
     weights = torch.softmax(q.double() @ kk.transpose(-1, -2) / math.sqrt(q.shape[-1]), -1)
     return weights @ vv
+
+
+@pytest.mark.parametrize("backend", ["triton", "sdpa"])
+def test_compiles_into_one_graph_with_the_custom_op_and_matches_eager(backend):
+    # torch.compile sees one opaque op that writes the caches: the same output and the same caches as eager.
+    torch._dynamo.reset()
+    q, k_cache, v_cache, lengths, k_new, v_new = inputs(torch.float32, seed=15, seq_q=3)
+    slopes = _slopes("heads")
+
+    def step(q, k_cache, v_cache, k_new, v_new):
+        return attention_with_kvcache(q, k_cache, v_cache, lengths, k_new=k_new, v_new=v_new, window=(9, 0),
+                                      softcap=2.0, alibi_slopes=slopes, backend=backend)
+
+    caches = [(k_cache.clone(), v_cache.clone()) for _ in range(2)]
+    eager = step(q, *caches[0], k_new, v_new)
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")(q, *caches[1], k_new, v_new)
+    torch._dynamo.reset()
+    assert torch.equal(eager, compiled)
+    assert torch.equal(caches[0][0], caches[1][0]) and torch.equal(caches[0][1], caches[1][1])
+    assert not torch.equal(caches[1][0], k_cache)  # the compiled call did write the new tokens
+
+
+def test_the_custom_op_passes_opcheck():
+    import flashlite._attention.kvcache as kvcache_module
+    q, k_cache, v_cache, lengths, k_new, v_new = inputs(torch.float32, seed=16)
+    args = (q, k_cache, v_cache, lengths, k_new, v_new, None, None, 0.25, -1, -1, 0.0, False)
+    torch.library.opcheck(kvcache_module.attention_with_kvcache_op, args,
+                          test_utils=("test_schema", "test_faketensor"))
