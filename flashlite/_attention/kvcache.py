@@ -6,8 +6,9 @@ position ``n_b - S_q + i`` of its ``n_b`` keys, seeing the keys up to its own po
 causal mode aligned to each key length (``CAUSAL == 3``, ``kernels/attention_common``) with the lengths as key
 lengths: no mask is built, the cache is read in place and nothing past an entry's length is touched. The SDPA path
 builds the equivalent [B, 1, S_q, S_max] mask or bias. A paged cache ([blocks, H_kv, block size, D] with a block
-table) is read by the kernel through the table (``PAGE_SIZE``); the SDPA path gathers it first. Forward only. Imports ``validation``, ``plans``, ``launch``
-and ``api``.
+table) is read by the kernel through the table (``PAGE_SIZE``); the SDPA path gathers it first. Forward only.
+Under torch.compile the call is one custom op that declares the caches mutated. Imports ``validation``,
+``plans``, ``launch``, ``api`` and ``flashlite.dispatch``.
 """
 from __future__ import annotations
 
@@ -133,10 +134,8 @@ def _sdpa_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     rows = (lengths.long()[:, None] - seq_q + torch.arange(seq_q, device=q.device)[None, :])[:, :, None]  # i'
     keys = torch.arange(capacity, device=q.device)[None, None, :]
     visible = (keys <= rows) & (keys < lengths.long()[:, None, None])
-    if window is not None:
-        left, right = window
-        if left >= 0:
-            visible &= keys >= rows - left
+    if window is not None and window[0] >= 0:  # the right side: closed by the causal rule
+        visible &= keys >= rows - window[0]
     bias = torch.zeros(visible.shape, dtype=torch.float32, device=q.device)[:, None]
     if alibi_slopes is not None:
         slopes = alibi_slopes if alibi_slopes.dim() == 2 else alibi_slopes[None]

@@ -1,11 +1,11 @@
 """A/B of decoding against a KV cache (GPU only): ``flashlite.attention_with_kvcache`` against SDPA on the same
 cache with a length mask (built inside the timed call, as a decoding loop builds it per step).
 
-B=32, one query per entry, H=32 query heads over H_kv=8, D=128, bf16, caches of 4,096 to 131,072 positions filled
-to random lengths in [S/2, S), contiguous and paged (blocks of 256 positions in shuffled order; SDPA reads the
-contiguous copy, as a server without a paged kernel keeps it). Decoding reads the cache once: the bytes counted are the cache's filled part (keys
-and values) plus q and the output, so GB/s against the copy ceiling says how close a call comes to the memory
-bound.
+B=32, one query per entry, H=32 query heads over H_kv=8, D=128, bf16, caches of 4,096 to 131,072 positions filled to
+random lengths in [S/2, S), contiguous and paged (blocks of 256 positions in shuffled order; SDPA reads the
+contiguous copy, as a server without a paged kernel keeps it). Decoding reads the cache once: the bytes counted are
+the cache's filled part (keys and values) plus q and the output, so GB/s against the copy ceiling says how close a
+call comes to the memory bound.
 """
 from __future__ import annotations
 

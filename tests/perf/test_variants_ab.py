@@ -6,8 +6,8 @@ call, or at least per shape), or, for softcapping, which SDPA cannot take, the s
 FlexAttention, compiled, with the equivalent block mask or score function, where it runs. Each forward test first
 checks that both sides agree on fresh inputs; the forward+backward ones ("fwd+bwd ..." comparisons) time a forward
 and a backward with one random incoming gradient and leave the gradients to tests/flashlite (SDPA's backward
-accumulates with atomics, so its own repeats differ by rounding). Every shape names its variant (``shape["variant"]``), which
-``scripts/make_dispatch_table.py`` keys the dispatch table on. bf16, H=16, causal.
+accumulates with atomics, so its own repeats differ by rounding). Every shape names its variant
+(``shape["variant"]``), which ``scripts/make_dispatch_table.py`` keys the dispatch table on. bf16, H=16, causal.
 """
 from __future__ import annotations
 
@@ -88,10 +88,10 @@ def _agree(candidate, baseline) -> None:
 def _memory(shape, copies=8, dense="head", dense_bytes=6) -> int:
     """Inputs and outputs (``copies`` of q's size), plus the baseline's dense [S, S] mask, bias or scores, as
     many of them as ``dense`` says: "shared" (one [S, S] mask broadcast over batch and heads), "batch" (one per
-    batch entry), "head" (one per batch entry and head: materialized scores), or "none" (FlexAttention's block
-    mask, which is tiny). ``dense_bytes`` an element, 6 by default: the bool mask and the fp32 bias SDPA turns it
-    into, or fp32 scores and a bf16 bias; a backward through materialized scores keeps several of them. The 64k window runs skipped on 385 GiB when every mask was counted per head; one shared
-    mask there is 24 GiB."""
+    batch entry), "head" (one per batch entry and head: materialized scores), or "none" (FlexAttention's block mask,
+    which is tiny). ``dense_bytes`` an element, 6 by default: the bool mask and the fp32 bias SDPA turns it into, or
+    fp32 scores and a bf16 bias; a backward through materialized scores keeps several of them. Counted per head, the 64k
+    window runs would ask 385 GiB; their one shared mask is 24 GiB."""
     per = {"none": 0, "shared": 1, "batch": shape.B, "head": shape.B * shape.H}[dense]
     return int(copies * shape.B * shape.H * shape.S * shape.D * 2 + dense_bytes * per * shape.S * shape.S)
 
