@@ -1,8 +1,10 @@
 """A lock per timing device, shared by every process on the machine (pytest-xdist workers included).
 
 Two workers timing on the same GPU at once would each measure the other's load, so sampling holds an exclusive
-``fcntl.flock`` on a file in the temp directory named after the device. Where ``fcntl`` does not exist (Windows)
-the lock is a no-op and the comparison records that it ran unlocked.
+``fcntl.flock`` on a file in the temp directory named after the device. The key names the physical GPU
+(:func:`cuda_lock_key`), so workers pinned to different GPUs (``--kernel-gpus``) time in parallel and workers
+sharing one take turns. Where ``fcntl`` does not exist (Windows) the lock is a no-op and the comparison records
+that it ran unlocked.
 """
 from __future__ import annotations
 
@@ -11,7 +13,28 @@ import re
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Mapping
+
+
+def cuda_lock_key(uuid: str | None, visible_index: int | None, environ: Mapping[str, str] | None = None) -> str:
+    """The lock key of a CUDA device: its UUID, else its physical index.
+
+    ``visible_index`` is the process's own CUDA index, which ``CUDA_VISIBLE_DEVICES`` renumbers: every worker
+    pinned to one GPU calls it 0, so keyed by it, all workers would serialise on one lock whatever GPU they
+    time on (and a worker with ``CUDA_VISIBLE_DEVICES=3`` would not exclude an unpinned process timing GPU 3).
+    The variable's entry at that index is the physical device.
+
+    >>> cuda_lock_key("GPU-1f", 0, {"CUDA_VISIBLE_DEVICES": "3"})
+    'cuda-GPU-1f'
+    >>> cuda_lock_key(None, 0, {"CUDA_VISIBLE_DEVICES": "3"}), cuda_lock_key(None, 1, {})
+    ('cuda-3', 'cuda-1')
+    """
+    if uuid:
+        return f"cuda-{uuid}"
+    environ = os.environ if environ is None else environ
+    entries = [entry.strip() for entry in environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if entry.strip()]
+    index = 0 if visible_index is None else visible_index
+    return f"cuda-{entries[index]}" if index < len(entries) else f"cuda-{index}"
 
 
 def lock_path(key: str) -> Path:

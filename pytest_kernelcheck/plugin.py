@@ -2,15 +2,19 @@
 
 The logic lives in ``shapes`` (parametrization and ids), ``tolerance`` (policies, overrides, assert_close),
 ``reference`` (float64 attention references), ``memory`` (estimates, free memory, OOM handling),
-``device_memory`` (the ``--kernel-device-memory`` cap) and ``intractable`` (cases not to run). torch is imported
+``device_memory`` (the ``--kernel-device-memory`` cap), ``intractable`` (cases not to run) and ``gpus`` (one xdist
+worker per GPU, ``--kernel-gpus``). torch is imported
 inside hooks and fixtures, and only for tests that use a marker needing it, so ``pytest --help`` stays fast.
 """
 from __future__ import annotations
 
 from typing import Any, Callable, TypeVar
 
+import os
+
 import pytest
 
+from . import gpus
 from .device_memory import apply_cap, header_line, parse_size
 from .intractable import REASON_PROPERTY, case_reason, listed_cases, parse_intractable_marker
 from .memory import (
@@ -35,6 +39,20 @@ _had_oom = pytest.StashKey[bool]()
 _memory_cap = pytest.StashKey["int | None"]()  # --kernel-device-memory, bytes
 _cap_applied = pytest.StashKey[Any]()  # device_memory.DeviceFraction list where this process applied the cap
 _tolerance_override = pytest.StashKey[Any]()
+_spread_gpus = pytest.StashKey["tuple[str, ...]"]()  # the controller's: GPUs its workers were spread over
+_instruction_before = pytest.StashKey["str | None"]()  # the controller's: the variable's value before it set it
+
+
+class _HookSpecs:
+    @pytest.hookspec(firstresult=True)
+    def pytest_kernelcheck_visible_gpus(self, config: pytest.Config) -> "list[str] | None":
+        """The CUDA devices ``--kernel-gpus`` may spread workers over, as ``CUDA_VISIBLE_DEVICES`` entries; None
+        for the default (:func:`pytest_kernelcheck.gpus.visible_gpus`). Called on the xdist controller only; a
+        conftest can answer it to fake a multi-GPU host in tests:
+
+        >>> def pytest_kernelcheck_visible_gpus(config):  # doctest: +SKIP
+        ...     return ["0", "1"]
+        """
 
 MARKERS = (
     "shape(*cases, **axes): parametrize over named sizes. Each case is a mapping such as dict(B=4, S=2048, H=16, "
@@ -51,6 +69,10 @@ MARKERS = (
     "intractable(when, reason=None): do not run this case. `when` is a bool or a callable of the shape returning a "
     "reason string (or True to use `reason`). Skipped cases are listed in the terminal summary.",
 )
+
+
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    pluginmanager.add_hookspecs(_HookSpecs)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -74,11 +96,26 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "big one; memory markers compare their estimates with it. ini: kernel_device_memory.",
     )
     parser.addini("kernel_device_memory", "device memory cap per CUDA device (see --kernel-device-memory)", default="")
+    group.addoption(
+        gpus.OPTION, action="store", default=None, dest="kernel_gpus", metavar="SPEC",
+        help=f"under pytest-xdist, pin each worker to one GPU, round-robin by worker (gw0, gw1, ...): {gpus.ACCEPTED}. "
+        "Default: all visible CUDA devices. Without xdist, or with one GPU, nothing changes. ini: kernel_gpus.",
+    )
+    parser.addini(gpus.INI, "GPUs to spread xdist workers over (see --kernel-gpus)", default="")
+
+
+# The earliest hook a worker runs: before its conftest files are imported (one may touch CUDA), and after xdist has
+# set PYTEST_XDIST_WORKER. CUDA reads CUDA_VISIBLE_DEVICES once, when it initialises, so the worker's GPU must be
+# chosen before anything can initialise it. A plugin loaded by a conftest misses this hook; configure pins then.
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
+    gpus.pin_worker(os.environ)
 
 
 def pytest_configure(config: pytest.Config) -> None:
     for line in MARKERS:
         config.addinivalue_line("markers", line)
+    _configure_gpus(config)
     mode = _oom_mode(config)
     if mode not in OOM_CHOICES:
         raise pytest.UsageError(f"kernel_oom must be one of {', '.join(OOM_CHOICES)}; got {mode!r}")
@@ -87,6 +124,48 @@ def pytest_configure(config: pytest.Config) -> None:
         config.stash[_memory_cap] = parse_size(raw_cap) if raw_cap else None
     except ValueError as exc:
         raise pytest.UsageError(f"--kernel-device-memory / kernel_device_memory: {exc}") from None
+
+
+def _configure_gpus(config: pytest.Config) -> None:
+    """Check --kernel-gpus; on an xdist controller, leave its workers the GPUs to pin to (gpus.pin_instruction);
+    in a worker, make sure it is pinned before CUDA is used."""
+    raw = config.getoption("kernel_gpus", None) or str(config.getini(gpus.INI)).strip()
+    try:
+        spec = gpus.parse_spec(raw or "all")
+    except gpus.GpuSpecError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    if hasattr(config, "workerinput"):
+        gpu = gpus.pinned_gpu(os.environ)
+        if gpu is not None and os.environ.get("CUDA_VISIBLE_DEVICES") != gpu:
+            if gpus.cuda_initialised():  # too late: CUDA has read the variable already
+                raise pytest.UsageError(f"{gpus.OPTION}: CUDA was initialised in worker "
+                                        f"{os.environ.get('PYTEST_XDIST_WORKER')} before it could be pinned to GPU "
+                                        f"{gpu} (load pytest_kernelcheck as an installed plugin or with -p)")
+            gpus.pin_worker(os.environ)
+        return
+    if getattr(config.option, "dist", "no") == "no":
+        return  # no workers (no xdist, or -n 0): nothing to spread, the option changes nothing
+    visible = config.hook.pytest_kernelcheck_visible_gpus(config=config)
+    visible = tuple(str(gpu) for gpu in visible) if visible is not None else gpus.visible_gpus()
+    try:
+        chosen = spec.resolve(visible) if raw or len(visible) > 1 else ()
+    except gpus.GpuSpecError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    if not raw and len(chosen) < 2:
+        return  # the default on a host of one GPU (or none): the run stays as it was
+    config.stash[_spread_gpus] = chosen
+    config.stash[_instruction_before] = os.environ.get(gpus.INSTRUCTION_VARIABLE)
+    os.environ[gpus.INSTRUCTION_VARIABLE] = gpus.pin_instruction(chosen)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _spread_gpus not in config.stash:
+        return
+    before = config.stash[_instruction_before]  # an in-process run (pytester) must not leave its instruction behind
+    if before is None:
+        os.environ.pop(gpus.INSTRUCTION_VARIABLE, None)
+    else:
+        os.environ[gpus.INSTRUCTION_VARIABLE] = before
 
 
 # Before the terminal reporter's (trylast) sessionstart prints the header, so the header can say what was set. An
@@ -99,9 +178,16 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         config.stash[_cap_applied] = apply_cap(cap)
 
 
-def pytest_report_header(config: pytest.Config) -> str | None:
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    lines = []
     cap = config.stash.get(_memory_cap, None)
-    return header_line(cap, config.stash.get(_cap_applied, None)) if cap is not None else None
+    if cap is not None:
+        lines.append(header_line(cap, config.stash.get(_cap_applied, None)))
+    spread = config.stash.get(_spread_gpus, None)
+    if spread is not None:
+        lines.append(f"kernelcheck: one xdist worker per GPU, round-robin over CUDA devices {', '.join(spread)} "
+                     f"({gpus.OPTION})")
+    return lines
 
 
 def _oom_mode(config: pytest.Config) -> str:

@@ -54,6 +54,7 @@ class _ABSession:
     cpu_threads: int | None = None  # --kernel-ab-cpu-threads
     profile: Any = None  # profiling.ProfileMode: --kernel-ab-profile / --kernel-ab-trace; None: a timed run
     profiled: list[dict[str, Any]] = field(default_factory=list)  # profile mode: what every process ran
+    gpu: Any = ()  # records.GpuIdentity of this worker's GPU (--kernel-gpus), None when not pinned; () not asked yet
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -325,6 +326,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
     outcome = yield
     pending = item.stash.get(_PENDING, None)
     if pending:
+        gpu = _worker_gpu(item.config.stash[_SESSION])
+        if gpu is not None:  # a worker pinned to one GPU: its records say which, for the per-GPU summary
+            for record in pending:
+                record.setdefault("gpu", gpu.to_json())
         # A JSON string survives every transport (xdist's execnet included) whatever the records hold.
         setattr(outcome.get_result(), RECORDS_ATTRIBUTE, json.dumps(pending, default=str))
         pending.clear()
@@ -332,6 +337,18 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
     if profiled:
         setattr(outcome.get_result(), PROFILE_ATTRIBUTE, json.dumps(profiled, default=str))
         profiled.clear()
+
+
+def _worker_gpu(session: _ABSession) -> Any:
+    """This process's GPU under --kernel-gpus (records.GpuIdentity), looked up once; None when not pinned."""
+    if session.gpu == ():
+        import os
+
+        from . import gpus
+
+        pinned = gpus.pinned_gpu(os.environ)
+        session.gpu = gpus.describe_gpu(pinned) if pinned is not None else None
+    return session.gpu
 
 
 class _Collector:

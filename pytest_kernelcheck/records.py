@@ -54,14 +54,58 @@ def _interval_from_json(value: Any) -> Interval:
 
 
 def _failure_json(
-    kind: str, name: str, nodeid: str, shape: Any, error: str | None, elapsed_s: float | None
+    kind: str, name: str, nodeid: str, shape: Any, error: str | None, elapsed_s: float | None,
+    gpu: "GpuIdentity | None" = None,
 ) -> dict[str, Any]:
-    """The row of a comparison or tournament that raised: the comparison columns, empty, and the error."""
-    return {
+    """The row of a comparison or tournament that raised: the comparison columns, empty, and the error (and the
+    GPU of the worker it raised on, under ``--kernel-gpus``)."""
+    data = {
         "kind": kind, "name": name, "nodeid": nodeid, "shape": copy.deepcopy(shape), "verdict": "error",
         "error": error, "speedup": None, "ci": [None, None], "p_value": None, "candidate_ms": None,
         "baseline_ms": None, "n_pairs": 0, "method": None, "elapsed_s": elapsed_s,
     }
+    if gpu is not None:
+        data["gpu"] = gpu.to_json()
+    return data
+
+
+@dataclass(frozen=True)
+class GpuIdentity:
+    """The GPU a record's test process was pinned to (``--kernel-gpus``): physical index (NVML's and
+    nvidia-smi's numbering), name and UUID, each None where unknown. ``key`` tells GPUs apart; ``model`` is what
+    speeds are comparable across.
+
+    >>> gpu = GpuIdentity.from_json({"index": 2, "name": "NVIDIA H200", "uuid": "GPU-1f"})
+    >>> gpu.key, gpu.label, GpuIdentity.from_json(gpu.to_json()) == gpu
+    ('GPU-1f', 'GPU 2 (NVIDIA H200, GPU-1f)', True)
+    """
+
+    index: int | None = None
+    name: str | None = None
+    uuid: str | None = None
+
+    @property
+    def key(self) -> str:
+        return self.uuid or f"index-{self.index}"
+
+    @property
+    def model(self) -> str | None:
+        return self.name
+
+    @property
+    def label(self) -> str:
+        details = ", ".join(part for part in (self.name, self.uuid) if part)
+        return f"GPU {self.index if self.index is not None else '?'}" + (f" ({details})" if details else "")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"index": self.index, "name": self.name, "uuid": self.uuid}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any] | None) -> "GpuIdentity | None":
+        if not data:
+            return None
+        index = data.get("index")
+        return cls(index=None if index is None else int(index), name=data.get("name"), uuid=data.get("uuid"))
 
 
 def describe_error(error: BaseException) -> str:
@@ -165,6 +209,7 @@ class RunDetails:
     throttled: bool = False
     notes: tuple[str, ...] = ()
     input_sets: int | None = None  # inputs= given: the sets the plugin built and rotated (None: the test's own)
+    gpu: GpuIdentity | None = None  # the worker's GPU under --kernel-gpus; None: not pinned (every earlier report)
 
     @property
     def inputs_owned(self) -> bool:
@@ -179,6 +224,8 @@ class RunDetails:
             "notes": list(self.notes),
             # Only rows whose inputs the plugin owned carry the key: other rows keep the layout of every report.
             **({"input_sets": self.input_sets} if self.input_sets is not None else {}),
+            # Likewise only rows of a worker pinned to a GPU name it.
+            **({"gpu": self.gpu.to_json()} if self.gpu is not None else {}),
         }
 
     @classmethod
@@ -189,7 +236,7 @@ class RunDetails:
             looks_done=data.get("looks_done"), stop_reason=data.get("stop_reason"),
             elapsed_s=data.get("elapsed_s"), device=data.get("device"), clock=ClockRecord.from_json(data.get("clock")),
             throttled=bool(data.get("throttled", False)), notes=tuple(data.get("notes") or ()),
-            input_sets=data.get("input_sets"),
+            input_sets=data.get("input_sets"), gpu=GpuIdentity.from_json(data.get("gpu")),
         )
 
 
@@ -351,7 +398,8 @@ class ComparisonRecord:
         """The JSON row; ``with_last_run`` adds ``vs_last`` (null for a row new in this run), as a report
         compared with an earlier one has on every row."""
         if self.failed:
-            data = _failure_json("comparison", self.name, self.nodeid, self.shape, self.error, self.run.elapsed_s)
+            data = _failure_json("comparison", self.name, self.nodeid, self.shape, self.error, self.run.elapsed_s,
+                                 self.run.gpu)
         else:
             data = {
                 "kind": "comparison", "error": self.error, "name": self.name, "verdict": self.verdict,
@@ -484,7 +532,8 @@ class TournamentRecord(_FailsByError):
 
     def to_json(self) -> dict[str, Any]:
         if self.failed:
-            return _failure_json("tournament", self.name, self.nodeid, self.shape, self.error, self.run.elapsed_s)
+            return _failure_json("tournament", self.name, self.nodeid, self.shape, self.error, self.run.elapsed_s,
+                                 self.run.gpu)
         data = {
             "kind": "tournament", "error": None, "name": self.name, "ranking": list(self.ranking), "best": self.best,
             "indistinguishable_from_best": list(self.indistinguishable_from_best), "median_ms": dict(self.median_ms),

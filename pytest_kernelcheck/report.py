@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterable, Mapping, Sequence
 
-from . import stats
+from . import per_gpu, stats
 from .records import (  # SCHEMA and SCHEMA_VERSION are re-exported: readers of reports know them from here
     SCHEMA,
     SCHEMA_VERSION,
@@ -157,13 +157,24 @@ def _mark_against_previous(
         earlier.setdefault((row.nodeid, row.name), []).append(row)
     marked, regressions = [], []
     for record in comparisons:
-        candidates = earlier.get((record.nodeid, record.name))
-        old = candidates.pop(0) if candidates else None
+        candidates = earlier.get((record.nodeid, record.name)) or []
+        # Never across GPU models: where both rows name their GPU's model (--kernel-gpus), it must be the same.
+        # Rows that name none (one-GPU runs, earlier reports) were saved per machine slug, which holds the model.
+        usable = [row for row in candidates if not _models_differ(row, record)]
+        old = usable[0] if usable else None
+        if old is not None:
+            candidates.remove(old)
         last_run = None if old is None or record.failed else _last_run(record, old)
         marked.append(dataclasses.replace(record, vs_last=last_run))
         if last_run is not None and last_run.regression:
             regressions.append(record.name or record.nodeid)
     return marked, tuple(regressions)
+
+
+def _models_differ(a: ComparisonRecord, b: ComparisonRecord) -> bool:
+    model_a = a.run.gpu.model if a.run.gpu is not None else None
+    model_b = b.run.gpu.model if b.run.gpu is not None else None
+    return model_a is not None and model_b is not None and model_a != model_b
 
 
 def _last_run(record: ComparisonRecord, old: ComparisonRecord) -> LastRun:
@@ -397,6 +408,9 @@ def write_markdown(report: Mapping[str, Any], path: str | Path, history: Sequenc
     lines = ["# Kernel A/B comparisons", ""]
     lines += _markdown_table(*table_rows(typed))
     lines += [""] + error_lines(typed) + ["", summary_line(typed), ""]
+    if gpu_lines(typed):
+        lines += [line if line.startswith(("Per GPU", "WARNING")) else f"- {line}" for line in gpu_lines(typed)]
+        lines.append("")
     for tournament in typed.tournaments:
         lines += tournament_lines(tournament) + [""]
     if typed.measurements:
@@ -665,6 +679,20 @@ def error_lines(report: ABReport | Mapping[str, Any]) -> list[str]:
     return [f"error in {r.name}: {r.error}" for r in _as_report(report).comparisons if r.failed]
 
 
+def gpu_lines(report: ABReport | Mapping[str, Any]) -> list[str]:
+    """Per-GPU totals and verdict-disagreement warnings of a run spread over GPUs (:mod:`.per_gpu`); none for a
+    run whose rows name no GPU.
+
+    >>> gpu = {"index": 1, "name": "NVIDIA H200", "uuid": "GPU-b"}
+    >>> gpu_lines(build_report([{"kind": "comparison", "name": "a", "verdict": "tie", "elapsed_s": 1.5,
+    ...                          "gpu": gpu}], settings={}))
+    ['Per GPU (1):', 'GPU 1 (NVIDIA H200, GPU-b): 1 comparison(s) (1 tie), 1.5 s timing']
+    """
+    typed = _as_report(report)
+    rows = [*typed.comparisons, *typed.tournaments, *typed.measurements]
+    return per_gpu.summary_lines(rows) + per_gpu.disagreement_lines(typed.comparisons)
+
+
 def summary_line(report: ABReport | Mapping[str, Any]) -> str:
     """The totals in one line: verdicts, geometric-mean speedup, what survives Benjamini-Hochberg, regressions.
 
@@ -741,6 +769,8 @@ def write_terminal(
         for line in error_lines(typed):
             terminal.write_line(line, red=True)
         terminal.write_line(summary_line(typed))
+    for line in gpu_lines(typed):
+        terminal.write_line(line, **({"yellow": True, "bold": True} if line.startswith("WARNING") else {}))
     for tournament in typed.tournaments:
         for line in tournament_lines(tournament):
             terminal.write_line(line)

@@ -46,15 +46,20 @@ def _slug(text: str) -> str:
 def machine_slug(environment: Mapping[str, Any]) -> str:
     """The folder name of a machine, from a report's ``environment`` (:func:`report.environment_info`).
 
-    A GPU run: first GPU's name, driver, CUDA, torch, triton and cuDNN versions; a CPU run: the CPU model and
-    architecture, since there the speed of the code depends on the processor.
+    A GPU run: the GPU model, driver, CUDA, torch, triton and cuDNN versions; a CPU run: the CPU model and
+    architecture, since there the speed of the code depends on the processor. A host of several GPUs of one
+    model is that model's machine (a run spread over its GPUs, ``--kernel-gpus``, is compared with runs on one of
+    them); a host of mixed models gets a folder of its own naming them all, so its runs are never matched with a
+    single model's (rows of such a run also name their GPU, and are matched only within one model).
 
     >>> machine_slug({"cpu_model": "Intel(R) Xeon(R) Processor", "machine_info": {"machine": "x86_64"}})
     'cpu_intel-r-xeon-r-processor_x86-64'
+    >>> machine_slug({"gpu": {"available": True, "devices": ["NVIDIA H100", "NVIDIA A100", "NVIDIA H100"]}})
+    'nvidia-a100+nvidia-h100'
     """
     typed = RunEnvironment.from_json(environment)
     if typed.gpu.available and typed.gpu.devices:
-        parts = [_slug(typed.gpu.devices[0])]
+        parts = ["+".join(sorted({_slug(device) for device in typed.gpu.devices}))]
         versions = {"driver": typed.gpu.driver, "cuda": typed.gpu.cuda, "torch": typed.packages.get("torch"),
                     "triton": typed.packages.get("triton"), "cudnn": typed.gpu.cudnn}
         parts += [f"{key}-{_slug(str(value))}" for key, value in versions.items() if value]

@@ -34,6 +34,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from . import clocks
 from .clocks import ClockMonitor  # noqa: F401  (importable from here, where it lived before clocks.py)
+from .gpu_lock import cuda_lock_key
 
 # Below this median single-call time a sample batches several calls (or replays a CUDA graph): launch overhead
 # and timer resolution would otherwise dominate (an 8 us kernel timed alone varies by ~16% on an H200).
@@ -156,7 +157,7 @@ class CudaEventTimer:
         properties = torch.cuda.get_device_properties(self.device)
         uuid = getattr(properties, "uuid", None)
         # The lock must follow the physical GPU: with CUDA_VISIBLE_DEVICES, index 0 differs between processes.
-        self.lock_key = f"cuda-{uuid}" if uuid else f"cuda-{self.device.index}"
+        self.lock_key = cuda_lock_key(str(uuid) if uuid else None, self.device.index)
         self.device_name = properties.name
         l2_bytes = getattr(properties, "L2_cache_size", None)
         self.flush_bytes = l2_flush_bytes(l2_bytes) if flush_bytes is None else int(flush_bytes)

@@ -47,26 +47,41 @@ cat "$R/env.txt"
 # carried with the checkout, since the machine has no network. To make it:
 #   sp=$(python -c 'import xdist, os; print(os.path.dirname(os.path.dirname(xdist.__file__)))')
 #   mkdir -p .gpu_deps && cp -r "$sp"/{xdist,execnet,pytest_xdist-*.dist-info,execnet-*.dist-info} .gpu_deps/
+# With several GPUs (counted as the plugin counts them: CUDA_VISIBLE_DEVICES, else NVML), the stages spread their
+# xdist workers over all of them with --kernel-gpus all: each worker is pinned to one GPU, round-robin by worker.
+gpu_count=$(python3 -c "from pytest_kernelcheck.gpus import visible_gpus; print(len(visible_gpus()))" 2>/dev/null || echo 1)
+has_xdist=0
 test_workers=()
 if [[ -d .gpu_deps ]]; then
   export PYTHONPATH="$PYTHONPATH:$PWD/.gpu_deps"
-  python3 -c "import xdist" 2>/dev/null && test_workers=(-n "${TEST_WORKERS:-8}")
+  python3 -c "import xdist" 2>/dev/null && has_xdist=1
 fi
+spread=()  # --kernel-gpus all when there are GPUs to spread over
+if (( has_xdist && gpu_count > 1 )); then spread=(--kernel-gpus all); fi
+if (( has_xdist )); then
+  # Compiles dominate the test stage, so it keeps at least 8 workers; with several GPUs, a multiple of their count
+  # so that every GPU gets as many workers.
+  workers=${TEST_WORKERS:-8}
+  if [[ -z ${TEST_WORKERS:-} ]] && (( gpu_count > 1 )); then workers=$(( (8 + gpu_count - 1) / gpu_count * gpu_count )); fi
+  test_workers=(-n "$workers" "${spread[@]}")
+fi
+echo "GPUs visible: $gpu_count${spread:+ (workers spread with ${spread[*]})}" | tee -a "$R/env.txt"
 
 if [[ $stage == tests || $stage == all ]]; then
   # One config per kernel instead of autotuning every shape class the tests touch: the tests check results, and
   # tuning each of their tiny shapes would cost minutes of compile and benchmark time. Kernel compiles dominate
   # the run (about 20 min serially), so it is spread over test_workers processes when xdist is available.
   # SIGINT at the limit makes pytest print what passed and failed so far.
-  # The timing engine's own tests assert on measured times, so they run afterwards, alone on the GPU: kernels of
-  # other workers would share the device with them.
+  # The timing engine's own tests assert on measured times, so they run afterwards, alone on the GPU (one process,
+  # no workers, even with several GPUs): kernels of other workers would share the device with them.
   timing_tests=tests/kernelcheck/test_timing.py
   read -r -a test_paths <<< "${TEST_PATHS:-tests/flashlite tests/kernelcheck}"
   run_timing=0  # the second pass runs only when the selected paths contain the timing tests
   for path in "${test_paths[@]}"; do [[ $timing_tests == "${path%/}"* ]] && run_timing=1; done
   # Memory markers skip a test when the GPU lacks the free memory it needs, and every worker's cached allocations
   # count against that: twelve workers once left under 1.5 GiB free and 26 real-size tests skipped. So with
-  # several workers the real-size files (LARGE_TESTS) run in a second pass on LARGE_WORKERS (default 4) workers.
+  # several workers the real-size files (LARGE_TESTS) run in a second pass on LARGE_WORKERS workers (default 4 on
+  # one GPU; with several, one per GPU, so each real-size test has a GPU's memory to itself).
   read -r -a large_tests <<< "${LARGE_TESTS-tests/flashlite/test_attention_gpu.py tests/flashlite/test_layer_gpu.py}"
   ignore_large=()
   if (( ${#test_workers[@]} )) && [[ -z ${TEST_PATHS:-} ]]; then
@@ -77,7 +92,8 @@ if [[ $stage == tests || $stage == all ]]; then
     "${test_workers[@]}" "$@" > "$R/gpu_tests.log" 2>&1
   if (( ${#ignore_large[@]} )); then
     FLASHLITE_AUTOTUNE=${FLASHLITE_AUTOTUNE:-0} timeout -s INT -k 20 "${LARGE_TESTS_LIMIT:-$(remote 300)}" python3 -m pytest \
-      "${large_tests[@]}" -q --maxfail=20 --durations=15 -p no:cacheprovider -n "${LARGE_WORKERS:-4}" "$@" \
+      "${large_tests[@]}" -q --maxfail=20 --durations=15 -p no:cacheprovider \
+      -n "${LARGE_WORKERS:-$(( gpu_count > 1 ? gpu_count : 4 ))}" "${spread[@]}" "$@" \
       > "$R/gpu_tests_large.log" 2>&1
   fi
   if (( run_timing )); then
@@ -89,8 +105,12 @@ if [[ $stage == ab || $stage == all ]]; then
   # SIGINT at the limit lets pytest write the report of what finished.
   # AB_PATHS picks the files (and their order) when one call cannot hold the whole suite.
   # The saved run is written at session finish, so a run stopped at AB_LIMIT is saved with what finished.
+  # One GPU: one process, comparisons one after another. Several: one worker per GPU (--kernel-gpus all), the
+  # comparisons of different GPUs in parallel (each GPU's lock keeps its own timing alone), one merged report.
   ab_storage=${AB_STORAGE:-benchmarks/kernelcheck}
-  timeout -s INT -k 20 "${AB_LIMIT:-$(remote 420)}" python3 -m pytest ${AB_PATHS:-tests/perf} --kernel-ab \
+  ab_workers=()
+  if (( ${#spread[@]} )); then ab_workers=(-n "$gpu_count" "${spread[@]}"); fi
+  timeout -s INT -k 20 "${AB_LIMIT:-$(remote 420)}" python3 -m pytest ${AB_PATHS:-tests/perf} --kernel-ab "${ab_workers[@]}" \
     --kernel-ab-report "$R/ab_report.json" --kernel-ab-autosave --kernel-ab-storage "$ab_storage" \
     -q -p no:cacheprovider "$@" > "$R/ab.log" 2>&1
   if [[ -n ${OUT:-} && -d $ab_storage ]]; then
