@@ -2,19 +2,21 @@
 
 One row per mode; the table below is the whole policy (``POLICIES``), and ``policy_table()`` prints it.
 
-=========  =====  ========  ===============  ============  ========  =======  ==============  =====================
-mode       param  residual  matmul operands  accumulation  LN stats  softmax  GELU math/out   attention dots
-=========  =====  ========  ===============  ============  ========  =======  ==============  =====================
-mixed      fp32   fp32      bf16 (or fp16)   fp32          fp32      fp32     fp32 / operand  bf16 (or fp16)
-fp32       fp32   fp32      fp32             fp32          fp32      fp32     fp32 / fp32     ieee (or tf32, bf16)
-bf16       bf16   bf16      bf16             fp32          fp32      fp32     fp32 / bf16     bf16
-fp16       fp16   fp16      fp16             fp32          fp32      fp32     fp32 / fp16     fp16
-=========  =====  ========  ===============  ============  ========  =======  ==============  =====================
+===================  =====  ========  ==============  =====  ========  =======  ==============  ====================
+mode                 param  residual  matmul          accum  LN stats  softmax  GELU math/out   attention dots
+===================  =====  ========  ==============  =====  ========  =======  ==============  ====================
+mixed                fp32   fp32      bf16 (or fp16)  fp32   fp32      fp32     fp32 / operand  bf16 (or fp16)
+mixed_bf16_residual  fp32   bf16      bf16            fp32   fp32      fp32     fp32 / bf16     bf16
+fp32                 fp32   fp32      fp32            fp32   fp32      fp32     fp32 / fp32     ieee (or tf32, bf16)
+bf16                 bf16   bf16      bf16            fp32   fp32      fp32     fp32 / bf16     bf16
+fp16                 fp16   fp16      fp16            fp32   fp32      fp32     fp32 / fp16     fp16
+===================  =====  ========  ==============  =====  ========  =======  ==============  ====================
 
 Why: reductions (LayerNorm statistics, softmax, matmul accumulation) compound rounding error over their length,
 so they run in fp32 in every mode; matmul operands and elementwise results round once, so they can be low
 precision. "mixed" keeps fp32 master weights and an fp32 residual stream, so repeated layers do not accumulate
-bf16 rounding in the stream. Measured costs of each mode: ``docs/precision.md``.
+bf16 rounding in the stream; "mixed_bf16_residual" keeps the fp32 master weights but carries the stream in bf16
+(half its memory traffic), which shows what the fp32 stream buys. Measured costs of each mode: ``docs/precision.md``.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from typing import Optional
 
 import torch
 
-MODES = ("mixed", "fp32", "bf16", "fp16")
+MODES = ("mixed", "mixed_bf16_residual", "fp32", "bf16", "fp16")
 LOW_PRECISION_DTYPES = (torch.bfloat16, torch.float16)
 ATTENTION_PRECISIONS = ("ieee", "tf32", "bf16")
 
@@ -56,6 +58,8 @@ _F32, _BF16, _F16 = torch.float32, torch.bfloat16, torch.float16
 
 POLICIES: dict[str, PrecisionPolicy] = {
     "mixed": PrecisionPolicy("mixed", _F32, _F32, _BF16, _F32, _F32, _F32, _F32, _BF16, None),
+    "mixed_bf16_residual": PrecisionPolicy("mixed_bf16_residual", _F32, _BF16, _BF16, _F32, _F32, _F32, _F32, _BF16,
+                                           None),
     "fp32": PrecisionPolicy("fp32", _F32, _F32, _F32, _F32, _F32, _F32, _F32, _F32, "ieee"),
     "bf16": PrecisionPolicy("bf16", _BF16, _BF16, _BF16, _F32, _F32, _F32, _F32, _BF16, None),
     "fp16": PrecisionPolicy("fp16", _F16, _F16, _F16, _F32, _F32, _F32, _F32, _F16, None),

@@ -30,6 +30,7 @@ MODES = [
     ("fp32 (attention bf16)", dict(precision="fp32", attention_precision="bf16"), ("block", torch.float32)),
     ("mixed (bf16 operands)", dict(precision="mixed"), ("autocast", torch.bfloat16)),
     ("mixed (fp16 operands)", dict(precision="mixed", compute_dtype=torch.float16), ("autocast", torch.float16)),
+    ("mixed (bf16 residual)", dict(precision="mixed_bf16_residual"), ("block", torch.bfloat16)),
     ("bf16", dict(precision="bf16"), ("block", torch.bfloat16)),
     ("fp16", dict(precision="fp16"), ("block", torch.float16)),
 ]

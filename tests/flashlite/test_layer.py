@@ -22,6 +22,7 @@ MODES = {
     "fp32-tf32": dict(precision="fp32", attention_precision="tf32"),
     "mixed-bf16": dict(precision="mixed"),
     "mixed-fp16": dict(precision="mixed", compute_dtype=torch.float16),
+    "mixed-bf16-residual": dict(precision="mixed_bf16_residual"),
     "bf16": dict(precision="bf16"),
     "fp16": dict(precision="fp16"),
 }
@@ -56,13 +57,17 @@ def _run(module, x, mask, dy):
 
 
 def _baseline(layer: TransformerLayer, x, mask, dy):
-    """The same computation by PyTorch in the layer's precision: autocast for "mixed", the block in the layer's
-    dtype otherwise."""
+    """The same computation by PyTorch in the layer's precision: autocast for "mixed", the block in bf16 for
+    "mixed_bf16_residual", the block in the layer's dtype otherwise."""
     policy = layer.policy
     block = layer.to_plain()
     if policy.mode == "mixed":
         with torch.autocast(x.device.type, dtype=policy.matmul_dtype):
             y, dx = _run(block, x, mask, dy)
+    elif policy.mode == "mixed_bf16_residual":
+        # A bf16 residual stream is what PyTorch's block cast to bf16 carries: that block is the yardstick.
+        block = block.to(torch.bfloat16)
+        y, dx = _run(block, x.to(torch.bfloat16), mask, dy)
     else:
         y, dx = _run(block, x, mask, dy)
     return y, dx, _plain_grads(block)
@@ -394,8 +399,10 @@ BAD_ARGUMENTS = [
 ]
 # Only TransformerLayer has these.
 BAD_LAYER_ARGUMENTS = [
-    (dict(precision=["mixed"]), TypeError, r"precision must be one of 'mixed', 'fp32', 'bf16', 'fp16', got list"),
-    (dict(precision=None), TypeError, r"precision must be one of 'mixed', 'fp32', 'bf16', 'fp16', got NoneType"),
+    (dict(precision=["mixed"]), TypeError,
+     r"precision must be one of 'mixed', 'mixed_bf16_residual', 'fp32', 'bf16', 'fp16', got list"),
+    (dict(precision=None), TypeError,
+     r"precision must be one of 'mixed', 'mixed_bf16_residual', 'fp32', 'bf16', 'fp16', got NoneType"),
     (dict(compute_dtype="bf16"), TypeError, r"compute_dtype must be torch.bfloat16 or torch.float16, got str 'bf16'"),
     (dict(fusions=3), TypeError, r"fusions must be 'auto' or a collection of fusion names .*, got int 3"),
     (dict(fusions=[["bias_gelu"]]), TypeError, r"fusions must be 'auto' or a collection of fusion names"),
