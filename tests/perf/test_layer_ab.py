@@ -2,7 +2,9 @@
 
 The baseline is what a user already has: ``PlainTransformerBlock`` in bf16 (nn.LayerNorm, nn.Linear, SDPA, exact
 GELU) under ``torch.compile`` (default mode), and the same block eager. The candidate is the layer in "mixed"
-precision (fp32 residual stream and statistics, bf16 matmul operands), inference, bf16 input.
+precision (fp32 residual stream and statistics, bf16 matmul operands), inference, bf16 input; eager, through CUDA
+graphs, and itself under torch.compile, where "mixed_bf16_residual" (the stream in bf16) runs beside it so that the
+fp32 stream's cost shows.
 
 Both sides are rated by one count of the block's work (:func:`_layer_work`): FLOPs of its six matmuls and of causal
 attention (LayerNorm, GELU and residual adds, a few FLOPs per element, are not counted); bytes of its bf16 weights
@@ -67,6 +69,28 @@ def test_layer_vs_compiled_plain_block(shape, kernel_ab, blocks):
         assert_close(layer(x).float(), plain_fp32(x.float()).double(), policy="bf16", baseline=compiled(x).float())
     kernel_ab.compare(lambda: layer(x), lambda: compiled(x), name="layer mixed vs compiled plain bf16",
                       **_layer_work(shape))
+
+
+@pytest.fixture(scope="module")
+def compiled_layers(blocks):
+    """The layer under torch.compile in each precision whose cost the A/B shows: "mixed" (fp32 residual stream)
+    and "mixed_bf16_residual" (the stream in bf16), same weights as the plain block."""
+    plain = blocks[0]
+    return {mode: torch.compile(TransformerLayer.from_plain(plain, precision=mode).eval())
+            for mode in ("mixed", "mixed_bf16_residual")}
+
+
+@pytest.mark.shape(*LAYER_SHAPES, precision=["mixed", "mixed_bf16_residual"])
+@pytest.mark.memory(lambda shape: _activation_bytes(shape))
+@torch.no_grad()
+def test_compiled_layer_vs_compiled_plain_block(shape, kernel_ab, blocks, compiled_layers):
+    _, compiled, _, plain_fp32 = blocks
+    layer = compiled_layers[shape.precision]
+    x = _inputs(shape)
+    if shape.B * shape.S <= 8192:  # the compiled layer agrees with the same weights in fp32 before it is timed
+        assert_close(layer(x).float(), plain_fp32(x.float()).double(), policy="bf16", baseline=compiled(x).float())
+    kernel_ab.compare(lambda: layer(x), lambda: compiled(x),
+                      name=f"compiled layer {shape.precision} vs compiled plain bf16", **_layer_work(shape))
 
 
 @pytest.mark.shape(*LAYER_SHAPES)
