@@ -16,6 +16,7 @@ import flashlite._attention.plans as plans_module
 from flashlite import dispatch
 from flashlite.attention import attention, explain_dispatch
 from pytest_kernelcheck import assert_close
+from tests.flashlite.compiled import eager_and_compiled
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -172,7 +173,6 @@ def test_variant_calls_get_their_own_plans(monkeypatch):
 
 def test_variants_compile_into_one_graph_and_match_eager():
     # torch.compile sees the custom op with the variant arguments: no graph break, eager's results and gradients.
-    torch._dynamo.reset()
     q, k, v = (t.requires_grad_() for t in make(seed=9))
     slopes = torch.tensor([0.4, 0.3, 0.2, 0.1], device=DEVICE)
 
@@ -180,18 +180,8 @@ def test_variants_compile_into_one_graph_and_match_eager():
         return attention(q, k, v, causal="lower_right", window=(6, 1), softcap=2.0, alibi_slopes=slopes,
                          backend="triton", precision="ieee")
 
-    # A random incoming gradient, the same tensor on both sides: out.sum() would hand eager autograd an expanded
-    # (stride-0) gradient and the compiled graph a dense one, and on the GPU the backward kernels compiled for the
-    # two layouts differ in the last bit of dq and dk (measured 1.8e-7 to 3.6e-7 on an H200, dense calls too).
     weight = torch.randn(q.shape, generator=torch.Generator().manual_seed(4)).to(q)
-    results = []
-    for fn in (block, torch.compile(block, fullgraph=True, backend="aot_eager")):
-        for t in (q, k, v):
-            t.grad = None
-        out = fn(q, k, v)
-        out.backward(weight)
-        results.append([out.detach(), q.grad.clone(), k.grad.clone(), v.grad.clone()])
-    torch._dynamo.reset()
+    results = eager_and_compiled(block, (q, k, v), weight)  # one dense incoming gradient on both sides
     for eager, compiled in zip(*results):
         assert torch.equal(eager, compiled)
     expected = reference(q.detach(), k.detach(), v.detach(), causal="lower_right", window=(6, 1), softcap=2.0,

@@ -17,6 +17,7 @@ import torch
 import flashlite
 from flashlite.attention import attention_varlen
 from pytest_kernelcheck import assert_close, attention_reference_varlen
+from tests.flashlite.compiled import eager_and_compiled
 from tests.flashlite.sm90 import SM90_COMPILER, run_script
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -239,7 +240,6 @@ def test_packed_kernels_compile_for_hopper_within_its_shared_memory():
 
 
 def test_compiles_into_one_graph_with_the_custom_op_and_matches_eager():
-    torch._dynamo.reset()
     q, k, v, cu_q, cu_k, max_q, max_k = packed(torch.float32, seed=11, grad=True)
     slopes = _slopes("heads")
 
@@ -248,15 +248,7 @@ def test_compiles_into_one_graph_with_the_custom_op_and_matches_eager():
                                 softcap=2.0, alibi_slopes=slopes, precision="ieee", backend="triton")
 
     weight = torch.randn(q.shape, generator=torch.Generator().manual_seed(12)).to(q)
-    results = []
-    for fn in (block, torch.compile(block, fullgraph=True, backend="aot_eager")):
-        for t in (q, k, v):
-            t.grad = None
-        out = fn(q, k, v)
-        out.backward(weight)
-        results.append([out.detach(), q.grad.clone(), k.grad.clone(), v.grad.clone()])
-    torch._dynamo.reset()
-    for eager, compiled in zip(*results):
+    for eager, compiled in zip(*eager_and_compiled(block, (q, k, v), weight)):
         assert torch.equal(eager, compiled)
 
 
