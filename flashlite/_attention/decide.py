@@ -25,7 +25,11 @@ _log = logging.getLogger("flashlite.attention")
 
 
 def decide(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: Optional[torch.Tensor],
-           problem: Problem, backend: str) -> Decision:
+           problem: Problem, backend: str, *, variant: Optional[str] = None,
+           table_q: Optional[torch.Tensor] = None) -> Decision:
+    """The backend of a validated call: forced (``backend='triton'`` raises when the kernel cannot run it), or
+    ``flashlite.dispatch``'s choice for ``problem.variant`` (or ``variant``), keyed on the sizes of q (or of
+    ``table_q``, a stand-in where q's layout is not [B, H, S_q, D], e.g. packed sequences)."""
     if backend == "sdpa":
         return Decision("sdpa", "forced by backend='sdpa'")
     unsupported = kernel_unsupported(q, k, v, key_padding_mask)
@@ -33,8 +37,8 @@ def decide(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: 
         if unsupported is not None:
             raise ValueError(f"backend='triton' cannot run this call: {unsupported}")
         return Decision("triton", "forced by backend='triton'")
-    return choose_backend(q, causal=_CAUSAL_ARGUMENT[problem.causal_mode], seq_k=problem.seq_k,
-                          unsupported=unsupported, variant=problem.variant)
+    return choose_backend(q if table_q is None else table_q, causal=_CAUSAL_ARGUMENT[problem.causal_mode],
+                          seq_k=problem.seq_k, unsupported=unsupported, variant=variant or problem.variant)
 
 
 def log_decision(decision: Decision, q: torch.Tensor, k: torch.Tensor) -> None:

@@ -13,7 +13,6 @@ Under torch.compile the call is one custom op that declares the caches mutated. 
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Optional
 
 import torch
@@ -21,17 +20,8 @@ import torch
 from flashlite._attention.api import attention
 from flashlite._attention.launch import launch_forward
 from flashlite._attention.plans import Plan
-from flashlite._attention.validation import CAUSAL_KEY_LENGTH, CAUSAL_NONE, kernel_unsupported, validate
-from flashlite.dispatch import Decision, choose_backend
-
-
-def _check_values_wanted(check_values: Optional[bool], cache_seqlens: torch.Tensor) -> bool:
-    # Reading lengths on a GPU synchronises the device (and breaks CUDA-graph capture): only on request there.
-    if torch.compiler.is_compiling():
-        return False
-    if check_values is not None:
-        return bool(check_values)
-    return cache_seqlens.device.type == "cpu" or os.environ.get("FLASHLITE_CHECK_VALUES", "0") not in ("", "0")
+from flashlite._attention.decide import decide
+from flashlite._attention.validation import CAUSAL_KEY_LENGTH, CAUSAL_NONE, validate, value_checks_wanted
 
 
 def _check_block_table(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -196,20 +186,13 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         _virtual_cache(k_cache, q.shape[0], capacity), _virtual_cache(v_cache, q.shape[0], capacity))
     problem = validate(q, keys, values, "lower_right", scale, None, lengths, backend, None, window, softcap,
                        alibi_slopes)
-    if _check_values_wanted(check_values, cache_seqlens):
+    if value_checks_wanted(check_values, cache_seqlens):
         _check_lengths(cache_seqlens, appended, capacity)
         if block_table is not None:
             _check_table_values(block_table, lengths, k_cache.shape[0], k_cache.shape[2])
-    unsupported = None if backend == "sdpa" else kernel_unsupported(q, keys, values, None)
-    if backend == "triton" and unsupported is not None:
-        raise ValueError(f"backend='triton' cannot run this call: {unsupported}")
-    if backend == "triton":
-        decision = Decision("triton", "forced by backend='triton'")
-    elif backend == "sdpa":
-        decision = Decision("sdpa", "forced by backend='sdpa'")
-    else:  # the table's entry for the cache's kind at (B, S_max), else the kernel where it can run on CUDA
-        decision = choose_backend(q, causal="lower_right", seq_k=capacity, unsupported=unsupported,
-                                  variant="kvcache" if block_table is None else "kvcache_paged")
+    # "auto": the table's entry for the cache's kind at (B, S_max), else the kernel where it can run on CUDA.
+    decision = decide(q, keys, values, None, problem, backend,
+                      variant="kvcache" if block_table is None else "kvcache_paged")
     if torch.compiler.is_compiling():  # validated and decided at trace time; the graph holds the opaque op
         return attention_with_kvcache_op(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, alibi_slopes,
                                          problem.scale, problem.window_left, problem.window_right, problem.softcap,

@@ -5,6 +5,7 @@ precisions and the backends. Imports nothing from the package.
 """
 import math
 import numbers
+import os
 from dataclasses import dataclass
 from typing import Literal, Optional, Union
 
@@ -191,6 +192,18 @@ def validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: Union[bo
     return Problem(batch, heads, kv_heads, seq_q, seq_k, head_dim, q.dtype, causal_mode, float(scale),
                    _resolve_precision(q.dtype, precision), key_masking, window_left, window_right,
                    _check_softcap(softcap), _check_alibi(alibi_slopes, q, batch, heads))
+
+
+def value_checks_wanted(check_values: Optional[bool], like: torch.Tensor) -> bool:
+    """Whether to read index tensors (sequence offsets, cache lengths, block tables) back and check their values:
+    ``check_values`` when given; else always for CPU tensors, and on a GPU only with FLASHLITE_CHECK_VALUES=1,
+    since reading them synchronises the device and breaks CUDA-graph capture. Never while torch.compile traces:
+    traced tensors have no values to read."""
+    if torch.compiler.is_compiling():
+        return False
+    if check_values is not None:
+        return bool(check_values)
+    return like.device.type == "cpu" or os.environ.get("FLASHLITE_CHECK_VALUES", "0") not in ("", "0")
 
 
 def _check_window(window: object) -> tuple[int, int]:

@@ -10,30 +10,19 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
-import os
 from typing import Optional, Union
 
 import torch
 
 from flashlite import _ops
+from flashlite._attention.decide import decide
 from flashlite._attention.launch import launch_backward, launch_forward, packed_view
 from flashlite._attention.plans import Plan
 from flashlite._attention.sdpa import sdpa_attention
-from flashlite._attention.validation import (_CAUSAL_ARGUMENT, CAUSAL_BOTTOM_RIGHT, Problem, _causal_mode,
-                                             _check_alibi, _check_softcap, _check_window, _resolve_precision,
-                                             check_dtypes_and_devices, kernel_unsupported)
-from flashlite.dispatch import Decision, choose_backend
-
-
-def _check_values_wanted(check_values: Optional[bool], cu_seqlens_q: torch.Tensor) -> bool:
-    # Reading offsets on a GPU synchronises the device (and breaks CUDA-graph capture): only on request there.
-    if torch.compiler.is_compiling():  # traced offsets have no values to read
-        return False
-    if check_values is not None:
-        return bool(check_values)
-    if cu_seqlens_q.device.type == "cpu":
-        return True
-    return os.environ.get("FLASHLITE_CHECK_VALUES", "0") not in ("", "0")
+from flashlite._attention.validation import (CAUSAL_BOTTOM_RIGHT, Problem, _causal_mode, _check_alibi,
+                                             _check_softcap, _check_window, _resolve_precision,
+                                             check_dtypes_and_devices, value_checks_wanted)
+from flashlite.dispatch import Decision
 
 
 def _check_offsets(name: str, cu: torch.Tensor, total: int, max_len: int, max_name: str) -> None:
@@ -85,7 +74,7 @@ def validate_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlen
             raise ValueError(f"{name} must be a positive integer (the longest sequence's length), got {value!r}")
     if min(total_q, total_k, heads, head_dim) == 0:
         raise ValueError(f"empty input: q {tuple(q.shape)}, k {tuple(k.shape)}")
-    if _check_values_wanted(check_values, cu_seqlens_q):
+    if value_checks_wanted(check_values, cu_seqlens_q):
         _check_offsets("cu_seqlens_q", cu_seqlens_q, total_q, int(max_seqlen_q), "max_seqlen_q")
         _check_offsets("cu_seqlens_k", cu_seqlens_k, total_k, int(max_seqlen_k), "max_seqlen_k")
     batch = cu_seqlens_q.shape[0] - 1
@@ -112,6 +101,15 @@ def _varlen_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlen
     return out[0].transpose(0, 1), lse
 
 
+def _varlen_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                     lse: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+                     alibi_slopes: Optional[torch.Tensor], plan: Plan) -> tuple[torch.Tensor, ...]:
+    """(dq, dk, dv), packed like q, k, v, from the forward's packed out and padded lse."""
+    views = (packed_view(t, plan.problem.batch) for t in (grad_out, q, k, v, out))
+    dq, dk, dv = launch_backward(*views, lse, None, alibi_slopes, plan, cu_seqlens=(cu_seqlens_q, cu_seqlens_k))
+    return dq[0].transpose(0, 1), dk[0].transpose(0, 1), dv[0].transpose(0, 1)
+
+
 def _setup(ctx, inputs, output):
     q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, plan = inputs
     out, lse = output
@@ -121,10 +119,8 @@ def _setup(ctx, inputs, output):
 
 def _gradient(ctx, grad_out, _grad_lse):
     q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes = ctx.saved_tensors
-    batch = ctx.plan.problem.batch
-    views = (packed_view(t, batch) for t in (grad_out, q, k, v, out))
-    dq, dk, dv = launch_backward(*views, lse, None, alibi_slopes, ctx.plan, cu_seqlens=(cu_seqlens_q, cu_seqlens_k))
-    return dq[0].transpose(0, 1), dk[0].transpose(0, 1), dv[0].transpose(0, 1), None, None, None, None
+    return (*_varlen_backward(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, ctx.plan),
+            None, None, None, None)
 
 
 _EagerVarlenAttention = _ops.eager_function("_EagerVarlenAttention", _varlen_forward, _setup, _gradient,
@@ -172,10 +168,7 @@ def attention_varlen_backward_op(grad_out: torch.Tensor, q: torch.Tensor, k: tor
     """The packed backward as an opaque op: (dq, dk, dv), contiguous, shaped like q, k, v."""
     plan = _op_plan(cu_seqlens_q, q, k, max_seqlen_q, max_seqlen_k, causal_mode, scale, precision, window_left,
                     window_right, softcap, alibi_slopes)
-    batch = plan.problem.batch
-    views = (packed_view(t, batch) for t in (grad_out, q, k, v, out))
-    dq, dk, dv = launch_backward(*views, lse, None, alibi_slopes, plan, cu_seqlens=(cu_seqlens_q, cu_seqlens_k))
-    return dq[0].transpose(0, 1), dk[0].transpose(0, 1), dv[0].transpose(0, 1)
+    return _varlen_backward(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, plan)
 
 
 @attention_varlen_backward_op.register_fake
@@ -240,20 +233,6 @@ def _with_key_padding(problem: Problem) -> Problem:
     return dataclasses.replace(problem, key_masking="bool", varlen=False)
 
 
-def decide_packed(q: torch.Tensor, problem: Problem, backend: str, unsupported: Optional[str]) -> Decision:
-    """The backend of a packed call: forced, or for "auto" the dispatch table's entry for its variant ("varlen",
-    "varlen+window", ...) at (batch = sequences, the longest sequence), else the kernel where it can run."""
-    if backend == "sdpa":
-        return Decision("sdpa", "forced by backend='sdpa'")
-    if backend == "triton":
-        return Decision("triton", "forced by backend='triton'")
-    p = problem
-    # A [B, H, max S_q, D] stand-in for q (a stride-0 view): the table keys on those sizes.
-    shaped = q[:1].transpose(0, 1)[None, :, :1].expand(p.batch, p.heads, p.seq_q, p.head_dim)
-    return choose_backend(shaped, causal=_CAUSAL_ARGUMENT[p.causal_mode], seq_k=p.seq_k, unsupported=unsupported,
-                          variant=p.variant)
-
-
 def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                      cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, *,
                      causal: Union[bool, str] = False, scale: Optional[float] = None,
@@ -292,17 +271,15 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
                               window, softcap, alibi_slopes, precision, check_values)
     if backend not in ("auto", "triton", "sdpa"):
         raise ValueError(f"backend must be one of ('auto', 'triton', 'sdpa'), got {backend!r}")
-    unsupported = None if backend == "sdpa" else kernel_unsupported(*(packed_view(t, problem.batch)
-                                                                      for t in (q, k, v)), None)
-    if backend == "triton" and unsupported is not None:
-        raise ValueError(f"backend='triton' cannot run this call: {unsupported}")
-    decision = decide_packed(q, problem, backend, unsupported)
+    p = problem
+    # The table keys on (sequences, heads, the longest sequence, head dim): a stride-0 stand-in of those sizes.
+    table_q = q[:1].transpose(0, 1)[None, :, :1].expand(p.batch, p.heads, p.seq_q, p.head_dim)
+    decision = decide(*(packed_view(t, p.batch) for t in (q, k, v)), None, p, backend, table_q=table_q)
     if decision.backend == "sdpa":
         return _sdpa_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, problem)
     # The kernels read the starts at offset b: a strided view is copied ([batch + 1] elements).
     cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
     if torch.compiler.is_compiling():
-        p = problem
         return attention_varlen_forward_op(q, k, v, cu_seqlens_q, cu_seqlens_k, p.seq_q, p.seq_k, p.causal_mode,
                                            p.scale, p.precision, p.window_left, p.window_right, p.softcap,
                                            alibi_slopes)[0]

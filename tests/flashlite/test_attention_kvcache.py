@@ -7,6 +7,7 @@ grouped-query heads, so that lengths end inside the kernels' key blocks (16 unde
 """
 from __future__ import annotations
 
+import importlib
 import math
 
 import pytest
@@ -119,22 +120,23 @@ def test_auto_follows_the_dispatch_and_falls_back_to_sdpa(monkeypatch):
     import flashlite._attention.kvcache as kvcache_module
     from flashlite.dispatch import Decision
     used, asked = [], []
-    real_sdpa, real_choose = kvcache_module._sdpa_kvcache, kvcache_module.choose_backend
+    decide_module = importlib.import_module("flashlite._attention.decide")  # where the dispatch is asked
+    real_sdpa, real_choose = kvcache_module._sdpa_kvcache, decide_module.choose_backend
     monkeypatch.setattr(kvcache_module, "_sdpa_kvcache", lambda *a: used.append(1) or real_sdpa(*a))
 
     def choose(q, **keywords):
         asked.append((keywords["variant"], keywords["seq_k"]))
         return real_choose(q, **keywords)
-    monkeypatch.setattr(kvcache_module, "choose_backend", choose)
+    monkeypatch.setattr(decide_module, "choose_backend", choose)
     q, k_cache, v_cache, lengths, k_new, v_new = inputs(torch.float32, seed=5)
     attention_with_kvcache(q, k_cache, v_cache, lengths, k_new=k_new, v_new=v_new)
     assert asked == [("kvcache", S_MAX)] and used == ([1] if DEVICE == "cpu" else [])
-    monkeypatch.setattr(kvcache_module, "choose_backend", lambda *a, **kw: Decision("triton", "a table entry"))
+    monkeypatch.setattr(decide_module, "choose_backend", lambda *a, **kw: Decision("triton", "a table entry"))
     used.clear()
     attention_with_kvcache(q, k_cache, v_cache, lengths, k_new=k_new, v_new=v_new)
     assert used == []
     small = [t[..., :8].contiguous() if t.dim() == 4 else t for t in inputs(torch.float32, seed=5)]  # D=8
-    monkeypatch.setattr(kvcache_module, "choose_backend", real_choose)
+    monkeypatch.setattr(decide_module, "choose_backend", real_choose)
     attention_with_kvcache(small[0], small[1], small[2], small[3], k_new=small[4], v_new=small[5])
     assert used == [1]
 

@@ -8,6 +8,7 @@ plugin's own packed reference.
 """
 from __future__ import annotations
 
+import importlib
 import json
 import math
 
@@ -158,22 +159,23 @@ def test_auto_follows_the_dispatch_and_falls_back_to_sdpa(monkeypatch):
     q, k, v, cu_q, cu_k, max_q, max_k = packed(torch.float32, seed=6)
     used, asked = [], []
     monkeypatch.setattr(varlen_module, "_sdpa_varlen", lambda *a: used.append("sdpa") or q.new_zeros(q.shape))
-    real = varlen_module.choose_backend
+    decide_module = importlib.import_module("flashlite._attention.decide")  # where the dispatch is asked
+    real = decide_module.choose_backend
 
     def choose(shaped, **keywords):
         asked.append((tuple(shaped.shape), keywords["variant"], keywords["seq_k"]))
         return real(shaped, **keywords)
-    monkeypatch.setattr(varlen_module, "choose_backend", choose)
+    monkeypatch.setattr(decide_module, "choose_backend", choose)
     attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, window=(3, 3))
     # The table is asked at (sequences, heads, longest sequence, head dim) for the call's variant.
     assert asked == [((len(LENGTHS), 4, max_q, 16), "varlen+window", max_k)]
     assert used == (["sdpa"] if DEVICE == "cpu" else [])  # CPU tensors: SDPA, as for attention()
-    monkeypatch.setattr(varlen_module, "choose_backend", lambda *a, **kw: Decision("triton", "a table entry"))
+    monkeypatch.setattr(decide_module, "choose_backend", lambda *a, **kw: Decision("triton", "a table entry"))
     used.clear()
     attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k)
     assert used == []  # the kernel ran (under the interpreter on the CPU)
     small = packed(torch.float32, seed=6, head_dim=8)  # below the kernel's head-dim range
-    monkeypatch.setattr(varlen_module, "choose_backend", real)
+    monkeypatch.setattr(decide_module, "choose_backend", real)
     attention_varlen(*small)
     assert used == ["sdpa"]
 
@@ -204,14 +206,14 @@ def test_bad_input_is_named(change, error, match):
 
 
 def test_offsets_are_checked_on_request_only_on_cuda(monkeypatch):
-    import flashlite._attention.varlen as varlen_module
+    validation_module = importlib.import_module("flashlite._attention.validation")
     cu = torch.tensor([0, 5, 3], dtype=torch.int32)
-    assert varlen_module._check_values_wanted(None, cu)  # CPU tensors: always
+    assert validation_module.value_checks_wanted(None, cu)  # CPU tensors: always
     fake_cuda = cu.to("meta")  # a tensor off the CPU, without needing a GPU
-    assert not varlen_module._check_values_wanted(None, fake_cuda)
-    assert varlen_module._check_values_wanted(True, fake_cuda)
+    assert not validation_module.value_checks_wanted(None, fake_cuda)
+    assert validation_module.value_checks_wanted(True, fake_cuda)
     monkeypatch.setenv("FLASHLITE_CHECK_VALUES", "1")
-    assert varlen_module._check_values_wanted(None, fake_cuda)
+    assert validation_module.value_checks_wanted(None, fake_cuda)
 
 
 _COMPILE_VARLEN = SM90_COMPILER + r'''

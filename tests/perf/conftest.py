@@ -37,3 +37,20 @@ def attention_work(shape, *, passes: str = "forward", dtype: torch.dtype | None 
         "bytes": attention_io_bytes(shape.B, shape.H, shape.S, shape.S, shape.D, dtype, passes=passes),
         "dtype": dtype,
     }
+
+
+def forward_backward(inputs: tuple[torch.Tensor, ...], forward):
+    """A timed step of ``forward()`` and a backward with one fixed random incoming gradient (made on the first
+    call, shaped like the output), the inputs' gradients cleared first; returns the first input's gradient."""
+    grad_out = None
+
+    def run():
+        nonlocal grad_out
+        for t in inputs:
+            t.grad = None
+        out = forward()
+        if grad_out is None:
+            grad_out = torch.randn_like(out)
+        out.backward(grad_out)
+        return inputs[0].grad
+    return run

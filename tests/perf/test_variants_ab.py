@@ -21,7 +21,7 @@ from flashlite.attention import attention
 from flashlite.cases import attention_io_bytes
 from pytest_kernelcheck import assert_close
 
-from .conftest import needs_cuda, qkv
+from .conftest import forward_backward, needs_cuda, qkv
 
 pytestmark = needs_cuda
 
@@ -67,17 +67,6 @@ def _work(shape, *, window=None, passes="forward") -> dict:
 
 def _causal(S: int) -> torch.Tensor:
     return torch.ones(S, S, dtype=torch.bool, device="cuda").tril()
-
-
-def _forward_backward(q, k, v, forward):
-    """A timed step of forward and backward with one fixed incoming gradient; returns dq (what the check reads)."""
-    grad_out = torch.randn_like(q)
-
-    def run():
-        q.grad = k.grad = v.grad = None
-        forward().backward(grad_out)
-        return q.grad
-    return run
 
 
 def _agree(candidate, baseline) -> None:
@@ -126,7 +115,7 @@ def test_key_padding_auto_vs_sdpa_with_its_mask(shape, kernel_ab):
 def test_key_padding_forward_backward_auto_vs_sdpa_with_its_mask(shape, kernel_ab):
     q, k, v = qkv(shape.B, shape.H, shape.S, shape.D, shape.dtype, requires_grad=True)
     candidate, baseline = _padded_pair(shape, q, k, v)
-    kernel_ab.compare(_forward_backward(q, k, v, candidate), _forward_backward(q, k, v, baseline),
+    kernel_ab.compare(forward_backward((q, k, v), candidate), forward_backward((q, k, v), baseline),
                       name="fwd+bwd key padding auto vs sdpa+mask", check_output=False,
                       **_work(shape, passes="forward+backward"))
 
@@ -173,8 +162,8 @@ def test_sliding_window_forward_backward_vs_sdpa_with_a_dense_mask(shape, kernel
     def dense():
         return F.scaled_dot_product_attention(q, k, v, attn_mask=_window_mask(shape.S))
 
-    candidate = _forward_backward(q, k, v, lambda: attention(q, k, v, causal=True, window=(WINDOW, 0)))
-    kernel_ab.compare(candidate, _forward_backward(q, k, v, dense), name=f"fwd+bwd window {WINDOW} vs sdpa+mask",
+    candidate = forward_backward((q, k, v), lambda: attention(q, k, v, causal=True, window=(WINDOW, 0)))
+    kernel_ab.compare(candidate, forward_backward((q, k, v), dense), name=f"fwd+bwd window {WINDOW} vs sdpa+mask",
                       check_output=False, **_work(shape, window=WINDOW, passes="forward+backward"))
 
 
@@ -185,8 +174,8 @@ def test_sliding_window_forward_backward_vs_flex_attention(shape, kernel_ab):
     q, k, v = qkv(shape.B, shape.H, shape.S, shape.D, shape.dtype, requires_grad=True)
     block_mask = create_block_mask(lambda b, h, i, j: (j <= i) & (i - j <= WINDOW), B=None, H=None,
                                    Q_LEN=shape.S, KV_LEN=shape.S, device="cuda")
-    candidate = _forward_backward(q, k, v, lambda: attention(q, k, v, causal=True, window=(WINDOW, 0)))
-    baseline = _forward_backward(q, k, v, lambda: flex_attention(q, k, v, block_mask=block_mask))
+    candidate = forward_backward((q, k, v), lambda: attention(q, k, v, causal=True, window=(WINDOW, 0)))
+    baseline = forward_backward((q, k, v), lambda: flex_attention(q, k, v, block_mask=block_mask))
     kernel_ab.compare(candidate, baseline, name=f"fwd+bwd window {WINDOW} vs flex", check_output=False,
                       **_work(shape, window=WINDOW, passes="forward+backward"))
 
@@ -231,8 +220,8 @@ def test_softcap_and_alibi_vs_materialized_scores(shape, kernel_ab):
 @pytest.mark.memory(lambda shape: _memory(shape, copies=16, dense_bytes=24))
 def test_softcap_and_alibi_forward_backward_vs_materialized_scores(shape, kernel_ab):
     q, k, v = qkv(shape.B, shape.H, shape.S, shape.D, shape.dtype, requires_grad=True)
-    kernel_ab.compare(_forward_backward(q, k, v, _scored_candidate(shape, q, k, v)),
-                      _forward_backward(q, k, v, _materialized(shape, q, k, v)),
+    kernel_ab.compare(forward_backward((q, k, v), _scored_candidate(shape, q, k, v)),
+                      forward_backward((q, k, v), _materialized(shape, q, k, v)),
                       name=f"fwd+bwd {shape.variant} vs materialized", check_output=False,
                       **_work(shape, passes="forward+backward"))
 
@@ -265,7 +254,7 @@ def test_softcap_and_alibi_vs_flex_attention(shape, kernel_ab):
 @pytest.mark.memory(lambda shape: _memory(shape, copies=16, dense="none"))
 def test_softcap_and_alibi_forward_backward_vs_flex_attention(shape, kernel_ab):
     q, k, v = qkv(shape.B, shape.H, shape.S, shape.D, shape.dtype, requires_grad=True)
-    kernel_ab.compare(_forward_backward(q, k, v, _scored_candidate(shape, q, k, v)),
-                      _forward_backward(q, k, v, _flex_scored(shape, q, k, v)),
+    kernel_ab.compare(forward_backward((q, k, v), _scored_candidate(shape, q, k, v)),
+                      forward_backward((q, k, v), _flex_scored(shape, q, k, v)),
                       name=f"fwd+bwd {shape.variant} vs flex", check_output=False,
                       **_work(shape, passes="forward+backward"))

@@ -16,7 +16,7 @@ from flashlite.attention import attention_varlen
 from flashlite.cases import attention_flops, attention_io_bytes
 from pytest_kernelcheck import assert_close
 
-from .conftest import needs_cuda
+from .conftest import forward_backward, needs_cuda
 
 pytestmark = needs_cuda
 
@@ -109,28 +109,13 @@ def test_varlen_vs_flex_attention_with_a_document_mask(shape, kernel_ab):
     kernel_ab.compare(candidate, baseline, name="varlen vs flex", **_work(shape))
 
 
-def _forward_backward(inputs, forward):
-    grad_out = None
-
-    def run():
-        nonlocal grad_out
-        for t in inputs:
-            t.grad = None
-        out = forward()
-        if grad_out is None:
-            grad_out = torch.randn_like(out)
-        out.backward(grad_out)
-        return inputs[0].grad
-    return run
-
-
 @pytest.mark.shape(*SHAPES, dtype=[torch.bfloat16])
 @pytest.mark.memory(lambda shape: _memory(shape, copies=24))
 def test_varlen_forward_backward_vs_sdpa_on_the_padded_batch(shape, kernel_ab):
     q, k, v, cu = _inputs(shape, requires_grad=True)
     padded_inputs, padded = _sdpa_padded(shape, q, k, v, cu)
-    kernel_ab.compare(_forward_backward((q, k, v), _candidate(shape, q, k, v, cu)),
-                      _forward_backward(padded_inputs, padded), name="fwd+bwd varlen vs sdpa padded",
+    kernel_ab.compare(forward_backward((q, k, v), _candidate(shape, q, k, v, cu)),
+                      forward_backward(padded_inputs, padded), name="fwd+bwd varlen vs sdpa padded",
                       check_output=False, **_work(shape, passes="forward+backward"))
 
 
@@ -138,6 +123,6 @@ def test_varlen_forward_backward_vs_sdpa_on_the_padded_batch(shape, kernel_ab):
 @pytest.mark.memory(lambda shape: _memory(shape, copies=8))
 def test_varlen_forward_backward_vs_flex_attention(shape, kernel_ab):
     q, k, v, cu = _inputs(shape, requires_grad=True)
-    kernel_ab.compare(_forward_backward((q, k, v), _candidate(shape, q, k, v, cu)),
-                      _forward_backward((q, k, v), _flex_document(shape, q, k, v, cu)),
+    kernel_ab.compare(forward_backward((q, k, v), _candidate(shape, q, k, v, cu)),
+                      forward_backward((q, k, v), _flex_document(shape, q, k, v, cu)),
                       name="fwd+bwd varlen vs flex", check_output=False, **_work(shape, passes="forward+backward"))
