@@ -178,7 +178,8 @@ def test_public_name():
 def test_bad_input_is_named(change, error, match):
     q, k_cache, v_cache, lengths, k_new, v_new = inputs(torch.float32, seed=6)
     args = dict(q=q, k_cache=k_cache, v_cache=v_cache, cache_seqlens=lengths, k_new=k_new, v_new=v_new)
-    args = change(args)
+    # check_values=True: on a GPU cache_seqlens and the block table are read back only on request.
+    args = {**change(args), "check_values": True}
     with pytest.raises(error, match=match):
         attention_with_kvcache(args.pop("q"), args.pop("k_cache"), args.pop("v_cache"), args.pop("cache_seqlens"),
                                **args)
@@ -233,7 +234,7 @@ def test_block_table_entries_outside_the_cache_are_named():
     bad[2, 1] = k_blocks.shape[0]  # entry 2 holds 17 + 1 positions: its second block is used
     with pytest.raises(ValueError, match=r"block_table\[2\] names blocks outside"):
         attention_with_kvcache(q, k_blocks, v_blocks, lengths.clamp(max=31), k_new=k_new, v_new=v_new,
-                               block_table=bad)
+                               block_table=bad, check_values=True)
     with pytest.raises(ValueError, match="multiple of 16"):
         attention_with_kvcache(q, k_blocks[:, :, :8], v_blocks[:, :, :8], lengths.clamp(max=7), block_table=table)
 

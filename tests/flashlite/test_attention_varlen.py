@@ -201,8 +201,9 @@ def test_public_name():
 def test_bad_input_is_named(change, error, match):
     q, k, v, cu_q, cu_k, max_q, max_k = packed(torch.float32, seed=7, lengths=[(20, 20), (44, 30)])
     args = dict(q=q, k=k, v=v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q, max_seqlen_k=max_k)
+    # check_values=True: on a GPU the offsets are read back only on request (reading them synchronises).
     with pytest.raises(error, match=match):
-        attention_varlen(**change(args))
+        attention_varlen(**change(args), check_values=True)
 
 
 def test_offsets_are_checked_on_request_only_on_cuda(monkeypatch):
