@@ -63,6 +63,44 @@ def test_the_medians_shrug_off_one_descheduled_sample():
     assert escape.check_escaping_work(probe, [print], ["candidate"], repeat=1)[0].synced_s == pytest.approx(1.02e-3)
 
 
+class SharedDeviceProbe(Probe):
+    """A probe with a control: an on-stream sample of the asked length shows ``control_gap_s`` more between
+    synchronisations than between its events (another process's slices of the device, or latency)."""
+
+    def __init__(self, event_s, synced_s, control_gap_s):
+        super().__init__(event_s, synced_s)
+        self.control_gap_s, self.controls = control_gap_s, []
+
+    def control_times(self, seconds):
+        self.controls.append(seconds)
+        return seconds, seconds + self.control_gap_s
+
+    def synced_time(self, fn, repeat):
+        self.calls.append(("synced", repeat))
+        return self.synced_s[0]
+
+
+def test_a_gap_that_on_stream_work_shows_too_is_not_escaped_work():
+    # The H200 case: a 0.96 ms matmul synchronised at 3.4 ms while a second process loaded the GPU, and a spin
+    # kernel of 0.96 ms on the timed stream waited as long.
+    probe = SharedDeviceProbe(0.96e-3, 3.4e-3, control_gap_s=2.42e-3)
+    times = escape.check_escaping_work(probe, [print], ["candidate"], repeat=1)
+    assert times[0].control_gap_s == pytest.approx(2.42e-3) and not times[0].escaped
+    assert probe.controls and all(seconds == pytest.approx(0.96e-3) for seconds in probe.controls)
+
+
+def test_escaped_work_on_a_shared_device_still_fails_and_the_message_gives_the_control():
+    probe = SharedDeviceProbe(0.12e-3, 3.2e-3, control_gap_s=2.38e-3)  # 0.7 ms beyond what the control explains
+    with pytest.raises(escape.EscapedWork, match=r"medians of 10; on-stream work as long waited 2\.38 ms more"):
+        escape.check_escaping_work(probe, [print], ["candidate"], repeat=1)
+
+
+def test_the_control_runs_only_when_the_first_measurement_looks_escaped():
+    probe = SharedDeviceProbe(0.97e-3, 1.01e-3, control_gap_s=5e-3)
+    assert not escape.check_escaping_work(probe, [print], ["candidate"], repeat=1)[0].escaped
+    assert probe.controls == []
+
+
 def test_a_callable_that_raises_in_the_check_names_its_side():
     class Raising(Probe):
         def synced_time(self, fn, repeat):
