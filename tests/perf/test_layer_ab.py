@@ -189,7 +189,7 @@ def test_compiled_layer_training_step_vs_compiled_plain_block(shape, kernel_ab, 
     plain = copy.deepcopy(blocks[0]).train()
     layer = TransformerLayer.from_plain(plain, precision=shape.precision).train()
     compiled_plain, compiled_layer = torch.compile(plain), _compile_layer(layer)
-    x = _inputs(shape).requires_grad_(True)
+    x = _inputs(shape).requires_grad_(True)  # each step computes the input's gradient too, as inside a stack
     projection = torch.randn(x.shape, device=x.device, dtype=torch.float32)
     if shape.B * shape.S <= 8192:
         # The first step's gradients (input and every parameter) agree with the same weights in fp32 within the
