@@ -596,9 +596,6 @@ class CudaGraphRunner:
     The returned tensor is a fresh copy unless ``clone_output=False``, in which case it is the graph's static
     output, overwritten by the next call with the same signature.
 
-    The returned tensor is a fresh copy unless ``clone_output=False``, in which case it is the graph's static
-    output, overwritten by the next call with the same signature.
-
     Example (needs a CUDA device):
         >>> layer = TransformerLayer(1024, 16, device="cuda").eval()  # doctest: +SKIP
         >>> run = CudaGraphRunner(layer)  # doctest: +SKIP

@@ -375,7 +375,9 @@ def _check_eps(op: Optional[str], eps: float) -> float:
     if isinstance(eps, bool) or not isinstance(eps, numbers.Real):  # NumPy's bool is not numbers.Real either
         raise TypeError(f"{prefix}eps must be {accepted}, got {type(eps).__name__} {eps!r}")
     value = float(eps)
-    if not (math.isfinite(value) and value > 0):
+    # Comparisons, not math.isfinite: under torch.compile(dynamic=True) a float module attribute (the layer's eps)
+    # is traced as a symbolic float, which comparisons accept and math.isfinite does not. NaN fails both.
+    if not 0 < value < math.inf:
         raise ValueError(f"{prefix}eps must be {accepted}, got {eps!r}")
     return value
 

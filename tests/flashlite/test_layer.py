@@ -308,6 +308,37 @@ def test_torch_compile_matches_eager(mode):
         torch.testing.assert_close(p.grad, g, rtol=1e-5, atol=1e-5)
 
 
+def test_torch_compile_dynamic_shapes_one_graph_for_two_batch_and_sequence_sizes():
+    # torch.compile(dynamic=True) traces the batch and sequence sizes as symbols: a second (B, S) reuses the first
+    # graph (no recompile) and both match eager, forward and backward. Sizes of at least 2: dynamo specializes 0
+    # and 1. (dynamic=True also traces float attributes such as the layer's eps as symbols; the eps check in
+    # flashlite.norm compares instead of calling math.isfinite, which a symbolic float refuses.)
+    from torch._dynamo.utils import counters
+
+    torch.manual_seed(8)
+    layer = TransformerLayer(32, 2, n_kv_heads=1, attention_backend="triton", device=DEVICE)
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(layer, backend="aot_eager", dynamic=True, fullgraph=True)
+    try:
+        for batch, seq in ((2, 8), (3, 12)):
+            x = torch.randn(batch, seq, 32, device=DEVICE)
+            mask = _padding_mask(batch, seq, "right")
+            dy = torch.randn_like(x)
+            layer.zero_grad()
+            y_eager, dx_eager = _run(layer, x, mask, dy)
+            grads_eager = [p.grad.clone() for p in layer.parameters()]
+            layer.zero_grad()
+            y, dx = _run(compiled, x, mask, dy)
+            torch.testing.assert_close(y, y_eager, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(dx, dx_eager, rtol=1e-5, atol=1e-5)
+            for p, g in zip(layer.parameters(), grads_eager):
+                torch.testing.assert_close(p.grad, g, rtol=1e-5, atol=1e-5)
+        assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+    finally:
+        torch._dynamo.reset()
+
+
 def test_autocast_bf16():
     torch.manual_seed(7)
     x = torch.randn(2, 8, 32, device=DEVICE)

@@ -6,10 +6,21 @@ precision (fp32 residual stream and statistics, bf16 matmul operands), inference
 graphs, and itself under torch.compile, where "mixed_bf16_residual" (the stream in bf16) runs beside it so that the
 fp32 stream's cost shows.
 
+A training step (forward, backward of a scalar loss, AdamW step) of the compiled layer runs against the compiled
+plain block's, and ``torch.compile(mode="reduce-overhead")`` (CUDA graphs by Inductor) against
+:class:`CudaGraphRunner`. The fusion tournament runs eager and compiled.
+
 Both sides are rated by one count of the block's work (:func:`_layer_work`): FLOPs of its six matmuls and of causal
 attention (LayerNorm, GELU and residual adds, a few FLOPs per element, are not counted); bytes of its bf16 weights
 read once plus the bf16 input read and output written, which is what a block fused end to end must move (the
-intermediate activations that unfused kernels write and read back are not counted).
+intermediate activations that unfused kernels write and read back are not counted). A training step counts 3x the
+matmul FLOPs (forward, input gradient, weight gradient) and attention's forward+backward; its bytes are the bf16
+weights read twice and their gradient written once, plus the input, output and both of their gradients. The
+optimizer's traffic is not counted: it differs by side (AdamW keeps its state in the parameter dtype, fp32 for the
+layer's "mixed" master weights, bf16 for the plain block).
+
+Every layer here is compiled with ``fullgraph=True`` (:func:`_compile_layer`) and the module raises dynamo's
+recompile limit (:func:`_recompile_limit`); see there why.
 """
 from __future__ import annotations
 
@@ -19,7 +30,7 @@ import pytest
 import torch
 
 from flashlite.cases import CASES, attention_flops
-from flashlite.layer import FUSIONS, CudaGraphRunner, PlainTransformerBlock, TransformerLayer
+from flashlite.layer import FUSIONS, CudaGraphRunner, PlainTransformerBlock, TransformerLayer, plain_to_layer_names
 from pytest_kernelcheck import assert_close
 
 from .conftest import needs_cuda
@@ -30,18 +41,45 @@ D_MODEL, N_HEADS, D_FF = 1024, 16, 4096
 LAYER_SHAPES = [dict(case=c.number, B=c.B, S=c.S) for c in CASES if c.number <= 13]
 
 
-def _layer_work(shape) -> dict:
-    """``flops``, ``bytes`` and ``dtype`` of one forward of the block on [B, S, D_MODEL] (see the module docstring)."""
+def _layer_work(shape, *, training: bool = False) -> dict:
+    """``flops``, ``bytes`` and ``dtype`` of one forward of the block on [B, S, D_MODEL], or with ``training`` of
+    one forward and backward (see the module docstring)."""
     tokens = shape.B * shape.S
     weights = 4 * D_MODEL * D_MODEL + 2 * D_MODEL * D_FF  # q, k, v, out projections; fc1, fc2
-    flops = 2.0 * tokens * weights + attention_flops(shape.B, N_HEADS, shape.S, shape.S, D_MODEL // N_HEADS,
-                                                     causal=True)
-    return {"flops": flops, "bytes": 2 * (weights + 2 * tokens * D_MODEL), "dtype": torch.bfloat16}
+    passes = "forward+backward" if training else "forward"
+    flops = (3 if training else 1) * 2.0 * tokens * weights + attention_flops(
+        shape.B, N_HEADS, shape.S, shape.S, D_MODEL // N_HEADS, causal=True, passes=passes)
+    moved = 3 * weights + 4 * tokens * D_MODEL if training else weights + 2 * tokens * D_MODEL
+    return {"flops": flops, "bytes": 2 * moved, "dtype": torch.bfloat16}
 
 
 def _activation_bytes(shape) -> int:
     # bf16 input/output, fp32 residual copies and the d_ff-wide hidden activation, with room for both sides.
     return int(shape.B * shape.S * (D_MODEL * 24 + D_FF * 8) * 1.5)
+
+
+# Every TransformerLayer compiled in this module traces one code object, TransformerLayer.forward, and dynamo's
+# recompile limit (8 graphs by default) counts that code object's graphs over all of them, whatever the instance.
+# The layer's graphs are specialized per batch size and sequence bucket on CUDA: the attention dispatch formats both
+# into its table key at trace time (flashlite.dispatch.table_key), even with dynamic=True. So the 13 cases of one
+# precision need 13 graphs, and past the limit dynamo runs the layer eagerly with only a logged warning (measured
+# on the CPU with the dispatch given the H200 table: two precisions at five batch sizes compiled 8 graphs, the
+# ninth call ran eagerly). The module raises the limit, and _compile_layer compiles with fullgraph=True, under
+# which a graph break or a hit limit raises instead of timing the eager layer under a compiled row's name.
+RECOMPILE_LIMIT = 512
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _recompile_limit():
+    names = ("recompile_limit", "accumulated_recompile_limit", "cache_size_limit", "accumulated_cache_size_limit")
+    limits = {name: RECOMPILE_LIMIT for name in names if hasattr(torch._dynamo.config, name)}
+    with torch._dynamo.config.patch(**limits):
+        yield
+
+
+def _compile_layer(layer: TransformerLayer, **options):
+    """``torch.compile(layer, fullgraph=True, **options)``: one graph, or an error (see RECOMPILE_LIMIT)."""
+    return torch.compile(layer, fullgraph=True, **options)
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +114,7 @@ def compiled_layers(blocks):
     """The layer under torch.compile in each precision whose cost the A/B shows: "mixed" (fp32 residual stream)
     and "mixed_bf16_residual" (the stream in bf16), same weights as the plain block."""
     plain = blocks[0]
-    return {mode: torch.compile(TransformerLayer.from_plain(plain, precision=mode).eval())
+    return {mode: _compile_layer(TransformerLayer.from_plain(plain, precision=mode).eval())
             for mode in ("mixed", "mixed_bf16_residual")}
 
 
@@ -91,6 +129,82 @@ def test_compiled_layer_vs_compiled_plain_block(shape, kernel_ab, blocks, compil
         assert_close(layer(x).float(), plain_fp32(x.float()).double(), policy="bf16", baseline=compiled(x).float())
     kernel_ab.compare(lambda: layer(x), lambda: compiled(x),
                       name=f"compiled layer {shape.precision} vs compiled plain bf16", **_layer_work(shape))
+
+
+# The optimizer's learning rate in the training A/B: every timed call is a full step, so the weights move between
+# calls (and the two sides' weights drift apart, each by its own rounding); a small rate keeps the activations, and
+# so the work of every step, those of the first. No weight decay, the AdamW defaults otherwise, both sides alike.
+TRAIN_LR = 1e-6
+TRAINING_MODES = ("mixed", "mixed_bf16_residual")
+
+
+def _training_bytes(shape) -> int:
+    # Saved activations of forward for backward (bf16 operands, fp32 stream copies, the d_ff-wide hidden layer in
+    # the operand and GELU dtypes), gradients in flight, both sides, with headroom; the fp32 reference of the check
+    # at up to 8,192 tokens fits inside it.
+    return int(shape.B * shape.S * (D_MODEL * 48 + D_FF * 16) * 2 * 1.25) + 2 ** 30
+
+
+def _projection_loss(out: torch.Tensor, projection: torch.Tensor) -> torch.Tensor:
+    """``sum(out * projection)`` in the projection's dtype: a scalar whose incoming gradient is the fixed random
+    projection itself, dense and nonzero everywhere (``out.sum()`` would send a stride-0 gradient of ones)."""
+    return (out.to(projection.dtype) * projection).sum()
+
+
+def _first_gradients(model, x: torch.Tensor, projection: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The input's and every parameter's gradient of one backward of the loss, parameters under
+    TransformerLayer's names; the model's and the input's gradients are cleared before and after."""
+    model.zero_grad(set_to_none=True)
+    x.grad = None
+    _projection_loss(model(x), projection).backward()
+    module = getattr(model, "_orig_mod", model)  # a torch.compile'd module prefixes its parameters' names
+    grads = {name: p.grad.detach().clone() for name, p in module.named_parameters()}
+    grads = plain_to_layer_names(grads) if "q_proj.weight" in grads else grads
+    grads["input"] = x.grad.detach().clone()
+    model.zero_grad(set_to_none=True)
+    x.grad = None
+    return grads
+
+
+def _training_step(model, x: torch.Tensor, projection: torch.Tensor):
+    """A timed training step of ``model`` (its own fused AdamW): gradients cleared, forward, backward of the
+    projection loss, optimizer step. Returns nothing: the weights, and so any output, change with every step."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=TRAIN_LR, weight_decay=0.0, fused=True)
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        x.grad = None
+        _projection_loss(model(x), projection).backward()
+        optimizer.step()
+    return step
+
+
+@pytest.mark.shape(*LAYER_SHAPES, precision=list(TRAINING_MODES))
+@pytest.mark.memory(lambda shape: _training_bytes(shape))
+def test_compiled_layer_training_step_vs_compiled_plain_block(shape, kernel_ab, blocks):
+    # Fresh modules at every case, so both sides start from the plain block's weights: the compiled layer in
+    # shape.precision (fp32 master weights) against the compiled plain block in bf16, each with its own parameters
+    # and optimizer. New instances of one configuration reuse the graphs compiled for earlier ones (dynamo guards
+    # on their parameters' properties, not on the instance), so this costs no compile per case beyond the shape's.
+    plain = copy.deepcopy(blocks[0]).train()
+    layer = TransformerLayer.from_plain(plain, precision=shape.precision).train()
+    compiled_plain, compiled_layer = torch.compile(plain), _compile_layer(layer)
+    x = _inputs(shape).requires_grad_(True)  # each step computes the input's gradient too, as inside a stack
+    projection = torch.randn(x.shape, device=x.device, dtype=torch.float32)
+    if shape.B * shape.S <= 8192:
+        # The first step's gradients (input and every parameter) agree with the same weights in fp32 within the
+        # bf16 policy, against the compiled plain block's own error; this also compiles forward and backward.
+        reference = _first_gradients(copy.deepcopy(plain).float(), x.detach().float().requires_grad_(True),
+                                     projection)
+        low = _first_gradients(compiled_plain, x, projection)
+        got = _first_gradients(compiled_layer, x, projection)
+        for name, grad in got.items():
+            assert_close(grad.float(), reference[name].double(), policy="bf16", baseline=low[name].float(),
+                         notes=(f"first-step gradient of {name}, precision {shape.precision}",))
+    # check_output=False: a step returns nothing to compare, and the weights it leaves differ on every call.
+    kernel_ab.compare(_training_step(compiled_layer, x, projection), _training_step(compiled_plain, x, projection),
+                      name=f"compiled layer {shape.precision} training step vs compiled plain bf16",
+                      check_output=False, **_layer_work(shape, training=True))
 
 
 @pytest.mark.shape(*LAYER_SHAPES)
@@ -114,24 +228,98 @@ def test_cuda_graph_layer_vs_compiled_plain_block(shape, kernel_ab, blocks):
                       **_layer_work(shape))
 
 
+# The launch-bound cases where CudaGraphRunner won (1, 2), lost (10), and case 5 between them.
+GRAPH_SHAPES = [dict(case=1, B=1, S=128), dict(case=2, B=1, S=1024), dict(case=5, B=4, S=2048),
+                dict(case=10, B=128, S=128)]
+
+
+@pytest.fixture(scope="module")
+def reduce_overhead_layer(blocks):
+    """The layer ("mixed", the blocks' weights) under torch.compile(mode="reduce-overhead"): Inductor's code
+    replayed through CUDA graphs (one recorded per shape). Compiled, the layer runs its fused kernels from
+    FUSED_MIN_TOKENS tokens only, where CudaGraphRunner's capture runs them at every size."""
+    return _compile_layer(blocks[2], mode="reduce-overhead")
+
+
+@pytest.mark.shape(*GRAPH_SHAPES)
+@torch.no_grad()
+def test_reduce_overhead_vs_cuda_graph_runner(shape, kernel_ab, blocks, reduce_overhead_layer):
+    # The same layer (same weights) both sides, inference. A reduce-overhead output lives in the CUDA-graph pool
+    # and the next replay overwrites it, as CudaGraphRunner's static output would: both sides hand back a copy
+    # (the runner's default clone_output=True, a .clone() of the other), so each call costs the same copy.
+    _, compiled, layer, plain_fp32 = blocks
+    x = _inputs(shape)
+    runner = CudaGraphRunner(layer)
+    reference, baseline = plain_fp32(x.float()).double(), compiled(x).float()
+    for side, out in (("cuda-graph runner", runner(x)), ("reduce-overhead", reduce_overhead_layer(x).clone())):
+        assert_close(out.float(), reference, policy="bf16", baseline=baseline, notes=(side,))
+    kernel_ab.compare(lambda: reduce_overhead_layer(x).clone(), lambda: runner(x),
+                      name="layer reduce-overhead vs layer cuda-graph runner", **_layer_work(shape))
+
+
+@pytest.mark.shape(*GRAPH_SHAPES)
+@torch.no_grad()
+def test_reduce_overhead_layer_vs_compiled_plain_block(shape, kernel_ab, blocks, reduce_overhead_layer):
+    # The baseline is the plain block compiled in the default mode, as in the rows above; its outputs are fresh
+    # tensors, so only the reduce-overhead side copies its output (what a caller keeping the result must do).
+    _, compiled, _, plain_fp32 = blocks
+    x = _inputs(shape)
+    assert_close(reduce_overhead_layer(x).clone().float(), plain_fp32(x.float()).double(), policy="bf16",
+                 baseline=compiled(x).float())
+    kernel_ab.compare(lambda: reduce_overhead_layer(x).clone(), lambda: compiled(x),
+                      name="layer reduce-overhead vs compiled plain bf16", **_layer_work(shape))
+
+
 # Token counts 128 to 16,384, so that the crossover behind flashlite.layer.FUSED_MIN_TOKENS is measured.
-@pytest.mark.shape(dict(case=1, B=1, S=128), dict(case=2, B=1, S=1024), dict(B=2, S=1024), dict(B=1, S=4096),
-                   dict(case=5, B=4, S=2048), dict(case=8, B=32, S=512))
+FUSION_SHAPES = [dict(case=1, B=1, S=128), dict(case=2, B=1, S=1024), dict(B=2, S=1024), dict(B=1, S=4096),
+                 dict(case=5, B=4, S=2048), dict(case=8, B=32, S=512)]
+# The variants of the fusion tournaments: name -> TransformerLayer(fusions=...).
+FUSION_VARIANTS = {
+    "all fusions": FUSIONS,
+    "no fusions": frozenset(),
+    "layer_norm only": frozenset({"triton_layer_norm"}),
+    "norms, no bias_gelu": frozenset({"triton_layer_norm", "add_layer_norm"}),
+}
+
+
+def _fusion_variants(plain: PlainTransformerBlock) -> dict[str, TransformerLayer]:
+    return {name: TransformerLayer.from_plain(plain, precision="mixed", fusions=fusions).eval()
+            for name, fusions in FUSION_VARIANTS.items()}
+
+
+@pytest.mark.shape(*FUSION_SHAPES)
 @torch.no_grad()
 def test_fusion_tournament(shape, kernel_ab, blocks):
-    plain, _, _, _ = blocks
     x = _inputs(shape)
-    variants = {
-        "all fusions": TransformerLayer.from_plain(plain, precision="mixed", fusions=FUSIONS).eval(),
-        "no fusions": TransformerLayer.from_plain(plain, precision="mixed", fusions=()).eval(),
-        "layer_norm only": TransformerLayer.from_plain(plain, precision="mixed",
-                                                       fusions={"triton_layer_norm"}).eval(),
-        "norms, no bias_gelu": TransformerLayer.from_plain(plain, precision="mixed",
-                                                           fusions={"triton_layer_norm", "add_layer_norm"}).eval(),
-    }
+    variants = _fusion_variants(blocks[0])
     result = kernel_ab.tournament({name: (lambda m=m: m(x)) for name, m in variants.items()},
                                   name="layer fusion variants", **_layer_work(shape))
     assert result.best in variants
+
+
+@pytest.fixture(scope="module")
+def compiled_fusion_variants(blocks):
+    """Each fusion variant under torch.compile (default mode), compiled once for every shape: under compile
+    Inductor fuses LayerNorm, bias, GELU and the casts around the opaque kernels itself, so whether a flashlite
+    kernel still pays is measured here, not inferred from the eager tournament."""
+    return {name: _compile_layer(m) for name, m in _fusion_variants(blocks[0]).items()}
+
+
+@pytest.mark.shape(*FUSION_SHAPES)
+@torch.no_grad()
+def test_fusion_tournament_compiled(shape, kernel_ab, blocks, compiled_fusion_variants):
+    # The choice under compile is TransformerLayer._fusions_for's torch.compiler.is_compiling() branch (and
+    # FUSED_MIN_TOKENS); this ranks the same variants as test_fusion_tournament, each compiled, per token count.
+    _, compiled_plain, _, plain_fp32 = blocks
+    x = _inputs(shape)
+    reference, baseline = plain_fp32(x.float()).double(), compiled_plain(x).float()
+    for name, compiled in compiled_fusion_variants.items():  # compiles each variant for this shape, and checks it
+        assert_close(compiled(x).float(), reference, policy="bf16", baseline=baseline,
+                     notes=(f"compiled variant {name!r}",))
+    result = kernel_ab.tournament({f"compiled {name}": (lambda m=m: m(x))
+                                   for name, m in compiled_fusion_variants.items()},
+                                  name="compiled layer fusion variants", **_layer_work(shape))
+    assert result.best.removeprefix("compiled ") in FUSION_VARIANTS
 
 
 def _peak_extra_bytes(fn) -> int:
