@@ -75,5 +75,11 @@ def test_decoding_vs_sdpa_with_a_length_mask(shape, kernel_ab):
         return F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=keep[:, None, None, :],
                                               enable_gqa=True)
 
-    assert_close(candidate().float(), baseline().double(), policy=q.dtype)
-    kernel_ab.compare(candidate, baseline, name=f"decode {shape.variant} vs sdpa+lengths", **_work(shape, lengths))
+    first = candidate()
+    assert_close(first.float(), baseline().double(), policy=q.dtype)
+    assert torch.equal(candidate(), first), "the decode kernel must give the same result on every call"
+    # check_output=False: SDPA's masked path is not deterministic here (H200, 2026-12-01, paged S=32768: 1 of
+    # 131,072 output elements changed by 7.6e-6 between calls), so the plugin's after-timing check would fail the
+    # baseline; the candidate's determinism is asserted above instead.
+    kernel_ab.compare(candidate, baseline, name=f"decode {shape.variant} vs sdpa+lengths", check_output=False,
+                      **_work(shape, lengths))
