@@ -69,12 +69,12 @@ def configs_for(head_dim: int, variant: str = "pipelined") -> list[GluonConfig]:
 
 
 def _tma_strides(t: torch.Tensor) -> list[int]:
-    """t's strides with those of size-1 dimensions (never stepped along) replaced by the contiguous value, which
-    meets TMA's rules whenever the dimension below it does."""
+    """t's strides with those of size-1 dimensions (never stepped along) replaced by a contiguous tensor's: a
+    multiple of the head dim, so of 16 bytes at D >= 8 for 16-bit values, whatever torch reports for them."""
     strides = list(t.stride())
-    for d in range(t.dim() - 2, -1, -1):
+    for d in range(t.dim() - 1):
         if t.shape[d] == 1:
-            strides[d] = strides[d + 1] * t.shape[d + 1]
+            strides[d] = math.prod(t.shape[d + 1:])
     return strides
 
 
