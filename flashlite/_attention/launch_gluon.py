@@ -148,11 +148,6 @@ def descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Te
             describe(out, config.block_m))
 
 
-def kernel_for(config: GluonConfig) -> Any:
-    """The @gluon.jit kernel of a config's variant."""
-    return _kernels._attn_fwd_pipelined if config.variant == "pipelined" else _kernels._attn_fwd_ws
-
-
 def kernel_arguments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
                      causal_mode: int, scale: float, config: GluonConfig) -> tuple[tuple, dict]:
     """(positional arguments, constexprs and launch options) of one launch, in the kernel's parameter order."""
@@ -160,7 +155,7 @@ def kernel_arguments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: tor
     args = (*descriptors(q, k, v, out, config), lse, heads, heads // kv_heads, q.shape[2], k.shape[2],
             scale * math.log2(math.e))
     meta = dict(HEAD_DIM=q.shape[-1], BLOCK_M=config.block_m, BLOCK_N=config.block_n, STAGES=config.stages,
-                CAUSAL=causal_mode, num_warps=config.num_warps)
+                CAUSAL=causal_mode, WARP_SPECIALIZE=config.variant == "ws", num_warps=config.num_warps)
     if config.variant == "ws":
         meta["maxnreg"] = _kernels.WS_MAXNREG
     return args, meta
@@ -196,5 +191,5 @@ def gluon_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
     lse = torch.empty((batch, heads, seq_q), dtype=torch.float32, device=q.device)
     args, meta = kernel_arguments(q, k, v, out, lse, _CAUSAL[causal], scale, config)
     grid = (math.ceil(seq_q / config.block_m), batch * heads)
-    kernel_for(config)[grid](*args, **meta)
+    _kernels._attn_fwd[grid](*args, **meta)
     return out, lse

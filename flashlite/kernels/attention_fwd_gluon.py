@@ -13,15 +13,16 @@ backward), scheduled with the pieces ``tl.dot`` loops do not reach:
 * S = Q K^T and O += P V are asynchronous warpgroup MMAs (``wgmma``): Q and K are read straight from shared
   memory, P from registers (as bf16/fp16), V from shared memory.
 
-Two schedules of the same block step (``attend_block``), selectable so that they can be A/B'd:
+Two schedules of the same block loop (``_attend_blocks``), one kernel ``_attn_fwd`` with the constexpr
+WARP_SPECIALIZE choosing, so that they can be A/B'd:
 
-* ``_attn_fwd_pipelined`` (step 1 of issue 17): one group of warps does everything. The copies of block
-  j + STAGES - 1 are issued once block j's S is computed (its slot's previous tenant, block j - 1, is then finished:
-  waiting for S also retires the P V of block j - 1, since wgmma groups complete in order), so STAGES - 1 blocks are
-  in flight while block j's softmax and P V run. Block j's P V stays in flight until block j + 1's S has been issued.
-* ``_attn_fwd_ws`` (step 2): ``gl.warp_specialize`` with a one-warp producer partition that only issues TMA copies
-  (waiting on an "empty" mbarrier per slot) and the compute warps as the default partition, which release a slot
-  once the wgmmas that read it have completed.
+* False (step 1 of issue 17): one group of warps does everything. The copies of block j + STAGES - 1 are issued
+  once block j's S is computed (its slot's previous tenant, block j - 1, is then finished: waiting for S also
+  retires the P V of block j - 1, since wgmma groups complete in order), so STAGES - 1 blocks are in flight while
+  block j's softmax and P V run. Block j's P V stays in flight until block j + 1's S has been issued.
+* True (step 2): ``gl.warp_specialize`` with a one-warp producer partition that only issues TMA copies (waiting
+  on a "kv_empty" mbarrier per slot) and the compute warps as the default partition, which hand a slot back once
+  the wgmmas that read it have completed.
 
 Rows are split across warps as wgmma wants it: ``num_warps`` warps stacked along M (warps_per_cta [num_warps, 1]),
 so with BLOCK_M=128 and 8 warps each warpgroup owns 64 query rows and holds BLOCK_N / 2 float32 scores and
@@ -164,13 +165,47 @@ def _softmax_step(s, m_i, l_i, j, start_m, seq_k, diag_shift, qk_scale,
 
 
 @gluon.jit
-def _attend_blocks(q_smem, k_bufs, v_bufs, k_ready, v_ready, acc, p_prev, m_i, l_i,
+def _ring(dtype: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+          STAGES: gl.constexpr):
+    """One program's shared memory: Q's tile (later the output's), STAGES slots of key and value tiles, and their
+    barriers, initialised: q_ready, and per slot k_ready, v_ready (the copy engine completes them) and kv_empty
+    (the compute warps complete it when the slot may be refilled; used by the warp-specialized schedule only)."""
+    tile: gl.constexpr = _tile_layout()
+    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], tile)
+    k_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], tile)
+    v_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], tile)
+    q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_ready, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(kv_empty.index(i), count=1)
+    fence_async_shared()  # the barriers' initialisation, visible to the copy engine before it signals them
+    return q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty
+
+
+@gluon.jit
+def _invalidate_ring(q_ready, k_ready, v_ready, kv_empty, STAGES: gl.constexpr):
+    mbarrier.invalidate(q_ready)
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(k_ready.index(i))
+        mbarrier.invalidate(v_ready.index(i))
+        mbarrier.invalidate(kv_empty.index(i))
+
+
+@gluon.jit
+def _attend_blocks(q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, acc, p_prev, m_i, l_i,
                    k_desc, v_desc, b, kv_h, lo, hi, n_blocks, start_m, seq_k, diag_shift, qk_scale,
                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
-                   CAUSAL: gl.constexpr, MASK: gl.constexpr, num_warps: gl.constexpr):
-    """Key blocks [lo, hi) of the single-partition schedule, MASK as in ``_softmax_step``. ``acc`` enters and leaves
-    as an in-flight wgmma accumulator (the last block's P V not yet waited for) and ``p_prev`` as the registers that
-    P V reads, kept alive until its wait."""
+                   CAUSAL: gl.constexpr, MASK: gl.constexpr, PRODUCER: gl.constexpr, num_warps: gl.constexpr):
+    """Key blocks [lo, hi), MASK as in ``_softmax_step``. ``acc`` enters and leaves as an in-flight wgmma
+    accumulator (the last block's P V not yet waited for) and ``p_prev`` as the registers that P V reads, kept
+    alive until its wait. Once block j's S is waited for, block j - 1's slot is free (wgmma groups complete in
+    order, so that wait also retires block j - 1's P V): without a PRODUCER partition these warps refill it with
+    block j + STAGES - 1; with one, they hand it back through kv_empty."""
     s_layout: gl.constexpr = _mma_layout(num_warps, BLOCK_N)
     o_layout: gl.constexpr = _mma_layout(num_warps, HEAD_DIM)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
@@ -180,10 +215,16 @@ def _attend_blocks(q_smem, k_bufs, v_bufs, k_ready, v_ready, acc, p_prev, m_i, l
         phase = (j // STAGES) & 1
         mbarrier.wait(k_ready.index(slot), phase)
         s = warpgroup_mma(q_smem, k_bufs.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        # wgmma groups complete in order: waiting for S also retires block j - 1's P V, which frees its slot.
         s, acc, p_prev = warpgroup_mma_wait(0, deps=(s, acc, p_prev))
-        _issue_kv(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, b, kv_h, j + STAGES - 1, n_blocks,
-                  BLOCK_N, HEAD_DIM, STAGES)
+        # Each warpgroup waits for its own wgmmas only. Both refills below are one thread's, so every warpgroup
+        # must be past its wait first: the compiler puts a CTA barrier before the copies (it orders the wgmma's
+        # reads of the slot before the copy's write); the hand-back gets an explicit one.
+        if PRODUCER:
+            gl.thread_barrier()
+            mbarrier.arrive(kv_empty.index((j + STAGES - 1) % STAGES), pred=j > 0)
+        else:
+            _issue_kv(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, b, kv_h, j + STAGES - 1, n_blocks,
+                      BLOCK_N, HEAD_DIM, STAGES)
         p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j, start_m, seq_k, diag_shift, qk_scale,
                                            BLOCK_M, BLOCK_N, CAUSAL, MASK)
         p_prev = gl.convert_layout(p.to(q_smem.dtype), p_layout)
@@ -191,6 +232,32 @@ def _attend_blocks(q_smem, k_bufs, v_bufs, k_ready, v_ready, acc, p_prev, m_i, l
         mbarrier.wait(v_ready.index(slot), phase)
         acc = warpgroup_mma(p_prev, v_bufs.index(slot), acc, is_async=True)
     return acc, p_prev, m_i, l_i
+
+
+@gluon.jit
+def _attend(q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, k_desc, v_desc, b, kv_h,
+            start_m, seq_k, diag_shift, n_full, n_blocks, qk_scale,
+            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+            CAUSAL: gl.constexpr, PRODUCER: gl.constexpr, num_warps: gl.constexpr):
+    """(acc, m, l) of one query block after every key block it sees: the unmasked blocks, then the masked ones."""
+    s_layout: gl.constexpr = _mma_layout(num_warps, BLOCK_N)
+    o_layout: gl.constexpr = _mma_layout(num_warps, HEAD_DIM)
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, s_layout))
+    acc = warpgroup_mma_init(gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout))
+    p_prev = gl.zeros([BLOCK_M, BLOCK_N], q_smem.dtype, p_layout)
+    mbarrier.wait(q_ready, 0)
+    acc, p_prev, m_i, l_i = _attend_blocks(q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, acc, p_prev, m_i,
+                                           l_i, k_desc, v_desc, b, kv_h, 0, n_full, n_blocks, start_m, seq_k,
+                                           diag_shift, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, False,
+                                           PRODUCER, num_warps)
+    acc, p_prev, m_i, l_i = _attend_blocks(q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, acc, p_prev, m_i,
+                                           l_i, k_desc, v_desc, b, kv_h, n_full, n_blocks, n_blocks, start_m, seq_k,
+                                           diag_shift, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, True,
+                                           PRODUCER, num_warps)
+    acc, p_prev = warpgroup_mma_wait(0, deps=(acc, p_prev))
+    return acc, m_i, l_i
 
 
 @gluon.jit
@@ -225,172 +292,68 @@ def _program_block(seq_q, num_heads, group_size, BLOCK_M: gl.constexpr, CAUSAL: 
     return pid_m * BLOCK_M, pid_bh, b, h, h // group_size
 
 
-@gluon.jit
-def _attn_fwd_pipelined(q_desc,  # [B, H, S_q, D] 16-bit, tiles [1, 1, BLOCK_M, D]
-                        k_desc,  # [B, H_kv, S_k, D], tiles [1, 1, BLOCK_N, D]
-                        v_desc,  # [B, H_kv, S_k, D], tiles [1, 1, BLOCK_N, D]
-                        o_desc,  # [B, H, S_q, D] dtype of q, tiles [1, 1, BLOCK_M, D]
-                        Lse,  # [B, H, S_q] float32, contiguous: base-2 log-sum-exp of the scaled scores
-                        num_heads, group_size, seq_q, seq_k, qk_scale,  # group_size = H // H_kv
-                        HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                        STAGES: gl.constexpr, CAUSAL: gl.constexpr, num_warps: gl.constexpr):
-    """Step 1: one partition; TMA ring of STAGES key/value slots, async wgmma, online softmax in registers."""
-    start_m, pid_bh, b, h, kv_h = _program_block(seq_q, num_heads, group_size, BLOCK_M, CAUSAL)
-    dtype: gl.constexpr = q_desc.dtype
-    tile: gl.constexpr = _tile_layout()
-    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], tile)
-    k_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], tile)
-    v_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], tile)
-    q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_ready, count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(k_ready.index(i), count=1)
-        mbarrier.init(v_ready.index(i), count=1)
-    fence_async_shared()  # the barriers' initialisation, visible to the copy engine before it signals them
-
-    diag_shift, n_full, n_blocks = _key_blocks(start_m, seq_q, seq_k, BLOCK_M, BLOCK_N, CAUSAL)
-    mbarrier.expect(q_ready, q_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [b, h, start_m, 0], q_ready, _as_tma_tile(q_smem, BLOCK_M, HEAD_DIM))
-    for i in gl.static_range(STAGES - 1):
-        _issue_kv(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, b, kv_h, i, n_blocks, BLOCK_N, HEAD_DIM, STAGES)
-
-    s_layout: gl.constexpr = _mma_layout(num_warps, BLOCK_N)
-    o_layout: gl.constexpr = _mma_layout(num_warps, HEAD_DIM)
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
-    l_i = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, s_layout))
-    acc = warpgroup_mma_init(gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout))
-    p_prev = gl.zeros([BLOCK_M, BLOCK_N], dtype, p_layout)
-    mbarrier.wait(q_ready, 0)
-    acc, p_prev, m_i, l_i = _attend_blocks(q_smem, k_bufs, v_bufs, k_ready, v_ready, acc, p_prev, m_i, l_i,
-                                           k_desc, v_desc, b, kv_h, 0, n_full, n_blocks, start_m, seq_k,
-                                           diag_shift, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, False,
-                                           num_warps)
-    acc, p_prev, m_i, l_i = _attend_blocks(q_smem, k_bufs, v_bufs, k_ready, v_ready, acc, p_prev, m_i, l_i,
-                                           k_desc, v_desc, b, kv_h, n_full, n_blocks, n_blocks, start_m, seq_k,
-                                           diag_shift, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, True,
-                                           num_warps)
-    acc, p_prev = warpgroup_mma_wait(0, deps=(acc, p_prev))
-
-    mbarrier.invalidate(q_ready)
-    for i in gl.static_range(STAGES):
-        mbarrier.invalidate(k_ready.index(i))
-        mbarrier.invalidate(v_ready.index(i))
-    _store_outputs(acc, m_i, l_i, q_smem, o_desc, Lse, b, h, pid_bh, start_m, seq_q, BLOCK_M, HEAD_DIM)
-
-
 # ----------------------------------------------------------------------------------------------------------------
-# Step 2: a producer warp for the copies, the compute warps as the default partition.
+# Step 2's partitions: a producer warp for the copies, the compute warps as the default partition.
 
 @gluon.jit
 def _ws_producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty,
                  b, h, kv_h, start_m, n_blocks,
                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
     """One warp: the Q copy, then key/value block j into slot j % STAGES once the slot's previous tenant (block
-    j - STAGES) has been released by the compute warps."""
+    j - STAGES) has been handed back by the compute warps."""
     mbarrier.expect(q_ready, q_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(q_desc, [b, h, start_m, 0], q_ready, _as_tma_tile(q_smem, BLOCK_M, HEAD_DIM))
     for j in range(n_blocks):
-        slot = j % STAGES
         # A fresh mbarrier counts as having completed the phase before its first: round 0 passes at once.
-        mbarrier.wait(kv_empty.index(slot), ((j // STAGES) & 1) ^ 1)
+        mbarrier.wait(kv_empty.index(j % STAGES), ((j // STAGES) & 1) ^ 1)
         _issue_kv(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, b, kv_h, j, n_blocks, BLOCK_N, HEAD_DIM, STAGES)
 
 
 @gluon.jit
-def _ws_attend_blocks(q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, acc, p_prev, m_i, l_i,
-                      lo, hi, start_m, seq_k, diag_shift, qk_scale,
-                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
-                      CAUSAL: gl.constexpr, MASK: gl.constexpr, num_warps: gl.constexpr):
-    """``_attend_blocks`` without the copies: after block j's S (which also retires block j - 1's P V) the slot of
-    block j - 1 goes back to the producer."""
-    s_layout: gl.constexpr = _mma_layout(num_warps, BLOCK_N)
-    o_layout: gl.constexpr = _mma_layout(num_warps, HEAD_DIM)
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
-    for j in range(lo, hi):
-        slot = j % STAGES
-        phase = (j // STAGES) & 1
-        mbarrier.wait(k_ready.index(slot), phase)
-        s = warpgroup_mma(q_smem, k_bufs.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        s, acc, p_prev = warpgroup_mma_wait(0, deps=(s, acc, p_prev))
-        # Each warpgroup waits for its own wgmmas only: all of them must be past the wait before the slot is
-        # released (the arrive is one thread's).
-        gl.thread_barrier()
-        mbarrier.arrive(kv_empty.index((j + STAGES - 1) % STAGES), pred=j > 0)
-        p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j, start_m, seq_k, diag_shift, qk_scale,
-                                           BLOCK_M, BLOCK_N, CAUSAL, MASK)
-        p_prev = gl.convert_layout(p.to(q_smem.dtype), p_layout)
-        acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
-        mbarrier.wait(v_ready.index(slot), phase)
-        acc = warpgroup_mma(p_prev, v_bufs.index(slot), acc, is_async=True)
-    return acc, p_prev, m_i, l_i
-
-
-@gluon.jit
-def _ws_consumer(q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, o_desc, Lse,
-                 b, h, pid_bh, start_m, seq_q, seq_k, diag_shift, n_full, n_blocks, qk_scale,
+def _ws_consumer(q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, k_desc, v_desc, o_desc, Lse,
+                 b, h, kv_h, pid_bh, start_m, seq_q, seq_k, diag_shift, n_full, n_blocks, qk_scale,
                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
                  CAUSAL: gl.constexpr, num_warps: gl.constexpr):
     """The default partition: softmax and both wgmmas of every block, then the outputs."""
-    s_layout: gl.constexpr = _mma_layout(num_warps, BLOCK_N)
-    o_layout: gl.constexpr = _mma_layout(num_warps, HEAD_DIM)
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
-    l_i = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, s_layout))
-    acc = warpgroup_mma_init(gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout))
-    p_prev = gl.zeros([BLOCK_M, BLOCK_N], q_smem.dtype, p_layout)
-    mbarrier.wait(q_ready, 0)
-    acc, p_prev, m_i, l_i = _ws_attend_blocks(q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, acc, p_prev, m_i,
-                                              l_i, 0, n_full, start_m, seq_k, diag_shift, qk_scale,
-                                              BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, False, num_warps)
-    acc, p_prev, m_i, l_i = _ws_attend_blocks(q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, acc, p_prev, m_i,
-                                              l_i, n_full, n_blocks, start_m, seq_k, diag_shift, qk_scale,
-                                              BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, True, num_warps)
-    acc, p_prev = warpgroup_mma_wait(0, deps=(acc, p_prev))
+    acc, m_i, l_i = _attend(q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, k_desc, v_desc, b, kv_h,
+                            start_m, seq_k, diag_shift, n_full, n_blocks, qk_scale,
+                            BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, True, num_warps)
     _store_outputs(acc, m_i, l_i, q_smem, o_desc, Lse, b, h, pid_bh, start_m, seq_q, BLOCK_M, HEAD_DIM)
 
 
+
 @gluon.jit
-def _attn_fwd_ws(q_desc,  # [B, H, S_q, D] 16-bit, tiles [1, 1, BLOCK_M, D]
-                 k_desc,  # [B, H_kv, S_k, D], tiles [1, 1, BLOCK_N, D]
-                 v_desc,  # [B, H_kv, S_k, D], tiles [1, 1, BLOCK_N, D]
-                 o_desc,  # [B, H, S_q, D] dtype of q, tiles [1, 1, BLOCK_M, D]
-                 Lse,  # [B, H, S_q] float32, contiguous: base-2 log-sum-exp of the scaled scores
-                 num_heads, group_size, seq_q, seq_k, qk_scale,  # group_size = H // H_kv
-                 HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                 STAGES: gl.constexpr, CAUSAL: gl.constexpr, num_warps: gl.constexpr):
-    """Step 2: the arithmetic of ``_attn_fwd_pipelined``, the copies moved to a one-warp producer partition."""
+def _attn_fwd(q_desc,  # [B, H, S_q, D] 16-bit, tiles [1, 1, BLOCK_M, D]
+              k_desc,  # [B, H_kv, S_k, D], tiles [1, 1, BLOCK_N, D]
+              v_desc,  # [B, H_kv, S_k, D], tiles [1, 1, BLOCK_N, D]
+              o_desc,  # [B, H, S_q, D] dtype of q, tiles [1, 1, BLOCK_M, D]
+              Lse,  # [B, H, S_q] float32, contiguous: base-2 log-sum-exp of the scaled scores
+              num_heads, group_size, seq_q, seq_k, qk_scale,  # group_size = H // H_kv
+              HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+              CAUSAL: gl.constexpr, WARP_SPECIALIZE: gl.constexpr, num_warps: gl.constexpr):
+    """One query block of one (batch, head). WARP_SPECIALIZE False: step 1, one partition that also issues the
+    copies; True: step 2, the copies in a one-warp producer partition (launch with maxnreg = WS_MAXNREG)."""
     start_m, pid_bh, b, h, kv_h = _program_block(seq_q, num_heads, group_size, BLOCK_M, CAUSAL)
-    dtype: gl.constexpr = q_desc.dtype
-    tile: gl.constexpr = _tile_layout()
-    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], tile)
-    k_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], tile)
-    v_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], tile)
-    q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_ready, count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(k_ready.index(i), count=1)
-        mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(kv_empty.index(i), count=1)
-    fence_async_shared()
-
+    q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty = _ring(q_desc.dtype, BLOCK_M, BLOCK_N, HEAD_DIM,
+                                                                        STAGES)
     diag_shift, n_full, n_blocks = _key_blocks(start_m, seq_q, seq_k, BLOCK_M, BLOCK_N, CAUSAL)
-    gl.warp_specialize([
-        (_ws_consumer, (q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, o_desc, Lse,
-                        b, h, pid_bh, start_m, seq_q, seq_k, diag_shift, n_full, n_blocks, qk_scale,
-                        BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, num_warps)),
-        (_ws_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty,
-                        b, h, kv_h, start_m, n_blocks, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES)),
-    ], [1], [PRODUCER_REGS])
-
-    mbarrier.invalidate(q_ready)
-    for i in gl.static_range(STAGES):
-        mbarrier.invalidate(k_ready.index(i))
-        mbarrier.invalidate(v_ready.index(i))
-        mbarrier.invalidate(kv_empty.index(i))
+    if WARP_SPECIALIZE:
+        gl.warp_specialize([
+            (_ws_consumer, (q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, k_desc, v_desc, o_desc,
+                            Lse, b, h, kv_h, pid_bh, start_m, seq_q, seq_k, diag_shift, n_full, n_blocks, qk_scale,
+                            BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, num_warps)),
+            (_ws_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty,
+                            b, h, kv_h, start_m, n_blocks, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES)),
+        ], [1], [PRODUCER_REGS])
+    else:
+        mbarrier.expect(q_ready, q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [b, h, start_m, 0], q_ready,
+                                        _as_tma_tile(q_smem, BLOCK_M, HEAD_DIM))
+        for i in gl.static_range(STAGES - 1):
+            _issue_kv(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, b, kv_h, i, n_blocks, BLOCK_N, HEAD_DIM,
+                      STAGES)
+        acc, m_i, l_i = _attend(q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, k_desc, v_desc, b,
+                                kv_h, start_m, seq_k, diag_shift, n_full, n_blocks, qk_scale,
+                                BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, False, num_warps)
+        _store_outputs(acc, m_i, l_i, q_smem, o_desc, Lse, b, h, pid_bh, start_m, seq_q, BLOCK_M, HEAD_DIM)
+    _invalidate_ring(q_ready, k_ready, v_ready, kv_empty, STAGES)

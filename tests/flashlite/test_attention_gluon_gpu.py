@@ -18,6 +18,7 @@ from flashlite.attention import attention
 from pytest_kernelcheck import assert_close, policy_for
 
 from .test_attention_backward import reference_attention
+from .test_attention_gpu import cuda_qkv as qkv
 
 pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)),
                                 reason="needs a CUDA GPU of compute capability 9.0 (Hopper)")
@@ -29,17 +30,6 @@ LOG2E = math.log2(math.e)
 LSE_POLICY = policy_for("fp32").replace(atol=1e-3, rtol=1e-4, name="lse (float32, base 2)")
 CAUSAL = [False, True, "lower_right"]
 VARIANTS = list(launch_gluon.VARIANTS)
-
-
-def qkv(B, H, S, D, dtype, *, H_kv=None, S_k=None, seed=0):
-    """Fresh N(0, 1) q [B, H, S, D] and k, v [B, H_kv, S_k, D] on the GPU."""
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    H_kv, S_k = H_kv or H, S_k or S
-
-    def rand(*size):
-        return torch.randn(*size, device="cuda", dtype=dtype, generator=gen)
-
-    return rand(B, H, S, D), rand(B, H_kv, S_k, D), rand(B, H_kv, S_k, D)
 
 
 def visible_keys(seq_q, seq_k, causal, device):
