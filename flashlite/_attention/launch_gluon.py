@@ -41,7 +41,8 @@ VARIANTS = ("pipelined", "ws")
 
 @dataclass(frozen=True)
 class GluonConfig:
-    """One compiled shape of the kernel: its variant ("pipelined": step 1, "ws": step 2), tiles, ring depth, warps.
+    """One compiled shape of the kernel: its variant ("pipelined": step 1, "ws": step 2), tiles, ring depth, warps,
+    and whether a block's softmax overlaps the previous block's P V (``overlap``).
 
     Example:
         >>> GluonConfig("pipelined", 128, 128, 3, 8).shared_bytes(64)
@@ -53,6 +54,7 @@ class GluonConfig:
     block_n: int
     stages: int
     num_warps: int
+    overlap: bool = False
 
     def shared_bytes(self, head_dim: int) -> int:
         return _kernels.shared_memory_bytes(self.block_m, self.block_n, self.stages, head_dim)
@@ -63,7 +65,7 @@ def configs_for(head_dim: int, variant: str = "pipelined") -> list[GluonConfig]:
 
     Example:
         >>> configs_for(64)[0]
-        GluonConfig(variant='pipelined', block_m=128, block_n=128, stages=3, num_warps=8)
+        GluonConfig(variant='pipelined', block_m=128, block_n=128, stages=3, num_warps=8, overlap=False)
     """
     return [GluonConfig(variant, *blocks) for blocks in _kernels.GLUON_FWD_CONFIGS[variant][head_dim]]
 
@@ -155,7 +157,8 @@ def kernel_arguments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: tor
     args = (*descriptors(q, k, v, out, config), lse, heads, heads // kv_heads, q.shape[2], k.shape[2],
             scale * math.log2(math.e))
     meta = dict(HEAD_DIM=q.shape[-1], BLOCK_M=config.block_m, BLOCK_N=config.block_n, STAGES=config.stages,
-                CAUSAL=causal_mode, WARP_SPECIALIZE=config.variant == "ws", num_warps=config.num_warps)
+                CAUSAL=causal_mode, WARP_SPECIALIZE=config.variant == "ws", OVERLAP=config.overlap,
+                num_warps=config.num_warps)
     if config.variant == "ws":
         meta["maxnreg"] = _kernels.WS_MAXNREG
     return args, meta

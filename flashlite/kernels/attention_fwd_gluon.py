@@ -24,6 +24,10 @@ WARP_SPECIALIZE choosing, so that they can be A/B'd:
   on a "kv_empty" mbarrier per slot) and the compute warps as the default partition, which hand a slot back once
   the wgmmas that read it have completed.
 
+Either schedule takes the constexpr OVERLAP (FlashAttention-3's overlap inside a warpgroup): block j's S and
+block j - 1's P V are issued together and only S is waited for, so that block j's softmax runs on the CUDA cores
+while the tensor cores do block j - 1's P V (one more block of probabilities held in registers).
+
 Rows are split across warps as wgmma wants it: ``num_warps`` warps stacked along M (warps_per_cta [num_warps, 1]),
 so with BLOCK_M=128 and 8 warps each warpgroup owns 64 query rows and holds BLOCK_N / 2 float32 scores and
 HEAD_DIM / 2 accumulator values per thread.
@@ -44,18 +48,19 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_init, warpgroup_mma_wait)
 
 # ----------------------------------------------------------------------------------------------------------------
-# Configs: (BLOCK_M, BLOCK_N, STAGES, num_warps) per head dim and kernel variant. The first entry of each list is
-# what the launcher uses; the others are there to be A/B'd and are compiled by CPU CI all the same.
+# Configs: (BLOCK_M, BLOCK_N, STAGES, num_warps, OVERLAP) per head dim and kernel variant. The first entry of each
+# list is what the launcher uses; the others are there to be A/B'd and are compiled by CPU CI all the same.
 #
 # Shared memory (16-bit operands): Q BLOCK_M x D once, K and V BLOCK_N x D per stage each, plus < 1 KB of barriers.
 # D=64, 128 x 128 x 3 stages: 16 KB + 3 x 32 KB = 112 KB. D=128, 128 x 128 x 2 stages: 32 KB + 2 x 64 KB = 160 KB
 # (3 stages would be 224 KB, inside 227 KB, but leave no room for anything else). Register use, as wgmma lays it
-# out: per thread BLOCK_N / 2 scores + BLOCK_N / 4 packed probabilities + D / 2 accumulators at 8 warps x 128 rows.
+# out: per thread BLOCK_N / 2 scores + BLOCK_N / 4 packed probabilities + D / 2 accumulators at 8 warps x 128 rows
+# (OVERLAP keeps a second block's probabilities live: BLOCK_N / 4 more).
 GLUON_FWD_CONFIGS = {
-    "pipelined": {64: [(128, 128, 3, 8), (128, 64, 3, 4)],
-                  128: [(128, 128, 2, 8), (128, 64, 3, 8)]},
-    "ws": {64: [(128, 128, 3, 8)],
-           128: [(128, 128, 2, 8)]},
+    "pipelined": {64: [(128, 128, 3, 8, False), (128, 64, 3, 4, False), (128, 128, 3, 8, True)],
+                  128: [(128, 128, 2, 8, False), (128, 64, 3, 8, False), (128, 128, 2, 8, True)]},
+    "ws": {64: [(128, 128, 3, 8, False), (128, 128, 3, 8, True)],
+           128: [(128, 128, 2, 8, False), (128, 128, 2, 8, True)]},
 }
 # Registers of the producer partition: it only issues copies and waits on barriers (24 is the minimum a warp can
 # be given; the compute warps receive what the other warps give back).
@@ -197,15 +202,37 @@ def _invalidate_ring(q_ready, k_ready, v_ready, kv_empty, STAGES: gl.constexpr):
 
 
 @gluon.jit
+def _free_slot(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, kv_empty, b, kv_h, j, n_blocks,
+               BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, PRODUCER: gl.constexpr):
+    """Block j - 1's wgmmas have all completed in this warpgroup: its slot takes block j - 1 + STAGES (no PRODUCER
+    partition: these warps issue the copies) or goes back to the producer through kv_empty (nothing for j = 0).
+
+    Each warpgroup waits for its own wgmmas only, and both refills are one thread's, so every warpgroup must be past
+    its wait first: the compiler puts a CTA barrier before the copies (it orders the wgmma's reads of the slot
+    before the copy's write; checked in the PTX), and the hand-back gets an explicit one."""
+    if PRODUCER:
+        gl.thread_barrier()
+        mbarrier.arrive(kv_empty.index((j + STAGES - 1) % STAGES), pred=j > 0)
+    else:
+        _issue_kv(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, b, kv_h, j + STAGES - 1, n_blocks,
+                  BLOCK_N, HEAD_DIM, STAGES)
+
+
+@gluon.jit
 def _attend_blocks(q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, acc, p_prev, m_i, l_i,
                    k_desc, v_desc, b, kv_h, lo, hi, n_blocks, start_m, seq_k, diag_shift, qk_scale,
                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
-                   CAUSAL: gl.constexpr, MASK: gl.constexpr, PRODUCER: gl.constexpr, num_warps: gl.constexpr):
-    """Key blocks [lo, hi), MASK as in ``_softmax_step``. ``acc`` enters and leaves as an in-flight wgmma
-    accumulator (the last block's P V not yet waited for) and ``p_prev`` as the registers that P V reads, kept
-    alive until its wait. Once block j's S is waited for, block j - 1's slot is free (wgmma groups complete in
-    order, so that wait also retires block j - 1's P V): without a PRODUCER partition these warps refill it with
-    block j + STAGES - 1; with one, they hand it back through kv_empty."""
+                   CAUSAL: gl.constexpr, MASK: gl.constexpr, PRODUCER: gl.constexpr, OVERLAP: gl.constexpr,
+                   num_warps: gl.constexpr):
+    """Key blocks [lo, hi), MASK as in ``_softmax_step``; ``p_prev``: the probabilities of the block before, in
+    registers, which its P V reads (kept alive until that wgmma's wait).
+
+    Without OVERLAP, block j's S is issued and waited for (which also retires block j - 1's P V: wgmma groups
+    complete in order), then block j's softmax, then its P V is issued and left in flight; ``acc`` enters and
+    leaves as an in-flight accumulator. With OVERLAP (FlashAttention-3's intra-warpgroup overlap), block j's S and
+    block j - 1's P V are issued together and only S is waited for, so that block j's softmax runs while the
+    tensor cores do block j - 1's P V; ``acc`` enters and leaves as registers, without block j - 1's P V (the
+    caller peels block ``lo - 1``'s softmax off before and adds the last P V after)."""
     s_layout: gl.constexpr = _mma_layout(num_warps, BLOCK_N)
     o_layout: gl.constexpr = _mma_layout(num_warps, HEAD_DIM)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
@@ -215,22 +242,26 @@ def _attend_blocks(q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, acc, p_pr
         phase = (j // STAGES) & 1
         mbarrier.wait(k_ready.index(slot), phase)
         s = warpgroup_mma(q_smem, k_bufs.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        s, acc, p_prev = warpgroup_mma_wait(0, deps=(s, acc, p_prev))
-        # Each warpgroup waits for its own wgmmas only. Both refills below are one thread's, so every warpgroup
-        # must be past its wait first: the compiler puts a CTA barrier before the copies (it orders the wgmma's
-        # reads of the slot before the copy's write); the hand-back gets an explicit one.
-        if PRODUCER:
-            gl.thread_barrier()
-            mbarrier.arrive(kv_empty.index((j + STAGES - 1) % STAGES), pred=j > 0)
+        if OVERLAP:
+            prev = (j + STAGES - 1) % STAGES
+            mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
+            acc = warpgroup_mma(p_prev, v_bufs.index(prev), acc, is_async=True)
+            s = warpgroup_mma_wait(1, deps=(s, ))
         else:
-            _issue_kv(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, b, kv_h, j + STAGES - 1, n_blocks,
-                      BLOCK_N, HEAD_DIM, STAGES)
+            s, acc, p_prev = warpgroup_mma_wait(0, deps=(s, acc, p_prev))
+            _free_slot(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, kv_empty, b, kv_h, j, n_blocks,
+                       BLOCK_N, HEAD_DIM, STAGES, PRODUCER)
         p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j, start_m, seq_k, diag_shift, qk_scale,
                                            BLOCK_M, BLOCK_N, CAUSAL, MASK)
-        p_prev = gl.convert_layout(p.to(q_smem.dtype), p_layout)
+        if OVERLAP:
+            acc, p_prev = warpgroup_mma_wait(0, deps=(acc, p_prev))
+            _free_slot(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, kv_empty, b, kv_h, j, n_blocks,
+                       BLOCK_N, HEAD_DIM, STAGES, PRODUCER)
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
-        mbarrier.wait(v_ready.index(slot), phase)
-        acc = warpgroup_mma(p_prev, v_bufs.index(slot), acc, is_async=True)
+        p_prev = gl.convert_layout(p.to(q_smem.dtype), p_layout)
+        if not OVERLAP:
+            mbarrier.wait(v_ready.index(slot), phase)
+            acc = warpgroup_mma(p_prev, v_bufs.index(slot), acc, is_async=True)
     return acc, p_prev, m_i, l_i
 
 
@@ -238,25 +269,49 @@ def _attend_blocks(q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, acc, p_pr
 def _attend(q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, k_desc, v_desc, b, kv_h,
             start_m, seq_k, diag_shift, n_full, n_blocks, qk_scale,
             BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
-            CAUSAL: gl.constexpr, PRODUCER: gl.constexpr, num_warps: gl.constexpr):
+            CAUSAL: gl.constexpr, PRODUCER: gl.constexpr, OVERLAP: gl.constexpr, num_warps: gl.constexpr):
     """(acc, m, l) of one query block after every key block it sees: the unmasked blocks, then the masked ones."""
     s_layout: gl.constexpr = _mma_layout(num_warps, BLOCK_N)
     o_layout: gl.constexpr = _mma_layout(num_warps, HEAD_DIM)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
     l_i = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, s_layout))
-    acc = warpgroup_mma_init(gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout))
     p_prev = gl.zeros([BLOCK_M, BLOCK_N], q_smem.dtype, p_layout)
     mbarrier.wait(q_ready, 0)
+    if OVERLAP:
+        # Block 0's softmax, peeled off: the loop below starts with its P V. It takes the masks whichever kind of
+        # block it is (a block every row sees whole is unchanged by them).
+        acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
+        if n_blocks > 0:
+            mbarrier.wait(k_ready.index(0), 0)
+            s = warpgroup_mma(q_smem, k_bufs.index(0).permute((1, 0)), gl.zeros([BLOCK_M, BLOCK_N], gl.float32,
+                                                                               s_layout),
+                              use_acc=False, is_async=True)
+            s = warpgroup_mma_wait(0, deps=(s, ))
+            _free_slot(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, kv_empty, b, kv_h, 0, n_blocks,
+                       BLOCK_N, HEAD_DIM, STAGES, PRODUCER)
+            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, start_m, seq_k, diag_shift, qk_scale,
+                                               BLOCK_M, BLOCK_N, CAUSAL, True)
+            p_prev = gl.convert_layout(p.to(q_smem.dtype), p_layout)
+        first = 1
+    else:
+        acc = warpgroup_mma_init(gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout))
+        first = 0
     acc, p_prev, m_i, l_i = _attend_blocks(q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, acc, p_prev, m_i,
-                                           l_i, k_desc, v_desc, b, kv_h, 0, n_full, n_blocks, start_m, seq_k,
+                                           l_i, k_desc, v_desc, b, kv_h, first, n_full, n_blocks, start_m, seq_k,
                                            diag_shift, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, False,
-                                           PRODUCER, num_warps)
+                                           PRODUCER, OVERLAP, num_warps)
     acc, p_prev, m_i, l_i = _attend_blocks(q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, acc, p_prev, m_i,
-                                           l_i, k_desc, v_desc, b, kv_h, n_full, n_blocks, n_blocks, start_m, seq_k,
-                                           diag_shift, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, True,
-                                           PRODUCER, num_warps)
-    acc, p_prev = warpgroup_mma_wait(0, deps=(acc, p_prev))
+                                           l_i, k_desc, v_desc, b, kv_h, gl.maximum(n_full, first), n_blocks,
+                                           n_blocks, start_m, seq_k, diag_shift, qk_scale, BLOCK_M, BLOCK_N,
+                                           HEAD_DIM, STAGES, CAUSAL, True, PRODUCER, OVERLAP, num_warps)
+    if OVERLAP:
+        if n_blocks > 0:  # the last block's P V
+            last = n_blocks - 1
+            mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
+            acc = warpgroup_mma(p_prev, v_bufs.index(last % STAGES), acc)
+    else:
+        acc, p_prev = warpgroup_mma_wait(0, deps=(acc, p_prev))
     return acc, m_i, l_i
 
 
@@ -313,11 +368,11 @@ def _ws_producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, k_read
 def _ws_consumer(q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, k_desc, v_desc, o_desc, Lse,
                  b, h, kv_h, pid_bh, start_m, seq_q, seq_k, diag_shift, n_full, n_blocks, qk_scale,
                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
-                 CAUSAL: gl.constexpr, num_warps: gl.constexpr):
+                 CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, num_warps: gl.constexpr):
     """The default partition: softmax and both wgmmas of every block, then the outputs."""
     acc, m_i, l_i = _attend(q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, k_desc, v_desc, b, kv_h,
                             start_m, seq_k, diag_shift, n_full, n_blocks, qk_scale,
-                            BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, True, num_warps)
+                            BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, True, OVERLAP, num_warps)
     _store_outputs(acc, m_i, l_i, q_smem, o_desc, Lse, b, h, pid_bh, start_m, seq_q, BLOCK_M, HEAD_DIM)
 
 
@@ -330,9 +385,11 @@ def _attn_fwd(q_desc,  # [B, H, S_q, D] 16-bit, tiles [1, 1, BLOCK_M, D]
               Lse,  # [B, H, S_q] float32, contiguous: base-2 log-sum-exp of the scaled scores
               num_heads, group_size, seq_q, seq_k, qk_scale,  # group_size = H // H_kv
               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-              CAUSAL: gl.constexpr, WARP_SPECIALIZE: gl.constexpr, num_warps: gl.constexpr):
+              CAUSAL: gl.constexpr, WARP_SPECIALIZE: gl.constexpr, OVERLAP: gl.constexpr,
+              num_warps: gl.constexpr):
     """One query block of one (batch, head). WARP_SPECIALIZE False: step 1, one partition that also issues the
-    copies; True: step 2, the copies in a one-warp producer partition (launch with maxnreg = WS_MAXNREG)."""
+    copies; True: step 2, the copies in a one-warp producer partition (launch with maxnreg = WS_MAXNREG).
+    OVERLAP: block j's softmax overlaps block j - 1's P V (``_attend_blocks``), in either schedule."""
     start_m, pid_bh, b, h, kv_h = _program_block(seq_q, num_heads, group_size, BLOCK_M, CAUSAL)
     q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty = _ring(q_desc.dtype, BLOCK_M, BLOCK_N, HEAD_DIM,
                                                                         STAGES)
@@ -341,7 +398,7 @@ def _attn_fwd(q_desc,  # [B, H, S_q, D] 16-bit, tiles [1, 1, BLOCK_M, D]
         gl.warp_specialize([
             (_ws_consumer, (q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, k_desc, v_desc, o_desc,
                             Lse, b, h, kv_h, pid_bh, start_m, seq_q, seq_k, diag_shift, n_full, n_blocks, qk_scale,
-                            BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, num_warps)),
+                            BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, OVERLAP, num_warps)),
             (_ws_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty,
                             b, h, kv_h, start_m, n_blocks, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES)),
         ], [1], [PRODUCER_REGS])
@@ -354,6 +411,6 @@ def _attn_fwd(q_desc,  # [B, H, S_q, D] 16-bit, tiles [1, 1, BLOCK_M, D]
                       STAGES)
         acc, m_i, l_i = _attend(q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, k_desc, v_desc, b,
                                 kv_h, start_m, seq_k, diag_shift, n_full, n_blocks, qk_scale,
-                                BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, False, num_warps)
+                                BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, False, OVERLAP, num_warps)
         _store_outputs(acc, m_i, l_i, q_smem, o_desc, Lse, b, h, pid_bh, start_m, seq_q, BLOCK_M, HEAD_DIM)
     _invalidate_ring(q_ready, k_ready, v_ready, kv_empty, STAGES)

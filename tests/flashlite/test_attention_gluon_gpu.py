@@ -29,7 +29,16 @@ LOG2E = math.log2(math.e)
 # for 4k-key sums of approximate exp2).
 LSE_POLICY = policy_for("fp32").replace(atol=1e-3, rtol=1e-4, name="lse (float32, base 2)")
 CAUSAL = [False, True, "lower_right"]
-VARIANTS = list(launch_gluon.VARIANTS)
+# (variant, overlap): steps 1 and 2, each with and without a block's softmax overlapping the previous P V.
+SCHEDULES = [(variant, overlap) for overlap in (False, True) for variant in launch_gluon.VARIANTS]
+SCHEDULE_IDS = [variant + ("+overlap" if overlap else "") for variant, overlap in SCHEDULES]
+schedules = pytest.mark.parametrize("schedule", SCHEDULES, ids=SCHEDULE_IDS)
+
+
+def schedule_config(head_dim, schedule):
+    """The first config listed for the schedule's variant and overlap at this head dim."""
+    variant, overlap = schedule
+    return next(c for c in launch_gluon.configs_for(head_dim, variant) if c.overlap == overlap)
 
 
 def visible_keys(seq_q, seq_k, causal, device):
@@ -59,70 +68,74 @@ def sdpa_baseline(q, k, v, causal, scale=None):
     return attention(q, k, v, causal=causal, scale=scale, backend="sdpa")
 
 
-def check_forward(q, k, v, causal, variant="pipelined", config=None, scale=None):
+def check_forward(q, k, v, causal, schedule=("pipelined", False), scale=None, config=None):
+    """Run the kernel in ``schedule`` (or ``config``) and check out and lse against float64."""
     assert gluon_supported(q, k, v, causal, scale) is None
-    out, lse = gluon_attention_forward(q, k, v, causal=causal, scale=scale, variant=variant, config=config)
+    config = config or schedule_config(q.shape[-1], schedule)
+    out, lse = gluon_attention_forward(q, k, v, causal=causal, scale=scale, variant=config.variant, config=config)
     torch.cuda.synchronize()
     assert out.dtype == q.dtype and out.shape == q.shape and lse.shape == q.shape[:3] and lse.dtype == torch.float32
     assert not out.isnan().any() and not lse.isnan().any()
     ref_out, ref_lse = reference(q, k, v, causal, scale)
-    assert_close(out, ref_out, baseline=sdpa_baseline(q, k, v, causal, scale), notes=(f"variant {variant}",))
-    assert_close(lse, ref_lse, policy=LSE_POLICY, notes=(f"variant {variant}",))
+    assert_close(out, ref_out, baseline=sdpa_baseline(q, k, v, causal, scale), notes=(str(config),))
+    assert_close(lse, ref_lse, policy=LSE_POLICY, notes=(str(config),))
     return out, lse
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
+@schedules
 @pytest.mark.parametrize("causal", CAUSAL)
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("B, H, S", [(2, 4, 1), (2, 4, 77), (1, 4, 1000), (1, 2, 4097), (1, 2, 256)])
-def test_forward_odd_lengths(B, H, S, D, dtype, causal, variant):
-    check_forward(*qkv(B, H, S, D, dtype), causal, variant)
+def test_forward_odd_lengths(B, H, S, D, dtype, causal, schedule):
+    check_forward(*qkv(B, H, S, D, dtype), causal, schedule)
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
+@schedules
 @pytest.mark.parametrize("causal", CAUSAL)
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("S_q, S_k", [(300, 1000), (1000, 300), (1, 4097), (129, 128), (127, 1)])
-def test_forward_unequal_lengths(S_q, S_k, D, causal, variant):
-    # lower_right with S_q > S_k leaves the first S_q - S_k rows without keys: out 0, lse -inf.
-    check_forward(*qkv(2, 4, S_q, D, torch.bfloat16, S_k=S_k), causal, variant)
+def test_forward_unequal_lengths(S_q, S_k, D, causal, schedule):
+    # lower_right with S_q > S_k leaves the first S_q - S_k rows without keys (out 0, lse -inf), and whole query
+    # blocks without a key block to visit.
+    check_forward(*qkv(2, 4, S_q, D, torch.bfloat16, S_k=S_k), causal, schedule)
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
+@schedules
 @pytest.mark.parametrize("causal", CAUSAL)
 @pytest.mark.parametrize("H, H_kv, D", [(8, 2, 64), (8, 1, 128), (16, 4, 128)])
-def test_forward_gqa(H, H_kv, D, causal, variant):
-    check_forward(*qkv(2, H, 700, D, torch.float16, H_kv=H_kv, S_k=900), causal, variant)
+def test_forward_gqa(H, H_kv, D, causal, schedule):
+    check_forward(*qkv(2, H, 700, D, torch.float16, H_kv=H_kv, S_k=900), causal, schedule)
 
 
-@pytest.mark.parametrize("D, config", [(d, c) for v in VARIANTS for d in (64, 128) for c in launch_gluon.configs_for(d, v)],
-                         ids=str)
+@pytest.mark.parametrize("D, config", [(d, c) for v in launch_gluon.VARIANTS for d in (64, 128)
+                                       for c in launch_gluon.configs_for(d, v)], ids=str)
 def test_every_listed_config(D, config):
     for causal in CAUSAL:
-        check_forward(*qkv(2, 4, 1111, D, torch.bfloat16, S_k=1234), causal, config.variant, config)
+        check_forward(*qkv(2, 4, 1111, D, torch.bfloat16, S_k=1234), causal, config=config)
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_strided_layouts_and_scale(variant):
+@schedules
+def test_strided_layouts_and_scale(schedule):
     # [B, S, H, D] storage seen as [B, H, S, D]: the descriptors take the strides as they are, no copy.
     q, k, v = (t.transpose(1, 2) for t in qkv(2, 1500, 8, 128, torch.bfloat16))
     assert not q.is_contiguous()
-    check_forward(q, k, v, True, variant, scale=0.3)
+    check_forward(q, k, v, True, schedule, scale=0.3)
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
+@schedules
 @pytest.mark.parametrize("causal", CAUSAL)
 @pytest.mark.parametrize("dtype, D, S_q, S_k, H, H_kv", [(torch.bfloat16, 64, 1000, 1000, 8, 2),
                                                            (torch.float16, 128, 777, 1200, 4, 4),
                                                            (torch.bfloat16, 128, 900, 500, 4, 2)])
-def test_backward_takes_gluon_out_and_lse(dtype, D, S_q, S_k, H, H_kv, causal, variant):
+def test_backward_takes_gluon_out_and_lse(dtype, D, S_q, S_k, H, H_kv, causal, schedule):
     # The pointer kernels' backward, fed with the Gluon forward's out and lse, against float64 autograd; baseline:
     # SDPA's gradients in the input precision.
     q, k, v = qkv(2, H, S_q, D, dtype, H_kv=H_kv, S_k=S_k)
     grad_out = torch.randn_like(q)
     scale = D ** -0.5
-    out, lse = gluon_attention_forward(q, k, v, causal=causal, variant=variant)
+    config = schedule_config(D, schedule)
+    out, lse = gluon_attention_forward(q, k, v, causal=causal, variant=config.variant, config=config)
     mode = {False: 0, True: 1, "lower_right": 2}[causal]
     precision = "bf16" if dtype == torch.bfloat16 else "fp16"
     got = attention_backward(grad_out, q, k, v, out, lse, None, None, mode, scale, precision)
@@ -136,7 +149,7 @@ def test_backward_takes_gluon_out_and_lse(dtype, D, S_q, S_k, H, H_kv, causal, v
     base = grads(lambda *t: sdpa_baseline(*t, causal), q, k, v)
     for name, g, r, b in zip(("dq", "dk", "dv"), got, ref, base):
         assert not g.isnan().any(), name
-        assert_close(g, r, baseline=b, notes=(name, f"variant {variant}"))
+        assert_close(g, r, baseline=b, notes=(name, str(config)))
 
 
 def test_refuses_a_config_of_the_other_variant():

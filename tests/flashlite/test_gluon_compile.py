@@ -1,11 +1,12 @@
 """The Gluon attention forward builds for sm_90 on any machine, within Hopper's resources; its launcher's refusals.
 
 Gluon kernels do not run in Triton's interpreter, but they compile for sm_90 without a GPU. Every config the kernel
-file lists (both variants: "pipelined", step 1, and "ws", step 2) is compiled in bf16, and the one the launcher
-picks in fp16 too, in each causal mode and head dim, in a fresh interpreter with TRITON_INTERPRET=0 and a cache in pytest's tmp dir, the way ``gluon_attention_forward``
-would specialize it (descriptors built by the launcher itself over CPU tensors). Each compiled kernel must fit the
-227 KB of shared memory a Hopper thread block may have and use at most 255 registers without spilling, as ptxas
-reports them.
+file lists (both variants: "pipelined", step 1, and "ws", step 2; with and without the softmax/P V overlap) is
+compiled for each head dim: the one the launcher picks in bf16 and fp16 and every causal mode, the others (A/B
+candidates) in bf16, non-causal and bottom-right causal. Each compile runs in a fresh interpreter with
+TRITON_INTERPRET=0 and a cache in pytest's tmp dir, specialized as ``gluon_attention_forward`` would (descriptors
+built by the launcher itself over CPU tensors). Each compiled kernel must fit the 227 KB of shared memory a Hopper
+thread block may have and use at most 255 registers without spilling, as ptxas reports them.
 """
 import json
 import os
@@ -62,16 +63,17 @@ def compile_config(config, dtype, head_dim, causal):
     return {"shared": kernel.metadata.shared, "registers": registers, "spill_bytes": spills,
             "tiles": config.shared_bytes(head_dim)}
 
-variant = sys.argv[1]
-for head_dim in launch_gluon._kernels.HEAD_DIMS:
-    configs = launch_gluon.configs_for(head_dim, variant)
-    # Every listed config in bf16; in fp16 (the same code but for the dtype) the one the launcher picks.
-    for dtype, listed in ((torch.bfloat16, configs), (torch.float16, configs[:1])):
-        for config in listed:
-            for causal in launch_gluon._kernels.CAUSAL_MODES:
-                result = compile_config(config, dtype, head_dim, causal)
-                print(json.dumps({"config": [config.block_m, config.block_n, config.stages, config.num_warps],
-                                  "dtype": str(dtype), "head_dim": head_dim, "causal": causal, **result}))
+variant, head_dim = sys.argv[1], int(sys.argv[2])
+default, *others = launch_gluon.configs_for(head_dim, variant)
+# The launcher's pick in both dtypes and every causal mode; the configs listed for A/B in bf16, without and with
+# the bottom-right diagonal (top-left compiles to the same code with a zero shift).
+jobs = [(default, dtype, causal) for dtype in (torch.bfloat16, torch.float16)
+        for causal in launch_gluon._kernels.CAUSAL_MODES]
+jobs += [(config, torch.bfloat16, causal) for config in others for causal in (0, 2)]
+for config, dtype, causal in jobs:
+    result = compile_config(config, dtype, head_dim, causal)
+    print(json.dumps({"config": [config.block_m, config.block_n, config.stages, config.num_warps, config.overlap],
+                      "dtype": str(dtype), "head_dim": head_dim, "causal": causal, **result}))
 '''
 
 
@@ -89,14 +91,14 @@ needs_gluon = pytest.mark.skipif(not _gluon_available(),
 
 
 @needs_gluon
+@pytest.mark.parametrize("head_dim", list(launch_gluon._kernels.HEAD_DIMS))
 @pytest.mark.parametrize("variant", launch_gluon.VARIANTS)
-def test_every_config_compiles_for_sm90_within_resources(variant, tmp_path, monkeypatch):
+def test_every_config_compiles_for_sm90_within_resources(variant, head_dim, tmp_path, monkeypatch):
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton-cache"))
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    results = [json.loads(line) for line in run_script(_COMPILE.replace("sys.argv[1]", repr(variant))).splitlines()
-               if line.startswith("{")]
-    expected = sum(len(launch_gluon.configs_for(d, variant)) + 1 for d in launch_gluon._kernels.HEAD_DIMS) * 3
-    assert len(results) == expected, results
+    script = _COMPILE.replace("sys.argv[1], int(sys.argv[2])", f"{variant!r}, {head_dim}")
+    results = [json.loads(line) for line in run_script(script).splitlines() if line.startswith("{")]
+    assert len(results) == 6 + 2 * (len(launch_gluon.configs_for(head_dim, variant)) - 1), results
     for r in results:
         where = f"{variant} {r['dtype']} D={r['head_dim']} causal={r['causal']} config={r['config']}: {r}"
         assert r["shared"] <= HOPPER_SHARED_MEMORY, where
