@@ -377,7 +377,9 @@ def _ws_consumer(q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, k_
 
 
 
-@gluon.jit
+# The integers are not specialized (no recompile for a length that happens to be 1 or a multiple of 16: the copy
+# engine handles every bound, so nothing would gain from it), which keeps one compile per config, dtype and mode.
+@gluon.jit(do_not_specialize=["num_heads", "group_size", "seq_q", "seq_k"])
 def _attn_fwd(q_desc,  # [B, H, S_q, D] 16-bit, tiles [1, 1, BLOCK_M, D]
               k_desc,  # [B, H_kv, S_k, D], tiles [1, 1, BLOCK_N, D]
               v_desc,  # [B, H_kv, S_k, D], tiles [1, 1, BLOCK_N, D]
