@@ -9,6 +9,8 @@ Modules, each importing only those above it:
 * ``ops``: the custom ops ``flashlite::attention_forward`` / ``attention_backward``, fakes, autograd, and
   ``run_triton``, how a Triton plan runs a call;
 * ``sdpa`` (imports ``validation`` only): the SDPA path, its masks and its agreement with the kernel;
+* ``launch_gluon`` (imports ``validation`` only): the Gluon forward on Hopper, what it supports and its launch (not
+  dispatched yet: called directly);
 * ``decide``: the backend decision and its logging, and ``make_plan``;
 * ``api``: ``attention()`` and ``explain_dispatch()``.
 

@@ -4,6 +4,8 @@
   precision mode, casts, program ids, the key range of a query block) and the conventions of their parameters;
 * ``attention_fwd``: the forward attention kernel, its config lists and pruning;
 * ``attention_bwd``: the backward attention kernels (delta, dK/dV, dQ), their config lists and pruning;
+* ``attention_fwd_gluon``: the Hopper (sm_90) attention forward in Gluon (TMA, mbarrier ring, async wgmma; one
+  partition or a warp-specialized TMA producer) and its configs;
 * ``tuning``: config construction, shared-memory estimate and pruning, the autotuning key and its size buckets;
 * ``layer_norm``: LayerNorm (optionally with a residual add) and bias + exact GELU kernels.
 

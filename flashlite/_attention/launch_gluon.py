@@ -1,0 +1,198 @@
+"""Launch the Gluon attention forward (``flashlite.kernels.attention_fwd_gluon``) on Hopper: check, describe, launch.
+
+What the kernel assumes, checked by ``gluon_supported`` (``gluon_attention_forward`` raises ValueError with the
+same reason): a CUDA device of compute capability 9.0, bfloat16 or float16 q/k/v, head dim 64 or 128, causal
+False / True / "lower_right", a positive scale, and layouts TMA can describe: unit stride along D, every other
+stride a multiple of 16 bytes (of a dimension longer than 1: a size-1 dimension's stride is never used and is
+replaced), 16-byte aligned base addresses. Grouped-query attention (H a multiple of H_kv) is native: query head h
+reads key/value head h // (H // H_kv), with no copy.
+
+The descriptors are 4-D, over the tensors' own [B, heads, S, D] shapes and strides with [1, 1, rows, D] tiles, so
+the copy engine bounds each tile by its own (batch, head): a block past S reads zeros and stores nothing, however
+the tensors are laid out ([B, H, S, D] contiguous, or [B, S, H, D] transposed views).
+
+Not wired into ``flashlite.attention``'s dispatch: call ``gluon_attention_forward`` directly.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Optional, Union
+
+import torch
+
+from flashlite._attention.validation import validate
+
+try:
+    from triton.experimental.gluon import language as _gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from flashlite.kernels import attention_fwd_gluon as _kernels
+    _GLUON_ERROR: Optional[str] = None
+except ImportError as error:  # pragma: no cover - Triton without Gluon (before 3.5) or no Triton at all
+    _GLUON_ERROR = f"Gluon (triton.experimental.gluon) is not available ({error})"
+
+_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+_CAUSAL = {False: 0, True: 1, "top_left": 1, "lower_right": 2}
+# CUDA caps grid axis 1, which holds batch * heads.
+_GRID_AXIS1_LIMIT = 65535
+VARIANTS = ("pipelined", "ws")
+
+
+@dataclass(frozen=True)
+class GluonConfig:
+    """One compiled shape of the kernel: its variant ("pipelined": step 1, "ws": step 2), tiles, ring depth, warps,
+    and whether a block's softmax overlaps the previous block's P V (``overlap``).
+
+    Example:
+        >>> GluonConfig("pipelined", 128, 128, 3, 8).shared_bytes(64)
+        114688
+    """
+
+    variant: str
+    block_m: int
+    block_n: int
+    stages: int
+    num_warps: int
+    overlap: bool = False
+
+    def shared_bytes(self, head_dim: int) -> int:
+        return _kernels.shared_memory_bytes(self.block_m, self.block_n, self.stages, head_dim)
+
+
+def configs_for(head_dim: int, variant: str = "pipelined") -> list[GluonConfig]:
+    """Every config the kernel file lists for ``head_dim`` and ``variant``, the launcher's choice first.
+
+    Example:
+        >>> configs_for(64)[0]
+        GluonConfig(variant='pipelined', block_m=128, block_n=128, stages=3, num_warps=8, overlap=False)
+    """
+    return [GluonConfig(variant, *blocks) for blocks in _kernels.GLUON_FWD_CONFIGS[variant][head_dim]]
+
+
+def _tma_strides(t: torch.Tensor) -> list[int]:
+    """t's strides with those of size-1 dimensions (never stepped along) replaced by a contiguous tensor's: a
+    multiple of the head dim, so of 16 bytes at D >= 8 for 16-bit values, whatever torch reports for them."""
+    strides = list(t.stride())
+    for d in range(t.dim() - 1):
+        if t.shape[d] == 1:
+            strides[d] = math.prod(t.shape[d + 1:])
+    return strides
+
+
+def _layout_problem(name: str, t: torch.Tensor) -> Optional[str]:
+    if t.stride(-1) != 1:
+        return f"{name} has stride {t.stride(-1)} along the head dim; TMA needs it contiguous (stride 1)"
+    elem = t.element_size()
+    for d, stride in enumerate(_tma_strides(t)[:-1]):
+        if stride <= 0:
+            return (f"{name} has stride {stride} in dimension {d} (an expanded tensor); TMA needs real strides "
+                    f"(pass .contiguous())")
+        if (stride * elem) % 16:
+            return f"{name}'s stride {stride} in dimension {d} is not a multiple of 16 bytes, as TMA requires"
+    if t.data_ptr() % 16:
+        return f"{name}'s data is not 16-byte aligned, as TMA requires"
+    return None
+
+
+def gluon_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    causal: Union[bool, str] = False, scale: Optional[float] = None) -> Optional[str]:
+    """None if the Gluon forward can run this call, otherwise the reason it cannot (naming the argument).
+
+    The call's own properties are checked before the machine's, so that the reasons can be read on any machine.
+
+    Example:
+        >>> q = torch.randn(1, 2, 16, 32, dtype=torch.bfloat16)
+        >>> gluon_supported(q, q, q)
+        'head dim 32: the Gluon kernel has head dims 64 and 128'
+    """
+    try:
+        problem = validate(q, k, v, causal, scale, None, None, "triton", None)
+    except (TypeError, ValueError) as error:
+        return str(error)
+    if q.dtype not in _DTYPES:
+        return f"q has dtype {q.dtype}; the Gluon kernel takes bfloat16 and float16"
+    if problem.head_dim not in (64, 128):
+        return f"head dim {problem.head_dim}: the Gluon kernel has head dims 64 and 128"
+    if not (isinstance(causal, (bool, str)) and causal in _CAUSAL):
+        return f"causal {causal!r}: the Gluon kernel has False, True (top-left) and 'lower_right'"
+    if not problem.scale > 0:
+        return f"scale {problem.scale}: the Gluon kernel needs a positive scale"
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        reason = _layout_problem(name, t)
+        if reason is not None:
+            return reason
+    if problem.batch * problem.heads > _GRID_AXIS1_LIMIT:
+        return f"batch * heads = {problem.batch * problem.heads} passes grid axis 1's limit of {_GRID_AXIS1_LIMIT}"
+    if not q.is_cuda:
+        return f"tensors on {q.device}; the Gluon kernel runs on CUDA devices of compute capability 9.0"
+    capability = torch.cuda.get_device_capability(q.device)
+    if capability != (9, 0):
+        return f"the device has compute capability {capability}; the Gluon kernel is for sm_90 (9, 0)"
+    if _GLUON_ERROR is not None:
+        return _GLUON_ERROR
+    return None
+
+
+def descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                config: GluonConfig) -> tuple[Any, Any, Any, Any]:
+    """TMA descriptors of q, k, v and out: 4-D, [1, 1, rows, D] tiles (BLOCK_M rows for q and out, BLOCK_N for k
+    and v) in the 128-byte swizzle the kernel's shared tiles use. Host-side only (CPU tensors work, for compiling)."""
+    gl_dtype = _gl.bfloat16 if q.dtype == torch.bfloat16 else _gl.float16
+    head_dim = q.shape[-1]
+
+    def describe(t: torch.Tensor, rows: int) -> Any:
+        block = [1, 1, rows, head_dim]
+        layout = _gl.NVMMASharedLayout.get_default_for(block, gl_dtype)
+        return TensorDescriptor(t, list(t.shape), _tma_strides(t), block, layout)
+
+    return (describe(q, config.block_m), describe(k, config.block_n), describe(v, config.block_n),
+            describe(out, config.block_m))
+
+
+def kernel_arguments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                     causal_mode: int, scale: float, config: GluonConfig) -> tuple[tuple, dict]:
+    """(positional arguments, constexprs and launch options) of one launch, in the kernel's parameter order."""
+    heads, kv_heads = q.shape[1], k.shape[1]
+    args = (*descriptors(q, k, v, out, config), lse, heads, heads // kv_heads, q.shape[2], k.shape[2],
+            scale * math.log2(math.e))
+    meta = dict(HEAD_DIM=q.shape[-1], BLOCK_M=config.block_m, BLOCK_N=config.block_n, STAGES=config.stages,
+                CAUSAL=causal_mode, WARP_SPECIALIZE=config.variant == "ws", OVERLAP=config.overlap,
+                num_warps=config.num_warps)
+    if config.variant == "ws":
+        meta["maxnreg"] = _kernels.WS_MAXNREG
+    return args, meta
+
+
+def gluon_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: Union[bool, str] = False,
+                            scale: Optional[float] = None, variant: str = "pipelined",
+                            config: Optional[GluonConfig] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out [B, H, S_q, D] in q's dtype, lse [B, H, S_q] float32) of attention on Hopper, through the Gluon kernel.
+
+    ``lse`` is in the pointer kernel's convention (base-2 log-sum-exp of the scaled scores; -inf, with out 0, for
+    rows that see no key), so ``flashlite._attention.launch.attention_backward`` takes it. ``variant``: "pipelined"
+    (one partition, step 1) or "ws" (a TMA producer warp and the compute warps, step 2); ``config`` forces tiles.
+    Raises ValueError with ``gluon_supported``'s reason when the kernel cannot run the call.
+
+    Example:
+        >>> q = torch.randn(2, 16, 1000, 64, device="cuda", dtype=torch.bfloat16)  # doctest: +SKIP
+        >>> out, lse = gluon_attention_forward(q, q, q, causal=True)  # doctest: +SKIP
+    """
+    reason = gluon_supported(q, k, v, causal, scale)
+    if reason is not None:
+        raise ValueError(f"the Gluon attention kernel cannot run this call: {reason}")
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+    head_dim = q.shape[-1]
+    if config is None:
+        config = configs_for(head_dim, variant)[0]
+    elif config.variant != variant:
+        raise ValueError(f"config {config} is for variant {config.variant!r}, not {variant!r}")
+    scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+    batch, heads, seq_q, _ = q.shape
+    out = torch.empty((batch, heads, seq_q, head_dim), dtype=q.dtype, device=q.device)
+    lse = torch.empty((batch, heads, seq_q), dtype=torch.float32, device=q.device)
+    args, meta = kernel_arguments(q, k, v, out, lse, _CAUSAL[causal], scale, config)
+    grid = (math.ceil(seq_q / config.block_m), batch * heads)
+    _kernels._attn_fwd[grid](*args, **meta)
+    return out, lse

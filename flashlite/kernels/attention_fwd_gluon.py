@@ -1,0 +1,418 @@
+"""Hopper (sm_90) attention forward in Gluon: TMA copies, an mbarrier-guarded ring of key/value tiles, async wgmma.
+
+The same arithmetic as ``attention_fwd`` (online softmax over key blocks in float32, base-2 scores with
+``qk_scale = scale * log2(e)`` folded in, one normalisation at the end, the base-2 log-sum-exp kept for the
+backward), scheduled with the pieces ``tl.dot`` loops do not reach:
+
+* Q, K, V and Out are reached through 4-D TMA descriptors over their [B, heads, S, D] views, with tiles of
+  [1, 1, rows, D]. The copy engine clips every tile to its own (batch, head) slice: rows past S load as zeros and
+  are not stored, so a partial last block never reads or writes the next head's rows, and no address arithmetic or
+  mask sits on the load path.
+* Key and value tiles stream through a ring of ``STAGES`` shared-memory slots; each slot has a "ready" mbarrier per
+  operand, which the copy engine completes when the tile's bytes have landed.
+* S = Q K^T and O += P V are asynchronous warpgroup MMAs (``wgmma``): Q and K are read straight from shared
+  memory, P from registers (as bf16/fp16), V from shared memory.
+
+Two schedules of the same block loop (``_attend_blocks``), one kernel ``_attn_fwd`` with the constexpr
+WARP_SPECIALIZE choosing, so that they can be A/B'd:
+
+* False (step 1 of issue 17): one group of warps does everything. The copies of block j + STAGES - 1 are issued
+  once block j's S is computed (its slot's previous tenant, block j - 1, is then finished: waiting for S also
+  retires the P V of block j - 1, since wgmma groups complete in order), so STAGES - 1 blocks are in flight while
+  block j's softmax and P V run. Block j's P V stays in flight until block j + 1's S has been issued.
+* True (step 2): ``gl.warp_specialize`` with a one-warp producer partition that only issues TMA copies (waiting
+  on a "kv_empty" mbarrier per slot) and the compute warps as the default partition, which hand a slot back once
+  the wgmmas that read it have completed.
+
+Either schedule takes the constexpr OVERLAP (FlashAttention-3's overlap inside a warpgroup): block j's S and
+block j - 1's P V are issued together and only S is waited for, so that block j's softmax runs on the CUDA cores
+while the tensor cores do block j - 1's P V (one more block of probabilities held in registers).
+
+Rows are split across warps as wgmma wants it: ``num_warps`` warps stacked along M (warps_per_cta [num_warps, 1]),
+so with BLOCK_M=128 and 8 warps each warpgroup owns 64 query rows and holds BLOCK_N / 2 float32 scores and
+HEAD_DIM / 2 accumulator values per thread.
+
+Masks: key blocks that every real row of the query block sees whole (below the causal diagonal, inside the key
+length) run without any mask; the others (the diagonal blocks, the last partial key block) mask with ``where``.
+Blocks above the diagonal are never loaded. A row that sees no key (bottom-right causal with S_q > S_k) gets
+output 0 and lse -inf, as in the pointer kernel.
+
+``CAUSAL``: 0 none; 1 top-left (key j visible to query i when j <= i); 2 bottom-right (j <= i + S_k - S_q).
+``qk_scale`` must be positive (the unmasked path takes the row maximum of the raw scores and scales it once).
+"""
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                              warpgroup_mma_init, warpgroup_mma_wait)
+
+# ----------------------------------------------------------------------------------------------------------------
+# Configs: (BLOCK_M, BLOCK_N, STAGES, num_warps, OVERLAP) per head dim and kernel variant. The first entry of each
+# list is what the launcher uses; the others are there to be A/B'd and are compiled by CPU CI all the same.
+#
+# Shared memory (16-bit operands): Q BLOCK_M x D once, K and V BLOCK_N x D per stage each, plus < 1 KB of barriers.
+# D=64, 128 x 128 x 3 stages: 16 KB + 3 x 32 KB = 112 KB. D=128, 128 x 128 x 2 stages: 32 KB + 2 x 64 KB = 160 KB
+# (3 stages would be 224 KB, inside 227 KB, but leave no room for anything else). Register use, as wgmma lays it
+# out: per thread BLOCK_N / 2 scores + BLOCK_N / 4 packed probabilities + D / 2 accumulators at 8 warps x 128 rows
+# (OVERLAP keeps a second block's probabilities live: BLOCK_N / 4 more).
+GLUON_FWD_CONFIGS = {
+    "pipelined": {64: [(128, 128, 3, 8, False), (128, 64, 3, 4, False), (128, 128, 3, 8, True)],
+                  128: [(128, 128, 2, 8, False), (128, 64, 3, 8, False), (128, 128, 2, 8, True)]},
+    "ws": {64: [(128, 128, 3, 8, False), (128, 128, 3, 8, True)],
+           128: [(128, 128, 2, 8, False), (128, 128, 2, 8, True)]},
+}
+# Registers of the producer partition: it only issues copies and waits on barriers (24 is the minimum a warp can
+# be given; the compute warps receive what the other warps give back).
+PRODUCER_REGS = gl.constexpr(24)
+# maxnreg of the warp-specialized kernel: (8 compute + 4 producer-group) warps x 32 threads x 168 registers fits
+# the 64 K registers of an SM; the compute partition gets the rest after the producer's 24.
+WS_MAXNREG = 168
+# Shared memory per thread block on H100/H200 (what Triton reports as the limit).
+SHARED_MEMORY_LIMIT = 232448
+HEAD_DIMS = (64, 128)
+CAUSAL_MODES = (0, 1, 2)
+
+
+def shared_memory_bytes(block_m: int, block_n: int, stages: int, head_dim: int, elem: int = 2) -> int:
+    """Bytes of operand tiles a config keeps in shared memory (barriers not included).
+
+    Example:
+        >>> shared_memory_bytes(128, 128, 3, 64)
+        114688
+    """
+    return (block_m + 2 * stages * block_n) * head_dim * elem
+
+
+@gluon.constexpr_function
+def _mma_layout(num_warps, n):
+    # wgmma's accumulator layout for [rows, n] tiles: warps stacked along M, one instruction covering n columns
+    # (n <= 256), k = 16 for 16-bit operands.
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, n, 16])
+
+
+@gluon.constexpr_function
+def _tile_layout():
+    # 2-D view of a [rows, D] tile of 16-bit values with D * 2 >= 128 bytes: the 128-byte swizzle, the same bytes
+    # as the descriptors' [1, 1, rows, D] layout (the leading unit dimensions add nothing).
+    return gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+
+
+@gluon.jit
+def _as_tma_tile(buf, ROWS: gl.constexpr, HEAD_DIM: gl.constexpr):
+    # A [ROWS, D] shared tile as the [1, 1, ROWS, D] box the 4-D descriptors copy.
+    return buf.reshape([1, 1, ROWS, HEAD_DIM])
+
+
+@gluon.jit
+def _key_blocks(start_m, seq_q, seq_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+    """(diag_shift, n_full, n_blocks) of the query block starting at row ``start_m``: key blocks [0, n_full) are seen
+    whole by every real row of the block (no mask), blocks [n_full, n_blocks) need the causal and key-length masks,
+    blocks from n_blocks on are seen by no row and never loaded."""
+    if CAUSAL == 2:
+        diag_shift = seq_k - seq_q
+    else:
+        diag_shift = 0
+    if CAUSAL != 0:
+        # Keys up to the first row's diagonal are seen by every row; keys up to the last real row's by some.
+        full_lim = gl.minimum(gl.maximum(start_m + diag_shift + 1, 0), seq_k)
+        hi = gl.minimum(gl.maximum(gl.minimum(start_m + BLOCK_M, seq_q) + diag_shift, 0), seq_k)
+    else:
+        full_lim = seq_k
+        hi = seq_k
+    return diag_shift, full_lim // BLOCK_N, gl.cdiv(hi, BLOCK_N)
+
+
+@gluon.jit
+def _issue_kv(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, b, kv_h, j, n_blocks,
+              BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
+    """Start the copies of key/value block j into slot j % STAGES, each completing its slot's ready barrier; nothing
+    when j >= n_blocks (the predicate keeps the prologue and the loop's look-ahead branch-free)."""
+    slot = j % STAGES
+    pred = j < n_blocks
+    k_bar = k_ready.index(slot)
+    v_bar = v_ready.index(slot)
+    mbarrier.expect(k_bar, k_desc.block_type.nbytes, pred=pred)
+    tma.async_copy_global_to_shared(k_desc, [b, kv_h, j * BLOCK_N, 0], k_bar,
+                                    _as_tma_tile(k_bufs.index(slot), BLOCK_N, HEAD_DIM), pred=pred)
+    mbarrier.expect(v_bar, v_desc.block_type.nbytes, pred=pred)
+    tma.async_copy_global_to_shared(v_desc, [b, kv_h, j * BLOCK_N, 0], v_bar,
+                                    _as_tma_tile(v_bufs.index(slot), BLOCK_N, HEAD_DIM), pred=pred)
+
+
+@gluon.jit
+def _softmax_step(s, m_i, l_i, j, start_m, seq_k, diag_shift, qk_scale,
+                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, MASK: gl.constexpr):
+    """Fold the raw scores ``s`` of key block j into the running (m, l): returns (p, alpha, m_new, l_new), p the
+    unnormalised probabilities in base 2 and alpha the factor that rescales what was accumulated before."""
+    s_layout: gl.constexpr = s.type.layout
+    if MASK:
+        cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        visible = gl.expand_dims(cols < seq_k, 0)
+        if CAUSAL != 0:
+            rows = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+            visible = visible & (gl.expand_dims(cols, 0) <= gl.expand_dims(rows + diag_shift, 1))
+        # `where`, not an added -inf: keys past S_k load as zeros, but a mask must never rely on what it hides.
+        qk = gl.where(visible, s * qk_scale, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(qk, 1))
+        # A row that has seen only masked keys keeps m = -inf; subtracting 0 instead avoids inf - inf = NaN.
+        m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
+        p = gl.exp2(qk - gl.expand_dims(m_ref, 1))
+    else:
+        # Every score is finite and visible: the row maximum of the raw scores, scaled once per row (qk_scale > 0),
+        # and one fused multiply-add per score before exp2.
+        m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+        m_ref = m_new
+        p = gl.exp2(s * qk_scale - gl.expand_dims(m_ref, 1))
+    alpha = gl.exp2(m_i - m_ref)
+    l_new = l_i * alpha + gl.sum(p, 1)
+    return p, alpha, m_new, l_new
+
+
+@gluon.jit
+def _ring(dtype: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+          STAGES: gl.constexpr):
+    """One program's shared memory: Q's tile (later the output's), STAGES slots of key and value tiles, and their
+    barriers, initialised: q_ready, and per slot k_ready, v_ready (the copy engine completes them) and kv_empty
+    (the compute warps complete it when the slot may be refilled; used by the warp-specialized schedule only)."""
+    tile: gl.constexpr = _tile_layout()
+    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], tile)
+    k_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], tile)
+    v_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], tile)
+    q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_ready, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(kv_empty.index(i), count=1)
+    fence_async_shared()  # the barriers' initialisation, visible to the copy engine before it signals them
+    return q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty
+
+
+@gluon.jit
+def _invalidate_ring(q_ready, k_ready, v_ready, kv_empty, STAGES: gl.constexpr):
+    mbarrier.invalidate(q_ready)
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(k_ready.index(i))
+        mbarrier.invalidate(v_ready.index(i))
+        mbarrier.invalidate(kv_empty.index(i))
+
+
+@gluon.jit
+def _free_slot(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, kv_empty, b, kv_h, j, n_blocks,
+               BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, PRODUCER: gl.constexpr):
+    """Block j - 1's wgmmas have all completed in this warpgroup: its slot takes block j - 1 + STAGES (no PRODUCER
+    partition: these warps issue the copies) or goes back to the producer through kv_empty (nothing for j = 0).
+
+    Each warpgroup waits for its own wgmmas only, and both refills are one thread's, so every warpgroup must be past
+    its wait first: the compiler puts a CTA barrier before the copies (it orders the wgmma's reads of the slot
+    before the copy's write; checked in the PTX), and the hand-back gets an explicit one."""
+    if PRODUCER:
+        gl.thread_barrier()
+        mbarrier.arrive(kv_empty.index((j + STAGES - 1) % STAGES), pred=j > 0)
+    else:
+        _issue_kv(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, b, kv_h, j + STAGES - 1, n_blocks,
+                  BLOCK_N, HEAD_DIM, STAGES)
+
+
+@gluon.jit
+def _attend_blocks(q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, acc, p_prev, m_i, l_i,
+                   k_desc, v_desc, b, kv_h, lo, hi, n_blocks, start_m, seq_k, diag_shift, qk_scale,
+                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+                   CAUSAL: gl.constexpr, MASK: gl.constexpr, PRODUCER: gl.constexpr, OVERLAP: gl.constexpr,
+                   num_warps: gl.constexpr):
+    """Key blocks [lo, hi), MASK as in ``_softmax_step``; ``p_prev``: the probabilities of the block before, in
+    registers, which its P V reads (kept alive until that wgmma's wait).
+
+    Without OVERLAP, block j's S is issued and waited for (which also retires block j - 1's P V: wgmma groups
+    complete in order), then block j's softmax, then its P V is issued and left in flight; ``acc`` enters and
+    leaves as an in-flight accumulator. With OVERLAP (FlashAttention-3's intra-warpgroup overlap), block j's S and
+    block j - 1's P V are issued together and only S is waited for, so that block j's softmax runs while the
+    tensor cores do block j - 1's P V; ``acc`` enters and leaves as registers, without block j - 1's P V (the
+    caller peels block ``lo - 1``'s softmax off before and adds the last P V after)."""
+    s_layout: gl.constexpr = _mma_layout(num_warps, BLOCK_N)
+    o_layout: gl.constexpr = _mma_layout(num_warps, HEAD_DIM)
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+    for j in range(lo, hi):
+        slot = j % STAGES
+        phase = (j // STAGES) & 1
+        mbarrier.wait(k_ready.index(slot), phase)
+        s = warpgroup_mma(q_smem, k_bufs.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        if OVERLAP:
+            prev = (j + STAGES - 1) % STAGES
+            mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
+            acc = warpgroup_mma(p_prev, v_bufs.index(prev), acc, is_async=True)
+            s = warpgroup_mma_wait(1, deps=(s, ))
+        else:
+            s, acc, p_prev = warpgroup_mma_wait(0, deps=(s, acc, p_prev))
+            _free_slot(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, kv_empty, b, kv_h, j, n_blocks,
+                       BLOCK_N, HEAD_DIM, STAGES, PRODUCER)
+        p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j, start_m, seq_k, diag_shift, qk_scale,
+                                           BLOCK_M, BLOCK_N, CAUSAL, MASK)
+        if OVERLAP:
+            acc, p_prev = warpgroup_mma_wait(0, deps=(acc, p_prev))
+            _free_slot(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, kv_empty, b, kv_h, j, n_blocks,
+                       BLOCK_N, HEAD_DIM, STAGES, PRODUCER)
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
+        p_prev = gl.convert_layout(p.to(q_smem.dtype), p_layout)
+        if not OVERLAP:
+            mbarrier.wait(v_ready.index(slot), phase)
+            acc = warpgroup_mma(p_prev, v_bufs.index(slot), acc, is_async=True)
+    return acc, p_prev, m_i, l_i
+
+
+@gluon.jit
+def _attend(q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, k_desc, v_desc, b, kv_h,
+            start_m, seq_k, diag_shift, n_full, n_blocks, qk_scale,
+            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+            CAUSAL: gl.constexpr, PRODUCER: gl.constexpr, OVERLAP: gl.constexpr, num_warps: gl.constexpr):
+    """(acc, m, l) of one query block after every key block it sees: the unmasked blocks, then the masked ones."""
+    s_layout: gl.constexpr = _mma_layout(num_warps, BLOCK_N)
+    o_layout: gl.constexpr = _mma_layout(num_warps, HEAD_DIM)
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, s_layout))
+    p_prev = gl.zeros([BLOCK_M, BLOCK_N], q_smem.dtype, p_layout)
+    mbarrier.wait(q_ready, 0)
+    if OVERLAP:
+        # Block 0's softmax, peeled off: the loop below starts with its P V. It takes the masks whichever kind of
+        # block it is (a block every row sees whole is unchanged by them).
+        acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
+        if n_blocks > 0:
+            mbarrier.wait(k_ready.index(0), 0)
+            s = warpgroup_mma(q_smem, k_bufs.index(0).permute((1, 0)), gl.zeros([BLOCK_M, BLOCK_N], gl.float32,
+                                                                               s_layout),
+                              use_acc=False, is_async=True)
+            s = warpgroup_mma_wait(0, deps=(s, ))
+            _free_slot(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, kv_empty, b, kv_h, 0, n_blocks,
+                       BLOCK_N, HEAD_DIM, STAGES, PRODUCER)
+            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, start_m, seq_k, diag_shift, qk_scale,
+                                               BLOCK_M, BLOCK_N, CAUSAL, True)
+            p_prev = gl.convert_layout(p.to(q_smem.dtype), p_layout)
+        first = 1
+    else:
+        acc = warpgroup_mma_init(gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout))
+        first = 0
+    acc, p_prev, m_i, l_i = _attend_blocks(q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, acc, p_prev, m_i,
+                                           l_i, k_desc, v_desc, b, kv_h, first, n_full, n_blocks, start_m, seq_k,
+                                           diag_shift, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, False,
+                                           PRODUCER, OVERLAP, num_warps)
+    acc, p_prev, m_i, l_i = _attend_blocks(q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, acc, p_prev, m_i,
+                                           l_i, k_desc, v_desc, b, kv_h, gl.maximum(n_full, first), n_blocks,
+                                           n_blocks, start_m, seq_k, diag_shift, qk_scale, BLOCK_M, BLOCK_N,
+                                           HEAD_DIM, STAGES, CAUSAL, True, PRODUCER, OVERLAP, num_warps)
+    if OVERLAP:
+        if n_blocks > 0:  # the last block's P V
+            last = n_blocks - 1
+            mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
+            acc = warpgroup_mma(p_prev, v_bufs.index(last % STAGES), acc)
+    else:
+        acc, p_prev = warpgroup_mma_wait(0, deps=(acc, p_prev))
+    return acc, m_i, l_i
+
+
+@gluon.jit
+def _store_outputs(acc, m_i, l_i, o_smem, o_desc, Lse, b, h, pid_bh, start_m, seq_q,
+                   BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr):
+    """Normalise and store one query block: out through shared memory and a TMA store (clipped to the head's S_q
+    rows), the base-2 lse with a row mask. Rows that saw no key: out 0, lse -inf."""
+    o_layout: gl.constexpr = acc.type.layout
+    empty = l_i == 0.0
+    l_safe = gl.where(empty, 1.0, l_i)
+    lse = gl.where(empty, float("-inf"), m_i + gl.log2(l_safe))
+    rows = start_m + gl.arange(0, BLOCK_M, layout=lse.type.layout)
+    gl.store(Lse + pid_bh.to(gl.int64) * seq_q + rows, lse, mask=rows < seq_q)
+    out = acc * gl.expand_dims(gl.convert_layout(1.0 / l_safe, gl.SliceLayout(1, o_layout)), 1)
+    # o_smem is Q's tile: every wgmma that read Q has completed, so it can take the output.
+    o_smem.store(out.to(o_smem.dtype))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(o_desc, [b, h, start_m, 0], _as_tma_tile(o_smem, BLOCK_M, HEAD_DIM))
+    tma.store_wait(0)
+
+
+@gluon.jit
+def _program_block(seq_q, num_heads, group_size, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr):
+    # Grid: axis 0 query blocks, axis 1 batch * heads. Neighbouring programs share a head's keys in L2. With causal
+    # masking later query blocks see more keys: they start first so that the short ones fill the tail.
+    pid_m = gl.program_id(0)
+    pid_bh = gl.program_id(1)
+    if CAUSAL != 0:
+        pid_m = gl.cdiv(seq_q, BLOCK_M) - 1 - pid_m
+    b = pid_bh // num_heads
+    h = pid_bh % num_heads
+    return pid_m * BLOCK_M, pid_bh, b, h, h // group_size
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Step 2's partitions: a producer warp for the copies, the compute warps as the default partition.
+
+@gluon.jit
+def _ws_producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty,
+                 b, h, kv_h, start_m, n_blocks,
+                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
+    """One warp: the Q copy, then key/value block j into slot j % STAGES once the slot's previous tenant (block
+    j - STAGES) has been handed back by the compute warps."""
+    mbarrier.expect(q_ready, q_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [b, h, start_m, 0], q_ready, _as_tma_tile(q_smem, BLOCK_M, HEAD_DIM))
+    for j in range(n_blocks):
+        # A fresh mbarrier counts as having completed the phase before its first: round 0 passes at once.
+        mbarrier.wait(kv_empty.index(j % STAGES), ((j // STAGES) & 1) ^ 1)
+        _issue_kv(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, b, kv_h, j, n_blocks, BLOCK_N, HEAD_DIM, STAGES)
+
+
+@gluon.jit
+def _ws_consumer(q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, k_desc, v_desc, o_desc, Lse,
+                 b, h, kv_h, pid_bh, start_m, seq_q, seq_k, diag_shift, n_full, n_blocks, qk_scale,
+                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+                 CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, num_warps: gl.constexpr):
+    """The default partition: softmax and both wgmmas of every block, then the outputs."""
+    acc, m_i, l_i = _attend(q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, k_desc, v_desc, b, kv_h,
+                            start_m, seq_k, diag_shift, n_full, n_blocks, qk_scale,
+                            BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, True, OVERLAP, num_warps)
+    _store_outputs(acc, m_i, l_i, q_smem, o_desc, Lse, b, h, pid_bh, start_m, seq_q, BLOCK_M, HEAD_DIM)
+
+
+
+# The integers are not specialized (no recompile for a length that happens to be 1 or a multiple of 16: the copy
+# engine handles every bound, so nothing would gain from it), which keeps one compile per config, dtype and mode.
+@gluon.jit(do_not_specialize=["num_heads", "group_size", "seq_q", "seq_k"])
+def _attn_fwd(q_desc,  # [B, H, S_q, D] 16-bit, tiles [1, 1, BLOCK_M, D]
+              k_desc,  # [B, H_kv, S_k, D], tiles [1, 1, BLOCK_N, D]
+              v_desc,  # [B, H_kv, S_k, D], tiles [1, 1, BLOCK_N, D]
+              o_desc,  # [B, H, S_q, D] dtype of q, tiles [1, 1, BLOCK_M, D]
+              Lse,  # [B, H, S_q] float32, contiguous: base-2 log-sum-exp of the scaled scores
+              num_heads, group_size, seq_q, seq_k, qk_scale,  # group_size = H // H_kv
+              HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+              CAUSAL: gl.constexpr, WARP_SPECIALIZE: gl.constexpr, OVERLAP: gl.constexpr,
+              num_warps: gl.constexpr):
+    """One query block of one (batch, head). WARP_SPECIALIZE False: step 1, one partition that also issues the
+    copies; True: step 2, the copies in a one-warp producer partition (launch with maxnreg = WS_MAXNREG).
+    OVERLAP: block j's softmax overlaps block j - 1's P V (``_attend_blocks``), in either schedule."""
+    start_m, pid_bh, b, h, kv_h = _program_block(seq_q, num_heads, group_size, BLOCK_M, CAUSAL)
+    q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty = _ring(q_desc.dtype, BLOCK_M, BLOCK_N, HEAD_DIM,
+                                                                        STAGES)
+    diag_shift, n_full, n_blocks = _key_blocks(start_m, seq_q, seq_k, BLOCK_M, BLOCK_N, CAUSAL)
+    if WARP_SPECIALIZE:
+        gl.warp_specialize([
+            (_ws_consumer, (q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, k_desc, v_desc, o_desc,
+                            Lse, b, h, kv_h, pid_bh, start_m, seq_q, seq_k, diag_shift, n_full, n_blocks, qk_scale,
+                            BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, OVERLAP, num_warps)),
+            (_ws_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty,
+                            b, h, kv_h, start_m, n_blocks, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES)),
+        ], [1], [PRODUCER_REGS])
+    else:
+        mbarrier.expect(q_ready, q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [b, h, start_m, 0], q_ready,
+                                        _as_tma_tile(q_smem, BLOCK_M, HEAD_DIM))
+        for i in gl.static_range(STAGES - 1):
+            _issue_kv(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, b, kv_h, i, n_blocks, BLOCK_N, HEAD_DIM,
+                      STAGES)
+        acc, m_i, l_i = _attend(q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, k_desc, v_desc, b,
+                                kv_h, start_m, seq_k, diag_shift, n_full, n_blocks, qk_scale,
+                                BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, False, OVERLAP, num_warps)
+        _store_outputs(acc, m_i, l_i, q_smem, o_desc, Lse, b, h, pid_bh, start_m, seq_q, BLOCK_M, HEAD_DIM)
+    _invalidate_ring(q_ready, k_ready, v_ready, kv_empty, STAGES)

@@ -1,0 +1,158 @@
+"""The Gluon attention forward on an sm_90 GPU against float64: outputs, base-2 log-sum-exp, and the backward fed
+with them.
+
+Every test is skipped without a CUDA device of compute capability 9.0. The reference is computed here in float64
+from the same (bf16/fp16) inputs: softmax(q k^T * scale, masked) v with the key/value heads repeated for GQA, and
+log2(e) * logsumexp of the scaled, masked scores (-inf where a row sees no key). Outputs are judged by the
+plugin's baseline rule (no worse than twice SDPA's own error in the input precision, plus the dtype's floor).
+"""
+import math
+
+import pytest
+import torch
+
+from flashlite._attention import launch_gluon
+from flashlite._attention.launch import attention_backward
+from flashlite._attention.launch_gluon import GluonConfig, gluon_attention_forward, gluon_supported
+from flashlite.attention import attention
+from pytest_kernelcheck import assert_close, policy_for
+
+from .test_attention_backward import reference_attention
+from .test_attention_gpu import cuda_qkv as qkv
+
+pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)),
+                                reason="needs a CUDA GPU of compute capability 9.0 (Hopper)")
+
+LOG2E = math.log2(math.e)
+# The lse is float32 arithmetic on scores the reference computes from the same inputs: its error is that of the
+# float32 dot products, exp2/log2 and the running sum (about 1e-5 measured by hand on ideal data; 1e-3 leaves room
+# for 4k-key sums of approximate exp2).
+LSE_POLICY = policy_for("fp32").replace(atol=1e-3, rtol=1e-4, name="lse (float32, base 2)")
+CAUSAL = [False, True, "lower_right"]
+# (variant, overlap): steps 1 and 2, each with and without a block's softmax overlapping the previous P V.
+SCHEDULES = [(variant, overlap) for overlap in (False, True) for variant in launch_gluon.VARIANTS]
+SCHEDULE_IDS = [variant + ("+overlap" if overlap else "") for variant, overlap in SCHEDULES]
+schedules = pytest.mark.parametrize("schedule", SCHEDULES, ids=SCHEDULE_IDS)
+
+
+def schedule_config(head_dim, schedule):
+    """The first config listed for the schedule's variant and overlap at this head dim."""
+    variant, overlap = schedule
+    return next(c for c in launch_gluon.configs_for(head_dim, variant) if c.overlap == overlap)
+
+
+def visible_keys(seq_q, seq_k, causal, device):
+    """bool [S_q, S_k]: which keys each query row sees."""
+    visible = torch.ones(seq_q, seq_k, dtype=torch.bool, device=device)
+    if causal:
+        visible = visible.tril(0 if causal is True else seq_k - seq_q)
+    return visible
+
+
+def reference(q, k, v, causal, scale=None):
+    """(out, lse) in float64: softmax(q k^T * scale) v, rows without keys 0; lse = log2(e) logsumexp, -inf there."""
+    q, k, v = q.double(), k.double(), v.double()
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    visible = visible_keys(q.shape[2], k.shape[2], causal, q.device)
+    scores = (q @ k.transpose(-1, -2) * scale).masked_fill(~visible, -math.inf)
+    lse = torch.logsumexp(scores, dim=-1)  # -inf for a row of -inf
+    weights = torch.exp(scores - torch.where(lse.isinf(), 0.0, lse)[..., None])
+    return weights @ v, lse * LOG2E
+
+
+def sdpa_baseline(q, k, v, causal, scale=None):
+    """flashlite's SDPA path in the input precision (GQA, bottom-right causal, rows without keys as 0): the
+    baseline's error."""
+    return attention(q, k, v, causal=causal, scale=scale, backend="sdpa")
+
+
+def check_forward(q, k, v, causal, schedule=("pipelined", False), scale=None, config=None):
+    """Run the kernel in ``schedule`` (or ``config``) and check out and lse against float64."""
+    assert gluon_supported(q, k, v, causal, scale) is None
+    config = config or schedule_config(q.shape[-1], schedule)
+    out, lse = gluon_attention_forward(q, k, v, causal=causal, scale=scale, variant=config.variant, config=config)
+    torch.cuda.synchronize()
+    assert out.dtype == q.dtype and out.shape == q.shape and lse.shape == q.shape[:3] and lse.dtype == torch.float32
+    assert not out.isnan().any() and not lse.isnan().any()
+    ref_out, ref_lse = reference(q, k, v, causal, scale)
+    assert_close(out, ref_out, baseline=sdpa_baseline(q, k, v, causal, scale), notes=(str(config),))
+    assert_close(lse, ref_lse, policy=LSE_POLICY, notes=(str(config),))
+    return out, lse
+
+
+@schedules
+@pytest.mark.parametrize("causal", CAUSAL)
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("B, H, S", [(2, 4, 1), (2, 4, 77), (1, 4, 1000), (1, 2, 4097), (1, 2, 256)])
+def test_forward_odd_lengths(B, H, S, D, dtype, causal, schedule):
+    check_forward(*qkv(B, H, S, D, dtype), causal, schedule)
+
+
+@schedules
+@pytest.mark.parametrize("causal", CAUSAL)
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("S_q, S_k", [(300, 1000), (1000, 300), (1, 4097), (129, 128), (127, 1)])
+def test_forward_unequal_lengths(S_q, S_k, D, causal, schedule):
+    # lower_right with S_q > S_k leaves the first S_q - S_k rows without keys (out 0, lse -inf), and whole query
+    # blocks without a key block to visit.
+    check_forward(*qkv(2, 4, S_q, D, torch.bfloat16, S_k=S_k), causal, schedule)
+
+
+@schedules
+@pytest.mark.parametrize("causal", CAUSAL)
+@pytest.mark.parametrize("H, H_kv, D", [(8, 2, 64), (8, 1, 128), (16, 4, 128)])
+def test_forward_gqa(H, H_kv, D, causal, schedule):
+    check_forward(*qkv(2, H, 700, D, torch.float16, H_kv=H_kv, S_k=900), causal, schedule)
+
+
+@pytest.mark.parametrize("D, config", [(d, c) for v in launch_gluon.VARIANTS for d in (64, 128)
+                                       for c in launch_gluon.configs_for(d, v)], ids=str)
+def test_every_listed_config(D, config):
+    for causal in CAUSAL:
+        check_forward(*qkv(2, 4, 1111, D, torch.bfloat16, S_k=1234), causal, config=config)
+
+
+@schedules
+def test_strided_layouts_and_scale(schedule):
+    # [B, S, H, D] storage seen as [B, H, S, D]: the descriptors take the strides as they are, no copy.
+    q, k, v = (t.transpose(1, 2) for t in qkv(2, 1500, 8, 128, torch.bfloat16))
+    assert not q.is_contiguous()
+    check_forward(q, k, v, True, schedule, scale=0.3)
+
+
+@schedules
+@pytest.mark.parametrize("causal", CAUSAL)
+@pytest.mark.parametrize("dtype, D, S_q, S_k, H, H_kv", [(torch.bfloat16, 64, 1000, 1000, 8, 2),
+                                                           (torch.float16, 128, 777, 1200, 4, 4),
+                                                           (torch.bfloat16, 128, 900, 500, 4, 2)])
+def test_backward_takes_gluon_out_and_lse(dtype, D, S_q, S_k, H, H_kv, causal, schedule):
+    # The pointer kernels' backward, fed with the Gluon forward's out and lse, against float64 autograd; baseline:
+    # SDPA's gradients in the input precision.
+    q, k, v = qkv(2, H, S_q, D, dtype, H_kv=H_kv, S_k=S_k)
+    grad_out = torch.randn_like(q)
+    scale = D ** -0.5
+    config = schedule_config(D, schedule)
+    out, lse = gluon_attention_forward(q, k, v, causal=causal, variant=config.variant, config=config)
+    mode = {False: 0, True: 1, "lower_right": 2}[causal]
+    precision = "bf16" if dtype == torch.bfloat16 else "fp16"
+    got = attention_backward(grad_out, q, k, v, out, lse, None, None, mode, scale, precision)
+
+    def grads(fn, *tensors):
+        leaves = [t.detach().requires_grad_() for t in tensors]
+        fn(*leaves).backward(grad_out.to(leaves[0].dtype))
+        return [t.grad for t in leaves]
+
+    ref = grads(lambda *t: reference_attention(*t, causal=causal), q.double(), k.double(), v.double())
+    base = grads(lambda *t: sdpa_baseline(*t, causal), q, k, v)
+    for name, g, r, b in zip(("dq", "dk", "dv"), got, ref, base):
+        assert not g.isnan().any(), name
+        assert_close(g, r, baseline=b, notes=(name, str(config)))
+
+
+def test_refuses_a_config_of_the_other_variant():
+    q, k, v = qkv(1, 2, 64, 64, torch.bfloat16)
+    with pytest.raises(ValueError, match="is for variant 'ws'"):
+        gluon_attention_forward(q, k, v, variant="pipelined", config=GluonConfig("ws", 128, 128, 3, 8))

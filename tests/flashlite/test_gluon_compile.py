@@ -1,0 +1,156 @@
+"""The Gluon attention forward builds for sm_90 on any machine, within Hopper's resources; its launcher's refusals.
+
+Gluon kernels do not run in Triton's interpreter, but they compile for sm_90 without a GPU. Every config the kernel
+file lists (both variants: "pipelined", step 1, and "ws", step 2; with and without the softmax/P V overlap) is
+compiled for each head dim: the one the launcher picks in bf16 and fp16 and every causal mode, the others (A/B
+candidates) in bf16, non-causal and bottom-right causal. Each compile runs in a fresh interpreter with
+TRITON_INTERPRET=0 and a cache in pytest's tmp dir, specialized as ``gluon_attention_forward`` would (descriptors
+built by the launcher itself over CPU tensors). Each compiled kernel must fit the 227 KB of shared memory a Hopper
+thread block may have and use at most 255 registers without spilling, as ptxas reports them.
+"""
+import json
+
+import pytest
+import torch
+
+from flashlite._attention import launch_gluon
+from flashlite._attention.launch_gluon import gluon_attention_forward, gluon_supported
+from tests.flashlite.sm90 import run_script
+
+HOPPER_SHARED_MEMORY = 232448  # bytes per thread block on an H100/H200, as Triton reports the limit
+
+_COMPILE = r'''
+import contextlib, io, json, os, re
+os.environ["TRITON_INTERPRET"] = "0"
+import torch
+import triton
+from triton import knobs
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+from triton.runtime.jit import mangle_type
+import flashlite
+from flashlite._attention import launch_gluon
+
+def compile_config(config, dtype, head_dim, causal):
+    # The launcher's own arguments for small CPU tensors (GQA: 4 query heads on 2 key/value heads); tensor
+    # descriptors and pointers are typed as a launch would type them, scalars as i32 / fp32.
+    q = torch.empty(2, 4, 300, head_dim, dtype=dtype)
+    k = torch.empty(2, 2, 300, head_dim, dtype=dtype)
+    out = torch.empty_like(q)
+    lse = torch.empty(2, 4, 300)
+    args, meta = launch_gluon.kernel_arguments(q, k, k, out, lse, causal, 0.125, config)
+    fn = launch_gluon._kernels._attn_fwd
+    signature, constants = {}, {}
+    for i, name in enumerate(fn.arg_names):
+        if name in meta:
+            signature[name], constants[name] = "constexpr", meta[name]
+        elif isinstance(args[i], float):
+            signature[name] = "fp32"
+        else:
+            signature[name] = mangle_type(args[i])
+    options = {"num_warps": config.num_warps}
+    if "maxnreg" in meta:
+        options["maxnreg"] = meta["maxnreg"]
+    knobs.nvidia.dump_ptxas_log = True  # ptxas -v's report, printed: registers and spills
+    log = io.StringIO()
+    with contextlib.redirect_stdout(log):
+        kernel = triton.compile(GluonASTSource(fn, signature, constants), target=GPUTarget("cuda", 90, 32),
+                                options=options)
+    report = log.getvalue()
+    registers = [int(n) for n in re.findall(r"Used (\d+) registers", report)]
+    spills = [int(n) for n in re.findall(r"(\d+) bytes spill (?:stores|loads)", report)]
+    return {"shared": kernel.metadata.shared, "registers": registers, "spill_bytes": spills,
+            "tiles": config.shared_bytes(head_dim)}
+
+variant, head_dim = VARIANT, HEAD_DIM  # set by the test before this script
+default, *others = launch_gluon.configs_for(head_dim, variant)
+# The launcher's pick in both dtypes and every causal mode; the configs listed for A/B in bf16, without and with
+# the bottom-right diagonal (top-left is the same mask with a zero shift).
+jobs = [(default, dtype, causal) for dtype in (torch.bfloat16, torch.float16)
+        for causal in launch_gluon._kernels.CAUSAL_MODES]
+jobs += [(config, torch.bfloat16, causal) for config in others for causal in (0, 2)]
+for config, dtype, causal in jobs:
+    result = compile_config(config, dtype, head_dim, causal)
+    print(json.dumps({"config": [config.block_m, config.block_n, config.stages, config.num_warps, config.overlap],
+                      "dtype": str(dtype), "head_dim": head_dim, "causal": causal, **result}))
+'''
+
+
+def _gluon_available() -> bool:
+    try:
+        from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma  # noqa: F401
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+needs_gluon = pytest.mark.skipif(not _gluon_available(),
+                                 reason="triton.experimental.gluon (with its Hopper modules) is not available")
+
+
+@needs_gluon
+@pytest.mark.parametrize("head_dim", list(launch_gluon._kernels.HEAD_DIMS))
+@pytest.mark.parametrize("variant", launch_gluon.VARIANTS)
+def test_every_config_compiles_for_sm90_within_resources(variant, head_dim, tmp_path, monkeypatch):
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton-cache"))
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    script = f"VARIANT, HEAD_DIM = {variant!r}, {head_dim}\n" + _COMPILE
+    results = [json.loads(line) for line in run_script(script).splitlines() if line.startswith("{")]
+    assert len(results) == 6 + 2 * (len(launch_gluon.configs_for(head_dim, variant)) - 1), results
+    for r in results:
+        where = f"{variant} {r['dtype']} D={r['head_dim']} causal={r['causal']} config={r['config']}: {r}"
+        assert r["shared"] <= HOPPER_SHARED_MEMORY, where
+        # The tiles are all the kernel keeps in shared memory, besides its barriers.
+        assert r["tiles"] <= r["shared"] < r["tiles"] + 1024, where
+        assert r["registers"] and max(r["registers"]) <= 255, where  # no report would be a silent pass
+        assert r["spill_bytes"] and not any(r["spill_bytes"]), where
+
+
+def _bf16(*shape: int) -> torch.Tensor:
+    return torch.randn(*shape).to(torch.bfloat16)
+
+
+def _misaligned(*shape: int) -> torch.Tensor:
+    flat = _bf16(torch.Size(shape).numel() + 1)
+    return flat[1:].view(*shape)  # 2 bytes past an aligned start
+
+
+@pytest.mark.parametrize("make, causal, scale, reason", [
+    (lambda: [torch.randn(1, 2, 16, 64)] * 3, False, None, "q has dtype torch.float32; the Gluon kernel takes"),
+    (lambda: [_bf16(1, 2, 16, 96)] * 3, False, None, "head dim 96: the Gluon kernel has head dims 64 and 128"),
+    (lambda: [_bf16(1, 2, 16, 32)] * 3, True, None, "head dim 32"),
+    (lambda: [_bf16(1, 2, 16, 64)] * 3, "bottom", None, "causal must be False, True"),
+    (lambda: [_bf16(1, 2, 16, 64)] * 3, False, -0.5, "scale -0.5: the Gluon kernel needs a positive scale"),
+    (lambda: [_bf16(1, 2, 64, 64).transpose(2, 3)] * 3, False, None,
+     "q has stride 64 along the head dim; TMA needs it contiguous"),
+    (lambda: [_bf16(1, 2, 16, 68)[..., :64]] * 3, False, None,
+     "q's stride 68 in dimension 2 is not a multiple of 16 bytes"),
+    (lambda: [_bf16(1, 2, 16, 64), _bf16(1, 1, 16, 64).expand(1, 2, 16, 64), _bf16(1, 2, 16, 64)], False, None,
+     "k has stride 0 in dimension 1 (an expanded tensor)"),
+    (lambda: [_bf16(1, 2, 16, 64), _bf16(1, 2, 16, 64), _misaligned(1, 2, 16, 64)], False, None,
+     "v's data is not 16-byte aligned"),
+    (lambda: [_bf16(1, 3, 16, 64), _bf16(1, 2, 16, 64), _bf16(1, 2, 16, 64)], False, None,
+     "the number of q heads must be a multiple of the k/v heads"),
+    (lambda: [torch.empty(1, 65536, 1, 64, dtype=torch.bfloat16)] * 3, False, None,
+     "batch * heads = 65536 passes grid axis 1's limit"),
+    (lambda: [_bf16(2, 4, 33, 128), _bf16(2, 2, 40, 128), _bf16(2, 2, 40, 128)], "lower_right", None,
+     "tensors on cpu; the Gluon kernel runs on CUDA devices of compute capability 9.0"),
+])
+def test_gluon_supported_names_what_it_refuses(make, causal, scale, reason):
+    q, k, v = make()
+    got = gluon_supported(q, k, v, causal, scale)
+    assert got is not None and reason in got, got
+    with pytest.raises(ValueError, match="the Gluon attention kernel cannot run this call"):
+        gluon_attention_forward(q, k, v, causal=causal, scale=scale)
+
+
+def test_layouts_tma_can_describe_pass_the_layout_checks():
+    # [B, S, H, D] storage seen as [B, H, S, D] (a transposed view), and size-1 dimensions with odd strides: only
+    # the device is left to refuse on a CPU.
+    q = _bf16(2, 40, 4, 64).transpose(1, 2)
+    k = _bf16(2, 40, 2, 64).transpose(1, 2)
+    assert gluon_supported(q, k, k, True).startswith("tensors on cpu")
+    single = _bf16(1, 1, 1, 128)
+    assert gluon_supported(single, single, single, "lower_right").startswith("tensors on cpu")
+    assert launch_gluon._tma_strides(_bf16(1, 1, 5, 64)) == [320, 320, 64, 1]

@@ -1,0 +1,69 @@
+"""A/B of the Gluon attention forward (issue 17) on Hopper: step 1 and step 2 against SDPA's default, against
+flashlite's pointer-kernel forward and against each other, with and without the softmax/P V overlap (sm_90 only).
+
+Run with ``pytest tests/perf/test_gluon_ab.py --kernel-ab``. Causal bf16, H=16, cases 3, 6 and 12 of
+``flashlite.cases`` (B=1 S=8192; B=8 S=4096; B=16 S=8192) at D=64 and D=128. Every side computes out and the
+log-sum-exp a backward would need (SDPA's default: its forward without grad, as the other A/B files time it);
+each candidate is first checked against SDPA so that a wrong kernel is never timed.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from flashlite._attention.launch import attention_forward
+from flashlite._attention.launch_gluon import configs_for, gluon_attention_forward
+from flashlite.cases import case
+from pytest_kernelcheck import assert_close
+
+from .conftest import attention_bytes, attention_work, qkv
+
+pytestmark = pytest.mark.skipif(
+    not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)),
+    reason="the Gluon kernel is for sm_90: needs a CUDA GPU of compute capability 9.0")
+
+SHAPES = [dict(case=n, B=case(n).B, S=case(n).S, H=case(n).H, D=D) for D in (64, 128) for n in (3, 6, 12)]
+
+
+def _gluon(q, k, v, variant: str, overlap: bool):
+    config = next(c for c in configs_for(q.shape[-1], variant) if c.overlap == overlap)
+    return lambda: gluon_attention_forward(q, k, v, causal=True, variant=variant, config=config)[0]
+
+
+def _callables(shape):
+    q, k, v = qkv(shape.B, shape.H, shape.S, shape.D, shape.dtype)
+    scale = shape.D ** -0.5
+    sides = {
+        "gluon step 1": _gluon(q, k, v, "pipelined", False),
+        "gluon step 2": _gluon(q, k, v, "ws", False),
+        "gluon step 1 overlap": _gluon(q, k, v, "pipelined", True),
+        "gluon step 2 overlap": _gluon(q, k, v, "ws", True),
+        "pointer kernel": lambda: attention_forward(q, k, v, None, None, 1, scale, "bf16")[0],
+        "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+    }
+    expected = sides["sdpa"]()
+    sides["pointer kernel"]()  # its autotuning, outside the timed calls
+    for name in sides:
+        if name.startswith("gluon"):
+            # SDPA's own low-precision output is the yardstick here; the float64 checks live in tests/flashlite.
+            assert_close(sides[name]()[:, :, :4096].float(), expected[:, :, :4096].double(), policy=shape.dtype,
+                         notes=(name,))
+    return sides
+
+
+# (candidate, baseline): each step against SDPA, step 1 against the pointer kernel, each step against the one
+# before, and the softmax/P V overlap against the same schedule without it.
+PAIRS = [("gluon step 1", "sdpa"), ("gluon step 2", "sdpa"), ("gluon step 2 overlap", "sdpa"),
+         ("gluon step 1", "pointer kernel"), ("gluon step 2", "gluon step 1"),
+         ("gluon step 1 overlap", "gluon step 1"), ("gluon step 2 overlap", "gluon step 2")]
+
+
+@pytest.mark.shape(*SHAPES, dtype=[torch.bfloat16])
+@pytest.mark.memory(lambda shape: attention_bytes(shape, copies=9))
+def test_gluon_forward_ab(shape, kernel_ab):
+    sides = _callables(shape)
+    work = attention_work(shape)
+    for candidate, baseline in PAIRS:
+        kernel_ab.compare(sides[candidate], sides[baseline], name=f"fwd D{shape.D} {candidate} vs {baseline}",
+                          **work)
