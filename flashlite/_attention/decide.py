@@ -1,7 +1,8 @@
 """Decide which backend runs a validated call, log why, and build the call signature's ``Plan``.
 
 ``decide`` asks ``flashlite.dispatch`` for ``backend="auto"``; ``decide_with_mask`` sends explicit masks to SDPA;
-``make_plan`` validates, decides and gives the plan the function that runs its calls. Imports every module of the
+``make_plan`` validates, decides (for the Triton backend also which forward kernel: ``launch_gluon``) and gives the
+plan the function that runs its calls. Imports every module of the
 package but ``api``.
 """
 import functools
@@ -13,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from flashlite import _runtime
+from flashlite._attention import launch_gluon
 from flashlite._attention.ops import run_triton, run_triton_compiled
 from flashlite._attention.plans import Plan
 from flashlite._attention.sdpa import check_attn_mask, sdpa_attention
@@ -74,8 +76,12 @@ def make_plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: Union[b
     problem = validate(q, k, v, causal, scale, key_padding_mask, key_lengths, backend, precision, window, softcap,
                        alibi_slopes)
     decision = decide(q, k, v, key_padding_mask, problem, backend)
+    on_gluon = launch_gluon.forward_kernel_for(problem, q, k, v) if decision.backend == "triton" else None
+    if on_gluon is not None:
+        decision = Decision("triton", f"{decision.reason}; {on_gluon}")
     log_decision(decision, q, k)
     plan = Plan(problem, decision, record=decision.backend == "triton" and q.is_cuda and not _runtime.interpreting())
+    plan.gluon = on_gluon is not None
     if decision.backend == "triton":
         # Plans made while torch.compile traces are never kept: they run the custom op, which the graph keeps.
         plan.run = functools.partial(run_triton_compiled if torch.compiler.is_compiling() else run_triton, plan)

@@ -5,7 +5,9 @@ for the plan's tuning key, asked once), and on CUDA its first launch with a know
 that later calls replay the compiled kernel with their own tensors (``flashlite._direct_launch``). Each launch
 site names its kernel's leading tensors once, in one tuple, for the ordinary launch, the recording and the replay.
 The public launchers ``attention_forward`` / ``attention_backward`` (what the custom ops call) check their flat
-arguments and keep a plan per signature too. Imports ``validation`` and ``plans``.
+arguments and keep a plan per signature too. A plan whose forward the Gluon kernel runs (sm_90, where it
+measured faster: ``launch_gluon``) launches it there instead of the pointer kernel. Imports ``validation``,
+``plans`` and ``launch_gluon``.
 """
 import math
 import os
@@ -15,7 +17,7 @@ from typing import Any, Optional
 import torch
 
 from flashlite import _direct_launch, _runtime
-from flashlite._attention import plans
+from flashlite._attention import launch_gluon, plans
 from flashlite._attention.plans import Plan
 from flashlite._attention.validation import (_CAUSAL_ARGUMENT, _TRITON_ERROR, CAUSAL_KEY_LENGTH, Problem,
                                              kernel_unsupported, validate)
@@ -278,6 +280,12 @@ def launch_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: 
     ``out`` is then a packed view too, and lse [B, H, max S_q] padded. A paged cache
     (``plan.problem.page_size``): k, v are [blocks, H_kv, page_size, D] and ``block_table`` int32 [B, max blocks]."""
     p = plan.problem
+    if plan.gluon is None:  # decided once per plan (make_plan decides it for plans of attention())
+        plan.gluon = launch_gluon.forward_kernel_for(p, q, k, v) is not None
+    if plan.gluon:
+        on_gluon = launch_gluon.launch_planned(q, k, v, p)
+        if on_gluon is not None:
+            return on_gluon if need_lse else (on_gluon[0], None)
     # Contiguous [B, H, S_q, D] (empty_like parses fewer arguments than empty).
     out = _new_output(q, p) if p.varlen else torch.empty_like(q, memory_format=torch.contiguous_format)
     if not need_lse:

@@ -11,7 +11,10 @@ The descriptors are 4-D, over the tensors' own [B, heads, S, D] shapes and strid
 the copy engine bounds each tile by its own (batch, head): a block past S reads zeros and stores nothing, however
 the tensors are laid out ([B, H, S, D] contiguous, or [B, S, H, D] transposed views).
 
-Not wired into ``flashlite.attention``'s dispatch: call ``gluon_attention_forward`` directly.
+Where the Triton backend runs a call's forward on this kernel instead of the pointer kernel: ``forward_kernel_for``
+(the measured rule, ``GLUON_MIN_ROWS``), which every Triton plan asks once; ``launch_planned`` then launches it
+with the plan's problem, unchecked but for the base addresses (not part of a plan's signature). Direct calls:
+``gluon_attention_forward``.
 """
 from __future__ import annotations
 
@@ -19,9 +22,11 @@ import math
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
+import os
+
 import torch
 
-from flashlite._attention.validation import validate
+from flashlite._attention.validation import CAUSAL_TOP_LEFT, Problem, validate
 
 try:
     from triton.experimental.gluon import language as _gl
@@ -37,6 +42,14 @@ _CAUSAL = {False: 0, True: 1, "top_left": 1, "lower_right": 2}
 # CUDA caps grid axis 1, which holds batch * heads.
 _GRID_AXIS1_LIMIT = 65535
 VARIANTS = ("pipelined", "ws")
+
+# Where the Gluon kernel (step 1, its first config) measured faster than the pointer kernel (H200, 2026-12-01,
+# tests/perf/test_gluon_ab.py, benchmarks/results/h200-2026-12-01-session4/run5_gluon): causal bf16 at D=128,
+# 1.098x at B=8 S=4096 and 1.105x at B=16 S=8192 (H=16: 2**19 and 2**21 query rows), a tie (1.011x) at B=1
+# S=8192 (2**17 rows); at D=64 it lost everywhere (0.79-0.84x). Nothing else (fp16, other causal modes, S_q !=
+# S_k) was measured, so nothing else uses it. FLASHLITE_GLUON=0 keeps every call on the pointer kernel.
+GLUON_MIN_ROWS = 2 ** 19
+GLUON_ENABLED = os.environ.get("FLASHLITE_GLUON", "1") not in ("", "0")
 
 
 @dataclass(frozen=True)
@@ -132,6 +145,42 @@ def gluon_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if _GLUON_ERROR is not None:
         return _GLUON_ERROR
     return None
+
+
+def forward_kernel_for(problem: Problem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Optional[str]:
+    """Why a Triton plan's forward runs on the Gluon kernel (a reason for ``explain_dispatch``), or None for the
+    pointer kernel: the call must be one the measurement covered (dense causal bf16 at D=128, S_q == S_k, at least
+    ``GLUON_MIN_ROWS`` query rows) and one the kernel can run (``gluon_supported``).
+
+    Example:
+        >>> q = torch.randn(1, 2, 16, 128, dtype=torch.bfloat16)
+        >>> forward_kernel_for(validate(q, q, q, True, None, None, None, "triton", None), q, q, q) is None
+        True
+    """
+    rows = problem.batch * problem.heads * problem.seq_q
+    if not (GLUON_ENABLED and problem.variant == "dense" and problem.key_masking == "none" and not problem.varlen
+            and problem.page_size == 0 and problem.dtype == torch.bfloat16 and problem.head_dim == 128
+            and problem.causal_mode == CAUSAL_TOP_LEFT and problem.seq_q == problem.seq_k
+            and rows >= GLUON_MIN_ROWS):
+        return None
+    if gluon_supported(q, k, v, True, problem.scale) is not None:
+        return None
+    return (f"forward on the Gluon kernel (sm_90, TMA and wgmma: measured 1.10x the pointer kernel for causal "
+            f"bf16 at D=128 from {GLUON_MIN_ROWS} query rows; this call has {rows})")
+
+
+def launch_planned(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   problem: Problem) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+    """(out, lse) of a call whose plan chose the Gluon kernel, or None when this call's base addresses are not
+    16-byte aligned (a plan keys on shapes and strides, not addresses: such a call takes the pointer kernel)."""
+    if q.data_ptr() % 16 or k.data_ptr() % 16 or v.data_ptr() % 16:
+        return None
+    config = configs_for(problem.head_dim)[0]
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty((problem.batch, problem.heads, problem.seq_q), dtype=torch.float32, device=q.device)
+    args, meta = kernel_arguments(q, k, v, out, lse, problem.causal_mode, problem.scale, config)
+    _kernels._attn_fwd[(math.ceil(problem.seq_q / config.block_m), problem.batch * problem.heads)](*args, **meta)
+    return out, lse
 
 
 def descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,

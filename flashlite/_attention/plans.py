@@ -27,7 +27,8 @@ class Plan:
     key_lengths, or None). Triton plans also keep, per kernel, the config it launches (``configs``: the forced one,
     or the autotuner's choice for this signature's tuning key) and, per launch site, the recorded launch that
     replays the compiled kernel with a call's tensors (``recorded``; None where recording was refused, e.g. an
-    unaligned tensor). ``record`` is False for plans that are not kept (forced configs, calls past the cache's
+    unaligned tensor). ``gluon`` says whether the forward runs on the Gluon kernel instead of the pointer kernel.
+    ``record`` is False for plans that are not kept (forced configs, calls past the cache's
     size) and off CUDA, where nothing is recorded.
 
     Example:
@@ -39,7 +40,7 @@ class Plan:
         ('sdpa', {}, {})
     """
 
-    __slots__ = ("problem", "decision", "run", "configs", "recorded", "record")
+    __slots__ = ("problem", "decision", "run", "configs", "recorded", "record", "gluon")
 
     def __init__(self, problem: Problem, decision: Any, run: Optional[Callable[..., torch.Tensor]] = None,
                  configs: Optional[dict[str, dict]] = None, record: bool = False) -> None:
@@ -49,6 +50,9 @@ class Plan:
         self.configs: dict[str, dict] = dict(configs or {})
         self.recorded: dict[Any, Any] = {}
         self.record = record and RECORD_LAUNCHES
+        # Whether the forward runs on the Gluon kernel (``launch_gluon.forward_kernel_for``): None until decided,
+        # by make_plan or at the plan's first launch.
+        self.gluon: Optional[bool] = None
 
 
 def _mask_signature(mask: Optional[torch.Tensor]) -> Optional[tuple]:

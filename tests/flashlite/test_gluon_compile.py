@@ -8,6 +8,7 @@ TRITON_INTERPRET=0 and a cache in pytest's tmp dir, specialized as ``gluon_atten
 built by the launcher itself over CPU tensors). Each compiled kernel must fit the 227 KB of shared memory a Hopper
 thread block may have and use at most 255 registers without spilling, as ptxas reports them.
 """
+import importlib
 import json
 
 import pytest
@@ -154,3 +155,75 @@ def test_layouts_tma_can_describe_pass_the_layout_checks():
     single = _bf16(1, 1, 1, 128)
     assert gluon_supported(single, single, single, "lower_right").startswith("tensors on cpu")
     assert launch_gluon._tma_strides(_bf16(1, 1, 5, 64)) == [320, 320, 64, 1]
+
+
+# Where the Triton backend's forward runs on the Gluon kernel: the measured rule, the plan's choice, the reason
+# explain_dispatch gives, and the fallback for unaligned calls. gluon_supported and the launch are stood in (the
+# kernel needs an sm_90 GPU); everything else is the real path.
+def _seeded_bf16(batch, heads, seq, dim=128):
+    gen = torch.Generator().manual_seed(batch * 1000 + seq)
+    return torch.randn(batch, heads, seq, dim, generator=gen).to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("batch, heads, seq, dim, dtype, causal, chosen", [
+    (8, 16, 4096, 128, torch.bfloat16, True, True),  # measured: 1.098x the pointer kernel
+    (2, 16, 16384, 128, torch.bfloat16, True, True),  # 2**19 rows
+    (1, 16, 8192, 128, torch.bfloat16, True, False),  # measured: a tie (2**17 rows)
+    (8, 16, 4096, 64, torch.bfloat16, True, False),  # measured: losses at D=64
+    (8, 16, 4096, 128, torch.float16, True, False),  # not measured
+    (8, 16, 4096, 128, torch.bfloat16, False, False),  # not measured
+    (8, 16, 4096, 128, torch.bfloat16, "lower_right", False),  # not measured
+])
+def test_the_measured_rule_picks_the_gluon_forward(monkeypatch, batch, heads, seq, dim, dtype, causal, chosen):
+    from flashlite._attention.validation import validate
+    monkeypatch.setattr(launch_gluon, "gluon_supported", lambda *a, **kw: None)
+    q = torch.empty(batch, heads, seq, dim, dtype=dtype)  # the rule reads shapes only: no data is needed
+    problem = validate(q, q, q, causal, None, None, None, "triton", None)
+    reason = launch_gluon.forward_kernel_for(problem, q, q, q)
+    assert (reason is not None) is chosen
+    if chosen:
+        assert "Gluon kernel" in reason and str(batch * heads * seq) in reason
+
+
+def test_the_rule_needs_a_call_the_kernel_can_run_and_no_mask(monkeypatch):
+    from flashlite._attention.validation import validate
+    q = torch.empty(8, 16, 4096, 128, dtype=torch.bfloat16)
+    problem = validate(q, q, q, True, None, None, None, "triton", None)
+    assert launch_gluon.forward_kernel_for(problem, q, q, q) is None  # CPU tensors: gluon_supported refuses
+    monkeypatch.setattr(launch_gluon, "gluon_supported", lambda *a, **kw: None)
+    lengths = torch.full((8,), 4000, dtype=torch.int32)
+    masked = validate(q, q, q, True, None, None, lengths, "triton", None)
+    assert launch_gluon.forward_kernel_for(masked, q, q, q) is None
+    monkeypatch.setattr(launch_gluon, "GLUON_ENABLED", False)  # FLASHLITE_GLUON=0
+    assert launch_gluon.forward_kernel_for(problem, q, q, q) is None
+
+
+def test_a_plan_on_the_gluon_kernel_launches_it_and_says_so(monkeypatch):
+    import flashlite
+    decide_module = importlib.import_module("flashlite._attention.decide")
+    launch_module = importlib.import_module("flashlite._attention.launch")
+    monkeypatch.setattr(launch_gluon, "gluon_supported", lambda *a, **kw: None)
+    q, k, v = (_seeded_bf16(1, 2, 64) for _ in range(3))
+    monkeypatch.setattr(launch_gluon, "GLUON_MIN_ROWS", 128)  # a tiny call stands for a large one
+    launched = []
+
+    def fake_launch(q, k, v, problem):
+        launched.append(problem.seq_q)
+        return q.new_full(q.shape, 7.0), torch.zeros(q.shape[:3])
+
+    monkeypatch.setattr(launch_gluon, "launch_planned", fake_launch)
+    plan = decide_module.make_plan(q, k, v, True, None, None, None, "triton", None)
+    assert plan.gluon and "forward on the Gluon kernel" in plan.decision.reason
+    assert "forced by backend='triton'" in plan.decision.reason
+    out, lse = launch_module.launch_forward(q, k, v, None, None, plan)
+    assert launched == [64] and torch.equal(out, q.new_full(q.shape, 7.0))
+    explained = flashlite.explain_dispatch(q, k, v, causal=True, backend="triton")
+    assert "Gluon kernel" in explained.reason
+
+
+def test_an_unaligned_call_of_a_gluon_plan_takes_the_pointer_kernel():
+    storage = torch.randn(1 * 2 * 64 * 128 + 1).to(torch.bfloat16)
+    q = storage[1:].view(1, 2, 64, 128)  # 2 bytes past a 16-byte boundary
+    from flashlite._attention.validation import validate
+    problem = validate(q, q, q, True, None, None, None, "triton", None)
+    assert q.data_ptr() % 16 and launch_gluon.launch_planned(q, q, q, problem) is None
