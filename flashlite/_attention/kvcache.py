@@ -24,6 +24,10 @@ from flashlite._attention.decide import decide
 from flashlite._attention.validation import CAUSAL_KEY_LENGTH, CAUSAL_NONE, validate, value_checks_wanted
 
 
+# Split-KV shares per query block: the merge unrolls one load per share.
+MAX_SPLITS = 64
+
+
 def _check_block_table(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                        block_table: torch.Tensor) -> int:
     """The positions a paged cache holds per entry (max blocks * block size), or the error naming the argument."""
@@ -141,7 +145,8 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            v_new: Optional[torch.Tensor] = None, block_table: Optional[torch.Tensor] = None,
                            scale: Optional[float] = None, window: Optional[tuple[int, int]] = None,
                            softcap: Optional[float] = None, alibi_slopes: Optional[torch.Tensor] = None,
-                           backend: str = "auto", check_values: Optional[bool] = None) -> torch.Tensor:
+                           backend: str = "auto", check_values: Optional[bool] = None,
+                           num_splits: int = 1) -> torch.Tensor:
     """Attention of the newest S_q positions of each batch entry against its KV cache (decoding: S_q = 1).
 
     Args:
@@ -161,6 +166,10 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         check_values: check cache_seqlens (>= 0, no overflow of S_max) and the block table's used entries (within
             [0, blocks)). Default: on for CPU tensors; on CUDA off, since reading them synchronises the device,
             unless FLASHLITE_CHECK_VALUES=1. An overflowing write is otherwise an out-of-range index on the device.
+        num_splits: split-KV for the kernel, 1 to 64: each entry's keys are shared out over this many programs
+            (whole key blocks each), whose float32 partial results a second kernel merges. More programs fill
+            the GPU when B * H_kv is small against its SMs and each cache is short; the partials cost
+            num_splits * B * H * S_q * (D + 1) floats. 1 (the default): no split. Ignored by SDPA.
 
     Returns:
         [B, H, S_q, D] in q's dtype. Forward only: calls that need a gradient are refused. Under torch.compile
@@ -176,6 +185,8 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         (torch.Size([2, 4, 1, 16]), True)
     """
     _check_cache_args(q, k_cache, v_cache, cache_seqlens, k_new, v_new)
+    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or not 1 <= num_splits <= MAX_SPLITS:
+        raise ValueError(f"num_splits must be an integer from 1 to {MAX_SPLITS}, got {num_splits!r}")
     capacity = k_cache.shape[2] if block_table is None else _check_block_table(q, k_cache, v_cache, block_table)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k_cache, v_cache, k_new, v_new)):
         raise ValueError("attention_with_kvcache is forward only (decoding); call it under torch.no_grad() or "
@@ -196,7 +207,7 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if torch.compiler.is_compiling():  # validated and decided at trace time; the graph holds the opaque op
         return attention_with_kvcache_op(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, alibi_slopes,
                                          problem.scale, problem.window_left, problem.window_right, problem.softcap,
-                                         decision.backend == "triton")
+                                         decision.backend == "triton", num_splits)
     if k_new is not None:
         _append(k_cache, k_new, cache_seqlens, block_table)
         _append(v_cache, v_new, cache_seqlens, block_table)
@@ -211,12 +222,13 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         # in as the rows of one kv head, so that each program reads its part of the cache once, not once per head.
         packed = q.reshape(p.batch, p.kv_heads, p.group_size, p.head_dim)
         plan = Plan(dataclasses.replace(p, heads=p.kv_heads, seq_q=p.group_size, causal_mode=CAUSAL_NONE,
-                                        page_size=page_size), decision)
+                                        page_size=page_size, key_splits=num_splits), decision)
         out = launch_forward(packed, k_cache, v_cache, lengths, None, plan, need_lse=False,
                              block_table=block_table)[0]
         return out.reshape(q.shape)
     # The kernel's causal mode aligned to each key length: query i sees keys j <= i + n_b - S_q.
-    plan = Plan(dataclasses.replace(p, causal_mode=CAUSAL_KEY_LENGTH, page_size=page_size), decision)
+    plan = Plan(dataclasses.replace(p, causal_mode=CAUSAL_KEY_LENGTH, page_size=page_size, key_splits=num_splits),
+                decision)
     return launch_forward(q, k_cache, v_cache, lengths, alibi_slopes, plan, need_lse=False,
                           block_table=block_table)[0]
 
@@ -226,17 +238,18 @@ def attention_with_kvcache_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
                               cache_seqlens: torch.Tensor, k_new: Optional[torch.Tensor],
                               v_new: Optional[torch.Tensor], block_table: Optional[torch.Tensor],
                               alibi_slopes: Optional[torch.Tensor], scale: float, window_left: int,
-                              window_right: int, softcap: float, use_kernel: bool) -> torch.Tensor:
+                              window_right: int, softcap: float, use_kernel: bool, num_splits: int = 1
+                              ) -> torch.Tensor:
     """A KV-cache call as one opaque op for torch.compile'd graphs, the caches declared as mutated (the new tokens
     are written into them). Its arguments were validated when the graph was traced; ``softcap`` 0.0 is off."""
     window = None if (window_left, window_right) == (-1, -1) else (window_left, window_right)
     return attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, k_new=k_new, v_new=v_new,
                                   block_table=block_table, scale=scale, window=window, softcap=softcap or None,
                                   alibi_slopes=alibi_slopes, backend="triton" if use_kernel else "sdpa",
-                                  check_values=False)
+                                  check_values=False, num_splits=num_splits)
 
 
 @attention_with_kvcache_op.register_fake
 def _kvcache_fake(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, alibi_slopes, scale, window_left,
-                  window_right, softcap, use_kernel):
+                  window_right, softcap, use_kernel, num_splits=1):
     return q.new_empty(q.shape)

@@ -150,12 +150,14 @@ class _Grid:
     seq: int
     block_key: str
     batch_heads: int
+    splits: int = 1  # split-KV: programs per sequence block, on axis 0
 
     def __call__(self, meta: dict) -> tuple[int, ...]:
         pair_groups = cdiv(self.batch_heads, meta.get("BH_PER_PROGRAM", 1))
+        blocks = cdiv(self.seq, meta[self.block_key]) * self.splits
         if self.batch_heads > _GRID_AXIS1_LIMIT:
-            return (cdiv(self.seq, meta[self.block_key]) * pair_groups,)
-        return (cdiv(self.seq, meta[self.block_key]), pair_groups)
+            return (blocks * pair_groups,)
+        return (blocks, pair_groups)
 
 
 def _block_d(head_dim: int) -> int:
@@ -286,6 +288,8 @@ def launch_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: 
         on_gluon = launch_gluon.launch_planned(q, k, v, p)
         if on_gluon is not None:
             return on_gluon if need_lse else (on_gluon[0], None)
+    if p.key_splits > 1:
+        return _launch_split_forward(q, k, v, key_mask, alibi_slopes, plan, need_lse, block_table)
     # Contiguous [B, H, S_q, D] (empty_like parses fewer arguments than empty).
     out = _new_output(q, p) if p.varlen else torch.empty_like(q, memory_format=torch.contiguous_format)
     if not need_lse:
@@ -294,26 +298,62 @@ def launch_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: 
         lse = torch.full((p.batch, p.heads, p.seq_q), float("-inf"), dtype=torch.float32, device=q.device)
     else:
         lse = torch.empty((p.batch, p.heads, p.seq_q), dtype=torch.float32, device=q.device)
+    site = "forward" if need_lse else "inference"
+    _launch_forward_kernel(q, k, v, out, lse, key_mask, alibi_slopes, plan, site, need_lse, cu_seqlens, block_table)
+    return out, (lse if need_lse else None)
+
+
+def _launch_forward_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                           key_mask: Optional[torch.Tensor], alibi_slopes: Optional[torch.Tensor], plan: Plan,
+                           site: str, store_lse: bool, cu_seqlens: Optional[tuple[torch.Tensor, torch.Tensor]],
+                           block_table: Optional[torch.Tensor]) -> None:
+    """One launch of the forward kernel writing ``out`` and ``lse`` (with ``plan.problem.key_splits`` > 1: the
+    float32 partials, [splits, *out's shape] and [splits, B, H, S_q])."""
+    p = plan.problem
     mask_arg, lengths_arg, stride_mask_b, stride_mask_n = _key_mask_args(q, key_mask, p)
     alibi_arg, variant_scalars, variant_flags = _variant_args(q, alibi_slopes, p)
     cu_q, cu_k = (q, q) if cu_seqlens is None else cu_seqlens
     table, stride_table = (q, 0) if block_table is None else (block_table, block_table.stride(0))
     # the kernel's Q, K, V, Out, Lse, KeyMask, KeyLen, Alibi, CuSeqQ, CuSeqK, BlockTable
     tensors = (q, k, v, out, lse, mask_arg, lengths_arg, alibi_arg, cu_q, cu_k, table)
-    site = "forward" if need_lse else "inference"
     recorded = plan.recorded.get(site)  # _replayed, inline: this is the hot path of a replayed inference call
     if recorded is None or not recorded.launch(*tensors):
         block_d = _block_d(p.head_dim)
         buckets = _tuning.tuning_buckets(p.seq_q, p.seq_k, p.batch * p.heads)
         dot = _dot_mode(p.precision)
-        _launch(_FORWARD, site, plan, _Grid(p.seq_q, "BLOCK_M", p.batch * p.heads), tensors,
-                (*q.stride(), *k.stride(), *v.stride(), *out.stride(), stride_mask_b, stride_mask_n,
+        out_strides = out.stride()[-4:]  # a split's partial has the strides of out
+        splits = {} if p.key_splits == 1 else {"NUM_SPLITS": p.key_splits}
+        _launch(_FORWARD, site, plan, _Grid(p.seq_q, "BLOCK_M", p.batch * p.heads, p.key_splits), tensors,
+                (*q.stride(), *k.stride(), *v.stride(), *out_strides, stride_mask_b, stride_mask_n,
                  *variant_scalars[:2], stride_table, p.heads, p.group_size, p.seq_q, p.seq_k,
                  p.scale * math.log2(math.e),
                  p.batch * p.heads, *variant_scalars[2:], *buckets),
                 dict(HEAD_DIM=p.head_dim, BLOCK_D=block_d, CAUSAL=p.causal_mode, KEY_MASK=p.key_masking, DOT=dot,
-                     FLAT_GRID=p.batch * p.heads > _GRID_AXIS1_LIMIT, STORE_LSE=need_lse, PAGE_SIZE=p.page_size,
-                     **variant_flags), seq_q_bucket=buckets[0])
+                     FLAT_GRID=p.batch * p.heads > _GRID_AXIS1_LIMIT, STORE_LSE=store_lse, PAGE_SIZE=p.page_size,
+                     **variant_flags, **splits), seq_q_bucket=buckets[0])
+
+
+# Rows per program of the split-KV merge: decoding has a few thousand rows at most.
+_COMBINE_ROWS = 16
+
+
+def _launch_split_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: Optional[torch.Tensor],
+                          alibi_slopes: Optional[torch.Tensor], plan: Plan, need_lse: bool,
+                          block_table: Optional[torch.Tensor]) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Split-KV: the forward kernel with ``key_splits`` programs per query block, each over a share of the
+    keys, into float32 partials, then ``_attn_fwd_combine`` merging them into out (and lse)."""
+    p = plan.problem
+    splits = p.key_splits
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    part_out = torch.empty((splits, *q.shape), dtype=torch.float32, device=q.device)
+    part_lse = torch.empty((splits, p.batch, p.heads, p.seq_q), dtype=torch.float32, device=q.device)
+    _launch_forward_kernel(q, k, v, part_out[0], part_lse, key_mask, alibi_slopes, plan, "split", True, None,
+                           block_table)
+    lse = torch.empty((p.batch, p.heads, p.seq_q), dtype=torch.float32, device=q.device) if need_lse else out
+    rows = p.batch * p.heads * p.seq_q
+    _launch(_fwd._attn_fwd_combine, "combine", plan, (cdiv(rows, _COMBINE_ROWS),), (part_out, part_lse, out, lse),
+            (rows,), dict(HEAD_DIM=p.head_dim, BLOCK_D=_block_d(p.head_dim), BLOCK_R=_COMBINE_ROWS,
+                          NUM_SPLITS=splits, STORE_LSE=need_lse, DOT=_dot_mode(p.precision)))
     return out, (lse if need_lse else None)
 
 

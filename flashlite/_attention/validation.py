@@ -79,6 +79,8 @@ class Problem:
     varlen: bool = False
     # A paged KV cache (attention_with_kvcache): positions per cache block; 0 for contiguous keys
     page_size: int = 0
+    # Split-KV (attention_with_kvcache's num_splits): programs per query block, each over a share of the keys
+    key_splits: int = 1
 
     @property
     def group_size(self) -> int:

@@ -140,12 +140,21 @@ def _attn_fwd(Q,  # [B, H, S_q, D], any strides
               DOT: tl.constexpr, FLAT_GRID: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_M: tl.constexpr, BH_PER_PROGRAM: tl.constexpr = 1,
               STORE_LSE: tl.constexpr = True, WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False,
-              ALIBI: tl.constexpr = False, VARLEN: tl.constexpr = False, PAGE_SIZE: tl.constexpr = 0):
+              ALIBI: tl.constexpr = False, VARLEN: tl.constexpr = False, PAGE_SIZE: tl.constexpr = 0,
+              NUM_SPLITS: tl.constexpr = 1):
     # Grid: axis 0 query blocks, axis 1 groups of BH_PER_PROGRAM (batch, head) pairs; flattened into axis 0 when
     # the groups exceed axis 1's limit. Several pairs per program give short sequences, whose programs are tiny,
     # more work per launch slot; the autotuner decides where that pays.
+    # Split-KV (NUM_SPLITS > 1, decoding): axis 0 holds NUM_SPLITS programs per query block, each folding one
+    # contiguous share of the block's keys; Out and Lse are then float32 partials [NUM_SPLITS, B, H, S_q, D] and
+    # [NUM_SPLITS, B, H, S_q] (contiguous), merged by _attn_fwd_combine.
     num_m_blocks = tl.cdiv(seq_q, BLOCK_M)
-    pid_m, pid_group = program_ids(num_m_blocks, FLAT_GRID)
+    pid_m, pid_group = program_ids(num_m_blocks * NUM_SPLITS, FLAT_GRID)
+    if NUM_SPLITS > 1:  # (the share itself: _attn_fwd_block reads it from the program id)
+        split = pid_m % NUM_SPLITS
+        pid_m = pid_m // NUM_SPLITS
+        Out += split.to(tl.int64) * (batch_heads // num_heads) * stride_ob
+        Lse += split.to(tl.int64) * batch_heads * seq_q
     if CAUSAL != 0:
         # Later query blocks see more keys; launch them first so the short ones fill the tail.
         pid_m = num_m_blocks - 1 - pid_m
@@ -157,7 +166,7 @@ def _attn_fwd(Q,  # [B, H, S_q, D], any strides
                         group_size, seq_q,
                         seq_k, qk_scale, window_left, window_right, softcap,
                         pid_m, pid_group, HEAD_DIM, BLOCK_D, CAUSAL, KEY_MASK, DOT, BLOCK_M, BLOCK_N, EVEN_M,
-                        STORE_LSE, WINDOW, SOFTCAP, ALIBI, VARLEN, PAGE_SIZE)
+                        STORE_LSE, WINDOW, SOFTCAP, ALIBI, VARLEN, PAGE_SIZE, NUM_SPLITS, FLAT_GRID)
     else:
         for i in tl.static_range(BH_PER_PROGRAM):
             pid_bh = pid_group * BH_PER_PROGRAM + i
@@ -169,7 +178,8 @@ def _attn_fwd(Q,  # [B, H, S_q, D], any strides
                                 stride_table_b,
                                 num_heads, group_size, seq_q, seq_k, qk_scale, window_left, window_right, softcap,
                                 pid_m, pid_bh, HEAD_DIM, BLOCK_D, CAUSAL, KEY_MASK, DOT, BLOCK_M,
-                                BLOCK_N, EVEN_M, STORE_LSE, WINDOW, SOFTCAP, ALIBI, VARLEN, PAGE_SIZE)
+                                BLOCK_N, EVEN_M, STORE_LSE, WINDOW, SOFTCAP, ALIBI, VARLEN, PAGE_SIZE, NUM_SPLITS,
+                                FLAT_GRID)
 
 
 @triton.jit
@@ -183,9 +193,15 @@ def _attn_fwd_block(Q, K, V, Out, Lse, KeyMask, KeyLen, Alibi, CuSeqQ, CuSeqK, B
                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, KEY_MASK: tl.constexpr,
                     DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_M: tl.constexpr,
                     STORE_LSE: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
-                    VARLEN: tl.constexpr, PAGE_SIZE: tl.constexpr):
+                    VARLEN: tl.constexpr, PAGE_SIZE: tl.constexpr, NUM_SPLITS: tl.constexpr = 1,
+                    FLAT_GRID: tl.constexpr = False):
     """Query block ``pid_m`` of the (batch, head) pair ``pid_bh``: output rows and, with STORE_LSE (needed only
-    for a backward pass), their log-sum-exp. With VARLEN, b is a packed sequence (see ``varlen_sequence``)."""
+    for a backward pass, and for split-KV partials), their log-sum-exp. With VARLEN, b is a packed sequence (see
+    ``varlen_sequence``). With NUM_SPLITS > 1, only this program's share of the key blocks the rows visit (the
+    share's index comes from the program id as _attn_fwd lays it out), each share a whole number of blocks, so
+    that the unmasked blocks stay unmasked."""
+    if NUM_SPLITS > 1:
+        split = program_ids(tl.cdiv(seq_q, BLOCK_M) * NUM_SPLITS, FLAT_GRID)[0] % NUM_SPLITS
     b = pid_bh // num_heads
     h = pid_bh % num_heads
     kv_h = h // group_size
@@ -216,6 +232,15 @@ def _attn_fwd_block(Q, K, V, Out, Lse, KeyMask, KeyLen, Alibi, CuSeqQ, CuSeqK, B
         KeyLen, b, start_m, seq_q, seq_k, window_left, window_right, BLOCK_M, BLOCK_N, CAUSAL, KEY_MASK, WINDOW)
     softcap2, slope2 = variant_scalars(Alibi, b, h, stride_alibi_b, stride_alibi_h, softcap, qk_scale, SOFTCAP,
                                        ALIBI)
+    if NUM_SPLITS > 1:
+        # The visited keys [lo, hi) in NUM_SPLITS shares of whole blocks (lo is a block multiple); every range
+        # clipped to this program's share keeps its order, and only the last nonempty share ends off a block.
+        share = tl.cdiv(tl.cdiv(hi - lo, BLOCK_N), NUM_SPLITS) * BLOCK_N
+        share_lo = lo + split * share
+        share_hi = tl.maximum(tl.minimum(share_lo + share, hi), share_lo)
+        full_start = tl.minimum(tl.maximum(full_start, share_lo), share_hi)
+        full_end = tl.minimum(tl.maximum(full_end, share_lo), share_hi)
+        lo, hi = share_lo, share_hi
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -264,6 +289,42 @@ def _attn_fwd_block(Q, K, V, Out, Lse, KeyMask, KeyLen, Alibi, CuSeqQ, CuSeqK, B
         if STORE_LSE:
             tl.store(lse_ptrs, lse, mask=offs_m < seq_q)
         tl.store(o_ptrs, out, mask=(offs_m[:, None] < seq_q) & (offs_d[None, :] < HEAD_DIM))
+
+
+@triton.jit
+def _attn_fwd_combine(OutPart,  # [NUM_SPLITS, rows, HEAD_DIM] float32, contiguous: split-KV partial outputs
+                      LsePart,  # [NUM_SPLITS, rows] float32: their base-2 log-sum-exps (-inf: a share saw no key)
+                      Out,  # [rows, HEAD_DIM], rows contiguous (an [B, H, S_q, D] contiguous output), dtype of q
+                      Lse,  # [rows] float32 when STORE_LSE (else unused)
+                      rows,
+                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
+                      NUM_SPLITS: tl.constexpr, STORE_LSE: tl.constexpr, DOT: tl.constexpr):
+    """Merge split-KV partials: each share's output is normalised by its own sum, so the row's output is their
+    average weighted by 2 ** lse_s, and its lse the base-2 log of the summed weights. A row no share saw stays
+    0 with lse -inf."""
+    offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs_d = tl.arange(0, BLOCK_D)
+    in_rows = offs_r < rows
+    tile = in_rows[:, None] & (offs_d[None, :] < HEAD_DIM)
+    m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
+    for s in tl.static_range(NUM_SPLITS):
+        m = tl.maximum(m, tl.load(LsePart + s * rows + offs_r, mask=in_rows, other=float("-inf")))
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
+    weights = tl.zeros([BLOCK_R], dtype=tl.float32)
+    for s in tl.static_range(NUM_SPLITS):
+        weight = tl.math.exp2(tl.load(LsePart + s * rows + offs_r, mask=in_rows, other=float("-inf")) - m_safe)
+        part = tl.load(OutPart + (s * rows + offs_r[:, None]).to(tl.int64) * HEAD_DIM + offs_d[None, :],
+                       mask=tile, other=0.0)
+        acc += weight[:, None] * part
+        weights += weight
+    empty = weights == 0.0
+    out = acc * (1.0 / tl.where(empty, 1.0, weights))[:, None]
+    tl.store(Out + offs_r[:, None].to(tl.int64) * HEAD_DIM + offs_d[None, :],
+             cast_out(out, Out.dtype.element_ty, DOT), mask=tile)
+    if STORE_LSE:
+        tl.store(Lse + offs_r, tl.where(empty, float("-inf"), m_safe + tl.math.log2(tl.where(empty, 1.0, weights))),
+                 mask=in_rows)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -154,6 +154,45 @@ def test_one_query_per_entry_reads_each_kv_head_once(monkeypatch):
     assert_close(out.cpu(), reference(q, k_cache, v_cache, lengths + 1), policy="tf32")
 
 
+@pytest.mark.parametrize("splits", [2, 3, 7])
+@pytest.mark.parametrize("case", ["decode", "chunk-of-3", "window", "softcap-alibi"])
+def test_split_kv_gives_the_float64_result(case, splits, monkeypatch):
+    # Lengths 1, 2, 18 and 45 over 16-key blocks (interpreter): shares of whole blocks, empty shares (7 of them
+    # for 1 to 3 blocks), a share ending inside a block; GQA-packed rows (S_q = 1) and the causal chunk (S_q = 3).
+    launch_module = importlib.import_module("flashlite._attention.launch")
+    real, split_launches = launch_module._launch_split_forward, []
+    monkeypatch.setattr(launch_module, "_launch_split_forward",
+                        lambda q, *a: split_launches.append(a[4].problem.key_splits) or real(q, *a))
+    dtype, seq_q, options = CASES[case]
+    options = {key: _slopes(value) if key == "alibi_slopes" else value for key, value in options.items()}
+    q, k_cache, v_cache, lengths, k_new, v_new = inputs(dtype, seed=40 + splits, seq_q=seq_q)
+    out = attention_with_kvcache(q, k_cache, v_cache, lengths, k_new=k_new, v_new=v_new, backend="triton",
+                                 num_splits=splits, **options)
+    assert out.shape == q.shape and out.dtype == dtype and split_launches == [splits]
+    expected = reference(q, k_cache, v_cache, lengths + seq_q, **options)
+    assert_close(out.cpu(), expected, policy=POLICY[dtype])
+    unsplit = attention_with_kvcache(q, k_cache, v_cache, lengths + seq_q, backend="triton", **options)
+    assert_close(out.cpu(), expected, policy=POLICY[dtype], baseline=unsplit.cpu())
+
+
+def test_split_kv_reads_a_paged_cache_and_leaves_rows_without_keys_zero():
+    q, k_cache, v_cache, lengths, _, _ = inputs(torch.float32, seed=44, new=False)
+    k_cache, v_cache = k_cache[:, :, :32], v_cache[:, :, :32]
+    lengths = torch.tensor([0, 31, 16, 5], dtype=torch.int32, device=DEVICE)  # entry 0 has no key at all
+    k_blocks, table = paged(k_cache, seed=45)
+    v_blocks, _ = paged(v_cache, seed=45)
+    out = attention_with_kvcache(q, k_blocks, v_blocks, lengths, block_table=table, backend="triton", num_splits=3)
+    assert torch.equal(out[0].cpu(), torch.zeros_like(out[0].cpu()))
+    assert_close(out.cpu(), reference(q, k_cache, v_cache, lengths), policy="tf32")
+
+
+@pytest.mark.parametrize("num_splits", [0, 65, 2.0, True])
+def test_num_splits_outside_1_to_64_is_named(num_splits):
+    q, k_cache, v_cache, lengths, _, _ = inputs(torch.float32, seed=46, new=False)
+    with pytest.raises(ValueError, match="num_splits must be an integer from 1 to 64"):
+        attention_with_kvcache(q, k_cache, v_cache, lengths, num_splits=num_splits)
+
+
 def test_public_name():
     assert flashlite.attention_with_kvcache is attention_with_kvcache
 
@@ -261,6 +300,12 @@ for dtype, operand, dot, head_dim in ((torch.bfloat16, "*bf16", "bf16", 128), (t
                 attention_fwd._attn_fwd, dict(config.kwargs), head_dim=head_dim, block_d=head_dim, causal=3,
                 key_mask="lengths", warps=config.num_warps, stages=config.num_stages, operand=operand, dot=dot,
                 flags=dict(WINDOW=True, SOFTCAP=True, ALIBI=True, PAGE_SIZE=page_size)))
+# Split-KV (four shares per query block) with the first bf16 D=128 config, paged.
+named = {"Q": torch.empty(0, dtype=torch.bfloat16), "SEQ_Q_BUCKET": 16}
+config = attention_fwd.prune_fwd_configs(tuning.make_configs(attention_fwd.FWD_DECODE_BLOCKS), named, BLOCK_D=128)[0]
+print(config.kwargs["BLOCK_M"], shared_memory_for_sm90(
+    attention_fwd._attn_fwd, dict(config.kwargs), head_dim=128, block_d=128, causal=3, key_mask="lengths",
+    warps=config.num_warps, stages=config.num_stages, flags=dict(WINDOW=True, PAGE_SIZE=256, NUM_SPLITS=4)))
 '''
 
 
@@ -277,8 +322,9 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 
 @needs_cuda
+@pytest.mark.parametrize("num_splits", [1, 4])
 @pytest.mark.parametrize("paged_cache", [False, True])
-def test_real_sizes_decoding_on_the_gpu_and_under_cuda_graph_capture(paged_cache):
+def test_real_sizes_decoding_on_the_gpu_and_under_cuda_graph_capture(paged_cache, num_splits):
     # B=8, H=32 over H_kv=8, D=128, bf16, a cache of 8,192 positions filled to odd lengths; then the same step
     # captured in a CUDA graph and replayed with the next lengths (no synchronisation inside the call).
     batch, heads, kv_heads, capacity, dim = 8, 32, 8, 8192, 128
@@ -297,6 +343,7 @@ def test_real_sizes_decoding_on_the_gpu_and_under_cuda_graph_capture(paged_cache
         k_store, v_store, cache_args = blocks_k, blocks_v, dict(block_table=table)
     else:
         k_store, v_store = k_cache, v_cache
+    cache_args["num_splits"] = num_splits
     out = attention_with_kvcache(q, k_store, v_store, lengths, k_new=k_new, v_new=v_new, **cache_args)
     written_k = gathered(k_store, table) if paged_cache else k_store
     written_v = gathered(v_store, table) if paged_cache else v_store

@@ -83,3 +83,32 @@ def test_decoding_vs_sdpa_with_a_length_mask(shape, kernel_ab):
     # baseline; the candidate's determinism is asserted above instead.
     kernel_ab.compare(candidate, baseline, name=f"decode {shape.variant} vs sdpa+lengths", check_output=False,
                       **_work(shape, lengths))
+
+
+# Split-KV: the same decode with each entry's keys shared out over 2 to 8 programs per query block, against the
+# unsplit kernel and SDPA. B * H_kv = 256 programs on an H200's 132 SMs leave the short caches (4,096 keys) at 52%
+# of the copy bandwidth unsplit (run G3); these rows say where splitting pays, for attention_with_kvcache's
+# num_splits default.
+SPLIT_SHAPES = [dict(variant=variant, B=32, S=S, H=32, H_kv=8, D=128) for variant in ("kvcache", "kvcache_paged")
+                for S in (4096, 16384, 131072)]
+
+
+@pytest.mark.shape(*SPLIT_SHAPES, dtype=[torch.bfloat16])
+@pytest.mark.memory(lambda shape: int(4.5 * 2 * shape.B * shape.H_kv * shape.S * shape.D * 2))
+def test_split_kv_decoding_tournament(shape, kernel_ab):
+    q, k_cache, v_cache, lengths = _inputs(shape)
+    if shape.variant == "kvcache_paged":
+        k_cache, v_cache, table = _paged(shape, k_cache, v_cache)
+    else:
+        table = None
+
+    def decode(splits):
+        return lambda: attention_with_kvcache(q, k_cache, v_cache, lengths, block_table=table, backend="triton",
+                                              num_splits=splits)
+
+    variants = {f"{splits} share{'s' if splits > 1 else ''}": decode(splits) for splits in (1, 2, 4, 8)}
+    unsplit = variants["1 share"]()
+    for name, variant in variants.items():
+        assert_close(variant().float(), unsplit.double(), policy=q.dtype, notes=(name,))
+    result = kernel_ab.tournament(variants, name=f"decode {shape.variant} split-KV", **_work(shape, lengths))
+    assert result.best in variants
