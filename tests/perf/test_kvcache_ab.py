@@ -48,6 +48,23 @@ def _paged(shape, k_cache, v_cache):
     return blocks(k_cache), blocks(v_cache), table
 
 
+def _decoder(shape, q, k_cache, v_cache, lengths):
+    """A function of num_splits that decodes the shape's cache with the kernel: the contiguous cache, or (for
+    "kvcache_paged") its shuffled blocks through their table."""
+    table = None
+    if shape.variant == "kvcache_paged":
+        k_cache, v_cache, table = _paged(shape, k_cache, v_cache)
+
+    def decoder(num_splits=1, backend="auto"):
+        return lambda: attention_with_kvcache(q, k_cache, v_cache, lengths, block_table=table, backend=backend,
+                                              num_splits=num_splits)
+    return decoder
+
+
+# Both fit the cache (keys and values) with the mask or the partials and a paged copy.
+_DECODE_MEMORY = pytest.mark.memory(lambda shape: int(4.5 * 2 * shape.B * shape.H_kv * shape.S * shape.D * 2))
+
+
 def _work(shape, lengths) -> dict:
     filled = int(lengths.sum())
     elem = torch.empty((), dtype=shape.dtype).element_size()
@@ -57,18 +74,10 @@ def _work(shape, lengths) -> dict:
 
 
 @pytest.mark.shape(*SHAPES, dtype=[torch.bfloat16])
-@pytest.mark.memory(lambda shape: int(4.5 * 2 * shape.B * shape.H_kv * shape.S * shape.D * 2))
+@_DECODE_MEMORY
 def test_decoding_vs_sdpa_with_a_length_mask(shape, kernel_ab):
     q, k_cache, v_cache, lengths = _inputs(shape)
-
-    if shape.variant == "kvcache_paged":
-        k_blocks, v_blocks, table = _paged(shape, k_cache, v_cache)
-
-        def candidate():
-            return attention_with_kvcache(q, k_blocks, v_blocks, lengths, block_table=table)
-    else:
-        def candidate():
-            return attention_with_kvcache(q, k_cache, v_cache, lengths)
+    candidate = _decoder(shape, q, k_cache, v_cache, lengths)()
 
     def baseline():
         keep = torch.arange(shape.S, device="cuda")[None, :] < lengths[:, None]
@@ -94,19 +103,12 @@ SPLIT_SHAPES = [dict(variant=variant, B=32, S=S, H=32, H_kv=8, D=128) for varian
 
 
 @pytest.mark.shape(*SPLIT_SHAPES, dtype=[torch.bfloat16])
-@pytest.mark.memory(lambda shape: int(4.5 * 2 * shape.B * shape.H_kv * shape.S * shape.D * 2))
+@_DECODE_MEMORY
 def test_split_kv_decoding_tournament(shape, kernel_ab):
     q, k_cache, v_cache, lengths = _inputs(shape)
-    if shape.variant == "kvcache_paged":
-        k_cache, v_cache, table = _paged(shape, k_cache, v_cache)
-    else:
-        table = None
-
-    def decode(splits):
-        return lambda: attention_with_kvcache(q, k_cache, v_cache, lengths, block_table=table, backend="triton",
-                                              num_splits=splits)
-
-    variants = {f"{splits} share{'s' if splits > 1 else ''}": decode(splits) for splits in (1, 2, 4, 8)}
+    decoder = _decoder(shape, q, k_cache, v_cache, lengths)
+    variants = {f"{splits} share{'s' if splits > 1 else ''}": decoder(splits, backend="triton")
+                for splits in (1, 2, 4, 8)}
     unsplit = variants["1 share"]()
     for name, variant in variants.items():
         assert_close(variant().float(), unsplit.double(), policy=q.dtype, notes=(name,))
