@@ -361,6 +361,30 @@ def test_real_sizes_decoding_on_the_gpu_and_under_cuda_graph_capture(paged_cache
     assert torch.equal(captured, eager)
 
 
+@needs_cuda
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_decoding_peak_memory_is_the_output_and_the_split_partials_only(num_splits):
+    # B=32, H=32 over H_kv=8, D=128, bf16, a cache of 32,768 positions: beyond the cache and q, a decode step
+    # allocates its output, and with split-KV the float32 partials, num_splits * B * H * (D + 1) floats (5% slack
+    # for allocator rounding); nothing the size of the cache, no mask.
+    batch, heads, kv_heads, capacity, dim = 32, 32, 8, 32768, 128
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    q = torch.randn(batch, heads, 1, dim, device="cuda", dtype=torch.bfloat16, generator=gen)
+    k_cache, v_cache = (torch.randn(batch, kv_heads, capacity, dim, device="cuda", dtype=torch.bfloat16,
+                                    generator=gen) for _ in range(2))
+    lengths = torch.randint(capacity // 2, capacity, (batch,), device="cuda", dtype=torch.int32, generator=gen)
+    attention_with_kvcache(q, k_cache, v_cache, lengths, backend="triton", num_splits=num_splits)  # compile, tune
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    out = attention_with_kvcache(q, k_cache, v_cache, lengths, backend="triton", num_splits=num_splits)
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - before
+    partials = 0 if num_splits == 1 else num_splits * batch * heads * (dim + 1) * 4
+    allowed = out.numel() * out.element_size() + partials
+    assert extra <= 1.05 * allowed, f"{extra} bytes beyond the inputs; output and partials are {allowed}"
+
+
 def reference_entry(q, k, v, n):
     """float64 attention of one entry's queries [H, 1, D] over its first n keys [H_kv, S, D]."""
     group = q.shape[0] // k.shape[0]

@@ -310,3 +310,27 @@ def test_real_sizes_forward_and_backward_on_the_gpu(head_dim, dtype):
     policy = policy_for(dtype).replace(baseline_floor=2.0 ** -6) if dtype == torch.bfloat16 else dtype
     for got, want, base in zip((out.detach(), q.grad, k.grad, v.grad), reference, baseline):
         assert_close(got, want, policy=policy, baseline=base)
+
+
+@needs_cuda
+def test_peak_memory_is_the_output_and_statistics_only():
+    # 16 packed sequences, 32,768 tokens, H=16, D=64, causal: beyond q, k, v and the offsets, an inference call
+    # allocates its output only, and a call that keeps a graph for the backward its output and the float32 lse
+    # [B, H, longest] (5% slack for allocator rounding); nothing grows with the square of a length.
+    lengths = [8192, 64, 4097, 1000, 129, 2049, 3000, 511, 6000, 77, 1500, 2800, 900, 1200, 255, 947]
+    cu = torch.tensor(offsets(lengths), dtype=torch.int32, device="cuda")
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    q, k, v = (torch.randn(sum(lengths), 16, 64, device="cuda", dtype=torch.bfloat16, generator=gen)
+               for _ in range(3))
+    for needs_grad in (False, True):
+        q.requires_grad_(needs_grad)
+        attention_varlen(q, k, v, cu, cu, max(lengths), max(lengths), causal=True, backend="triton")  # compile, tune
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        out = attention_varlen(q, k, v, cu, cu, max(lengths), max(lengths), causal=True, backend="triton")
+        torch.cuda.synchronize()
+        extra = torch.cuda.max_memory_allocated() - before
+        allowed = out.numel() * out.element_size() + (len(lengths) * 16 * max(lengths) * 4 if needs_grad else 0)
+        assert extra <= 1.05 * allowed, f"grad={needs_grad}: {extra} bytes beyond the inputs; allowed {allowed}"
+        del out
