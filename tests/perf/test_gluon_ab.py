@@ -1,5 +1,6 @@
-"""A/B of the Gluon attention forward (issue 17) on Hopper: step 1 and step 2 against SDPA's default, against
-flashlite's pointer-kernel forward and against each other, with and without the softmax/P V overlap (sm_90 only).
+"""A/B of the Gluon attention forward (issue 17) on Hopper: steps 1, 2 and 3 against SDPA's default, against
+flashlite's pointer-kernel forward and against each other, with and without the softmax/P V overlap, and the D=64
+block shapes listed beside step 1's default against it (sm_90 only).
 
 Run with ``pytest tests/perf/test_gluon_ab.py --kernel-ab``. Causal bf16, H=16, cases 3, 6 and 12 of
 ``flashlite.cases`` (B=1 S=8192; B=8 S=4096; B=16 S=8192) at D=64 and D=128. Every side computes out and the
@@ -13,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from flashlite._attention.launch import attention_forward
-from flashlite._attention.launch_gluon import configs_for, gluon_attention_forward
+from flashlite._attention.launch_gluon import GluonConfig, configs_for, gluon_attention_forward
 from flashlite.cases import case
 from pytest_kernelcheck import assert_close
 
@@ -28,7 +29,24 @@ SHAPES = [dict(case=n, B=case(n).B, S=case(n).S, H=case(n).H, D=D) for D in (64,
 
 def _gluon(q, k, v, variant: str, overlap: bool):
     config = next(c for c in configs_for(q.shape[-1], variant) if c.overlap == overlap)
-    return lambda: gluon_attention_forward(q, k, v, causal=True, variant=variant, config=config)[0]
+    return _run(q, k, v, config)
+
+
+def _run(q, k, v, config: GluonConfig):
+    return lambda: gluon_attention_forward(q, k, v, causal=True, variant=config.variant, config=config)[0]
+
+
+def _shape_name(config: GluonConfig) -> str:
+    """"gluon step 1 64x128x2w4": the step, then BLOCK_M x BLOCK_N x stages and warps (pingpong: per consumer)."""
+    step = {"pipelined": "step 1", "ws": "step 2", "pingpong": "step 3"}[config.variant]
+    return (f"gluon {step} {config.block_m}x{config.block_n}x{config.stages}w{config.num_warps}"
+            + (" overlap" if config.overlap else ""))
+
+
+# D=64 block shapes beside each variant's first config: step 1's one-warpgroup shapes (4 warps, 2 or 3 programs per
+# SM where step 1's default fits one) and step 3's 128-rows-per-consumer shape, each against step 1's default.
+D64_SHAPES = [c for c in configs_for(64, "pipelined")[1:] if c.num_warps == 4 and not c.overlap]
+D64_SHAPES += [c for c in configs_for(64, "pingpong")[1:] if not c.overlap]
 
 
 def _callables(shape):
@@ -39,9 +57,13 @@ def _callables(shape):
         "gluon step 2": _gluon(q, k, v, "ws", False),
         "gluon step 1 overlap": _gluon(q, k, v, "pipelined", True),
         "gluon step 2 overlap": _gluon(q, k, v, "ws", True),
+        "gluon step 3": _gluon(q, k, v, "pingpong", False),
+        "gluon step 3 overlap": _gluon(q, k, v, "pingpong", True),
         "pointer kernel": lambda: attention_forward(q, k, v, None, None, 1, scale, "bf16")[0],
         "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
     }
+    if shape.D == 64:
+        sides.update({_shape_name(c): _run(q, k, v, c) for c in D64_SHAPES})
     expected = sides["sdpa"]()
     sides["pointer kernel"]()  # its autotuning, outside the timed calls
     for name in sides:
@@ -53,10 +75,14 @@ def _callables(shape):
 
 
 # (candidate, baseline): each step against SDPA, step 1 against the pointer kernel, each step against the one
-# before, and the softmax/P V overlap against the same schedule without it.
+# before (step 3 also against step 1, the kept one), and the softmax/P V overlap against the same schedule without
+# it; D64_PAIRS (each D=64 block shape against step 1's default) run at D=64 only.
+STEP3_PAIRS = [("gluon step 3", "sdpa"), ("gluon step 3 overlap", "sdpa"), ("gluon step 3", "gluon step 1"),
+               ("gluon step 3 overlap", "gluon step 3")]
 PAIRS = [("gluon step 1", "sdpa"), ("gluon step 2", "sdpa"), ("gluon step 2 overlap", "sdpa"),
          ("gluon step 1", "pointer kernel"), ("gluon step 2", "gluon step 1"),
-         ("gluon step 1 overlap", "gluon step 1"), ("gluon step 2 overlap", "gluon step 2")]
+         ("gluon step 1 overlap", "gluon step 1"), ("gluon step 2 overlap", "gluon step 2"), *STEP3_PAIRS]
+D64_PAIRS = [(_shape_name(c), "gluon step 1") for c in D64_SHAPES]
 
 
 @pytest.mark.shape(*SHAPES, dtype=[torch.bfloat16])
@@ -64,6 +90,6 @@ PAIRS = [("gluon step 1", "sdpa"), ("gluon step 2", "sdpa"), ("gluon step 2 over
 def test_gluon_forward_ab(shape, kernel_ab):
     sides = _callables(shape)
     work = attention_work(shape)
-    for candidate, baseline in PAIRS:
+    for candidate, baseline in PAIRS + (D64_PAIRS if shape.D == 64 else []):
         kernel_ab.compare(sides[candidate], sides[baseline], name=f"fwd D{shape.D} {candidate} vs {baseline}",
                           **work)
