@@ -2,7 +2,8 @@
 flashlite's pointer-kernel forward and against each other, with and without the softmax/P V overlap, and the D=64
 block shapes listed beside step 1's default against it (sm_90 only).
 
-Run with ``pytest tests/perf/test_gluon_ab.py --kernel-ab``. Causal bf16, H=16, cases 3, 6 and 12 of
+Run with ``pytest tests/perf/test_gluon_ab.py --kernel-ab`` (``-k step3``: only step 3 and the D=64 block
+shapes; ``-k forward_ab``: only steps 1 and 2, as run G5 measured them). Causal bf16, H=16, cases 3, 6 and 12 of
 ``flashlite.cases`` (B=1 S=8192; B=8 S=4096; B=16 S=8192) at D=64 and D=128. Every side computes out and the
 log-sum-exp a backward would need (SDPA's default: its forward without grad, as the other A/B files time it);
 each candidate is first checked against SDPA so that a wrong kernel is never timed.
@@ -49,7 +50,8 @@ D64_SHAPES = [c for c in configs_for(64, "pipelined")[1:] if c.num_warps == 4 an
 D64_SHAPES += [c for c in configs_for(64, "pingpong")[1:] if not c.overlap]
 
 
-def _callables(shape):
+def _callables(shape, pairs):
+    """The sides the pairs name, each Gluon one checked against SDPA first."""
     q, k, v = qkv(shape.B, shape.H, shape.S, shape.D, shape.dtype)
     scale = shape.D ** -0.5
     sides = {
@@ -64,8 +66,10 @@ def _callables(shape):
     }
     if shape.D == 64:
         sides.update({_shape_name(c): _run(q, k, v, c) for c in D64_SHAPES})
+    sides = {name: sides[name] for name in {side for pair in pairs for side in pair} | {"sdpa"}}
     expected = sides["sdpa"]()
-    sides["pointer kernel"]()  # its autotuning, outside the timed calls
+    if "pointer kernel" in sides:
+        sides["pointer kernel"]()  # its autotuning, outside the timed calls
     for name in sides:
         if name.startswith("gluon"):
             # SDPA's own low-precision output is the yardstick here; the float64 checks live in tests/flashlite.
@@ -74,22 +78,33 @@ def _callables(shape):
     return sides
 
 
-# (candidate, baseline): each step against SDPA, step 1 against the pointer kernel, each step against the one
-# before (step 3 also against step 1, the kept one), and the softmax/P V overlap against the same schedule without
-# it; D64_PAIRS (each D=64 block shape against step 1's default) run at D=64 only.
-STEP3_PAIRS = [("gluon step 3", "sdpa"), ("gluon step 3 overlap", "sdpa"), ("gluon step 3", "gluon step 1"),
-               ("gluon step 3 overlap", "gluon step 3")]
+# (candidate, baseline). Steps 1 and 2 (run G5): each step against SDPA, step 1 against the pointer kernel, step 2
+# against step 1, and the softmax/P V overlap against the same schedule without it.
 PAIRS = [("gluon step 1", "sdpa"), ("gluon step 2", "sdpa"), ("gluon step 2 overlap", "sdpa"),
          ("gluon step 1", "pointer kernel"), ("gluon step 2", "gluon step 1"),
-         ("gluon step 1 overlap", "gluon step 1"), ("gluon step 2 overlap", "gluon step 2"), *STEP3_PAIRS]
-D64_PAIRS = [(_shape_name(c), "gluon step 1") for c in D64_SHAPES]
+         ("gluon step 1 overlap", "gluon step 1"), ("gluon step 2 overlap", "gluon step 2")]
+# Step 3 against SDPA, the pointer kernel and step 1 (the kept one), its overlap against itself without; at D=64
+# also each D=64 block shape against step 1's default and against the pointer kernel (the kernel D=64 runs on).
+STEP3_PAIRS = [("gluon step 3", "sdpa"), ("gluon step 3 overlap", "sdpa"), ("gluon step 3", "pointer kernel"),
+               ("gluon step 3", "gluon step 1"), ("gluon step 3 overlap", "gluon step 3")]
+D64_PAIRS = [(_shape_name(c), baseline) for c in D64_SHAPES for baseline in ("gluon step 1", "pointer kernel")]
+
+
+def _compare(shape, kernel_ab, pairs):
+    sides = _callables(shape, pairs)
+    work = attention_work(shape)
+    for candidate, baseline in pairs:
+        kernel_ab.compare(sides[candidate], sides[baseline], name=f"fwd D{shape.D} {candidate} vs {baseline}",
+                          **work)
 
 
 @pytest.mark.shape(*SHAPES, dtype=[torch.bfloat16])
 @pytest.mark.memory(lambda shape: attention_bytes(shape, copies=9))
 def test_gluon_forward_ab(shape, kernel_ab):
-    sides = _callables(shape)
-    work = attention_work(shape)
-    for candidate, baseline in PAIRS + (D64_PAIRS if shape.D == 64 else []):
-        kernel_ab.compare(sides[candidate], sides[baseline], name=f"fwd D{shape.D} {candidate} vs {baseline}",
-                          **work)
+    _compare(shape, kernel_ab, PAIRS)
+
+
+@pytest.mark.shape(*SHAPES, dtype=[torch.bfloat16])
+@pytest.mark.memory(lambda shape: attention_bytes(shape, copies=9))
+def test_gluon_step3_and_d64_shapes_ab(shape, kernel_ab):
+    _compare(shape, kernel_ab, STEP3_PAIRS + (D64_PAIRS if shape.D == 64 else []))
