@@ -2,8 +2,10 @@
 
 A first look before the A/B suite (``pytest tests/perf/test_gluon_ab.py --kernel-ab``, which tests the speedups):
 causal, H=16, the cases of ``flashlite.cases`` asked for, every Gluon schedule (step 1 "pipelined", step 2 "ws",
-each with and without the softmax/P V overlap), each checked against SDPA before it is timed.
-Usage: python scripts/gluon_probe.py [--cases 3,6,12] [--D 64,128] [--dtype bfloat16]
+step 3 "pingpong", each with and without the softmax/P V overlap; ``--all-configs``: every config listed, named by
+its shape), each checked against SDPA before it is timed.
+Usage: python scripts/gluon_probe.py [--cases 3,6,12] [--D 64,128] [--dtype bfloat16] [--variants pingpong]
+       [--all-configs]
 """
 from __future__ import annotations
 
@@ -23,19 +25,25 @@ def main() -> None:
     p.add_argument("--cases", default="3,6,12")
     p.add_argument("--D", default="64,128")
     p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--variants", default="pipelined,ws,pingpong")
+    p.add_argument("--all-configs", action="store_true")
     args = p.parse_args()
+    steps = {"pipelined": "step 1", "ws": "step 2", "pingpong": "step 3"}
     dtype = getattr(torch, args.dtype)
     precision = {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
     wanted = {int(c) for c in args.cases.split(",")}
     for head_dim in (int(d) for d in args.D.split(",")):
-        schedules = {}  # the first config listed for each variant and overlap
-        for variant in ("pipelined", "ws"):
+        schedules = {}  # the first config listed for each variant and overlap (or every config)
+        for variant in args.variants.split(","):
             for config in configs_for(head_dim, variant):
-                name = ("step 1" if variant == "pipelined" else "step 2") + (" overlap" if config.overlap else "")
+                name = steps[variant] + (" overlap" if config.overlap else "")
+                if args.all_configs:
+                    name = f"{steps[variant]} {config.block_m}x{config.block_n}x{config.stages}w{config.num_warps}"
+                    name += " ov" if config.overlap else ""
                 schedules.setdefault(name, config)
         names = ["sdpa", "pointer"] + sorted(schedules)
         print(f"D={head_dim} {args.dtype} causal, ms (TFLOP/s)")
-        print(f"{'case':>4} {'B':>3} {'S':>6} " + " ".join(f"{n:>20}" for n in names))
+        print(f"{'case':>4} {'B':>3} {'S':>6} " + " ".join(f"{n:>22}" for n in names))
         for c in CASES:
             if c.number not in wanted:
                 continue
@@ -51,10 +59,10 @@ def main() -> None:
             for name in names:
                 err = (fns[name]().float() - expected).abs().max().item()
                 if err > 0.1:
-                    cells.append(f"{'wrong: ' + format(err, '.2g'):>20}")
+                    cells.append(f"{'wrong: ' + format(err, '.2g'):>22}")
                     continue
                 ms = do_bench(fns[name], warmup=25, rep=100, return_mode="median")
-                cells.append(f"{ms:10.3f} ({flops / ms / 1e9:6.1f})")
+                cells.append(f"{ms:12.3f} ({flops / ms / 1e9:6.1f})")
             print(f"{c.number:>4} {c.B:>3} {c.S:>6} " + " ".join(cells), flush=True)
             del q, k, v, fns, expected
             torch.cuda.empty_cache()

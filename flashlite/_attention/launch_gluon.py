@@ -41,7 +41,7 @@ _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 _CAUSAL = {False: 0, True: 1, "top_left": 1, "lower_right": 2}
 # CUDA caps grid axis 1, which holds batch * heads.
 _GRID_AXIS1_LIMIT = 65535
-VARIANTS = ("pipelined", "ws")
+VARIANTS = ("pipelined", "ws", "pingpong")
 
 # Where the Gluon kernel (step 1, its first config) measured faster than the pointer kernel (H200, 2026-12-01,
 # tests/perf/test_gluon_ab.py, benchmarks/results/h200-2026-12-01-session4/run5_gluon): causal bf16 at D=128,
@@ -54,8 +54,9 @@ GLUON_ENABLED = os.environ.get("FLASHLITE_GLUON", "1") not in ("", "0")
 
 @dataclass(frozen=True)
 class GluonConfig:
-    """One compiled shape of the kernel: its variant ("pipelined": step 1, "ws": step 2), tiles, ring depth, warps,
-    and whether a block's softmax overlaps the previous block's P V (``overlap``).
+    """One compiled shape of the kernel: its variant ("pipelined": step 1, "ws": step 2, "pingpong": step 3), tiles,
+    ring depth, warps, and whether a block's softmax overlaps the previous block's P V (``overlap``). For
+    "pingpong", ``block_m`` and ``num_warps`` are one consumer warpgroup's (a program has two: 2 x block_m rows).
 
     Example:
         >>> GluonConfig("pipelined", 128, 128, 3, 8).shared_bytes(64)
@@ -69,8 +70,18 @@ class GluonConfig:
     num_warps: int
     overlap: bool = False
 
+    @property
+    def rows_per_program(self) -> int:
+        """Query rows one program covers (grid axis 0 is cdiv(S_q, rows_per_program))."""
+        return 2 * self.block_m if self.variant == "pingpong" else self.block_m
+
     def shared_bytes(self, head_dim: int) -> int:
-        return _kernels.shared_memory_bytes(self.block_m, self.block_n, self.stages, head_dim)
+        return _kernels.shared_memory_bytes(self.rows_per_program, self.block_n, self.stages, head_dim)
+
+
+def kernel_for(config: GluonConfig) -> Any:
+    """The Gluon kernel that runs ``config``: ``_attn_fwd`` (steps 1 and 2) or ``_attn_fwd_pingpong`` (step 3)."""
+    return _kernels._attn_fwd_pingpong if config.variant == "pingpong" else _kernels._attn_fwd
 
 
 def configs_for(head_dim: int, variant: str = "pipelined") -> list[GluonConfig]:
@@ -179,7 +190,8 @@ def launch_planned(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((problem.batch, problem.heads, problem.seq_q), dtype=torch.float32, device=q.device)
     args, meta = kernel_arguments(q, k, v, out, lse, problem.causal_mode, problem.scale, config)
-    _kernels._attn_fwd[(math.ceil(problem.seq_q / config.block_m), problem.batch * problem.heads)](*args, **meta)
+    grid = (math.ceil(problem.seq_q / config.rows_per_program), problem.batch * problem.heads)
+    kernel_for(config)[grid](*args, **meta)
     return out, lse
 
 
@@ -206,10 +218,13 @@ def kernel_arguments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: tor
     args = (*descriptors(q, k, v, out, config), lse, heads, heads // kv_heads, q.shape[2], k.shape[2],
             scale * math.log2(math.e))
     meta = dict(HEAD_DIM=q.shape[-1], BLOCK_M=config.block_m, BLOCK_N=config.block_n, STAGES=config.stages,
-                CAUSAL=causal_mode, WARP_SPECIALIZE=config.variant == "ws", OVERLAP=config.overlap,
-                num_warps=config.num_warps)
-    if config.variant == "ws":
-        meta["maxnreg"] = _kernels.WS_MAXNREG
+                CAUSAL=causal_mode, OVERLAP=config.overlap, num_warps=config.num_warps)
+    if config.variant == "pingpong":
+        meta["maxnreg"] = _kernels.PINGPONG_MAXNREG
+    else:
+        meta["WARP_SPECIALIZE"] = config.variant == "ws"
+        if config.variant == "ws":
+            meta["maxnreg"] = _kernels.WS_MAXNREG
     return args, meta
 
 
@@ -220,7 +235,8 @@ def gluon_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
 
     ``lse`` is in the pointer kernel's convention (base-2 log-sum-exp of the scaled scores; -inf, with out 0, for
     rows that see no key), so ``flashlite._attention.launch.attention_backward`` takes it. ``variant``: "pipelined"
-    (one partition, step 1) or "ws" (a TMA producer warp and the compute warps, step 2); ``config`` forces tiles.
+    (one partition, step 1), "ws" (a TMA producer warp and the compute warps, step 2) or "pingpong" (a TMA producer
+    warp and two consumer warpgroups taking turns at the tensor cores, step 3); ``config`` forces tiles.
     Raises ValueError with ``gluon_supported``'s reason when the kernel cannot run the call.
 
     Example:
@@ -242,6 +258,6 @@ def gluon_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
     out = torch.empty((batch, heads, seq_q, head_dim), dtype=q.dtype, device=q.device)
     lse = torch.empty((batch, heads, seq_q), dtype=torch.float32, device=q.device)
     args, meta = kernel_arguments(q, k, v, out, lse, _CAUSAL[causal], scale, config)
-    grid = (math.ceil(seq_q / config.block_m), batch * heads)
-    _kernels._attn_fwd[grid](*args, **meta)
+    grid = (math.ceil(seq_q / config.rows_per_program), batch * heads)
+    kernel_for(config)[grid](*args, **meta)
     return out, lse

@@ -5,7 +5,8 @@
 * ``attention_fwd``: the forward attention kernel, its config lists and pruning;
 * ``attention_bwd``: the backward attention kernels (delta, dK/dV, dQ), their config lists and pruning;
 * ``attention_fwd_gluon``: the Hopper (sm_90) attention forward in Gluon (TMA, mbarrier ring, async wgmma; one
-  partition or a warp-specialized TMA producer) and its configs;
+  partition, a warp-specialized TMA producer, or a producer and two consumer warpgroups in ping-pong) and its
+  configs;
 * ``tuning``: config construction, shared-memory estimate and pruning, the autotuning key and its size buckets;
 * ``layer_norm``: LayerNorm (optionally with a residual add) and bias + exact GELU kernels.
 

@@ -28,6 +28,12 @@ Either schedule takes the constexpr OVERLAP (FlashAttention-3's overlap inside a
 block j - 1's P V are issued together and only S is waited for, so that block j's softmax runs on the CUDA cores
 while the tensor cores do block j - 1's P V (one more block of probabilities held in registers).
 
+A second kernel, ``_attn_fwd_pingpong`` (step 3), runs the same arithmetic in three partitions: a TMA producer warp
+and two consumer warpgroups, each on its own BLOCK_M rows of a 2 x BLOCK_M program, which take turns at the tensor
+cores so that one's softmax runs while the other's wgmmas do (FlashAttention-3's ping-pong); OVERLAP adds the
+overlap inside each warpgroup. Its protocol (turns, a slot released only once both consumers are done with it,
+why it cannot deadlock) is described above its partitions.
+
 Rows are split across warps as wgmma wants it: ``num_warps`` warps stacked along M (warps_per_cta [num_warps, 1]),
 so with BLOCK_M=128 and 8 warps each warpgroup owns 64 query rows and holds BLOCK_N / 2 float32 scores and
 HEAD_DIM / 2 accumulator values per thread.
@@ -56,11 +62,26 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 # (3 stages would be 224 KB, inside 227 KB, but leave no room for anything else). Register use, as wgmma lays it
 # out: per thread BLOCK_N / 2 scores + BLOCK_N / 4 packed probabilities + D / 2 accumulators at 8 warps x 128 rows
 # (OVERLAP keeps a second block's probabilities live: BLOCK_N / 4 more).
+#
+# D=64 candidates beside the measured 128 x 128 (ptxas: 163 registers x 256 threads, so one program per SM): one
+# warpgroup on 64 rows, 161-163 registers x 128 threads, 3 programs per SM with 2 stages (72 KB each) or 2 with 3
+# (104 KB), so that one program's softmax can run while another's wgmma does. (128 x 256 at 8 warps needs 255
+# registers; 128 x 128 at 8 warps under a 128-register cap, for two programs per SM, spills.)
+#
+# "pingpong" (step 3): BLOCK_M is the rows of ONE consumer warpgroup (num_warps = 4, the default partition's); a
+# program covers 2 x BLOCK_M rows with two of them and keeps two Q tiles. Shared memory: D=128, 64 x 128: 32 KB of Q
+# + 64 KB per stage, 160 KB with 2 stages, 224 KB with 3 (229,768 bytes in all, under the 232,448 limit); D=64,
+# 64 x 128 x 3 stages: 16 + 96 = 112 KB; 128 x 64 x 4: 32 + 64 = 96 KB. Registers: 240 per consumer thread
+# (setmaxnreg), of which the consumers use up to 187 at D=128 64 x 128 (218 with OVERLAP), 152-163 at D=64 64 x 128
+# and 195 at D=64 128 x 64 (SASS); one program per SM (12 warps x 168). D=64 64 x 256 would need more and spills.
 GLUON_FWD_CONFIGS = {
-    "pipelined": {64: [(128, 128, 3, 8, False), (128, 64, 3, 4, False), (128, 128, 3, 8, True)],
+    "pipelined": {64: [(128, 128, 3, 8, False), (128, 64, 3, 4, False), (128, 128, 3, 8, True),
+                       (64, 128, 2, 4, False), (64, 128, 3, 4, False)],
                   128: [(128, 128, 2, 8, False), (128, 64, 3, 8, False), (128, 128, 2, 8, True)]},
     "ws": {64: [(128, 128, 3, 8, False), (128, 128, 3, 8, True)],
            128: [(128, 128, 2, 8, False), (128, 128, 2, 8, True)]},
+    "pingpong": {64: [(64, 128, 3, 4, False), (64, 128, 3, 4, True), (128, 64, 4, 4, False)],
+                 128: [(64, 128, 2, 4, False), (64, 128, 2, 4, True), (64, 128, 3, 4, False)]},
 }
 # Registers of the producer partition: it only issues copies and waits on barriers (24 is the minimum a warp can
 # be given; the compute warps receive what the other warps give back).
@@ -416,3 +437,252 @@ def _attn_fwd(q_desc,  # [B, H, S_q, D] 16-bit, tiles [1, 1, BLOCK_M, D]
                                 BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, False, OVERLAP, num_warps)
         _store_outputs(acc, m_i, l_i, q_smem, o_desc, Lse, b, h, pid_bh, start_m, seq_q, BLOCK_M, HEAD_DIM)
     _invalidate_ring(q_ready, k_ready, v_ready, kv_empty, STAGES)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Step 3's partitions: two consumer warpgroups in ping-pong and a producer warp.
+#
+# A program covers 2 x BLOCK_M query rows of one (batch, head): consumer c (c = 0, 1; 4 warps each) owns rows
+# [start_m + c * BLOCK_M, start_m + (c + 1) * BLOCK_M) with its own Q tile, accumulator and softmax state; both read
+# the same key/value ring, which one producer warp fills. Consumer 0 is the default partition (the kernel's 4
+# warps), consumer 1 and the producer are worker partitions; Triton pads the workers to two warpgroups (12 warps in
+# all) and gives each consumer PINGPONG_CONSUMER_REGS registers per thread, the producer PRODUCER_REGS.
+#
+# Turns. Each consumer issues its wgmmas in turns: turn j (1 <= j < n) issues block j's S = Q K^T and block j - 1's
+# O += P V together, turn 0 block 0's S alone, turn n block n - 1's P V alone (n = the consumer's key blocks;
+# no turn at all when n = 0). The turns alternate, consumer 0 first: 0's turn k waits for 1's turn k - 1, 1's turn k
+# waits for 0's turn k, so that while one warpgroup's wgmmas run on the tensor cores the other does its softmax.
+# ``turns`` holds one mbarrier per consumer (count 1): after issuing a turn, consumer c arrives on the other's
+# barrier; consumer 0's turn k waits for the k-th completion of its barrier, consumer 1's turn k for the
+# (k + 1)-th. A consumer with more turns than the other stops waiting once the other has none left (it would
+# never arrive): consumer 0 waits only for k <= T_1, consumer 1 only for k + 1 <= T_0 (T_c = consumer c's turns).
+#
+# Ring. Every slot has one "kv_empty" barrier per consumer (count 1): consumer c arrives on its own once its
+# wgmmas have finished reading the block in the slot (for every block it reads, the last one included). Before
+# filling slot j % STAGES with block j >= STAGES, the producer waits for the release of block j - STAGES by each
+# consumer that reads it (c with j - STAGES < n_c), so a slot is refilled only after BOTH consumers are done with
+# it, and a consumer that reads fewer blocks (the upper rows of a causal program read fewer keys; a warpgroup whose
+# rows all lie past S_q reads none) holds nothing up.
+#
+# Why this cannot deadlock (STAGES >= 2): turn k of a consumer needs blocks k and k - 1 loaded and releases block
+# k - 1 after it, so the producer, at block j, waits only for turns <= j - STAGES + 1 < j, whose loads it has
+# issued; the consumers wait on each other only through the turns, and a cycle there would need 0 at turn k
+# waiting for 1 to finish turn k - 1 while 1 is at turn k' <= k - 1 waiting for 0 to finish turn k' <= k - 1 < k,
+# which 0 already has. The mbarrier parities are unambiguous because neither side of any barrier can run more
+# than one phase ahead of the other (the producer waits on kv_empty before the load that the consumer's next
+# arrival on it needs; each consumer's next turn needs the other's arrival).
+PINGPONG_CONSUMER_REGS = gl.constexpr(240)
+# maxnreg of the ping-pong kernel: 12 warps x 32 threads x 168 registers fit the 64 K registers of an SM; the
+# default partition (consumer 0) gets what consumer 1's 240 and the producer group's 24 leave: 240.
+PINGPONG_MAXNREG = 168
+CONSUMER_WARPS = gl.constexpr(4)
+
+
+@gluon.jit
+def _pp_ring(dtype: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+             STAGES: gl.constexpr):
+    """Shared memory of a ping-pong program: one Q tile per consumer (later its output tile), STAGES slots of key
+    and value tiles, and their barriers, initialised: q_ready per consumer and k_ready, v_ready per slot (the copy
+    engine completes them), kv_empty per consumer and slot (index c * STAGES + slot) and turns per consumer."""
+    tile: gl.constexpr = _tile_layout()
+    q_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_M, HEAD_DIM], tile)
+    k_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], tile)
+    v_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], tile)
+    q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    kv_empty = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())
+    turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for c in gl.static_range(2):
+        mbarrier.init(q_ready.index(c), count=1)
+        mbarrier.init(turns.index(c), count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+    for i in gl.static_range(2 * STAGES):
+        mbarrier.init(kv_empty.index(i), count=1)
+    fence_async_shared()
+    return q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, turns
+
+
+@gluon.jit
+def _pp_invalidate(q_ready, k_ready, v_ready, kv_empty, turns, STAGES: gl.constexpr):
+    for c in gl.static_range(2):
+        mbarrier.invalidate(q_ready.index(c))
+        mbarrier.invalidate(turns.index(c))
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(k_ready.index(i))
+        mbarrier.invalidate(v_ready.index(i))
+    for i in gl.static_range(2 * STAGES):
+        mbarrier.invalidate(kv_empty.index(i))
+
+
+@gluon.jit
+def _pp_key_blocks(start_m, seq_q, seq_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+    """(n_full, n_blocks) of one consumer's rows (``_key_blocks``), (0, 0) when they all lie past S_q."""
+    diag_shift, n_full, n_blocks = _key_blocks(start_m, seq_q, seq_k, BLOCK_M, BLOCK_N, CAUSAL)
+    n_blocks = gl.where(start_m < seq_q, n_blocks, 0)
+    return gl.minimum(n_full, n_blocks), n_blocks
+
+
+@gluon.jit
+def _take_turn(turns, C: gl.constexpr, k, other_turns):
+    """Wait until consumer C may issue its turn k (see "Turns" above)."""
+    if C == 0:
+        mbarrier.wait(turns.index(0), (k & 1) ^ 1, pred=k <= other_turns)
+    else:
+        mbarrier.wait(turns.index(1), k & 1, pred=k < other_turns)
+
+
+@gluon.jit
+def _pass_turn(turns, C: gl.constexpr):
+    mbarrier.arrive(turns.index(1 - C))
+
+
+@gluon.jit
+def _release(kv_empty, C: gl.constexpr, j, STAGES: gl.constexpr):
+    """Consumer C is done with block j's slot. Every warp of the warpgroup must be past its wgmma wait before the
+    one arriving thread signals (the partition's own barrier; each warp waits for its own wgmma groups)."""
+    gl.thread_barrier()
+    mbarrier.arrive(kv_empty.index(C * STAGES + j % STAGES))
+
+
+@gluon.jit
+def _pp_blocks(C: gl.constexpr, q_tile, k_bufs, v_bufs, k_ready, v_ready, kv_empty, turns, acc, p_prev, m_i, l_i,
+               lo, hi, other_turns, start_m, seq_k, diag_shift, qk_scale,
+               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+               CAUSAL: gl.constexpr, MASK: gl.constexpr, OVERLAP: gl.constexpr):
+    """Turns [lo, hi) of consumer C (lo >= 1): block j's S and block j - 1's P V issued in one turn, then block j's
+    softmax. OVERLAP: only S is waited for before the softmax, block j - 1's P V runs under it (and then under the
+    other consumer's turn too); without it both are waited for first. ``acc`` enters and leaves as registers
+    without block hi - 1's P V, whose probabilities are ``p_prev``."""
+    s_layout: gl.constexpr = _mma_layout(CONSUMER_WARPS, BLOCK_N)
+    o_layout: gl.constexpr = _mma_layout(CONSUMER_WARPS, HEAD_DIM)
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+    for j in range(lo, hi):
+        slot = j % STAGES
+        prev = (j - 1) % STAGES
+        mbarrier.wait(k_ready.index(slot), (j // STAGES) & 1)
+        mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
+        _take_turn(turns, C, j, other_turns)
+        s = warpgroup_mma(q_tile, k_bufs.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        acc = warpgroup_mma(p_prev, v_bufs.index(prev), acc, is_async=True)
+        _pass_turn(turns, C)
+        if OVERLAP:
+            s = warpgroup_mma_wait(1, deps=(s, ))
+            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j, start_m, seq_k, diag_shift, qk_scale,
+                                               BLOCK_M, BLOCK_N, CAUSAL, MASK)
+            acc, p_prev = warpgroup_mma_wait(0, deps=(acc, p_prev))
+        else:
+            s, acc, p_prev = warpgroup_mma_wait(0, deps=(s, acc, p_prev))
+            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j, start_m, seq_k, diag_shift, qk_scale,
+                                               BLOCK_M, BLOCK_N, CAUSAL, MASK)
+        _release(kv_empty, C, j - 1, STAGES)
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
+        p_prev = gl.convert_layout(p.to(q_tile.dtype), p_layout)
+    return acc, p_prev, m_i, l_i
+
+
+@gluon.jit
+def _pp_consumer(C: gl.constexpr, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, turns, o_desc, Lse,
+                 b, h, pid_bh, start_m, seq_q, seq_k, diag_shift, n_full, n_blocks, other_turns, qk_scale,
+                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+                 CAUSAL: gl.constexpr, OVERLAP: gl.constexpr):
+    """Consumer C: every key block its rows see, in turns, then its output tile. ``start_m``, ``n_full`` and
+    ``n_blocks`` are its own rows'; ``other_turns`` the number of turns the other consumer takes."""
+    s_layout: gl.constexpr = _mma_layout(CONSUMER_WARPS, BLOCK_N)
+    o_layout: gl.constexpr = _mma_layout(CONSUMER_WARPS, HEAD_DIM)
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    q_tile = q_smem.index(C)
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, s_layout))
+    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
+    if n_blocks > 0:
+        mbarrier.wait(q_ready.index(C), 0)
+        # Turn 0: block 0's S alone; its softmax takes the masks whichever kind of block it is.
+        mbarrier.wait(k_ready.index(0), 0)
+        _take_turn(turns, C, 0, other_turns)
+        s = warpgroup_mma(q_tile, k_bufs.index(0).permute((1, 0)),
+                          gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
+        _pass_turn(turns, C)
+        s = warpgroup_mma_wait(0, deps=(s, ))
+        p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, start_m, seq_k, diag_shift, qk_scale,
+                                           BLOCK_M, BLOCK_N, CAUSAL, True)
+        p_prev = gl.convert_layout(p.to(q_tile.dtype), p_layout)
+        acc, p_prev, m_i, l_i = _pp_blocks(C, q_tile, k_bufs, v_bufs, k_ready, v_ready, kv_empty, turns, acc,
+                                           p_prev, m_i, l_i, 1, n_full, other_turns, start_m, seq_k, diag_shift,
+                                           qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, False, OVERLAP)
+        acc, p_prev, m_i, l_i = _pp_blocks(C, q_tile, k_bufs, v_bufs, k_ready, v_ready, kv_empty, turns, acc,
+                                           p_prev, m_i, l_i, gl.maximum(n_full, 1), n_blocks, other_turns, start_m,
+                                           seq_k, diag_shift, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL,
+                                           True, OVERLAP)
+        # Turn n_blocks: the last block's P V alone.
+        last = n_blocks - 1
+        mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
+        _take_turn(turns, C, n_blocks, other_turns)
+        acc = warpgroup_mma(p_prev, v_bufs.index(last % STAGES), acc, is_async=True)
+        _pass_turn(turns, C)
+        acc, p_prev = warpgroup_mma_wait(0, deps=(acc, p_prev))
+        _release(kv_empty, C, last, STAGES)
+    if start_m < seq_q:
+        _store_outputs(acc, m_i, l_i, q_tile, o_desc, Lse, b, h, pid_bh, start_m, seq_q, BLOCK_M, HEAD_DIM)
+
+
+@gluon.jit
+def _pp_producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty,
+                 b, h, kv_h, start_m, n_blocks_0, n_blocks_1,
+                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
+    """One warp: each consumer's Q tile (only for a consumer with key blocks to read: one whose rows all lie past
+    S_q never waits for it), then every key/value block either consumer reads, block j into slot j % STAGES once
+    each consumer that read block j - STAGES has released it."""
+    for c in gl.static_range(2):
+        pred = (n_blocks_1 if c == 1 else n_blocks_0) > 0
+        mbarrier.expect(q_ready.index(c), q_desc.block_type.nbytes, pred=pred)
+        tma.async_copy_global_to_shared(q_desc, [b, h, start_m + c * BLOCK_M, 0], q_ready.index(c),
+                                        _as_tma_tile(q_smem.index(c), BLOCK_M, HEAD_DIM), pred=pred)
+    n_blocks = gl.maximum(n_blocks_0, n_blocks_1)
+    for j in range(n_blocks):
+        slot = j % STAGES
+        # Round 0 passes at once (a fresh mbarrier counts as having completed the phase before its first).
+        phase = ((j // STAGES) & 1) ^ 1
+        mbarrier.wait(kv_empty.index(slot), phase, pred=j - STAGES < n_blocks_0)
+        mbarrier.wait(kv_empty.index(STAGES + slot), phase, pred=j - STAGES < n_blocks_1)
+        _issue_kv(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, b, kv_h, j, n_blocks, BLOCK_N, HEAD_DIM, STAGES)
+
+
+@gluon.jit(do_not_specialize=["num_heads", "group_size", "seq_q", "seq_k"])
+def _attn_fwd_pingpong(q_desc,  # [B, H, S_q, D] 16-bit, tiles [1, 1, BLOCK_M, D] (one consumer's rows)
+                       k_desc,  # [B, H_kv, S_k, D], tiles [1, 1, BLOCK_N, D]
+                       v_desc,  # [B, H_kv, S_k, D], tiles [1, 1, BLOCK_N, D]
+                       o_desc,  # [B, H, S_q, D] dtype of q, tiles [1, 1, BLOCK_M, D]
+                       Lse,  # [B, H, S_q] float32, contiguous: base-2 log-sum-exp of the scaled scores
+                       num_heads, group_size, seq_q, seq_k, qk_scale,  # group_size = H // H_kv
+                       HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                       CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, num_warps: gl.constexpr):
+    """Step 3: 2 x BLOCK_M query rows of one (batch, head) per program, two consumer warpgroups in ping-pong and a
+    TMA producer warp (launch with num_warps = 4 and maxnreg = PINGPONG_MAXNREG; grid axis 0: cdiv(S_q,
+    2 * BLOCK_M)). OVERLAP: inside each warpgroup too, block j's softmax overlaps block j - 1's P V."""
+    gl.static_assert(num_warps == CONSUMER_WARPS, "the ping-pong kernel's default partition is one warpgroup")
+    gl.static_assert(STAGES >= 2, "a turn holds two slots: block j's keys and block j - 1's values")
+    start_m, pid_bh, b, h, kv_h = _program_block(seq_q, num_heads, group_size, 2 * BLOCK_M, CAUSAL)
+    q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, turns = _pp_ring(q_desc.dtype, BLOCK_M, BLOCK_N,
+                                                                                  HEAD_DIM, STAGES)
+    diag_shift, _, _ = _key_blocks(start_m, seq_q, seq_k, BLOCK_M, BLOCK_N, CAUSAL)
+    start_1 = start_m + BLOCK_M
+    n_full_0, n_blocks_0 = _pp_key_blocks(start_m, seq_q, seq_k, BLOCK_M, BLOCK_N, CAUSAL)
+    n_full_1, n_blocks_1 = _pp_key_blocks(start_1, seq_q, seq_k, BLOCK_M, BLOCK_N, CAUSAL)
+    # Turns per consumer: one per key block and one for the last P V (none without key blocks).
+    turns_0 = gl.where(n_blocks_0 > 0, n_blocks_0 + 1, 0)
+    turns_1 = gl.where(n_blocks_1 > 0, n_blocks_1 + 1, 0)
+    gl.warp_specialize([
+        (_pp_consumer, (0, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, turns, o_desc, Lse, b, h,
+                        pid_bh, start_m, seq_q, seq_k, diag_shift, n_full_0, n_blocks_0, turns_1, qk_scale,
+                        BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, OVERLAP)),
+        (_pp_consumer, (1, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, turns, o_desc, Lse, b, h,
+                        pid_bh, start_1, seq_q, seq_k, diag_shift, n_full_1, n_blocks_1, turns_0, qk_scale,
+                        BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, OVERLAP)),
+        (_pp_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty,
+                        b, h, kv_h, start_m, n_blocks_0, n_blocks_1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES)),
+    ], [CONSUMER_WARPS, 1], [PINGPONG_CONSUMER_REGS, PRODUCER_REGS])
+    _pp_invalidate(q_ready, k_ready, v_ready, kv_empty, turns, STAGES)

@@ -29,7 +29,7 @@ LOG2E = math.log2(math.e)
 # for 4k-key sums of approximate exp2).
 LSE_POLICY = policy_for("fp32").replace(atol=1e-3, rtol=1e-4, name="lse (float32, base 2)")
 CAUSAL = [False, True, "lower_right"]
-# (variant, overlap): steps 1 and 2, each with and without a block's softmax overlapping the previous P V.
+# (variant, overlap): steps 1, 2 and 3, each with and without a block's softmax overlapping the previous P V.
 SCHEDULES = [(variant, overlap) for overlap in (False, True) for variant in launch_gluon.VARIANTS]
 SCHEDULE_IDS = [variant + ("+overlap" if overlap else "") for variant, overlap in SCHEDULES]
 schedules = pytest.mark.parametrize("schedule", SCHEDULES, ids=SCHEDULE_IDS)
@@ -150,6 +150,24 @@ def test_backward_takes_gluon_out_and_lse(dtype, D, S_q, S_k, H, H_kv, causal, s
     for name, g, r, b in zip(("dq", "dk", "dv"), got, ref, base):
         assert not g.isnan().any(), name
         assert_close(g, r, baseline=b, notes=(name, str(config)))
+
+
+@pytest.mark.parametrize("config", launch_gluon.configs_for(64, "pingpong") + launch_gluon.configs_for(128, "pingpong"),
+                         ids=str)
+@pytest.mark.parametrize("S_q, S_k", [
+    (64, 64),  # one program whose second consumer has no rows at all (it reads nothing, waits for no Q)
+    (65, 65),  # the second consumer has one real row
+    (320, 320),  # the last program's second consumer lies past S_q (2 x 64 rows per program) or is partial
+    (1000, 300),  # bottom-right: the first consumer of some programs sees no key while the second sees some
+    (300, 1000),  # bottom-right: the two consumers end on different key blocks
+    (2049, 2049),  # long enough for every slot of the ring to be refilled many times
+])
+def test_pingpong_consumers_with_unequal_work(config, S_q, S_k):
+    # The two consumers of a program read different numbers of key blocks (or none): the turns and the slot
+    # hand-back must neither deadlock nor refill a slot one of them still reads.
+    D = 64 if config in launch_gluon.configs_for(64, "pingpong") else 128
+    for causal in CAUSAL:
+        check_forward(*qkv(2, 4, S_q, D, torch.bfloat16, H_kv=2, S_k=S_k), causal, config=config)
 
 
 def test_refuses_a_config_of_the_other_variant():

@@ -1,12 +1,15 @@
 """The Gluon attention forward builds for sm_90 on any machine, within Hopper's resources; its launcher's refusals.
 
 Gluon kernels do not run in Triton's interpreter, but they compile for sm_90 without a GPU. Every config the kernel
-file lists (both variants: "pipelined", step 1, and "ws", step 2; with and without the softmax/P V overlap) is
-compiled for each head dim: the one the launcher picks in bf16 and fp16 and every causal mode, the others (A/B
-candidates) in bf16, non-causal and bottom-right causal. Each compile runs in a fresh interpreter with
-TRITON_INTERPRET=0 and a cache in pytest's tmp dir, specialized as ``gluon_attention_forward`` would (descriptors
-built by the launcher itself over CPU tensors). Each compiled kernel must fit the 227 KB of shared memory a Hopper
-thread block may have and use at most 255 registers without spilling, as ptxas reports them.
+file lists (every variant: "pipelined", step 1, "ws", step 2, "pingpong", step 3; with and without the softmax/P V
+overlap) is compiled for each head dim: for steps 1 and 2 the one the launcher picks in bf16 and fp16 and every
+causal mode, the others (A/B candidates) in bf16, non-causal and bottom-right causal; step 3's kernel takes longer
+to build, so its first config is compiled in bf16 non-causal and bottom-right causal and in fp16 top-left, the
+others in bf16 bottom-right (the most general mask). Each compile runs in a fresh interpreter with TRITON_INTERPRET=0 and a cache
+in pytest's tmp dir, specialized as ``gluon_attention_forward`` would (descriptors built by the launcher itself
+over CPU tensors). Each compiled kernel must fit the 227 KB of shared memory a Hopper thread block may have and
+use at most 255 registers without spilling, as ptxas reports them. For step 3 the PTX must also show the register
+split its partitions asked for and a separate named barrier for each consumer warpgroup.
 """
 import importlib
 import json
@@ -40,7 +43,7 @@ def compile_config(config, dtype, head_dim, causal):
     out = torch.empty_like(q)
     lse = torch.empty(2, 4, 300)
     args, meta = launch_gluon.kernel_arguments(q, k, k, out, lse, causal, 0.125, config)
-    fn = launch_gluon._kernels._attn_fwd
+    fn = launch_gluon.kernel_for(config)
     signature, constants = {}, {}
     for i, name in enumerate(fn.arg_names):
         if name in meta:
@@ -60,16 +63,28 @@ def compile_config(config, dtype, head_dim, causal):
     report = log.getvalue()
     registers = [int(n) for n in re.findall(r"Used (\d+) registers", report)]
     spills = [int(n) for n in re.findall(r"(\d+) bytes spill (?:stores|loads)", report)]
+    ptx = kernel.asm["ptx"]
+    # Register reallocation (setmaxnreg) and the partitions' own barriers (bar.sync id, threads).
+    setmaxnreg = sorted(set(re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx)))
+    named = sorted(set(re.findall(r"\bbar\.sync\s+(\d+),\s*(\d+);", ptx)))
+    whole_cta = len(re.findall(r"\bbar\.sync\s+\d+;", ptx))  # a barrier of every thread of the block
     return {"shared": kernel.metadata.shared, "registers": registers, "spill_bytes": spills,
-            "tiles": config.shared_bytes(head_dim)}
+            "tiles": config.shared_bytes(head_dim), "setmaxnreg": setmaxnreg, "named_barriers": named,
+            "whole_cta_barriers": whole_cta}
 
 variant, head_dim = VARIANT, HEAD_DIM  # set by the test before this script
 default, *others = launch_gluon.configs_for(head_dim, variant)
-# The launcher's pick in both dtypes and every causal mode; the configs listed for A/B in bf16, without and with
-# the bottom-right diagonal (top-left is the same mask with a zero shift).
-jobs = [(default, dtype, causal) for dtype in (torch.bfloat16, torch.float16)
-        for causal in launch_gluon._kernels.CAUSAL_MODES]
-jobs += [(config, torch.bfloat16, causal) for config in others for causal in (0, 2)]
+if variant == "pingpong":
+    # The first config in bf16 without and with the bottom-right diagonal (top-left is the same mask with a zero
+    # shift) and in fp16 top-left; the others in bf16 bottom-right.
+    jobs = [(default, torch.bfloat16, 0), (default, torch.bfloat16, 2), (default, torch.float16, 1)]
+    jobs += [(config, torch.bfloat16, 2) for config in others]
+else:
+    # The launcher's pick in both dtypes and every causal mode; the configs listed for A/B in bf16, without and with
+    # the bottom-right diagonal (top-left is the same mask with a zero shift).
+    jobs = [(default, dtype, causal) for dtype in (torch.bfloat16, torch.float16)
+            for causal in launch_gluon._kernels.CAUSAL_MODES]
+    jobs += [(config, torch.bfloat16, causal) for config in others for causal in (0, 2)]
 for config, dtype, causal in jobs:
     result = compile_config(config, dtype, head_dim, causal)
     print(json.dumps({"config": [config.block_m, config.block_n, config.stages, config.num_warps, config.overlap],
@@ -98,7 +113,8 @@ def test_every_config_compiles_for_sm90_within_resources(variant, head_dim, tmp_
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     script = f"VARIANT, HEAD_DIM = {variant!r}, {head_dim}\n" + _COMPILE
     results = [json.loads(line) for line in run_script(script).splitlines() if line.startswith("{")]
-    assert len(results) == 6 + 2 * (len(launch_gluon.configs_for(head_dim, variant)) - 1), results
+    others = len(launch_gluon.configs_for(head_dim, variant)) - 1
+    assert len(results) == (3 + others if variant == "pingpong" else 6 + 2 * others), results
     for r in results:
         where = f"{variant} {r['dtype']} D={r['head_dim']} causal={r['causal']} config={r['config']}: {r}"
         assert r["shared"] <= HOPPER_SHARED_MEMORY, where
@@ -106,6 +122,19 @@ def test_every_config_compiles_for_sm90_within_resources(variant, head_dim, tmp_
         assert r["tiles"] <= r["shared"] < r["tiles"] + 1024, where
         assert r["registers"] and max(r["registers"]) <= 255, where  # no report would be a silent pass
         assert r["spill_bytes"] and not any(r["spill_bytes"]), where
+        if variant == "pingpong":
+            # Consumer 0 (the default partition) gives up registers down to 240 on entering the partitions,
+            # consumer 1 takes 240, the producer's warpgroup goes down to 24: Triton emits none of them when the
+            # requested split does not fit, so their presence is the check that it did.
+            consumer = str(launch_gluon._kernels.PINGPONG_CONSUMER_REGS.value)
+            producer = str(launch_gluon._kernels.PRODUCER_REGS.value)
+            assert {("dec", consumer), ("inc", consumer), ("dec", producer)} <= set(map(tuple, r["setmaxnreg"])), where
+            # Each consumer's thread barrier (before it hands a slot back) is a named barrier of its own 128 threads;
+            # one id shared by both would let 128 threads of the two warpgroups together release it.
+            ids = {name for name, threads in r["named_barriers"] if threads == "128"}
+            assert len(ids) >= 2, where
+            # A barrier of all the block's threads inside a partition would wait for warps that never come to it.
+            assert r["whole_cta_barriers"] == 0, where
 
 
 def _bf16(*shape: int) -> torch.Tensor:

@@ -1,7 +1,9 @@
-"""A/B of the Gluon attention forward (issue 17) on Hopper: step 1 and step 2 against SDPA's default, against
-flashlite's pointer-kernel forward and against each other, with and without the softmax/P V overlap (sm_90 only).
+"""A/B of the Gluon attention forward (issue 17) on Hopper: steps 1, 2 and 3 against SDPA's default, against
+flashlite's pointer-kernel forward and against each other, with and without the softmax/P V overlap, and the D=64
+block shapes listed beside step 1's default against it (sm_90 only).
 
-Run with ``pytest tests/perf/test_gluon_ab.py --kernel-ab``. Causal bf16, H=16, cases 3, 6 and 12 of
+Run with ``pytest tests/perf/test_gluon_ab.py --kernel-ab`` (``-k step3``: only step 3 and the D=64 block
+shapes; ``-k forward_ab``: only steps 1 and 2, as run G5 measured them). Causal bf16, H=16, cases 3, 6 and 12 of
 ``flashlite.cases`` (B=1 S=8192; B=8 S=4096; B=16 S=8192) at D=64 and D=128. Every side computes out and the
 log-sum-exp a backward would need (SDPA's default: its forward without grad, as the other A/B files time it);
 each candidate is first checked against SDPA so that a wrong kernel is never timed.
@@ -13,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from flashlite._attention.launch import attention_forward
-from flashlite._attention.launch_gluon import configs_for, gluon_attention_forward
+from flashlite._attention.launch_gluon import GluonConfig, configs_for, gluon_attention_forward
 from flashlite.cases import case
 from pytest_kernelcheck import assert_close
 
@@ -28,10 +30,28 @@ SHAPES = [dict(case=n, B=case(n).B, S=case(n).S, H=case(n).H, D=D) for D in (64,
 
 def _gluon(q, k, v, variant: str, overlap: bool):
     config = next(c for c in configs_for(q.shape[-1], variant) if c.overlap == overlap)
-    return lambda: gluon_attention_forward(q, k, v, causal=True, variant=variant, config=config)[0]
+    return _run(q, k, v, config)
 
 
-def _callables(shape):
+def _run(q, k, v, config: GluonConfig):
+    return lambda: gluon_attention_forward(q, k, v, causal=True, variant=config.variant, config=config)[0]
+
+
+def _shape_name(config: GluonConfig) -> str:
+    """"gluon step 1 64x128x2w4": the step, then BLOCK_M x BLOCK_N x stages and warps (pingpong: per consumer)."""
+    step = {"pipelined": "step 1", "ws": "step 2", "pingpong": "step 3"}[config.variant]
+    return (f"gluon {step} {config.block_m}x{config.block_n}x{config.stages}w{config.num_warps}"
+            + (" overlap" if config.overlap else ""))
+
+
+# D=64 block shapes beside each variant's first config: step 1's one-warpgroup shapes (4 warps, 2 or 3 programs per
+# SM where step 1's default fits one) and step 3's 128-rows-per-consumer shape, each against step 1's default.
+D64_SHAPES = [c for c in configs_for(64, "pipelined")[1:] if c.num_warps == 4 and not c.overlap]
+D64_SHAPES += [c for c in configs_for(64, "pingpong")[1:] if not c.overlap]
+
+
+def _callables(shape, pairs):
+    """The sides the pairs name, each Gluon one checked against SDPA first."""
     q, k, v = qkv(shape.B, shape.H, shape.S, shape.D, shape.dtype)
     scale = shape.D ** -0.5
     sides = {
@@ -39,11 +59,17 @@ def _callables(shape):
         "gluon step 2": _gluon(q, k, v, "ws", False),
         "gluon step 1 overlap": _gluon(q, k, v, "pipelined", True),
         "gluon step 2 overlap": _gluon(q, k, v, "ws", True),
+        "gluon step 3": _gluon(q, k, v, "pingpong", False),
+        "gluon step 3 overlap": _gluon(q, k, v, "pingpong", True),
         "pointer kernel": lambda: attention_forward(q, k, v, None, None, 1, scale, "bf16")[0],
         "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
     }
+    if shape.D == 64:
+        sides.update({_shape_name(c): _run(q, k, v, c) for c in D64_SHAPES})
+    sides = {name: sides[name] for name in {side for pair in pairs for side in pair} | {"sdpa"}}
     expected = sides["sdpa"]()
-    sides["pointer kernel"]()  # its autotuning, outside the timed calls
+    if "pointer kernel" in sides:
+        sides["pointer kernel"]()  # its autotuning, outside the timed calls
     for name in sides:
         if name.startswith("gluon"):
             # SDPA's own low-precision output is the yardstick here; the float64 checks live in tests/flashlite.
@@ -52,18 +78,33 @@ def _callables(shape):
     return sides
 
 
-# (candidate, baseline): each step against SDPA, step 1 against the pointer kernel, each step against the one
-# before, and the softmax/P V overlap against the same schedule without it.
+# (candidate, baseline). Steps 1 and 2 (run G5): each step against SDPA, step 1 against the pointer kernel, step 2
+# against step 1, and the softmax/P V overlap against the same schedule without it.
 PAIRS = [("gluon step 1", "sdpa"), ("gluon step 2", "sdpa"), ("gluon step 2 overlap", "sdpa"),
          ("gluon step 1", "pointer kernel"), ("gluon step 2", "gluon step 1"),
          ("gluon step 1 overlap", "gluon step 1"), ("gluon step 2 overlap", "gluon step 2")]
+# Step 3 against SDPA, the pointer kernel and step 1 (the kept one), its overlap against itself without; at D=64
+# also each D=64 block shape against step 1's default and against the pointer kernel (the kernel D=64 runs on).
+STEP3_PAIRS = [("gluon step 3", "sdpa"), ("gluon step 3 overlap", "sdpa"), ("gluon step 3", "pointer kernel"),
+               ("gluon step 3", "gluon step 1"), ("gluon step 3 overlap", "gluon step 3")]
+D64_PAIRS = [(_shape_name(c), baseline) for c in D64_SHAPES for baseline in ("gluon step 1", "pointer kernel")]
+
+
+def _compare(shape, kernel_ab, pairs):
+    sides = _callables(shape, pairs)
+    work = attention_work(shape)
+    for candidate, baseline in pairs:
+        kernel_ab.compare(sides[candidate], sides[baseline], name=f"fwd D{shape.D} {candidate} vs {baseline}",
+                          **work)
 
 
 @pytest.mark.shape(*SHAPES, dtype=[torch.bfloat16])
 @pytest.mark.memory(lambda shape: attention_bytes(shape, copies=9))
 def test_gluon_forward_ab(shape, kernel_ab):
-    sides = _callables(shape)
-    work = attention_work(shape)
-    for candidate, baseline in PAIRS:
-        kernel_ab.compare(sides[candidate], sides[baseline], name=f"fwd D{shape.D} {candidate} vs {baseline}",
-                          **work)
+    _compare(shape, kernel_ab, PAIRS)
+
+
+@pytest.mark.shape(*SHAPES, dtype=[torch.bfloat16])
+@pytest.mark.memory(lambda shape: attention_bytes(shape, copies=9))
+def test_gluon_step3_and_d64_shapes_ab(shape, kernel_ab):
+    _compare(shape, kernel_ab, STEP3_PAIRS + (D64_PAIRS if shape.D == 64 else []))

@@ -1,0 +1,218 @@
+"""A model of the ping-pong Gluon kernel's barrier protocol (step 3), run under random interleavings on the CPU.
+
+The kernel (``_pp_producer``, ``_pp_consumer``, ``_pp_blocks``, ``_take_turn`` in
+``flashlite.kernels.attention_fwd_gluon``) cannot run without a Hopper GPU, and a wrong phase or a missing
+hand-back there shows up as a hang or as rare wrong numbers. So its protocol is restated here, wait for wait and
+arrival for arrival, over a model of the mbarrier (arrival count, transaction bytes, phase parity as
+``mbarrier.try_wait.parity`` reads it: the wait passes while the barrier's current phase has the other parity, so a
+barrier two phases ahead of its waiter would look the same as one not yet arrived). Copies land at any later time.
+A scheduler runs one ready agent at a time (the producer, the two consumers, the copies in flight), chosen at
+random, and checks on every step:
+
+* progress: the run ends with every agent done (no deadlock);
+* the ring: a slot is refilled only when no consumer still reads an older block in it, and a consumer that passes
+  a "ready" wait finds exactly the block it expects, landed;
+* the turns: consumer 0's turn k comes after consumer 1's turn k - 1 and consumer 1's turn k after consumer 0's turn
+  k, while the other has such a turn.
+
+Changing the kernel's protocol means changing this model with it. Two deliberately broken protocols (a producer
+that ignores the second consumer's hand-back; turn waits without their predicates) must be caught, so that the
+checks are known to bite.
+"""
+import random
+
+import pytest
+
+
+class MBarrier:
+    """mbarrier: ``count`` arrivals and all expected transaction bytes complete a phase."""
+
+    def __init__(self, count: int = 1):
+        self.count, self.pending, self.tx, self.phase = count, count, 0, 0
+
+    def _maybe_complete(self):
+        if self.pending == 0 and self.tx == 0:
+            self.phase += 1
+            self.pending = self.count
+
+    def arrive(self, expect_tx: int = 0):
+        self.tx += expect_tx
+        self.pending -= 1
+        assert self.pending >= 0
+        self._maybe_complete()
+
+    def complete_tx(self, nbytes: int):
+        self.tx -= nbytes
+        self._maybe_complete()
+
+    def passes(self, parity: int) -> bool:
+        return (self.phase & 1) != parity
+
+
+class Violation(AssertionError):
+    pass
+
+
+class Kernel:
+    """One program: n_blocks[c] key blocks for consumer c, a ring of ``stages`` slots."""
+
+    def __init__(self, n_blocks, stages, *, ignore_release_of=None, unpredicated_turns=False):
+        self.n, self.stages = n_blocks, stages
+        self.turns_of = [n + 1 if n > 0 else 0 for n in n_blocks]
+        self.q_ready = [MBarrier() for _ in range(2)]
+        self.k_ready = [MBarrier() for _ in range(stages)]
+        self.v_ready = [MBarrier() for _ in range(stages)]
+        self.kv_empty = [[MBarrier() for _ in range(stages)] for _ in range(2)]
+        self.turns = [MBarrier() for _ in range(2)]
+        self.k_slot = [None] * stages  # the block whose keys have landed in each slot
+        self.v_slot = [None] * stages
+        self.held = [set(), set()]  # blocks each consumer still reads
+        self.turn_log = []  # (consumer, turn) in the order they were taken
+        self.in_flight = []  # copies issued, not landed: generators
+        self.ignore_release_of = ignore_release_of
+        self.unpredicated_turns = unpredicated_turns
+
+    # -- the copies --------------------------------------------------------------------------------------------
+    def _copy(self, slots, barrier, slot, block):
+        yield lambda: True  # lands at any later step
+        self._check_refill(slot, block)
+        if slots is not None:
+            slots[slot] = block
+        barrier.complete_tx(1)
+
+    def _issue(self, slots, barrier, slot, block):
+        barrier.arrive(expect_tx=1)
+        self.in_flight.append(self._copy(slots, barrier, slot, block))
+
+    def _check_refill(self, slot, block):
+        for c in range(2):
+            for b in self.held[c]:
+                if b % self.stages == slot and b != block:
+                    raise Violation(f"slot {slot} takes block {block} while consumer {c} still reads block {b}")
+
+    # -- the producer (_pp_producer) ---------------------------------------------------------------------------
+    def producer(self):
+        for c in range(2):
+            if self.n[c] > 0:
+                self._issue(None, self.q_ready[c], None, None)
+        for j in range(max(self.n)):
+            slot, phase = j % self.stages, ((j // self.stages) & 1) ^ 1
+            for c in range(2):
+                if c == self.ignore_release_of:
+                    continue
+                if j - self.stages < self.n[c]:
+                    yield lambda c=c: self.kv_empty[c][slot].passes(phase)
+            self._check_refill(slot, j)
+            self._issue(self.k_slot, self.k_ready[slot], slot, j)
+            self._issue(self.v_slot, self.v_ready[slot], slot, j)
+
+    # -- a consumer (_pp_consumer, _pp_blocks, _take_turn, _release) -------------------------------------------
+    def _ready(self, slots, barriers, j, c):
+        slot = j % self.stages
+        yield lambda: barriers[slot].passes((j // self.stages) & 1)
+        if slots[slot] != j:
+            raise Violation(f"consumer {c} expects block {j} in slot {slot}, finds {slots[slot]}")
+
+    def _take_turn(self, c, k):
+        other = self.turns_of[1 - c]
+        if c == 0:
+            if k <= other or self.unpredicated_turns:
+                yield lambda: self.turns[0].passes((k & 1) ^ 1)
+        elif k < other or self.unpredicated_turns:
+            yield lambda: self.turns[1].passes(k & 1)
+        # Turn order, as the scheduler saw it.
+        if c == 0 and 1 <= k <= other and (1, k - 1) not in self.turn_log:
+            raise Violation(f"consumer 0 takes turn {k} before consumer 1's turn {k - 1}")
+        if c == 1 and k < other and (0, k) not in self.turn_log:
+            raise Violation(f"consumer 1 takes turn {k} before consumer 0's turn {k}")
+        self.turn_log.append((c, k))
+
+    def _pass_turn(self, c):
+        self.turns[1 - c].arrive()
+
+    def _release(self, c, j):
+        self.held[c].discard(j)
+        self.kv_empty[c][j % self.stages].arrive()
+
+    def consumer(self, c):
+        n = self.n[c]
+        if n == 0:
+            return
+        q = self.q_ready[c]
+        yield lambda: q.passes(0)
+        yield from self._ready(self.k_slot, self.k_ready, 0, c)
+        self.held[c].add(0)
+        yield from self._take_turn(c, 0)
+        self._pass_turn(c)
+        for j in range(1, n):
+            yield from self._ready(self.k_slot, self.k_ready, j, c)
+            self.held[c].add(j)
+            yield from self._ready(self.v_slot, self.v_ready, j - 1, c)
+            yield from self._take_turn(c, j)
+            self._pass_turn(c)
+            self._release(c, j - 1)
+        yield from self._ready(self.v_slot, self.v_ready, n - 1, c)
+        yield from self._take_turn(c, n)
+        self._pass_turn(c)
+        self._release(c, n - 1)
+
+
+def run(kernel: Kernel, seed: int, max_steps: int = 100_000) -> None:
+    """Interleave the agents at random until all are done; Violation on a deadlock or a broken invariant."""
+    rng = random.Random(seed)
+    agents = [kernel.producer(), kernel.consumer(0), kernel.consumer(1)]
+    waiting = {}  # agent -> the condition it waits on (None: runnable)
+    for agent in agents:
+        waiting[agent] = None
+    for _ in range(max_steps):
+        for copy in kernel.in_flight:
+            waiting.setdefault(copy, None)
+        kernel.in_flight.clear()
+        if not waiting:
+            return
+        ready = [a for a, cond in waiting.items() if cond is None or cond()]
+        if not ready:
+            raise Violation(f"deadlock: {len(waiting)} agents wait (blocks {kernel.n}, {kernel.stages} stages, "
+                            f"turns taken {kernel.turn_log})")
+        agent = rng.choice(ready)
+        try:
+            waiting[agent] = next(agent)
+        except StopIteration:
+            del waiting[agent]
+    raise Violation("no end after max_steps")
+
+
+CASES = [(n0, n1, stages) for stages in (2, 3, 4) for n0 in range(7) for n1 in range(7)]
+
+
+@pytest.mark.parametrize("stages", [2, 3, 4])
+def test_the_protocol_ends_and_keeps_the_ring_and_the_turns(stages):
+    # Every pair of block counts up to 6 (the consumers of a program differ by one or two blocks under causal masks,
+    # and one may have none), 40 random interleavings each.
+    for n0 in range(7):
+        for n1 in range(7):
+            for seed in range(40):
+                kernel = Kernel((n0, n1), stages)
+                run(kernel, seed)
+                assert sorted(kernel.turn_log) == sorted([(0, k) for k in range(kernel.turns_of[0])]
+                                                         + [(1, k) for k in range(kernel.turns_of[1])])
+
+
+def _caught(make, cases) -> bool:
+    for n0, n1, stages in cases:
+        for seed in range(40):
+            try:
+                run(make(n0, n1, stages), seed)
+            except Violation:
+                return True
+    return False
+
+
+def test_a_producer_that_ignores_one_consumer_is_caught():
+    # A slot refilled once consumer 0 alone has handed it back: consumer 1 may still be reading it.
+    assert _caught(lambda n0, n1, s: Kernel((n0, n1), s, ignore_release_of=1), [(4, 5, 2), (6, 6, 3)])
+
+
+def test_turns_without_their_predicates_deadlock_when_the_work_differs():
+    # Consumer 1 has more turns than consumer 0: without the predicate it waits for an arrival that never comes.
+    assert _caught(lambda n0, n1, s: Kernel((n0, n1), s, unpredicated_turns=True), [(2, 3, 2)])
