@@ -112,6 +112,13 @@ def _mma_layout(num_warps, n):
     return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, n, 16])
 
 
+@gluon.jit
+def _zero_scores(BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, num_warps: gl.constexpr):
+    # The zero accumulator each block's S = Q K^T starts from (use_acc=False ignores its values; wgmma takes its
+    # layout from it).
+    return gl.zeros([BLOCK_M, BLOCK_N], gl.float32, _mma_layout(num_warps, BLOCK_N))
+
+
 @gluon.constexpr_function
 def _tile_layout():
     # 2-D view of a [rows, D] tile of 16-bit values with D * 2 >= 128 bytes: the 128-byte swizzle, the same bytes
@@ -254,10 +261,9 @@ def _attend_blocks(q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, acc, p_pr
     block j - 1's P V are issued together and only S is waited for, so that block j's softmax runs while the
     tensor cores do block j - 1's P V; ``acc`` enters and leaves as registers, without block j - 1's P V (the
     caller peels block ``lo - 1``'s softmax off before and adds the last P V after)."""
-    s_layout: gl.constexpr = _mma_layout(num_warps, BLOCK_N)
     o_layout: gl.constexpr = _mma_layout(num_warps, HEAD_DIM)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+    s_zero = _zero_scores(BLOCK_M, BLOCK_N, num_warps)
     for j in range(lo, hi):
         slot = j % STAGES
         phase = (j // STAGES) & 1
@@ -556,10 +562,9 @@ def _pp_blocks(C: gl.constexpr, q_tile, k_bufs, v_bufs, k_ready, v_ready, kv_emp
     softmax. OVERLAP: only S is waited for before the softmax, block j - 1's P V runs under it (and then under the
     other consumer's turn too); without it both are waited for first. ``acc`` enters and leaves as registers
     without block hi - 1's P V, whose probabilities are ``p_prev``."""
-    s_layout: gl.constexpr = _mma_layout(CONSUMER_WARPS, BLOCK_N)
     o_layout: gl.constexpr = _mma_layout(CONSUMER_WARPS, HEAD_DIM)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+    s_zero = _zero_scores(BLOCK_M, BLOCK_N, CONSUMER_WARPS)
     for j in range(lo, hi):
         slot = j % STAGES
         prev = (j - 1) % STAGES
