@@ -4,16 +4,19 @@ Modules, each importing only those above it:
 
 * ``validation``: validate a call into a ``Problem``; why the Triton kernel cannot run one; the constants;
 * ``plans``: the plan cache, one ``Plan`` per call signature (its problem, decision, configs and recorded launches);
-* ``launch``: launching a plan's kernels (grids, configs, recording and replay), and the public launchers
-  ``attention_forward`` / ``attention_backward``;
+* ``launch_gluon`` (imports ``validation`` only): the Gluon forward on Hopper, what it supports, where a Triton
+  plan's forward runs on it (``forward_kernel_for``, the measured rule) and its launch;
+* ``launch``: launching a plan's kernels (grids, configs, recording and replay; split-KV and its merge; the Gluon
+  forward where the plan chose it), and the public launchers ``attention_forward`` / ``attention_backward``;
 * ``ops``: the custom ops ``flashlite::attention_forward`` / ``attention_backward``, fakes, autograd, and
   ``run_triton``, how a Triton plan runs a call;
 * ``sdpa`` (imports ``validation`` only): the SDPA path, its masks and its agreement with the kernel;
-* ``launch_gluon`` (imports ``validation`` only): the Gluon forward on Hopper, what it supports and its launch (not
-  dispatched yet: called directly);
 * ``decide``: the backend decision and its logging, and ``make_plan``;
-* ``api``: ``attention()`` and ``explain_dispatch()``.
+* ``api``: ``attention()`` and ``explain_dispatch()``;
+* ``varlen``: ``attention_varlen()``, packed variable-length sequences, and its custom ops;
+* ``kvcache``: ``attention_with_kvcache()``, decoding against a contiguous or paged cache, and its custom op.
 
 Each module-level setting (``_GRID_AXIS1_LIMIT`` in ``launch``; ``_PLANS``, ``MAX_PLANS`` and ``RECORD_LAUNCHES``
-in ``plans``) lives in the one module that reads it: patch it there.
+in ``plans``; ``GLUON_MIN_ROWS`` and ``GLUON_ENABLED`` in ``launch_gluon``) lives in the one module that reads it:
+patch it there.
 """
