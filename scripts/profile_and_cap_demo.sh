@@ -36,17 +36,21 @@ def test_fits_the_cap():
     torch.empty(2**30, dtype=torch.uint8, device="cuda")
 EOF
 
-# 1. NVTX ranges in an nsys trace, and the GPU time projected onto them.
-if command -v nsys >/dev/null; then
-    nsys profile --trace=cuda,nvtx --force-overwrite=true -o "$OUT/profile" \
+# 1. NVTX ranges in an nsys trace, and the GPU time projected onto them. Nsight Systems is often installed off
+# PATH (with the CUDA toolkit or under /opt/nvidia): look there too.
+nsys=$(command -v nsys || ls /usr/local/cuda/bin/nsys /usr/local/cuda-*/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys \
+    /opt/nvidia/nsight-systems-cli/*/bin/nsys 2>/dev/null | head -n 1)
+if [[ -n $nsys ]]; then
+    echo "nsys: $nsys"
+    "$nsys" profile --trace=cuda,nvtx --force-overwrite=true -o "$OUT/profile" \
         python -m pytest "$demo/test_demo.py" -k matmul_pair --kernel-ab-profile -p no:cacheprovider \
         >"$OUT/nsys_pytest.log" 2>&1
-    nsys stats --report nvtx_gpu_proj_sum "$OUT/profile.nsys-rep" >"$OUT/nvtx_gpu_proj_sum.txt" 2>&1
+    "$nsys" stats --report nvtx_gpu_proj_sum "$OUT/profile.nsys-rep" >"$OUT/nvtx_gpu_proj_sum.txt" 2>&1
     check "nsys: the candidate's range has GPU time" grep -q "kernelcheck:.*mm vs torch.mm:candidate" "$OUT/nvtx_gpu_proj_sum.txt"
     check "nsys: the baseline's range has GPU time" grep -q "kernelcheck:.*mm vs torch.mm:baseline" "$OUT/nvtx_gpu_proj_sum.txt"
     check "summary: ranges emitted" grep -q "callables run inside NVTX ranges, nothing timed" "$OUT/nsys_pytest.log"
 else
-    echo "SKIP nsys checks: nsys not on PATH"
+    echo "SKIP nsys checks: no nsys on PATH, in /usr/local/cuda*/bin or under /opt/nvidia"
 fi
 
 # 2. torch.profiler Chrome traces with CUDA kernels.
