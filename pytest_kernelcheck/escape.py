@@ -200,7 +200,8 @@ def check_escaping_work(
             raise EscapedWork(
                 f"{side}: CUDA events timed {times.event_s * 1e3:.4g} ms per sample, but the same sample "
                 f"({calls}) took {times.synced_s * 1e3:.4g} ms between device-wide synchronisations (medians of "
-                f"{len(synced)}{control_note}): most of its GPU work runs outside the stream the events time, likely launched on "
+                f"{len(synced)}{control_note}): most of its GPU work runs outside the stream the events time, "
+                "likely launched on "
                 "another CUDA stream or from another thread. Queue it on the current stream, or make the current "
                 "stream wait for the other one (torch.cuda.current_stream().wait_stream(side)) before returning; "
                 "check_escape=False times it anyway"

@@ -321,10 +321,9 @@ def _launch_forward_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ou
         block_d = _block_d(p.head_dim)
         buckets = _tuning.tuning_buckets(p.seq_q, p.seq_k, p.batch * p.heads)
         dot = _dot_mode(p.precision)
-        out_strides = out.stride()[-4:]  # a split's partial has the strides of out
         splits = {} if p.key_splits == 1 else {"NUM_SPLITS": p.key_splits}
         _launch(_FORWARD, site, plan, _Grid(p.seq_q, "BLOCK_M", p.batch * p.heads, p.key_splits), tensors,
-                (*q.stride(), *k.stride(), *v.stride(), *out_strides, stride_mask_b, stride_mask_n,
+                (*q.stride(), *k.stride(), *v.stride(), *out.stride(), stride_mask_b, stride_mask_n,
                  *variant_scalars[:2], stride_table, p.heads, p.group_size, p.seq_q, p.seq_k,
                  p.scale * math.log2(math.e),
                  p.batch * p.heads, *variant_scalars[2:], *buckets),

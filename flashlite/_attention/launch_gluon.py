@@ -186,12 +186,17 @@ def launch_planned(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     16-byte aligned (a plan keys on shapes and strides, not addresses: such a call takes the pointer kernel)."""
     if q.data_ptr() % 16 or k.data_ptr() % 16 or v.data_ptr() % 16:
         return None
-    config = configs_for(problem.head_dim)[0]
+    return _launch(q, k, v, problem.causal_mode, problem.scale, configs_for(problem.head_dim)[0])
+
+
+def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal_mode: int, scale: float,
+            config: GluonConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """Allocate out (contiguous, q's dtype) and lse, and launch ``config``'s kernel on a checked call."""
+    batch, heads, seq_q, _ = q.shape
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    lse = torch.empty((problem.batch, problem.heads, problem.seq_q), dtype=torch.float32, device=q.device)
-    args, meta = kernel_arguments(q, k, v, out, lse, problem.causal_mode, problem.scale, config)
-    grid = (math.ceil(problem.seq_q / config.rows_per_program), problem.batch * problem.heads)
-    kernel_for(config)[grid](*args, **meta)
+    lse = torch.empty((batch, heads, seq_q), dtype=torch.float32, device=q.device)
+    args, meta = kernel_arguments(q, k, v, out, lse, causal_mode, scale, config)
+    kernel_for(config)[(math.ceil(seq_q / config.rows_per_program), batch * heads)](*args, **meta)
     return out, lse
 
 
@@ -254,10 +259,4 @@ def gluon_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
     elif config.variant != variant:
         raise ValueError(f"config {config} is for variant {config.variant!r}, not {variant!r}")
     scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
-    batch, heads, seq_q, _ = q.shape
-    out = torch.empty((batch, heads, seq_q, head_dim), dtype=q.dtype, device=q.device)
-    lse = torch.empty((batch, heads, seq_q), dtype=torch.float32, device=q.device)
-    args, meta = kernel_arguments(q, k, v, out, lse, _CAUSAL[causal], scale, config)
-    grid = (math.ceil(seq_q / config.rows_per_program), batch * heads)
-    kernel_for(config)[grid](*args, **meta)
-    return out, lse
+    return _launch(q, k, v, _CAUSAL[causal], scale, config)
