@@ -14,6 +14,7 @@ import torch
 from flashlite._attention import launch_gluon
 from flashlite._attention.launch import attention_backward
 from flashlite._attention.launch_gluon import GluonConfig, gluon_attention_forward, gluon_supported
+from flashlite import explain_dispatch
 from flashlite.attention import attention
 from pytest_kernelcheck import assert_close, policy_for
 
@@ -174,3 +175,27 @@ def test_refuses_a_config_of_the_other_variant():
     q, k, v = qkv(1, 2, 64, 64, torch.bfloat16)
     with pytest.raises(ValueError, match="is for variant 'ws'"):
         gluon_attention_forward(q, k, v, variant="pipelined", config=GluonConfig("ws", 128, 128, 3, 8))
+
+
+def test_dispatched_gluon_forward_end_to_end():
+    # The call the measured rule routes to the Gluon kernel (dense causal bf16, D=128, B*H*S_q = GLUON_MIN_ROWS):
+    # explain_dispatch says so, and attention() itself (plan, launch, autograd through the pointer backward) is
+    # right in float64 on batch 0, heads 0 and 1, whose outputs and gradients depend on no other batch or head.
+    B, H, S, D = 4, 16, launch_gluon.GLUON_MIN_ROWS // (4 * 16), 128
+    q, k, v = (t.requires_grad_() for t in qkv(B, H, S, D, torch.bfloat16))
+    decision = explain_dispatch(q, k, v, causal=True, backend="triton")
+    assert decision.backend == "triton" and "Gluon kernel" in decision.reason, decision.reason
+    out = attention(q, k, v, causal=True, backend="triton")
+    grad_out = torch.randn_like(out)
+    out.backward(grad_out)
+    part = (slice(0, 1), slice(0, 2))
+    leaves = [t.detach()[part].double().requires_grad_() for t in (q, k, v)]
+    ref_out, _ = reference(*leaves, True)
+    ref_out.backward(grad_out[part].double())
+    base_leaves = [t.detach()[part].clone().requires_grad_() for t in (q, k, v)]
+    base_out = sdpa_baseline(*base_leaves, True)
+    base_out.backward(grad_out[part])
+    assert_close(out.detach()[part], ref_out.detach(), baseline=base_out.detach(), notes=("dispatched Gluon",))
+    for name, got, ref, base in zip(("dq", "dk", "dv"), (q.grad, k.grad, v.grad), leaves, base_leaves):
+        assert not got.isnan().any(), name
+        assert_close(got[part], ref.grad, baseline=base.grad, notes=(name, "dispatched Gluon"))

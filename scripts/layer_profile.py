@@ -1,0 +1,103 @@
+"""Where the compiled TransformerLayer spends its GPU time against the compiled plain block (GPU only).
+
+For each case, both sides under ``torch.compile`` (the layer with ``fullgraph=True``, precision "mixed"; the plain
+block in bf16, same weights), in inference and in a training step (forward, backward of a projection loss, fused
+AdamW): the GPU time per call summed over every kernel (torch.profiler, CUDA activity, 10 calls after warm-up),
+the kernels that take most of it, and how many graphs dynamo compiled. The A/B suite says whether the layer is
+faster; this says which kernels make the difference.
+
+Example:
+    python3 scripts/layer_profile.py --cases 1,5,10 --top 8
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from flashlite.cases import CASES
+from flashlite.layer import PlainTransformerBlock, TransformerLayer
+
+D_MODEL, N_HEADS, D_FF = 1024, 16, 4096
+CALLS = 10
+
+
+def kernel_times(fn, calls: int = CALLS) -> tuple[float, list[tuple[str, float, int]]]:
+    """(GPU microseconds per call summed over all kernels, [(kernel, us per call, launches per call)] sorted)."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    rows = []
+    for event in prof.key_averages():
+        if event.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        us = getattr(event, "self_device_time_total", None)
+        us = event.self_cuda_time_total if us is None else us
+        rows.append((event.key, us / calls, event.count // calls))
+    rows.sort(key=lambda row: -row[1])
+    return sum(row[1] for row in rows), rows
+
+
+def training_step(model, x: torch.Tensor, projection: torch.Tensor):
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.0, fused=True)
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        x.grad = None
+        (model(x).float() * projection).sum().backward()
+        optimizer.step()
+    return step
+
+
+def report(label: str, fn, top: int) -> float:
+    total, rows = kernel_times(fn)
+    print(f"  {label}: {total:9.1f} us of GPU time per call, {sum(r[2] for r in rows)} launches")
+    for name, us, launches in rows[:top]:
+        print(f"      {us:8.1f} us  x{launches:<3d} {name[:110]}")
+    return total
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", default="1,5,10", help="comma-separated case numbers (flashlite.cases)")
+    parser.add_argument("--top", type=int, default=8, help="kernels listed per side")
+    parser.add_argument("--modes", default="inference,training", help="inference, training or both")
+    parser.add_argument("--precision", default="mixed", help="the layer's precision")
+    args = parser.parse_args()
+    torch._dynamo.config.recompile_limit = 512
+    torch.manual_seed(0)
+    plain = PlainTransformerBlock(D_MODEL, N_HEADS, D_FF, device="cuda", dtype=torch.bfloat16)
+    cases = {c.number: c for c in CASES}
+    print(f"{torch.cuda.get_device_name()} | torch {torch.__version__} | layer precision {args.precision}")
+    for number in (int(n) for n in args.cases.split(",")):
+        case = cases[number]
+        x = torch.randn(case.B, case.S, D_MODEL, device="cuda", dtype=torch.bfloat16)
+        print(f"case {number} (B={case.B}, S={case.S}, {case.B * case.S} tokens)")
+        for mode in args.modes.split(","):
+            torch._dynamo.reset()
+            base = copy.deepcopy(plain).train(mode == "training")
+            layer = TransformerLayer.from_plain(base, precision=args.precision).train(mode == "training")
+            compiled_plain, compiled_layer = torch.compile(base), torch.compile(layer, fullgraph=True)
+            if mode == "training":
+                xg = x.clone().requires_grad_(True)
+                projection = torch.randn(x.shape, device="cuda")
+                fns = (training_step(compiled_layer, xg, projection), training_step(compiled_plain, xg, projection))
+            else:
+                fns = (lambda: compiled_layer(x), lambda: compiled_plain(x))
+            with torch.no_grad() if mode == "inference" else torch.enable_grad():
+                layer_us = report(f"{mode} compiled layer", fns[0], args.top)
+                plain_us = report(f"{mode} compiled plain block", fns[1], args.top)
+            graphs = torch._dynamo.utils.counters["stats"].get("unique_graphs", 0)
+            breaks = sum(torch._dynamo.utils.counters["graph_break"].values())
+            print(f"  {mode}: plain/layer GPU time {plain_us / layer_us:.3f}x; dynamo graphs {graphs}, "
+                  f"graph breaks {breaks}")
+
+
+if __name__ == "__main__":
+    main()
