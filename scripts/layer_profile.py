@@ -3,7 +3,8 @@
 For each case, both sides under ``torch.compile`` (the layer with ``fullgraph=True``, precision "mixed"; the plain
 block in bf16, same weights), in inference and in a training step (forward, backward of a projection loss, fused
 AdamW): the GPU time per call summed over every kernel (torch.profiler, CUDA activity, 10 calls after warm-up),
-the kernels that take most of it, and how many graphs dynamo compiled. The A/B suite says whether the layer is
+the kernels that take most of it, the wall time per call of back-to-back calls (host work included), and how
+many graphs dynamo compiled. The A/B suite says whether the layer is
 faster; this says which kernels make the difference.
 
 Example:
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import time
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -55,12 +57,26 @@ def training_step(model, x: torch.Tensor, projection: torch.Tensor):
     return step
 
 
-def report(label: str, fn, top: int) -> float:
+def wall_time(fn, calls: int = 50) -> float:
+    """Microseconds per call of ``calls`` back-to-back calls between two device synchronisations: the time the
+    caller waits, host work included (where it exceeds the GPU time, the host is the bottleneck)."""
+    fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / calls * 1e6
+
+
+def report(label: str, fn, top: int) -> tuple[float, float]:
     total, rows = kernel_times(fn)
-    print(f"  {label}: {total:9.1f} us of GPU time per call, {sum(r[2] for r in rows)} launches")
+    wall = wall_time(fn)
+    print(f"  {label}: {total:9.1f} us of GPU time per call, {sum(r[2] for r in rows)} launches; "
+          f"{wall:9.1f} us of wall time per call")
     for name, us, launches in rows[:top]:
         print(f"      {us:8.1f} us  x{launches:<3d} {name[:110]}")
-    return total
+    return total, wall
 
 
 def main() -> None:
@@ -91,12 +107,12 @@ def main() -> None:
             else:
                 fns = (lambda: compiled_layer(x), lambda: compiled_plain(x))
             with torch.no_grad() if mode == "inference" else torch.enable_grad():
-                layer_us = report(f"{mode} compiled layer", fns[0], args.top)
-                plain_us = report(f"{mode} compiled plain block", fns[1], args.top)
+                layer_us, layer_wall = report(f"{mode} compiled layer", fns[0], args.top)
+                plain_us, plain_wall = report(f"{mode} compiled plain block", fns[1], args.top)
             graphs = torch._dynamo.utils.counters["stats"].get("unique_graphs", 0)
             breaks = sum(torch._dynamo.utils.counters["graph_break"].values())
-            print(f"  {mode}: plain/layer GPU time {plain_us / layer_us:.3f}x; dynamo graphs {graphs}, "
-                  f"graph breaks {breaks}")
+            print(f"  {mode}: plain/layer GPU time {plain_us / layer_us:.3f}x, "
+                  f"wall time {plain_wall / layer_wall:.3f}x; dynamo graphs {graphs}, graph breaks {breaks}")
 
 
 if __name__ == "__main__":

@@ -43,12 +43,16 @@ _CAUSAL = {False: 0, True: 1, "top_left": 1, "lower_right": 2}
 _GRID_AXIS1_LIMIT = 65535
 VARIANTS = ("pipelined", "ws", "pingpong")
 
-# Where the Gluon kernel (step 1, its first config) measured faster than the pointer kernel (H200, 2026-12-01,
-# tests/perf/test_gluon_ab.py, benchmarks/results/h200-2026-12-01-session4/run5_gluon): causal bf16 at D=128,
-# 1.098x at B=8 S=4096 and 1.105x at B=16 S=8192 (H=16: 2**19 and 2**21 query rows), a tie (1.011x) at B=1
-# S=8192 (2**17 rows); at D=64 it lost everywhere (0.79-0.84x). Nothing else (fp16, other causal modes, S_q !=
-# S_k) was measured, so nothing else uses it. FLASHLITE_GLUON=0 keeps every call on the pointer kernel.
-GLUON_MIN_ROWS = 2 ** 19
+# Where the Triton backend runs a call's forward on the Gluon kernel, and on which config: where its A/B against the
+# pointer kernel measured a win (H200, 2026-12-01, causal bf16, H=16, tests/perf/test_gluon_ab.py). Session 4's run
+# 5 measured step 1's first config at D=128: 1.098x at B=8 S=4096 and 1.105x at B=16 S=8192. Session 5's run 2
+# (benchmarks/results/h200-2026-12-01-session5/run2_gluon_split_profile) measured step 1 at 64x128, 2 stages,
+# 4 warps at D=64: 1.134x, 1.178x and 1.197x the pointer kernel at B=1 S=8192, B=8 S=4096 and B=16 S=8192 (2**17,
+# 2**19 and 2**21 query rows), and step 3's 64x128x2w4 at D=128 1.089x, 0.990x (a tie) and 1.051x, where its
+# do_bench probe ranked 64x128x3w4 first (0.512, 1.099 and 8.200 ms against 0.578, 1.208 and 8.637 ms). Smaller
+# calls, fp16, other causal modes and S_q != S_k were not measured, so they stay on the pointer kernel.
+# FLASHLITE_GLUON=0 keeps every call on the pointer kernel.
+GLUON_MIN_ROWS = 2 ** 17
 GLUON_ENABLED = os.environ.get("FLASHLITE_GLUON", "1") not in ("", "0")
 
 
@@ -92,6 +96,11 @@ def configs_for(head_dim: int, variant: str = "pipelined") -> list[GluonConfig]:
         GluonConfig(variant='pipelined', block_m=128, block_n=128, stages=3, num_warps=8, overlap=False)
     """
     return [GluonConfig(variant, *blocks) for blocks in _kernels.GLUON_FWD_CONFIGS[variant][head_dim]]
+
+
+# The dispatched config per head dim (see GLUON_MIN_ROWS for the measurements); each is one the kernel file lists, so
+# CPU CI compiles it and the GPU suite checks it against float64 (test_every_listed_config).
+_DISPATCHED = {64: GluonConfig("pipelined", 64, 128, 2, 4), 128: GluonConfig("pingpong", 64, 128, 3, 4)}
 
 
 def _tma_strides(t: torch.Tensor) -> list[int]:
@@ -158,10 +167,20 @@ def gluon_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return None
 
 
+def dispatched_config(head_dim: int) -> Optional["GluonConfig"]:
+    """The config the Triton backend's Gluon forward runs at ``head_dim`` (the measured rule above), or None.
+
+    Example:
+        >>> dispatched_config(64)
+        GluonConfig(variant='pipelined', block_m=64, block_n=128, stages=2, num_warps=4, overlap=False)
+    """
+    return _DISPATCHED.get(head_dim)
+
+
 def forward_kernel_for(problem: Problem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Optional[str]:
     """Why a Triton plan's forward runs on the Gluon kernel (a reason for ``explain_dispatch``), or None for the
-    pointer kernel: the call must be one the measurement covered (dense causal bf16 at D=128, S_q == S_k, at least
-    ``GLUON_MIN_ROWS`` query rows) and one the kernel can run (``gluon_supported``).
+    pointer kernel: the call must be one the measurement covered (dense causal bf16 at D=64 or 128, S_q == S_k, at
+    least ``GLUON_MIN_ROWS`` query rows) and one the kernel can run (``gluon_supported``).
 
     Example:
         >>> q = torch.randn(1, 2, 16, 128, dtype=torch.bfloat16)
@@ -169,15 +188,18 @@ def forward_kernel_for(problem: Problem, q: torch.Tensor, k: torch.Tensor, v: to
         True
     """
     rows = problem.batch * problem.heads * problem.seq_q
-    if not (GLUON_ENABLED and problem.variant == "dense" and problem.key_masking == "none" and not problem.varlen
-            and problem.page_size == 0 and problem.dtype == torch.bfloat16 and problem.head_dim == 128
+    config = dispatched_config(problem.head_dim)
+    if not (GLUON_ENABLED and config is not None and problem.variant == "dense" and problem.key_masking == "none"
+            and not problem.varlen and problem.page_size == 0 and problem.dtype == torch.bfloat16
             and problem.causal_mode == CAUSAL_TOP_LEFT and problem.seq_q == problem.seq_k
             and rows >= GLUON_MIN_ROWS):
         return None
     if gluon_supported(q, k, v, True, problem.scale) is not None:
         return None
-    return (f"forward on the Gluon kernel (sm_90, TMA and wgmma: measured 1.10x the pointer kernel for causal "
-            f"bf16 at D=128 from {GLUON_MIN_ROWS} query rows; this call has {rows})")
+    step = {"pipelined": "step 1", "ws": "step 2", "pingpong": "step 3"}[config.variant]
+    return (f"forward on the Gluon kernel ({step}, {config.block_m}x{config.block_n}, {config.stages} stages, "
+            f"{config.num_warps} warps; sm_90, TMA and wgmma: measured faster than the pointer kernel for causal "
+            f"bf16 at D={problem.head_dim} from {GLUON_MIN_ROWS} query rows; this call has {rows})")
 
 
 def launch_planned(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -186,7 +208,7 @@ def launch_planned(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     16-byte aligned (a plan keys on shapes and strides, not addresses: such a call takes the pointer kernel)."""
     if q.data_ptr() % 16 or k.data_ptr() % 16 or v.data_ptr() % 16:
         return None
-    return _launch(q, k, v, problem.causal_mode, problem.scale, configs_for(problem.head_dim)[0])
+    return _launch(q, k, v, problem.causal_mode, problem.scale, _DISPATCHED[problem.head_dim])
 
 
 def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal_mode: int, scale: float,

@@ -156,7 +156,9 @@ def test_inference_with_auto_is_one_graph_for_every_batch_and_length(monkeypatch
     # Two graphs at most (dynamo's first, static one, then one dynamic graph): a limit of 2 fails on the third.
     from torch._dynamo.utils import counters
     counters.clear()
-    compiled = torch.compile(lambda q, k, v: attention(q, k, v, causal=True), fullgraph=True, backend="aot_eager")
+    # precision="ieee": on a GPU the table's Triton choice would otherwise take tf32 dots (the fp32 default).
+    compiled = torch.compile(lambda q, k, v: attention(q, k, v, causal=True, precision="ieee"), fullgraph=True,
+                             backend="aot_eager")
     with torch.no_grad(), torch._dynamo.config.patch(recompile_limit=2):
         for batch, seq in ((1, 40), (4, 40), (8, 70), (3, 260)):
             q, k, v = (t.detach() for t in leaves(*[(batch, 2, seq, 16)] * 3, seed=batch + seq))

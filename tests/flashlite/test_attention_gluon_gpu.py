@@ -177,11 +177,12 @@ def test_refuses_a_config_of_the_other_variant():
         gluon_attention_forward(q, k, v, variant="pipelined", config=GluonConfig("ws", 128, 128, 3, 8))
 
 
-def test_dispatched_gluon_forward_end_to_end():
-    # The call the measured rule routes to the Gluon kernel (dense causal bf16, D=128, B*H*S_q = GLUON_MIN_ROWS):
+@pytest.mark.parametrize("D", [64, 128])
+def test_dispatched_gluon_forward_end_to_end(D):
+    # The call the measured rule routes to the Gluon kernel (dense causal bf16, B*H*S_q = GLUON_MIN_ROWS):
     # explain_dispatch says so, and attention() itself (plan, launch, autograd through the pointer backward) is
     # right in float64 on batch 0, heads 0 and 1, whose outputs and gradients depend on no other batch or head.
-    B, H, S, D = 4, 16, launch_gluon.GLUON_MIN_ROWS // (4 * 16), 128
+    B, H, S = 4, 16, launch_gluon.GLUON_MIN_ROWS // (4 * 16)
     q, k, v = (t.requires_grad_() for t in qkv(B, H, S, D, torch.bfloat16))
     decision = explain_dispatch(q, k, v, causal=True, backend="triton")
     assert decision.backend == "triton" and "Gluon kernel" in decision.reason, decision.reason
