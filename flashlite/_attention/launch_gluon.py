@@ -51,8 +51,13 @@ VARIANTS = ("pipelined", "ws", "pingpong")
 # 2**19 and 2**21 query rows), and step 3's 64x128x2w4 at D=128 1.089x, 0.990x (a tie) and 1.051x, where its
 # do_bench probe ranked 64x128x3w4 first (0.512, 1.099 and 8.200 ms against 0.578, 1.208 and 8.637 ms). Smaller
 # calls, fp16, other causal modes and S_q != S_k were not measured, so they stay on the pointer kernel.
+# Session 5's run 3 (the forward A/B of the case table through backend="triton") measured the rule without a
+# length floor: wins from S=4096 up at D=64 (1.034-1.108x SDPA), but 0.38-0.63x SDPA at S=64 to 2048 with 2**17 or
+# more rows (cases 5, 7-11), where the Gluon launch's host work (four TMA descriptors built per call) outlasts the
+# kernel; so the rule also needs GLUON_MIN_SEQ query rows per sequence.
 # FLASHLITE_GLUON=0 keeps every call on the pointer kernel.
 GLUON_MIN_ROWS = 2 ** 17
+GLUON_MIN_SEQ = 4096
 GLUON_ENABLED = os.environ.get("FLASHLITE_GLUON", "1") not in ("", "0")
 
 
@@ -180,7 +185,7 @@ def dispatched_config(head_dim: int) -> Optional["GluonConfig"]:
 def forward_kernel_for(problem: Problem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Optional[str]:
     """Why a Triton plan's forward runs on the Gluon kernel (a reason for ``explain_dispatch``), or None for the
     pointer kernel: the call must be one the measurement covered (dense causal bf16 at D=64 or 128, S_q == S_k, at
-    least ``GLUON_MIN_ROWS`` query rows) and one the kernel can run (``gluon_supported``).
+    least ``GLUON_MIN_ROWS`` query rows in all and ``GLUON_MIN_SEQ`` per sequence) and one the kernel can run (``gluon_supported``).
 
     Example:
         >>> q = torch.randn(1, 2, 16, 128, dtype=torch.bfloat16)
@@ -192,14 +197,15 @@ def forward_kernel_for(problem: Problem, q: torch.Tensor, k: torch.Tensor, v: to
     if not (GLUON_ENABLED and config is not None and problem.variant == "dense" and problem.key_masking == "none"
             and not problem.varlen and problem.page_size == 0 and problem.dtype == torch.bfloat16
             and problem.causal_mode == CAUSAL_TOP_LEFT and problem.seq_q == problem.seq_k
-            and rows >= GLUON_MIN_ROWS):
+            and rows >= GLUON_MIN_ROWS and problem.seq_q >= GLUON_MIN_SEQ):
         return None
     if gluon_supported(q, k, v, True, problem.scale) is not None:
         return None
     step = {"pipelined": "step 1", "ws": "step 2", "pingpong": "step 3"}[config.variant]
     return (f"forward on the Gluon kernel ({step}, {config.block_m}x{config.block_n}, {config.stages} stages, "
             f"{config.num_warps} warps; sm_90, TMA and wgmma: measured faster than the pointer kernel for causal "
-            f"bf16 at D={problem.head_dim} from {GLUON_MIN_ROWS} query rows; this call has {rows})")
+            f"bf16 at D={problem.head_dim} from {GLUON_MIN_ROWS} query rows and {GLUON_MIN_SEQ} per sequence; this "
+            f"call has {rows})")
 
 
 def launch_planned(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -182,7 +182,7 @@ def test_dispatched_gluon_forward_end_to_end(D):
     # The call the measured rule routes to the Gluon kernel (dense causal bf16, B*H*S_q = GLUON_MIN_ROWS):
     # explain_dispatch says so, and attention() itself (plan, launch, autograd through the pointer backward) is
     # right in float64 on batch 0, heads 0 and 1, whose outputs and gradients depend on no other batch or head.
-    B, H, S = 4, 16, launch_gluon.GLUON_MIN_ROWS // (4 * 16)
+    B, H, S = 2, 16, max(launch_gluon.GLUON_MIN_ROWS // (2 * 16), launch_gluon.GLUON_MIN_SEQ)
     q, k, v = (t.requires_grad_() for t in qkv(B, H, S, D, torch.bfloat16))
     decision = explain_dispatch(q, k, v, causal=True, backend="triton")
     assert decision.backend == "triton" and "Gluon kernel" in decision.reason, decision.reason

@@ -201,6 +201,8 @@ def _seeded_bf16(batch, heads, seq, dim=128):
     (1, 16, 8192, 64, torch.bfloat16, True, True),  # step 1 64x128x2w4 measured 1.134x
     (8, 16, 4096, 64, torch.bfloat16, True, True),  # and 1.178x
     (1, 15, 8192, 64, torch.bfloat16, True, False),  # one row under 2**17: not measured
+    (4, 16, 2048, 64, torch.bfloat16, True, False),  # 2**17 rows, S=2048: measured 0.485x SDPA (host-bound)
+    (256, 16, 64, 128, torch.bfloat16, True, False),  # 2**18 rows, S=64: measured 0.500x SDPA
     (1, 16, 8192, 96, torch.bfloat16, True, False),  # no Gluon config at D=96
     (8, 16, 4096, 128, torch.float16, True, False),  # not measured
     (8, 16, 4096, 128, torch.bfloat16, False, False),  # not measured
