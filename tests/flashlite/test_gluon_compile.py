@@ -253,6 +253,7 @@ def test_a_plan_on_the_gluon_kernel_launches_it_and_says_so(monkeypatch):
     device = "cuda" if torch.cuda.is_available() else "cpu"
     q, k, v = (_seeded_bf16(1, 2, 64).to(device) for _ in range(3))
     monkeypatch.setattr(launch_gluon, "GLUON_MIN_ROWS", 128)  # a tiny call stands for a large one
+    monkeypatch.setattr(launch_gluon, "GLUON_MIN_SEQ", 64)
     launched = []
 
     def fake_launch(q, k, v, problem):
