@@ -36,6 +36,7 @@ FUSIONS = frozenset({"triton_layer_norm", "add_layer_norm", "bias_gelu"})
 # benchmarks/results/h200-2026-11-29-b/run4_ab.md) ranked "no fusions" first at 128, 1,024 and 2,048 tokens (each
 # Triton launch costs more host time than the torch ops it replaces) and "all fusions" first at 4,096 (1.13x over
 # none), 8,192 and 16,384 tokens (1.43x and 1.47x over none). Elsewhere (the CPU interpreter) all fusions run.
+# Under torch.compile on a CUDA device: none (``TransformerLayer._fusions_for`` says why).
 FUSED_MIN_TOKENS = 4096
 # ``backend`` of flashlite.attention.attention: "auto" is its per-shape dispatch (SDPA for CPU tensors).
 ATTENTION_BACKENDS = ("auto", "triton", "sdpa")
@@ -376,12 +377,14 @@ class TransformerLayer(nn.Module):
             return frozenset()
         if self.fusions is not None:
             return self.fusions
+        if x.is_cuda and torch.compiler.is_compiling():
+            # Under torch.compile Inductor fuses the plain ops itself (and cannot see into the opaque kernels): the
+            # compiled tournament (test_fusion_tournament_compiled, H200, 2026-12-01, session 5 run 5) ranked "no
+            # fusions" first at every token count it ran, 128 to 16,384, 1.09x to 1.69x ahead of the next variant.
+            return frozenset()
         if not x.is_cuda or x.shape[0] * x.shape[1] >= FUSED_MIN_TOKENS:
             return FUSIONS
         # Below the threshold the fused kernels lose only by their launch cost, which a CUDA graph replay skips.
-        # (torch.compile fuses the plain ops itself, and cannot trace the capture query.)
-        if torch.compiler.is_compiling():
-            return frozenset()
         return FUSIONS if torch.cuda.is_current_stream_capturing() else frozenset()
 
     def forward(self, x: torch.Tensor, key_padding_mask: Optional[torch.Tensor] = None) -> torch.Tensor:

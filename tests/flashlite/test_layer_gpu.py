@@ -96,6 +96,21 @@ def test_auto_fusions_follow_token_count_and_graph_capture():
         frozenset({"bias_gelu"})
 
 
+def test_auto_fusions_under_torch_compile_are_none_at_every_token_count(monkeypatch):
+    # The compiled tournament ranked "no fusions" first from 128 to 16,384 tokens; explicit fusions still apply.
+    layer = TransformerLayer(D_MODEL, HEADS, D_FF, device="cuda").eval()
+    large = torch.randn(2, FUSED_MIN_TOKENS, D_MODEL, device="cuda")
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert layer._fusions_for(large) == frozenset()
+    assert TransformerLayer(D_MODEL, HEADS, D_FF, fusions=FUSIONS, device="cuda")._fusions_for(large) == FUSIONS
+    monkeypatch.undo()
+    assert layer._fusions_for(large) == FUSIONS
+    compiled = torch.compile(layer, fullgraph=True)
+    with torch.no_grad():
+        reference = layer.to_plain(torch.float64)(large.double())
+        assert_close(compiled(large), reference, policy=torch.bfloat16, baseline=layer(large))
+
+
 @pytest.mark.parametrize("shape", [(1, 128), (4, 256)], ids=lambda s: f"B{s[0]}-S{s[1]}")
 @pytest.mark.parametrize("with_mask", [False, True], ids=["nomask", "mask"])
 def test_cuda_graph_runner_equals_eager(shape, with_mask):
