@@ -26,6 +26,24 @@ from flashlite._attention.validation import CAUSAL_KEY_LENGTH, CAUSAL_NONE, vali
 
 # Split-KV shares per query block: the merge unrolls one load per share.
 MAX_SPLITS = 64
+# num_splits=None: SPLITS_LONG shares for caches of at least SPLIT_MIN_KEYS positions, none below. The split-KV
+# tournament (H200, 2026-12-01, B=32 H=32 H_kv=8 D=128 bf16, tests/perf/test_kvcache_ab.py,
+# benchmarks/results/h200-2026-12-01-session5/run2_gluon_step3_split_profile/split) ranked, against 1, 2, 4 and 8
+# shares: at 131,072 positions 8 first (1.152x over unsplit, contiguous; 1.076x paged); at 16,384 2 first
+# contiguous (8 within 0.6%, a tie) and 8 first paged (unsplit a tie, 0.9% behind); at 4,096 unsplit first
+# (1.05-1.14x ahead). This rule is within 0.6% of the best at every point measured.
+SPLIT_MIN_KEYS = 16384
+SPLITS_LONG = 8
+
+
+def default_splits(capacity: int) -> int:
+    """The split-KV shares ``num_splits=None`` gives a cache of ``capacity`` positions per entry (the measured rule).
+
+    Example:
+        >>> default_splits(4096), default_splits(131072)
+        (1, 8)
+    """
+    return SPLITS_LONG if capacity >= SPLIT_MIN_KEYS else 1
 
 
 def _check_block_table(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -146,7 +164,7 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            scale: Optional[float] = None, window: Optional[tuple[int, int]] = None,
                            softcap: Optional[float] = None, alibi_slopes: Optional[torch.Tensor] = None,
                            backend: str = "auto", check_values: Optional[bool] = None,
-                           num_splits: int = 1) -> torch.Tensor:
+                           num_splits: Optional[int] = None) -> torch.Tensor:
     """Attention of the newest S_q positions of each batch entry against its KV cache (decoding: S_q = 1).
 
     Args:
@@ -169,7 +187,9 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         num_splits: split-KV for the kernel, 1 to 64: each entry's keys are shared out over this many programs
             (whole key blocks each), whose float32 partial results a second kernel merges. More programs fill
             the GPU when B * H_kv is small against its SMs and each cache is short; the partials cost
-            num_splits * B * H * S_q * (D + 1) floats. 1 (the default): no split. Ignored by SDPA.
+            num_splits * B * H * S_q * (D + 1) floats. 1: no split. None (the default): 8 for caches of at
+            least 16,384 positions per entry (S_max, or the block table's blocks times the block size), else 1,
+            as measured on an H200 (``default_splits``). Ignored by SDPA.
 
     Returns:
         [B, H, S_q, D] in q's dtype. Forward only: calls that need a gradient are refused. Under torch.compile
@@ -185,9 +205,12 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         (torch.Size([2, 4, 1, 16]), True)
     """
     _check_cache_args(q, k_cache, v_cache, cache_seqlens, k_new, v_new)
-    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or not 1 <= num_splits <= MAX_SPLITS:
-        raise ValueError(f"num_splits must be an integer from 1 to {MAX_SPLITS}, got {num_splits!r}")
+    if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int)
+                                   or not 1 <= num_splits <= MAX_SPLITS):
+        raise ValueError(f"num_splits must be None or an integer from 1 to {MAX_SPLITS}, got {num_splits!r}")
     capacity = k_cache.shape[2] if block_table is None else _check_block_table(q, k_cache, v_cache, block_table)
+    if num_splits is None:
+        num_splits = default_splits(capacity)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k_cache, v_cache, k_new, v_new)):
         raise ValueError("attention_with_kvcache is forward only (decoding); call it under torch.no_grad() or "
                          "pass tensors that do not require grad")

@@ -186,10 +186,30 @@ def test_split_kv_reads_a_paged_cache_and_leaves_rows_without_keys_zero():
     assert_close(out.cpu(), reference(q, k_cache, v_cache, lengths), policy="tf32")
 
 
+def test_default_num_splits_follows_the_cache_capacity(monkeypatch):
+    # num_splits=None: no split below SPLIT_MIN_KEYS positions, SPLITS_LONG shares from there (the measured
+    # rule); the threshold is lowered to this test's cache so that both sides run at interpreter sizes.
+    kvcache_module = importlib.import_module("flashlite._attention.kvcache")
+    launch_module = importlib.import_module("flashlite._attention.launch")
+    assert kvcache_module.default_splits(kvcache_module.SPLIT_MIN_KEYS - 1) == 1
+    assert kvcache_module.default_splits(kvcache_module.SPLIT_MIN_KEYS) == kvcache_module.SPLITS_LONG == 8
+    real, split_launches = launch_module._launch_split_forward, []
+    monkeypatch.setattr(launch_module, "_launch_split_forward",
+                        lambda q, *a: split_launches.append(a[4].problem.key_splits) or real(q, *a))
+    q, k_cache, v_cache, lengths, _, _ = inputs(torch.float32, seed=47, new=False)
+    expected = reference(q, k_cache, v_cache, lengths)
+    unsplit = attention_with_kvcache(q, k_cache, v_cache, lengths, backend="triton")
+    assert split_launches == []
+    monkeypatch.setattr(kvcache_module, "SPLIT_MIN_KEYS", S_MAX)
+    out = attention_with_kvcache(q, k_cache, v_cache, lengths, backend="triton")
+    assert split_launches == [8]
+    assert_close(out.cpu(), expected, policy="tf32", baseline=unsplit.cpu())
+
+
 @pytest.mark.parametrize("num_splits", [0, 65, 2.0, True])
 def test_num_splits_outside_1_to_64_is_named(num_splits):
     q, k_cache, v_cache, lengths, _, _ = inputs(torch.float32, seed=46, new=False)
-    with pytest.raises(ValueError, match="num_splits must be an integer from 1 to 64"):
+    with pytest.raises(ValueError, match="num_splits must be None or an integer from 1 to 64"):
         attention_with_kvcache(q, k_cache, v_cache, lengths, num_splits=num_splits)
 
 

@@ -55,7 +55,7 @@ def _decoder(shape, q, k_cache, v_cache, lengths):
     if shape.variant == "kvcache_paged":
         k_cache, v_cache, table = _paged(shape, k_cache, v_cache)
 
-    def decoder(num_splits=1, backend="auto"):
+    def decoder(num_splits=None, backend="auto"):
         return lambda: attention_with_kvcache(q, k_cache, v_cache, lengths, block_table=table, backend=backend,
                                               num_splits=num_splits)
     return decoder
