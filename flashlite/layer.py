@@ -293,7 +293,8 @@ class TransformerLayer(nn.Module):
     "bias_gelu" (see ``FUSIONS`` in this module), or "auto" (default): on CUDA, all of them for inputs of at
     least ``FUSED_MIN_TOKENS`` tokens (B * S) or while a CUDA graph is captured (``CudaGraphRunner``), and none
     otherwise, where their launch cost outweighs what they save (measured: see the comment at
-    ``FUSED_MIN_TOKENS``); under the CPU interpreter, all. Tensors on a device where
+    ``FUSED_MIN_TOKENS``); none while torch.compile traces a CUDA call (Inductor's own fusion measured faster);
+    under the CPU interpreter, all. Tensors on a device where
     Triton cannot run (CPU without ``TRITON_INTERPRET=1``) use the PyTorch path for LayerNorm and GELU.
 
     Parameters (``state_dict`` keys and shapes), with ``D = d_model // n_heads``, ``H = n_heads``,
