@@ -71,7 +71,8 @@ if [[ $stage == tests || $stage == all ]]; then
   # One config per kernel instead of autotuning every shape class the tests touch: the tests check results, and
   # tuning each of their tiny shapes would cost minutes of compile and benchmark time. Kernel compiles dominate
   # the run (about 20 min serially), so it is spread over test_workers processes when xdist is available.
-  # SIGINT at the limit makes pytest print what passed and failed so far.
+  # SIGINT at the limit makes pytest print what passed and failed so far; the JUnit XML beside each log names
+  # every test that ran (with its outcome), so a pass cut off by its limit shows which tests are left.
   # The timing engine's own tests assert on measured times, so they run afterwards, alone on the GPU (one process,
   # no workers, even with several GPUs): kernels of other workers would share the device with them.
   timing_tests=tests/kernelcheck/test_timing.py
@@ -89,10 +90,10 @@ if [[ $stage == tests || $stage == all ]]; then
   fi
   FLASHLITE_AUTOTUNE=${FLASHLITE_AUTOTUNE:-0} timeout -s INT -k 20 "${TESTS_LIMIT:-$(remote 240)}" python3 -m pytest "${test_paths[@]}" \
     --deselect "$timing_tests" "${ignore_large[@]}" -q --maxfail=20 --durations=15 -p no:cacheprovider \
-    "${test_workers[@]}" "$@" > "$R/gpu_tests.log" 2>&1
+    --junitxml="$R/gpu_tests.xml" "${test_workers[@]}" "$@" > "$R/gpu_tests.log" 2>&1
   if (( ${#ignore_large[@]} )); then
     FLASHLITE_AUTOTUNE=${FLASHLITE_AUTOTUNE:-0} timeout -s INT -k 20 "${LARGE_TESTS_LIMIT:-$(remote 300)}" python3 -m pytest \
-      "${large_tests[@]}" -q --maxfail=20 --durations=15 -p no:cacheprovider \
+      "${large_tests[@]}" -q --maxfail=20 --durations=15 -p no:cacheprovider --junitxml="$R/gpu_tests_large.xml" \
       -n "${LARGE_WORKERS:-$(( gpu_count > 1 ? gpu_count : 4 ))}" "${spread[@]}" "$@" \
       > "$R/gpu_tests_large.log" 2>&1
   fi
