@@ -46,10 +46,11 @@ VARIANTS = ("pipelined", "ws", "pingpong")
 # Where the Triton backend runs a call's forward on the Gluon kernel, and on which config: where its A/B against the
 # pointer kernel measured a win (H200, 2026-12-01, causal bf16, H=16, tests/perf/test_gluon_ab.py). Session 4's run
 # 5 measured step 1's first config at D=128: 1.098x at B=8 S=4096 and 1.105x at B=16 S=8192. Session 5's run 2
-# (benchmarks/results/h200-2026-12-01-session5/run2_gluon_split_profile) measured step 1 at 64x128, 2 stages,
+# (benchmarks/results/h200-2026-12-01-session5/run2_gluon_step3_split_profile) measured step 1 at 64x128, 2 stages,
 # 4 warps at D=64: 1.134x, 1.178x and 1.197x the pointer kernel at B=1 S=8192, B=8 S=4096 and B=16 S=8192 (2**17,
 # 2**19 and 2**21 query rows), and step 3's 64x128x2w4 at D=128 1.089x, 0.990x (a tie) and 1.051x, where its
-# do_bench probe ranked 64x128x3w4 first (0.512, 1.099 and 8.200 ms against 0.578, 1.208 and 8.637 ms). Smaller
+# do_bench probe ranked 64x128x3w4 first (0.512, 1.099 and 8.200 ms against 0.578, 1.208 and 8.637 ms; through the
+# dispatch, run 3 measured it at 1.003x, 0.941x and 0.975x SDPA, where the pointer kernel is 0.80-0.86x). Smaller
 # calls, fp16, other causal modes and S_q != S_k were not measured, so they stay on the pointer kernel.
 # Session 5's run 3 (the forward A/B of the case table through backend="triton") measured the rule without a
 # length floor: wins from S=4096 up at D=64 (1.034-1.108x SDPA), but 0.38-0.63x SDPA at S=64 to 2048 with 2**17 or
@@ -185,7 +186,8 @@ def dispatched_config(head_dim: int) -> Optional["GluonConfig"]:
 def forward_kernel_for(problem: Problem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Optional[str]:
     """Why a Triton plan's forward runs on the Gluon kernel (a reason for ``explain_dispatch``), or None for the
     pointer kernel: the call must be one the measurement covered (dense causal bf16 at D=64 or 128, S_q == S_k, at
-    least ``GLUON_MIN_ROWS`` query rows in all and ``GLUON_MIN_SEQ`` per sequence) and one the kernel can run (``gluon_supported``).
+    least ``GLUON_MIN_ROWS`` query rows in all and ``GLUON_MIN_SEQ`` per sequence) and one the kernel can run
+    (``gluon_supported``).
 
     Example:
         >>> q = torch.randn(1, 2, 16, 128, dtype=torch.bfloat16)
