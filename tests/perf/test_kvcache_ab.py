@@ -114,3 +114,26 @@ def test_split_kv_decoding_tournament(shape, kernel_ab):
         assert_close(variant().float(), unsplit.double(), policy=q.dtype, notes=(name,))
     result = kernel_ab.tournament(variants, name=f"decode {shape.variant} split-KV", **_work(shape, lengths))
     assert result.best in variants
+
+
+# What the documented value checks cost on the GPU (check_values=True reads cache_seqlens and the block table back
+# to the host: a device synchronisation per call). Candidate: the default, unchecked call; baseline: the checked
+# one. The speedup is the checks' cost as a ratio; both sides compute the same output.
+CHECK_SHAPES = [dict(variant=variant, B=32, S=4096, H=32, H_kv=8, D=128) for variant in ("kvcache", "kvcache_paged")]
+
+
+@pytest.mark.shape(*CHECK_SHAPES, dtype=[torch.bfloat16])
+@_DECODE_MEMORY
+def test_decoding_cost_of_value_checks(shape, kernel_ab):
+    q, k_cache, v_cache, lengths = _inputs(shape)
+    table = None
+    if shape.variant == "kvcache_paged":
+        k_cache, v_cache, table = _paged(shape, k_cache, v_cache)
+
+    def decode(check_values):
+        return lambda: attention_with_kvcache(q, k_cache, v_cache, lengths, block_table=table,
+                                              check_values=check_values)
+    unchecked, checked = decode(False), decode(True)
+    assert torch.equal(unchecked(), checked())
+    kernel_ab.compare(unchecked, checked, name=f"decode {shape.variant} unchecked vs check_values=True",
+                      **_work(shape, lengths))

@@ -126,3 +126,17 @@ def test_varlen_forward_backward_vs_flex_attention(shape, kernel_ab):
     kernel_ab.compare(forward_backward((q, k, v), _candidate(shape, q, k, v, cu)),
                       forward_backward((q, k, v), _flex_document(shape, q, k, v, cu)),
                       name="fwd+bwd varlen vs flex", check_output=False, **_work(shape, passes="forward+backward"))
+
+
+@pytest.mark.shape(SHAPES[0], dtype=[torch.bfloat16])
+@pytest.mark.memory(lambda shape: _memory(shape, copies=4))
+def test_varlen_cost_of_value_checks(shape, kernel_ab):
+    # check_values=True reads cu_seqlens back to the host (a device synchronisation per call): its cost, as the
+    # speedup of the default unchecked call over the checked one. Both compute the same output.
+    q, k, v, cu = _inputs(shape)
+
+    def call(check_values):
+        return lambda: attention_varlen(q, k, v, cu, cu, shape.S, shape.S, causal=True, check_values=check_values)
+    unchecked, checked = call(False), call(True)
+    assert torch.equal(unchecked(), checked())
+    kernel_ab.compare(unchecked, checked, name="varlen unchecked vs check_values=True", **_work(shape))
