@@ -6,8 +6,9 @@ that later calls replay the compiled kernel with their own tensors (``flashlite.
 site names its kernel's leading tensors once, in one tuple, for the ordinary launch, the recording and the replay.
 The public launchers ``attention_forward`` / ``attention_backward`` (what the custom ops call) check their flat
 arguments and keep a plan per signature too. A plan whose forward the Gluon kernel runs (sm_90, where it
-measured faster: ``launch_gluon``) launches it there instead of the pointer kernel. Imports ``validation``,
-``plans`` and ``launch_gluon``.
+measured faster: ``launch_gluon``) launches it there instead of the pointer kernel; with FLASHLITE_GLUON_BWD=1
+the backward's dK/dV runs on the Gluon kernel where it can (``launch_gluon_bwd``). Imports ``validation``,
+``plans``, ``launch_gluon`` and ``launch_gluon_bwd``.
 """
 import math
 import os
@@ -17,7 +18,7 @@ from typing import Any, Optional
 import torch
 
 from flashlite import _direct_launch, _runtime
-from flashlite._attention import launch_gluon, plans
+from flashlite._attention import launch_gluon, launch_gluon_bwd, plans
 from flashlite._attention.plans import Plan
 from flashlite._attention.validation import (_CAUSAL_ARGUMENT, _TRITON_ERROR, CAUSAL_KEY_LENGTH, Problem,
                                              kernel_unsupported, validate)
@@ -418,7 +419,13 @@ def launch_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v:
     qk_scale = p.scale * math.log2(math.e)
     meta = dict(HEAD_DIM=p.head_dim, BLOCK_D=block_d, CAUSAL=p.causal_mode, KEY_MASK=p.key_masking,
                 DOT=_dot_mode(p.precision), **variant_flags)
-    if not _replayed(plan, ("dkdv", layout), dkdv_tensors):
+    enabled = launch_gluon_bwd.GLUON_BWD_ENABLED
+    on_gluon = plan.gluon_bwd.get(enabled)
+    if on_gluon is None:  # decided once per plan and switch value
+        on_gluon = plan.gluon_bwd[enabled] = launch_gluon_bwd.dkdv_on_gluon(p, q, k, v)
+    if on_gluon:
+        launch_gluon_bwd.launch_dkdv(q, k, v, grad_out, lse, delta, dk, dv, p.causal_mode, p.scale)
+    elif not _replayed(plan, ("dkdv", layout), dkdv_tensors):
         _launch(_DKDV, ("dkdv", layout), plan, _Grid(p.seq_k, "BLOCK_N", p.batch * p.kv_heads), dkdv_tensors,
                 (*q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *dk.stride(), *dv.stride(),
                  stride_mask_b, stride_mask_n, *variant_scalars[:2], p.heads, p.kv_heads, p.group_size, p.seq_q,

@@ -27,7 +27,8 @@ class Plan:
     key_lengths, or None). Triton plans also keep, per kernel, the config it launches (``configs``: the forced one,
     or the autotuner's choice for this signature's tuning key) and, per launch site, the recorded launch that
     replays the compiled kernel with a call's tensors (``recorded``; None where recording was refused, e.g. an
-    unaligned tensor). ``gluon`` says whether the forward runs on the Gluon kernel instead of the pointer kernel.
+    unaligned tensor). ``gluon`` says whether the forward runs on the Gluon kernel instead of the pointer kernel,
+    ``gluon_bwd`` whether the backward's dK/dV does.
     ``record`` is False for plans that are not kept (forced configs, calls past the cache's
     size) and off CUDA, where nothing is recorded.
 
@@ -40,7 +41,7 @@ class Plan:
         ('sdpa', {}, {})
     """
 
-    __slots__ = ("problem", "decision", "run", "configs", "recorded", "record", "gluon")
+    __slots__ = ("problem", "decision", "run", "configs", "recorded", "record", "gluon", "gluon_bwd")
 
     def __init__(self, problem: Problem, decision: Any, run: Optional[Callable[..., torch.Tensor]] = None,
                  configs: Optional[dict[str, dict]] = None, record: bool = False) -> None:
@@ -53,6 +54,9 @@ class Plan:
         # Whether the forward runs on the Gluon kernel (``launch_gluon.forward_kernel_for``): None until decided,
         # by make_plan or at the plan's first launch.
         self.gluon: Optional[bool] = None
+        # Whether the backward's dK/dV runs on the Gluon kernel (``launch_gluon_bwd.dkdv_on_gluon``), per value of
+        # its switch (``launch_gluon_bwd.GLUON_BWD_ENABLED``), decided at the first backward under each.
+        self.gluon_bwd: dict[bool, bool] = {}
 
 
 def _mask_signature(mask: Optional[torch.Tensor]) -> Optional[tuple]:

@@ -53,6 +53,10 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_init, warpgroup_mma_wait)
 
+from flashlite.kernels.gluon_tiles import as_tma_tile as _as_tma_tile
+from flashlite.kernels.gluon_tiles import mma_layout as _mma_layout
+from flashlite.kernels.gluon_tiles import tile_layout as _tile_layout
+
 # ----------------------------------------------------------------------------------------------------------------
 # Configs: (BLOCK_M, BLOCK_N, STAGES, num_warps, OVERLAP) per head dim and kernel variant. The first entry of each
 # list is what the launcher uses; the others are there to be A/B'd and are compiled by CPU CI all the same.
@@ -105,31 +109,11 @@ def shared_memory_bytes(block_m: int, block_n: int, stages: int, head_dim: int, 
     return (block_m + 2 * stages * block_n) * head_dim * elem
 
 
-@gluon.constexpr_function
-def _mma_layout(num_warps, n):
-    # wgmma's accumulator layout for [rows, n] tiles: warps stacked along M, one instruction covering n columns
-    # (n <= 256), k = 16 for 16-bit operands.
-    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, n, 16])
-
-
 @gluon.jit
 def _zero_scores(BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, num_warps: gl.constexpr):
     # The zero accumulator each block's S = Q K^T starts from (use_acc=False ignores its values; wgmma takes its
     # layout from it).
     return gl.zeros([BLOCK_M, BLOCK_N], gl.float32, _mma_layout(num_warps, BLOCK_N))
-
-
-@gluon.constexpr_function
-def _tile_layout():
-    # 2-D view of a [rows, D] tile of 16-bit values with D * 2 >= 128 bytes: the 128-byte swizzle, the same bytes
-    # as the descriptors' [1, 1, rows, D] layout (the leading unit dimensions add nothing).
-    return gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-
-
-@gluon.jit
-def _as_tma_tile(buf, ROWS: gl.constexpr, HEAD_DIM: gl.constexpr):
-    # A [ROWS, D] shared tile as the [1, 1, ROWS, D] box the 4-D descriptors copy.
-    return buf.reshape([1, 1, ROWS, HEAD_DIM])
 
 
 @gluon.jit

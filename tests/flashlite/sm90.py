@@ -85,6 +85,40 @@ def ttgir_for_sm90(fn, blocks, **kwargs):
 '''
 
 
+# The start of a script that compiles Gluon kernels for sm_90: ``compile_gluon(fn, args, meta, options)`` specializes
+# ``fn`` as a launch with the positional ``args`` (descriptors, pointers, Python ints and floats) and the
+# constexprs and launch options in ``meta`` would, and returns the compiled kernel with ptxas's register and spill
+# counts per function.
+GLUON_COMPILER = r'''
+import contextlib, io, os, re
+os.environ["TRITON_INTERPRET"] = "0"
+import triton
+from triton import knobs
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+from triton.runtime.jit import mangle_type
+
+def compile_gluon(fn, args, meta, options):
+    signature, constants = {}, {}
+    for i, name in enumerate(fn.arg_names):
+        if name in meta:
+            signature[name], constants[name] = "constexpr", meta[name]
+        elif isinstance(args[i], float):
+            signature[name] = "fp32"
+        else:
+            signature[name] = mangle_type(args[i])
+    knobs.nvidia.dump_ptxas_log = True  # ptxas -v's report, printed: registers and spills
+    log = io.StringIO()
+    with contextlib.redirect_stdout(log):
+        kernel = triton.compile(GluonASTSource(fn, signature, constants), target=GPUTarget("cuda", 90, 32),
+                                options=options)
+    report = log.getvalue()
+    registers = [int(n) for n in re.findall(r"Used (\d+) registers", report)]
+    spills = [int(n) for n in re.findall(r"(\d+) bytes spill (?:stores|loads)", report)]
+    return kernel, registers, spills
+'''
+
+
 def run_script(script: str) -> str:
     """stdout of ``script`` run in a fresh interpreter, which must exit cleanly."""
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)

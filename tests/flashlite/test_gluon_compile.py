@@ -19,19 +19,13 @@ import torch
 
 from flashlite._attention import launch_gluon
 from flashlite._attention.launch_gluon import gluon_attention_forward, gluon_supported
-from tests.flashlite.sm90 import run_script
+from tests.flashlite.sm90 import GLUON_COMPILER, run_script
 
 HOPPER_SHARED_MEMORY = 232448  # bytes per thread block on an H100/H200, as Triton reports the limit
 
-_COMPILE = r'''
-import contextlib, io, json, os, re
-os.environ["TRITON_INTERPRET"] = "0"
+_COMPILE = GLUON_COMPILER + r'''
+import json
 import torch
-import triton
-from triton import knobs
-from triton.backends.compiler import GPUTarget
-from triton.experimental.gluon._runtime import GluonASTSource
-from triton.runtime.jit import mangle_type
 import flashlite
 from flashlite._attention import launch_gluon
 
@@ -43,26 +37,10 @@ def compile_config(config, dtype, head_dim, causal):
     out = torch.empty_like(q)
     lse = torch.empty(2, 4, 300)
     args, meta = launch_gluon.kernel_arguments(q, k, k, out, lse, causal, 0.125, config)
-    fn = launch_gluon.kernel_for(config)
-    signature, constants = {}, {}
-    for i, name in enumerate(fn.arg_names):
-        if name in meta:
-            signature[name], constants[name] = "constexpr", meta[name]
-        elif isinstance(args[i], float):
-            signature[name] = "fp32"
-        else:
-            signature[name] = mangle_type(args[i])
     options = {"num_warps": config.num_warps}
     if "maxnreg" in meta:
         options["maxnreg"] = meta["maxnreg"]
-    knobs.nvidia.dump_ptxas_log = True  # ptxas -v's report, printed: registers and spills
-    log = io.StringIO()
-    with contextlib.redirect_stdout(log):
-        kernel = triton.compile(GluonASTSource(fn, signature, constants), target=GPUTarget("cuda", 90, 32),
-                                options=options)
-    report = log.getvalue()
-    registers = [int(n) for n in re.findall(r"Used (\d+) registers", report)]
-    spills = [int(n) for n in re.findall(r"(\d+) bytes spill (?:stores|loads)", report)]
+    kernel, registers, spills = compile_gluon(launch_gluon.kernel_for(config), args, meta, options)
     ptx = kernel.asm["ptx"]
     # Register reallocation (setmaxnreg) and the partitions' own barriers (bar.sync id, threads).
     setmaxnreg = sorted(set(re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx)))

@@ -1,0 +1,153 @@
+"""Launch the Gluon attention backward's dK/dV kernel (``flashlite.kernels.attention_bwd_gluon``) on Hopper.
+
+``gluon_attention_dkdv`` takes what the pointer kernels' backward takes (the forward's out and base-2 lse, from
+either forward) and returns dK and dV; dQ stays with the pointer kernels. It accepts the calls ``gluon_supported``
+accepts (sm_90, bf16/fp16, head dim 64 or 128, every causal mode, GQA, layouts TMA can describe); an incoming
+gradient whose layout TMA cannot describe is copied to a contiguous one first.
+
+``flashlite.attention``'s backward (``launch.launch_backward``) runs this kernel instead of the pointer dK/dV kernel
+only where ``dkdv_on_gluon`` says so: dense calls without key masks or variants that the kernel can run, and only
+with FLASHLITE_GLUON_BWD=1 (``GLUON_BWD_ENABLED``), off by default until an H200 A/B
+(``tests/perf/test_gluon_ab.py::test_gluon_dkdv_forward_backward_ab``) says where it is faster.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Any, Optional, Union
+
+import torch
+
+from flashlite._attention.launch_gluon import _CAUSAL, _layout_problem, _tma_strides, gluon_supported
+from flashlite._attention.validation import _CAUSAL_ARGUMENT, Problem
+
+try:
+    from triton.experimental.gluon import language as _gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from flashlite.kernels import attention_bwd_gluon as _kernels
+except ImportError:  # pragma: no cover - Triton without Gluon; gluon_supported then says so
+    _kernels = None
+
+GLUON_BWD_ENABLED = os.environ.get("FLASHLITE_GLUON_BWD", "0") not in ("", "0")
+
+
+@dataclass(frozen=True)
+class GluonBwdConfig:
+    """One compiled shape of the dK/dV kernel: keys per program, query rows per streamed tile, ring depth, warps.
+
+    Example:
+        >>> GluonBwdConfig(128, 64, 2, 8).shared_bytes(128)
+        131072
+    """
+
+    block_n: int
+    block_m: int
+    stages: int
+    num_warps: int
+
+    def shared_bytes(self, head_dim: int) -> int:
+        return _kernels.shared_memory_bytes(self.block_n, self.block_m, self.stages, head_dim)
+
+
+def bwd_configs_for(head_dim: int) -> list[GluonBwdConfig]:
+    """Every dK/dV config the kernel file lists for ``head_dim``, the launcher's choice first.
+
+    Example:
+        >>> bwd_configs_for(128)[0]
+        GluonBwdConfig(block_n=128, block_m=64, stages=2, num_warps=8)
+    """
+    return [GluonBwdConfig(*blocks) for blocks in _kernels.GLUON_BWD_CONFIGS[head_dim]]
+
+
+def dkdv_kernel_arguments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor,
+                          dk: torch.Tensor, dv: torch.Tensor, lse: torch.Tensor, delta: torch.Tensor,
+                          causal_mode: int, scale: float, config: GluonBwdConfig) -> tuple[tuple, dict]:
+    """(positional arguments, constexprs and launch options) of one launch, in the kernel's parameter order."""
+    gl_dtype = _gl.bfloat16 if q.dtype == torch.bfloat16 else _gl.float16
+    head_dim = q.shape[-1]
+
+    def describe(t: torch.Tensor, rows: int) -> Any:
+        block = [1, 1, rows, head_dim]
+        return TensorDescriptor(t, list(t.shape), _tma_strides(t), block,
+                                _gl.NVMMASharedLayout.get_default_for(block, gl_dtype))
+
+    heads, kv_heads = q.shape[1], k.shape[1]
+    args = (describe(q, config.block_m), describe(k, config.block_n), describe(v, config.block_n),
+            describe(grad_out, config.block_m), describe(dk, config.block_n), describe(dv, config.block_n),
+            lse, delta, heads, heads // kv_heads, q.shape[2], k.shape[2], scale * math.log2(math.e), scale)
+    meta = dict(HEAD_DIM=head_dim, BLOCK_N=config.block_n, BLOCK_M=config.block_m, STAGES=config.stages,
+                CAUSAL=causal_mode, num_warps=config.num_warps)
+    return args, meta
+
+
+def gluon_attention_dkdv(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                         out: torch.Tensor, lse: torch.Tensor, causal: Union[bool, str] = False,
+                         scale: Optional[float] = None,
+                         config: Optional[GluonBwdConfig] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dk, dv) of attention(q, k, v) for the output gradient ``grad_out``, through the Gluon kernel.
+
+    ``out`` and ``lse`` are the forward's ([B, H, S_q, D] and float32 [B, H, S_q], base-2 log-sum-exp of the scaled
+    scores, as ``flashlite._attention.launch.attention_forward`` and the Gluon forward return them). dk and dv
+    are contiguous, in k's and v's dtype. Raises ValueError with ``gluon_supported``'s reason when the kernel cannot
+    run the call, or naming the argument whose shape or dtype does not match q's.
+
+    Example:
+        >>> from flashlite._attention.launch_gluon import gluon_attention_forward
+        >>> q = torch.randn(2, 16, 1000, 64, device="cuda", dtype=torch.bfloat16)  # doctest: +SKIP
+        >>> out, lse = gluon_attention_forward(q, q, q, causal=True)  # doctest: +SKIP
+        >>> dk, dv = gluon_attention_dkdv(torch.randn_like(q), q, q, q, out, lse, causal=True)  # doctest: +SKIP
+    """
+    reason = gluon_supported(q, k, v, causal, scale)
+    if reason is not None:
+        raise ValueError(f"the Gluon attention backward cannot run this call: {reason}")
+    for name, t in (("grad_out", grad_out), ("out", out)):
+        if t.shape != q.shape or t.dtype != q.dtype or t.device != q.device:
+            raise ValueError(f"{name} must match q ({tuple(q.shape)}, {q.dtype}, {q.device}); got "
+                             f"{tuple(t.shape)}, {t.dtype}, {t.device}")
+    if lse.shape != q.shape[:3] or lse.dtype != torch.float32 or lse.device != q.device:
+        raise ValueError(f"lse must be float32 {tuple(q.shape[:3])} on {q.device}; got {lse.dtype} "
+                         f"{tuple(lse.shape)} on {lse.device}")
+    head_dim = q.shape[-1]
+    config = config or bwd_configs_for(head_dim)[0]
+    if config not in bwd_configs_for(head_dim):
+        raise ValueError(f"config {config} is not listed for head dim {head_dim}: {bwd_configs_for(head_dim)}")
+    scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+    # rowsum(dO * O) in float32, one per query row: what dS = P * (dP - delta) subtracts.
+    delta = (grad_out.float() * out.float()).sum(-1)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    launch_dkdv(q, k, v, grad_out, lse.contiguous(), delta, dk, dv, _CAUSAL[causal], scale, config)
+    return dk, dv
+
+
+def launch_dkdv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor, lse: torch.Tensor,
+                delta: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, causal_mode: int, scale: float,
+                config: Optional[GluonBwdConfig] = None) -> None:
+    """Write dK and dV of a checked call into ``dk`` and ``dv`` (contiguous, k's and v's shapes): ``lse`` and
+    ``delta`` contiguous float32 [B, H, S_q]; a gradient TMA cannot describe is copied first. What
+    ``gluon_attention_dkdv`` and ``launch.launch_backward`` launch."""
+    config = config or bwd_configs_for(q.shape[-1])[0]
+    if _layout_problem("grad_out", grad_out) is not None:
+        grad_out = grad_out.contiguous()  # autograd may hand over an expanded or transposed gradient
+    args, meta = dkdv_kernel_arguments(q, k, v, grad_out, dk, dv, lse, delta, causal_mode, scale, config)
+    grid = (math.ceil(k.shape[2] / config.block_n), k.shape[0] * k.shape[1])
+    _kernels._attn_bwd_dkdv[grid](*args, **meta)
+
+
+def dkdv_on_gluon(problem: Problem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether ``launch_backward`` runs a call's dK/dV on the Gluon kernel: FLASHLITE_GLUON_BWD=1, a dense call
+    without key masks, variants or packed sequences, and one the kernel can run (``gluon_supported``).
+
+    Example:
+        >>> from flashlite._attention.validation import validate
+        >>> q = torch.randn(1, 2, 16, 64, dtype=torch.bfloat16)
+        >>> dkdv_on_gluon(validate(q, q, q, True, None, None, None, "triton", None), q, q, q)
+        False
+    """
+    if not (GLUON_BWD_ENABLED and problem.variant == "dense" and problem.key_masking == "none"
+            and not problem.varlen and problem.page_size == 0):
+        return False
+    causal = _CAUSAL_ARGUMENT.get(problem.causal_mode)
+    return causal is not None and gluon_supported(q, k, v, causal, problem.scale) is None

@@ -1,0 +1,190 @@
+"""Hopper (sm_90) attention backward in Gluon, dK and dV: TMA copies, an mbarrier-guarded ring of query tiles, wgmma.
+
+The same arithmetic as ``attention_bwd``'s dK/dV kernel, transposed so that every product is a wgmma whose first
+operand is a key-block tile (shared memory or registers) and whose accumulator rows are keys:
+
+    S^T  = K Q^T                      [BLOCK_N, BLOCK_M], K from shared memory, Q^T a permuted view of Q's tile
+    P^T  = exp2(S^T * qk_scale - lse)  (the forward's base-2 log-sum-exp, one per query column)
+    dV  += P^T dO                     P^T from registers (16-bit), dO from shared memory
+    dP^T = V dO^T                     V from shared memory, dO^T a permuted view of dO's tile
+    dS^T = P^T * (dP^T - delta)        delta = rowsum(dO * O), one per query column
+    dK  += dS^T Q                     then dK *= scale at the end
+
+One program owns BLOCK_N keys of one (batch, key/value head): their K and V tiles stay in shared memory, and the
+query blocks of every query head of the group (grouped-query attention) stream past them through a ring of
+``STAGES`` shared-memory slots of Q and dO tiles, each slot with a "ready" mbarrier the copy engine completes. The
+copies of iteration t + STAGES are issued once every wgmma of iteration t has completed (its slot is then free),
+so STAGES - 1 iterations are in flight while one computes. dK and dV stay in float32 registers and are stored once,
+through the K and V tiles' shared memory and a TMA store clipped to the head's S_k rows.
+
+Bounds need no masks on the load path: the copy engine clips every [1, 1, rows, D] tile to its own (batch, head),
+so query rows past S_q load as zeros, and their lse is read as +inf, which makes their P^T exactly 0; key rows past
+S_k give rows of dK and dV that the store clips. ``CAUSAL`` (0 none; 1 top-left, key j visible to query i when
+j <= i; 2 bottom-right, j <= i + S_k - S_q) masks P^T with ``where`` in the query blocks that hold the diagonal
+and skips the query blocks that see none of the program's keys. A query row that sees no key at all has lse -inf
+and is masked in every block it meets.
+"""
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                              warpgroup_mma_wait)
+
+from flashlite.kernels.gluon_tiles import as_tma_tile, mma_layout, tile_layout
+
+# (BLOCK_N, BLOCK_M, STAGES, num_warps) per head dim; the first is the launcher's. num_warps warps stack along the
+# keys (each warpgroup 64 key rows), so per thread: dK and dV hold 2 x HEAD_DIM / 2 float32 at BLOCK_N = 64 per
+# warpgroup, S^T and dP^T BLOCK_M / 2 each. Shared memory: K and V BLOCK_N x D once, Q and dO BLOCK_M x D per stage:
+# D=128, 128 x 64 x 2 stages: 64 KB + 2 x 32 KB = 128 KB; D=64, 128 x 64 x 3: 32 + 3 x 16 = 80 KB.
+GLUON_BWD_CONFIGS = {
+    64: [(128, 64, 3, 8), (64, 64, 3, 4)],
+    128: [(128, 64, 2, 8), (64, 64, 2, 4)],
+}
+HEAD_DIMS = (64, 128)
+
+
+def shared_memory_bytes(block_n: int, block_m: int, stages: int, head_dim: int, elem: int = 2) -> int:
+    """Bytes of operand tiles a config keeps in shared memory (barriers not included).
+
+    Example:
+        >>> shared_memory_bytes(128, 64, 2, 128)
+        131072
+    """
+    return (2 * block_n + 2 * stages * block_m) * head_dim * elem
+
+
+@gluon.jit
+def _issue_q_do(q_desc, do_desc, q_bufs, do_bufs, ready, t, n_iters, n_m, lo_m, b, kv_h, group,
+                BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
+    """Start the copies of iteration t's Q and dO tiles (query head kv_h * group + t // n_m, query block
+    lo_m + t % n_m) into slot t % STAGES, both completing its ready barrier; nothing when t >= n_iters."""
+    slot = t % STAGES
+    pred = t < n_iters
+    h = kv_h * group + t // n_m
+    row = (lo_m + t % n_m) * BLOCK_M
+    bar = ready.index(slot)
+    mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes, pred=pred)
+    tma.async_copy_global_to_shared(q_desc, [b, h, row, 0], bar, as_tma_tile(q_bufs.index(slot), BLOCK_M, HEAD_DIM),
+                                    pred=pred)
+    tma.async_copy_global_to_shared(do_desc, [b, h, row, 0], bar,
+                                    as_tma_tile(do_bufs.index(slot), BLOCK_M, HEAD_DIM), pred=pred)
+
+
+# The integers are not specialized: the copy engine handles every bound, so one compile per config, dtype and mode.
+@gluon.jit(do_not_specialize=["num_heads", "group_size", "seq_q", "seq_k"])
+def _attn_bwd_dkdv(q_desc,  # [B, H, S_q, D] 16-bit, tiles [1, 1, BLOCK_M, D]
+                   k_desc,  # [B, H_kv, S_k, D], tiles [1, 1, BLOCK_N, D]
+                   v_desc,  # [B, H_kv, S_k, D], tiles [1, 1, BLOCK_N, D]
+                   do_desc,  # [B, H, S_q, D] the output's gradient, q's dtype, tiles [1, 1, BLOCK_M, D]
+                   dk_desc,  # [B, H_kv, S_k, D] k's dtype, tiles [1, 1, BLOCK_N, D]
+                   dv_desc,  # [B, H_kv, S_k, D] v's dtype, tiles [1, 1, BLOCK_N, D]
+                   Lse,  # [B, H, S_q] float32, contiguous: the forward's base-2 log-sum-exp of the scaled scores
+                   Delta,  # [B, H, S_q] float32, contiguous: rowsum(dO * O)
+                   num_heads, group_size, seq_q, seq_k, qk_scale, sm_scale,  # group_size = H // H_kv
+                   HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
+                   CAUSAL: gl.constexpr, num_warps: gl.constexpr):
+    """dK and dV of one key block of one (batch, key/value head), over every query head of its group.
+
+    Grid: (cdiv(S_k, BLOCK_N), B * H_kv)."""
+    dtype: gl.constexpr = k_desc.dtype
+    st_layout: gl.constexpr = mma_layout(num_warps, BLOCK_M)  # S^T, P^T, dP^T, dS^T: [BLOCK_N, BLOCK_M]
+    kv_layout: gl.constexpr = mma_layout(num_warps, HEAD_DIM)  # dK, dV: [BLOCK_N, HEAD_DIM]
+    pt_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
+    col_layout: gl.constexpr = gl.SliceLayout(0, st_layout)  # one value per query column
+    row_layout: gl.constexpr = gl.SliceLayout(1, st_layout)  # one value per key row
+
+    pid_n = gl.program_id(0)
+    pid_bh = gl.program_id(1)
+    kv_heads = num_heads // group_size
+    b = pid_bh // kv_heads
+    kv_h = pid_bh % kv_heads
+    start_n = pid_n * BLOCK_N
+
+    tile: gl.constexpr = tile_layout()
+    k_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], tile)
+    v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], tile)
+    q_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], tile)
+    do_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], tile)
+    kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_ready, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+    fence_async_shared()  # the barriers' initialisation, visible to the copy engine before it signals them
+
+    mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(k_desc, [b, kv_h, start_n, 0], kv_ready, as_tma_tile(k_smem, BLOCK_N, HEAD_DIM))
+    tma.async_copy_global_to_shared(v_desc, [b, kv_h, start_n, 0], kv_ready, as_tma_tile(v_smem, BLOCK_N, HEAD_DIM))
+
+    # Query blocks that see some key of this block: query i sees key j when j <= i + diag_shift (causal), so the
+    # first is the one holding row start_n - diag_shift. Blocks before m_full hold the diagonal (masked).
+    if CAUSAL == 2:
+        diag_shift = seq_k - seq_q
+    else:
+        diag_shift = 0
+    n_q_blocks = gl.cdiv(seq_q, BLOCK_M)
+    if CAUSAL != 0:
+        lo_m = gl.minimum(gl.maximum(start_n - diag_shift, 0) // BLOCK_M, n_q_blocks)
+        m_full = gl.minimum(gl.cdiv(gl.maximum(start_n + BLOCK_N - 1 - diag_shift, 0), BLOCK_M), n_q_blocks)
+    else:
+        lo_m = 0
+        m_full = 0
+    n_m = n_q_blocks - lo_m
+    n_iters = group_size * n_m
+
+    for t in gl.static_range(STAGES):
+        _issue_q_do(q_desc, do_desc, q_bufs, do_bufs, ready, t, n_iters, n_m, lo_m, b, kv_h, group_size,
+                    BLOCK_M, HEAD_DIM, STAGES)
+
+    dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
+    dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
+    st_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout)
+    keys = start_n + gl.arange(0, BLOCK_N, layout=row_layout)
+    mbarrier.wait(kv_ready, 0)
+    for t in range(n_iters):
+        slot = t % STAGES
+        phase = (t // STAGES) & 1
+        h = kv_h * group_size + t // n_m
+        m_block = lo_m + t % n_m
+        q_tile = q_bufs.index(slot)
+        do_tile = do_bufs.index(slot)
+        mbarrier.wait(ready.index(slot), phase)
+        st = warpgroup_mma(k_smem, q_tile.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+        dpt = warpgroup_mma(v_smem, do_tile.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+        # The statistics of the block's query columns, read while the products run; columns past S_q read lse
+        # +inf (P^T = 0 there) and delta 0.
+        cols = m_block * BLOCK_M + gl.arange(0, BLOCK_M, layout=col_layout)
+        in_q = cols < seq_q
+        stats = (b * num_heads + h).to(gl.int64) * seq_q
+        lse = gl.load(Lse + stats + cols, mask=in_q, other=float("inf"))
+        delta = gl.load(Delta + stats + cols, mask=in_q, other=0.0)
+        st = warpgroup_mma_wait(1, deps=(st, ))
+        pt = gl.exp2(st * qk_scale - gl.expand_dims(lse, 0))
+        if CAUSAL != 0:
+            if m_block < m_full:
+                visible = gl.expand_dims(keys, 1) <= gl.expand_dims(cols + diag_shift, 0)
+                pt = gl.where(visible, pt, 0.0)
+        pt_op = gl.convert_layout(pt.to(dtype), pt_layout)
+        dv = warpgroup_mma(pt_op, do_tile, dv, is_async=True)
+        dpt = warpgroup_mma_wait(1, deps=(dpt, ))
+        dst = pt * (dpt - gl.expand_dims(delta, 0))
+        dst_op = gl.convert_layout(dst.to(dtype), pt_layout)
+        dk = warpgroup_mma(dst_op, q_tile, dk, is_async=True)
+        dv, dk, pt_op, dst_op = warpgroup_mma_wait(0, deps=(dv, dk, pt_op, dst_op))
+        # Every wgmma of this iteration has completed in this warpgroup; once all warpgroups are past theirs, the
+        # slot takes iteration t + STAGES.
+        gl.thread_barrier()
+        _issue_q_do(q_desc, do_desc, q_bufs, do_bufs, ready, t + STAGES, n_iters, n_m, lo_m, b, kv_h, group_size,
+                    BLOCK_M, HEAD_DIM, STAGES)
+
+    mbarrier.invalidate(kv_ready)
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(i))
+    # K's and V's tiles take the results: every wgmma that read them has completed.
+    k_smem.store((dk * sm_scale).to(dtype))
+    v_smem.store(dv.to(dtype))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(dk_desc, [b, kv_h, start_n, 0], as_tma_tile(k_smem, BLOCK_N, HEAD_DIM))
+    tma.async_copy_shared_to_global(dv_desc, [b, kv_h, start_n, 0], as_tma_tile(v_smem, BLOCK_N, HEAD_DIM))
+    tma.store_wait(0)

@@ -1,0 +1,114 @@
+"""The Gluon dK/dV backward builds for sm_90 on any machine, within Hopper's resources; its launcher's checks and
+the switch that routes ``flashlite.attention``'s backward to it.
+
+As for the forward (test_gluon_compile.py): each compile runs in a fresh interpreter with TRITON_INTERPRET=0,
+specialized as the launcher would (descriptors built by ``dkdv_kernel_arguments`` over CPU tensors, GQA with 4
+query heads on 2 key/value heads). The launcher's config is compiled in bf16 in every causal mode and in fp16
+top-left, the others in bf16 bottom-right; each must fit the 227 KB of shared memory and 255 registers without
+spilling, as ptxas reports them.
+"""
+import importlib
+import json
+
+import pytest
+import torch
+
+from flashlite._attention import launch_gluon_bwd
+from flashlite._attention.validation import validate
+from tests.flashlite.sm90 import GLUON_COMPILER, run_script
+from tests.flashlite.test_gluon_compile import HOPPER_SHARED_MEMORY, needs_gluon
+
+_COMPILE = GLUON_COMPILER + r'''
+import json
+import torch
+from flashlite._attention import launch_gluon_bwd
+
+def compile_config(config, dtype, head_dim, causal):
+    q = torch.empty(2, 4, 300, head_dim, dtype=dtype)
+    k = torch.empty(2, 2, 300, head_dim, dtype=dtype)
+    lse = torch.empty(2, 4, 300)
+    args, meta = launch_gluon_bwd.dkdv_kernel_arguments(q, k, k, q, k, k, lse, lse, causal, 0.125, config)
+    kernel, registers, spills = compile_gluon(launch_gluon_bwd._kernels._attn_bwd_dkdv, args, meta,
+                                              {"num_warps": config.num_warps})
+    return {"shared": kernel.metadata.shared, "tiles": config.shared_bytes(head_dim), "registers": registers,
+            "spill_bytes": spills}
+
+default, *others = launch_gluon_bwd.bwd_configs_for(HEAD_DIM)
+jobs = [(default, torch.bfloat16, causal) for causal in (0, 1, 2)] + [(default, torch.float16, 1)]
+jobs += [(config, torch.bfloat16, 2) for config in others]
+for config, dtype, causal in jobs:
+    result = compile_config(config, dtype, HEAD_DIM, causal)
+    print(json.dumps({"config": [config.block_n, config.block_m, config.stages, config.num_warps],
+                      "dtype": str(dtype), "causal": causal, **result}))
+'''
+
+
+@needs_gluon
+@pytest.mark.parametrize("head_dim", list(launch_gluon_bwd._kernels.HEAD_DIMS))
+def test_every_dkdv_config_compiles_for_sm90_within_resources(head_dim, tmp_path, monkeypatch):
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton-cache"))
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    results = [json.loads(line) for line in run_script(f"HEAD_DIM = {head_dim}\n" + _COMPILE).splitlines()
+               if line.startswith("{")]
+    assert len(results) == 4 + len(launch_gluon_bwd.bwd_configs_for(head_dim)) - 1, results
+    for r in results:
+        where = f"D={head_dim} {r}"
+        assert r["tiles"] <= r["shared"] <= HOPPER_SHARED_MEMORY, where
+        assert r["shared"] < r["tiles"] + 1024, where  # the tiles and their barriers, nothing else
+        assert r["registers"] and max(r["registers"]) <= 255, where  # no report would be a silent pass
+        assert r["spill_bytes"] and not any(r["spill_bytes"]), where
+
+
+def _bf16(*shape):
+    return torch.randn(*shape).to(torch.bfloat16)
+
+
+def test_gluon_attention_dkdv_names_what_it_refuses():
+    q = _bf16(1, 2, 16, 64)
+    with pytest.raises(ValueError, match="the Gluon attention backward cannot run this call: tensors on cpu"):
+        launch_gluon_bwd.gluon_attention_dkdv(q, q, q, q, q, torch.zeros(1, 2, 16))
+    with pytest.raises(ValueError, match="head dim 96"):
+        launch_gluon_bwd.gluon_attention_dkdv(*[_bf16(1, 2, 16, 96)] * 5, torch.zeros(1, 2, 16))
+
+
+def test_the_backward_switch_needs_the_flag_a_dense_call_and_one_the_kernel_can_run(monkeypatch):
+    q = _bf16(2, 4, 64, 64)
+    dense = validate(q, q, q, True, None, None, None, "triton", None)
+    lengths = torch.full((2,), 40, dtype=torch.int32)
+    masked = validate(q, q, q, True, None, None, lengths, "triton", None)
+    windowed = validate(q, q, q, True, None, None, None, "triton", None, (16, 0))
+    monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_ENABLED", True)
+    assert not launch_gluon_bwd.dkdv_on_gluon(dense, q, q, q)  # CPU tensors: gluon_supported refuses
+    monkeypatch.setattr(launch_gluon_bwd, "gluon_supported", lambda *a, **kw: None)
+    assert launch_gluon_bwd.dkdv_on_gluon(dense, q, q, q)
+    assert not launch_gluon_bwd.dkdv_on_gluon(masked, q, q, q)
+    assert not launch_gluon_bwd.dkdv_on_gluon(windowed, q, q, q)
+    monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_ENABLED", False)  # FLASHLITE_GLUON_BWD unset: the default
+    assert not launch_gluon_bwd.dkdv_on_gluon(dense, q, q, q)
+
+
+def test_a_plan_decides_the_backward_again_when_the_switch_changes(monkeypatch):
+    # The backward asks dkdv_on_gluon once per plan and switch value; the Gluon launch is stood in.
+    launch_module = importlib.import_module("flashlite._attention.launch")
+    calls, launched = [], []
+    monkeypatch.setattr(launch_gluon_bwd, "dkdv_on_gluon", lambda *a: calls.append(1) or True)
+
+    def fake_dkdv(q, k, v, grad_out, lse, delta, dk, dv, causal_mode, scale):
+        launched.append(causal_mode)
+        dk.fill_(3.0)
+        dv.fill_(5.0)
+    monkeypatch.setattr(launch_gluon_bwd, "launch_dkdv", fake_dkdv)
+    if not launch_module._runtime.interpreting():
+        pytest.skip("the pointer kernels' delta and dQ need the Triton interpreter (TRITON_INTERPRET=1) here")
+    q, k, v = (torch.randn(1, 2, 20, 16) for _ in range(3))
+    out, lse = launch_module.attention_forward(q, k, v, None, None, 1, 0.25, "ieee")
+    grad_out = torch.randn_like(q)
+    monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_ENABLED", True)
+    dq, dk, dv = launch_module.attention_backward(grad_out, q, k, v, out, lse, None, None, 1, 0.25, "ieee")
+    assert launched == [1] and torch.all(dk == 3.0) and torch.all(dv == 5.0) and calls == [1]
+    launch_module.attention_backward(grad_out, q, k, v, out, lse, None, None, 1, 0.25, "ieee")
+    assert calls == [1]  # kept on the plan
+    monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_ENABLED", False)
+    monkeypatch.setattr(launch_gluon_bwd, "dkdv_on_gluon", lambda *a: calls.append(2) or False)
+    _, dk_pointer, _ = launch_module.attention_backward(grad_out, q, k, v, out, lse, None, None, 1, 0.25, "ieee")
+    assert calls == [1, 2] and not torch.all(dk_pointer == 3.0)
