@@ -423,7 +423,7 @@ def launch_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v:
     on_gluon = plan.gluon_bwd.get(enabled)
     if on_gluon is None:  # decided once per plan and switch value
         on_gluon = plan.gluon_bwd[enabled] = launch_gluon_bwd.dkdv_on_gluon(p, q, k, v)
-    if on_gluon:
+    if on_gluon and launch_gluon_bwd.bases_aligned(q, k, v):
         launch_gluon_bwd.launch_dkdv(q, k, v, grad_out, lse, delta, dk, dv, p.causal_mode, p.scale)
     elif not _replayed(plan, ("dkdv", layout), dkdv_tensors):
         _launch(_DKDV, ("dkdv", layout), plan, _Grid(p.seq_k, "BLOCK_N", p.batch * p.kv_heads), dkdv_tensors,

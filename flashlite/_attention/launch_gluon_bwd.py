@@ -136,6 +136,18 @@ def launch_dkdv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: tor
     _kernels._attn_bwd_dkdv[grid](*args, **meta)
 
 
+def bases_aligned(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether this call's q, k and v start on 16-byte boundaries, as TMA needs: a plan keys on shapes and strides,
+    not addresses, so a plan that chose the Gluon kernel still takes the pointer kernel for a call that does not.
+
+    Example:
+        >>> t = torch.zeros(65)[1:]
+        >>> bases_aligned(t, t, t)
+        False
+    """
+    return not (q.data_ptr() % 16 or k.data_ptr() % 16 or v.data_ptr() % 16)
+
+
 def dkdv_on_gluon(problem: Problem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether ``launch_backward`` runs a call's dK/dV on the Gluon kernel: FLASHLITE_GLUON_BWD=1, a dense call
     without key masks, variants or packed sequences, and one the kernel can run (``gluon_supported``).

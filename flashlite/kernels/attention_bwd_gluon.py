@@ -61,8 +61,9 @@ def _issue_q_do(q_desc, do_desc, q_bufs, do_bufs, ready, t, n_iters, n_m, lo_m, 
     lo_m + t % n_m) into slot t % STAGES, both completing its ready barrier; nothing when t >= n_iters."""
     slot = t % STAGES
     pred = t < n_iters
-    h = kv_h * group + t // n_m
-    row = (lo_m + t % n_m) * BLOCK_M
+    per_head = gl.maximum(n_m, 1)  # n_m = 0 (no query sees these keys) issues nothing, but must not divide by 0
+    h = kv_h * group + t // per_head
+    row = (lo_m + t % per_head) * BLOCK_M
     bar = ready.index(slot)
     mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes, pred=pred)
     tma.async_copy_global_to_shared(q_desc, [b, h, row, 0], bar, as_tma_tile(q_bufs.index(slot), BLOCK_M, HEAD_DIM),

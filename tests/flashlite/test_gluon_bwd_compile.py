@@ -108,6 +108,12 @@ def test_a_plan_decides_the_backward_again_when_the_switch_changes(monkeypatch):
     assert launched == [1] and torch.all(dk == 3.0) and torch.all(dv == 5.0) and calls == [1]
     launch_module.attention_backward(grad_out, q, k, v, out, lse, None, None, 1, 0.25, "ieee")
     assert calls == [1]  # kept on the plan
+    # The same signature at a base address 4 bytes past a 16-byte boundary: the plan's choice stands, but this
+    # call takes the pointer kernel (TMA needs aligned bases).
+    unaligned = torch.empty(q.numel() + 1)[1:].view(q.shape).copy_(q)
+    _, dk_unaligned, _ = launch_module.attention_backward(grad_out, unaligned, k, v, out, lse, None, None, 1, 0.25,
+                                                          "ieee")
+    assert launched == [1, 1] and not torch.all(dk_unaligned == 3.0)
     monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_ENABLED", False)
     monkeypatch.setattr(launch_gluon_bwd, "dkdv_on_gluon", lambda *a: calls.append(2) or False)
     _, dk_pointer, _ = launch_module.attention_backward(grad_out, q, k, v, out, lse, None, None, 1, 0.25, "ieee")
