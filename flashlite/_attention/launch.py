@@ -7,7 +7,7 @@ site names its kernel's leading tensors once, in one tuple, for the ordinary lau
 The public launchers ``attention_forward`` / ``attention_backward`` (what the custom ops call) check their flat
 arguments and keep a plan per signature too. A plan whose forward the Gluon kernel runs (sm_90, where it
 measured faster: ``launch_gluon``) launches it there instead of the pointer kernel; with FLASHLITE_GLUON_BWD=1
-the backward's dK/dV runs on the Gluon kernel where it can (``launch_gluon_bwd``). Imports ``validation``,
+the backward's dK/dV and dQ run on the Gluon kernels where they can (``launch_gluon_bwd``). Imports ``validation``,
 ``plans``, ``launch_gluon`` and ``launch_gluon_bwd``.
 """
 import math
@@ -423,7 +423,8 @@ def launch_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v:
     on_gluon = plan.gluon_bwd.get(enabled)
     if on_gluon is None:  # decided once per plan and switch value
         on_gluon = plan.gluon_bwd[enabled] = launch_gluon_bwd.dkdv_on_gluon(p, q, k, v)
-    if on_gluon and launch_gluon_bwd.bases_aligned(q, k, v):
+    on_gluon = on_gluon and launch_gluon_bwd.bases_aligned(q, k, v)
+    if on_gluon:
         launch_gluon_bwd.launch_dkdv(q, k, v, grad_out, lse, delta, dk, dv, p.causal_mode, p.scale)
     elif not _replayed(plan, ("dkdv", layout), dkdv_tensors):
         _launch(_DKDV, ("dkdv", layout), plan, _Grid(p.seq_k, "BLOCK_N", p.batch * p.kv_heads), dkdv_tensors,
@@ -432,7 +433,9 @@ def launch_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v:
                  p.seq_k, qk_scale, p.scale, *variant_scalars[2:],
                  *_tuning.tuning_buckets(p.seq_q, p.seq_k, p.batch * p.heads)),
                 dict(FLAT_GRID=p.batch * p.kv_heads > _GRID_AXIS1_LIMIT, **meta))
-    if not _replayed(plan, ("dq", layout), dq_tensors):
+    if on_gluon:
+        launch_gluon_bwd.launch_dq(q, k, v, grad_out, lse, delta, dq, p.causal_mode, p.scale)
+    elif not _replayed(plan, ("dq", layout), dq_tensors):
         _launch(_DQ, ("dq", layout), plan, _Grid(p.seq_q, "BLOCK_M", p.batch * p.heads), dq_tensors,
                 (*q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *dq.stride(),
                  stride_mask_b, stride_mask_n, *variant_scalars[:2], p.heads, p.group_size, p.seq_q, p.seq_k,

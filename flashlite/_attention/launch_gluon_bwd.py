@@ -1,14 +1,15 @@
-"""Launch the Gluon attention backward's dK/dV kernel (``flashlite.kernels.attention_bwd_gluon``) on Hopper.
+"""Launch the Gluon attention backward (``flashlite.kernels.attention_bwd_gluon``: dK/dV and dQ) on Hopper.
 
-``gluon_attention_dkdv`` takes what the pointer kernels' backward takes (the forward's out and base-2 lse, from
-either forward) and returns dK and dV; dQ stays with the pointer kernels. It accepts the calls ``gluon_supported``
+``gluon_attention_dkdv`` and ``gluon_attention_dq`` take what the pointer kernels' backward takes (the forward's out
+and base-2 lse, from either forward) and return dK and dV, and dQ. They accept the calls ``gluon_supported``
 accepts (sm_90, bf16/fp16, head dim 64 or 128, every causal mode, GQA, layouts TMA can describe); an incoming
 gradient whose layout TMA cannot describe is copied to a contiguous one first.
 
-``flashlite.attention``'s backward (``launch.launch_backward``) runs this kernel instead of the pointer dK/dV kernel
-only where ``dkdv_on_gluon`` says so: dense calls without key masks or variants that the kernel can run, and only
-with FLASHLITE_GLUON_BWD=1 (``GLUON_BWD_ENABLED``), off by default until an H200 A/B
-(``tests/perf/test_gluon_ab.py::test_gluon_dkdv_forward_backward_ab``) says where it is faster.
+``flashlite.attention``'s backward (``launch.launch_backward``) runs these kernels instead of the pointer dK/dV and
+dQ kernels (after the pointer delta kernel) only where ``dkdv_on_gluon`` says so: dense calls without key masks
+or variants that the kernels can run, with q, k and v on 16-byte boundaries, and only with FLASHLITE_GLUON_BWD=1
+(``GLUON_BWD_ENABLED``), off by default until an H200 A/B
+(``tests/perf/test_gluon_ab.py::test_gluon_backward_ab``) says where they are faster.
 """
 from __future__ import annotations
 
@@ -35,51 +36,89 @@ GLUON_BWD_ENABLED = os.environ.get("FLASHLITE_GLUON_BWD", "0") not in ("", "0")
 
 @dataclass(frozen=True)
 class GluonBwdConfig:
-    """One compiled shape of the dK/dV kernel: keys per program, query rows per streamed tile, ring depth, warps.
+    """One compiled shape of a backward kernel (``kernel``: "dkdv" or "dq"): the rows a program owns (BLOCK_N keys
+    for dK/dV, BLOCK_M query rows for dQ), the rows of each tile streamed past them, ring depth, warps.
 
     Example:
-        >>> GluonBwdConfig(128, 64, 2, 8).shared_bytes(128)
+        >>> GluonBwdConfig("dkdv", 128, 64, 2, 8).shared_bytes(128)
         131072
     """
 
-    block_n: int
-    block_m: int
+    kernel: str
+    own_rows: int
+    streamed_rows: int
     stages: int
     num_warps: int
 
     def shared_bytes(self, head_dim: int) -> int:
-        return _kernels.shared_memory_bytes(self.block_n, self.block_m, self.stages, head_dim)
+        return _kernels.shared_memory_bytes(self.own_rows, self.streamed_rows, self.stages, head_dim)
 
 
-def bwd_configs_for(head_dim: int) -> list[GluonBwdConfig]:
-    """Every dK/dV config the kernel file lists for ``head_dim``, the launcher's choice first.
+def bwd_configs_for(head_dim: int, kernel: str = "dkdv") -> list[GluonBwdConfig]:
+    """Every config the kernel file lists for ``kernel`` ("dkdv" or "dq") at ``head_dim``, the launcher's first.
 
     Example:
         >>> bwd_configs_for(128)[0]
-        GluonBwdConfig(block_n=128, block_m=64, stages=2, num_warps=8)
+        GluonBwdConfig(kernel='dkdv', own_rows=128, streamed_rows=64, stages=2, num_warps=8)
     """
-    return [GluonBwdConfig(*blocks) for blocks in _kernels.GLUON_BWD_CONFIGS[head_dim]]
+    listed = {"dkdv": _kernels.GLUON_BWD_CONFIGS, "dq": _kernels.GLUON_DQ_CONFIGS}[kernel]
+    return [GluonBwdConfig(kernel, *blocks) for blocks in listed[head_dim]]
+
+
+def _describe(t: torch.Tensor, rows: int) -> Any:
+    """A TMA descriptor of [B, heads, S, D] ``t`` with [1, 1, rows, D] tiles in the kernels' 128-byte swizzle."""
+    block = [1, 1, rows, t.shape[-1]]
+    gl_dtype = _gl.bfloat16 if t.dtype == torch.bfloat16 else _gl.float16
+    return TensorDescriptor(t, list(t.shape), _tma_strides(t), block,
+                            _gl.NVMMASharedLayout.get_default_for(block, gl_dtype))
+
+
+def dq_kernel_arguments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor,
+                        dq: torch.Tensor, lse: torch.Tensor, delta: torch.Tensor, causal_mode: int, scale: float,
+                        config: GluonBwdConfig) -> tuple[tuple, dict]:
+    """(positional arguments, constexprs and launch options) of one dQ launch, in the kernel's parameter order."""
+    heads, kv_heads = q.shape[1], k.shape[1]
+    block_m, block_n = config.own_rows, config.streamed_rows
+    args = (_describe(q, block_m), _describe(k, block_n), _describe(v, block_n), _describe(grad_out, block_m),
+            _describe(dq, block_m), lse, delta, heads,
+            heads // kv_heads, q.shape[2], k.shape[2], scale * math.log2(math.e), scale)
+    meta = dict(HEAD_DIM=q.shape[-1], BLOCK_M=block_m, BLOCK_N=block_n, STAGES=config.stages,
+                CAUSAL=causal_mode, num_warps=config.num_warps)
+    return args, meta
 
 
 def dkdv_kernel_arguments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor,
                           dk: torch.Tensor, dv: torch.Tensor, lse: torch.Tensor, delta: torch.Tensor,
                           causal_mode: int, scale: float, config: GluonBwdConfig) -> tuple[tuple, dict]:
-    """(positional arguments, constexprs and launch options) of one launch, in the kernel's parameter order."""
-    gl_dtype = _gl.bfloat16 if q.dtype == torch.bfloat16 else _gl.float16
+    """(positional arguments, constexprs and launch options) of one dK/dV launch, in the kernel's parameter
+    order."""
     head_dim = q.shape[-1]
-
-    def describe(t: torch.Tensor, rows: int) -> Any:
-        block = [1, 1, rows, head_dim]
-        return TensorDescriptor(t, list(t.shape), _tma_strides(t), block,
-                                _gl.NVMMASharedLayout.get_default_for(block, gl_dtype))
-
     heads, kv_heads = q.shape[1], k.shape[1]
-    args = (describe(q, config.block_m), describe(k, config.block_n), describe(v, config.block_n),
-            describe(grad_out, config.block_m), describe(dk, config.block_n), describe(dv, config.block_n),
+    block_n, block_m = config.own_rows, config.streamed_rows
+    args = (_describe(q, block_m), _describe(k, block_n), _describe(v, block_n), _describe(grad_out, block_m),
+            _describe(dk, block_n), _describe(dv, block_n),
             lse, delta, heads, heads // kv_heads, q.shape[2], k.shape[2], scale * math.log2(math.e), scale)
-    meta = dict(HEAD_DIM=head_dim, BLOCK_N=config.block_n, BLOCK_M=config.block_m, STAGES=config.stages,
+    meta = dict(HEAD_DIM=head_dim, BLOCK_N=block_n, BLOCK_M=block_m, STAGES=config.stages,
                 CAUSAL=causal_mode, num_warps=config.num_warps)
     return args, meta
+
+
+def _checked(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+             lse: torch.Tensor, causal: Union[bool, str], scale: Optional[float]) -> tuple[torch.Tensor, float]:
+    """(delta, scale) of a direct call, after checking it (ValueError naming the argument)."""
+    reason = gluon_supported(q, k, v, causal, scale)
+    if reason is not None:
+        raise ValueError(f"the Gluon attention backward cannot run this call: {reason}")
+    for name, t in (("grad_out", grad_out), ("out", out)):
+        if t.shape != q.shape or t.dtype != q.dtype or t.device != q.device:
+            raise ValueError(f"{name} must match q ({tuple(q.shape)}, {q.dtype}, {q.device}); got "
+                             f"{tuple(t.shape)}, {t.dtype}, {t.device}")
+    if lse.shape != q.shape[:3] or lse.dtype != torch.float32 or lse.device != q.device:
+        raise ValueError(f"lse must be float32 {tuple(q.shape[:3])} on {q.device}; got {lse.dtype} "
+                         f"{tuple(lse.shape)} on {lse.device}")
+    # rowsum(dO * O) in float32, one per query row: what dS = P * (dP - delta) subtracts.
+    delta = (grad_out.float() * out.float()).sum(-1)
+    return delta, 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
 
 
 def gluon_attention_dkdv(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -99,23 +138,11 @@ def gluon_attention_dkdv(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tenso
         >>> out, lse = gluon_attention_forward(q, q, q, causal=True)  # doctest: +SKIP
         >>> dk, dv = gluon_attention_dkdv(torch.randn_like(q), q, q, q, out, lse, causal=True)  # doctest: +SKIP
     """
-    reason = gluon_supported(q, k, v, causal, scale)
-    if reason is not None:
-        raise ValueError(f"the Gluon attention backward cannot run this call: {reason}")
-    for name, t in (("grad_out", grad_out), ("out", out)):
-        if t.shape != q.shape or t.dtype != q.dtype or t.device != q.device:
-            raise ValueError(f"{name} must match q ({tuple(q.shape)}, {q.dtype}, {q.device}); got "
-                             f"{tuple(t.shape)}, {t.dtype}, {t.device}")
-    if lse.shape != q.shape[:3] or lse.dtype != torch.float32 or lse.device != q.device:
-        raise ValueError(f"lse must be float32 {tuple(q.shape[:3])} on {q.device}; got {lse.dtype} "
-                         f"{tuple(lse.shape)} on {lse.device}")
+    delta, scale = _checked(grad_out, q, k, v, out, lse, causal, scale)
     head_dim = q.shape[-1]
     config = config or bwd_configs_for(head_dim)[0]
     if config not in bwd_configs_for(head_dim):
         raise ValueError(f"config {config} is not listed for head dim {head_dim}: {bwd_configs_for(head_dim)}")
-    scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
-    # rowsum(dO * O) in float32, one per query row: what dS = P * (dP - delta) subtracts.
-    delta = (grad_out.float() * out.float()).sum(-1)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     launch_dkdv(q, k, v, grad_out, lse.contiguous(), delta, dk, dv, _CAUSAL[causal], scale, config)
@@ -132,8 +159,39 @@ def launch_dkdv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: tor
     if _layout_problem("grad_out", grad_out) is not None:
         grad_out = grad_out.contiguous()  # autograd may hand over an expanded or transposed gradient
     args, meta = dkdv_kernel_arguments(q, k, v, grad_out, dk, dv, lse, delta, causal_mode, scale, config)
-    grid = (math.ceil(k.shape[2] / config.block_n), k.shape[0] * k.shape[1])
+    grid = (math.ceil(k.shape[2] / config.own_rows), k.shape[0] * k.shape[1])
     _kernels._attn_bwd_dkdv[grid](*args, **meta)
+
+
+def launch_dq(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor, lse: torch.Tensor,
+              delta: torch.Tensor, dq: torch.Tensor, causal_mode: int, scale: float,
+              config: Optional[GluonBwdConfig] = None) -> None:
+    """Write dQ of a checked call into ``dq`` (contiguous, q's shape), as ``launch_dkdv`` does dK and dV."""
+    config = config or bwd_configs_for(q.shape[-1], "dq")[0]
+    if _layout_problem("grad_out", grad_out) is not None:
+        grad_out = grad_out.contiguous()
+    args, meta = dq_kernel_arguments(q, k, v, grad_out, dq, lse, delta, causal_mode, scale, config)
+    grid = (math.ceil(q.shape[2] / config.own_rows), q.shape[0] * q.shape[1])
+    _kernels._attn_bwd_dq[grid](*args, **meta)
+
+
+def gluon_attention_dq(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       out: torch.Tensor, lse: torch.Tensor, causal: Union[bool, str] = False,
+                       scale: Optional[float] = None, config: Optional[GluonBwdConfig] = None) -> torch.Tensor:
+    """dq of attention(q, k, v) for the output gradient ``grad_out``, through the Gluon kernel; the arguments and
+    errors as in ``gluon_attention_dkdv``. dq is contiguous, in q's dtype.
+
+    Example:
+        >>> dq = gluon_attention_dq(torch.randn_like(q), q, q, q, out, lse, causal=True)  # doctest: +SKIP
+    """
+    delta, scale = _checked(grad_out, q, k, v, out, lse, causal, scale)
+    listed = bwd_configs_for(q.shape[-1], "dq")
+    config = config or listed[0]
+    if config not in listed:
+        raise ValueError(f"config {config} is not listed for the dQ kernel at head dim {q.shape[-1]}: {listed}")
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    launch_dq(q, k, v, grad_out, lse.contiguous(), delta, dq, _CAUSAL[causal], scale, config)
+    return dq
 
 
 def bases_aligned(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
@@ -149,8 +207,8 @@ def bases_aligned(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
 
 
 def dkdv_on_gluon(problem: Problem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    """Whether ``launch_backward`` runs a call's dK/dV on the Gluon kernel: FLASHLITE_GLUON_BWD=1, a dense call
-    without key masks, variants or packed sequences, and one the kernel can run (``gluon_supported``).
+    """Whether ``launch_backward`` runs a call's dK/dV and dQ on the Gluon kernels: FLASHLITE_GLUON_BWD=1, a dense
+    call without key masks, variants or packed sequences, and one the kernels can run (``gluon_supported``).
 
     Example:
         >>> from flashlite._attention.validation import validate

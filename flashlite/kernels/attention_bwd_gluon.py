@@ -1,28 +1,36 @@
-"""Hopper (sm_90) attention backward in Gluon, dK and dV: TMA copies, an mbarrier-guarded ring of query tiles, wgmma.
+"""Hopper (sm_90) attention backward in Gluon, dK/dV and dQ: TMA copies, mbarrier-guarded rings, async wgmma.
 
-The same arithmetic as ``attention_bwd``'s dK/dV kernel, transposed so that every product is a wgmma whose first
-operand is a key-block tile (shared memory or registers) and whose accumulator rows are keys:
+The same arithmetic as ``attention_bwd`` (dS = P * (dP - delta), delta = rowsum(dO * O) from its delta kernel, the
+forward's base-2 log-sum-exp giving P = exp2(S * qk_scale - lse)), in two kernels.
+
+``_attn_bwd_dkdv``: one program owns BLOCK_N keys of one (batch, key/value head), transposed so that every product
+is a wgmma whose first operand is a key-block tile (shared memory or registers) and whose accumulator rows are keys:
 
     S^T  = K Q^T                      [BLOCK_N, BLOCK_M], K from shared memory, Q^T a permuted view of Q's tile
-    P^T  = exp2(S^T * qk_scale - lse)  (the forward's base-2 log-sum-exp, one per query column)
+    P^T  = exp2(S^T * qk_scale - lse)  (one lse per query column)
     dV  += P^T dO                     P^T from registers (16-bit), dO from shared memory
     dP^T = V dO^T                     V from shared memory, dO^T a permuted view of dO's tile
-    dS^T = P^T * (dP^T - delta)        delta = rowsum(dO * O), one per query column
+    dS^T = P^T * (dP^T - delta)        (one delta per query column)
     dK  += dS^T Q                     then dK *= scale at the end
 
-One program owns BLOCK_N keys of one (batch, key/value head): their K and V tiles stay in shared memory, and the
-query blocks of every query head of the group (grouped-query attention) stream past them through a ring of
-``STAGES`` shared-memory slots of Q and dO tiles, each slot with a "ready" mbarrier the copy engine completes. The
-copies of iteration t + STAGES are issued once every wgmma of iteration t has completed (its slot is then free),
-so STAGES - 1 iterations are in flight while one computes. dK and dV stay in float32 registers and are stored once,
-through the K and V tiles' shared memory and a TMA store clipped to the head's S_k rows.
+Its K and V tiles stay in shared memory, and the query blocks of every query head of the group (grouped-query
+attention) stream past them through a ring of ``STAGES`` slots of Q and dO tiles, each slot with a "ready"
+mbarrier the copy engine completes. The copies of iteration t + STAGES are issued once every wgmma of iteration t
+has completed (its slot is then free), so STAGES - 1 iterations are in flight while one computes. dK and dV stay
+in float32 registers and are stored once, through the K and V tiles' shared memory and a TMA store clipped to the
+head's S_k rows.
+
+``_attn_bwd_dq``: one program owns BLOCK_M query rows of one (batch, head), the forward's schedule with its Q and
+dO tiles resident and key/value tiles streaming through a ring: S = Q K^T and dP = dO V^T from shared memory,
+P and dS = P * (dP - delta) in registers, dQ += dS K (dS from registers), dQ *= scale at the end, stored through
+Q's tile.
 
 Bounds need no masks on the load path: the copy engine clips every [1, 1, rows, D] tile to its own (batch, head),
-so query rows past S_q load as zeros, and their lse is read as +inf, which makes their P^T exactly 0; key rows past
-S_k give rows of dK and dV that the store clips. ``CAUSAL`` (0 none; 1 top-left, key j visible to query i when
-j <= i; 2 bottom-right, j <= i + S_k - S_q) masks P^T with ``where`` in the query blocks that hold the diagonal
-and skips the query blocks that see none of the program's keys. A query row that sees no key at all has lse -inf
-and is masked in every block it meets.
+so rows past S_q or S_k load as zeros. In dK/dV, their lse is read as +inf, which makes their P^T exactly 0, and
+key rows past S_k give rows that the store clips; in dQ, keys past S_k are masked with the causal ones.
+``CAUSAL`` (0 none; 1 top-left, key j visible to query i when j <= i; 2 bottom-right, j <= i + S_k - S_q) masks
+with ``where`` in the blocks that hold the diagonal and skips the blocks that see nothing. A query row that sees no
+key at all has lse -inf and is masked in every block it meets.
 """
 from __future__ import annotations
 
@@ -31,21 +39,29 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from flashlite.kernels.gluon_tiles import as_tma_tile, mma_layout, tile_layout
+from flashlite.kernels.gluon_tiles import as_tma_tile, key_blocks, mma_layout, tile_layout
 
-# (BLOCK_N, BLOCK_M, STAGES, num_warps) per head dim; the first is the launcher's. num_warps warps stack along the
-# keys (each warpgroup 64 key rows), so per thread: dK and dV hold 2 x HEAD_DIM / 2 float32 at BLOCK_N = 64 per
-# warpgroup, S^T and dP^T BLOCK_M / 2 each. Shared memory: K and V BLOCK_N x D once, Q and dO BLOCK_M x D per stage:
-# D=128, 128 x 64 x 2 stages: 64 KB + 2 x 32 KB = 128 KB; D=64, 128 x 64 x 3: 32 + 3 x 16 = 80 KB.
+# dK/dV: (BLOCK_N, BLOCK_M, STAGES, num_warps) per head dim; the first is the launcher's. num_warps warps stack
+# along the keys (each warpgroup 64 key rows), so per thread: dK and dV hold 2 x HEAD_DIM / 2 float32, S^T and dP^T
+# BLOCK_M / 2 each. Shared memory: K and V BLOCK_N x D once, Q and dO BLOCK_M x D per stage: D=128, 128 x 64 x 2
+# stages: 64 KB + 2 x 32 KB = 128 KB; D=64, 128 x 64 x 3: 32 + 3 x 16 = 80 KB. ptxas (CPU CI): 176-202 registers
+# at D=64, 238-255 at D=128, no spills.
 GLUON_BWD_CONFIGS = {
     64: [(128, 64, 3, 8), (64, 64, 3, 4)],
     128: [(128, 64, 2, 8), (64, 64, 2, 4)],
+}
+# dQ: (BLOCK_M, BLOCK_N, STAGES, num_warps). Shared memory: Q and dO BLOCK_M x D once, K and V BLOCK_N x D per
+# stage: D=128, 128 x 64 x 3: 64 KB + 3 x 32 KB = 160 KB; D=64, 128 x 64 x 3: 32 + 3 x 16 = 80 KB.
+GLUON_DQ_CONFIGS = {
+    64: [(128, 64, 3, 8), (64, 64, 3, 4)],
+    128: [(128, 64, 3, 8), (64, 64, 2, 4)],
 }
 HEAD_DIMS = (64, 128)
 
 
 def shared_memory_bytes(block_n: int, block_m: int, stages: int, head_dim: int, elem: int = 2) -> int:
-    """Bytes of operand tiles a config keeps in shared memory (barriers not included).
+    """Bytes of operand tiles a dK/dV config keeps in shared memory (barriers not included); a dQ config's are the
+    same with the roles of the blocks swapped: ``shared_memory_bytes(block_m, block_n, stages, head_dim)``.
 
     Example:
         >>> shared_memory_bytes(128, 64, 2, 128)
@@ -55,21 +71,53 @@ def shared_memory_bytes(block_n: int, block_m: int, stages: int, head_dim: int, 
 
 
 @gluon.jit
+def _program_tiles(dtype: gl.constexpr, OWN_ROWS: gl.constexpr, STREAMED_ROWS: gl.constexpr, HEAD_DIM: gl.constexpr,
+                   STAGES: gl.constexpr):
+    """One program's shared memory, initialised: the two tiles it holds throughout (K and V, or Q and dO:
+    OWN_ROWS x D each), STAGES slots of the two tiles streamed past them (STREAMED_ROWS x D each), the held pair's
+    barrier and one per slot (the copy engine completes them)."""
+    tile: gl.constexpr = tile_layout()
+    own_a = gl.allocate_shared_memory(dtype, [OWN_ROWS, HEAD_DIM], tile)
+    own_b = gl.allocate_shared_memory(dtype, [OWN_ROWS, HEAD_DIM], tile)
+    bufs_a = gl.allocate_shared_memory(dtype, [STAGES, STREAMED_ROWS, HEAD_DIM], tile)
+    bufs_b = gl.allocate_shared_memory(dtype, [STAGES, STREAMED_ROWS, HEAD_DIM], tile)
+    own_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(own_ready, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+    fence_async_shared()  # the barriers' initialisation, visible to the copy engine before it signals them
+    return own_a, own_b, bufs_a, bufs_b, own_ready, ready
+
+
+@gluon.jit
+def _invalidate(own_ready, ready, STAGES: gl.constexpr):
+    mbarrier.invalidate(own_ready)
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(i))
+
+
+@gluon.jit
+def _issue_pair(desc_a, desc_b, bufs_a, bufs_b, ready, slot, b, h, row, pred,
+                ROWS: gl.constexpr, HEAD_DIM: gl.constexpr):
+    """Start the copies of the [ROWS, D] tiles at (b, h, row) of ``desc_a`` and ``desc_b`` into slot ``slot`` of
+    ``bufs_a`` and ``bufs_b``, both completing the slot's ready barrier; nothing unless ``pred``."""
+    bar = ready.index(slot)
+    mbarrier.expect(bar, desc_a.block_type.nbytes + desc_b.block_type.nbytes, pred=pred)
+    tma.async_copy_global_to_shared(desc_a, [b, h, row, 0], bar, as_tma_tile(bufs_a.index(slot), ROWS, HEAD_DIM),
+                                    pred=pred)
+    tma.async_copy_global_to_shared(desc_b, [b, h, row, 0], bar, as_tma_tile(bufs_b.index(slot), ROWS, HEAD_DIM),
+                                    pred=pred)
+
+
+@gluon.jit
 def _issue_q_do(q_desc, do_desc, q_bufs, do_bufs, ready, t, n_iters, n_m, lo_m, b, kv_h, group,
                 BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
     """Start the copies of iteration t's Q and dO tiles (query head kv_h * group + t // n_m, query block
-    lo_m + t % n_m) into slot t % STAGES, both completing its ready barrier; nothing when t >= n_iters."""
-    slot = t % STAGES
-    pred = t < n_iters
+    lo_m + t % n_m) into slot t % STAGES; nothing when t >= n_iters."""
     per_head = gl.maximum(n_m, 1)  # n_m = 0 (no query sees these keys) issues nothing, but must not divide by 0
-    h = kv_h * group + t // per_head
-    row = (lo_m + t % per_head) * BLOCK_M
-    bar = ready.index(slot)
-    mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes, pred=pred)
-    tma.async_copy_global_to_shared(q_desc, [b, h, row, 0], bar, as_tma_tile(q_bufs.index(slot), BLOCK_M, HEAD_DIM),
-                                    pred=pred)
-    tma.async_copy_global_to_shared(do_desc, [b, h, row, 0], bar,
-                                    as_tma_tile(do_bufs.index(slot), BLOCK_M, HEAD_DIM), pred=pred)
+    _issue_pair(q_desc, do_desc, q_bufs, do_bufs, ready, t % STAGES, b, kv_h * group + t // per_head,
+                (lo_m + t % per_head) * BLOCK_M, t < n_iters, BLOCK_M, HEAD_DIM)
 
 
 # The integers are not specialized: the copy engine handles every bound, so one compile per config, dtype and mode.
@@ -102,17 +150,7 @@ def _attn_bwd_dkdv(q_desc,  # [B, H, S_q, D] 16-bit, tiles [1, 1, BLOCK_M, D]
     kv_h = pid_bh % kv_heads
     start_n = pid_n * BLOCK_N
 
-    tile: gl.constexpr = tile_layout()
-    k_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], tile)
-    v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], tile)
-    q_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], tile)
-    do_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], tile)
-    kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(kv_ready, count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-    fence_async_shared()  # the barriers' initialisation, visible to the copy engine before it signals them
+    k_smem, v_smem, q_bufs, do_bufs, kv_ready, ready = _program_tiles(dtype, BLOCK_N, BLOCK_M, HEAD_DIM, STAGES)
 
     mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(k_desc, [b, kv_h, start_n, 0], kv_ready, as_tma_tile(k_smem, BLOCK_N, HEAD_DIM))
@@ -179,13 +217,90 @@ def _attn_bwd_dkdv(q_desc,  # [B, H, S_q, D] 16-bit, tiles [1, 1, BLOCK_M, D]
         _issue_q_do(q_desc, do_desc, q_bufs, do_bufs, ready, t + STAGES, n_iters, n_m, lo_m, b, kv_h, group_size,
                     BLOCK_M, HEAD_DIM, STAGES)
 
-    mbarrier.invalidate(kv_ready)
-    for i in gl.static_range(STAGES):
-        mbarrier.invalidate(ready.index(i))
+    _invalidate(kv_ready, ready, STAGES)
     # K's and V's tiles take the results: every wgmma that read them has completed.
     k_smem.store((dk * sm_scale).to(dtype))
     v_smem.store(dv.to(dtype))
     fence_async_shared()
     tma.async_copy_shared_to_global(dk_desc, [b, kv_h, start_n, 0], as_tma_tile(k_smem, BLOCK_N, HEAD_DIM))
     tma.async_copy_shared_to_global(dv_desc, [b, kv_h, start_n, 0], as_tma_tile(v_smem, BLOCK_N, HEAD_DIM))
+    tma.store_wait(0)
+
+
+@gluon.jit(do_not_specialize=["num_heads", "group_size", "seq_q", "seq_k"])
+def _attn_bwd_dq(q_desc,  # [B, H, S_q, D] 16-bit, tiles [1, 1, BLOCK_M, D]
+                 k_desc,  # [B, H_kv, S_k, D], tiles [1, 1, BLOCK_N, D]
+                 v_desc,  # [B, H_kv, S_k, D], tiles [1, 1, BLOCK_N, D]
+                 do_desc,  # [B, H, S_q, D] the output's gradient, q's dtype, tiles [1, 1, BLOCK_M, D]
+                 dq_desc,  # [B, H, S_q, D] q's dtype, tiles [1, 1, BLOCK_M, D]
+                 Lse,  # [B, H, S_q] float32, contiguous: the forward's base-2 log-sum-exp of the scaled scores
+                 Delta,  # [B, H, S_q] float32, contiguous: rowsum(dO * O)
+                 num_heads, group_size, seq_q, seq_k, qk_scale, sm_scale,  # group_size = H // H_kv
+                 HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                 CAUSAL: gl.constexpr, num_warps: gl.constexpr):
+    """dQ of one query block of one (batch, head). Grid: (cdiv(S_q, BLOCK_M), B * H)."""
+    dtype: gl.constexpr = q_desc.dtype
+    s_layout: gl.constexpr = mma_layout(num_warps, BLOCK_N)  # S, P, dP, dS: [BLOCK_M, BLOCK_N]
+    q_layout: gl.constexpr = mma_layout(num_warps, HEAD_DIM)  # dQ: [BLOCK_M, HEAD_DIM]
+    ds_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=q_layout, k_width=2)
+    row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)  # one value per query row
+    col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)  # one value per key column
+
+    pid_m = gl.program_id(0)
+    pid_bh = gl.program_id(1)
+    if CAUSAL != 0:  # later query blocks see more keys: they start first, so that the short ones fill the tail
+        pid_m = gl.cdiv(seq_q, BLOCK_M) - 1 - pid_m
+    b = pid_bh // num_heads
+    h = pid_bh % num_heads
+    kv_h = h // group_size
+    start_m = pid_m * BLOCK_M
+
+    q_smem, do_smem, k_bufs, v_bufs, q_ready, ready = _program_tiles(dtype, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES)
+
+    mbarrier.expect(q_ready, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [b, h, start_m, 0], q_ready, as_tma_tile(q_smem, BLOCK_M, HEAD_DIM))
+    tma.async_copy_global_to_shared(do_desc, [b, h, start_m, 0], q_ready, as_tma_tile(do_smem, BLOCK_M, HEAD_DIM))
+    diag_shift, n_full, n_blocks = key_blocks(start_m, seq_q, seq_k, BLOCK_M, BLOCK_N, CAUSAL)
+    for j in gl.static_range(STAGES):  # key/value block j into slot j
+        _issue_pair(k_desc, v_desc, k_bufs, v_bufs, ready, j, b, kv_h, j * BLOCK_N, j < n_blocks,
+                    BLOCK_N, HEAD_DIM)
+
+    rows = start_m + gl.arange(0, BLOCK_M, layout=row_layout)
+    in_q = rows < seq_q
+    stats = pid_bh.to(gl.int64) * seq_q
+    # Rows past S_q read lse +inf (P = 0 there) and delta 0; their dQ rows are clipped by the store anyway.
+    lse = gl.load(Lse + stats + rows, mask=in_q, other=float("inf"))
+    delta = gl.load(Delta + stats + rows, mask=in_q, other=0.0)
+    dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, q_layout)
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+    mbarrier.wait(q_ready, 0)
+    for j in range(n_blocks):
+        slot = j % STAGES
+        k_tile = k_bufs.index(slot)
+        mbarrier.wait(ready.index(slot), (j // STAGES) & 1)
+        s = warpgroup_mma(q_smem, k_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        dp = warpgroup_mma(do_smem, v_bufs.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(1, deps=(s, ))
+        p = gl.exp2(s * qk_scale - gl.expand_dims(lse, 1))
+        if j >= n_full:  # the diagonal's blocks and the last partial one: causal and key-length masks
+            cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=col_layout)
+            visible = gl.expand_dims(cols < seq_k, 0)
+            if CAUSAL != 0:
+                visible = visible & (gl.expand_dims(cols, 0) <= gl.expand_dims(rows + diag_shift, 1))
+            p = gl.where(visible, p, 0.0)
+        dp = warpgroup_mma_wait(0, deps=(dp, ))
+        ds = p * (dp - gl.expand_dims(delta, 1))
+        ds_op = gl.convert_layout(ds.to(dtype), ds_layout)
+        dq = warpgroup_mma(ds_op, k_tile, dq, is_async=True)
+        dq, ds_op = warpgroup_mma_wait(0, deps=(dq, ds_op))
+        # Every wgmma of block j has completed in this warpgroup; once all are past theirs, the slot takes j + STAGES.
+        gl.thread_barrier()
+        refill = j + STAGES
+        _issue_pair(k_desc, v_desc, k_bufs, v_bufs, ready, slot, b, kv_h, refill * BLOCK_N, refill < n_blocks,
+                    BLOCK_N, HEAD_DIM)
+
+    _invalidate(q_ready, ready, STAGES)
+    q_smem.store((dq * sm_scale).to(dtype))  # Q's tile: every wgmma that read it has completed
+    fence_async_shared()
+    tma.async_copy_shared_to_global(dq_desc, [b, h, start_m, 0], as_tma_tile(q_smem, BLOCK_M, HEAD_DIM))
     tma.store_wait(0)

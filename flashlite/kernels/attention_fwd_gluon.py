@@ -54,6 +54,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_init, warpgroup_mma_wait)
 
 from flashlite.kernels.gluon_tiles import as_tma_tile as _as_tma_tile
+from flashlite.kernels.gluon_tiles import key_blocks as _key_blocks
 from flashlite.kernels.gluon_tiles import mma_layout as _mma_layout
 from flashlite.kernels.gluon_tiles import tile_layout as _tile_layout
 
@@ -114,25 +115,6 @@ def _zero_scores(BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, num_warps: gl.con
     # The zero accumulator each block's S = Q K^T starts from (use_acc=False ignores its values; wgmma takes its
     # layout from it).
     return gl.zeros([BLOCK_M, BLOCK_N], gl.float32, _mma_layout(num_warps, BLOCK_N))
-
-
-@gluon.jit
-def _key_blocks(start_m, seq_q, seq_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
-    """(diag_shift, n_full, n_blocks) of the query block starting at row ``start_m``: key blocks [0, n_full) are seen
-    whole by every real row of the block (no mask), blocks [n_full, n_blocks) need the causal and key-length masks,
-    blocks from n_blocks on are seen by no row and never loaded."""
-    if CAUSAL == 2:
-        diag_shift = seq_k - seq_q
-    else:
-        diag_shift = 0
-    if CAUSAL != 0:
-        # Keys up to the first row's diagonal are seen by every row; keys up to the last real row's by some.
-        full_lim = gl.minimum(gl.maximum(start_m + diag_shift + 1, 0), seq_k)
-        hi = gl.minimum(gl.maximum(gl.minimum(start_m + BLOCK_M, seq_q) + diag_shift, 0), seq_k)
-    else:
-        full_lim = seq_k
-        hi = seq_k
-    return diag_shift, full_lim // BLOCK_N, gl.cdiv(hi, BLOCK_N)
 
 
 @gluon.jit

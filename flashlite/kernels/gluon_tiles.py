@@ -1,5 +1,6 @@
-"""Layouts and tile views the Gluon attention kernels share (Hopper, 16-bit operands): wgmma's accumulator layout,
-the 128-byte-swizzled shared tile, and a 2-D shared tile seen as the 4-D box the [B, heads, S, D] descriptors copy.
+"""What the Gluon attention kernels share (Hopper, 16-bit operands): wgmma's accumulator layout, the 128-byte-swizzled
+shared tile, a 2-D shared tile seen as the 4-D box the [B, heads, S, D] descriptors copy, and the key blocks a
+query block sees.
 """
 from __future__ import annotations
 
@@ -25,3 +26,22 @@ def tile_layout():
 def as_tma_tile(buf, ROWS: gl.constexpr, HEAD_DIM: gl.constexpr):
     # A [ROWS, D] shared tile as the [1, 1, ROWS, D] box the 4-D descriptors copy.
     return buf.reshape([1, 1, ROWS, HEAD_DIM])
+
+
+@gluon.jit
+def key_blocks(start_m, seq_q, seq_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+    """(diag_shift, n_full, n_blocks) of the query block starting at row ``start_m``: key blocks [0, n_full) are seen
+    whole by every real row of the block (no mask), blocks [n_full, n_blocks) need the causal and key-length masks,
+    blocks from n_blocks on are seen by no row and never loaded."""
+    if CAUSAL == 2:
+        diag_shift = seq_k - seq_q
+    else:
+        diag_shift = 0
+    if CAUSAL != 0:
+        # Keys up to the first row's diagonal are seen by every row; keys up to the last real row's by some.
+        full_lim = gl.minimum(gl.maximum(start_m + diag_shift + 1, 0), seq_k)
+        hi = gl.minimum(gl.maximum(gl.minimum(start_m + BLOCK_M, seq_q) + diag_shift, 0), seq_k)
+    else:
+        full_lim = seq_k
+        hi = seq_k
+    return diag_shift, full_lim // BLOCK_N, gl.cdiv(hi, BLOCK_N)

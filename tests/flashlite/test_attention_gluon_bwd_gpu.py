@@ -1,5 +1,5 @@
-"""The Gluon dK/dV backward on an sm_90 GPU against float64 autograd, directly and inside flashlite.attention's
-backward (FLASHLITE_GLUON_BWD's switch on).
+"""The Gluon backward (dK/dV and dQ) on an sm_90 GPU against float64 autograd, directly and inside
+flashlite.attention's backward (FLASHLITE_GLUON_BWD's switch on).
 
 Every test is skipped without a CUDA device of compute capability 9.0. The kernel takes the forward's out and
 base-2 lse (here the pointer forward's, and the Gluon forward's); the reference is float64 autograd of the explicit
@@ -25,30 +25,31 @@ MODE = {False: 0, True: 1, "lower_right": 2}
 
 
 def reference_grads(q, k, v, grad_out, causal):
-    """(dk, dv) of float64 autograd, and SDPA's (dk, dv) in the inputs' precision (the baseline error)."""
+    """(dq, dk, dv) of float64 autograd, and SDPA's (dq, dk, dv) in the inputs' precision (the baseline error)."""
     def grads(fn, *tensors):
         leaves = [t.detach().requires_grad_() for t in tensors]
         fn(*leaves).backward(grad_out.to(leaves[0].dtype))
-        return [t.grad for t in leaves[1:]]
+        return [t.grad for t in leaves]
     ref = grads(lambda *t: reference_attention(*t, causal=causal), q.double(), k.double(), v.double())
     base = grads(lambda *t: attention(*t, causal=causal, backend="sdpa"), q, k, v)
     return ref, base
 
 
-def check_dkdv(q, k, v, causal, config=None, forward="pointer"):
-    grad_out = torch.randn_like(q)
+def check_backward(q, k, v, causal, dkdv_config=None, dq_config=None, forward="pointer", grad_out=None):
+    grad_out = torch.randn_like(q) if grad_out is None else grad_out
     scale = q.shape[-1] ** -0.5
     if forward == "gluon":
         out, lse = gluon_attention_forward(q, k, v, causal=causal)
     else:
         precision = "bf16" if q.dtype == torch.bfloat16 else "fp16"
         out, lse = attention_forward(q, k, v, None, None, MODE[causal], scale, precision)
-    dk, dv = launch_gluon_bwd.gluon_attention_dkdv(grad_out, q, k, v, out, lse, causal=causal, config=config)
+    dk, dv = launch_gluon_bwd.gluon_attention_dkdv(grad_out, q, k, v, out, lse, causal=causal, config=dkdv_config)
+    dq = launch_gluon_bwd.gluon_attention_dq(grad_out, q, k, v, out, lse, causal=causal, config=dq_config)
     torch.cuda.synchronize()
-    (ref_dk, ref_dv), (base_dk, base_dv) = reference_grads(q, k, v, grad_out, causal)
-    for name, got, ref, base in (("dk", dk, ref_dk, base_dk), ("dv", dv, ref_dv, base_dv)):
-        assert got.shape == ref.shape and got.dtype == q.dtype and not got.isnan().any(), name
-        assert_close(got, ref, baseline=base, notes=(name, str(config), f"causal={causal}"))
+    ref, base = reference_grads(q, k, v, grad_out, causal)
+    for name, got, r, b in zip(("dq", "dk", "dv"), (dq, dk, dv), ref, base):
+        assert got.shape == r.shape and got.dtype == q.dtype and not got.isnan().any(), name
+        assert_close(got, r, baseline=b, notes=(name, str(dkdv_config), str(dq_config), f"causal={causal}"))
 
 
 @pytest.mark.parametrize("causal", CAUSAL)
@@ -56,22 +57,22 @@ def check_dkdv(q, k, v, causal, config=None, forward="pointer"):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("B, H, H_kv, S_q, S_k", [(2, 4, 4, 77, 77), (1, 8, 2, 1000, 1000), (2, 4, 2, 300, 1000),
                                                   (1, 4, 4, 1000, 300), (1, 2, 1, 1, 129), (1, 2, 2, 4097, 4097)])
-def test_dkdv_against_float64(B, H, H_kv, S_q, S_k, D, dtype, causal):
+def test_backward_against_float64(B, H, H_kv, S_q, S_k, D, dtype, causal):
     # Odd and unequal lengths (partial blocks of both kinds, S_q > S_k with rows that see no key bottom-right), GQA
     # (every query head of a group adds into the same dK/dV), one query row.
-    check_dkdv(*qkv(B, H, S_q, D, dtype, H_kv=H_kv, S_k=S_k), causal)
+    check_backward(*qkv(B, H, S_q, D, dtype, H_kv=H_kv, S_k=S_k), causal)
 
 
 @pytest.mark.parametrize("D", [64, 128])
 def test_every_listed_config(D):
-    for config in launch_gluon_bwd.bwd_configs_for(D):
+    for dkdv_config, dq_config in zip(launch_gluon_bwd.bwd_configs_for(D), launch_gluon_bwd.bwd_configs_for(D, "dq")):
         for causal in CAUSAL:
-            check_dkdv(*qkv(2, 4, 333, D, torch.bfloat16, H_kv=2, S_k=333), causal, config=config)
+            check_backward(*qkv(2, 4, 333, D, torch.bfloat16, H_kv=2, S_k=333), causal, dkdv_config, dq_config)
 
 
 @pytest.mark.parametrize("D", [64, 128])
 def test_takes_the_gluon_forwards_out_and_lse(D):
-    check_dkdv(*qkv(2, 4, 1000, D, torch.bfloat16, H_kv=2), True, forward="gluon")
+    check_backward(*qkv(2, 4, 1000, D, torch.bfloat16, H_kv=2), True, forward="gluon")
 
 
 def test_strided_layouts_and_a_transposed_gradient():
@@ -79,26 +80,24 @@ def test_strided_layouts_and_a_transposed_gradient():
     q = torch.randn(2, 300, 4, 64, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
     k = torch.randn(2, 300, 2, 64, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
     v = torch.randn(2, 300, 2, 64, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
-    out, lse = attention_forward(q, k, v, None, None, 1, 0.125, "bf16")
     grad_out = torch.randn(2, 4, 64, 300, device="cuda", dtype=torch.bfloat16).transpose(2, 3)
-    dk, dv = launch_gluon_bwd.gluon_attention_dkdv(grad_out, q, k, v, out, lse, causal=True)
-    (ref_dk, ref_dv), (base_dk, base_dv) = reference_grads(q, k, v, grad_out, True)
-    assert_close(dk, ref_dk, baseline=base_dk, notes=("dk",))
-    assert_close(dv, ref_dv, baseline=base_dv, notes=("dv",))
+    check_backward(q, k, v, True, grad_out=grad_out)
 
 
 @pytest.mark.parametrize("causal", CAUSAL)
 def test_attention_backward_with_the_switch_on(causal, monkeypatch):
-    # flashlite.attention end to end with FLASHLITE_GLUON_BWD's switch: dK/dV on the Gluon kernel (the plan says
-    # so), dQ on the pointer kernel, all three against float64.
+    # flashlite.attention end to end with FLASHLITE_GLUON_BWD's switch: dK/dV and dQ on the Gluon kernels (the
+    # plan says so) after the pointer delta kernel, all three against float64.
     monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_ENABLED", True)
     launched = []
-    real = launch_gluon_bwd.launch_dkdv
-    monkeypatch.setattr(launch_gluon_bwd, "launch_dkdv", lambda *a, **kw: launched.append(1) or real(*a, **kw))
+    for name in ("launch_dkdv", "launch_dq"):
+        real = getattr(launch_gluon_bwd, name)
+        monkeypatch.setattr(launch_gluon_bwd, name,
+                            lambda *a, real=real, name=name, **kw: launched.append(name) or real(*a, **kw))
     q, k, v = (t.requires_grad_() for t in qkv(2, 8, 777, 128, torch.bfloat16, H_kv=2, S_k=777))
     grad_out = torch.randn_like(q)
     attention(q, k, v, causal=causal, backend="triton").backward(grad_out)
-    assert launched == [1]
+    assert launched == ["launch_dkdv", "launch_dq"]
 
     def grads(fn, *tensors):
         leaves = [t.detach().requires_grad_() for t in tensors]

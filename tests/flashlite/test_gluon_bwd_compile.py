@@ -1,10 +1,10 @@
-"""The Gluon dK/dV backward builds for sm_90 on any machine, within Hopper's resources; its launcher's checks and
-the switch that routes ``flashlite.attention``'s backward to it.
+"""The Gluon backward (dK/dV and dQ) builds for sm_90 on any machine, within Hopper's resources; its launcher's
+checks and the switch that routes ``flashlite.attention``'s backward to it.
 
 As for the forward (test_gluon_compile.py): each compile runs in a fresh interpreter with TRITON_INTERPRET=0,
 specialized as the launcher would (descriptors built by ``dkdv_kernel_arguments`` over CPU tensors, GQA with 4
-query heads on 2 key/value heads). The launcher's config is compiled in bf16 in every causal mode and in fp16
-top-left, the others in bf16 bottom-right; each must fit the 227 KB of shared memory and 255 registers without
+query heads on 2 key/value heads). Each kernel's launcher config is compiled in bf16 in every causal mode and in
+fp16 top-left, the others in bf16 bottom-right; each must fit the 227 KB of shared memory and 255 registers without
 spilling, as ptxas reports them.
 """
 import importlib
@@ -27,30 +27,37 @@ def compile_config(config, dtype, head_dim, causal):
     q = torch.empty(2, 4, 300, head_dim, dtype=dtype)
     k = torch.empty(2, 2, 300, head_dim, dtype=dtype)
     lse = torch.empty(2, 4, 300)
-    args, meta = launch_gluon_bwd.dkdv_kernel_arguments(q, k, k, q, k, k, lse, lse, causal, 0.125, config)
-    kernel, registers, spills = compile_gluon(launch_gluon_bwd._kernels._attn_bwd_dkdv, args, meta,
-                                              {"num_warps": config.num_warps})
-    return {"shared": kernel.metadata.shared, "tiles": config.shared_bytes(head_dim), "registers": registers,
-            "spill_bytes": spills}
+    if config.kernel == "dq":
+        args, meta = launch_gluon_bwd.dq_kernel_arguments(q, k, k, q, q, lse, lse, causal, 0.125, config)
+        fn, kind = launch_gluon_bwd._kernels._attn_bwd_dq, "dq"
+    else:
+        args, meta = launch_gluon_bwd.dkdv_kernel_arguments(q, k, k, q, k, k, lse, lse, causal, 0.125, config)
+        fn, kind = launch_gluon_bwd._kernels._attn_bwd_dkdv, "dkdv"
+    kernel, registers, spills = compile_gluon(fn, args, meta, {"num_warps": config.num_warps})
+    return {"kernel": kind, "shared": kernel.metadata.shared, "tiles": config.shared_bytes(head_dim),
+            "registers": registers, "spill_bytes": spills}
 
-default, *others = launch_gluon_bwd.bwd_configs_for(HEAD_DIM)
-jobs = [(default, torch.bfloat16, causal) for causal in (0, 1, 2)] + [(default, torch.float16, 1)]
-jobs += [(config, torch.bfloat16, 2) for config in others]
+jobs = []
+for default, *others in (launch_gluon_bwd.bwd_configs_for(HEAD_DIM, kind) for kind in ("dkdv", "dq")):
+    jobs += [(default, torch.bfloat16, causal) for causal in (0, 1, 2)] + [(default, torch.float16, 1)]
+    jobs += [(config, torch.bfloat16, 2) for config in others]
 for config, dtype, causal in jobs:
     result = compile_config(config, dtype, HEAD_DIM, causal)
-    print(json.dumps({"config": [config.block_n, config.block_m, config.stages, config.num_warps],
-                      "dtype": str(dtype), "causal": causal, **result}))
+    print(json.dumps({"config": [config.stages, config.num_warps, str(config)], "dtype": str(dtype),
+                      "causal": causal, **result}))
 '''
 
 
 @needs_gluon
 @pytest.mark.parametrize("head_dim", list(launch_gluon_bwd._kernels.HEAD_DIMS))
-def test_every_dkdv_config_compiles_for_sm90_within_resources(head_dim, tmp_path, monkeypatch):
+def test_every_backward_config_compiles_for_sm90_within_resources(head_dim, tmp_path, monkeypatch):
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton-cache"))
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     results = [json.loads(line) for line in run_script(f"HEAD_DIM = {head_dim}\n" + _COMPILE).splitlines()
                if line.startswith("{")]
-    assert len(results) == 4 + len(launch_gluon_bwd.bwd_configs_for(head_dim)) - 1, results
+    listed = len(launch_gluon_bwd.bwd_configs_for(head_dim)) + len(launch_gluon_bwd.bwd_configs_for(head_dim, "dq"))
+    assert len(results) == 2 * 4 + listed - 2, results
+    assert {r["kernel"] for r in results} == {"dkdv", "dq"}
     for r in results:
         where = f"D={head_dim} {r}"
         assert r["tiles"] <= r["shared"] <= HOPPER_SHARED_MEMORY, where
@@ -98,6 +105,11 @@ def test_a_plan_decides_the_backward_again_when_the_switch_changes(monkeypatch):
         dk.fill_(3.0)
         dv.fill_(5.0)
     monkeypatch.setattr(launch_gluon_bwd, "launch_dkdv", fake_dkdv)
+
+    def fake_dq(q, k, v, grad_out, lse, delta, dq, causal_mode, scale):
+        launched.append("dq")
+        dq.fill_(7.0)
+    monkeypatch.setattr(launch_gluon_bwd, "launch_dq", fake_dq)
     if not launch_module._runtime.interpreting():
         pytest.skip("the pointer kernels' delta and dQ need the Triton interpreter (TRITON_INTERPRET=1) here")
     q, k, v = (torch.randn(1, 2, 20, 16) for _ in range(3))
@@ -105,7 +117,8 @@ def test_a_plan_decides_the_backward_again_when_the_switch_changes(monkeypatch):
     grad_out = torch.randn_like(q)
     monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_ENABLED", True)
     dq, dk, dv = launch_module.attention_backward(grad_out, q, k, v, out, lse, None, None, 1, 0.25, "ieee")
-    assert launched == [1] and torch.all(dk == 3.0) and torch.all(dv == 5.0) and calls == [1]
+    assert launched == [1, "dq"] and calls == [1]
+    assert torch.all(dq == 7.0) and torch.all(dk == 3.0) and torch.all(dv == 5.0)
     launch_module.attention_backward(grad_out, q, k, v, out, lse, None, None, 1, 0.25, "ieee")
     assert calls == [1]  # kept on the plan
     # The same signature at a base address 4 bytes past a 16-byte boundary: the plan's choice stands, but this
@@ -113,7 +126,7 @@ def test_a_plan_decides_the_backward_again_when_the_switch_changes(monkeypatch):
     unaligned = torch.empty(q.numel() + 1)[1:].view(q.shape).copy_(q)
     _, dk_unaligned, _ = launch_module.attention_backward(grad_out, unaligned, k, v, out, lse, None, None, 1, 0.25,
                                                           "ieee")
-    assert launched == [1, 1] and not torch.all(dk_unaligned == 3.0)
+    assert launched == [1, "dq"] * 2 and not torch.all(dk_unaligned == 3.0)
     monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_ENABLED", False)
     monkeypatch.setattr(launch_gluon_bwd, "dkdv_on_gluon", lambda *a: calls.append(2) or False)
     _, dk_pointer, _ = launch_module.attention_backward(grad_out, q, k, v, out, lse, None, None, 1, 0.25, "ieee")

@@ -6,8 +6,8 @@ Run with ``pytest tests/perf/test_gluon_ab.py --kernel-ab`` (``-k step3``: only 
 shapes; ``-k forward_ab``: only steps 1 and 2, as run G5 measured them). Causal bf16, H=16, cases 3, 6 and 12 of
 ``flashlite.cases`` (B=1 S=8192; B=8 S=4096; B=16 S=8192) at D=64 and D=128. Every side computes out and the
 log-sum-exp a backward would need (SDPA's default: its forward without grad, as the other A/B files time it);
-each candidate is first checked against SDPA so that a wrong kernel is never timed. ``-k dkdv``: the Gluon dK/dV
-backward, forward+backward of ``flashlite.attention`` with its switch on against off and against SDPA.
+each candidate is first checked against SDPA so that a wrong kernel is never timed. ``-k gluon_backward``: the Gluon
+backward (dK/dV and dQ), forward+backward of ``flashlite.attention`` with its switch on against off and against SDPA.
 """
 from __future__ import annotations
 
@@ -113,9 +113,9 @@ def test_gluon_step3_and_d64_shapes_ab(shape, kernel_ab):
     _compare(shape, kernel_ab, STEP3_PAIRS + (D64_PAIRS if shape.D == 64 else []))
 
 
-# The Gluon dK/dV backward (flashlite/kernels/attention_bwd_gluon.py), measured as users meet it: forward and
-# backward of flashlite.attention(backend="triton") with FLASHLITE_GLUON_BWD's switch on (dK/dV on the Gluon kernel,
-# delta and dQ on the pointer kernels) against the same with it off (all pointer kernels), and against SDPA. Each
+# The Gluon backward (flashlite/kernels/attention_bwd_gluon.py), measured as users meet it: forward and backward
+# of flashlite.attention(backend="triton") with FLASHLITE_GLUON_BWD's switch on (dK/dV and dQ on the Gluon kernels,
+# delta on the pointer kernel) against the same with it off (all pointer kernels), and against SDPA. Each
 # side sets the switch before its call; the plan keeps a decision per switch value, so flipping costs a lookup.
 def _forward_backward(q, k, v, grad_out, *, gluon_bwd: bool):
     def run():
@@ -128,7 +128,7 @@ def _forward_backward(q, k, v, grad_out, *, gluon_bwd: bool):
 
 @pytest.mark.shape(*SHAPES, dtype=[torch.bfloat16])
 @pytest.mark.memory(lambda shape: attention_bytes(shape, copies=14))
-def test_gluon_dkdv_forward_backward_ab(shape, kernel_ab):
+def test_gluon_backward_ab(shape, kernel_ab):
     q, k, v = (t.requires_grad_() for t in qkv(shape.B, shape.H, shape.S, shape.D, shape.dtype))
     grad_out = torch.randn_like(q)
     saved = launch_gluon_bwd.GLUON_BWD_ENABLED
@@ -146,8 +146,8 @@ def test_gluon_dkdv_forward_backward_ab(shape, kernel_ab):
             return q.grad, k.grad, v.grad
         work = attention_work(shape, passes="forward+backward")
         # check_output=False: the backward's dQ accumulates in an order that may differ between calls.
-        kernel_ab.compare(gluon, pointer, name=f"fwd+bwd D{shape.D} gluon dK/dV vs pointer dK/dV",
+        kernel_ab.compare(gluon, pointer, name=f"fwd+bwd D{shape.D} gluon backward vs pointer backward",
                           check_output=False, **work)
-        kernel_ab.compare(gluon, sdpa, name=f"fwd+bwd D{shape.D} gluon dK/dV vs sdpa", check_output=False, **work)
+        kernel_ab.compare(gluon, sdpa, name=f"fwd+bwd D{shape.D} gluon backward vs sdpa", check_output=False, **work)
     finally:
         launch_gluon_bwd.GLUON_BWD_ENABLED = saved
