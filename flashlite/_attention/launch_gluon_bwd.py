@@ -16,17 +16,14 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import Any, Optional, Union
+from typing import Optional, Union
 
 import torch
 
-from flashlite._attention.launch_gluon import _CAUSAL, _layout_problem, _tma_strides, gluon_supported
+from flashlite._attention.launch_gluon import _CAUSAL, _layout_problem, gluon_supported, tile_descriptor
 from flashlite._attention.validation import _CAUSAL_ARGUMENT, Problem
 
 try:
-    from triton.experimental.gluon import language as _gl
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
     from flashlite.kernels import attention_bwd_gluon as _kernels
 except ImportError:  # pragma: no cover - Triton without Gluon; gluon_supported then says so
     _kernels = None
@@ -65,23 +62,15 @@ def bwd_configs_for(head_dim: int, kernel: str = "dkdv") -> list[GluonBwdConfig]
     return [GluonBwdConfig(kernel, *blocks) for blocks in listed[head_dim]]
 
 
-def _describe(t: torch.Tensor, rows: int) -> Any:
-    """A TMA descriptor of [B, heads, S, D] ``t`` with [1, 1, rows, D] tiles in the kernels' 128-byte swizzle."""
-    block = [1, 1, rows, t.shape[-1]]
-    gl_dtype = _gl.bfloat16 if t.dtype == torch.bfloat16 else _gl.float16
-    return TensorDescriptor(t, list(t.shape), _tma_strides(t), block,
-                            _gl.NVMMASharedLayout.get_default_for(block, gl_dtype))
-
-
 def dq_kernel_arguments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor,
                         dq: torch.Tensor, lse: torch.Tensor, delta: torch.Tensor, causal_mode: int, scale: float,
                         config: GluonBwdConfig) -> tuple[tuple, dict]:
     """(positional arguments, constexprs and launch options) of one dQ launch, in the kernel's parameter order."""
     heads, kv_heads = q.shape[1], k.shape[1]
     block_m, block_n = config.own_rows, config.streamed_rows
-    args = (_describe(q, block_m), _describe(k, block_n), _describe(v, block_n), _describe(grad_out, block_m),
-            _describe(dq, block_m), lse, delta, heads,
-            heads // kv_heads, q.shape[2], k.shape[2], scale * math.log2(math.e), scale)
+    tiles = [tile_descriptor(t, rows) for t, rows in ((q, block_m), (k, block_n), (v, block_n), (grad_out, block_m),
+                                                      (dq, block_m))]
+    args = (*tiles, lse, delta, heads, heads // kv_heads, q.shape[2], k.shape[2], scale * math.log2(math.e), scale)
     meta = dict(HEAD_DIM=q.shape[-1], BLOCK_M=block_m, BLOCK_N=block_n, STAGES=config.stages,
                 CAUSAL=causal_mode, num_warps=config.num_warps)
     return args, meta
@@ -95,9 +84,9 @@ def dkdv_kernel_arguments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gra
     head_dim = q.shape[-1]
     heads, kv_heads = q.shape[1], k.shape[1]
     block_n, block_m = config.own_rows, config.streamed_rows
-    args = (_describe(q, block_m), _describe(k, block_n), _describe(v, block_n), _describe(grad_out, block_m),
-            _describe(dk, block_n), _describe(dv, block_n),
-            lse, delta, heads, heads // kv_heads, q.shape[2], k.shape[2], scale * math.log2(math.e), scale)
+    tiles = [tile_descriptor(t, rows) for t, rows in ((q, block_m), (k, block_n), (v, block_n), (grad_out, block_m),
+                                                      (dk, block_n), (dv, block_n))]
+    args = (*tiles, lse, delta, heads, heads // kv_heads, q.shape[2], k.shape[2], scale * math.log2(math.e), scale)
     meta = dict(HEAD_DIM=head_dim, BLOCK_N=block_n, BLOCK_M=block_m, STAGES=config.stages,
                 CAUSAL=causal_mode, num_warps=config.num_warps)
     return args, meta

@@ -95,8 +95,10 @@ def test_the_backward_switch_needs_the_flag_a_dense_call_and_one_the_kernel_can_
 
 
 def test_a_plan_decides_the_backward_again_when_the_switch_changes(monkeypatch):
-    # The backward asks dkdv_on_gluon once per plan and switch value; the Gluon launch is stood in.
+    # The backward asks dkdv_on_gluon once per plan and switch value; the Gluon launch is stood in. A fresh plan
+    # cache, so that no earlier test's plan of the same signature has decided already.
     launch_module = importlib.import_module("flashlite._attention.launch")
+    monkeypatch.setattr(importlib.import_module("flashlite._attention.plans"), "_PLANS", {})
     calls, launched = [], []
     monkeypatch.setattr(launch_gluon_bwd, "dkdv_on_gluon", lambda *a: calls.append(1) or True)
 

@@ -254,3 +254,17 @@ def test_an_unaligned_call_of_a_gluon_plan_takes_the_pointer_kernel():
     from flashlite._attention.validation import validate
     problem = validate(q, q, q, True, None, None, None, "triton", None)
     assert q.data_ptr() % 16 and launch_gluon.launch_planned(q, q, q, problem) is None
+
+
+@needs_gluon
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_tile_descriptors_carry_the_default_layout_of_their_tiles(dtype):
+    # The layout is made once per tile shape and dtype (a cache): it must be the one Gluon would make each time.
+    from triton.experimental.gluon import language as gl
+    q = torch.randn(2, 300, 4, 128).to(dtype).transpose(1, 2)
+    for rows in (64, 128):
+        described = launch_gluon.tile_descriptor(q, rows)
+        gl_dtype = gl.bfloat16 if dtype == torch.bfloat16 else gl.float16
+        assert described.layout == gl.NVMMASharedLayout.get_default_for([1, 1, rows, 128], gl_dtype)
+        assert described.block_shape == [1, 1, rows, 128] and described.strides == launch_gluon._tma_strides(q)
+        assert described.shape == [2, 4, 300, 128] and described.base is q
