@@ -422,10 +422,11 @@ def launch_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v:
     enabled = launch_gluon_bwd.GLUON_BWD_ENABLED
     on_gluon = plan.gluon_bwd.get(enabled)
     if on_gluon is None:  # decided once per plan and switch value
-        on_gluon = plan.gluon_bwd[enabled] = launch_gluon_bwd.dkdv_on_gluon(p, q, k, v)
-    on_gluon = on_gluon and launch_gluon_bwd.bases_aligned(q, k, v)
+        on_gluon = plan.gluon_bwd[enabled] = launch_gluon_bwd.backward_on_gluon(p, q, k, v)
+    on_gluon = on_gluon and launch_gluon.bases_aligned(q, k, v)
     if on_gluon:
-        launch_gluon_bwd.launch_dkdv(q, k, v, grad_out, lse, delta, dk, dv, p.causal_mode, p.scale)
+        tma_grad_out = launch_gluon_bwd.tma_gradient(grad_out)  # one copy at most, for both kernels
+        launch_gluon_bwd.launch_dkdv(q, k, v, tma_grad_out, lse, delta, dk, dv, p.causal_mode, p.scale)
     elif not _replayed(plan, ("dkdv", layout), dkdv_tensors):
         _launch(_DKDV, ("dkdv", layout), plan, _Grid(p.seq_k, "BLOCK_N", p.batch * p.kv_heads), dkdv_tensors,
                 (*q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *dk.stride(), *dv.stride(),
@@ -434,7 +435,7 @@ def launch_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v:
                  *_tuning.tuning_buckets(p.seq_q, p.seq_k, p.batch * p.heads)),
                 dict(FLAT_GRID=p.batch * p.kv_heads > _GRID_AXIS1_LIMIT, **meta))
     if on_gluon:
-        launch_gluon_bwd.launch_dq(q, k, v, grad_out, lse, delta, dq, p.causal_mode, p.scale)
+        launch_gluon_bwd.launch_dq(q, k, v, tma_grad_out, lse, delta, dq, p.causal_mode, p.scale)
     elif not _replayed(plan, ("dq", layout), dq_tensors):
         _launch(_DQ, ("dq", layout), plan, _Grid(p.seq_q, "BLOCK_M", p.batch * p.heads), dq_tensors,
                 (*q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *dq.stride(),

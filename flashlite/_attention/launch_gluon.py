@@ -211,11 +211,23 @@ def forward_kernel_for(problem: Problem, q: torch.Tensor, k: torch.Tensor, v: to
             f"call has {rows})")
 
 
+def bases_aligned(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether this call's q, k and v start on 16-byte boundaries, as TMA needs: a plan keys on shapes and strides,
+    not addresses, so a plan that chose a Gluon kernel still takes the pointer kernel for a call that does not.
+
+    Example:
+        >>> t = torch.zeros(65)[1:]
+        >>> bases_aligned(t, t, t)
+        False
+    """
+    return not (q.data_ptr() % 16 or k.data_ptr() % 16 or v.data_ptr() % 16)
+
+
 def launch_planned(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    problem: Problem) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
     """(out, lse) of a call whose plan chose the Gluon kernel, or None when this call's base addresses are not
     16-byte aligned (a plan keys on shapes and strides, not addresses: such a call takes the pointer kernel)."""
-    if q.data_ptr() % 16 or k.data_ptr() % 16 or v.data_ptr() % 16:
+    if not bases_aligned(q, k, v):
         return None
     return _launch(q, k, v, problem.causal_mode, problem.scale, _DISPATCHED[problem.head_dim])
 

@@ -6,7 +6,7 @@ accepts (sm_90, bf16/fp16, head dim 64 or 128, every causal mode, GQA, layouts T
 gradient whose layout TMA cannot describe is copied to a contiguous one first.
 
 ``flashlite.attention``'s backward (``launch.launch_backward``) runs these kernels instead of the pointer dK/dV and
-dQ kernels (after the pointer delta kernel) only where ``dkdv_on_gluon`` says so: dense calls without key masks
+dQ kernels (after the pointer delta kernel) only where ``backward_on_gluon`` says so: dense calls without key masks
 or variants that the kernels can run, with q, k and v on 16-byte boundaries, and only with FLASHLITE_GLUON_BWD=1
 (``GLUON_BWD_ENABLED``), off by default until an H200 A/B
 (``tests/perf/test_gluon_ab.py::test_gluon_backward_ab``) says where they are faster.
@@ -92,9 +92,17 @@ def dkdv_kernel_arguments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gra
     return args, meta
 
 
+def tma_gradient(grad_out: torch.Tensor) -> torch.Tensor:
+    """``grad_out`` itself, or a contiguous copy where TMA cannot describe its layout (autograd may hand over an
+    expanded or transposed gradient): made once per backward, for both kernels."""
+    return grad_out if _layout_problem("grad_out", grad_out) is None else grad_out.contiguous()
+
+
 def _checked(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-             lse: torch.Tensor, causal: Union[bool, str], scale: Optional[float]) -> tuple[torch.Tensor, float]:
-    """(delta, scale) of a direct call, after checking it (ValueError naming the argument)."""
+             lse: torch.Tensor, causal: Union[bool, str],
+             scale: Optional[float]) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """(grad_out as ``tma_gradient`` returns it, delta, scale) of a direct call, after checking it (ValueError
+    naming the argument)."""
     reason = gluon_supported(q, k, v, causal, scale)
     if reason is not None:
         raise ValueError(f"the Gluon attention backward cannot run this call: {reason}")
@@ -107,7 +115,7 @@ def _checked(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
                          f"{tuple(lse.shape)} on {lse.device}")
     # rowsum(dO * O) in float32, one per query row: what dS = P * (dP - delta) subtracts.
     delta = (grad_out.float() * out.float()).sum(-1)
-    return delta, 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    return tma_gradient(grad_out), delta, 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
 
 
 def gluon_attention_dkdv(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -127,7 +135,7 @@ def gluon_attention_dkdv(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tenso
         >>> out, lse = gluon_attention_forward(q, q, q, causal=True)  # doctest: +SKIP
         >>> dk, dv = gluon_attention_dkdv(torch.randn_like(q), q, q, q, out, lse, causal=True)  # doctest: +SKIP
     """
-    delta, scale = _checked(grad_out, q, k, v, out, lse, causal, scale)
+    grad_out, delta, scale = _checked(grad_out, q, k, v, out, lse, causal, scale)
     head_dim = q.shape[-1]
     config = config or bwd_configs_for(head_dim)[0]
     if config not in bwd_configs_for(head_dim):
@@ -141,12 +149,10 @@ def gluon_attention_dkdv(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tenso
 def launch_dkdv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor, lse: torch.Tensor,
                 delta: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, causal_mode: int, scale: float,
                 config: Optional[GluonBwdConfig] = None) -> None:
-    """Write dK and dV of a checked call into ``dk`` and ``dv`` (contiguous, k's and v's shapes): ``lse`` and
-    ``delta`` contiguous float32 [B, H, S_q]; a gradient TMA cannot describe is copied first. What
+    """Write dK and dV of a checked call into ``dk`` and ``dv`` (contiguous, k's and v's shapes): ``grad_out`` as
+    ``tma_gradient`` returns it, ``lse`` and ``delta`` contiguous float32 [B, H, S_q]. What
     ``gluon_attention_dkdv`` and ``launch.launch_backward`` launch."""
     config = config or bwd_configs_for(q.shape[-1])[0]
-    if _layout_problem("grad_out", grad_out) is not None:
-        grad_out = grad_out.contiguous()  # autograd may hand over an expanded or transposed gradient
     args, meta = dkdv_kernel_arguments(q, k, v, grad_out, dk, dv, lse, delta, causal_mode, scale, config)
     grid = (math.ceil(k.shape[2] / config.own_rows), k.shape[0] * k.shape[1])
     _kernels._attn_bwd_dkdv[grid](*args, **meta)
@@ -157,8 +163,6 @@ def launch_dq(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch
               config: Optional[GluonBwdConfig] = None) -> None:
     """Write dQ of a checked call into ``dq`` (contiguous, q's shape), as ``launch_dkdv`` does dK and dV."""
     config = config or bwd_configs_for(q.shape[-1], "dq")[0]
-    if _layout_problem("grad_out", grad_out) is not None:
-        grad_out = grad_out.contiguous()
     args, meta = dq_kernel_arguments(q, k, v, grad_out, dq, lse, delta, causal_mode, scale, config)
     grid = (math.ceil(q.shape[2] / config.own_rows), q.shape[0] * q.shape[1])
     _kernels._attn_bwd_dq[grid](*args, **meta)
@@ -173,7 +177,7 @@ def gluon_attention_dq(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     Example:
         >>> dq = gluon_attention_dq(torch.randn_like(q), q, q, q, out, lse, causal=True)  # doctest: +SKIP
     """
-    delta, scale = _checked(grad_out, q, k, v, out, lse, causal, scale)
+    grad_out, delta, scale = _checked(grad_out, q, k, v, out, lse, causal, scale)
     listed = bwd_configs_for(q.shape[-1], "dq")
     config = config or listed[0]
     if config not in listed:
@@ -183,26 +187,14 @@ def gluon_attention_dq(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     return dq
 
 
-def bases_aligned(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    """Whether this call's q, k and v start on 16-byte boundaries, as TMA needs: a plan keys on shapes and strides,
-    not addresses, so a plan that chose the Gluon kernel still takes the pointer kernel for a call that does not.
-
-    Example:
-        >>> t = torch.zeros(65)[1:]
-        >>> bases_aligned(t, t, t)
-        False
-    """
-    return not (q.data_ptr() % 16 or k.data_ptr() % 16 or v.data_ptr() % 16)
-
-
-def dkdv_on_gluon(problem: Problem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+def backward_on_gluon(problem: Problem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether ``launch_backward`` runs a call's dK/dV and dQ on the Gluon kernels: FLASHLITE_GLUON_BWD=1, a dense
     call without key masks, variants or packed sequences, and one the kernels can run (``gluon_supported``).
 
     Example:
         >>> from flashlite._attention.validation import validate
         >>> q = torch.randn(1, 2, 16, 64, dtype=torch.bfloat16)
-        >>> dkdv_on_gluon(validate(q, q, q, True, None, None, None, "triton", None), q, q, q)
+        >>> backward_on_gluon(validate(q, q, q, True, None, None, None, "triton", None), q, q, q)
         False
     """
     if not (GLUON_BWD_ENABLED and problem.variant == "dense" and problem.key_masking == "none"

@@ -28,7 +28,7 @@ class Plan:
     or the autotuner's choice for this signature's tuning key) and, per launch site, the recorded launch that
     replays the compiled kernel with a call's tensors (``recorded``; None where recording was refused, e.g. an
     unaligned tensor). ``gluon`` says whether the forward runs on the Gluon kernel instead of the pointer kernel,
-    ``gluon_bwd`` whether the backward's dK/dV does.
+    ``gluon_bwd`` whether the backward's dK/dV and dQ do.
     ``record`` is False for plans that are not kept (forced configs, calls past the cache's
     size) and off CUDA, where nothing is recorded.
 
@@ -54,8 +54,8 @@ class Plan:
         # Whether the forward runs on the Gluon kernel (``launch_gluon.forward_kernel_for``): None until decided,
         # by make_plan or at the plan's first launch.
         self.gluon: Optional[bool] = None
-        # Whether the backward's dK/dV runs on the Gluon kernel (``launch_gluon_bwd.dkdv_on_gluon``), per value of
-        # its switch (``launch_gluon_bwd.GLUON_BWD_ENABLED``), decided at the first backward under each.
+        # Whether the backward's dK/dV and dQ run on the Gluon kernels (``launch_gluon_bwd.backward_on_gluon``), per
+        # value of its switch (``launch_gluon_bwd.GLUON_BWD_ENABLED``), decided at the first backward under each.
         self.gluon_bwd: dict[bool, bool] = {}
 
 

@@ -98,13 +98,7 @@ def test_attention_backward_with_the_switch_on(causal, monkeypatch):
     grad_out = torch.randn_like(q)
     attention(q, k, v, causal=causal, backend="triton").backward(grad_out)
     assert launched == ["launch_dkdv", "launch_dq"]
-
-    def grads(fn, *tensors):
-        leaves = [t.detach().requires_grad_() for t in tensors]
-        fn(*leaves).backward(grad_out.to(leaves[0].dtype))
-        return [t.grad for t in leaves]
-    ref = grads(lambda *t: reference_attention(*t, causal=causal), q.double(), k.double(), v.double())
-    base = grads(lambda *t: attention(*t, causal=causal, backend="sdpa"), q, k, v)
+    ref, base = reference_grads(q, k, v, grad_out, causal)
     for name, got, r, b in zip(("dq", "dk", "dv"), (q.grad, k.grad, v.grad), ref, base):
         assert_close(got, r, baseline=b, notes=(name, "switch on"))
 

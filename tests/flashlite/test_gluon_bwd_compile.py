@@ -85,22 +85,22 @@ def test_the_backward_switch_needs_the_flag_a_dense_call_and_one_the_kernel_can_
     masked = validate(q, q, q, True, None, None, lengths, "triton", None)
     windowed = validate(q, q, q, True, None, None, None, "triton", None, (16, 0))
     monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_ENABLED", True)
-    assert not launch_gluon_bwd.dkdv_on_gluon(dense, q, q, q)  # CPU tensors: gluon_supported refuses
+    assert not launch_gluon_bwd.backward_on_gluon(dense, q, q, q)  # CPU tensors: gluon_supported refuses
     monkeypatch.setattr(launch_gluon_bwd, "gluon_supported", lambda *a, **kw: None)
-    assert launch_gluon_bwd.dkdv_on_gluon(dense, q, q, q)
-    assert not launch_gluon_bwd.dkdv_on_gluon(masked, q, q, q)
-    assert not launch_gluon_bwd.dkdv_on_gluon(windowed, q, q, q)
+    assert launch_gluon_bwd.backward_on_gluon(dense, q, q, q)
+    assert not launch_gluon_bwd.backward_on_gluon(masked, q, q, q)
+    assert not launch_gluon_bwd.backward_on_gluon(windowed, q, q, q)
     monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_ENABLED", False)  # FLASHLITE_GLUON_BWD unset: the default
-    assert not launch_gluon_bwd.dkdv_on_gluon(dense, q, q, q)
+    assert not launch_gluon_bwd.backward_on_gluon(dense, q, q, q)
 
 
 def test_a_plan_decides_the_backward_again_when_the_switch_changes(monkeypatch):
-    # The backward asks dkdv_on_gluon once per plan and switch value; the Gluon launch is stood in. A fresh plan
+    # The backward asks backward_on_gluon once per plan and switch value; the Gluon launch is stood in. A fresh plan
     # cache, so that no earlier test's plan of the same signature has decided already.
     launch_module = importlib.import_module("flashlite._attention.launch")
     monkeypatch.setattr(importlib.import_module("flashlite._attention.plans"), "_PLANS", {})
     calls, launched = [], []
-    monkeypatch.setattr(launch_gluon_bwd, "dkdv_on_gluon", lambda *a: calls.append(1) or True)
+    monkeypatch.setattr(launch_gluon_bwd, "backward_on_gluon", lambda *a: calls.append(1) or True)
 
     def fake_dkdv(q, k, v, grad_out, lse, delta, dk, dv, causal_mode, scale):
         launched.append(causal_mode)
@@ -130,6 +130,6 @@ def test_a_plan_decides_the_backward_again_when_the_switch_changes(monkeypatch):
                                                           "ieee")
     assert launched == [1, "dq"] * 2 and not torch.all(dk_unaligned == 3.0)
     monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_ENABLED", False)
-    monkeypatch.setattr(launch_gluon_bwd, "dkdv_on_gluon", lambda *a: calls.append(2) or False)
+    monkeypatch.setattr(launch_gluon_bwd, "backward_on_gluon", lambda *a: calls.append(2) or False)
     _, dk_pointer, _ = launch_module.attention_backward(grad_out, q, k, v, out, lse, None, None, 1, 0.25, "ieee")
     assert calls == [1, 2] and not torch.all(dk_pointer == 3.0)
