@@ -44,7 +44,7 @@ from flashlite.kernels.gluon_tiles import as_tma_tile, key_blocks, mma_layout, t
 # dK/dV: (BLOCK_N, BLOCK_M, STAGES, num_warps) per head dim; the first is the launcher's. num_warps warps stack
 # along the keys (each warpgroup 64 key rows), so per thread: dK and dV hold 2 x HEAD_DIM / 2 float32, S^T and dP^T
 # BLOCK_M / 2 each. Shared memory: K and V BLOCK_N x D once, Q and dO BLOCK_M x D per stage: D=128, 128 x 64 x 2
-# stages: 64 KB + 2 x 32 KB = 128 KB; D=64, 128 x 64 x 3: 32 + 3 x 16 = 80 KB. ptxas (CPU CI): 176-202 registers
+# stages: 64 KB + 2 x 32 KB = 128 KB; D=64, 128 x 64 x 3: 32 + 3 x 16 = 80 KB. ptxas (CPU CI): 177-202 registers
 # at D=64, 238-255 at D=128, no spills.
 GLUON_BWD_CONFIGS = {
     64: [(128, 64, 3, 8), (64, 64, 3, 4)],
