@@ -120,7 +120,7 @@ def _tma_strides(t: torch.Tensor) -> list[int]:
     return strides
 
 
-def _layout_problem(name: str, t: torch.Tensor) -> Optional[str]:
+def _layout_problem(name: str, t: torch.Tensor, addresses: bool = True) -> Optional[str]:
     if t.stride(-1) != 1:
         return f"{name} has stride {t.stride(-1)} along the head dim; TMA needs it contiguous (stride 1)"
     elem = t.element_size()
@@ -130,16 +130,20 @@ def _layout_problem(name: str, t: torch.Tensor) -> Optional[str]:
                     f"(pass .contiguous())")
         if (stride * elem) % 16:
             return f"{name}'s stride {stride} in dimension {d} is not a multiple of 16 bytes, as TMA requires"
-    if t.data_ptr() % 16:
+    if addresses and t.data_ptr() % 16:
         return f"{name}'s data is not 16-byte aligned, as TMA requires"
     return None
 
 
 def gluon_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                    causal: Union[bool, str] = False, scale: Optional[float] = None) -> Optional[str]:
+                    causal: Union[bool, str] = False, scale: Optional[float] = None, *,
+                    addresses: bool = True) -> Optional[str]:
     """None if the Gluon forward can run this call, otherwise the reason it cannot (naming the argument).
 
     The call's own properties are checked before the machine's, so that the reasons can be read on any machine.
+    ``addresses=False`` leaves out the 16-byte alignment of the tensors' data: for a decision that holds for every
+    call of a signature (a plan keys on shapes and strides, and checks addresses per call with ``bases_aligned``),
+    and one that torch.compile makes while tracing, on fake tensors that have no data.
 
     Example:
         >>> q = torch.randn(1, 2, 16, 32, dtype=torch.bfloat16)
@@ -159,7 +163,7 @@ def gluon_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if not problem.scale > 0:
         return f"scale {problem.scale}: the Gluon kernel needs a positive scale"
     for name, t in (("q", q), ("k", k), ("v", v)):
-        reason = _layout_problem(name, t)
+        reason = _layout_problem(name, t, addresses)
         if reason is not None:
             return reason
     if problem.batch * problem.heads > _GRID_AXIS1_LIMIT:
@@ -202,7 +206,9 @@ def forward_kernel_for(problem: Problem, q: torch.Tensor, k: torch.Tensor, v: to
             and problem.causal_mode == CAUSAL_TOP_LEFT and problem.seq_q == problem.seq_k
             and rows >= GLUON_MIN_ROWS and problem.seq_q >= GLUON_MIN_SEQ):
         return None
-    if gluon_supported(q, k, v, True, problem.scale) is not None:
+    # No address check: the plan is kept for every call of this signature (launch_planned checks each call's), and
+    # under torch.compile it is made on fake tensors.
+    if gluon_supported(q, k, v, True, problem.scale, addresses=False) is not None:
         return None
     step = {"pipelined": "step 1", "ws": "step 2", "pingpong": "step 3"}[config.variant]
     return (f"forward on the Gluon kernel ({step}, {config.block_m}x{config.block_n}, {config.stages} stages, "

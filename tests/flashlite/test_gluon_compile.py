@@ -268,3 +268,26 @@ def test_tile_descriptors_carry_the_default_layout_of_their_tiles(dtype):
         assert described.layout == gl.NVMMASharedLayout.get_default_for([1, 1, rows, 128], gl_dtype)
         assert described.block_shape == [1, 1, rows, 128] and described.strides == launch_gluon._tma_strides(q)
         assert described.shape == [2, 4, 300, 128] and described.base is q
+
+
+def test_the_rule_reads_no_address_so_torch_compile_can_trace_it(monkeypatch):
+    # torch.compile traces the plan's decision (dynamo, fullgraph): reading a data pointer there is a graph break,
+    # which failed the compiled layer at every shape the Gluon forward covers. The rule decides from shapes and
+    # strides alone; each call's addresses are checked at launch (bases_aligned).
+    from flashlite._attention import launch_gluon_bwd
+    from flashlite._attention.validation import validate
+    monkeypatch.setattr(launch_gluon, "GLUON_MIN_ROWS", 1)  # a small tensor then passes the rule's size floor
+    monkeypatch.setattr(launch_gluon, "GLUON_MIN_SEQ", 1)
+    monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_ENABLED", True)
+    q = _seeded_bf16(1, 2, 48, 64)
+    problem = validate(q, q, q, True, None, None, None, "triton", None)
+
+    def decide(q):
+        return launch_gluon.forward_kernel_for(problem, q, q, q), launch_gluon_bwd.backward_on_gluon(problem, q, q, q)
+    assert torch.compile(decide, fullgraph=True, backend="eager")(q) == (None, False)  # the device refuses
+
+
+def test_the_address_check_stays_for_a_single_call():
+    unaligned = torch.empty(1 * 2 * 16 * 64 + 1, dtype=torch.bfloat16)[1:].view(1, 2, 16, 64)
+    assert "not 16-byte aligned" in gluon_supported(unaligned, unaligned, unaligned)
+    assert gluon_supported(unaligned, unaligned, unaligned, addresses=False).startswith("tensors on cpu")
