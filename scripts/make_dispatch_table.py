@@ -3,7 +3,8 @@
 Reads the JSON that ``pytest tests/perf --kernel-ab --kernel-ab-report PATH`` writes and, for every forward
 comparison of the kernel against what ``backend="sdpa"`` runs ("triton vs sdpa" for dense calls; for a variant,
 named in the shape's "variant", "vs sdpa+mask" or "vs materialized": SDPA with the mask or bias built, or the
-scores materialized for softcapping; "vs sdpa padded" for packed sequences, "vs sdpa+lengths" for decoding),
+scores materialized for softcapping; "vs sdpa padded" for packed sequences; for decoding "vs sdpa path", the
+kernel against ``attention_with_kvcache(backend="sdpa")`` itself),
 records which backend ``flashlite.attention(backend="auto")`` should use for
 that (dtype, head dim, causal, batch, sequence bucket, variant): the Triton kernel only where its win survives the
 report's Benjamini-Hochberg correction; SDPA on a loss, a tie or an inconclusive result, since SDPA is the safe
@@ -29,7 +30,14 @@ from flashlite.dispatch import gpu_slug, table_key  # noqa: E402
 
 FORWARD_PREFIXES = ("fwd triton vs sdpa", "fwd fp32 triton vs sdpa", "fwd D128 triton vs sdpa")
 # A variant's forward against the SDPA path: the kernel (or auto, which the rule sends to it) on the left.
-VARIANT_BASELINES = ("vs sdpa+mask", "vs materialized", "vs sdpa padded", "vs sdpa+lengths")
+# Decoding is read only against attention_with_kvcache's own SDPA path ("vs sdpa path"), not against a bare SDPA
+# call with a length mask ("vs sdpa+lengths"): that path must also keep the cache's unwritten positions out of the
+# output (it zeroes them in a copy) and gathers a paged cache first, so a loss against the bare call says nothing
+# about which of the two auto should pick.
+VARIANT_BASELINES = ("vs sdpa+mask", "vs materialized", "vs sdpa padded", "vs sdpa path")
+# attention_with_kvcache aligns its queries bottom-right, so its dispatch keys on causal "lower_right"; its A/B
+# shapes do not name a causal mode, and a key with the default (top-left) would never be looked up.
+DECODING_VARIANTS = ("kvcache", "kvcache_paged")
 
 
 def _forward_against_sdpa(rec: dict) -> bool:
@@ -64,8 +72,9 @@ def build_table(report: dict, commit: str | None = None, source: str | None = No
             continue
         shape = rec["shape"]
         # A comparison of a variant (key padding, window, softcap, ALiBi) names it in its shape's "variant".
-        key = table_key(_dtype(shape["dtype"]), int(shape["D"]), shape.get("causal", True), int(shape["B"]),
-                        int(shape["S"]), str(shape.get("variant", "dense")))
+        variant = str(shape.get("variant", "dense"))
+        causal = shape.get("causal", "lower_right" if variant in DECODING_VARIANTS else True)
+        key = table_key(_dtype(shape["dtype"]), int(shape["D"]), causal, int(shape["B"]), int(shape["S"]), variant)
         if rec.get("verdict") in (None, "error"):
             entries[key] = {"backend": "sdpa", "why": f"comparison failed: {rec.get('error')}"}
             continue

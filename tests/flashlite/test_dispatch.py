@@ -173,3 +173,53 @@ def test_generator_merges_reports_newest_last(tmp_path):
     mismatched = subprocess.run([sys.executable, script, str(old), str(new), "--commit", "aaa", "--out", str(out)],
                                 capture_output=True, text=True)
     assert mismatched.returncode != 0 and "one commit per report" in mismatched.stderr
+
+
+def test_decoding_entries_key_on_the_mode_attention_with_kvcache_looks_up(tmp_path, monkeypatch):
+    # Decoding comparisons are read against attention_with_kvcache's own SDPA path only; a bare SDPA call with a
+    # length mask is not what auto would run instead. The generator keys them on causal "lower_right" (the A/B
+    # shapes name no causal mode), which is the key attention_with_kvcache's dispatch reads.
+    import importlib
+    kvcache = importlib.import_module("flashlite._attention.kvcache")
+
+    def record(name, variant, verdict, speedup):
+        return {"name": name, "nodeid": "t", "verdict": verdict, "verdict_bh": verdict, "speedup": speedup,
+                "ci": [speedup * 0.9, speedup * 1.1], "n_pairs": 20,
+                "shape": {"variant": variant, "B": 3, "S": 80, "H": 4, "H_kv": 2, "D": 16, "dtype": "torch.float32"}}
+
+    report = {"created": "2026-01-02T03:04:05+00:00", "environment": {"gpu": {"devices": ["Test GPU X"]}},
+              "comparisons": [record("decode kvcache triton vs sdpa path", "kvcache", "win", 1.3),
+                              record("decode kvcache_paged vs sdpa+lengths", "kvcache_paged", "loss", 0.7)]}
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps(report))
+    out = tmp_path / "tables"
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "make_dispatch_table.py"), str(path),
+                           "--commit", "abc123", "--out", str(out)], capture_output=True, text=True, check=True)
+    assert "1 entries, 1 use the Triton kernel" in done.stdout
+    table = json.loads((out / "test-gpu-x.json").read_text())
+    assert list(table["entries"]) == ["float32/D16/lower_right/B3/S128/kvcache"]  # S bucketed up
+
+    # The decision attention_with_kvcache takes for a call of that shape reads the entry (the kernel is stood in
+    # as runnable, and the call stops once it has decided).
+    monkeypatch.setattr(dispatch, "_slug_of", lambda q: "test-gpu-x")
+    monkeypatch.setattr(dispatch, "_table_loaded", lambda slug: True)
+    monkeypatch.setitem(dispatch._TABLES, "test-gpu-x", table)
+    monkeypatch.setattr(importlib.import_module("flashlite._attention.decide"), "kernel_unsupported",
+                        lambda *a, **kw: None)
+    decided = []
+
+    class Decided(Exception):
+        pass
+
+    def record_decision(*args, **kwargs):
+        decided.append(real_decide(*args, **kwargs))
+        raise Decided
+
+    real_decide = kvcache.decide
+    monkeypatch.setattr(kvcache, "decide", record_decision)
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(3, 4, 1, 16, generator=gen)
+    k_cache, v_cache = torch.randn(3, 2, 80, 16, generator=gen), torch.randn(3, 2, 80, 16, generator=gen)
+    with pytest.raises(Decided):
+        kvcache.attention_with_kvcache(q, k_cache, v_cache, torch.tensor([5, 80, 41], dtype=torch.int32))
+    assert decided[0].backend == "triton" and "test-gpu-x table (kvcache)" in decided[0].reason, decided[0].reason

@@ -6,6 +6,9 @@ random lengths in [S/2, S), contiguous and paged (blocks of 256 positions in shu
 contiguous copy, as a server without a paged kernel keeps it). Decoding reads the cache once: the bytes counted are
 the cache's filled part (keys and values) plus q and the output, so GB/s against the copy ceiling says how close a
 call comes to the memory bound.
+
+``test_decoding_kernel_vs_its_sdpa_path`` times the choice ``backend="auto"`` makes instead: the kernel against
+``attention_with_kvcache(backend="sdpa")``; the dispatch table's decoding entries come from those rows.
 """
 from __future__ import annotations
 
@@ -91,6 +94,21 @@ def test_decoding_vs_sdpa_with_a_length_mask(shape, kernel_ab):
     # 131,072 output elements changed by 7.6e-6 between calls), so the plugin's after-timing check would fail the
     # baseline; the candidate's determinism is asserted above instead.
     kernel_ab.compare(candidate, baseline, name=f"decode {shape.variant} vs sdpa+lengths", check_output=False,
+                      **_work(shape, lengths))
+
+
+# The choice backend="auto" makes for decoding: the kernel against attention_with_kvcache's own SDPA path (which
+# also zeroes the cache's positions past each length in a copy, so that unwritten memory never reaches the output,
+# and gathers a paged cache first). scripts/make_dispatch_table.py reads these rows, not the ones above.
+@pytest.mark.shape(*SHAPES, dtype=[torch.bfloat16])
+@pytest.mark.memory(lambda shape: int(7 * 2 * shape.B * shape.H_kv * shape.S * shape.D * 2))
+def test_decoding_kernel_vs_its_sdpa_path(shape, kernel_ab):
+    q, k_cache, v_cache, lengths = _inputs(shape)
+    decoder = _decoder(shape, q, k_cache, v_cache, lengths)
+    kernel, sdpa_path = decoder(backend="triton"), decoder(backend="sdpa")
+    assert_close(kernel().float(), sdpa_path().double(), policy=q.dtype)
+    # check_output=False: the SDPA path's masked kernel is not deterministic here (see above).
+    kernel_ab.compare(kernel, sdpa_path, name=f"decode {shape.variant} triton vs sdpa path", check_output=False,
                       **_work(shape, lengths))
 
 
