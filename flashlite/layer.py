@@ -268,6 +268,10 @@ class TransformerLayer(nn.Module):
     * ``"mixed"`` (default): fp32 parameters and residual stream; projections and attention dots on
       ``compute_dtype`` operands (``torch.bfloat16`` default, or ``torch.float16``) with fp32 accumulation;
       LayerNorm statistics, softmax and GELU in fp32.
+    * ``"mixed_bf16_residual"``: as "mixed" with the residual stream in bf16.
+    * ``"bf16_fp32_residual"``: bf16 parameters (no cast of the weights per forward) with the fp32 residual stream
+      and fp32 statistics: "mixed"'s accuracy in inference without its weight casts; in training the gradients
+      and a plain optimizer's updates are bf16.
     * ``"fp32"``: everything fp32; the attention kernel's dots per ``attention_precision``: "ieee" (default),
       "tf32" or "bf16". The projections follow PyTorch's matmul settings (``torch.backends.cuda.matmul.allow_tf32``).
     * ``"bf16"`` / ``"fp16"``: parameters, activations and residual stream in that dtype; LayerNorm statistics,
@@ -361,7 +365,7 @@ class TransformerLayer(nn.Module):
 
     @property
     def precision(self) -> str:
-        """The precision mode name ("mixed", "fp32", "bf16" or "fp16")."""
+        """The precision mode name (one of ``flashlite.precision.MODES``)."""
         return self.policy.mode
 
     def extra_repr(self) -> str:

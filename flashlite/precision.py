@@ -7,6 +7,7 @@ mode                 param  residual  matmul          accum  LN stats  softmax  
 ===================  =====  ========  ==============  =====  ========  =======  ==============  ====================
 mixed                fp32   fp32      bf16 (or fp16)  fp32   fp32      fp32     fp32 / operand  bf16 (or fp16)
 mixed_bf16_residual  fp32   bf16      bf16            fp32   fp32      fp32     fp32 / bf16     bf16
+bf16_fp32_residual   bf16   fp32      bf16            fp32   fp32      fp32     fp32 / bf16     bf16
 fp32                 fp32   fp32      fp32            fp32   fp32      fp32     fp32 / fp32     ieee (or tf32, bf16)
 bf16                 bf16   bf16      bf16            fp32   fp32      fp32     fp32 / bf16     bf16
 fp16                 fp16   fp16      fp16            fp32   fp32      fp32     fp32 / fp16     fp16
@@ -16,7 +17,10 @@ Why: reductions (LayerNorm statistics, softmax, matmul accumulation) compound ro
 so they run in fp32 in every mode; matmul operands and elementwise results round once, so they can be low
 precision. "mixed" keeps fp32 master weights and an fp32 residual stream, so repeated layers do not accumulate
 bf16 rounding in the stream; "mixed_bf16_residual" keeps the fp32 master weights but carries the stream in bf16
-(half its memory traffic), which shows what the fp32 stream buys. Measured costs of each mode: ``docs/precision.md``.
+(half its memory traffic), which shows what the fp32 stream buys. "bf16_fp32_residual" is the converse: bf16
+parameters (no cast of the weights per forward, which "mixed" pays) with the fp32 stream, for inference and for
+training that keeps its master weights elsewhere; an optimizer stepping bf16 parameters loses updates smaller than
+a bf16 step of the weight. Measured costs of each mode: ``docs/precision.md``.
 """
 from __future__ import annotations
 
@@ -25,7 +29,7 @@ from typing import Optional
 
 import torch
 
-MODES = ("mixed", "mixed_bf16_residual", "fp32", "bf16", "fp16")
+MODES = ("mixed", "mixed_bf16_residual", "bf16_fp32_residual", "fp32", "bf16", "fp16")
 LOW_PRECISION_DTYPES = (torch.bfloat16, torch.float16)
 ATTENTION_PRECISIONS = ("ieee", "tf32", "bf16")
 
@@ -60,6 +64,8 @@ POLICIES: dict[str, PrecisionPolicy] = {
     "mixed": PrecisionPolicy("mixed", _F32, _F32, _BF16, _F32, _F32, _F32, _F32, _BF16, None),
     "mixed_bf16_residual": PrecisionPolicy("mixed_bf16_residual", _F32, _BF16, _BF16, _F32, _F32, _F32, _F32, _BF16,
                                            None),
+    "bf16_fp32_residual": PrecisionPolicy("bf16_fp32_residual", _BF16, _F32, _BF16, _F32, _F32, _F32, _F32, _BF16,
+                                          None),
     "fp32": PrecisionPolicy("fp32", _F32, _F32, _F32, _F32, _F32, _F32, _F32, _F32, "ieee"),
     "bf16": PrecisionPolicy("bf16", _BF16, _BF16, _BF16, _F32, _F32, _F32, _F32, _BF16, None),
     "fp16": PrecisionPolicy("fp16", _F16, _F16, _F16, _F32, _F32, _F32, _F32, _F16, None),

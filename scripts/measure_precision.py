@@ -31,6 +31,7 @@ MODES = [
     ("mixed (bf16 operands)", dict(precision="mixed"), ("autocast", torch.bfloat16)),
     ("mixed (fp16 operands)", dict(precision="mixed", compute_dtype=torch.float16), ("autocast", torch.float16)),
     ("mixed (bf16 residual)", dict(precision="mixed_bf16_residual"), ("block", torch.bfloat16)),
+    ("bf16, fp32 residual", dict(precision="bf16_fp32_residual"), ("autocast", torch.bfloat16)),
     ("bf16", dict(precision="bf16"), ("block", torch.bfloat16)),
     ("fp16", dict(precision="fp16"), ("block", torch.float16)),
 ]
@@ -85,9 +86,13 @@ def main() -> None:
     print("-" * len(header))
     for label, kwargs, (how, dtype) in MODES:
         layer = TransformerLayer.from_plain(plain, attention_backend="triton", **kwargs)
-        ours = _forward_backward(layer, x.to(layer.policy.param_dtype), dy)
+        # The input in float32 where the layer's residual stream is float32, else in the parameter dtype.
+        fp32_stream = layer.policy.residual_dtype == torch.float32
+        ours = _forward_backward(layer, x if fp32_stream else x.to(layer.policy.param_dtype), dy)
         if how == "autocast":
-            theirs = _forward_backward(layer.to_plain(), x, dy, autocast_dtype=dtype)
+            # A float32 block with the layer's weights (exactly: bf16 values are float32 values) under autocast;
+            # PyTorch's LayerNorm takes no bf16 parameters for a float32 input.
+            theirs = _forward_backward(layer.to_plain(torch.float32), x, dy, autocast_dtype=dtype)
         else:
             theirs = _forward_backward(layer.to_plain(dtype), x.to(dtype), dy)
         for who, result in (("flashlite", ours), ("pytorch", theirs)):

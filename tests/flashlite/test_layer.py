@@ -6,6 +6,8 @@ the interpreter), so these tests cover the kernels the layer is built on, not SD
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -23,6 +25,7 @@ MODES = {
     "mixed-bf16": dict(precision="mixed"),
     "mixed-fp16": dict(precision="mixed", compute_dtype=torch.float16),
     "mixed-bf16-residual": dict(precision="mixed_bf16_residual"),
+    "bf16-fp32-residual": dict(precision="bf16_fp32_residual"),
     "bf16": dict(precision="bf16"),
     "fp16": dict(precision="fp16"),
 }
@@ -56,12 +59,19 @@ def _run(module, x, mask, dy):
     return y.detach(), x.grad
 
 
+def input_dtype(policy) -> torch.dtype:
+    """The dtype a test feeds the layer: float32 where its residual stream is float32, else the parameter dtype."""
+    return torch.float32 if policy.residual_dtype == torch.float32 else policy.param_dtype
+
+
 def _baseline(layer: TransformerLayer, x, mask, dy):
-    """The same computation by PyTorch in the layer's precision: autocast for "mixed", the block in bf16 for
-    "mixed_bf16_residual", the block in the layer's dtype otherwise."""
+    """The same computation by PyTorch in the layer's precision: autocast for "mixed" and "bf16_fp32_residual"
+    (over a float32 block holding the layer's weights, exactly: PyTorch's LayerNorm takes no bf16 parameters for a
+    float32 input), the block in bf16 for "mixed_bf16_residual", the block in the layer's dtype otherwise."""
     policy = layer.policy
     block = layer.to_plain()
-    if policy.mode == "mixed":
+    if policy.mode in ("mixed", "bf16_fp32_residual"):
+        block = layer.to_plain(torch.float32)
         with torch.autocast(x.device.type, dtype=policy.matmul_dtype):
             y, dx = _run(block, x, mask, dy)
     elif policy.mode == "mixed_bf16_residual":
@@ -116,7 +126,7 @@ def test_matches_float64_plain_block(shape):
     plain = PlainTransformerBlock(shape.d_model, shape.n_heads, n_kv_heads=shape.n_kv_heads, causal=shape.causal,
                                   device=DEVICE)
     layer = TransformerLayer.from_plain(plain, attention_backend="triton", **kwargs)
-    x = torch.randn(shape.B, shape.S, shape.d_model, device=DEVICE).to(layer.policy.param_dtype)
+    x = torch.randn(shape.B, shape.S, shape.d_model, device=DEVICE).to(input_dtype(layer.policy))
     _check_layer(layer, x, _padding_mask(shape.B, shape.S, shape.padding))
 
 
@@ -367,6 +377,30 @@ def test_output_keeps_input_dtype_and_layer_repr_names_the_policy():
     assert "fusions=['bias_gelu']" in repr(TransformerLayer(32, 2, fusions={"bias_gelu"}, device=DEVICE))
 
 
+def test_every_precision_mode_is_in_both_policy_tables_with_its_dtypes():
+    # The policy (flashlite.precision.POLICIES) is documented twice, in the module's docstring and in
+    # docs/precision.md: each table has one row per mode, and the row's param / residual / matmul columns are
+    # the policy's.
+    import flashlite.precision as precision
+    short = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+    lines = precision.__doc__.splitlines()
+    rules = [i for i, line in enumerate(lines) if line.startswith("=====")]  # the table's three rule lines
+    doc_rows = {line.split()[0]: line.split()[1:4] for line in lines[rules[1] + 1:rules[2]]}
+    md = (Path(__file__).resolve().parents[2] / "docs" / "precision.md").read_text()
+    md_rows = {cells[0].removesuffix(" (default)"): cells[1:4] for cells in
+               ([c.strip() for c in line.strip("|").split("|")] for line in md.splitlines() if line.startswith("| "))
+               if cells[0].removesuffix(" (default)") in precision.POLICIES and len(cells) == 10}
+    assert list(doc_rows) == list(precision.MODES) and set(md_rows) == set(precision.MODES)
+    for mode, policy in precision.POLICIES.items():
+        dtypes = [short[policy.param_dtype], short[policy.residual_dtype], short[policy.matmul_dtype]]
+        assert doc_rows[mode] == dtypes, mode
+        assert [cell.split()[0] for cell in md_rows[mode]] == dtypes, mode
+    layer = TransformerLayer(32, 2, precision="bf16_fp32_residual", attention_backend="sdpa", device=DEVICE)
+    assert layer.qkv.weight.dtype == torch.bfloat16 and layer.ln1.weight.dtype == torch.bfloat16
+    x = torch.randn(1, 4, 32, device=DEVICE)
+    assert layer(x).dtype == torch.float32 and layer(x.bfloat16()).dtype == torch.bfloat16
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on CUDA the token rule applies (test_layer_gpu.py)")
 def test_auto_fusions_run_every_kernel_under_the_interpreter():
     # The token threshold is about GPU launch cost; under the CPU interpreter all kernels run (and get checked).
@@ -431,9 +465,9 @@ BAD_ARGUMENTS = [
 # Only TransformerLayer has these.
 BAD_LAYER_ARGUMENTS = [
     (dict(precision=["mixed"]), TypeError,
-     r"precision must be one of 'mixed', 'mixed_bf16_residual', 'fp32', 'bf16', 'fp16', got list"),
+     r"precision must be one of 'mixed', 'mixed_bf16_residual', 'bf16_fp32_residual', 'fp32', 'bf16', 'fp16', got list"),
     (dict(precision=None), TypeError,
-     r"precision must be one of 'mixed', 'mixed_bf16_residual', 'fp32', 'bf16', 'fp16', got NoneType"),
+     r"precision must be one of 'mixed', 'mixed_bf16_residual', 'bf16_fp32_residual', 'fp32', 'bf16', 'fp16', got NoneType"),
     (dict(compute_dtype="bf16"), TypeError, r"compute_dtype must be torch.bfloat16 or torch.float16, got str 'bf16'"),
     (dict(fusions=3), TypeError, r"fusions must be 'auto' or a collection of fusion names .*, got int 3"),
     (dict(fusions=[["bias_gelu"]]), TypeError, r"fusions must be 'auto' or a collection of fusion names"),

@@ -14,7 +14,7 @@ from flashlite.layer import FUSED_MIN_TOKENS, FUSIONS, CudaGraphRunner, PlainTra
 from flashlite.norm import add_layer_norm, bias_gelu, layer_norm
 from pytest_kernelcheck import assert_close, policy_for
 
-from .test_layer import WEIGHT_UPDATES, _fresh_like, _mixed_layer_reference, _plain_grads, _run
+from .test_layer import WEIGHT_UPDATES, _fresh_like, _mixed_layer_reference, _plain_grads, _run, input_dtype
 from .test_layer_norm import (
     PARAM_LAYOUTS,
     ROW_LAYOUTS,
@@ -40,12 +40,12 @@ def _right_padding(batch: int, seq: int) -> torch.Tensor:
     return mask
 
 
-@pytest.mark.shape(*REAL_SHAPES, precision=["mixed", "bf16"], padding=[False, True])
+@pytest.mark.shape(*REAL_SHAPES, precision=["mixed", "bf16", "bf16_fp32_residual"], padding=[False, True])
 def test_layer_matches_float64_block_at_real_sizes(shape):
     torch.manual_seed(0)
     plain = PlainTransformerBlock(D_MODEL, HEADS, D_FF, causal=True, device="cuda")
     layer = TransformerLayer.from_plain(plain, precision=shape.precision)
-    x = torch.randn(shape.B, shape.S, D_MODEL, device="cuda").to(layer.policy.param_dtype)
+    x = torch.randn(shape.B, shape.S, D_MODEL, device="cuda").to(input_dtype(layer.policy))
     dy = torch.randn_like(x)
     mask = _right_padding(shape.B, shape.S) if shape.padding else None
 
@@ -54,7 +54,8 @@ def test_layer_matches_float64_block_at_real_sizes(shape):
     grads_ref = _plain_grads(reference)
     del reference
     baseline = layer.to_plain()
-    if shape.precision == "mixed":
+    if shape.precision in ("mixed", "bf16_fp32_residual"):
+        baseline = layer.to_plain(torch.float32)  # the layer's weights exactly, under autocast as in "mixed"
         with torch.autocast("cuda", dtype=torch.bfloat16):
             y_low, dx_low = _run(baseline, x, mask, dy)
     else:

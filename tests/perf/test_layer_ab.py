@@ -3,8 +3,9 @@
 The baseline is what a user already has: ``PlainTransformerBlock`` in bf16 (nn.LayerNorm, nn.Linear, SDPA, exact
 GELU) under ``torch.compile`` (default mode), and the same block eager. The candidate is the layer in "mixed"
 precision (fp32 residual stream and statistics, bf16 matmul operands), inference, bf16 input; eager, through CUDA
-graphs, and itself under torch.compile, where "mixed_bf16_residual" (the stream in bf16) runs beside it so that the
-fp32 stream's cost shows.
+graphs, and itself under torch.compile, where "mixed_bf16_residual" (the stream in bf16) and "bf16_fp32_residual"
+(bf16 parameters, so no weight casts per forward) run beside it so that the fp32 stream's and the fp32 weights'
+costs show.
 
 A training step (forward, backward of a scalar loss, AdamW step) of the compiled layer runs against the compiled
 plain block's, and ``torch.compile(mode="reduce-overhead")`` (CUDA graphs by Inductor) against
@@ -109,16 +110,20 @@ def test_layer_vs_compiled_plain_block(shape, kernel_ab, blocks):
                       **_layer_work(shape))
 
 
+COMPILED_INFERENCE_MODES = ("mixed", "mixed_bf16_residual", "bf16_fp32_residual")
+
+
 @pytest.fixture(scope="module")
 def compiled_layers(blocks):
-    """The layer under torch.compile in each precision whose cost the A/B shows: "mixed" (fp32 residual stream)
-    and "mixed_bf16_residual" (the stream in bf16), same weights as the plain block."""
+    """The layer under torch.compile in each precision whose cost the A/B shows: "mixed" (fp32 residual stream),
+    "mixed_bf16_residual" (the stream in bf16) and "bf16_fp32_residual" (bf16 parameters, so no weight casts per
+    forward, with the fp32 stream), same weights as the plain block (bf16 values, so exactly them in bf16)."""
     plain = blocks[0]
     return {mode: _compile_layer(TransformerLayer.from_plain(plain, precision=mode).eval())
-            for mode in ("mixed", "mixed_bf16_residual")}
+            for mode in COMPILED_INFERENCE_MODES}
 
 
-@pytest.mark.shape(*LAYER_SHAPES, precision=["mixed", "mixed_bf16_residual"])
+@pytest.mark.shape(*LAYER_SHAPES, precision=list(COMPILED_INFERENCE_MODES))
 @pytest.mark.memory(lambda shape: _activation_bytes(shape))
 @torch.no_grad()
 def test_compiled_layer_vs_compiled_plain_block(shape, kernel_ab, blocks, compiled_layers):
