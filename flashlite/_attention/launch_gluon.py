@@ -5,7 +5,9 @@ same reason): a CUDA device of compute capability 9.0, bfloat16 or float16 q/k/v
 False / True / "lower_right", a positive scale, and layouts TMA can describe: unit stride along D, every other
 stride a multiple of 16 bytes (of a dimension longer than 1: a size-1 dimension's stride is never used and is
 replaced), 16-byte aligned base addresses. Grouped-query attention (H a multiple of H_kv) is native: query head h
-reads key/value head h // (H // H_kv), with no copy.
+reads key/value head h // (H // H_kv), with no copy. ``gluon_attention_forward(window=(left, right))`` runs a
+causal sliding window (steps 1 and 2; not yet in the dispatch rule: its A/B is ``tests/perf/test_gluon_ab.py -k
+gluon_window``).
 
 The descriptors are 4-D, over the tensors' own [B, heads, S, D] shapes and strides with [1, 1, rows, D] tiles, so
 the copy engine bounds each tile by its own (batch, head): a block past S reads zeros and stores nothing, however
@@ -137,13 +139,14 @@ def _layout_problem(name: str, t: torch.Tensor, addresses: bool = True) -> Optio
 
 def gluon_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     causal: Union[bool, str] = False, scale: Optional[float] = None, *,
-                    addresses: bool = True) -> Optional[str]:
+                    addresses: bool = True, window: Optional[tuple[int, int]] = None) -> Optional[str]:
     """None if the Gluon forward can run this call, otherwise the reason it cannot (naming the argument).
 
     The call's own properties are checked before the machine's, so that the reasons can be read on any machine.
     ``addresses=False`` leaves out the 16-byte alignment of the tensors' data: for a decision that holds for every
     call of a signature (a plan keys on shapes and strides, and checks addresses per call with ``bases_aligned``),
-    and one that torch.compile makes while tracing, on fake tensors that have no data.
+    and one that torch.compile makes while tracing, on fake tensors that have no data. ``window`` (left, right), as
+    in ``flashlite.attention``: the kernel has causal windows, bounded on the left (the diagonal closes the right).
 
     Example:
         >>> q = torch.randn(1, 2, 16, 32, dtype=torch.bfloat16)
@@ -151,9 +154,12 @@ def gluon_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         'head dim 32: the Gluon kernel has head dims 64 and 128'
     """
     try:
-        problem = validate(q, k, v, causal, scale, None, None, "triton", None)
+        problem = validate(q, k, v, causal, scale, None, None, "triton", None, window)
     except (TypeError, ValueError) as error:
         return str(error)
+    if window is not None and (problem.causal_mode == 0 or problem.window_left < 0):
+        return (f"window {tuple(window)} with causal {causal!r}: the Gluon kernel's windows are causal and bounded "
+                f"on the left (left >= 0)")
     if q.dtype not in _DTYPES:
         return f"q has dtype {q.dtype}; the Gluon kernel takes bfloat16 and float16"
     if problem.head_dim not in (64, 128):
@@ -239,12 +245,12 @@ def launch_planned(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 
 def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal_mode: int, scale: float,
-            config: GluonConfig) -> tuple[torch.Tensor, torch.Tensor]:
+            config: GluonConfig, window_left: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
     """Allocate out (contiguous, q's dtype) and lse, and launch ``config``'s kernel on a checked call."""
     batch, heads, seq_q, _ = q.shape
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((batch, heads, seq_q), dtype=torch.float32, device=q.device)
-    args, meta = kernel_arguments(q, k, v, out, lse, causal_mode, scale, config)
+    args, meta = kernel_arguments(q, k, v, out, lse, causal_mode, scale, config, window_left)
     kernel_for(config)[(math.ceil(seq_q / config.rows_per_program), batch * heads)](*args, **meta)
     return out, lse
 
@@ -273,16 +279,22 @@ def descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Te
 
 
 def kernel_arguments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-                     causal_mode: int, scale: float, config: GluonConfig) -> tuple[tuple, dict]:
-    """(positional arguments, constexprs and launch options) of one launch, in the kernel's parameter order."""
+                     causal_mode: int, scale: float, config: GluonConfig,
+                     window_left: int = -1) -> tuple[tuple, dict]:
+    """(positional arguments, constexprs and launch options) of one launch, in the kernel's parameter order.
+    ``window_left`` >= 0: a causal sliding window (steps 1 and 2 only; -1: none)."""
     heads, kv_heads = q.shape[1], k.shape[1]
     args = (*descriptors(q, k, v, out, config), lse, heads, heads // kv_heads, q.shape[2], k.shape[2],
             scale * math.log2(math.e))
     meta = dict(HEAD_DIM=q.shape[-1], BLOCK_M=config.block_m, BLOCK_N=config.block_n, STAGES=config.stages,
                 CAUSAL=causal_mode, OVERLAP=config.overlap, num_warps=config.num_warps)
     if config.variant == "pingpong":
+        if window_left >= 0:
+            raise ValueError("the ping-pong kernel (step 3) has no window; use variant 'pipelined' or 'ws'")
         meta["maxnreg"] = _kernels.PINGPONG_MAXNREG
     else:
+        args = (*args, max(window_left, 0))
+        meta["WINDOW"] = window_left >= 0
         meta["WARP_SPECIALIZE"] = config.variant == "ws"
         if config.variant == "ws":
             meta["maxnreg"] = _kernels.WS_MAXNREG
@@ -291,28 +303,33 @@ def kernel_arguments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: tor
 
 def gluon_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: Union[bool, str] = False,
                             scale: Optional[float] = None, variant: str = "pipelined",
-                            config: Optional[GluonConfig] = None) -> tuple[torch.Tensor, torch.Tensor]:
+                            config: Optional[GluonConfig] = None,
+                            window: Optional[tuple[int, int]] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(out [B, H, S_q, D] in q's dtype, lse [B, H, S_q] float32) of attention on Hopper, through the Gluon kernel.
 
     ``lse`` is in the pointer kernel's convention (base-2 log-sum-exp of the scaled scores; -inf, with out 0, for
     rows that see no key), so ``flashlite._attention.launch.attention_backward`` takes it. ``variant``: "pipelined"
     (one partition, step 1), "ws" (a TMA producer warp and the compute warps, step 2) or "pingpong" (a TMA producer
     warp and two consumer warpgroups taking turns at the tensor cores, step 3); ``config`` forces tiles.
+    ``window`` = (left, right) with causal True or "lower_right": a causal sliding window as in
+    ``flashlite.attention`` (steps 1 and 2; key blocks before the window are not loaded).
     Raises ValueError with ``gluon_supported``'s reason when the kernel cannot run the call.
 
     Example:
         >>> q = torch.randn(2, 16, 1000, 64, device="cuda", dtype=torch.bfloat16)  # doctest: +SKIP
         >>> out, lse = gluon_attention_forward(q, q, q, causal=True)  # doctest: +SKIP
     """
-    reason = gluon_supported(q, k, v, causal, scale)
+    reason = gluon_supported(q, k, v, causal, scale, window=window)
     if reason is not None:
         raise ValueError(f"the Gluon attention kernel cannot run this call: {reason}")
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+    if window is not None and variant == "pingpong":
+        raise ValueError("window: the ping-pong kernel (step 3) has no window; use variant 'pipelined' or 'ws'")
     head_dim = q.shape[-1]
     if config is None:
         config = configs_for(head_dim, variant)[0]
     elif config.variant != variant:
         raise ValueError(f"config {config} is for variant {config.variant!r}, not {variant!r}")
     scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
-    return _launch(q, k, v, _CAUSAL[causal], scale, config)
+    return _launch(q, k, v, _CAUSAL[causal], scale, config, -1 if window is None else int(window[0]))

@@ -44,6 +44,10 @@ Blocks above the diagonal are never loaded. A row that sees no key (bottom-right
 output 0 and lse -inf, as in the pointer kernel.
 
 ``CAUSAL``: 0 none; 1 top-left (key j visible to query i when j <= i); 2 bottom-right (j <= i + S_k - S_q).
+``WINDOW`` (``_attn_fwd``, steps 1 and 2, with CAUSAL != 0): a causal sliding window, key j also hidden from query
+i when j < i' - window_left (i' the row on the diagonal). A program's key blocks then start at the first block its
+rows see (``kv_lo``), never loading the ones before; the ring counts its slots and barrier phases from there. The
+blocks the window's left edge cuts take the masks like the diagonal ones.
 ``qk_scale`` must be positive (the unmasked path takes the row maximum of the raw scores and scales it once).
 """
 from __future__ import annotations
@@ -118,11 +122,13 @@ def _zero_scores(BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, num_warps: gl.con
 
 
 @gluon.jit
-def _issue_kv(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, b, kv_h, j, n_blocks,
+def _issue_kv(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, b, kv_h, j, kv_lo, n_blocks,
               BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
-    """Start the copies of key/value block j into slot j % STAGES, each completing its slot's ready barrier; nothing
-    when j >= n_blocks (the predicate keeps the prologue and the loop's look-ahead branch-free)."""
-    slot = j % STAGES
+    """Start the copies of key/value block j into slot (j - kv_lo) % STAGES, each completing its slot's ready
+    barrier; nothing when j >= n_blocks (the predicate keeps the prologue and the loop's look-ahead branch-free).
+    ``kv_lo`` is the program's first key block (0 without a window): the ring counts from it, so that a program
+    whose keys start past block 0 uses its slots and barrier phases from the first."""
+    slot = (j - kv_lo) % STAGES
     pred = j < n_blocks
     k_bar = k_ready.index(slot)
     v_bar = v_ready.index(slot)
@@ -135,10 +141,12 @@ def _issue_kv(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, b, kv_h, j, n_bl
 
 
 @gluon.jit
-def _softmax_step(s, m_i, l_i, j, start_m, seq_k, diag_shift, qk_scale,
-                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, MASK: gl.constexpr):
+def _softmax_step(s, m_i, l_i, j, start_m, seq_k, diag_shift, qk_scale, window_left,
+                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, MASK: gl.constexpr,
+                  WINDOW: gl.constexpr):
     """Fold the raw scores ``s`` of key block j into the running (m, l): returns (p, alpha, m_new, l_new), p the
-    unnormalised probabilities in base 2 and alpha the factor that rescales what was accumulated before."""
+    unnormalised probabilities in base 2 and alpha the factor that rescales what was accumulated before. WINDOW
+    (causal only): key c is also hidden from row r when c < r + diag_shift - window_left."""
     s_layout: gl.constexpr = s.type.layout
     if MASK:
         cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
@@ -146,6 +154,8 @@ def _softmax_step(s, m_i, l_i, j, start_m, seq_k, diag_shift, qk_scale,
         if CAUSAL != 0:
             rows = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
             visible = visible & (gl.expand_dims(cols, 0) <= gl.expand_dims(rows + diag_shift, 1))
+            if WINDOW:
+                visible = visible & (gl.expand_dims(cols, 0) >= gl.expand_dims(rows + diag_shift - window_left, 1))
         # `where`, not an added -inf: keys past S_k load as zeros, but a mask must never rely on what it hides.
         qk = gl.where(visible, s * qk_scale, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(qk, 1))
@@ -196,29 +206,31 @@ def _invalidate_ring(q_ready, k_ready, v_ready, kv_empty, STAGES: gl.constexpr):
 
 
 @gluon.jit
-def _free_slot(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, kv_empty, b, kv_h, j, n_blocks,
+def _free_slot(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, kv_empty, b, kv_h, j, kv_lo, n_blocks,
                BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, PRODUCER: gl.constexpr):
     """Block j - 1's wgmmas have all completed in this warpgroup: its slot takes block j - 1 + STAGES (no PRODUCER
-    partition: these warps issue the copies) or goes back to the producer through kv_empty (nothing for j = 0).
+    partition: these warps issue the copies) or goes back to the producer through kv_empty (nothing for the
+    program's first block, j = kv_lo).
 
     Each warpgroup waits for its own wgmmas only, and both refills are one thread's, so every warpgroup must be past
     its wait first: the compiler puts a CTA barrier before the copies (it orders the wgmma's reads of the slot
     before the copy's write; checked in the PTX), and the hand-back gets an explicit one."""
     if PRODUCER:
         gl.thread_barrier()
-        mbarrier.arrive(kv_empty.index((j + STAGES - 1) % STAGES), pred=j > 0)
+        mbarrier.arrive(kv_empty.index((j - kv_lo + STAGES - 1) % STAGES), pred=j > kv_lo)
     else:
-        _issue_kv(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, b, kv_h, j + STAGES - 1, n_blocks,
+        _issue_kv(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, b, kv_h, j + STAGES - 1, kv_lo, n_blocks,
                   BLOCK_N, HEAD_DIM, STAGES)
 
 
 @gluon.jit
 def _attend_blocks(q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, acc, p_prev, m_i, l_i,
-                   k_desc, v_desc, b, kv_h, lo, hi, n_blocks, start_m, seq_k, diag_shift, qk_scale,
+                   k_desc, v_desc, b, kv_h, lo, hi, kv_lo, n_blocks, start_m, seq_k, diag_shift, qk_scale,
+                   window_left,
                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
                    CAUSAL: gl.constexpr, MASK: gl.constexpr, PRODUCER: gl.constexpr, OVERLAP: gl.constexpr,
-                   num_warps: gl.constexpr):
-    """Key blocks [lo, hi), MASK as in ``_softmax_step``; ``p_prev``: the probabilities of the block before, in
+                   WINDOW: gl.constexpr, num_warps: gl.constexpr):
+    """Key blocks [lo, hi), MASK and WINDOW as in ``_softmax_step``, the ring counted from block ``kv_lo``; ``p_prev``: the probabilities of the block before, in
     registers, which its P V reads (kept alive until that wgmma's wait).
 
     Without OVERLAP, block j's S is issued and waited for (which also retires block j - 1's P V: wgmma groups
@@ -231,24 +243,25 @@ def _attend_blocks(q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, acc, p_pr
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     s_zero = _zero_scores(BLOCK_M, BLOCK_N, num_warps)
     for j in range(lo, hi):
-        slot = j % STAGES
-        phase = (j // STAGES) & 1
+        ring = j - kv_lo  # the block's position in this program's stream of key blocks
+        slot = ring % STAGES
+        phase = (ring // STAGES) & 1
         mbarrier.wait(k_ready.index(slot), phase)
         s = warpgroup_mma(q_smem, k_bufs.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
         if OVERLAP:
-            prev = (j + STAGES - 1) % STAGES
-            mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
+            prev = (ring + STAGES - 1) % STAGES
+            mbarrier.wait(v_ready.index(prev), ((ring - 1) // STAGES) & 1)
             acc = warpgroup_mma(p_prev, v_bufs.index(prev), acc, is_async=True)
             s = warpgroup_mma_wait(1, deps=(s, ))
         else:
             s, acc, p_prev = warpgroup_mma_wait(0, deps=(s, acc, p_prev))
-            _free_slot(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, kv_empty, b, kv_h, j, n_blocks,
+            _free_slot(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, kv_empty, b, kv_h, j, kv_lo, n_blocks,
                        BLOCK_N, HEAD_DIM, STAGES, PRODUCER)
-        p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j, start_m, seq_k, diag_shift, qk_scale,
-                                           BLOCK_M, BLOCK_N, CAUSAL, MASK)
+        p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j, start_m, seq_k, diag_shift, qk_scale, window_left,
+                                           BLOCK_M, BLOCK_N, CAUSAL, MASK, WINDOW)
         if OVERLAP:
             acc, p_prev = warpgroup_mma_wait(0, deps=(acc, p_prev))
-            _free_slot(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, kv_empty, b, kv_h, j, n_blocks,
+            _free_slot(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, kv_empty, b, kv_h, j, kv_lo, n_blocks,
                        BLOCK_N, HEAD_DIM, STAGES, PRODUCER)
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
         p_prev = gl.convert_layout(p.to(q_smem.dtype), p_layout)
@@ -260,10 +273,13 @@ def _attend_blocks(q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, acc, p_pr
 
 @gluon.jit
 def _attend(q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, k_desc, v_desc, b, kv_h,
-            start_m, seq_k, diag_shift, n_full, n_blocks, qk_scale,
+            start_m, seq_k, diag_shift, kv_lo, n_lead, n_full, n_blocks, qk_scale, window_left,
             BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
-            CAUSAL: gl.constexpr, PRODUCER: gl.constexpr, OVERLAP: gl.constexpr, num_warps: gl.constexpr):
-    """(acc, m, l) of one query block after every key block it sees: the unmasked blocks, then the masked ones."""
+            CAUSAL: gl.constexpr, PRODUCER: gl.constexpr, OVERLAP: gl.constexpr, WINDOW: gl.constexpr,
+            num_warps: gl.constexpr):
+    """(acc, m, l) of one query block after every key block it sees, blocks [kv_lo, n_blocks): with a WINDOW the
+    blocks [kv_lo, n_lead) that its left edge cuts (masked), then the unmasked blocks up to n_full, then the masked
+    ones (diagonal, key length). Without a window kv_lo = n_lead = 0."""
     s_layout: gl.constexpr = _mma_layout(num_warps, BLOCK_N)
     o_layout: gl.constexpr = _mma_layout(num_warps, HEAD_DIM)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
@@ -272,35 +288,45 @@ def _attend(q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, k_desc,
     p_prev = gl.zeros([BLOCK_M, BLOCK_N], q_smem.dtype, p_layout)
     mbarrier.wait(q_ready, 0)
     if OVERLAP:
-        # Block 0's softmax, peeled off: the loop below starts with its P V. It takes the masks whichever kind of
-        # block it is (a block every row sees whole is unchanged by them).
+        # The first block's softmax, peeled off: the loop below starts with its P V. It takes the masks whichever
+        # kind of block it is (a block every row sees whole is unchanged by them).
         acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
-        if n_blocks > 0:
+        if n_blocks > kv_lo:
             mbarrier.wait(k_ready.index(0), 0)
             s = warpgroup_mma(q_smem, k_bufs.index(0).permute((1, 0)), gl.zeros([BLOCK_M, BLOCK_N], gl.float32,
                                                                                s_layout),
                               use_acc=False, is_async=True)
             s = warpgroup_mma_wait(0, deps=(s, ))
-            _free_slot(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, kv_empty, b, kv_h, 0, n_blocks,
+            _free_slot(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, kv_empty, b, kv_h, kv_lo, kv_lo, n_blocks,
                        BLOCK_N, HEAD_DIM, STAGES, PRODUCER)
-            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, start_m, seq_k, diag_shift, qk_scale,
-                                               BLOCK_M, BLOCK_N, CAUSAL, True)
+            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, kv_lo, start_m, seq_k, diag_shift, qk_scale,
+                                               window_left, BLOCK_M, BLOCK_N, CAUSAL, True, WINDOW)
             p_prev = gl.convert_layout(p.to(q_smem.dtype), p_layout)
-        first = 1
+        first = kv_lo + 1
     else:
         acc = warpgroup_mma_init(gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout))
-        first = 0
+        first = kv_lo
+    unmasked_lo = first
+    if WINDOW:
+        # The blocks the window's left edge cuts: each needs the window mask.
+        unmasked_lo = gl.maximum(gl.minimum(n_lead, n_blocks), first)
+        acc, p_prev, m_i, l_i = _attend_blocks(q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, acc, p_prev,
+                                               m_i, l_i, k_desc, v_desc, b, kv_h, first, unmasked_lo, kv_lo,
+                                               n_blocks, start_m, seq_k, diag_shift, qk_scale, window_left,
+                                               BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, True, PRODUCER, OVERLAP,
+                                               WINDOW, num_warps)
+    masked_lo = gl.maximum(n_full, unmasked_lo)
     acc, p_prev, m_i, l_i = _attend_blocks(q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, acc, p_prev, m_i,
-                                           l_i, k_desc, v_desc, b, kv_h, first, n_full, n_blocks, start_m, seq_k,
-                                           diag_shift, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, False,
-                                           PRODUCER, OVERLAP, num_warps)
+                                           l_i, k_desc, v_desc, b, kv_h, unmasked_lo, masked_lo, kv_lo, n_blocks,
+                                           start_m, seq_k, diag_shift, qk_scale, window_left, BLOCK_M, BLOCK_N,
+                                           HEAD_DIM, STAGES, CAUSAL, False, PRODUCER, OVERLAP, WINDOW, num_warps)
     acc, p_prev, m_i, l_i = _attend_blocks(q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, acc, p_prev, m_i,
-                                           l_i, k_desc, v_desc, b, kv_h, gl.maximum(n_full, first), n_blocks,
-                                           n_blocks, start_m, seq_k, diag_shift, qk_scale, BLOCK_M, BLOCK_N,
-                                           HEAD_DIM, STAGES, CAUSAL, True, PRODUCER, OVERLAP, num_warps)
+                                           l_i, k_desc, v_desc, b, kv_h, masked_lo, n_blocks, kv_lo, n_blocks,
+                                           start_m, seq_k, diag_shift, qk_scale, window_left, BLOCK_M, BLOCK_N,
+                                           HEAD_DIM, STAGES, CAUSAL, True, PRODUCER, OVERLAP, WINDOW, num_warps)
     if OVERLAP:
-        if n_blocks > 0:  # the last block's P V
-            last = n_blocks - 1
+        if n_blocks > kv_lo:  # the last block's P V
+            last = n_blocks - 1 - kv_lo
             mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
             acc = warpgroup_mma(p_prev, v_bufs.index(last % STAGES), acc)
     else:
@@ -328,6 +354,22 @@ def _store_outputs(acc, m_i, l_i, o_smem, o_desc, Lse, b, h, pid_bh, start_m, se
 
 
 @gluon.jit
+def _window_blocks(start_m, seq_q, diag_shift, window_left, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                   WINDOW: gl.constexpr):
+    """(kv_lo, n_lead) of the query block starting at row ``start_m`` under a causal window (row r sees keys from
+    r + diag_shift - window_left): no row sees a key block before kv_lo, and from block n_lead on every real row
+    sees each block whole as far as the window goes (the blocks between need the window mask). (0, 0) without."""
+    if WINDOW:
+        last_row = gl.minimum(start_m + BLOCK_M, seq_q) - 1
+        kv_lo = gl.maximum(start_m + diag_shift - window_left, 0) // BLOCK_N
+        n_lead = gl.cdiv(gl.maximum(last_row + diag_shift - window_left, 0), BLOCK_N)
+    else:
+        kv_lo = 0
+        n_lead = 0
+    return kv_lo, n_lead
+
+
+@gluon.jit
 def _program_block(seq_q, num_heads, group_size, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr):
     # Grid: axis 0 query blocks, axis 1 batch * heads. Neighbouring programs share a head's keys in L2. With causal
     # masking later query blocks see more keys: they start first so that the short ones fill the tail.
@@ -345,27 +387,30 @@ def _program_block(seq_q, num_heads, group_size, BLOCK_M: gl.constexpr, CAUSAL: 
 
 @gluon.jit
 def _ws_producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty,
-                 b, h, kv_h, start_m, n_blocks,
+                 b, h, kv_h, start_m, kv_lo, n_blocks,
                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
-    """One warp: the Q copy, then key/value block j into slot j % STAGES once the slot's previous tenant (block
-    j - STAGES) has been handed back by the compute warps."""
+    """One warp: the Q copy, then key/value blocks kv_lo to n_blocks - 1, block j into slot (j - kv_lo) % STAGES
+    once the slot's previous tenant (block j - STAGES) has been handed back by the compute warps."""
     mbarrier.expect(q_ready, q_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(q_desc, [b, h, start_m, 0], q_ready, _as_tma_tile(q_smem, BLOCK_M, HEAD_DIM))
-    for j in range(n_blocks):
+    for j in range(kv_lo, n_blocks):
+        ring = j - kv_lo
         # A fresh mbarrier counts as having completed the phase before its first: round 0 passes at once.
-        mbarrier.wait(kv_empty.index(j % STAGES), ((j // STAGES) & 1) ^ 1)
-        _issue_kv(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, b, kv_h, j, n_blocks, BLOCK_N, HEAD_DIM, STAGES)
+        mbarrier.wait(kv_empty.index(ring % STAGES), ((ring // STAGES) & 1) ^ 1)
+        _issue_kv(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, b, kv_h, j, kv_lo, n_blocks, BLOCK_N, HEAD_DIM,
+                  STAGES)
 
 
 @gluon.jit
 def _ws_consumer(q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, k_desc, v_desc, o_desc, Lse,
-                 b, h, kv_h, pid_bh, start_m, seq_q, seq_k, diag_shift, n_full, n_blocks, qk_scale,
+                 b, h, kv_h, pid_bh, start_m, seq_q, seq_k, diag_shift, kv_lo, n_lead, n_full, n_blocks,
+                 qk_scale, window_left,
                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
-                 CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, num_warps: gl.constexpr):
+                 CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, WINDOW: gl.constexpr, num_warps: gl.constexpr):
     """The default partition: softmax and both wgmmas of every block, then the outputs."""
     acc, m_i, l_i = _attend(q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, k_desc, v_desc, b, kv_h,
-                            start_m, seq_k, diag_shift, n_full, n_blocks, qk_scale,
-                            BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, True, OVERLAP, num_warps)
+                            start_m, seq_k, diag_shift, kv_lo, n_lead, n_full, n_blocks, qk_scale, window_left,
+                            BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, True, OVERLAP, WINDOW, num_warps)
     _store_outputs(acc, m_i, l_i, q_smem, o_desc, Lse, b, h, pid_bh, start_m, seq_q, BLOCK_M, HEAD_DIM)
 
 
@@ -379,34 +424,40 @@ def _attn_fwd(q_desc,  # [B, H, S_q, D] 16-bit, tiles [1, 1, BLOCK_M, D]
               o_desc,  # [B, H, S_q, D] dtype of q, tiles [1, 1, BLOCK_M, D]
               Lse,  # [B, H, S_q] float32, contiguous: base-2 log-sum-exp of the scaled scores
               num_heads, group_size, seq_q, seq_k, qk_scale,  # group_size = H // H_kv
+              window_left,  # WINDOW: row i sees keys from i' - window_left (i' = i + diag_shift), >= 0
               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-              CAUSAL: gl.constexpr, WARP_SPECIALIZE: gl.constexpr, OVERLAP: gl.constexpr,
+              CAUSAL: gl.constexpr, WARP_SPECIALIZE: gl.constexpr, OVERLAP: gl.constexpr, WINDOW: gl.constexpr,
               num_warps: gl.constexpr):
     """One query block of one (batch, head). WARP_SPECIALIZE False: step 1, one partition that also issues the
     copies; True: step 2, the copies in a one-warp producer partition (launch with maxnreg = WS_MAXNREG).
-    OVERLAP: block j's softmax overlaps block j - 1's P V (``_attend_blocks``), in either schedule."""
+    OVERLAP: block j's softmax overlaps block j - 1's P V (``_attend_blocks``), in either schedule. WINDOW (with
+    CAUSAL != 0): a causal sliding window, whose key blocks before the window are never loaded."""
+    gl.static_assert(CAUSAL != 0 or not WINDOW, "the window is a causal one (its right side is the diagonal)")
     start_m, pid_bh, b, h, kv_h = _program_block(seq_q, num_heads, group_size, BLOCK_M, CAUSAL)
     q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty = _ring(q_desc.dtype, BLOCK_M, BLOCK_N, HEAD_DIM,
                                                                         STAGES)
     diag_shift, n_full, n_blocks = _key_blocks(start_m, seq_q, seq_k, BLOCK_M, BLOCK_N, CAUSAL)
+    kv_lo, n_lead = _window_blocks(start_m, seq_q, diag_shift, window_left, BLOCK_M, BLOCK_N, WINDOW)
     if WARP_SPECIALIZE:
         gl.warp_specialize([
             (_ws_consumer, (q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, k_desc, v_desc, o_desc,
-                            Lse, b, h, kv_h, pid_bh, start_m, seq_q, seq_k, diag_shift, n_full, n_blocks, qk_scale,
-                            BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, OVERLAP, num_warps)),
+                            Lse, b, h, kv_h, pid_bh, start_m, seq_q, seq_k, diag_shift, kv_lo, n_lead, n_full,
+                            n_blocks, qk_scale, window_left,
+                            BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, OVERLAP, WINDOW, num_warps)),
             (_ws_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty,
-                            b, h, kv_h, start_m, n_blocks, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES)),
+                            b, h, kv_h, start_m, kv_lo, n_blocks, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES)),
         ], [1], [PRODUCER_REGS])
     else:
         mbarrier.expect(q_ready, q_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, [b, h, start_m, 0], q_ready,
                                         _as_tma_tile(q_smem, BLOCK_M, HEAD_DIM))
         for i in gl.static_range(STAGES - 1):
-            _issue_kv(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, b, kv_h, i, n_blocks, BLOCK_N, HEAD_DIM,
-                      STAGES)
+            _issue_kv(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, b, kv_h, kv_lo + i, kv_lo, n_blocks,
+                      BLOCK_N, HEAD_DIM, STAGES)
         acc, m_i, l_i = _attend(q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, k_desc, v_desc, b,
-                                kv_h, start_m, seq_k, diag_shift, n_full, n_blocks, qk_scale,
-                                BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, False, OVERLAP, num_warps)
+                                kv_h, start_m, seq_k, diag_shift, kv_lo, n_lead, n_full, n_blocks, qk_scale,
+                                window_left, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, False, OVERLAP, WINDOW,
+                                num_warps)
         _store_outputs(acc, m_i, l_i, q_smem, o_desc, Lse, b, h, pid_bh, start_m, seq_q, BLOCK_M, HEAD_DIM)
     _invalidate_ring(q_ready, k_ready, v_ready, kv_empty, STAGES)
 
@@ -542,13 +593,13 @@ def _pp_blocks(C: gl.constexpr, q_tile, k_bufs, v_bufs, k_ready, v_ready, kv_emp
         _pass_turn(turns, C)
         if OVERLAP:
             s = warpgroup_mma_wait(1, deps=(s, ))
-            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j, start_m, seq_k, diag_shift, qk_scale,
-                                               BLOCK_M, BLOCK_N, CAUSAL, MASK)
+            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j, start_m, seq_k, diag_shift, qk_scale, 0,
+                                               BLOCK_M, BLOCK_N, CAUSAL, MASK, False)
             acc, p_prev = warpgroup_mma_wait(0, deps=(acc, p_prev))
         else:
             s, acc, p_prev = warpgroup_mma_wait(0, deps=(s, acc, p_prev))
-            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j, start_m, seq_k, diag_shift, qk_scale,
-                                               BLOCK_M, BLOCK_N, CAUSAL, MASK)
+            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j, start_m, seq_k, diag_shift, qk_scale, 0,
+                                               BLOCK_M, BLOCK_N, CAUSAL, MASK, False)
         _release(kv_empty, C, j - 1, STAGES)
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
         p_prev = gl.convert_layout(p.to(q_tile.dtype), p_layout)
@@ -578,8 +629,8 @@ def _pp_consumer(C: gl.constexpr, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_re
                           gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
         _pass_turn(turns, C)
         s = warpgroup_mma_wait(0, deps=(s, ))
-        p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, start_m, seq_k, diag_shift, qk_scale,
-                                           BLOCK_M, BLOCK_N, CAUSAL, True)
+        p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, start_m, seq_k, diag_shift, qk_scale, 0,
+                                           BLOCK_M, BLOCK_N, CAUSAL, True, False)
         p_prev = gl.convert_layout(p.to(q_tile.dtype), p_layout)
         acc, p_prev, m_i, l_i = _pp_blocks(C, q_tile, k_bufs, v_bufs, k_ready, v_ready, kv_empty, turns, acc,
                                            p_prev, m_i, l_i, 1, n_full, other_turns, start_m, seq_k, diag_shift,
@@ -619,7 +670,8 @@ def _pp_producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, k_read
         phase = ((j // STAGES) & 1) ^ 1
         mbarrier.wait(kv_empty.index(slot), phase, pred=j - STAGES < n_blocks_0)
         mbarrier.wait(kv_empty.index(STAGES + slot), phase, pred=j - STAGES < n_blocks_1)
-        _issue_kv(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, b, kv_h, j, n_blocks, BLOCK_N, HEAD_DIM, STAGES)
+        _issue_kv(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, b, kv_h, j, 0, n_blocks, BLOCK_N, HEAD_DIM,
+                  STAGES)
 
 
 @gluon.jit(do_not_specialize=["num_heads", "group_size", "seq_q", "seq_k"])

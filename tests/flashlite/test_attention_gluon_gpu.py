@@ -42,44 +42,50 @@ def schedule_config(head_dim, schedule):
     return next(c for c in launch_gluon.configs_for(head_dim, variant) if c.overlap == overlap)
 
 
-def visible_keys(seq_q, seq_k, causal, device):
-    """bool [S_q, S_k]: which keys each query row sees."""
+def visible_keys(seq_q, seq_k, causal, device, window_left=None):
+    """bool [S_q, S_k]: which keys each query row sees (with ``window_left``, a causal window: keys from
+    i' - window_left, i' the row on the diagonal ``causal`` names)."""
     visible = torch.ones(seq_q, seq_k, dtype=torch.bool, device=device)
+    shift = 0 if causal is True else seq_k - seq_q
     if causal:
-        visible = visible.tril(0 if causal is True else seq_k - seq_q)
+        visible = visible.tril(shift)
+    if window_left is not None:
+        visible &= ~torch.ones_like(visible).tril(shift - window_left - 1)
     return visible
 
 
-def reference(q, k, v, causal, scale=None):
+def reference(q, k, v, causal, scale=None, window_left=None):
     """(out, lse) in float64: softmax(q k^T * scale) v, rows without keys 0; lse = log2(e) logsumexp, -inf there."""
     q, k, v = q.double(), k.double(), v.double()
     group = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
-    visible = visible_keys(q.shape[2], k.shape[2], causal, q.device)
+    visible = visible_keys(q.shape[2], k.shape[2], causal, q.device, window_left)
     scores = (q @ k.transpose(-1, -2) * scale).masked_fill(~visible, -math.inf)
     lse = torch.logsumexp(scores, dim=-1)  # -inf for a row of -inf
     weights = torch.exp(scores - torch.where(lse.isinf(), 0.0, lse)[..., None])
     return weights @ v, lse * LOG2E
 
 
-def sdpa_baseline(q, k, v, causal, scale=None):
-    """flashlite's SDPA path in the input precision (GQA, bottom-right causal, rows without keys as 0): the
-    baseline's error."""
-    return attention(q, k, v, causal=causal, scale=scale, backend="sdpa")
+def sdpa_baseline(q, k, v, causal, scale=None, window=None):
+    """flashlite's SDPA path in the input precision (GQA, bottom-right causal, windows, rows without keys as 0):
+    the baseline's error."""
+    return attention(q, k, v, causal=causal, scale=scale, window=window, backend="sdpa")
 
 
-def check_forward(q, k, v, causal, schedule=("pipelined", False), scale=None, config=None):
+def check_forward(q, k, v, causal, schedule=("pipelined", False), scale=None, config=None, window=None):
     """Run the kernel in ``schedule`` (or ``config``) and check out and lse against float64."""
-    assert gluon_supported(q, k, v, causal, scale) is None
+    assert gluon_supported(q, k, v, causal, scale, window=window) is None
     config = config or schedule_config(q.shape[-1], schedule)
-    out, lse = gluon_attention_forward(q, k, v, causal=causal, scale=scale, variant=config.variant, config=config)
+    out, lse = gluon_attention_forward(q, k, v, causal=causal, scale=scale, variant=config.variant, config=config,
+                                       window=window)
     torch.cuda.synchronize()
     assert out.dtype == q.dtype and out.shape == q.shape and lse.shape == q.shape[:3] and lse.dtype == torch.float32
     assert not out.isnan().any() and not lse.isnan().any()
-    ref_out, ref_lse = reference(q, k, v, causal, scale)
-    assert_close(out, ref_out, baseline=sdpa_baseline(q, k, v, causal, scale), notes=(str(config),))
-    assert_close(lse, ref_lse, policy=LSE_POLICY, notes=(str(config),))
+    ref_out, ref_lse = reference(q, k, v, causal, scale, None if window is None else window[0])
+    notes = (str(config), f"window {window}")
+    assert_close(out, ref_out, baseline=sdpa_baseline(q, k, v, causal, scale, window), notes=notes)
+    assert_close(lse, ref_lse, policy=LSE_POLICY, notes=notes)
     return out, lse
 
 
@@ -107,6 +113,33 @@ def test_forward_unequal_lengths(S_q, S_k, D, causal, schedule):
 @pytest.mark.parametrize("H, H_kv, D", [(8, 2, 64), (8, 1, 128), (16, 4, 128)])
 def test_forward_gqa(H, H_kv, D, causal, schedule):
     check_forward(*qkv(2, H, 700, D, torch.float16, H_kv=H_kv, S_k=900), causal, schedule)
+
+
+# The causal window in steps 1 and 2 (the ping-pong kernel has none): widths below, at and above one key block
+# (BLOCK_N 64 or 128) and across many, so that a query block's keys start inside a block, on a block boundary and
+# past block 0; bottom-right with S_q < S_k and S_q > S_k (rows without keys); GQA.
+WINDOW_SCHEDULES = [s for s in SCHEDULES if s[0] != "pingpong"]
+
+
+@pytest.mark.parametrize("schedule", WINDOW_SCHEDULES, ids=[i for s, i in zip(SCHEDULES, SCHEDULE_IDS)
+                                                            if s[0] != "pingpong"])
+@pytest.mark.parametrize("left", [0, 1, 63, 64, 100, 128, 1000])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("causal, S_q, S_k", [(True, 1100, 1100), ("lower_right", 300, 1000),
+                                              ("lower_right", 1000, 300), (True, 77, 77)])
+def test_forward_causal_window(causal, S_q, S_k, D, left, schedule):
+    check_forward(*qkv(2, 4, S_q, D, torch.bfloat16, H_kv=2, S_k=S_k), causal, schedule, window=(left, 0))
+
+
+@pytest.mark.parametrize("D", [64, 128])
+def test_window_configs_and_refusals(D):
+    for config in launch_gluon.configs_for(D, "pipelined"):
+        check_forward(*qkv(1, 4, 2500, D, torch.float16), True, config=config, window=(700, -1))
+    q, k, v = qkv(1, 2, 256, D, torch.bfloat16)
+    assert "causal and bounded on the left" in gluon_supported(q, k, v, False, window=(10, 10))
+    assert "causal and bounded on the left" in gluon_supported(q, k, v, True, window=(-1, 0))
+    with pytest.raises(ValueError, match="ping-pong kernel"):
+        gluon_attention_forward(q, k, v, causal=True, variant="pingpong", window=(10, 0))
 
 
 @pytest.mark.parametrize("D, config", [(d, c) for v in launch_gluon.VARIANTS for d in (64, 128)

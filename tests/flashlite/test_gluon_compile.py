@@ -5,7 +5,8 @@ file lists (every variant: "pipelined", step 1, "ws", step 2, "pingpong", step 3
 overlap) is compiled for each head dim: for steps 1 and 2 the one the launcher picks in bf16 and fp16 and every
 causal mode, the others (A/B candidates) in bf16, non-causal and bottom-right causal; step 3's kernel takes longer
 to build, so its first config is compiled in bf16 non-causal and bottom-right causal and in fp16 top-left, the
-others in bf16 bottom-right (the most general mask). Each compile runs in a fresh interpreter with TRITON_INTERPRET=0 and a cache
+others in bf16 bottom-right (the most general mask). Steps 1 and 2 are also compiled with a causal window (bf16,
+bottom-right, every config). Each compile runs in a fresh interpreter with TRITON_INTERPRET=0 and a cache
 in pytest's tmp dir, specialized as ``gluon_attention_forward`` would (descriptors built by the launcher itself
 over CPU tensors). Each compiled kernel must fit the 227 KB of shared memory a Hopper thread block may have and
 use at most 255 registers without spilling, as ptxas reports them. For step 3 the PTX must also show the register
@@ -29,14 +30,14 @@ import torch
 import flashlite
 from flashlite._attention import launch_gluon
 
-def compile_config(config, dtype, head_dim, causal):
+def compile_config(config, dtype, head_dim, causal, window_left=-1):
     # The launcher's own arguments for small CPU tensors (GQA: 4 query heads on 2 key/value heads); tensor
     # descriptors and pointers are typed as a launch would type them, scalars as i32 / fp32.
     q = torch.empty(2, 4, 300, head_dim, dtype=dtype)
     k = torch.empty(2, 2, 300, head_dim, dtype=dtype)
     out = torch.empty_like(q)
     lse = torch.empty(2, 4, 300)
-    args, meta = launch_gluon.kernel_arguments(q, k, k, out, lse, causal, 0.125, config)
+    args, meta = launch_gluon.kernel_arguments(q, k, k, out, lse, causal, 0.125, config, window_left)
     options = {"num_warps": config.num_warps}
     if "maxnreg" in meta:
         options["maxnreg"] = meta["maxnreg"]
@@ -55,18 +56,21 @@ default, *others = launch_gluon.configs_for(head_dim, variant)
 if variant == "pingpong":
     # The first config in bf16 without and with the bottom-right diagonal (top-left is the same mask with a zero
     # shift) and in fp16 top-left; the others in bf16 bottom-right.
-    jobs = [(default, torch.bfloat16, 0), (default, torch.bfloat16, 2), (default, torch.float16, 1)]
-    jobs += [(config, torch.bfloat16, 2) for config in others]
+    jobs = [(default, torch.bfloat16, 0, -1), (default, torch.bfloat16, 2, -1), (default, torch.float16, 1, -1)]
+    jobs += [(config, torch.bfloat16, 2, -1) for config in others]
 else:
     # The launcher's pick in both dtypes and every causal mode; the configs listed for A/B in bf16, without and with
     # the bottom-right diagonal (top-left is the same mask with a zero shift).
-    jobs = [(default, dtype, causal) for dtype in (torch.bfloat16, torch.float16)
+    jobs = [(default, dtype, causal, -1) for dtype in (torch.bfloat16, torch.float16)
             for causal in launch_gluon._kernels.CAUSAL_MODES]
-    jobs += [(config, torch.bfloat16, causal) for config in others for causal in (0, 2)]
-for config, dtype, causal in jobs:
-    result = compile_config(config, dtype, head_dim, causal)
+    jobs += [(config, torch.bfloat16, causal, -1) for config in others for causal in (0, 2)]
+    # The causal window (its own constexpr): every config, bottom-right (the most general diagonal).
+    jobs += [(config, torch.bfloat16, 2, 100) for config in (default, *others)]
+for config, dtype, causal, window_left in jobs:
+    result = compile_config(config, dtype, head_dim, causal, window_left)
     print(json.dumps({"config": [config.block_m, config.block_n, config.stages, config.num_warps, config.overlap],
-                      "dtype": str(dtype), "head_dim": head_dim, "causal": causal, **result}))
+                      "dtype": str(dtype), "head_dim": head_dim, "causal": causal, "window_left": window_left,
+                      **result}))
 '''
 
 
@@ -92,9 +96,10 @@ def test_every_config_compiles_for_sm90_within_resources(variant, head_dim, tmp_
     script = f"VARIANT, HEAD_DIM = {variant!r}, {head_dim}\n" + _COMPILE
     results = [json.loads(line) for line in run_script(script).splitlines() if line.startswith("{")]
     others = len(launch_gluon.configs_for(head_dim, variant)) - 1
-    assert len(results) == (3 + others if variant == "pingpong" else 6 + 2 * others), results
+    assert len(results) == (3 + others if variant == "pingpong" else 7 + 3 * others), results
     for r in results:
-        where = f"{variant} {r['dtype']} D={r['head_dim']} causal={r['causal']} config={r['config']}: {r}"
+        where = (f"{variant} {r['dtype']} D={r['head_dim']} causal={r['causal']} window={r['window_left']} "
+                 f"config={r['config']}: {r}")
         assert r["shared"] <= HOPPER_SHARED_MEMORY, where
         # The tiles are all the kernel keeps in shared memory, besides its barriers.
         assert r["tiles"] <= r["shared"] < r["tiles"] + 1024, where

@@ -8,6 +8,7 @@ shapes; ``-k forward_ab``: only steps 1 and 2, as run G5 measured them). Causal 
 log-sum-exp a backward would need (SDPA's default: its forward without grad, as the other A/B files time it);
 each candidate is first checked against SDPA so that a wrong kernel is never timed. ``-k gluon_backward``: the Gluon
 backward (dK/dV and dQ), forward+backward of ``flashlite.attention`` with its switch on against off and against SDPA.
+``-k gluon_window``: the causal sliding window on the Gluon forward against the pointer kernel's and FlexAttention.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from flashlite._attention import launch_gluon_bwd
+from flashlite._attention import launch_gluon, launch_gluon_bwd
 from flashlite._attention.launch import attention_forward
 from flashlite._attention.launch_gluon import GluonConfig, configs_for, gluon_attention_forward
 from flashlite.attention import attention
@@ -23,6 +24,8 @@ from flashlite.cases import case
 from pytest_kernelcheck import assert_close
 
 from .conftest import attention_bytes, attention_work, qkv
+from .test_variants_ab import WINDOW, WINDOWED, _flex
+from .test_variants_ab import _work as _window_work
 
 pytestmark = pytest.mark.skipif(
     not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)),
@@ -151,3 +154,40 @@ def test_gluon_backward_ab(shape, kernel_ab):
         kernel_ab.compare(gluon, sdpa, name=f"fwd+bwd D{shape.D} gluon backward vs sdpa", check_output=False, **work)
     finally:
         launch_gluon_bwd.GLUON_BWD_ENABLED = saved
+
+
+# The causal sliding window (1024 keys to the left, issue 15's shapes) on the Gluon forward: step 1 in the config
+# the rule runs at D=64 and in its first listed config at D=128 (the ping-pong kernel has no window), against the
+# pointer kernel's window (what backend="triton" and "auto" run today) and against FlexAttention with the same
+# block mask (issue 15's yardstick). ``-k gluon_window``.
+def _gluon_window_config(head_dim: int) -> GluonConfig:
+    dispatched = launch_gluon.dispatched_config(head_dim)
+    return dispatched if dispatched.variant != "pingpong" else configs_for(head_dim, "pipelined")[0]
+
+
+@pytest.mark.shape(*WINDOWED, dtype=[torch.bfloat16])
+@pytest.mark.memory(lambda shape: attention_bytes(shape, copies=10))
+def test_gluon_window_ab(shape, kernel_ab):
+    flex_attention, create_block_mask = _flex()
+    q, k, v = qkv(shape.B, shape.H, shape.S, shape.D, shape.dtype)
+    config = _gluon_window_config(shape.D)
+    window = (WINDOW, 0)
+
+    def gluon():
+        return gluon_attention_forward(q, k, v, causal=True, variant=config.variant, config=config,
+                                       window=window)[0]
+
+    def pointer():
+        return attention(q, k, v, causal=True, window=window, backend="triton")
+
+    block_mask = create_block_mask(lambda b, h, i, j: (j <= i) & (i - j <= WINDOW), B=None, H=None,
+                                   Q_LEN=shape.S, KV_LEN=shape.S, device="cuda")
+    flex = lambda: flex_attention(q, k, v, block_mask=block_mask)  # noqa: E731
+    expected = pointer()
+    # The pointer kernel's window in the same precision is the yardstick here; the float64 checks of the Gluon
+    # window live in tests/flashlite/test_attention_gluon_gpu.py (test_forward_causal_window).
+    assert_close(gluon().float(), expected.double(), policy=shape.dtype, notes=("gluon window",))
+    work = _window_work(shape, window=WINDOW)
+    name = f"window {WINDOW} D{shape.D} {_shape_name(config)}"
+    kernel_ab.compare(gluon, pointer, name=f"{name} vs pointer kernel", **work)
+    kernel_ab.compare(gluon, flex, name=f"{name} vs flex", **work)
