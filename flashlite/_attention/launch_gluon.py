@@ -264,10 +264,19 @@ def _shared_layout(rows: int, head_dim: int, bf16: bool) -> Any:
 
 def tile_descriptor(t: torch.Tensor, rows: int) -> Any:
     """A TMA descriptor of 16-bit [B, heads, S, D] ``t``: 4-D, [1, 1, rows, D] tiles in the 128-byte swizzle the
-    Gluon kernels' shared tiles use. Host-side only (CPU tensors work, for compiling)."""
+    Gluon kernels' shared tiles use. Host-side only (CPU tensors work, for compiling).
+
+    Made without ``TensorDescriptor.__post_init__``: its asserts (rank, a 16-byte aligned base and strides, a unit
+    last stride, power-of-two tiles, the layout's type) are what ``gluon_supported`` checks of every call that
+    gets here, and they were a third of a launch's argument building (18.2 us with them, 11.5 without, for the
+    forward's four descriptors on the development CPU:
+    benchmarks/results/cpu-host-2026-12-01/gluon_launch_arguments_host_time.txt). The fields are the constructor's; a test compares them, field by field,
+    with a descriptor the constructor made, so a Triton whose descriptor has other fields fails there."""
     head_dim = t.shape[-1]
-    return TensorDescriptor(t, list(t.shape), _tma_strides(t), [1, 1, rows, head_dim],
-                            _shared_layout(rows, head_dim, t.dtype == torch.bfloat16))
+    described = object.__new__(TensorDescriptor)
+    described.__dict__.update(base=t, shape=list(t.shape), strides=_tma_strides(t), block_shape=[1, 1, rows, head_dim],
+                              layout=_shared_layout(rows, head_dim, t.dtype == torch.bfloat16), padding="zero")
+    return described
 
 
 def descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,

@@ -273,6 +273,15 @@ def test_tile_descriptors_carry_the_default_layout_of_their_tiles(dtype):
         assert described.layout == gl.NVMMASharedLayout.get_default_for([1, 1, rows, 128], gl_dtype)
         assert described.block_shape == [1, 1, rows, 128] and described.strides == launch_gluon._tma_strides(q)
         assert described.shape == [2, 4, 300, 128] and described.base is q
+        # The descriptor is made without the constructor's checks (gluon_supported has made them): it must be
+        # the very object the constructor makes, field for field, and have no field the constructor would not set.
+        from dataclasses import fields
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+        made = TensorDescriptor(q, list(q.shape), launch_gluon._tma_strides(q), [1, 1, rows, 128], described.layout)
+        assert type(described) is TensorDescriptor and set(vars(described)) == {f.name for f in fields(made)}
+        for f in fields(made):
+            assert getattr(described, f.name) is made.base if f.name == "base" else (
+                getattr(described, f.name) == getattr(made, f.name)), f.name
 
 
 def test_the_rule_reads_no_address_so_torch_compile_can_trace_it(monkeypatch):
