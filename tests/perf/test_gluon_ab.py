@@ -9,6 +9,7 @@ log-sum-exp a backward would need (SDPA's default: its forward without grad, as 
 each candidate is first checked against SDPA so that a wrong kernel is never timed. ``-k gluon_backward``: the Gluon
 backward (dK/dV and dQ), forward+backward of ``flashlite.attention`` with its switch on against off and against SDPA.
 ``-k gluon_window``: the causal sliding window on the Gluon forward against the pointer kernel's and FlexAttention.
+``-k below_the_floor``: the dispatched Gluon forward at cases 5 and 7-10, under the rule's length floor.
 """
 from __future__ import annotations
 
@@ -191,3 +192,30 @@ def test_gluon_window_ab(shape, kernel_ab):
     name = f"window {WINDOW} D{shape.D} {_shape_name(config)}"
     kernel_ab.compare(gluon, pointer, name=f"{name} vs pointer kernel", **work)
     kernel_ab.compare(gluon, flex, name=f"{name} vs flex", **work)
+
+
+# Below the rule's length floor (GLUON_MIN_SEQ): cases 5 and 7-10 (S = 2,048 down to 128, 2^17 query rows each),
+# where session 5 measured the Gluon forward host-bound (0.38-0.63x SDPA, with 18 us of launch arguments on the
+# development CPU; 11.5 us since the descriptors skip the constructor's re-checks). The Gluon side is the launch
+# a plan runs (``launch_planned``: the base addresses checked, nothing else), the pointer side the kernel's direct
+# launcher; both compute out and lse. ``-k below_the_floor``: what would move the floor.
+SHORT_SHAPES = [dict(case=n, B=case(n).B, S=case(n).S, H=case(n).H, D=D) for D in (64, 128) for n in (5, 7, 8, 9, 10)]
+
+
+@pytest.mark.shape(*SHORT_SHAPES, dtype=[torch.bfloat16])
+@pytest.mark.memory(lambda shape: attention_bytes(shape, copies=8))
+def test_gluon_below_the_floor_ab(shape, kernel_ab):
+    from flashlite._attention.validation import validate
+    q, k, v = qkv(shape.B, shape.H, shape.S, shape.D, shape.dtype)
+    scale = shape.D ** -0.5
+    problem = validate(q, k, v, True, None, None, None, "triton", None)
+    gluon = lambda: launch_gluon.launch_planned(q, k, v, problem)[0]  # noqa: E731
+    pointer = lambda: attention_forward(q, k, v, None, None, 1, scale, "bf16")[0]  # noqa: E731
+    sdpa = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
+    expected = sdpa()
+    pointer()  # its autotuning, outside the timed calls
+    assert_close(gluon().float(), expected.double(), policy=shape.dtype, notes=("gluon below the floor",))
+    work = attention_work(shape)
+    name = f"fwd D{shape.D} {_shape_name(launch_gluon.dispatched_config(shape.D))} (planned launch)"
+    kernel_ab.compare(gluon, pointer, name=f"{name} vs pointer kernel", **work)
+    kernel_ab.compare(gluon, sdpa, name=f"{name} vs sdpa", **work)
