@@ -44,7 +44,7 @@ _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 _CAUSAL = {False: 0, True: 1, "top_left": 1, "lower_right": 2}
 # CUDA caps grid axis 1, which holds batch * heads.
 _GRID_AXIS1_LIMIT = 65535
-VARIANTS = ("pipelined", "ws", "pingpong")
+VARIANTS = ("pipelined", "ws", "pingpong", "persistent")
 
 # Where the Triton backend runs a call's forward on the Gluon kernel, and on which config: where its A/B against the
 # pointer kernel measured a win (H200, 2026-12-01, causal bf16, H=16, tests/perf/test_gluon_ab.py). Session 4's run
@@ -67,7 +67,8 @@ GLUON_ENABLED = os.environ.get("FLASHLITE_GLUON", "1") not in ("", "0")
 
 @dataclass(frozen=True)
 class GluonConfig:
-    """One compiled shape of the kernel: its variant ("pipelined": step 1, "ws": step 2, "pingpong": step 3), tiles,
+    """One compiled shape of the kernel: its variant ("pipelined": step 1, "ws": step 2, "pingpong": step 3,
+    "persistent": step 4, step 1's schedule over a persistent grid), tiles,
     ring depth, warps, and whether a block's softmax overlaps the previous block's P V (``overlap``). For
     "pingpong", ``block_m`` and ``num_warps`` are one consumer warpgroup's (a program has two: 2 x block_m rows).
 
@@ -93,8 +94,26 @@ class GluonConfig:
 
 
 def kernel_for(config: GluonConfig) -> Any:
-    """The Gluon kernel that runs ``config``: ``_attn_fwd`` (steps 1 and 2) or ``_attn_fwd_pingpong`` (step 3)."""
-    return _kernels._attn_fwd_pingpong if config.variant == "pingpong" else _kernels._attn_fwd
+    """The Gluon kernel that runs ``config``: ``_attn_fwd`` (steps 1 and 2), ``_attn_fwd_pingpong`` (step 3) or
+    ``_attn_fwd_persistent`` (step 4)."""
+    return {"pingpong": _kernels._attn_fwd_pingpong,
+            "persistent": _kernels._attn_fwd_persistent}.get(config.variant, _kernels._attn_fwd)
+
+
+def _grid(config: GluonConfig, q: torch.Tensor) -> tuple[int, ...]:
+    """Query blocks by batch * heads, or for step 4 as many programs as the GPU holds at once by shared memory
+    (the tiles' buffers plus 1 KB of barriers per program), at most one per tile."""
+    batch, heads, seq_q, head_dim = q.shape
+    blocks = math.ceil(seq_q / config.rows_per_program)
+    if config.variant != "persistent":
+        return (blocks, batch * heads)
+    per_sm = max(1, _kernels.SHARED_MEMORY_LIMIT // (config.shared_bytes(head_dim) + 1024))
+    return (min(blocks * batch * heads, _multiprocessors(q.device) * per_sm),)
+
+
+@functools.lru_cache(maxsize=None)
+def _multiprocessors(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def configs_for(head_dim: int, variant: str = "pipelined") -> list[GluonConfig]:
@@ -251,7 +270,7 @@ def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal_mode: int,
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((batch, heads, seq_q), dtype=torch.float32, device=q.device)
     args, meta = kernel_arguments(q, k, v, out, lse, causal_mode, scale, config, window_left)
-    kernel_for(config)[(math.ceil(seq_q / config.rows_per_program), batch * heads)](*args, **meta)
+    kernel_for(config)[_grid(config, q)](*args, **meta)
     return out, lse
 
 
@@ -291,7 +310,7 @@ def kernel_arguments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: tor
                      causal_mode: int, scale: float, config: GluonConfig,
                      window_left: int = -1) -> tuple[tuple, dict]:
     """(positional arguments, constexprs and launch options) of one launch, in the kernel's parameter order.
-    ``window_left`` >= 0: a causal sliding window (steps 1 and 2 only; -1: none)."""
+    ``window_left`` >= 0: a causal sliding window (steps 1, 2 and 4; -1: none)."""
     heads, kv_heads = q.shape[1], k.shape[1]
     args = (*descriptors(q, k, v, out, config), lse, heads, heads // kv_heads, q.shape[2], k.shape[2],
             scale * math.log2(math.e))
@@ -301,6 +320,9 @@ def kernel_arguments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: tor
         if window_left >= 0:
             raise ValueError("the ping-pong kernel (step 3) has no window; use variant 'pipelined' or 'ws'")
         meta["maxnreg"] = _kernels.PINGPONG_MAXNREG
+    elif config.variant == "persistent":
+        args = (*args, max(window_left, 0), q.shape[0] * heads)
+        meta["WINDOW"] = window_left >= 0
     else:
         args = (*args, max(window_left, 0))
         meta["WINDOW"] = window_left >= 0
@@ -318,10 +340,11 @@ def gluon_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
 
     ``lse`` is in the pointer kernel's convention (base-2 log-sum-exp of the scaled scores; -inf, with out 0, for
     rows that see no key), so ``flashlite._attention.launch.attention_backward`` takes it. ``variant``: "pipelined"
-    (one partition, step 1), "ws" (a TMA producer warp and the compute warps, step 2) or "pingpong" (a TMA producer
-    warp and two consumer warpgroups taking turns at the tensor cores, step 3); ``config`` forces tiles.
+    (one partition, step 1), "ws" (a TMA producer warp and the compute warps, step 2), "pingpong" (a TMA producer
+    warp and two consumer warpgroups taking turns at the tensor cores, step 3) or "persistent" (step 1's schedule
+    over a persistent grid, tiles longest first, step 4); ``config`` forces tiles.
     ``window`` = (left, right) with causal True or "lower_right": a causal sliding window as in
-    ``flashlite.attention`` (steps 1 and 2; key blocks before the window are not loaded).
+    ``flashlite.attention`` (steps 1, 2 and 4; key blocks before the window are not loaded).
     Raises ValueError with ``gluon_supported``'s reason when the kernel cannot run the call.
 
     Example:

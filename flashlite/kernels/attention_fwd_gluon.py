@@ -28,6 +28,10 @@ Either schedule takes the constexpr OVERLAP (FlashAttention-3's overlap inside a
 block j - 1's P V are issued together and only S is waited for, so that block j's softmax runs on the CUDA cores
 while the tensor cores do block j - 1's P V (one more block of probabilities held in registers).
 
+A third kernel, ``_attn_fwd_persistent`` (step 4), runs step 1's schedule over a persistent grid: as many programs
+as the GPU holds, each taking tiles (query block, batch * head) from one list ordered longest first, its ring and
+Q's barrier carried from tile to tile.
+
 A second kernel, ``_attn_fwd_pingpong`` (step 3), runs the same arithmetic in three partitions: a TMA producer warp
 and two consumer warpgroups, each on its own BLOCK_M rows of a 2 x BLOCK_M program, which take turns at the tensor
 cores so that one's softmax runs while the other's wgmmas do (FlashAttention-3's ping-pong); OVERLAP adds the
@@ -91,6 +95,9 @@ GLUON_FWD_CONFIGS = {
            128: [(128, 128, 2, 8, False), (128, 128, 2, 8, True)]},
     "pingpong": {64: [(64, 128, 3, 4, False), (64, 128, 3, 4, True), (128, 64, 4, 4, False)],
                  128: [(64, 128, 2, 4, False), (64, 128, 2, 4, True), (64, 128, 3, 4, False)]},
+    # Step 4: step 1's schedule in a persistent grid (no overlap). D=64 first the tile the rule runs for step 1.
+    "persistent": {64: [(64, 128, 2, 4, False), (128, 128, 3, 8, False)],
+                   128: [(128, 128, 2, 8, False), (128, 64, 3, 8, False)]},
 }
 # Registers of the producer partition: it only issues copies and waits on barriers (24 is the minimum a warp can
 # be given; the compute warps receive what the other warps give back).
@@ -273,20 +280,23 @@ def _attend_blocks(q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, acc, p_pr
 
 @gluon.jit
 def _attend(q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, k_desc, v_desc, b, kv_h,
-            start_m, seq_k, diag_shift, kv_lo, n_lead, n_full, n_blocks, qk_scale, window_left,
+            start_m, seq_k, diag_shift, kv_lo, n_lead, n_full, n_blocks, qk_scale, window_left, ring_origin, q_phase,
             BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
             CAUSAL: gl.constexpr, PRODUCER: gl.constexpr, OVERLAP: gl.constexpr, WINDOW: gl.constexpr,
             num_warps: gl.constexpr):
     """(acc, m, l) of one query block after every key block it sees, blocks [kv_lo, n_blocks): with a WINDOW the
     blocks [kv_lo, n_lead) that its left edge cuts (masked), then the unmasked blocks up to n_full, then the masked
-    ones (diagonal, key length). Without a window kv_lo = n_lead = 0."""
+    ones (diagonal, key length). Without a window kv_lo = n_lead = 0. Block j sits at position j - ring_origin of
+    the program's stream of key blocks (ring_origin = kv_lo for a program of one query block; the persistent
+    kernel's later tiles continue the stream), and Q's barrier completes its phase ``q_phase`` for this block.
+    OVERLAP needs ring_origin = kv_lo (its first block is peeled off at stream position 0)."""
     s_layout: gl.constexpr = _mma_layout(num_warps, BLOCK_N)
     o_layout: gl.constexpr = _mma_layout(num_warps, HEAD_DIM)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
     l_i = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, s_layout))
     p_prev = gl.zeros([BLOCK_M, BLOCK_N], q_smem.dtype, p_layout)
-    mbarrier.wait(q_ready, 0)
+    mbarrier.wait(q_ready, q_phase)
     if OVERLAP:
         # The first block's softmax, peeled off: the loop below starts with its P V. It takes the masks whichever
         # kind of block it is (a block every row sees whole is unchanged by them).
@@ -297,8 +307,8 @@ def _attend(q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, k_desc,
                                                                                s_layout),
                               use_acc=False, is_async=True)
             s = warpgroup_mma_wait(0, deps=(s, ))
-            _free_slot(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, kv_empty, b, kv_h, kv_lo, kv_lo, n_blocks,
-                       BLOCK_N, HEAD_DIM, STAGES, PRODUCER)
+            _free_slot(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, kv_empty, b, kv_h, kv_lo, ring_origin,
+                       n_blocks, BLOCK_N, HEAD_DIM, STAGES, PRODUCER)
             p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, kv_lo, start_m, seq_k, diag_shift, qk_scale,
                                                window_left, BLOCK_M, BLOCK_N, CAUSAL, True, WINDOW)
             p_prev = gl.convert_layout(p.to(q_smem.dtype), p_layout)
@@ -311,22 +321,22 @@ def _attend(q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, k_desc,
         # The blocks the window's left edge cuts: each needs the window mask.
         unmasked_lo = gl.maximum(gl.minimum(n_lead, n_blocks), first)
         acc, p_prev, m_i, l_i = _attend_blocks(q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, acc, p_prev,
-                                               m_i, l_i, k_desc, v_desc, b, kv_h, first, unmasked_lo, kv_lo,
+                                               m_i, l_i, k_desc, v_desc, b, kv_h, first, unmasked_lo, ring_origin,
                                                n_blocks, start_m, seq_k, diag_shift, qk_scale, window_left,
                                                BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, True, PRODUCER, OVERLAP,
                                                WINDOW, num_warps)
     masked_lo = gl.maximum(n_full, unmasked_lo)
     acc, p_prev, m_i, l_i = _attend_blocks(q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, acc, p_prev, m_i,
-                                           l_i, k_desc, v_desc, b, kv_h, unmasked_lo, masked_lo, kv_lo, n_blocks,
+                                           l_i, k_desc, v_desc, b, kv_h, unmasked_lo, masked_lo, ring_origin, n_blocks,
                                            start_m, seq_k, diag_shift, qk_scale, window_left, BLOCK_M, BLOCK_N,
                                            HEAD_DIM, STAGES, CAUSAL, False, PRODUCER, OVERLAP, WINDOW, num_warps)
     acc, p_prev, m_i, l_i = _attend_blocks(q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, acc, p_prev, m_i,
-                                           l_i, k_desc, v_desc, b, kv_h, masked_lo, n_blocks, kv_lo, n_blocks,
+                                           l_i, k_desc, v_desc, b, kv_h, masked_lo, n_blocks, ring_origin, n_blocks,
                                            start_m, seq_k, diag_shift, qk_scale, window_left, BLOCK_M, BLOCK_N,
                                            HEAD_DIM, STAGES, CAUSAL, True, PRODUCER, OVERLAP, WINDOW, num_warps)
     if OVERLAP:
         if n_blocks > kv_lo:  # the last block's P V
-            last = n_blocks - 1 - kv_lo
+            last = n_blocks - 1 - ring_origin
             mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
             acc = warpgroup_mma(p_prev, v_bufs.index(last % STAGES), acc)
     else:
@@ -410,9 +420,29 @@ def _ws_consumer(q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, k_
     """The default partition: softmax and both wgmmas of every block, then the outputs."""
     acc, m_i, l_i = _attend(q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, k_desc, v_desc, b, kv_h,
                             start_m, seq_k, diag_shift, kv_lo, n_lead, n_full, n_blocks, qk_scale, window_left,
-                            BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, True, OVERLAP, WINDOW, num_warps)
+                            kv_lo, 0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, True, OVERLAP, WINDOW, num_warps)
     _store_outputs(acc, m_i, l_i, q_smem, o_desc, Lse, b, h, pid_bh, start_m, seq_q, BLOCK_M, HEAD_DIM)
 
+
+
+@gluon.jit
+def _step1_tile(q_desc, k_desc, v_desc, o_desc, Lse, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty,
+                b, h, kv_h, pid_bh, start_m, seq_q, seq_k, diag_shift, kv_lo, n_lead, n_full, n_blocks, qk_scale,
+                window_left, ring_origin, q_phase,
+                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+                CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, WINDOW: gl.constexpr, num_warps: gl.constexpr):
+    """Step 1's schedule for one query block (these warps issue the copies too): its Q copy, the ring's first
+    STAGES - 1 key blocks, every key block it sees (``_attend``), then its outputs."""
+    mbarrier.expect(q_ready, q_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [b, h, start_m, 0], q_ready, _as_tma_tile(q_smem, BLOCK_M, HEAD_DIM))
+    for i in gl.static_range(STAGES - 1):
+        _issue_kv(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, b, kv_h, kv_lo + i, ring_origin, n_blocks,
+                  BLOCK_N, HEAD_DIM, STAGES)
+    acc, m_i, l_i = _attend(q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, k_desc, v_desc, b, kv_h,
+                            start_m, seq_k, diag_shift, kv_lo, n_lead, n_full, n_blocks, qk_scale, window_left,
+                            ring_origin, q_phase, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, False, OVERLAP, WINDOW,
+                            num_warps)
+    _store_outputs(acc, m_i, l_i, q_smem, o_desc, Lse, b, h, pid_bh, start_m, seq_q, BLOCK_M, HEAD_DIM)
 
 
 # The integers are not specialized (no recompile for a length that happens to be 1 or a multiple of 16: the copy
@@ -448,17 +478,62 @@ def _attn_fwd(q_desc,  # [B, H, S_q, D] 16-bit, tiles [1, 1, BLOCK_M, D]
                             b, h, kv_h, start_m, kv_lo, n_blocks, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES)),
         ], [1], [PRODUCER_REGS])
     else:
-        mbarrier.expect(q_ready, q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [b, h, start_m, 0], q_ready,
-                                        _as_tma_tile(q_smem, BLOCK_M, HEAD_DIM))
-        for i in gl.static_range(STAGES - 1):
-            _issue_kv(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, b, kv_h, kv_lo + i, kv_lo, n_blocks,
-                      BLOCK_N, HEAD_DIM, STAGES)
-        acc, m_i, l_i = _attend(q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, k_desc, v_desc, b,
-                                kv_h, start_m, seq_k, diag_shift, kv_lo, n_lead, n_full, n_blocks, qk_scale,
-                                window_left, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, False, OVERLAP, WINDOW,
-                                num_warps)
-        _store_outputs(acc, m_i, l_i, q_smem, o_desc, Lse, b, h, pid_bh, start_m, seq_q, BLOCK_M, HEAD_DIM)
+        _step1_tile(q_desc, k_desc, v_desc, o_desc, Lse, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty,
+                    b, h, kv_h, pid_bh, start_m, seq_q, seq_k, diag_shift, kv_lo, n_lead, n_full, n_blocks, qk_scale,
+                    window_left, kv_lo, 0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, OVERLAP, WINDOW, num_warps)
+    _invalidate_ring(q_ready, k_ready, v_ready, kv_empty, STAGES)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Step 4: causal-aware persistent scheduling. The grid is as many programs as fit the GPU at once; each takes query
+# tiles (query block, batch * head) in turn from one list ordered longest first (with causal masking a later query
+# block sees more keys: the list starts at the last query block), program p taking tiles p, p + P, p + 2P, ... so
+# that every program's first tiles are the long ones and the short ones fill the tail. Each tile runs step 1's
+# schedule. The ring and Q's barrier live as long as the program: key blocks continue one stream across tiles (a
+# tile's blocks start at stream position ring_base, the count of blocks of the program's earlier tiles), and Q's
+# barrier completes one phase per tile.
+
+@gluon.jit(do_not_specialize=["num_heads", "group_size", "seq_q", "seq_k", "batch_heads"])
+def _attn_fwd_persistent(q_desc,  # [B, H, S_q, D] 16-bit, tiles [1, 1, BLOCK_M, D]
+                         k_desc,  # [B, H_kv, S_k, D], tiles [1, 1, BLOCK_N, D]
+                         v_desc,  # [B, H_kv, S_k, D], tiles [1, 1, BLOCK_N, D]
+                         o_desc,  # [B, H, S_q, D] dtype of q, tiles [1, 1, BLOCK_M, D]
+                         Lse,  # [B, H, S_q] float32, contiguous: base-2 log-sum-exp of the scaled scores
+                         num_heads, group_size, seq_q, seq_k, qk_scale,  # group_size = H // H_kv
+                         window_left,  # WINDOW: row i sees keys from i' - window_left, >= 0
+                         batch_heads,  # B * H: the tiles of one query block
+                         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                         CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, WINDOW: gl.constexpr,
+                         num_warps: gl.constexpr):
+    """Step 4: every (query block, batch * head) tile, longest first, over a grid of ``gl.num_programs(0)``
+    persistent programs (launch with grid (min(tiles, programs the GPU holds at once),))."""
+    gl.static_assert(not OVERLAP, "step 4 runs step 1's schedule without the overlap")
+    gl.static_assert(CAUSAL != 0 or not WINDOW, "the window is a causal one (its right side is the diagonal)")
+    q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty = _ring(q_desc.dtype, BLOCK_M, BLOCK_N, HEAD_DIM,
+                                                                        STAGES)
+    num_m = gl.cdiv(seq_q, BLOCK_M)
+    ring_base = gl.program_id(0) * 0  # key blocks this program has streamed through its ring (an int32 carried)
+    done = gl.program_id(0) * 0  # tiles this program has finished: Q's barrier phase is done & 1
+    for tile in range(gl.program_id(0), num_m * batch_heads, gl.num_programs(0)):
+        pid_m = tile // batch_heads
+        if CAUSAL != 0:
+            pid_m = num_m - 1 - pid_m
+        pid_bh = tile % batch_heads
+        b = pid_bh // num_heads
+        h = pid_bh % num_heads
+        kv_h = h // group_size
+        start_m = pid_m * BLOCK_M
+        diag_shift, n_full, n_blocks = _key_blocks(start_m, seq_q, seq_k, BLOCK_M, BLOCK_N, CAUSAL)
+        kv_lo, n_lead = _window_blocks(start_m, seq_q, diag_shift, window_left, BLOCK_M, BLOCK_N, WINDOW)
+        _step1_tile(q_desc, k_desc, v_desc, o_desc, Lse, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty,
+                    b, h, kv_h, pid_bh, start_m, seq_q, seq_k, diag_shift, kv_lo, n_lead, n_full, n_blocks, qk_scale,
+                    window_left, kv_lo - ring_base, done & 1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, False,
+                    WINDOW, num_warps)
+        # Every warp past this tile (its wgmmas waited for, its output stored) before one thread issues the next
+        # tile's copies into Q's tile and the ring's slots.
+        gl.thread_barrier()
+        ring_base += gl.maximum(n_blocks - kv_lo, 0)
+        done += 1
     _invalidate_ring(q_ready, k_ready, v_ready, kv_empty, STAGES)
 
 

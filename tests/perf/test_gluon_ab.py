@@ -10,6 +10,8 @@ each candidate is first checked against SDPA so that a wrong kernel is never tim
 backward (dK/dV and dQ), forward+backward of ``flashlite.attention`` with its switch on against off and against SDPA.
 ``-k gluon_window``: the causal sliding window on the Gluon forward against the pointer kernel's and FlexAttention.
 ``-k below_the_floor``: the dispatched Gluon forward at cases 5 and 7-10, under the rule's length floor.
+``-k step4``: step 4 (step 1's schedule over a persistent grid, tiles longest first) against step 1 in the same
+tile, against what the rule dispatches and against SDPA.
 """
 from __future__ import annotations
 
@@ -44,9 +46,14 @@ def _run(q, k, v, config: GluonConfig):
     return lambda: gluon_attention_forward(q, k, v, causal=True, variant=config.variant, config=config)[0]
 
 
+def _same_tile(config: GluonConfig) -> GluonConfig:
+    """Step 1 (one partition, a grid of query blocks) in ``config``'s tile."""
+    return GluonConfig("pipelined", config.block_m, config.block_n, config.stages, config.num_warps)
+
+
 def _shape_name(config: GluonConfig) -> str:
     """"gluon step 1 64x128x2w4": the step, then BLOCK_M x BLOCK_N x stages and warps (pingpong: per consumer)."""
-    step = {"pipelined": "step 1", "ws": "step 2", "pingpong": "step 3"}[config.variant]
+    step = {"pipelined": "step 1", "ws": "step 2", "pingpong": "step 3", "persistent": "step 4"}[config.variant]
     return (f"gluon {step} {config.block_m}x{config.block_n}x{config.stages}w{config.num_warps}"
             + (" overlap" if config.overlap else ""))
 
@@ -68,6 +75,10 @@ def _callables(shape, pairs):
         "gluon step 2 overlap": _gluon(q, k, v, "ws", True),
         "gluon step 3": _gluon(q, k, v, "pingpong", False),
         "gluon step 3 overlap": _gluon(q, k, v, "pingpong", True),
+        "gluon step 4": _gluon(q, k, v, "persistent", False),
+        # Step 1 in step 4's tile (its schedule without the persistent grid), and what the rule runs today.
+        "gluon step 1 same tile": _run(q, k, v, _same_tile(configs_for(shape.D, "persistent")[0])),
+        "gluon dispatched": _run(q, k, v, launch_gluon.dispatched_config(shape.D)),
         "pointer kernel": lambda: attention_forward(q, k, v, None, None, 1, scale, "bf16")[0],
         "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
     }
@@ -95,6 +106,10 @@ PAIRS = [("gluon step 1", "sdpa"), ("gluon step 2", "sdpa"), ("gluon step 2 over
 STEP3_PAIRS = [("gluon step 3", "sdpa"), ("gluon step 3 overlap", "sdpa"), ("gluon step 3", "pointer kernel"),
                ("gluon step 3", "gluon step 1"), ("gluon step 3 overlap", "gluon step 3")]
 D64_PAIRS = [(_shape_name(c), baseline) for c in D64_SHAPES for baseline in ("gluon step 1", "pointer kernel")]
+# Step 4 (persistent, longest tiles first) against step 1 in the same tile, against what the rule dispatches today
+# (D=64: that same tile; D=128: step 3) and against SDPA. ``-k step4``.
+STEP4_PAIRS = [("gluon step 4", "gluon step 1 same tile"), ("gluon step 4", "gluon dispatched"),
+               ("gluon step 4", "sdpa")]
 
 
 def _compare(shape, kernel_ab, pairs):
@@ -115,6 +130,12 @@ def test_gluon_forward_ab(shape, kernel_ab):
 @pytest.mark.memory(lambda shape: attention_bytes(shape, copies=9))
 def test_gluon_step3_and_d64_shapes_ab(shape, kernel_ab):
     _compare(shape, kernel_ab, STEP3_PAIRS + (D64_PAIRS if shape.D == 64 else []))
+
+
+@pytest.mark.shape(*SHAPES, dtype=[torch.bfloat16])
+@pytest.mark.memory(lambda shape: attention_bytes(shape, copies=8))
+def test_gluon_step4_ab(shape, kernel_ab):
+    _compare(shape, kernel_ab, STEP4_PAIRS)
 
 
 # The Gluon backward (flashlite/kernels/attention_bwd_gluon.py), measured as users meet it: forward and backward
