@@ -28,7 +28,6 @@ def main() -> None:
     p.add_argument("--variants", default="pipelined,ws,pingpong")
     p.add_argument("--all-configs", action="store_true")
     args = p.parse_args()
-    steps = {"pipelined": "step 1", "ws": "step 2", "pingpong": "step 3"}
     dtype = getattr(torch, args.dtype)
     precision = {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
     wanted = {int(c) for c in args.cases.split(",")}
@@ -36,9 +35,9 @@ def main() -> None:
         schedules = {}  # the first config listed for each variant and overlap (or every config)
         for variant in args.variants.split(","):
             for config in configs_for(head_dim, variant):
-                name = steps[variant] + (" overlap" if config.overlap else "")
+                name = config.step + (" overlap" if config.overlap else "")
                 if args.all_configs:
-                    name = f"{steps[variant]} {config.block_m}x{config.block_n}x{config.stages}w{config.num_warps}"
+                    name = f"{config.step} {config.block_m}x{config.block_n}x{config.stages}w{config.num_warps}"
                     name += " ov" if config.overlap else ""
                 schedules.setdefault(name, config)
         names = ["sdpa", "pointer"] + sorted(schedules)

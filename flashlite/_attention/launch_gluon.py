@@ -6,7 +6,7 @@ False / True / "lower_right", a positive scale, and layouts TMA can describe: un
 stride a multiple of 16 bytes (of a dimension longer than 1: a size-1 dimension's stride is never used and is
 replaced), 16-byte aligned base addresses. Grouped-query attention (H a multiple of H_kv) is native: query head h
 reads key/value head h // (H // H_kv), with no copy. ``gluon_attention_forward(window=(left, right))`` runs a
-causal sliding window (steps 1 and 2; not yet in the dispatch rule: its A/B is ``tests/perf/test_gluon_ab.py -k
+causal sliding window (steps 1, 2 and 4; not yet in the dispatch rule: its A/B is ``tests/perf/test_gluon_ab.py -k
 gluon_window``).
 
 The descriptors are 4-D, over the tensors' own [B, heads, S, D] shapes and strides with [1, 1, rows, D] tiles, so
@@ -83,6 +83,11 @@ class GluonConfig:
     stages: int
     num_warps: int
     overlap: bool = False
+
+    @property
+    def step(self) -> str:
+        """The step of issue 17 this config's variant is: "step 1" to "step 4"."""
+        return {"pipelined": "step 1", "ws": "step 2", "pingpong": "step 3", "persistent": "step 4"}[self.variant]
 
     @property
     def rows_per_program(self) -> int:
@@ -235,8 +240,7 @@ def forward_kernel_for(problem: Problem, q: torch.Tensor, k: torch.Tensor, v: to
     # under torch.compile it is made on fake tensors.
     if gluon_supported(q, k, v, True, problem.scale, addresses=False) is not None:
         return None
-    step = {"pipelined": "step 1", "ws": "step 2", "pingpong": "step 3"}[config.variant]
-    return (f"forward on the Gluon kernel ({step}, {config.block_m}x{config.block_n}, {config.stages} stages, "
+    return (f"forward on the Gluon kernel ({config.step}, {config.block_m}x{config.block_n}, {config.stages} stages, "
             f"{config.num_warps} warps; sm_90, TMA and wgmma: measured faster than the pointer kernel for causal "
             f"bf16 at D={problem.head_dim} from {GLUON_MIN_ROWS} query rows and {GLUON_MIN_SEQ} per sequence; this "
             f"call has {rows})")
@@ -289,11 +293,13 @@ def tile_descriptor(t: torch.Tensor, rows: int) -> Any:
     last stride, power-of-two tiles, the layout's type) are what ``gluon_supported`` checks of every call that
     gets here, and they were a third of a launch's argument building (18.2 us with them, 11.5 without, for the
     forward's four descriptors on the development CPU:
-    benchmarks/results/cpu-host-2026-12-01/gluon_launch_arguments_host_time.txt). The fields are the constructor's; a test compares them, field by field,
-    with a descriptor the constructor made, so a Triton whose descriptor has other fields fails there."""
+    benchmarks/results/cpu-host-2026-12-01/gluon_launch_arguments_host_time.txt). The fields are the
+    constructor's; a test compares them, field by field, with a descriptor the constructor made, so a Triton whose
+    descriptor has other fields fails there."""
     head_dim = t.shape[-1]
     described = object.__new__(TensorDescriptor)
-    described.__dict__.update(base=t, shape=list(t.shape), strides=_tma_strides(t), block_shape=[1, 1, rows, head_dim],
+    described.__dict__.update(base=t, shape=list(t.shape), strides=_tma_strides(t),
+                              block_shape=[1, 1, rows, head_dim],
                               layout=_shared_layout(rows, head_dim, t.dtype == torch.bfloat16), padding="zero")
     return described
 
@@ -318,7 +324,8 @@ def kernel_arguments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: tor
                 CAUSAL=causal_mode, OVERLAP=config.overlap, num_warps=config.num_warps)
     if config.variant == "pingpong":
         if window_left >= 0:
-            raise ValueError("the ping-pong kernel (step 3) has no window; use variant 'pipelined' or 'ws'")
+            raise ValueError("window: the ping-pong kernel (step 3) has no window; use variant 'pipelined', 'ws' or "
+                             "'persistent'")
         meta["maxnreg"] = _kernels.PINGPONG_MAXNREG
     elif config.variant == "persistent":
         args = (*args, max(window_left, 0), q.shape[0] * heads)
@@ -356,8 +363,6 @@ def gluon_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
         raise ValueError(f"the Gluon attention kernel cannot run this call: {reason}")
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
-    if window is not None and variant == "pingpong":
-        raise ValueError("window: the ping-pong kernel (step 3) has no window; use variant 'pipelined' or 'ws'")
     head_dim = q.shape[-1]
     if config is None:
         config = configs_for(head_dim, variant)[0]

@@ -250,7 +250,12 @@ def test_dispatched_gluon_forward_end_to_end(D):
     q, k, v = (t.requires_grad_() for t in qkv(B, H, S, D, torch.bfloat16))
     decision = explain_dispatch(q, k, v, causal=True, backend="triton")
     assert decision.backend == "triton" and "Gluon kernel" in decision.reason, decision.reason
-    out = attention(q, k, v, causal=True, backend="triton")
+    _check_causal_part_and_gradients(q, k, v, attention(q, k, v, causal=True, backend="triton"), "dispatched Gluon")
+
+
+def _check_causal_part_and_gradients(q, k, v, out, note):
+    """Backward of causal ``out`` with a random gradient, then out, dq, dk and dv of batch 0, heads 0 and 1 (which
+    depend on no other batch or head) against float64, SDPA's own error as the baseline."""
     grad_out = torch.randn_like(out)
     out.backward(grad_out)
     part = (slice(0, 1), slice(0, 2))
@@ -260,10 +265,10 @@ def test_dispatched_gluon_forward_end_to_end(D):
     base_leaves = [t.detach()[part].clone().requires_grad_() for t in (q, k, v)]
     base_out = sdpa_baseline(*base_leaves, True)
     base_out.backward(grad_out[part])
-    assert_close(out.detach()[part], ref_out.detach(), baseline=base_out.detach(), notes=("dispatched Gluon",))
+    assert_close(out.detach()[part], ref_out.detach(), baseline=base_out.detach(), notes=(note,))
     for name, got, ref, base in zip(("dq", "dk", "dv"), (q.grad, k.grad, v.grad), leaves, base_leaves):
         assert not got.isnan().any(), name
-        assert_close(got[part], ref.grad, baseline=base.grad, notes=(name, "dispatched Gluon"))
+        assert_close(got[part], ref.grad, baseline=base.grad, notes=(name, note))
 
 
 @pytest.mark.parametrize("D", [64, 128])
@@ -281,16 +286,4 @@ def test_dispatched_gluon_forward_under_torch_compile(D, monkeypatch):
     compiled = torch.compile(lambda q, k, v: attention(q, k, v, causal=True, backend="triton"), fullgraph=True)
     out = compiled(q, k, v)
     assert launches, "the compiled call did not run the Gluon forward"
-    grad_out = torch.randn_like(out)
-    out.backward(grad_out)
-    part = (slice(0, 1), slice(0, 2))
-    leaves = [t.detach()[part].double().requires_grad_() for t in (q, k, v)]
-    ref_out, _ = reference(*leaves, True)
-    ref_out.backward(grad_out[part].double())
-    base_leaves = [t.detach()[part].clone().requires_grad_() for t in (q, k, v)]
-    base_out = sdpa_baseline(*base_leaves, True)
-    base_out.backward(grad_out[part])
-    assert_close(out.detach()[part], ref_out.detach(), baseline=base_out.detach(), notes=("compiled Gluon",))
-    for name, got, ref, base in zip(("dq", "dk", "dv"), (q.grad, k.grad, v.grad), leaves, base_leaves):
-        assert not got.isnan().any(), name
-        assert_close(got[part], ref.grad, baseline=base.grad, notes=(name, "compiled Gluon"))
+    _check_causal_part_and_gradients(q, k, v, out, "compiled Gluon")

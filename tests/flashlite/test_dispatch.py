@@ -96,6 +96,16 @@ def test_a_table_missing_its_origin_is_rejected(tmp_path, monkeypatch):
         dispatch.load_table.cache_clear()
 
 
+def _generate(tmp_path, report: dict):
+    """(the finished run, its output folder) of scripts/make_dispatch_table.py on ``report``, as commit abc123."""
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps(report))
+    out = tmp_path / "tables"
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "make_dispatch_table.py"), str(path),
+                           "--commit", "abc123", "--out", str(out)], capture_output=True, text=True, check=True)
+    return done, out
+
+
 def test_generator_turns_a_report_into_a_table(tmp_path):
     def record(B, S, verdict, verdict_bh, speedup):
         return {"name": "fwd triton vs sdpa torch.bfloat16", "nodeid": "t", "verdict": verdict,
@@ -107,11 +117,7 @@ def test_generator_turns_a_report_into_a_table(tmp_path):
               "comparisons": [record(256, 64, "win", "win", 1.6), record(1, 128, "win", "inconclusive", 1.05),
                               record(8, 4096, "loss", "loss", 0.9),
                               {"name": "something else", "verdict": "win", "shape": {"B": 1}}]}
-    path = tmp_path / "report.json"
-    path.write_text(json.dumps(report))
-    out = tmp_path / "tables"
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "make_dispatch_table.py"), str(path),
-                           "--commit", "abc123", "--out", str(out)], capture_output=True, text=True, check=True)
+    done, out = _generate(tmp_path, report)
     assert "3 entries, 1 use the Triton kernel" in done.stdout
     table = json.loads((out / "test-gpu-x.json").read_text())
     assert table["origin"]["commit"] == "abc123" and table["origin"]["date"] == "2026-01-02"
@@ -136,11 +142,7 @@ def test_generator_reads_variant_comparisons_against_the_sdpa_path_only(tmp_path
                               record("fwd+bwd window 1024 vs sdpa+mask", "window_fwdbwd", "win"),
                               # a dense comparison named like a variant's is not read as one
                               record("dense vs sdpa+mask", "dense", "win")]}
-    path = tmp_path / "report.json"
-    path.write_text(json.dumps(report))
-    out = tmp_path / "tables"
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "make_dispatch_table.py"), str(path),
-                           "--commit", "abc123", "--out", str(out)], capture_output=True, text=True, check=True)
+    done, out = _generate(tmp_path, report)
     assert "2 entries, 1 use the Triton kernel" in done.stdout
     entries = json.loads((out / "test-gpu-x.json").read_text())["entries"]
     assert entries["bfloat16/D64/causal/B1/S8192/window"]["backend"] == "triton"
@@ -190,11 +192,7 @@ def test_decoding_entries_key_on_the_mode_attention_with_kvcache_looks_up(tmp_pa
     report = {"created": "2026-01-02T03:04:05+00:00", "environment": {"gpu": {"devices": ["Test GPU X"]}},
               "comparisons": [record("decode kvcache triton vs sdpa path", "kvcache", "win", 1.3),
                               record("decode kvcache_paged vs sdpa+lengths", "kvcache_paged", "loss", 0.7)]}
-    path = tmp_path / "report.json"
-    path.write_text(json.dumps(report))
-    out = tmp_path / "tables"
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "make_dispatch_table.py"), str(path),
-                           "--commit", "abc123", "--out", str(out)], capture_output=True, text=True, check=True)
+    done, out = _generate(tmp_path, report)
     assert "1 entries, 1 use the Triton kernel" in done.stdout
     table = json.loads((out / "test-gpu-x.json").read_text())
     assert list(table["entries"]) == ["float32/D16/lower_right/B3/S128/kvcache"]  # S bucketed up

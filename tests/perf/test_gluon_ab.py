@@ -53,8 +53,7 @@ def _same_tile(config: GluonConfig) -> GluonConfig:
 
 def _shape_name(config: GluonConfig) -> str:
     """"gluon step 1 64x128x2w4": the step, then BLOCK_M x BLOCK_N x stages and warps (pingpong: per consumer)."""
-    step = {"pipelined": "step 1", "ws": "step 2", "pingpong": "step 3", "persistent": "step 4"}[config.variant]
-    return (f"gluon {step} {config.block_m}x{config.block_n}x{config.stages}w{config.num_warps}"
+    return (f"gluon {config.step} {config.block_m}x{config.block_n}x{config.stages}w{config.num_warps}"
             + (" overlap" if config.overlap else ""))
 
 
