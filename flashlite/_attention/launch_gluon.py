@@ -6,8 +6,8 @@ False / True / "lower_right", a positive scale, and layouts TMA can describe: un
 stride a multiple of 16 bytes (of a dimension longer than 1: a size-1 dimension's stride is never used and is
 replaced), 16-byte aligned base addresses. Grouped-query attention (H a multiple of H_kv) is native: query head h
 reads key/value head h // (H // H_kv), with no copy. ``gluon_attention_forward(window=(left, right))`` runs a
-causal sliding window (steps 1, 2 and 4; not yet in the dispatch rule: its A/B is ``tests/perf/test_gluon_ab.py -k
-gluon_window``).
+causal sliding window (steps 1, 2 and 4); the dispatch rule runs windows at D=64 on it, where its A/B
+(``tests/perf/test_gluon_ab.py -k gluon_window``) measured it faster than the pointer kernel.
 
 The descriptors are 4-D, over the tensors' own [B, heads, S, D] shapes and strides with [1, 1, rows, D] tiles, so
 the copy engine bounds each tile by its own (batch, head): a block past S reads zeros and stores nothing, however
@@ -58,10 +58,20 @@ VARIANTS = ("pipelined", "ws", "pingpong", "persistent")
 # Session 5's run 3 (the forward A/B of the case table through backend="triton") measured the rule without a
 # length floor: wins from S=4096 up at D=64 (1.034-1.108x SDPA), but 0.38-0.63x SDPA at S=64 to 2048 with 2**17 or
 # more rows (cases 5, 7-11), where the Gluon launch's host work (four TMA descriptors built per call) outlasts the
-# kernel; so the rule also needs GLUON_MIN_SEQ query rows per sequence.
+# kernel; so the rule also needs a length floor per sequence, GLUON_MIN_SEQ.
+# Session 7's run 2 (benchmarks/results/h200-2026-12-02/run2_floor_step4_decoding/floor), after the launch's four
+# TMA descriptors stopped re-running the constructor's checks (18.2 us of arguments down to 11.5 on the
+# development CPU), measured the planned launch against the pointer kernel below the old floor of 4,096: at D=64
+# 1.097x (S=2048), 1.061x (1024), 1.035x (512), then 0.574x (256) and 0.584x (128); at D=128 1.108x (2048), 1.010x
+# (1024, a tie), 0.867x (512). So the floor is 512 at D=64 and 2,048 at D=128, where the last measured win is.
+# Causal sliding windows (window_left >= 0): session 7's run 1 (.../run1_gluon_window_layer_mode/gwin) measured
+# step 1 in the dense D=64 config at 1.066x and 1.069x the pointer kernel's window (1,024 keys, B=1, H=16, S=16,384
+# and 65,536), and step 1 at D=128 (128x128x2w8; the ping-pong kernel has no window) at 0.976x and 0.978x, losses:
+# so windows take the Gluon kernel at D=64 only, from the shortest measured length, GLUON_WINDOW_MIN_SEQ.
 # FLASHLITE_GLUON=0 keeps every call on the pointer kernel.
 GLUON_MIN_ROWS = 2 ** 17
-GLUON_MIN_SEQ = 4096
+GLUON_MIN_SEQ = {64: 512, 128: 2048}
+GLUON_WINDOW_MIN_SEQ = 16384
 GLUON_ENABLED = os.environ.get("FLASHLITE_GLUON", "1") not in ("", "0")
 
 
@@ -134,6 +144,8 @@ def configs_for(head_dim: int, variant: str = "pipelined") -> list[GluonConfig]:
 # The dispatched config per head dim (see GLUON_MIN_ROWS for the measurements); each is one the kernel file lists, so
 # CPU CI compiles it and the GPU suite checks it against float64 (test_every_listed_config).
 _DISPATCHED = {64: GluonConfig("pipelined", 64, 128, 2, 4), 128: GluonConfig("pingpong", 64, 128, 3, 4)}
+# The dispatched config of a causal sliding window, per head dim (see GLUON_WINDOW_MIN_SEQ).
+_DISPATCHED_WINDOW = {64: GluonConfig("pipelined", 64, 128, 2, 4)}
 
 
 def _tma_strides(t: torch.Tensor) -> list[int]:
@@ -208,21 +220,24 @@ def gluon_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return None
 
 
-def dispatched_config(head_dim: int) -> Optional["GluonConfig"]:
-    """The config the Triton backend's Gluon forward runs at ``head_dim`` (the measured rule above), or None.
+def dispatched_config(head_dim: int, windowed: bool = False) -> Optional["GluonConfig"]:
+    """The config the Triton backend's Gluon forward runs at ``head_dim`` (the measured rule above), for dense
+    calls or (``windowed``) causal sliding windows; None where the rule keeps the pointer kernel.
 
     Example:
         >>> dispatched_config(64)
         GluonConfig(variant='pipelined', block_m=64, block_n=128, stages=2, num_warps=4, overlap=False)
+        >>> dispatched_config(128, windowed=True) is None
+        True
     """
-    return _DISPATCHED.get(head_dim)
+    return (_DISPATCHED_WINDOW if windowed else _DISPATCHED).get(head_dim)
 
 
 def forward_kernel_for(problem: Problem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Optional[str]:
     """Why a Triton plan's forward runs on the Gluon kernel (a reason for ``explain_dispatch``), or None for the
-    pointer kernel: the call must be one the measurement covered (dense causal bf16 at D=64 or 128, S_q == S_k, at
-    least ``GLUON_MIN_ROWS`` query rows in all and ``GLUON_MIN_SEQ`` per sequence) and one the kernel can run
-    (``gluon_supported``).
+    pointer kernel: the call must be one the measurement covered (causal bf16, S_q == S_k, at least
+    ``GLUON_MIN_ROWS`` query rows in all; dense at D=64 or 128 from ``GLUON_MIN_SEQ[D]`` per sequence, or a causal
+    sliding window at D=64 from ``GLUON_WINDOW_MIN_SEQ``) and one the kernel can run (``gluon_supported``).
 
     Example:
         >>> q = torch.randn(1, 2, 16, 128, dtype=torch.bfloat16)
@@ -230,19 +245,23 @@ def forward_kernel_for(problem: Problem, q: torch.Tensor, k: torch.Tensor, v: to
         True
     """
     rows = problem.batch * problem.heads * problem.seq_q
-    config = dispatched_config(problem.head_dim)
-    if not (GLUON_ENABLED and config is not None and problem.variant == "dense" and problem.key_masking == "none"
-            and not problem.varlen and problem.page_size == 0 and problem.dtype == torch.bfloat16
-            and problem.causal_mode == CAUSAL_TOP_LEFT and problem.seq_q == problem.seq_k
-            and rows >= GLUON_MIN_ROWS and problem.seq_q >= GLUON_MIN_SEQ):
+    windowed = problem.variant == "window" and problem.window_left >= 0
+    config = dispatched_config(problem.head_dim, windowed)
+    min_seq = GLUON_WINDOW_MIN_SEQ if windowed else GLUON_MIN_SEQ.get(problem.head_dim, 0)
+    if not (GLUON_ENABLED and config is not None and (windowed or problem.variant == "dense")
+            and problem.key_masking == "none" and not problem.varlen and problem.page_size == 0
+            and problem.dtype == torch.bfloat16 and problem.causal_mode == CAUSAL_TOP_LEFT
+            and problem.seq_q == problem.seq_k and rows >= GLUON_MIN_ROWS and problem.seq_q >= min_seq):
         return None
     # No address check: the plan is kept for every call of this signature (launch_planned checks each call's), and
     # under torch.compile it is made on fake tensors.
-    if gluon_supported(q, k, v, True, problem.scale, addresses=False) is not None:
+    window = (problem.window_left, problem.window_right) if windowed else None
+    if gluon_supported(q, k, v, True, problem.scale, addresses=False, window=window) is not None:
         return None
+    what = f"causal windows of {problem.window_left} keys" if windowed else "causal"
     return (f"forward on the Gluon kernel ({config.step}, {config.block_m}x{config.block_n}, {config.stages} stages, "
-            f"{config.num_warps} warps; sm_90, TMA and wgmma: measured faster than the pointer kernel for causal "
-            f"bf16 at D={problem.head_dim} from {GLUON_MIN_ROWS} query rows and {GLUON_MIN_SEQ} per sequence; this "
+            f"{config.num_warps} warps; sm_90, TMA and wgmma: measured faster than the pointer kernel for {what} "
+            f"bf16 at D={problem.head_dim} from {GLUON_MIN_ROWS} query rows and {min_seq} per sequence; this "
             f"call has {rows})")
 
 
@@ -264,6 +283,9 @@ def launch_planned(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     16-byte aligned (a plan keys on shapes and strides, not addresses: such a call takes the pointer kernel)."""
     if not bases_aligned(q, k, v):
         return None
+    if problem.window_left >= 0:  # the rule takes only causal windows bounded on the left
+        return _launch(q, k, v, problem.causal_mode, problem.scale, _DISPATCHED_WINDOW[problem.head_dim],
+                       problem.window_left)
     return _launch(q, k, v, problem.causal_mode, problem.scale, _DISPATCHED[problem.head_dim])
 
 

@@ -246,24 +246,39 @@ def test_dispatched_gluon_forward_end_to_end(D):
     # The call the measured rule routes to the Gluon kernel (dense causal bf16, B*H*S_q = GLUON_MIN_ROWS):
     # explain_dispatch says so, and attention() itself (plan, launch, autograd through the pointer backward) is
     # right in float64 on batch 0, heads 0 and 1, whose outputs and gradients depend on no other batch or head.
-    B, H, S = 2, 16, max(launch_gluon.GLUON_MIN_ROWS // (2 * 16), launch_gluon.GLUON_MIN_SEQ)
+    B, H, S = 2, 16, max(launch_gluon.GLUON_MIN_ROWS // (2 * 16), launch_gluon.GLUON_MIN_SEQ[D])
     q, k, v = (t.requires_grad_() for t in qkv(B, H, S, D, torch.bfloat16))
     decision = explain_dispatch(q, k, v, causal=True, backend="triton")
     assert decision.backend == "triton" and "Gluon kernel" in decision.reason, decision.reason
     _check_causal_part_and_gradients(q, k, v, attention(q, k, v, causal=True, backend="triton"), "dispatched Gluon")
 
 
-def _check_causal_part_and_gradients(q, k, v, out, note):
-    """Backward of causal ``out`` with a random gradient, then out, dq, dk and dv of batch 0, heads 0 and 1 (which
-    depend on no other batch or head) against float64, SDPA's own error as the baseline."""
+def test_dispatched_gluon_window_end_to_end():
+    # A causal sliding window at D=64 of the length the rule starts from: explain_dispatch names the Gluon kernel
+    # and the window, and attention() (plan, the windowed Gluon launch, the pointer kernel's windowed backward) is
+    # right in float64 on batch 0, heads 0 and 1.
+    S = launch_gluon.GLUON_WINDOW_MIN_SEQ
+    H = max(2, launch_gluon.GLUON_MIN_ROWS // S)
+    window = (1000, 0)  # not a multiple of the key block: the window's edge cuts through a block
+    q, k, v = (t.requires_grad_() for t in qkv(1, H, S, 64, torch.bfloat16))
+    decision = explain_dispatch(q, k, v, causal=True, window=window, backend="triton")
+    assert decision.backend == "triton" and "causal windows of 1000 keys" in decision.reason, decision.reason
+    out = attention(q, k, v, causal=True, window=window, backend="triton")
+    _check_causal_part_and_gradients(q, k, v, out, "dispatched Gluon window", window)
+
+
+def _check_causal_part_and_gradients(q, k, v, out, note, window=None):
+    """Backward of causal ``out`` (with ``window``, a causal sliding window) with a random gradient, then out, dq,
+    dk and dv of batch 0, heads 0 and 1 (which depend on no other batch or head) against float64, SDPA's own error
+    as the baseline."""
     grad_out = torch.randn_like(out)
     out.backward(grad_out)
     part = (slice(0, 1), slice(0, 2))
     leaves = [t.detach()[part].double().requires_grad_() for t in (q, k, v)]
-    ref_out, _ = reference(*leaves, True)
+    ref_out, _ = reference(*leaves, True, None, None if window is None else window[0])
     ref_out.backward(grad_out[part].double())
     base_leaves = [t.detach()[part].clone().requires_grad_() for t in (q, k, v)]
-    base_out = sdpa_baseline(*base_leaves, True)
+    base_out = sdpa_baseline(*base_leaves, True, window=window)
     base_out.backward(grad_out[part])
     assert_close(out.detach()[part], ref_out.detach(), baseline=base_out.detach(), notes=(note,))
     for name, got, ref, base in zip(("dq", "dk", "dv"), (q.grad, k.grad, v.grad), leaves, base_leaves):
@@ -281,7 +296,7 @@ def test_dispatched_gluon_forward_under_torch_compile(D, monkeypatch):
     launches = []
     real_launch = launch_gluon._launch
     monkeypatch.setattr(launch_gluon, "_launch", lambda *a, **kw: launches.append(1) or real_launch(*a, **kw))
-    B, H, S = 2, 16, max(launch_gluon.GLUON_MIN_ROWS // (2 * 16), launch_gluon.GLUON_MIN_SEQ)
+    B, H, S = 2, 16, max(launch_gluon.GLUON_MIN_ROWS // (2 * 16), launch_gluon.GLUON_MIN_SEQ[D])
     q, k, v = (t.requires_grad_() for t in qkv(B, H, S, D, torch.bfloat16))
     compiled = torch.compile(lambda q, k, v: attention(q, k, v, causal=True, backend="triton"), fullgraph=True)
     out = compiled(q, k, v)

@@ -192,7 +192,12 @@ def _seeded_bf16(batch, heads, seq, dim=128):
     (1, 16, 8192, 64, torch.bfloat16, True, True),  # step 1 64x128x2w4 measured 1.134x
     (8, 16, 4096, 64, torch.bfloat16, True, True),  # and 1.178x
     (1, 15, 8192, 64, torch.bfloat16, True, False),  # one row under 2**17: not measured
-    (4, 16, 2048, 64, torch.bfloat16, True, False),  # 2**17 rows, S=2048: measured 0.485x SDPA (host-bound)
+    # Below 4,096 (session 7, run 2: the planned launch against the pointer kernel)
+    (4, 16, 2048, 64, torch.bfloat16, True, True),  # 1.097x
+    (32, 16, 512, 64, torch.bfloat16, True, True),  # 1.035x, D=64's floor
+    (64, 16, 256, 64, torch.bfloat16, True, False),  # 0.574x
+    (4, 16, 2048, 128, torch.bfloat16, True, True),  # 1.108x, D=128's floor
+    (16, 16, 1024, 128, torch.bfloat16, True, False),  # 1.010x, a tie
     (256, 16, 64, 128, torch.bfloat16, True, False),  # 2**18 rows, S=64: measured 0.500x SDPA
     (1, 16, 8192, 96, torch.bfloat16, True, False),  # no Gluon config at D=96
     (8, 16, 4096, 128, torch.float16, True, False),  # not measured
@@ -212,12 +217,50 @@ def test_the_measured_rule_picks_the_gluon_forward(monkeypatch, batch, heads, se
         assert f"{config.block_m}x{config.block_n}, {config.stages} stages" in reason
 
 
+@pytest.mark.parametrize("seq, dim, causal, window, lengths, chosen", [
+    (16384, 64, True, (1024, 0), False, True),  # measured: 1.066x the pointer kernel's window (session 7, run 1)
+    (65536, 64, True, (1024, -1), False, True),  # 1.069x; a causal window's right side is the diagonal either way
+    (16384, 128, True, (1024, 0), False, False),  # step 1 at D=128: 0.976x, a loss
+    (8192, 64, True, (1024, 0), False, False),  # shorter than the measured lengths
+    (16384, 64, False, (1024, 1024), False, False),  # not causal: the kernel's windows are causal
+    (16384, 64, True, (-1, 0), False, False),  # no left bound: plain causal attention under another name
+    (16384, 64, True, (1024, 0), True, False),  # a window over padded keys: not measured
+])
+def test_the_measured_rule_takes_causal_windows_at_d64(monkeypatch, seq, dim, causal, window, lengths, chosen):
+    from flashlite._attention.validation import validate
+    monkeypatch.setattr(launch_gluon, "gluon_supported", lambda *a, **kw: None)
+    q = torch.empty(1, 16, seq, dim, dtype=torch.bfloat16)
+    key_lengths = torch.full((1,), seq - 5, dtype=torch.int32) if lengths else None
+    problem = validate(q, q, q, causal, None, None, key_lengths, "triton", None, window)
+    reason = launch_gluon.forward_kernel_for(problem, q, q, q)
+    assert (reason is not None) is chosen, reason
+    if chosen:
+        assert f"causal windows of {window[0]} keys" in reason and str(16 * seq) in reason
+
+
+def test_a_windowed_plan_launches_the_window_config_with_its_left_bound(monkeypatch):
+    from flashlite._attention.validation import validate
+    launched = []
+    monkeypatch.setattr(launch_gluon, "_launch",
+                        lambda q, k, v, causal_mode, scale, config, window_left=-1: launched.append(
+                            (causal_mode, config, window_left)))
+    q = torch.empty(1, 2, 64, 64, dtype=torch.bfloat16)
+    windowed = validate(q, q, q, True, None, None, None, "triton", None, (37, 0))
+    dense = validate(q, q, q, True, None, None, None, "triton", None)
+    launch_gluon.launch_planned(q, q, q, windowed)
+    launch_gluon.launch_planned(q, q, q, dense)
+    assert launched == [(1, launch_gluon.dispatched_config(64, windowed=True), 37),
+                        (1, launch_gluon.dispatched_config(64), -1)]
+
+
 def test_every_dispatched_config_is_one_the_kernel_file_lists():
     # Listed configs are the ones CPU CI compiles (test_every_config_compiles_for_sm90_within_resources) and the
     # GPU suite checks against float64 (test_every_listed_config).
     for head_dim in (64, 128):
         config = launch_gluon.dispatched_config(head_dim)
         assert config in launch_gluon.configs_for(head_dim, config.variant)
+    windowed = launch_gluon.dispatched_config(64, windowed=True)
+    assert windowed in launch_gluon.configs_for(64, windowed.variant) and windowed.variant != "pingpong"
     assert launch_gluon.dispatched_config(96) is None
 
 
@@ -244,7 +287,7 @@ def test_a_plan_on_the_gluon_kernel_launches_it_and_says_so(monkeypatch):
     device = "cuda" if torch.cuda.is_available() else "cpu"
     q, k, v = (_seeded_bf16(1, 2, 64).to(device) for _ in range(3))
     monkeypatch.setattr(launch_gluon, "GLUON_MIN_ROWS", 128)  # a tiny call stands for a large one
-    monkeypatch.setattr(launch_gluon, "GLUON_MIN_SEQ", 64)
+    monkeypatch.setattr(launch_gluon, "GLUON_MIN_SEQ", {64: 64, 128: 64})
     launched = []
 
     def fake_launch(q, k, v, problem):
@@ -299,7 +342,7 @@ def test_the_rule_reads_no_address_so_torch_compile_can_trace_it(monkeypatch):
     from flashlite._attention import launch_gluon_bwd
     from flashlite._attention.validation import validate
     monkeypatch.setattr(launch_gluon, "GLUON_MIN_ROWS", 1)  # a small tensor then passes the rule's size floor
-    monkeypatch.setattr(launch_gluon, "GLUON_MIN_SEQ", 1)
+    monkeypatch.setattr(launch_gluon, "GLUON_MIN_SEQ", {64: 1, 128: 1})
     monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_ENABLED", True)
     q = _seeded_bf16(1, 2, 48, 64)
     problem = validate(q, q, q, True, None, None, None, "triton", None)
