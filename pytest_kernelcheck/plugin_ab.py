@@ -55,6 +55,8 @@ class _ABSession:
     profile: Any = None  # profiling.ProfileMode: --kernel-ab-profile / --kernel-ab-trace; None: a timed run
     profiled: list[dict[str, Any]] = field(default_factory=list)  # profile mode: what every process ran
     gpu: Any = ()  # records.GpuIdentity of this worker's GPU (--kernel-gpus), None when not pinned; () not asked yet
+    progress: Any = None  # report.ProgressWriter: the JSON report rewritten while the run goes (the reporting process)
+    environment: dict[str, Any] | None = None  # report.environment_info() and the CPU threads, read once
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -253,6 +255,11 @@ def pytest_configure(config: pytest.Config) -> None:
                          storage_root=storage_root, machine_folder=machine_folder,
                          ceilings=throughput.CeilingMeter(enabled=ceilings_mode == "on"), cpu_threads=cpu_threads,
                          profile=profile)
+    if report_path and profile is None and not hasattr(config, "workerinput"):
+        session.progress = report.ProgressWriter(report_path)
+    if previous is not None and previous.get("finished") is False:
+        session.notes.append(f"--kernel-ab-compare: the earlier report is of a run that did not finish "
+                             f"({len(previous.get('comparisons') or ())} comparisons); only those are compared")
     config.stash[_SESSION] = session
     config.pluginmanager.register(_Collector(session), _COLLECTOR_NAME)
 
@@ -361,6 +368,8 @@ class _Collector:
         payload = getattr(report, RECORDS_ATTRIBUTE, None)
         if payload:
             self.session.records.extend(json.loads(payload))
+            if self.session.progress is not None and not self.session.finished:
+                self.session.progress.maybe_write(lambda: _report_so_far(self.session))
         profiled = getattr(report, PROFILE_ATTRIBUTE, None)
         if profiled:
             self.session.profiled.extend(json.loads(profiled))
@@ -398,12 +407,9 @@ def _finish(session: _ABSession) -> None:
     session.finished = True
     if not session.records:
         return
-    environment = report.environment_info() if session.report_path or session.save_folder else {}
-    if session.cpu_threads is not None:
-        environment = {**environment, "cpu_threads": session.cpu_threads}
-    settings = {**session.settings, "ceilings": "on" if session.ceilings.enabled else "off"}
     session.built = report.build_report(
-        session.records, settings=settings, environment=environment, previous=session.previous
+        session.records, settings=_report_settings(session), environment=_environment(session),
+        previous=session.previous
     )
     session.regressions = gate.evaluate(session.rules, session.built)
     history = _history(session) if session.report_path else ()  # read before this run is saved among them
@@ -419,6 +425,30 @@ def _finish(session: _ABSession) -> None:
     session.notes.append(f"A/B report: {', '.join(str(path) for path in written.paths)}")
     if written.note:
         session.notes.append(f"A/B plot skipped: {written.note}")
+
+
+def _environment(session: _ABSession) -> dict[str, Any]:
+    """The report's environment block, read once (it asks git for the commit)."""
+    from . import report
+
+    if session.environment is None:
+        environment = report.environment_info() if session.report_path or session.save_folder else {}
+        if session.cpu_threads is not None:
+            environment = {**environment, "cpu_threads": session.cpu_threads}
+        session.environment = environment
+    return session.environment
+
+
+def _report_settings(session: _ABSession) -> dict[str, Any]:
+    return {**session.settings, "ceilings": "on" if session.ceilings.enabled else "off"}
+
+
+def _report_so_far(session: _ABSession) -> dict[str, Any]:
+    """The JSON report of the records so far, marked unfinished (no comparison with an earlier run yet)."""
+    from . import report
+
+    return report.build_report(session.records, settings=_report_settings(session),
+                               environment=_environment(session), finished=False)
 
 
 def _history(session: _ABSession) -> tuple[Any, ...]:

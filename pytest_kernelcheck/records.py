@@ -778,6 +778,9 @@ class ABReport:
     environment: Mapping[str, Any] = field(default_factory=dict)
     version: int = SCHEMA_VERSION
     measurements: tuple[MeasurementRecord, ...] = ()
+    # False in the report a run rewrites while it goes (report.ProgressWriter): what it had finished when it was
+    # last written, so a run killed before its end leaves it so marked. Written to JSON only when False.
+    finished: bool = True
 
     @property
     def compared_with_last_run(self) -> bool:
@@ -790,6 +793,7 @@ class ABReport:
             "comparisons": [row.to_json(with_last_run=self.compared_with_last_run) for row in self.comparisons],
             "tournaments": [row.to_json() for row in self.tournaments],
             "measurements": [row.to_json() for row in self.measurements],
+            **({} if self.finished else {"finished": False}),
         }
 
     @classmethod
@@ -805,4 +809,5 @@ class ABReport:
             tournaments=tuple(TournamentRecord.from_json(row) for row in data.get("tournaments") or ()),
             environment=data.get("environment") or {}, version=data.get("version", SCHEMA_VERSION),
             measurements=tuple(MeasurementRecord.from_json(row) for row in data.get("measurements") or ()),
+            finished=data.get("finished", True) is not False,
         )

@@ -56,9 +56,11 @@ def build_report(
     settings: Mapping[str, Any],
     environment: Mapping[str, Any] | None = None,
     previous: Mapping[str, Any] | None = None,
+    finished: bool = True,
 ) -> dict[str, Any]:
     """Assemble the report from JSON records: comparisons with Benjamini-Hochberg columns, tournaments, totals,
     and regressions against ``previous`` (an earlier report, as :func:`load_report` returns it).
+    ``finished=False`` marks the report of a run still going (see :class:`ProgressWriter`).
 
     >>> r = build_report([{"kind": "comparison", "nodeid": "t.py::a", "name": "a", "verdict": "win",
     ...                    "speedup": 1.2, "ci": [1.1, 1.3], "p_value": 0.001}], settings={"alpha": 0.05})
@@ -101,6 +103,7 @@ def build_report(
         comparisons=tuple(comparisons),
         tournaments=tuple(tournaments),
         measurements=tuple(measurements),
+        finished=finished,
     )
     return report.to_json()
 
@@ -383,6 +386,65 @@ def write_all(report: dict[str, Any], json_path: str | Path, history: Sequence[A
     write_markdown(report, markdown_path, history, images)
     written.insert(1, markdown_path)
     return Written(tuple(written), note)
+
+
+class ProgressWriter:
+    """Rewrites a run's JSON report while the run goes, so that a run killed before its end (SIGKILL at a CI time
+    limit, a lost machine, a hung interrupt) leaves at the report's path what it had finished, marked
+    ``"finished": false``. The finished report replaces it at the end, as always.
+
+    A rewrite serialises every record so far, so it is done at most every ``min_interval`` seconds and never more
+    often than keeps its own cost under ``max_share`` of the run's time (each write is timed); the first record is
+    written at once. A write that fails stops the rewrites (``error`` says why): the report at the end is still
+    tried, and fails the run as it would have. ``clock`` is injectable for tests.
+
+    >>> import json, os, tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), "ab.json")
+    >>> ticks = iter([0.0, 0.0, 1.0, 12.0, 12.0, 12.0])  # what the clock reads at each call
+    >>> writer = ProgressWriter(path, clock=lambda: next(ticks))
+    >>> so_far = lambda: build_report([], settings={}, finished=False)
+    >>> writer.maybe_write(so_far), writer.maybe_write(so_far), writer.maybe_write(so_far)
+    (True, False, True)
+    >>> json.load(open(path))["finished"]
+    False
+    """
+
+    def __init__(self, path: str | Path, *, min_interval: float = 10.0, max_share: float = 0.05,
+                 clock: Callable[[], float] | None = None) -> None:
+        import time
+
+        self.path = Path(path)
+        self.min_interval = min_interval
+        self.max_share = max_share
+        self.clock = clock or time.monotonic
+        self.last_write: float | None = None  # clock() when the last write ended
+        self.last_cost = 0.0  # seconds the last write took
+        self.writes = 0
+        self.error: str | None = None
+
+    def due(self) -> bool:
+        """Whether a rewrite is due now."""
+        if self.error is not None:
+            return False
+        if self.last_write is None:
+            return True
+        wait = max(self.min_interval, self.last_cost / self.max_share)
+        return self.clock() - self.last_write >= wait
+
+    def maybe_write(self, build: Callable[[], dict[str, Any]]) -> bool:
+        """Write ``build()`` (a report with ``finished=False``) when a rewrite is due; whether it wrote."""
+        if not self.due():
+            return False
+        start = self.clock()
+        try:
+            write_json(build(), self.path)
+        except ReportError as exc:
+            self.error = str(exc)
+            return False
+        self.last_write = self.clock()
+        self.last_cost = self.last_write - start
+        self.writes += 1
+        return True
 
 
 def write_json(report: dict[str, Any], path: str | Path) -> None:

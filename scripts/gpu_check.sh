@@ -105,7 +105,9 @@ fi
 if [[ $stage == ab || $stage == all ]]; then
   # SIGINT at the limit lets pytest write the report of what finished.
   # AB_PATHS picks the files (and their order) when one call cannot hold the whole suite.
-  # The saved run is written at session finish, so a run stopped at AB_LIMIT is saved with what finished.
+  # The saved run is written at session finish, so a run stopped at AB_LIMIT is saved with what finished; the
+  # JSON report is also rewritten while the run goes ("finished": false), so one that SIGINT cannot stop within
+  # the 20 s before SIGKILL still leaves its finished comparisons in $R/ab_report.json.
   # One GPU: one process, comparisons one after another. Several: one worker per GPU (--kernel-gpus all), the
   # comparisons of different GPUs in parallel (each GPU's lock keeps its own timing alone), one merged report.
   ab_storage=${AB_STORAGE:-benchmarks/kernelcheck}

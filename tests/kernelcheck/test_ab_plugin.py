@@ -799,3 +799,61 @@ def test_threads(kernel_ab):
     assert json.loads((pytester.path / "r.json").read_text())["environment"]["cpu_threads"] == 1
     bad = pytester.runpytest(*FAST, "--kernel-ab-cpu-threads", "0")
     bad.stderr.fnmatch_lines(["*--kernel-ab-cpu-threads / kernel_ab_cpu_threads: not a count >= 1*"])
+
+
+# A run killed before its end (SIGKILL at a CI time limit, or an interrupt the process never returns from) still
+# leaves, at the report's path, the comparisons it had finished, marked unfinished: the report is rewritten while
+# the run goes (report.ProgressWriter; the first record at once), and the finished report replaces it at the end.
+def test_a_run_killed_before_its_end_leaves_what_it_finished_marked_unfinished(pytester):
+    pytester.makepyfile(
+        SORTS
+        + """
+import os
+import signal
+
+def test_a_first(kernel_ab):
+    kernel_ab.compare(sort_small, sort_large, name="finished before the kill")
+
+def test_b_killed(kernel_ab):
+    os.kill(os.getpid(), signal.SIGKILL)  # what a time limit's kill does: no session finish, no summary
+"""
+    )
+    result = pytester.runpytest_subprocess(*FAST, "--kernel-ab-report", "ab.json")
+    assert result.ret not in (0, 1)  # killed, not failed
+    written = json.loads((pytester.path / "ab.json").read_text())
+    assert written["finished"] is False
+    assert [row["name"] for row in written["comparisons"]] == ["finished before the kill"]
+    assert written["comparisons"][0]["verdict"] == "win" and written["summary"]["win"] == 1
+    assert not (pytester.path / "ab.md").exists()  # the markdown and plots come only with the finished report
+
+
+def test_a_finished_run_replaces_the_progress_report_and_is_not_marked(pytester):
+    pytester.makepyfile(
+        SORTS
+        + """
+def test_one(kernel_ab):
+    kernel_ab.compare(sort_small, sort_large, name="one")
+
+def test_two(kernel_ab):
+    kernel_ab.compare(sort_small, sort_small, name="two")
+"""
+    )
+    result = pytester.runpytest(*FAST, "--kernel-ab-report", "ab.json")
+    result.assert_outcomes(passed=2)
+    written = json.loads((pytester.path / "ab.json").read_text())
+    assert "finished" not in written and sorted(row["name"] for row in written["comparisons"]) == ["one", "two"]
+
+
+def test_comparing_with_an_unfinished_report_says_so(pytester):
+    from pytest_kernelcheck.report import build_report, write_json
+    first = build_report([{"kind": "comparison", "nodeid": "test_compare_unfinished.py::test_sorts", "name": "sorts",
+                           "verdict": "win", "speedup": 2.0, "ci": [1.9, 2.1], "p_value": 0.001}],
+                         settings={"alpha": 0.05}, finished=False)
+    write_json(first, pytester.path / "first.json")
+    pytester.makepyfile(test_compare_unfinished=SORTS + """
+def test_sorts(kernel_ab):
+    kernel_ab.compare(sort_small, sort_large, name="sorts")
+""")
+    result = pytester.runpytest(*FAST, "--kernel-ab-compare", "first.json")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*earlier report is of a run that did not finish (1 comparisons)*"])

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from pytest_kernelcheck import report
+from pytest_kernelcheck.records import ABReport
 
 SETTINGS = {"alpha": 0.05, "margin": 0.02, "max_time": 2.0}
 
@@ -232,6 +233,7 @@ def test_report_files_are_written_whole_with_the_usual_permissions_and_no_tempor
 HALF_WRITE = """
 import resource, signal, sys
 from pytest_kernelcheck import report
+from pytest_kernelcheck.records import ABReport
 
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # past the limit a write then fails with EFBIG instead of killing
 records = [{"kind": "comparison", "nodeid": f"t.py::test_{i}", "name": "n" * 80 + str(i), "verdict": "tie",
@@ -384,3 +386,60 @@ def test_trend_plot_of_saved_runs_is_written_and_linked(tmp_path):
     text = (tmp_path / "ab.md").read_text()
     assert text.index("## Speedup history") < text.index("![Speedup with its interval per saved run](ab_trend.png)")
     assert plots.write_trend(built, [RunSpeedups("0001_other", {("x", "y"): 1.0})], tmp_path / "t.png") is None
+
+
+# The report rewritten while a run goes (ProgressWriter), with an injected clock.
+class _Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def _unfinished():
+    return report.build_report([], settings={}, finished=False)
+
+
+def test_progress_rewrites_wait_the_interval_then_write(tmp_path):
+    clock = _Clock()
+    writer = report.ProgressWriter(tmp_path / "ab.json", min_interval=10.0, clock=clock)
+    assert writer.maybe_write(_unfinished)  # the first record at once
+    clock.now = 9.9
+    assert not writer.maybe_write(_unfinished)
+    clock.now = 10.0
+    assert writer.maybe_write(_unfinished) and writer.writes == 2
+    assert json.loads((tmp_path / "ab.json").read_text())["finished"] is False
+
+
+def test_progress_rewrites_keep_their_cost_under_the_share(tmp_path):
+    clock = _Clock()
+
+    def slow_build():  # a write that takes 2 s of the clock: at a 5% share the next waits 40 s, not 10
+        clock.now += 2.0
+        return _unfinished()
+
+    writer = report.ProgressWriter(tmp_path / "ab.json", min_interval=10.0, max_share=0.05, clock=clock)
+    assert writer.maybe_write(slow_build) and writer.last_cost == 2.0
+    clock.now += 39.0
+    assert not writer.maybe_write(slow_build)
+    clock.now += 1.0
+    assert writer.maybe_write(slow_build)
+
+
+def test_a_failed_progress_write_stops_the_rewrites_and_says_why(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    writer = report.ProgressWriter(blocker / "ab.json", min_interval=0.0, clock=_Clock())
+    assert not writer.maybe_write(_unfinished)
+    assert writer.error is not None and "a_file" in writer.error
+    built = []
+    assert not writer.maybe_write(lambda: built.append(1) or _unfinished())
+    assert built == []  # not even built again
+
+
+def test_an_unfinished_report_reads_back_as_unfinished():
+    data = report.build_report([], settings={}, finished=False)
+    assert data["finished"] is False and ABReport.from_json(data).finished is False
+    assert "finished" not in report.build_report([], settings={}) and ABReport.from_json(
+        report.build_report([], settings={})).finished
