@@ -111,10 +111,14 @@ if [[ $stage == ab || $stage == all ]]; then
   # One GPU: one process, comparisons one after another. Several: one worker per GPU (--kernel-gpus all), the
   # comparisons of different GPUs in parallel (each GPU's lock keeps its own timing alone), one merged report.
   ab_storage=${AB_STORAGE:-benchmarks/kernelcheck}
+  # Autosave names a run after git's HEAD. A remote copy of the tree can carry stale git metadata, so where .commit
+  # exists (written before such a run) the run is saved under that commit and the UTC time instead.
+  save_args=(--kernel-ab-autosave)
+  if [[ -s .commit ]]; then save_args=(--kernel-ab-save "$(tr -cd 'A-Za-z0-9' < .commit)_$(date -u +%Y%m%dT%H%M%SZ)"); fi
   ab_workers=()
   if (( ${#spread[@]} )); then ab_workers=(-n "$gpu_count" "${spread[@]}"); fi
   timeout -s INT -k 20 "${AB_LIMIT:-$(remote 420)}" python3 -m pytest ${AB_PATHS:-tests/perf} --kernel-ab "${ab_workers[@]}" \
-    --kernel-ab-report "$R/ab_report.json" --kernel-ab-autosave --kernel-ab-storage "$ab_storage" \
+    --kernel-ab-report "$R/ab_report.json" "${save_args[@]}" --kernel-ab-storage "$ab_storage" \
     -q -p no:cacheprovider "$@" > "$R/ab.log" 2>&1
   if [[ -n ${OUT:-} && -d $ab_storage ]]; then
     mkdir -p "$R/kernelcheck" && cp -r "$ab_storage"/. "$R/kernelcheck/"
