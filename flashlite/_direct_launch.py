@@ -10,6 +10,12 @@ What a replay must match: Triton specializes pointer arguments on 16-byte alignm
 have had every tensor aligned and a replay refuses tensors that are not (the caller then launches normally); the
 compiled function belongs to the device it was loaded on, so a replay on another current device is refused too.
 Recording relies on ``CompiledKernel.run`` (Triton 3.x); where recording fails the caller keeps launching normally.
+
+A replaced argument may also be a TMA descriptor (a host-side ``TensorDescriptor`` over a new tensor, as the Gluon
+kernels take): it goes to the launcher as the object itself, which encodes it as Triton's ordinary launch does,
+after the same alignment and device checks on the tensor it describes. The descriptor's block shape, dtype and
+layout (what Triton specializes a descriptor argument on) must be the recorded ones: the caller replays only
+launches of one plan, whose shapes, strides and dtypes are fixed.
 """
 from __future__ import annotations
 
@@ -52,6 +58,12 @@ def _bound_values(kernel: Any, args: Sequence[Any], kwargs: dict) -> list[Any]:
     return values
 
 
+def _described_tensor(arg: Any) -> Any:
+    """The tensor a TMA descriptor argument describes, or None for any other argument."""
+    base = getattr(arg, "base", None)
+    return base if hasattr(base, "data_ptr") else None
+
+
 def _hook_installed(hook: Any) -> bool:
     """Whether a launch hook would do anything: Triton 3.6 keeps a chain of hooks (empty by default) where older
     versions keep None or one callable."""
@@ -85,18 +97,22 @@ class RecordedLaunch:
         self._driver = driver  # current device and stream, as Triton's own launch reads them
         self._hooks = hooks  # launch_enter_hook / launch_exit_hook, read at each launch
 
-    def launch(self, *tensors: torch.Tensor) -> bool:
-        """Launch with these tensors in place of the recorded ones; False (nothing launched) when the tensors'
-        alignment or device, the current device or an installed launch hook rules a replay out."""
+    def launch(self, *tensors: Any) -> bool:
+        """Launch with these tensors (or TMA descriptors of tensors) in place of the recorded ones; False (nothing
+        launched) when the tensors' alignment or device, the current device or an installed launch hook rules a
+        replay out."""
         if len(tensors) != self._n_tensors:
             raise TypeError(f"expected {self._n_tensors} tensors, got {len(tensors)}")
         device_index = self._device_index
         pointers = []
         for tensor in tensors:
-            pointer = tensor.data_ptr()
-            if pointer % _ALIGNMENT or tensor.get_device() != device_index:
+            described = _described_tensor(tensor)
+            checked = tensor if described is None else described
+            pointer = checked.data_ptr()
+            if pointer % _ALIGNMENT or checked.get_device() != device_index:
                 return False
-            pointers.append(pointer)
+            # A tensor goes in as its address; a descriptor as itself, for the launcher to encode.
+            pointers.append(pointer if described is None else tensor)
         if _hook_installed(self._hooks.launch_enter_hook) or _hook_installed(self._hooks.launch_exit_hook):
             return False  # profilers hook launches; the ordinary path calls them
         driver = self._driver
@@ -115,10 +131,11 @@ def record(kernel: Any, grid: Callable[[dict], tuple] | tuple, args: Sequence[An
     """Launch ``kernel[grid](*args, **kwargs)`` once; return a replay of it, or None where replay cannot apply.
 
     ``n_tensors``: the leading arguments that replays replace; each must be a CUDA tensor with a 16-byte aligned
-    address in this launch (the compiled kernel assumes it). The launch itself always happens.
+    address in this launch (the compiled kernel assumes it), or a TMA descriptor of one. The launch itself always
+    happens.
     """
     compiled = kernel[grid](*args, **kwargs)
-    tensors = args[:n_tensors]
+    tensors = [t if _described_tensor(t) is None else _described_tensor(t) for t in args[:n_tensors]]
     if (compiled is None or not hasattr(compiled, "run") or not hasattr(compiled, "function")
             or not all(isinstance(t, torch.Tensor) and t.is_cuda and t.data_ptr() % _ALIGNMENT == 0
                        for t in tensors)):

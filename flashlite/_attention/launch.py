@@ -286,7 +286,7 @@ def launch_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: 
     if plan.gluon is None:  # decided once per plan (make_plan decides it for plans of attention())
         plan.gluon = launch_gluon.forward_kernel_for(p, q, k, v) is not None
     if plan.gluon:
-        on_gluon = launch_gluon.launch_planned(q, k, v, p)
+        on_gluon = launch_gluon.launch_planned(q, k, v, p, plan)
         if on_gluon is not None:
             return on_gluon if need_lse else (on_gluon[0], None)
     if p.key_splits > 1:

@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
-import os
-
 import torch
 
+from flashlite import _direct_launch
+from flashlite._attention.plans import Plan
 from flashlite._attention.validation import CAUSAL_TOP_LEFT, Problem, validate
 
 try:
@@ -73,6 +74,15 @@ GLUON_MIN_ROWS = 2 ** 17
 GLUON_MIN_SEQ = {64: 512, 128: 2048}
 GLUON_WINDOW_MIN_SEQ = 16384
 GLUON_ENABLED = os.environ.get("FLASHLITE_GLUON", "1") not in ("", "0")
+# A plan's Gluon launches replayed (flashlite._direct_launch: the compiled kernel kept from the plan's first
+# launch, each later call passing its own TMA descriptors and lse, Triton's per-call argument binding skipped), as
+# the pointer kernel's launches are. Off until an H200 run measures it against the ordinary launch
+# (tests/perf/test_gluon_ab.py -k replayed) and checks it (tests/flashlite/test_attention_gluon_gpu.py -k replay):
+# FLASHLITE_GLUON_REPLAY=1 turns it on.
+GLUON_REPLAY = os.environ.get("FLASHLITE_GLUON_REPLAY", "0") not in ("", "0")
+# What changes from call to call of one plan, the leading arguments of every Gluon forward: the TMA descriptors of
+# q, k, v and out, then lse.
+_CALL_ARGUMENTS = 5
 
 
 @dataclass(frozen=True)
@@ -277,26 +287,41 @@ def bases_aligned(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     return not (q.data_ptr() % 16 or k.data_ptr() % 16 or v.data_ptr() % 16)
 
 
-def launch_planned(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                   problem: Problem) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+def launch_planned(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem,
+                   plan: Optional[Plan] = None) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
     """(out, lse) of a call whose plan chose the Gluon kernel, or None when this call's base addresses are not
-    16-byte aligned (a plan keys on shapes and strides, not addresses: such a call takes the pointer kernel)."""
+    16-byte aligned (a plan keys on shapes and strides, not addresses: such a call takes the pointer kernel).
+    With ``plan`` (and ``GLUON_REPLAY``), the plan records its first launch and replays the later ones."""
     if not bases_aligned(q, k, v):
         return None
-    if problem.window_left >= 0:  # the rule takes only causal windows bounded on the left
-        return _launch(q, k, v, problem.causal_mode, problem.scale, _DISPATCHED_WINDOW[problem.head_dim],
-                       problem.window_left)
-    return _launch(q, k, v, problem.causal_mode, problem.scale, _DISPATCHED[problem.head_dim])
+    # The rule takes dense calls and causal windows bounded on the left (window_left is -1 for dense ones).
+    config = (_DISPATCHED_WINDOW if problem.window_left >= 0 else _DISPATCHED)[problem.head_dim]
+    return _launch(q, k, v, problem.causal_mode, problem.scale, config, problem.window_left, plan)
 
 
 def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal_mode: int, scale: float,
-            config: GluonConfig, window_left: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
-    """Allocate out (contiguous, q's dtype) and lse, and launch ``config``'s kernel on a checked call."""
+            config: GluonConfig, window_left: int = -1,
+            plan: Optional[Plan] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Allocate out (contiguous, q's dtype) and lse, and launch ``config``'s kernel on a checked call: the
+    ordinary way, or, for a recording ``plan`` with ``GLUON_REPLAY`` on, through the plan's recorded launch
+    (recorded at the first call; a launch the recording refuses, or one that could not be recorded, goes the
+    ordinary way)."""
     batch, heads, seq_q, _ = q.shape
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((batch, heads, seq_q), dtype=torch.float32, device=q.device)
     args, meta = kernel_arguments(q, k, v, out, lse, causal_mode, scale, config, window_left)
-    kernel_for(config)[_grid(config, q)](*args, **meta)
+    kernel, grid = kernel_for(config), _grid(config, q)
+    if plan is None or not (GLUON_REPLAY and plan.record):
+        kernel[grid](*args, **meta)
+        return out, lse
+    site = ("gluon forward", config)
+    recorded = plan.recorded.get(site)
+    if recorded is not None and recorded.launch(*args[:_CALL_ARGUMENTS]):
+        return out, lse
+    if site in plan.recorded:
+        kernel[grid](*args, **meta)
+    else:
+        plan.recorded[site] = _direct_launch.record(kernel, grid, args, meta, _CALL_ARGUMENTS)
     return out, lse
 
 

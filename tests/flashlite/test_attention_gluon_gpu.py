@@ -253,6 +253,36 @@ def test_dispatched_gluon_forward_end_to_end(D):
     _check_causal_part_and_gradients(q, k, v, attention(q, k, v, causal=True, backend="triton"), "dispatched Gluon")
 
 
+@pytest.mark.parametrize("D, window", [(64, None), (128, None), (64, (1000, 0))])
+def test_a_replayed_gluon_launch_matches_the_ordinary_one_bit_for_bit(monkeypatch, D, window):
+    # GLUON_REPLAY (FLASHLITE_GLUON_REPLAY=1): a plan's first call records its Gluon launch and a later call with
+    # fresh tensors replays it with its own descriptors and lse. The replay must run (not fall back), give the
+    # ordinary launch's out and lse bit for bit, and be right in float64 on batch 0, heads 0 and 1.
+    from flashlite._attention.plans import Plan
+    from flashlite._attention.validation import validate
+    monkeypatch.setattr(launch_gluon, "GLUON_REPLAY", True)
+    S = launch_gluon.GLUON_WINDOW_MIN_SEQ if window else max(launch_gluon.GLUON_MIN_SEQ[D], 1024)
+    B, H = max(1, launch_gluon.GLUON_MIN_ROWS // (16 * S)), 16
+    problem = validate(*qkv(B, H, S, D, torch.bfloat16), True, None, None, None, "triton", None, window)
+    plan = Plan(problem, None, record=True)
+    plan.record = True  # as on CUDA with the launch cache on, whatever FLASHLITE_LAUNCH_CACHE says here
+    launch_gluon.launch_planned(*qkv(B, H, S, D, torch.bfloat16), problem, plan)  # recorded
+    (site, recorded), = plan.recorded.items()
+    assert recorded is not None, "the Gluon launch could not be recorded"
+    replays = []
+    real_replay = recorded.launch
+    recorded.launch = lambda *leading: replays.append(real_replay(*leading)) or replays[-1]
+    q, k, v = qkv(B, H, S, D, torch.bfloat16)
+    out, lse = launch_gluon.launch_planned(q, k, v, problem, plan)
+    assert replays == [True], "the replay fell back to the ordinary launch"
+    ordinary_out, ordinary_lse = launch_gluon.launch_planned(q, k, v, problem)  # no plan: the ordinary launch
+    assert torch.equal(out, ordinary_out) and torch.equal(lse, ordinary_lse)
+    part = (slice(0, 1), slice(0, 2))
+    ref_out, _ = reference(*(t[part].double() for t in (q, k, v)), True, None, None if window is None else window[0])
+    assert_close(out[part], ref_out, baseline=sdpa_baseline(*(t[part] for t in (q, k, v)), True, window=window),
+                 notes=("replayed Gluon launch", f"D={D}", f"window {window}"))
+
+
 def test_dispatched_gluon_window_end_to_end():
     # A causal sliding window at D=64 of the length the rule starts from: explain_dispatch names the Gluon kernel
     # and the window, and attention() (plan, the windowed Gluon launch, the pointer kernel's windowed backward) is

@@ -213,3 +213,39 @@ def test_attention_grids():
     assert _Grid(1000, "BLOCK_M", 32)({"BLOCK_M": 128}) == (8, 32)
     assert _Grid(1000, "BLOCK_M", 32)({"BLOCK_M": 128, "BH_PER_PROGRAM": 4}) == (8, 8)
     assert _Grid(100, "BLOCK_N", 70_000)({"BLOCK_N": 64}) == (2 * 70_000,)  # past axis 1's limit: flattened
+
+
+class _FakeDescriptor:
+    """Stands in for a host-side TMA descriptor (Triton's TensorDescriptor): a replay reads only its base."""
+
+    def __init__(self, base) -> None:
+        self.base = base
+
+
+def test_a_replay_passes_tma_descriptors_as_they_are_after_checking_what_they_describe():
+    compiled = _FakeCompiled()
+    hooks = types.SimpleNamespace(launch_enter_hook=None, launch_exit_hook=None)
+    recorded = _direct_launch.RecordedLaunch(compiled, (5, 1, 1), ["old_desc", "old_lse", 16, "C"], n_tensors=2,
+                                             device_index=0, driver=_FakeDriver(0), hooks=hooks)
+    descriptor, lse = _FakeDescriptor(_AlignedTensor(4096)), _AlignedTensor(8192)
+    assert recorded.launch(descriptor, lse)
+    # The descriptor itself (the launcher encodes it, as in an ordinary launch), the tensor as its address.
+    assert compiled.launches == [(5, 1, 1, "stream0", "function", "metadata", None, None, None, descriptor, 8192,
+                                  16, "C")]
+    assert not recorded.launch(_FakeDescriptor(_AlignedTensor(4098)), lse)  # the described tensor unaligned
+    assert not recorded.launch(_FakeDescriptor(_AlignedTensor(4096, device=1)), lse)  # on another GPU
+    assert len(compiled.launches) == 1
+
+
+def test_record_declines_a_descriptor_of_a_cpu_tensor_and_still_launches():
+    launched = []
+
+    class Kernel:
+        arg_names = ["desc", "n"]
+
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: launched.append(args) or object()
+
+    descriptor = _FakeDescriptor(torch.randn(8))
+    assert _direct_launch.record(Kernel(), (1,), (descriptor, 8), {}, n_tensors=1) is None
+    assert launched == [(descriptor, 8)]

@@ -242,7 +242,7 @@ def test_a_windowed_plan_launches_the_window_config_with_its_left_bound(monkeypa
     from flashlite._attention.validation import validate
     launched = []
     monkeypatch.setattr(launch_gluon, "_launch",
-                        lambda q, k, v, causal_mode, scale, config, window_left=-1: launched.append(
+                        lambda q, k, v, causal_mode, scale, config, window_left=-1, plan=None: launched.append(
                             (causal_mode, config, window_left)))
     q = torch.empty(1, 2, 64, 64, dtype=torch.bfloat16)
     windowed = validate(q, q, q, True, None, None, None, "triton", None, (37, 0))
@@ -290,7 +290,7 @@ def test_a_plan_on_the_gluon_kernel_launches_it_and_says_so(monkeypatch):
     monkeypatch.setattr(launch_gluon, "GLUON_MIN_SEQ", {64: 64, 128: 64})
     launched = []
 
-    def fake_launch(q, k, v, problem):
+    def fake_launch(q, k, v, problem, plan=None):
         launched.append(problem.seq_q)
         return q.new_full(q.shape, 7.0), torch.zeros(q.shape[:3], device=q.device)
 
@@ -356,3 +356,83 @@ def test_the_address_check_stays_for_a_single_call():
     unaligned = torch.empty(1 * 2 * 16 * 64 + 1, dtype=torch.bfloat16)[1:].view(1, 2, 16, 64)
     assert "not 16-byte aligned" in gluon_supported(unaligned, unaligned, unaligned)
     assert gluon_supported(unaligned, unaligned, unaligned, addresses=False).startswith("tensors on cpu")
+
+
+# A plan's Gluon launches replayed (GLUON_REPLAY, FLASHLITE_GLUON_REPLAY=1): recorded at the plan's first call,
+# replayed with each later call's descriptors and lse, the ordinary launch otherwise. The kernel, its arguments
+# and the recording are stood in (the launch needs an sm_90 GPU); the plan and the choice between them are real.
+class _FakeGluonKernel:
+    def __init__(self):
+        self.ordinary = []
+
+    def __getitem__(self, grid):
+        return lambda *args, **meta: self.ordinary.append((grid, args))
+
+
+class _FakeRecordedLaunch:
+    def __init__(self, accept=True):
+        self.accept, self.replayed = accept, []
+
+    def launch(self, *leading):
+        if self.accept:
+            self.replayed.append(leading)
+        return self.accept
+
+
+@pytest.fixture
+def gluon_stand_ins(monkeypatch):
+    kernel, recordings, calls = _FakeGluonKernel(), [], iter(range(1000))
+
+    def fake_arguments(q, k, v, out, lse, causal_mode, scale, config, window_left=-1):
+        call = next(calls)  # each call's descriptors are new objects
+        return (f"q{call}", f"k{call}", f"v{call}", f"o{call}", lse, 16, 1, 64, 64, 0.5, -1), {"num_warps": 4}
+
+    def fake_record(kernel, grid, args, meta, n_tensors):
+        assert n_tensors == 5
+        kernel[grid](*args, **meta)
+        recordings.append(_FakeRecordedLaunch())
+        return recordings[-1]
+
+    monkeypatch.setattr(launch_gluon, "kernel_arguments", fake_arguments)
+    monkeypatch.setattr(launch_gluon, "kernel_for", lambda config: kernel)
+    monkeypatch.setattr(launch_gluon, "_grid", lambda config, q: (1, 2))
+    monkeypatch.setattr(launch_gluon._direct_launch, "record", fake_record)
+    return kernel, recordings
+
+
+def _gluon_plan(record=True):
+    from flashlite._attention.plans import Plan
+    from flashlite._attention.validation import validate
+    q = torch.empty(1, 2, 64, 64, dtype=torch.bfloat16)
+    problem = validate(q, q, q, True, None, None, None, "triton", None)
+    plan = Plan(problem, None, record=True)
+    plan.record = record
+    return q, problem, plan
+
+
+def test_a_plan_replays_its_gluon_launch_with_each_calls_descriptors(gluon_stand_ins, monkeypatch):
+    kernel, recordings = gluon_stand_ins
+    monkeypatch.setattr(launch_gluon, "GLUON_REPLAY", True)
+    q, problem, plan = _gluon_plan()
+    launch_gluon.launch_planned(q, q, q, problem, plan)  # recorded: launched once the ordinary way
+    out, lse = launch_gluon.launch_planned(q, q, q, problem, plan)  # replayed
+    assert len(kernel.ordinary) == 1 and kernel.ordinary[0][1][:4] == ("q0", "k0", "v0", "o0")
+    assert len(recordings) == 1 and recordings[0].replayed == [("q1", "k1", "v1", "o1", lse)]
+    assert set(plan.recorded) == {("gluon forward", launch_gluon.dispatched_config(64))}
+    recordings[0].accept = False  # refused (an unaligned or foreign tensor, a launch hook): the ordinary launch
+    launch_gluon.launch_planned(q, q, q, problem, plan)
+    assert len(kernel.ordinary) == 2 and len(recordings) == 1
+
+
+def test_gluon_launches_go_the_ordinary_way_without_the_switch_a_recording_plan_or_a_plan(gluon_stand_ins,
+                                                                                          monkeypatch):
+    kernel, recordings = gluon_stand_ins
+    q, problem, plan = _gluon_plan()
+    for _ in range(2):
+        launch_gluon.launch_planned(q, q, q, problem, plan)  # GLUON_REPLAY off, the default
+    monkeypatch.setattr(launch_gluon, "GLUON_REPLAY", True)
+    q, problem, unrecorded = _gluon_plan(record=False)  # a plan that records nothing (off CUDA, or the cache off)
+    for _ in range(2):
+        launch_gluon.launch_planned(q, q, q, problem, unrecorded)
+        launch_gluon.launch_planned(q, q, q, problem)  # no plan: a direct call
+    assert len(kernel.ordinary) == 6 and recordings == [] and plan.recorded == {} and unrecorded.recorded == {}

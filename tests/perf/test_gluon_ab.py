@@ -11,7 +11,8 @@ backward (dK/dV and dQ), forward+backward of ``flashlite.attention`` with its sw
 ``-k gluon_window``: the causal sliding window on the Gluon forward against the pointer kernel's and FlexAttention.
 ``-k below_the_floor``: the dispatched Gluon forward at cases 5 and 7-10, under the rule's length floor.
 ``-k step4``: step 4 (step 1's schedule over a persistent grid, tiles longest first) against step 1 in the same
-tile, against what the rule dispatches and against SDPA.
+tile, against what the rule dispatches and against SDPA. ``-k replayed``: the planned launch replayed
+(``GLUON_REPLAY``) against the ordinary one, the pointer kernel and SDPA at cases 5 and 7-10.
 """
 from __future__ import annotations
 
@@ -239,3 +240,33 @@ def test_gluon_below_the_floor_ab(shape, kernel_ab):
     name = f"fwd D{shape.D} {_shape_name(launch_gluon.dispatched_config(shape.D))} (planned launch)"
     kernel_ab.compare(gluon, pointer, name=f"{name} vs pointer kernel", **work)
     kernel_ab.compare(gluon, sdpa, name=f"{name} vs sdpa", **work)
+
+
+# The planned launch replayed (GLUON_REPLAY: the compiled kernel kept from the plan's first launch, Triton's
+# argument binding skipped) against the ordinary planned launch, SDPA and the pointer kernel, below and at the
+# rule's floors (cases 5 and 7-10), where the launch's host time is what decides. ``-k replayed``: what would turn
+# FLASHLITE_GLUON_REPLAY on by default, and move the floors again.
+@pytest.mark.shape(*SHORT_SHAPES, dtype=[torch.bfloat16])
+@pytest.mark.memory(lambda shape: attention_bytes(shape, copies=8))
+def test_gluon_replayed_launch_ab(shape, kernel_ab, monkeypatch):
+    from flashlite._attention.plans import Plan
+    from flashlite._attention.validation import validate
+    monkeypatch.setattr(launch_gluon, "GLUON_REPLAY", True)
+    q, k, v = qkv(shape.B, shape.H, shape.S, shape.D, shape.dtype)
+    problem = validate(q, k, v, True, None, None, None, "triton", None)
+    plan = Plan(problem, None, record=True)
+    plan.record = True  # as on CUDA with the launch cache on
+    replayed = lambda: launch_gluon.launch_planned(q, k, v, problem, plan)[0]  # noqa: E731
+    ordinary = lambda: launch_gluon.launch_planned(q, k, v, problem)[0]  # noqa: E731
+    pointer = lambda: attention_forward(q, k, v, None, None, 1, shape.D ** -0.5, "bf16")[0]  # noqa: E731
+    sdpa = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
+    expected = ordinary()
+    assert torch.equal(replayed(), expected)  # the first call records
+    assert all(recorded is not None for recorded in plan.recorded.values()) and plan.recorded, "not recorded"
+    assert torch.equal(replayed(), expected)  # a replay
+    pointer()  # its autotuning, outside the timed calls
+    work = attention_work(shape)
+    name = f"fwd D{shape.D} {_shape_name(launch_gluon.dispatched_config(shape.D))} (replayed launch)"
+    kernel_ab.compare(replayed, ordinary, name=f"{name} vs ordinary launch", **work)
+    kernel_ab.compare(replayed, pointer, name=f"{name} vs pointer kernel", **work)
+    kernel_ab.compare(replayed, sdpa, name=f"{name} vs sdpa", **work)
