@@ -83,12 +83,16 @@ class RecordedLaunch:
     """
 
     def __init__(self, compiled: Any, grid: tuple[int, int, int], values: list[Any], n_tensors: int,
-                 device_index: int, driver: Any = None, hooks: Any = None) -> None:
+                 device_index: int, driver: Any = None, hooks: Any = None,
+                 descriptors: tuple[int, ...] = ()) -> None:
         self._compiled = compiled
         self._grid = grid
         self._rest = tuple(values[n_tensors:])
         self._n_tensors = n_tensors
         self._device_index = device_index
+        # Positions among the replaced arguments that are TMA descriptors (known at recording): the other
+        # positions are tensors, and a launch without descriptors keeps the plain loop, the pointer kernel's.
+        self._descriptors = frozenset(descriptors)
         if driver is None or hooks is None:
             from triton import knobs
             from triton.runtime.driver import driver as triton_driver
@@ -105,14 +109,20 @@ class RecordedLaunch:
             raise TypeError(f"expected {self._n_tensors} tensors, got {len(tensors)}")
         device_index = self._device_index
         pointers = []
-        for tensor in tensors:
-            described = _described_tensor(tensor)
-            checked = tensor if described is None else described
-            pointer = checked.data_ptr()
-            if pointer % _ALIGNMENT or checked.get_device() != device_index:
-                return False
-            # A tensor goes in as its address; a descriptor as itself, for the launcher to encode.
-            pointers.append(pointer if described is None else tensor)
+        if not self._descriptors:
+            for tensor in tensors:
+                pointer = tensor.data_ptr()
+                if pointer % _ALIGNMENT or tensor.get_device() != device_index:
+                    return False
+                pointers.append(pointer)
+        else:
+            for position, argument in enumerate(tensors):
+                described = argument.base if position in self._descriptors else argument
+                pointer = described.data_ptr()
+                if pointer % _ALIGNMENT or described.get_device() != device_index:
+                    return False
+                # A tensor goes in as its address; a descriptor as itself, for the launcher to encode.
+                pointers.append(argument if position in self._descriptors else pointer)
         if _hook_installed(self._hooks.launch_enter_hook) or _hook_installed(self._hooks.launch_exit_hook):
             return False  # profilers hook launches; the ordinary path calls them
         driver = self._driver
@@ -135,7 +145,8 @@ def record(kernel: Any, grid: Callable[[dict], tuple] | tuple, args: Sequence[An
     happens.
     """
     compiled = kernel[grid](*args, **kwargs)
-    tensors = [t if _described_tensor(t) is None else _described_tensor(t) for t in args[:n_tensors]]
+    descriptors = tuple(i for i, arg in enumerate(args[:n_tensors]) if _described_tensor(arg) is not None)
+    tensors = [arg.base if i in descriptors else arg for i, arg in enumerate(args[:n_tensors])]
     if (compiled is None or not hasattr(compiled, "run") or not hasattr(compiled, "function")
             or not all(isinstance(t, torch.Tensor) and t.is_cuda and t.data_ptr() % _ALIGNMENT == 0
                        for t in tensors)):
@@ -148,6 +159,7 @@ def record(kernel: Any, grid: Callable[[dict], tuple] | tuple, args: Sequence[An
         grid = tuple(grid) + (1,) * (3 - len(grid))
         from triton.runtime.driver import driver
 
-        return RecordedLaunch(compiled, grid, values, n_tensors, driver.active.get_current_device())
+        return RecordedLaunch(compiled, grid, values, n_tensors, driver.active.get_current_device(),
+                              descriptors=descriptors)
     except Exception:  # a Triton version whose internals differ: keep launching the ordinary way
         return None

@@ -405,8 +405,11 @@ def _finish(session: _ABSession) -> None:
     if session.finished:
         return
     session.finished = True
+    if session.progress is not None and session.progress.error is not None:
+        session.notes.append(f"A/B report not rewritten while the run went: {session.progress.error}")
     if not session.records:
         return
+    session.environment = None  # read again: the finished report's date is the end of the run
     session.built = report.build_report(
         session.records, settings=_report_settings(session), environment=_environment(session),
         previous=session.previous
@@ -428,7 +431,8 @@ def _finish(session: _ABSession) -> None:
 
 
 def _environment(session: _ABSession) -> dict[str, Any]:
-    """The report's environment block, read once (it asks git for the commit)."""
+    """The report's environment block, read once for the rewrites while the run goes (it asks git for the commit)
+    and again at the end."""
     from . import report
 
     if session.environment is None:

@@ -395,8 +395,9 @@ class ProgressWriter:
 
     A rewrite serialises every record so far, so it is done at most every ``min_interval`` seconds and never more
     often than keeps its own cost under ``max_share`` of the run's time (each write is timed); the first record is
-    written at once. A write that fails stops the rewrites (``error`` says why): the report at the end is still
-    tried, and fails the run as it would have. ``clock`` is injectable for tests.
+    written at once. A rewrite that fails, for any reason, stops the rewrites and never the run (``error`` says
+    why, and the run's summary shows it): the report at the end is still tried, and fails the run as it would
+    have. ``clock`` is injectable for tests.
 
     >>> import json, os, tempfile
     >>> path = os.path.join(tempfile.mkdtemp(), "ab.json")
@@ -438,8 +439,8 @@ class ProgressWriter:
         start = self.clock()
         try:
             write_json(build(), self.path)
-        except ReportError as exc:
-            self.error = str(exc)
+        except Exception as exc:  # a rewrite must never stop the run it is there to protect
+            self.error = str(exc) if isinstance(exc, ReportError) else f"{type(exc).__name__}: {exc}"
             return False
         self.last_write = self.clock()
         self.last_cost = self.last_write - start

@@ -112,9 +112,16 @@ if [[ $stage == ab || $stage == all ]]; then
   # comparisons of different GPUs in parallel (each GPU's lock keeps its own timing alone), one merged report.
   ab_storage=${AB_STORAGE:-benchmarks/kernelcheck}
   # Autosave names a run after git's HEAD. A remote copy of the tree can carry stale git metadata, so where .commit
-  # exists (written before such a run) the run is saved under that commit and the UTC time instead.
+  # (written before such a run) names a commit this git does not know, or one HEAD is an ancestor of, the run is
+  # saved under that commit and the UTC time instead; a .commit older than HEAD (left from an earlier run) is
+  # ignored.
   save_args=(--kernel-ab-autosave)
-  if [[ -s .commit ]]; then save_args=(--kernel-ab-save "$(tr -cd 'A-Za-z0-9' < .commit)_$(date -u +%Y%m%dT%H%M%SZ)"); fi
+  if [[ -s .commit ]]; then
+    noted=$(tr -cd 'A-Za-z0-9' < .commit)
+    if ! git cat-file -e "$noted^{commit}" 2>/dev/null || git merge-base --is-ancestor HEAD "$noted" 2>/dev/null; then
+      save_args=(--kernel-ab-save "${noted}_$(date -u +%Y%m%dT%H%M%SZ)")
+    fi
+  fi
   ab_workers=()
   if (( ${#spread[@]} )); then ab_workers=(-n "$gpu_count" "${spread[@]}"); fi
   timeout -s INT -k 20 "${AB_LIMIT:-$(remote 420)}" python3 -m pytest ${AB_PATHS:-tests/perf} --kernel-ab "${ab_workers[@]}" \

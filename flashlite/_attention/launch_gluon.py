@@ -52,7 +52,8 @@ VARIANTS = ("pipelined", "ws", "pingpong", "persistent")
 # 5 measured step 1's first config at D=128: 1.098x at B=8 S=4096 and 1.105x at B=16 S=8192. Session 5's run 2
 # (benchmarks/results/h200-2026-12-01-session5/run2_gluon_step3_split_profile) measured step 1 at 64x128, 2 stages,
 # 4 warps at D=64: 1.134x, 1.178x and 1.197x the pointer kernel at B=1 S=8192, B=8 S=4096 and B=16 S=8192 (2**17,
-# 2**19 and 2**21 query rows), and step 3's 64x128x2w4 at D=128 1.089x, 0.990x (a tie) and 1.051x, where its
+# 2**19 and 2**21 query rows), and step 3's 64x128x2w4 at D=128 1.089x, 0.990x (a tie) and 1.051x (the last two
+# against step 1: that run's pointer side took the Gluon step 1 the rule then ran from 2**19 rows), where its
 # do_bench probe ranked 64x128x3w4 first (0.512, 1.099 and 8.200 ms against 0.578, 1.208 and 8.637 ms; through the
 # dispatch, run 3 measured it at 1.003x, 0.941x and 0.975x SDPA, where the pointer kernel is 0.80-0.86x). Smaller
 # calls, fp16, other causal modes and S_q != S_k were not measured, so they stay on the pointer kernel.

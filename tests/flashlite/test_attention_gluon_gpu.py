@@ -266,15 +266,20 @@ def test_a_replayed_gluon_launch_matches_the_ordinary_one_bit_for_bit(monkeypatc
     problem = validate(*qkv(B, H, S, D, torch.bfloat16), True, None, None, None, "triton", None, window)
     plan = Plan(problem, None, record=True)
     plan.record = True  # as on CUDA with the launch cache on, whatever FLASHLITE_LAUNCH_CACHE says here
-    launch_gluon.launch_planned(*qkv(B, H, S, D, torch.bfloat16), problem, plan)  # recorded
+    # The recorded call's tensors (other values) stay alive, so the replay's tensors live at other addresses: a
+    # replay that ran with the recorded descriptors or lse would give the recorded call's output, not this one's.
+    first = qkv(B, H, S, D, torch.bfloat16, seed=1)
+    first_out, first_lse = launch_gluon.launch_planned(*first, problem, plan)  # recorded
     (site, recorded), = plan.recorded.items()
     assert recorded is not None, "the Gluon launch could not be recorded"
     replays = []
     real_replay = recorded.launch
     recorded.launch = lambda *leading: replays.append(real_replay(*leading)) or replays[-1]
-    q, k, v = qkv(B, H, S, D, torch.bfloat16)
+    q, k, v = qkv(B, H, S, D, torch.bfloat16, seed=2)
     out, lse = launch_gluon.launch_planned(q, k, v, problem, plan)
     assert replays == [True], "the replay fell back to the ordinary launch"
+    assert out.data_ptr() != first_out.data_ptr() and lse.data_ptr() != first_lse.data_ptr()
+    assert not torch.equal(out, first_out)
     ordinary_out, ordinary_lse = launch_gluon.launch_planned(q, k, v, problem)  # no plan: the ordinary launch
     assert torch.equal(out, ordinary_out) and torch.equal(lse, ordinary_lse)
     part = (slice(0, 1), slice(0, 2))
@@ -283,7 +288,7 @@ def test_a_replayed_gluon_launch_matches_the_ordinary_one_bit_for_bit(monkeypatc
                  notes=("replayed Gluon launch", f"D={D}", f"window {window}"))
 
 
-def test_dispatched_gluon_window_end_to_end():
+def test_dispatched_gluon_window_end_to_end(monkeypatch):
     # A causal sliding window at D=64 of the length the rule starts from: explain_dispatch names the Gluon kernel
     # and the window, and attention() (plan, the windowed Gluon launch, the pointer kernel's windowed backward) is
     # right in float64 on batch 0, heads 0 and 1.
@@ -293,7 +298,12 @@ def test_dispatched_gluon_window_end_to_end():
     q, k, v = (t.requires_grad_() for t in qkv(1, H, S, 64, torch.bfloat16))
     decision = explain_dispatch(q, k, v, causal=True, window=window, backend="triton")
     assert decision.backend == "triton" and "causal windows of 1000 keys" in decision.reason, decision.reason
+    launches = []
+    real_launch = launch_gluon._launch
+    monkeypatch.setattr(launch_gluon, "_launch", lambda *a, **kw: launches.append(a[5:7]) or real_launch(*a, **kw))
     out = attention(q, k, v, causal=True, window=window, backend="triton")
+    # (config, window_left) of the one forward launch: the windowed config with the window's left bound.
+    assert launches == [(launch_gluon.dispatched_config(64, windowed=True), 1000)], "the Gluon forward did not run"
     _check_causal_part_and_gradients(q, k, v, out, "dispatched Gluon window", window)
 
 

@@ -226,7 +226,7 @@ def test_a_replay_passes_tma_descriptors_as_they_are_after_checking_what_they_de
     compiled = _FakeCompiled()
     hooks = types.SimpleNamespace(launch_enter_hook=None, launch_exit_hook=None)
     recorded = _direct_launch.RecordedLaunch(compiled, (5, 1, 1), ["old_desc", "old_lse", 16, "C"], n_tensors=2,
-                                             device_index=0, driver=_FakeDriver(0), hooks=hooks)
+                                             device_index=0, driver=_FakeDriver(0), hooks=hooks, descriptors=(0,))
     descriptor, lse = _FakeDescriptor(_AlignedTensor(4096)), _AlignedTensor(8192)
     assert recorded.launch(descriptor, lse)
     # The descriptor itself (the launcher encodes it, as in an ordinary launch), the tensor as its address.

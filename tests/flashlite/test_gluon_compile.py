@@ -240,6 +240,9 @@ def test_the_measured_rule_takes_causal_windows_at_d64(monkeypatch, seq, dim, ca
 
 def test_a_windowed_plan_launches_the_window_config_with_its_left_bound(monkeypatch):
     from flashlite._attention.validation import validate
+    # A window config of its own (the shipped one is the dense D=64 config), so that taking the wrong one shows.
+    windowed_config = launch_gluon.GluonConfig("pipelined", 128, 128, 3, 8)
+    monkeypatch.setattr(launch_gluon, "_DISPATCHED_WINDOW", {64: windowed_config})
     launched = []
     monkeypatch.setattr(launch_gluon, "_launch",
                         lambda q, k, v, causal_mode, scale, config, window_left=-1, plan=None: launched.append(
@@ -249,8 +252,8 @@ def test_a_windowed_plan_launches_the_window_config_with_its_left_bound(monkeypa
     dense = validate(q, q, q, True, None, None, None, "triton", None)
     launch_gluon.launch_planned(q, q, q, windowed)
     launch_gluon.launch_planned(q, q, q, dense)
-    assert launched == [(1, launch_gluon.dispatched_config(64, windowed=True), 37),
-                        (1, launch_gluon.dispatched_config(64), -1)]
+    assert launched == [(1, windowed_config, 37), (1, launch_gluon.dispatched_config(64), -1)]
+    assert windowed_config != launch_gluon.dispatched_config(64)
 
 
 def test_every_dispatched_config_is_one_the_kernel_file_lists():
@@ -427,9 +430,10 @@ def test_a_plan_replays_its_gluon_launch_with_each_calls_descriptors(gluon_stand
 def test_gluon_launches_go_the_ordinary_way_without_the_switch_a_recording_plan_or_a_plan(gluon_stand_ins,
                                                                                           monkeypatch):
     kernel, recordings = gluon_stand_ins
+    monkeypatch.setattr(launch_gluon, "GLUON_REPLAY", False)  # the default (FLASHLITE_GLUON_REPLAY unset)
     q, problem, plan = _gluon_plan()
     for _ in range(2):
-        launch_gluon.launch_planned(q, q, q, problem, plan)  # GLUON_REPLAY off, the default
+        launch_gluon.launch_planned(q, q, q, problem, plan)
     monkeypatch.setattr(launch_gluon, "GLUON_REPLAY", True)
     q, problem, unrecorded = _gluon_plan(record=False)  # a plan that records nothing (off CUDA, or the cache off)
     for _ in range(2):

@@ -286,6 +286,8 @@ def test_one(kernel_ab):
     result.stdout.fnmatch_lines(
         ["A/B report not written: cannot write report 'out/ab.json': [[]Errno 17[]] File exists: 'out' (exit status 4)"]
     )
+    # The rewrite while the run went (after the test, when the folder was already a file) failed first, and says so.
+    result.stdout.fnmatch_lines(["*A/B report not rewritten while the run went: cannot write report 'out/ab.json'*"])
 
 
 def test_a_report_written_in_a_failing_run_keeps_the_failure_exit_status(pytester):

@@ -443,3 +443,12 @@ def test_an_unfinished_report_reads_back_as_unfinished():
     assert data["finished"] is False and ABReport.from_json(data).finished is False
     assert "finished" not in report.build_report([], settings={}) and ABReport.from_json(
         report.build_report([], settings={})).finished
+
+
+def test_a_progress_build_that_raises_stops_the_rewrites_not_the_run(tmp_path):
+    def broken():
+        raise KeyError("cpu_threads")
+
+    writer = report.ProgressWriter(tmp_path / "ab.json", min_interval=0.0, clock=_Clock())
+    assert not writer.maybe_write(broken)
+    assert writer.error == "KeyError: 'cpu_threads'" and not (tmp_path / "ab.json").exists()

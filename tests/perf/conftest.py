@@ -54,3 +54,21 @@ def forward_backward(inputs: tuple[torch.Tensor, ...], forward):
         out.backward(grad_out)
         return inputs[0].grad
     return run
+
+
+def pointer_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float, precision: str,
+                    causal_mode: int = 1, window: tuple[int, int] = (-1, -1)):
+    """A callable of the pointer kernel's forward alone, (out, lse): a plan of its own whose Gluon decision is made,
+    False. ``attention_forward`` and ``attention(backend="triton")`` take the Gluon forward wherever the dispatch
+    rule does, so they are not the pointer kernel at the shapes the Gluon A/B compares."""
+    from flashlite._attention.launch import _check_launch, launch_forward
+    from flashlite._attention.plans import Plan
+    from flashlite.dispatch import Decision
+
+    problem = _check_launch(q, k, v, None, None, causal_mode, scale, precision, window[0], window[1], 0.0, None)
+    plan = Plan(problem, Decision("triton", "the pointer kernel alone (an A/B baseline)"), record=q.is_cuda)
+    plan.gluon = False
+
+    def forward():
+        return launch_forward(q, k, v, None, None, plan)
+    return forward

@@ -22,13 +22,12 @@ import torch
 import torch.nn.functional as F
 
 from flashlite._attention import launch_gluon, launch_gluon_bwd
-from flashlite._attention.launch import attention_forward
 from flashlite._attention.launch_gluon import GluonConfig, configs_for, gluon_attention_forward
 from flashlite.attention import attention
 from flashlite.cases import case
 from pytest_kernelcheck import assert_close
 
-from .conftest import attention_bytes, attention_work, qkv
+from .conftest import attention_bytes, attention_work, pointer_forward, qkv
 from .test_variants_ab import WINDOW, WINDOWED, _flex
 from .test_variants_ab import _work as _window_work
 
@@ -70,6 +69,7 @@ def _callables(shape, pairs):
     q, k, v = qkv(shape.B, shape.H, shape.S, shape.D, shape.dtype)
     scale = shape.D ** -0.5
     dot = {torch.bfloat16: "bf16", torch.float16: "fp16"}[shape.dtype]  # the pointer kernel's operand precision
+    pointer = pointer_forward(q, k, v, scale=scale, precision=dot)
     sides = {
         "gluon step 1": _gluon(q, k, v, "pipelined", False),
         "gluon step 2": _gluon(q, k, v, "ws", False),
@@ -81,7 +81,7 @@ def _callables(shape, pairs):
         # Step 1 in step 4's tile (its schedule without the persistent grid), and what the rule runs today.
         "gluon step 1 same tile": _run(q, k, v, _same_tile(configs_for(shape.D, "persistent")[0])),
         "gluon dispatched": _run(q, k, v, launch_gluon.dispatched_config(shape.D)),
-        "pointer kernel": lambda: attention_forward(q, k, v, None, None, 1, scale, dot)[0],
+        "pointer kernel": lambda: pointer()[0],
         "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
     }
     if shape.D == 64:
@@ -206,8 +206,10 @@ def test_gluon_window_ab(shape, kernel_ab):
         return gluon_attention_forward(q, k, v, causal=True, variant=config.variant, config=config,
                                        window=window)[0]
 
+    pointer_kernel = pointer_forward(q, k, v, scale=shape.D ** -0.5, precision="bf16", window=window)
+
     def pointer():
-        return attention(q, k, v, causal=True, window=window, backend="triton")
+        return pointer_kernel()[0]
 
     block_mask = create_block_mask(lambda b, h, i, j: (j <= i) & (i - j <= WINDOW), B=None, H=None,
                                    Q_LEN=shape.S, KV_LEN=shape.S, device="cuda")
@@ -238,7 +240,8 @@ def test_gluon_below_the_floor_ab(shape, kernel_ab):
     scale = shape.D ** -0.5
     problem = validate(q, k, v, True, None, None, None, "triton", None)
     gluon = lambda: launch_gluon.launch_planned(q, k, v, problem)[0]  # noqa: E731
-    pointer = lambda: attention_forward(q, k, v, None, None, 1, scale, "bf16")[0]  # noqa: E731
+    pointer_kernel = pointer_forward(q, k, v, scale=scale, precision="bf16")
+    pointer = lambda: pointer_kernel()[0]  # noqa: E731
     sdpa = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
     expected = sdpa()
     pointer()  # its autotuning, outside the timed calls
@@ -265,12 +268,18 @@ def test_gluon_replayed_launch_ab(shape, kernel_ab, monkeypatch):
     plan.record = True  # as on CUDA with the launch cache on
     replayed = lambda: launch_gluon.launch_planned(q, k, v, problem, plan)[0]  # noqa: E731
     ordinary = lambda: launch_gluon.launch_planned(q, k, v, problem)[0]  # noqa: E731
-    pointer = lambda: attention_forward(q, k, v, None, None, 1, shape.D ** -0.5, "bf16")[0]  # noqa: E731
+    pointer_kernel = pointer_forward(q, k, v, scale=shape.D ** -0.5, precision="bf16")
+    pointer = lambda: pointer_kernel()[0]  # noqa: E731
     sdpa = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
     expected = ordinary()
     assert torch.equal(replayed(), expected)  # the first call records
-    assert all(recorded is not None for recorded in plan.recorded.values()) and plan.recorded, "not recorded"
-    assert torch.equal(replayed(), expected)  # a replay
+    (recorded,) = plan.recorded.values()
+    assert recorded is not None, "the Gluon launch could not be recorded"
+    replays = []
+    real_replay = recorded.launch
+    recorded.launch = lambda *leading: replays.append(real_replay(*leading)) or replays[-1]
+    assert torch.equal(replayed(), expected) and replays == [True], "the replay fell back to the ordinary launch"
+    recorded.launch = real_replay  # the timed calls replay without the count
     pointer()  # its autotuning, outside the timed calls
     work = attention_work(shape)
     name = f"fwd D{shape.D} {_shape_name(launch_gluon.dispatched_config(shape.D))} (replayed launch)"
