@@ -825,7 +825,10 @@ def test_b_killed(kernel_ab):
     written = json.loads((pytester.path / "ab.json").read_text())
     assert written["finished"] is False
     assert [row["name"] for row in written["comparisons"]] == ["finished before the kill"]
-    assert written["comparisons"][0]["verdict"] == "win" and written["summary"]["win"] == 1
+    # Its verdict, whatever a loaded machine makes of 0.2 s of sampling, and its samples are all there.
+    row = written["comparisons"][0]
+    assert row["verdict"] in ("win", "inconclusive") and written["summary"]["comparisons"] == 1
+    assert row["n_pairs"] > 0 and len(row["samples"]["candidate_ms"]) == row["n_pairs"]
     assert not (pytester.path / "ab.md").exists()  # the markdown and plots come only with the finished report
 
 
