@@ -56,7 +56,7 @@ class _ABSession:
     profiled: list[dict[str, Any]] = field(default_factory=list)  # profile mode: what every process ran
     gpu: Any = ()  # records.GpuIdentity of this worker's GPU (--kernel-gpus), None when not pinned; () not asked yet
     progress: Any = None  # report.ProgressWriter: the JSON report rewritten while the run goes (the reporting process)
-    environment: dict[str, Any] | None = None  # report.environment_info() and the CPU threads, read once
+    environment: dict[str, Any] | None = None  # the rewrites' environment block, read at the first rewrite
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -409,7 +409,6 @@ def _finish(session: _ABSession) -> None:
         session.notes.append(f"A/B report not rewritten while the run went: {session.progress.error}")
     if not session.records:
         return
-    session.environment = None  # read again: the finished report's date is the end of the run
     session.built = report.build_report(
         session.records, settings=_report_settings(session), environment=_environment(session),
         previous=session.previous
@@ -431,16 +430,13 @@ def _finish(session: _ABSession) -> None:
 
 
 def _environment(session: _ABSession) -> dict[str, Any]:
-    """The report's environment block, read once for the rewrites while the run goes (it asks git for the commit)
-    and again at the end."""
+    """The report's environment block (it asks git for the commit; its date is now)."""
     from . import report
 
-    if session.environment is None:
-        environment = report.environment_info() if session.report_path or session.save_folder else {}
-        if session.cpu_threads is not None:
-            environment = {**environment, "cpu_threads": session.cpu_threads}
-        session.environment = environment
-    return session.environment
+    environment = report.environment_info() if session.report_path or session.save_folder else {}
+    if session.cpu_threads is not None:
+        environment = {**environment, "cpu_threads": session.cpu_threads}
+    return environment
 
 
 def _report_settings(session: _ABSession) -> dict[str, Any]:
@@ -448,11 +444,14 @@ def _report_settings(session: _ABSession) -> dict[str, Any]:
 
 
 def _report_so_far(session: _ABSession) -> dict[str, Any]:
-    """The JSON report of the records so far, marked unfinished (no comparison with an earlier run yet)."""
+    """The JSON report of the records so far, marked unfinished (no comparison with an earlier run yet); its
+    environment is read once, at the first rewrite."""
     from . import report
 
+    if session.environment is None:
+        session.environment = _environment(session)
     return report.build_report(session.records, settings=_report_settings(session),
-                               environment=_environment(session), finished=False)
+                               environment=session.environment, finished=False)
 
 
 def _history(session: _ABSession) -> tuple[Any, ...]:

@@ -296,7 +296,7 @@ def launch_planned(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: P
     if not bases_aligned(q, k, v):
         return None
     # The rule takes dense calls and causal windows bounded on the left (window_left is -1 for dense ones).
-    config = (_DISPATCHED_WINDOW if problem.window_left >= 0 else _DISPATCHED)[problem.head_dim]
+    config = dispatched_config(problem.head_dim, windowed=problem.window_left >= 0)
     return _launch(q, k, v, problem.causal_mode, problem.scale, config, problem.window_left, plan)
 
 
