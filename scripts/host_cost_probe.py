@@ -5,7 +5,8 @@ Triton kernel is replaced by a no-op before timing. Under the CPU interpreter th
 benchmark configs, so the stub reports a fixed best config and the timed calls reuse it, as tuned calls do on a GPU.
 Usage: python scripts/host_cost_probe.py   (prints best-of-5 timeit means in microseconds; SDPA and the
 ``auto`` replay best-of-15, timed in alternation). The "floor" line is the cost of the cheapest key lookup Python
-allows, with fewer checks than a correct key needs: what any pure-Python plan cache pays at least per call.
+allows, with fewer checks than a correct key needs: what any pure-Python plan cache pays at least per call, and
+why attention() keys its plans in C++ (``flashlite._native``; the Python key where that could not be built).
 """
 from __future__ import annotations
 
@@ -88,7 +89,8 @@ def main() -> None:
     print(f"commit {commit} | python {platform.python_version()} | torch {torch.__version__} | triton "
           f"{triton.__version__} | {platform.processor() or platform.machine()} | CPU tensors, kernels stubbed")
     print(f"SDPA call, B=1 H=2 S=8 D=16              {sdpa_us:7.2f} us")
-    print(f"attention(backend='auto') replaying SDPA  {auto_us:7.2f} us  (+{auto_us - sdpa_us:.2f} us)")
+    key = "C++" if plans_module.fast_signature is not plans_module.signature else "Python"
+    print(f"attention(backend='auto') replaying SDPA  {auto_us:7.2f} us  (+{auto_us - sdpa_us:.2f} us, plan key in {key})")
     # The least a plan lookup in Python can cost: the three shapes, one dtype and one device (fewer checks than a
     # correct key needs: no strides, no dtype or device of k and v) and the arguments, hashed into one dict lookup.
     floor_env = {"q": q, "k": k, "v": v, "plans": {}}

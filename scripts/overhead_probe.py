@@ -54,15 +54,17 @@ def graph_us(fn, n: int = 20) -> float:
 
 
 def main() -> None:
+    print(f"plan key in {'C++' if attn_plans.fast_signature is not attn_plans.signature else 'Python'}", flush=True)
     for B, S in ((1, 128), (64, 256), (128, 128), (256, 64)):
         q, k, v = (torch.randn(B, 16, S, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         attn_mod.attention(q, k, v, causal=True, backend="triton")
         attn_mod.attention(q, k, v, causal=True, backend="triton")  # records the plan's launch
-        key = attn_plans.signature(q, k, v, None, None, True, None, "triton", None)
+        # The key attention() uses: C++ where flashlite._native built, the Python one otherwise (same arguments).
+        key = attn_plans.fast_signature(q, k, v, None, None, True, None, "triton", None, None, None, None)
         plan = attn_plans._PLANS[key]
         problem = plan.problem
         args = (q, k, v, None, None, 1, problem.scale, problem.precision)
-        auto_key = attn_plans.signature(q, k, v, None, None, True, None, "auto", None)
+        auto_key = attn_plans.fast_signature(q, k, v, None, None, True, None, "auto", None, None, None, None)
         paths = {
             "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
             "attention(triton)": lambda: attn_mod.attention(q, k, v, causal=True, backend="triton"),
@@ -70,8 +72,9 @@ def main() -> None:
             "custom op": lambda: attn_ops.attention_forward_op(*args),
             "launcher only": lambda: attn_launch.launch_forward(q, k, v, None, None, plan,
                                                                      need_lse=False),
-            "plan key + lookup": lambda: attn_plans._PLANS.get(attn_plans.signature(q, k, v, None, None, True,
-                                                                                    None, "auto", None)),
+            "plan key + lookup": lambda: attn_plans._PLANS.get(attn_plans.fast_signature(
+                q, k, v, None, None, True, None, "auto", None, None, None, None)),
+            "Python key only": lambda: attn_plans.signature(q, k, v, None, None, True, None, "auto", None),
             "dict lookup only": lambda: attn_plans._PLANS.get(auto_key),
             "two torch.empty": lambda: (torch.empty((B, 16, S, 64), dtype=q.dtype, device=q.device),
                                         torch.empty((B, 16, S), dtype=torch.float32, device=q.device)),

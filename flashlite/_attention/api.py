@@ -94,8 +94,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: Unio
     key = None
     if not torch.compiler.is_compiling():  # under torch.compile the plan is made at trace time, not kept
         try:
-            key = plans.signature(q, k, v, key_padding_mask, key_lengths, causal, scale, backend, precision, window,
-                                  softcap, alibi_slopes)
+            key = plans.fast_signature(q, k, v, key_padding_mask, key_lengths, causal, scale, backend, precision,
+                                       window, softcap, alibi_slopes)
+            if key is None:
+                key = plans.signature(q, k, v, key_padding_mask, key_lengths, causal, scale, backend, precision,
+                                      window, softcap, alibi_slopes)
             plan = plans._PLANS.get(key)
         except (AttributeError, TypeError):  # not tensors, or unhashable arguments: validation names the problem
             key = plan = None

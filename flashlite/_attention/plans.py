@@ -13,6 +13,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from flashlite import _native
 from flashlite._attention.validation import Problem
 
 # Launch recording (replaying the compiled kernel with new tensors, ``flashlite._direct_launch``) is on unless
@@ -78,12 +79,20 @@ def signature(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mas
     if (key_padding_mask is None and key_lengths is None and window is None and softcap is None
             and alibi_slopes is None):
         return key
-    return (*key, _mask_signature(key_padding_mask), _mask_signature(key_lengths), window, window.__class__,
+    # The window's sides join with their classes too: validation refuses (True, 0), which equals (1, 0).
+    window_classes = None if window is None else (window.__class__, *(side.__class__ for side in window))
+    return (*key, _mask_signature(key_padding_mask), _mask_signature(key_lengths), window, window_classes,
             softcap, softcap.__class__, _mask_signature(alibi_slopes))
 
 
-# Plans by signature. Past MAX_PLANS distinct signatures, new ones are validated and decided on every call.
-_PLANS: dict[tuple, Plan] = {}
+# The same key packed into bytes by C++ (``flashlite._native``): same arguments as ``signature`` (all twelve,
+# positional), None for arguments it does not cover, which then take ``signature``. Where the extension could
+# not be built, ``signature`` itself.
+fast_signature: Callable[..., Optional[Any]] = _native.plan_key or signature
+
+
+# Plans by signature (a ``signature`` tuple or a ``fast_signature`` bytes key). Past MAX_PLANS distinct signatures, new ones are validated and decided on every call.
+_PLANS: dict[Any, Plan] = {}
 MAX_PLANS = 4096
 
 

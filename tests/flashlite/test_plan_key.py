@@ -1,0 +1,163 @@
+"""attention()'s plan key: the C++ key (``flashlite._native``) tells calls apart exactly as the Python key does, covers
+every plain call, and leaves what it does not cover to the Python key; without a compiler flashlite still runs."""
+import os
+import random
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import flashlite._attention.plans as plans_module
+from flashlite import _native
+from flashlite.attention import attention
+
+ARGUMENT_NAMES = ("q", "k", "v", "key_padding_mask", "key_lengths", "causal", "scale", "backend", "precision",
+                  "window", "softcap", "alibi_slopes")
+
+
+def _tensor(rng: random.Random, sizes: tuple, dtype: torch.dtype, device: str) -> torch.Tensor:
+    """Fresh random data; for 4-d sizes sometimes other strides: [B, S, H, D] storage seen as [B, H, S, D]."""
+    if len(sizes) == 4 and rng.random() < 0.3:
+        b, h, s, d = sizes
+        return torch.randn(b, s, h, d, device=device).to(dtype).transpose(1, 2)
+    return torch.randn(*sizes, device=device).to(dtype)
+
+
+def _random_call(rng: random.Random) -> list:
+    """Twelve plan-key arguments, each drawn from a few values."""
+    batch, heads, kv_heads = rng.choice([1, 2]), rng.choice([2, 4]), rng.choice([1, 2])
+    seq, seq_k, dim = rng.choice([5, 8]), rng.choice([5, 9]), rng.choice([16, 32])
+    dtype, device = rng.choice([torch.float32, torch.float16]), rng.choice(["cpu", "meta"])
+    return [_tensor(rng, (batch, heads, seq, dim), dtype, device),
+            _tensor(rng, (batch, kv_heads, seq_k, dim), dtype, device),
+            _tensor(rng, (batch, kv_heads, seq_k, dim), dtype, device),
+            rng.choice([None, _tensor(rng, (batch, seq_k), torch.bool, device)]),
+            rng.choice([None, torch.randint(1, seq_k + 1, (batch,), device=device)]),
+            rng.choice([False, True, "lower_right"]), rng.choice([None, 0.25, 0.5]),
+            rng.choice(["auto", "sdpa", "triton"]), rng.choice([None, "ieee"]),
+            rng.choice([None, (3, 0), (4, 0), (-1, 2)]), rng.choice([None, 30.0, 5.5]),
+            rng.choice([None, _tensor(rng, (heads,), torch.float32, device),
+                        _tensor(rng, (batch, heads), torch.float32, device)])]
+
+
+def _other_tensor(rng: random.Random, tensor) -> torch.Tensor:
+    """A tensor that differs from ``tensor`` in exactly one of: strides, shape, dtype, device (or being given)."""
+    if tensor is None:
+        return torch.randn(3)
+    change = rng.choice(["strides", "shape", "dtype", "device"])
+    if change == "strides":
+        wider = torch.randn(*tensor.shape[:-1], tensor.shape[-1] + 3, device=tensor.device).to(tensor.dtype)
+        return wider[..., :tensor.shape[-1]]  # the same shape, a longer row stride
+    if change == "shape":
+        return torch.randn(*tensor.shape[:-1], tensor.shape[-1] + 1, device=tensor.device).to(tensor.dtype)
+    if change == "dtype":
+        return tensor.to(torch.float64 if tensor.dtype != torch.float64 else torch.float32)
+    moved = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype,
+                                device="cpu" if tensor.device.type == "meta" else "meta")
+    return moved.copy_(torch.randn(tensor.shape).to(tensor.dtype)) if moved.device.type == "cpu" else moved
+
+
+_SCALAR_CHOICES = {"causal": [False, True, "lower_right"], "scale": [None, 0.25, 0.5, 0.125],
+                   "backend": ["auto", "sdpa", "triton"], "precision": [None, "ieee", "bf16"],
+                   "window": [None, (3, 0), (4, 0), (-1, 2), (3, 1)], "softcap": [None, 30.0, 5.5]}
+
+
+def _two_calls_changed_in(rng: random.Random, call: list, index: int) -> list[list]:
+    """Two calls that differ from ``call`` and from each other in argument ``index`` alone."""
+    name = ARGUMENT_NAMES[index]
+    if name in _SCALAR_CHOICES:
+        values = rng.sample([value for value in _SCALAR_CHOICES[name] if value != call[index]], 2)
+    else:
+        values = [_other_tensor(rng, call[index]), _other_tensor(rng, call[index])]
+    return [call[:index] + [value] + call[index + 1:] for value in values]
+
+
+needs_native = pytest.mark.skipif(_native.plan_key is None, reason=f"no C++ plan key: {_native.build_error}")
+
+
+@needs_native
+def test_the_cpp_key_tells_calls_apart_exactly_as_the_python_key_does():
+    rng = random.Random()  # fresh draws every run; a failure prints the calls that disagree
+    calls = []
+    for _ in range(6):
+        base = _random_call(rng)
+        # The same signature with fresh data (equal keys), and two calls per argument that differ in it alone.
+        calls += [base, [a.clone() if isinstance(a, torch.Tensor) else a for a in base]]
+        calls += [changed for index in range(len(ARGUMENT_NAMES)) for changed in _two_calls_changed_in(rng, base, index)]
+    native = [_native.plan_key(*call) for call in calls]
+    python = [plans_module.signature(*call) for call in calls]
+    assert all(isinstance(key, bytes) for key in native), "every plain call is covered by the C++ key"
+    disagreements = [(i, j) for i in range(len(calls)) for j in range(i)
+                     if (native[i] == native[j]) != (python[i] == python[j])]
+    assert not disagreements, [[dict(zip(ARGUMENT_NAMES, calls[n])) for n in pair] for pair in disagreements[:2]]
+    assert len(set(python)) == len(set(native)) > 6 * 13  # the draws really varied the signatures
+
+
+class _SubTensor(torch.Tensor):
+    pass
+
+
+@needs_native
+@pytest.mark.parametrize("field, value", [
+    ("causal", 1),  # an int, which validation refuses although 1 == True
+    ("scale", 1),  # an int scale
+    ("scale", torch.tensor(0.5).numpy()[()]),  # a numpy float, not exactly a float
+    ("window", (True, 0)),  # a bool side, which validation refuses although True == 1
+    ("window", [3, 0]),
+    ("softcap", 30),
+    ("backend", None),
+    ("q", "subclass"),
+    ("key_lengths", "sparse"),
+])
+def test_what_the_cpp_key_does_not_cover_is_left_to_the_python_key(field, value):
+    call = _random_call(random.Random())
+    index = ARGUMENT_NAMES.index(field)
+    if value == "subclass":
+        value = call[index].as_subclass(_SubTensor)
+    elif value == "sparse":
+        value = torch.ones(call[0].shape[0], dtype=torch.int64).to_sparse()
+    call[index] = value
+    assert _native.plan_key(*call) is None
+
+
+@needs_native
+def test_attention_keys_its_plans_in_cpp_and_subclasses_in_python(monkeypatch):
+    monkeypatch.setattr(plans_module, "_PLANS", {})
+    q, k, v = (torch.randn(1, 2, 8, 16) for _ in range(3))
+    expected = attention(q, k, v, causal=True, backend="sdpa")
+    (key,) = plans_module._PLANS
+    assert isinstance(key, bytes)
+    out = attention(*(t.as_subclass(_SubTensor) for t in (q, k, v)), causal=True, backend="sdpa")
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    assert sorted(type(key).__name__ for key in plans_module._PLANS) == ["bytes", "tuple"]
+
+
+def test_a_window_side_given_as_a_bool_is_refused_after_its_int_twin_made_a_plan(monkeypatch):
+    # The Python key once held the window's value and class but not its sides' classes: (True, 0) == (1, 0), so a
+    # call that validation must refuse replayed the plan made for (1, 0).
+    monkeypatch.setattr(plans_module, "_PLANS", {})
+    monkeypatch.setattr(plans_module, "fast_signature", plans_module.signature)  # the Python key alone
+    q, k, v = (torch.randn(1, 2, 8, 16) for _ in range(3))
+    attention(q, k, v, causal=True, window=(1, 0), backend="sdpa")
+    with pytest.raises(TypeError, match="window must be None or"):
+        attention(q, k, v, causal=True, window=(True, 0), backend="sdpa")
+
+
+def test_without_a_compiler_flashlite_keys_plans_in_python_and_says_why(tmp_path):
+    script = (
+        "import logging; logging.basicConfig(level=logging.WARNING)\n"
+        "import torch\n"
+        "from flashlite import _native\n"
+        "from flashlite.attention import attention\n"
+        "q = torch.randn(1, 2, 8, 16)\n"
+        "out = attention(q, q, q, causal=True, backend='sdpa')\n"
+        "ref = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)\n"
+        "print(_native.plan_key is None, torch.equal(out, ref), _native.build_error)\n"
+    )
+    env = {**os.environ, "CXX": "/bin/false", "FLASHLITE_CACHE_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.startswith("True True RuntimeError: /bin/false failed (1)"), done.stdout
+    assert "the C++ plan key is not available, plans are keyed in Python" in done.stderr
+    assert not list(tmp_path.glob("*.so"))  # nothing half-built is left to load
