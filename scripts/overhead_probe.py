@@ -82,7 +82,9 @@ def main() -> None:
         recorded = plan.recorded.get("inference")
         out = torch.empty_like(q)
         if recorded is not None:
-            paths["recorded launch only"] = lambda: recorded.launch(q, k, v, out, out, q, q)
+            # The kernel's Q, K, V, Out, Lse, KeyMask, KeyLen, Alibi, CuSeqQ, CuSeqK, BlockTable, as the
+            # launcher passes them for an inference call without masks or variants (unused slots take q).
+            paths["recorded launch only"] = lambda: recorded.launch(q, k, v, out, out, q, q, q, q, q, q)
         for name, fn in paths.items():
             host = host_us(fn)
             try:

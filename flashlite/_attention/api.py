@@ -12,6 +12,10 @@ from flashlite._attention.sdpa import sdpa_attention
 from flashlite._attention.validation import validate
 from flashlite.dispatch import Decision
 
+# torch.compile treats this function as a constant wherever it is called from; bound here, a replayed call skips
+# two attribute lookups.
+_is_compiling = torch.compiler.is_compiling
+
 
 def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: Union[bool, str] = False,
                      scale: Optional[float] = None, key_padding_mask: Optional[torch.Tensor] = None,
@@ -92,7 +96,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: Unio
         log_decision(decide_with_mask(q, k, problem, backend, attn_mask), q, k)
         return sdpa_attention(q, k, v, key_mask, problem, attn_mask=attn_mask, alibi_slopes=alibi_slopes)
     key = None
-    if not torch.compiler.is_compiling():  # under torch.compile the plan is made at trace time, not kept
+    if not _is_compiling():  # under torch.compile the plan is made at trace time, not kept
         try:
             key = plans.fast_signature(q, k, v, key_padding_mask, key_lengths, causal, scale, backend, precision,
                                        window, softcap, alibi_slopes)
