@@ -77,10 +77,10 @@ GLUON_WINDOW_MIN_SEQ = 16384
 GLUON_ENABLED = os.environ.get("FLASHLITE_GLUON", "1") not in ("", "0")
 # A plan's Gluon launches replayed (flashlite._direct_launch: the compiled kernel kept from the plan's first
 # launch, each later call passing its own TMA descriptors and lse, Triton's per-call argument binding skipped), as
-# the pointer kernel's launches are. Off until an H200 run measures it against the ordinary launch
-# (tests/perf/test_gluon_ab.py -k replayed) and checks it (tests/flashlite/test_attention_gluon_gpu.py -k replay):
-# FLASHLITE_GLUON_REPLAY=1 turns it on.
-GLUON_REPLAY = os.environ.get("FLASHLITE_GLUON_REPLAY", "0") not in ("", "0")
+# the pointer kernel's launches are. On the H200 (benchmarks/results/h200-2026-12-04/run1_key_replay_auto) it tied
+# the ordinary launch at 8 of 10 shapes and won at the host-bound two (D=64, B=64 S=256 and B=128 S=128: 1.30x),
+# and its bit-for-bit GPU test passed; FLASHLITE_GLUON_REPLAY=0 turns it off.
+GLUON_REPLAY = os.environ.get("FLASHLITE_GLUON_REPLAY", "1") not in ("", "0")
 # What changes from call to call of one plan, the leading arguments of every Gluon forward: the TMA descriptors of
 # q, k, v and out, then lse.
 _CALL_ARGUMENTS = 5

@@ -361,7 +361,7 @@ def test_the_address_check_stays_for_a_single_call():
     assert gluon_supported(unaligned, unaligned, unaligned, addresses=False).startswith("tensors on cpu")
 
 
-# A plan's Gluon launches replayed (GLUON_REPLAY, FLASHLITE_GLUON_REPLAY=1): recorded at the plan's first call,
+# A plan's Gluon launches replayed (GLUON_REPLAY, on unless FLASHLITE_GLUON_REPLAY=0): recorded at the plan's first call,
 # replayed with each later call's descriptors and lse, the ordinary launch otherwise. The kernel, its arguments
 # and the recording are stood in (the launch needs an sm_90 GPU); the plan and the choice between them are real.
 class _FakeGluonKernel:
@@ -430,7 +430,7 @@ def test_a_plan_replays_its_gluon_launch_with_each_calls_descriptors(gluon_stand
 def test_gluon_launches_go_the_ordinary_way_without_the_switch_a_recording_plan_or_a_plan(gluon_stand_ins,
                                                                                           monkeypatch):
     kernel, recordings = gluon_stand_ins
-    monkeypatch.setattr(launch_gluon, "GLUON_REPLAY", False)  # the default (FLASHLITE_GLUON_REPLAY unset)
+    monkeypatch.setattr(launch_gluon, "GLUON_REPLAY", False)  # switched off (FLASHLITE_GLUON_REPLAY=0)
     q, problem, plan = _gluon_plan()
     for _ in range(2):
         launch_gluon.launch_planned(q, q, q, problem, plan)

@@ -254,8 +254,8 @@ def test_gluon_below_the_floor_ab(shape, kernel_ab):
 
 # The planned launch replayed (GLUON_REPLAY: the compiled kernel kept from the plan's first launch, Triton's
 # argument binding skipped) against the ordinary planned launch, SDPA and the pointer kernel, below and at the
-# rule's floors (cases 5 and 7-10), where the launch's host time is what decides. ``-k replayed``: what would turn
-# FLASHLITE_GLUON_REPLAY on by default, and move the floors again.
+# rule's floors (cases 5 and 7-10), where the launch's host time is what decides. ``-k replayed``: the measurement
+# that turned FLASHLITE_GLUON_REPLAY on by default (2026-12-04: ties or wins against the ordinary launch).
 @pytest.mark.shape(*SHORT_SHAPES, dtype=[torch.bfloat16])
 @pytest.mark.memory(lambda shape: attention_bytes(shape, copies=8))
 def test_gluon_replayed_launch_ab(shape, kernel_ab, monkeypatch):
