@@ -70,9 +70,14 @@ VARIANTS = ("pipelined", "ws", "pingpong", "persistent")
 # step 1 in the dense D=64 config at 1.066x and 1.069x the pointer kernel's window (1,024 keys, B=1, H=16, S=16,384
 # and 65,536), and step 1 at D=128 (128x128x2w8; the ping-pong kernel has no window) at 0.976x and 0.978x, losses:
 # so windows take the Gluon kernel at D=64 only, from the shortest measured length, GLUON_WINDOW_MIN_SEQ.
+# fp16 (benchmarks/results/h200-2026-12-04/run3_fp16_realsize): the dispatched configs measured 1.10-1.20x the
+# pointer kernel at D=64 and 1.28-1.34x at D=128, dense causal at B=1 S=8,192, B=8 S=4,096 and B=16 S=8,192; so
+# dense fp16 calls take the Gluon kernel too, from the shortest length measured in fp16, GLUON_FP16_MIN_SEQ (fp16
+# windows were not measured).
 # FLASHLITE_GLUON=0 keeps every call on the pointer kernel.
 GLUON_MIN_ROWS = 2 ** 17
 GLUON_MIN_SEQ = {64: 512, 128: 2048}
+GLUON_FP16_MIN_SEQ = 4096
 GLUON_WINDOW_MIN_SEQ = 16384
 GLUON_ENABLED = os.environ.get("FLASHLITE_GLUON", "1") not in ("", "0")
 # A plan's Gluon launches replayed (flashlite._direct_launch: the compiled kernel kept from the plan's first
@@ -246,9 +251,10 @@ def dispatched_config(head_dim: int, windowed: bool = False) -> Optional["GluonC
 
 def forward_kernel_for(problem: Problem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Optional[str]:
     """Why a Triton plan's forward runs on the Gluon kernel (a reason for ``explain_dispatch``), or None for the
-    pointer kernel: the call must be one the measurement covered (causal bf16, S_q == S_k, at least
-    ``GLUON_MIN_ROWS`` query rows in all; dense at D=64 or 128 from ``GLUON_MIN_SEQ[D]`` per sequence, or a causal
-    sliding window at D=64 from ``GLUON_WINDOW_MIN_SEQ``) and one the kernel can run (``gluon_supported``).
+    pointer kernel: the call must be one the measurement covered (causal, S_q == S_k, at least ``GLUON_MIN_ROWS``
+    query rows in all; bf16 dense at D=64 or 128 from ``GLUON_MIN_SEQ[D]`` per sequence, or a bf16 causal sliding
+    window at D=64 from ``GLUON_WINDOW_MIN_SEQ``; fp16 dense at D=64 or 128 from ``GLUON_FP16_MIN_SEQ``) and one the
+    kernel can run (``gluon_supported``).
 
     Example:
         >>> q = torch.randn(1, 2, 16, 128, dtype=torch.bfloat16)
@@ -258,10 +264,15 @@ def forward_kernel_for(problem: Problem, q: torch.Tensor, k: torch.Tensor, v: to
     rows = problem.batch * problem.heads * problem.seq_q
     windowed = problem.variant == "window" and problem.window_left >= 0
     config = dispatched_config(problem.head_dim, windowed)
-    min_seq = GLUON_WINDOW_MIN_SEQ if windowed else GLUON_MIN_SEQ.get(problem.head_dim, 0)
+    if problem.dtype == torch.bfloat16:
+        min_seq = GLUON_WINDOW_MIN_SEQ if windowed else GLUON_MIN_SEQ.get(problem.head_dim, 0)
+    elif problem.dtype == torch.float16 and not windowed:
+        min_seq = GLUON_FP16_MIN_SEQ
+    else:
+        return None
     if not (GLUON_ENABLED and config is not None and (windowed or problem.variant == "dense")
             and problem.key_masking == "none" and not problem.varlen and problem.page_size == 0
-            and problem.dtype == torch.bfloat16 and problem.causal_mode == CAUSAL_TOP_LEFT
+            and problem.causal_mode == CAUSAL_TOP_LEFT
             and problem.seq_q == problem.seq_k and rows >= GLUON_MIN_ROWS and problem.seq_q >= min_seq):
         return None
     # No address check: the plan is kept for every call of this signature (launch_planned checks each call's), and
@@ -272,7 +283,7 @@ def forward_kernel_for(problem: Problem, q: torch.Tensor, k: torch.Tensor, v: to
     what = f"causal windows of {problem.window_left} keys" if windowed else "causal"
     return (f"forward on the Gluon kernel ({config.step}, {config.block_m}x{config.block_n}, {config.stages} stages, "
             f"{config.num_warps} warps; sm_90, TMA and wgmma: measured faster than the pointer kernel for {what} "
-            f"bf16 at D={problem.head_dim} from {GLUON_MIN_ROWS} query rows and {min_seq} per sequence; this "
+            f"{_DTYPES[problem.dtype]} at D={problem.head_dim} from {GLUON_MIN_ROWS} query rows and {min_seq} per sequence; this "
             f"call has {rows})")
 
 

@@ -200,7 +200,13 @@ def _seeded_bf16(batch, heads, seq, dim=128):
     (16, 16, 1024, 128, torch.bfloat16, True, False),  # 1.010x, a tie
     (256, 16, 64, 128, torch.bfloat16, True, False),  # 2**18 rows, S=64: measured 0.500x SDPA
     (1, 16, 8192, 96, torch.bfloat16, True, False),  # no Gluon config at D=96
-    (8, 16, 4096, 128, torch.float16, True, False),  # not measured
+    # fp16 (2026-12-04, run 3): 1.10-1.34x the pointer kernel at S=4,096 and 8,192, the shortest measured
+    (8, 16, 4096, 128, torch.float16, True, True),  # 1.279x
+    (1, 16, 8192, 64, torch.float16, True, True),  # 1.133x
+    (8, 16, 4096, 64, torch.float16, True, True),  # 1.096x
+    (16, 16, 2048, 64, torch.float16, True, False),  # not measured in fp16 (bf16 takes Gluon here)
+    (8, 16, 4096, 128, torch.float16, False, False),  # not measured
+    (8, 16, 4096, 128, torch.float32, True, False),  # the kernel takes bf16 and fp16 only
     (8, 16, 4096, 128, torch.bfloat16, False, False),  # not measured
     (8, 16, 4096, 128, torch.bfloat16, "lower_right", False),  # not measured
 ])
@@ -213,6 +219,7 @@ def test_the_measured_rule_picks_the_gluon_forward(monkeypatch, batch, heads, se
     assert (reason is not None) is chosen
     if chosen:
         assert "Gluon kernel" in reason and str(batch * heads * seq) in reason
+        assert ("fp16" if dtype == torch.float16 else "bf16") in reason
         config = launch_gluon.dispatched_config(dim)
         assert f"{config.block_m}x{config.block_n}, {config.stages} stages" in reason
 
@@ -225,11 +232,13 @@ def test_the_measured_rule_picks_the_gluon_forward(monkeypatch, batch, heads, se
     (16384, 64, False, (1024, 1024), False, False),  # not causal: the kernel's windows are causal
     (16384, 64, True, (-1, 0), False, False),  # no left bound: plain causal attention under another name
     (16384, 64, True, (1024, 0), True, False),  # a window over padded keys: not measured
+    (16384, 64, True, (1024, 0), False, "fp16"),  # fp16 windows: not measured
 ])
 def test_the_measured_rule_takes_causal_windows_at_d64(monkeypatch, seq, dim, causal, window, lengths, chosen):
     from flashlite._attention.validation import validate
     monkeypatch.setattr(launch_gluon, "gluon_supported", lambda *a, **kw: None)
-    q = torch.empty(1, 16, seq, dim, dtype=torch.bfloat16)
+    q = torch.empty(1, 16, seq, dim, dtype=torch.float16 if chosen == "fp16" else torch.bfloat16)
+    chosen = chosen is True
     key_lengths = torch.full((1,), seq - 5, dtype=torch.int32) if lengths else None
     problem = validate(q, q, q, causal, None, None, key_lengths, "triton", None, window)
     reason = launch_gluon.forward_kernel_for(problem, q, q, q)
