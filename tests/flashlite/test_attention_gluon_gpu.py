@@ -241,13 +241,17 @@ def test_refuses_a_config_of_the_other_variant():
         gluon_attention_forward(q, k, v, variant="pipelined", config=GluonConfig("ws", 128, 128, 3, 8))
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("D", [64, 128])
-def test_dispatched_gluon_forward_end_to_end(D):
-    # The call the measured rule routes to the Gluon kernel (dense causal bf16, B*H*S_q = GLUON_MIN_ROWS):
-    # explain_dispatch says so, and attention() itself (plan, launch, autograd through the pointer backward) is
-    # right in float64 on batch 0, heads 0 and 1, whose outputs and gradients depend on no other batch or head.
-    B, H, S = 2, 16, max(launch_gluon.GLUON_MIN_ROWS // (2 * 16), launch_gluon.GLUON_MIN_SEQ[D])
-    q, k, v = (t.requires_grad_() for t in qkv(B, H, S, D, torch.bfloat16))
+def test_dispatched_gluon_forward_end_to_end(D, dtype):
+    # The call the measured rule routes to the Gluon kernel (dense causal, B*H*S_q = GLUON_MIN_ROWS, from the
+    # dtype's length floor): explain_dispatch says so, and attention() itself (plan, launch, autograd through the
+    # pointer backward) is right in float64 on batch 0, heads 0 and 1, whose outputs and gradients depend on no
+    # other batch or head.
+    floor = launch_gluon.GLUON_MIN_SEQ[D] if dtype == torch.bfloat16 else launch_gluon.GLUON_FP16_MIN_SEQ
+    S = max(launch_gluon.GLUON_MIN_ROWS // (2 * 16), floor)
+    B, H = max(1, launch_gluon.GLUON_MIN_ROWS // (16 * S)), 16
+    q, k, v = (t.requires_grad_() for t in qkv(B, H, S, D, dtype))
     decision = explain_dispatch(q, k, v, causal=True, backend="triton")
     assert decision.backend == "triton" and "Gluon kernel" in decision.reason, decision.reason
     _check_causal_part_and_gradients(q, k, v, attention(q, k, v, causal=True, backend="triton"), "dispatched Gluon")
