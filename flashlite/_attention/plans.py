@@ -4,7 +4,7 @@ A signature is everything validation and the decision depend on: the shapes, str
 v and the key mask, and the non-tensor arguments. A call whose signature has a plan skips validation, dispatch and,
 once its launches are recorded, Triton's argument binding: at launch-bound sizes those cost as much as the kernel.
 Both ``attention()`` and the custom ops (which torch.compile'd graphs call) keep their plans here. Imports
-``validation`` only.
+``validation`` and ``flashlite._native`` (the key packed in C++) only.
 """
 from __future__ import annotations
 
@@ -91,7 +91,8 @@ def signature(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mas
 fast_signature: Callable[..., Optional[Any]] = _native.plan_key or signature
 
 
-# Plans by signature (a ``signature`` tuple or a ``fast_signature`` bytes key). Past MAX_PLANS distinct signatures, new ones are validated and decided on every call.
+# Plans by signature (a ``signature`` tuple or a ``fast_signature`` bytes key). Past MAX_PLANS distinct signatures,
+# new ones are validated and decided on every call.
 _PLANS: dict[Any, Plan] = {}
 MAX_PLANS = 4096
 
