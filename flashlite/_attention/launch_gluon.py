@@ -283,8 +283,8 @@ def forward_kernel_for(problem: Problem, q: torch.Tensor, k: torch.Tensor, v: to
     what = f"causal windows of {problem.window_left} keys" if windowed else "causal"
     return (f"forward on the Gluon kernel ({config.step}, {config.block_m}x{config.block_n}, {config.stages} stages, "
             f"{config.num_warps} warps; sm_90, TMA and wgmma: measured faster than the pointer kernel for {what} "
-            f"{_DTYPES[problem.dtype]} at D={problem.head_dim} from {GLUON_MIN_ROWS} query rows and {min_seq} per sequence; this "
-            f"call has {rows})")
+            f"{_DTYPES[problem.dtype]} at D={problem.head_dim} from {GLUON_MIN_ROWS} query rows and {min_seq} per "
+            f"sequence; this call has {rows})")
 
 
 def bases_aligned(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:

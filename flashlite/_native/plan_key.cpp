@@ -24,12 +24,15 @@ void put(std::string& out, T value) {
 // Tags: which class an argument had. Distinct per argument slot is not needed (slots are positional).
 enum Tag : std::uint8_t { kNone = 0, kTensor = 1, kTrue = 2, kFalse = 3, kStr = 4, kFloat = 5, kIntPair = 6 };
 
+// Writes the tag of None and says so; any other object is left to the caller.
+bool put_none(std::string& out, PyObject* obj) {
+  if (obj != Py_None) return false;
+  put<std::uint8_t>(out, kNone);
+  return true;
+}
+
 bool put_tensor(std::string& out, PyObject* obj, bool optional) {
-  if (obj == Py_None) {
-    if (!optional) return false;
-    put<std::uint8_t>(out, kNone);
-    return true;
-  }
+  if (optional && put_none(out, obj)) return true;
   // Exactly torch.Tensor (or Parameter): a subclass may override what shape or stride means.
   if (!THPVariable_CheckExact(obj)) return false;
   const at::Tensor& t = THPVariable_Unpack(obj);
@@ -62,19 +65,10 @@ bool put_str(std::string& out, PyObject* obj) {
   return true;
 }
 
-bool put_optional_str(std::string& out, PyObject* obj) {
-  if (obj == Py_None) {
-    put<std::uint8_t>(out, kNone);
-    return true;
-  }
-  return put_str(out, obj);
-}
+bool put_optional_str(std::string& out, PyObject* obj) { return put_none(out, obj) || put_str(out, obj); }
 
 bool put_optional_float(std::string& out, PyObject* obj) {
-  if (obj == Py_None) {
-    put<std::uint8_t>(out, kNone);
-    return true;
-  }
+  if (put_none(out, obj)) return true;
   if (!PyFloat_CheckExact(obj)) return false;
   put<std::uint8_t>(out, kFloat);
   put<double>(out, PyFloat_AS_DOUBLE(obj));  // bit pattern: 0.0 and -0.0 differ, which only costs a second plan
@@ -94,10 +88,7 @@ bool put_causal(std::string& out, PyObject* obj) {
 }
 
 bool put_window(std::string& out, PyObject* obj) {
-  if (obj == Py_None) {
-    put<std::uint8_t>(out, kNone);
-    return true;
-  }
+  if (put_none(out, obj)) return true;
   if (!PyTuple_CheckExact(obj) || PyTuple_GET_SIZE(obj) != 2) return false;
   put<std::uint8_t>(out, kIntPair);
   for (Py_ssize_t i = 0; i < 2; ++i) {
