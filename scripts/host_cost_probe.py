@@ -4,7 +4,8 @@ Measures Python work only (argument handling, grid and block arithmetic, allocat
 Triton kernel is replaced by a no-op before timing. Under the CPU interpreter the autotuned forward path would
 benchmark configs, so the stub reports a fixed best config and the timed calls reuse it, as tuned calls do on a GPU.
 Usage: python scripts/host_cost_probe.py   (prints best-of-5 timeit means in microseconds; SDPA and the
-``auto`` replay best-of-15, timed in alternation, five times: the median difference and all five). The "floor" line is the cost of the cheapest key lookup Python
+``auto`` replay best-of-15, timed in alternation, five times: the median difference and all five; on a machine with
+a GPU the same pairing with CUDA tensors too). The "floor" line is the cost of the cheapest key lookup Python
 allows, with fewer checks than a correct key needs: what any pure-Python plan cache pays at least per call, and
 why attention() keys its plans in C++ (``flashlite._native``; the Python key where that could not be built).
 """
@@ -65,6 +66,26 @@ def _commit() -> str:
         return "unknown"
 
 
+def _cuda_replay_lines() -> None:
+    """The same pairing with CUDA tensors (case 1's shape, bf16): SDPA's launch against attention() replaying a plan
+    that runs SDPA. Host time per call of back-to-back calls; the GPU is synchronized between rounds only, and at
+    this size it runs each kernel faster than the host issues them, so the host's time is what is measured."""
+    q, k, v = (torch.randn(1, 16, 128, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    env = {"F": F, "attention": attention_module.attention, "q": q, "k": k, "v": v, "sync": torch.cuda.synchronize}
+    decision = attention_module.explain_dispatch(q, k, v, causal=True)
+    for backend in ("sdpa", "auto"):
+        pairs = []
+        for _ in range(5):
+            env["sync"]()
+            pairs.append(_paired_us("F.scaled_dot_product_attention(q, k, v, is_causal=True)",
+                                    f"attention(q, k, v, causal=True, backend={backend!r})", env))
+        sdpa_us, replay_us = sorted(pairs, key=lambda pair: pair[1] - pair[0])[2]
+        extras = ", ".join(f"{replay - sdpa:+.2f}" for sdpa, replay in pairs)
+        runs = "SDPA" if backend == "sdpa" else f"{decision.backend} ({decision.reason})"
+        print(f"CUDA B=1 H=16 S=128 D=64 bf16: SDPA {sdpa_us:.2f} us, attention(backend={backend!r}) {replay_us:.2f} "
+              f"us (+{replay_us - sdpa_us:.2f} us, the median of {extras} us; runs {runs})")
+
+
 def main() -> None:
     sdpa_env = {"F": F, "attention": attention_module.attention}
     q, k, v = (torch.randn(1, 2, 8, 16) for _ in range(3))
@@ -103,6 +124,8 @@ def main() -> None:
     floor_us = _us("plans.get((q.shape, k.shape, v.shape, q.dtype, q.device, True, None, 'auto'))", floor_env,
                    number=20000)
     print(f"floor of a Python plan lookup (3 shapes, 1 dtype, 1 device) {floor_us:5.2f} us")
+    if torch.cuda.is_available():
+        _cuda_replay_lines()
     print(f"attention forward launcher, B=1 H=16 S=128 {_us('A.launch_forward(*args)', env):7.2f} us")
     print(f"layer-norm forward launcher, 128 x 1024    "
           f"{_us('N._launch_layer_norm_fwd(x, w, b, 1e-5, None, torch.bfloat16)', env):7.2f} us")

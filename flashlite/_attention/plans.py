@@ -91,6 +91,55 @@ def signature(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mas
 fast_signature: Callable[..., Optional[Any]] = _native.plan_key or signature
 
 
+def key_of(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: Optional[torch.Tensor],
+           key_lengths: Optional[torch.Tensor], causal: Any, scale: Any, backend: str, precision: Any,
+           window: Any = None, softcap: Any = None, alibi_slopes: Optional[torch.Tensor] = None) -> Optional[Any]:
+    """The key a new plan is kept under: ``fast_signature``'s where it covers the call, else ``signature``'s; None
+    for arguments that are not tensors or not hashable (validation then names them).
+
+    Example:
+        >>> q = torch.randn(1, 2, 8, 16)
+        >>> key_of(q, q, q, None, None, True, None, "auto", None) == key_of(q, q, q, None, None, True, None, "auto", None)
+        True
+    """
+    call = (q, k, v, key_padding_mask, key_lengths, causal, scale, backend, precision, window, softcap, alibi_slopes)
+    try:
+        key = fast_signature(*call)
+        return signature(*call) if key is None else key
+    except (AttributeError, TypeError):
+        return None
+
+
+def replay_by_python_key(plans: dict, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                         key_padding_mask: Optional[torch.Tensor], key_lengths: Optional[torch.Tensor], causal: Any,
+                         scale: Any, backend: str, precision: Any, window: Any, softcap: Any,
+                         alibi_slopes: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """``replay`` with the key built in Python: the output of the plan ``plans`` keeps for this call's
+    ``signature``, or None when there is none (or the arguments cannot be keyed: validation then names them)."""
+    try:
+        plan = plans.get(signature(q, k, v, key_padding_mask, key_lengths, causal, scale, backend, precision, window,
+                                   softcap, alibi_slopes))
+    except (AttributeError, TypeError):
+        return None
+    if plan is None:
+        return None
+    key_mask = key_padding_mask if key_lengths is None else key_lengths
+    # A dense plan may run SDPA itself, whose fourth parameter is attn_mask (None here) and fifth dropout.
+    return plan.run(q, k, v, key_mask) if alibi_slopes is None else plan.run(q, k, v, key_mask, alibi_slopes)
+
+
+def _replay_in_python(plans: dict, fallback: Callable[..., Optional[torch.Tensor]], *call: Any
+                      ) -> Optional[torch.Tensor]:
+    return fallback(plans, *call)
+
+
+# replay(plans, replay_by_python_key, <signature's twelve arguments>): the output of the kept plan of a call, or
+# None when it has none. In C++ (``flashlite._native.replay``) the key, the lookup and the plan's call are one C
+# call, which hands the calls its key does not cover to ``replay_by_python_key``; without the extension, that
+# function alone.
+replay: Callable[..., Optional[torch.Tensor]] = _native.replay or _replay_in_python
+
+
 # Plans by signature (a ``signature`` tuple or a ``fast_signature`` bytes key). Past MAX_PLANS distinct signatures,
 # new ones are validated and decided on every call.
 _PLANS: dict[Any, Plan] = {}

@@ -101,17 +101,22 @@ def build() -> ModuleType:
     return _load(path)
 
 
-def _build_or_none() -> tuple[Optional[Callable[..., Optional[bytes]]], Optional[str]]:
+def _build_or_none() -> tuple[Optional[ModuleType], Optional[str]]:
     if os.environ.get("FLASHLITE_NATIVE", "1") in ("", "0"):
         return None, "off: FLASHLITE_NATIVE=0"
     try:
-        return build().plan_key, None
+        return build(), None
     except Exception as error:  # any failure leaves the Python key, which is always right, only slower
         _log.warning("flashlite: the C++ plan key is not available, plans are keyed in Python (about 1.5 us more "
                      "per attention call): %s", error)
         return None, f"{type(error).__name__}: {error}"
 
 
+_extension, build_error = _build_or_none()
 # plan_key(q, k, v, key_padding_mask, key_lengths, causal, scale, backend, precision, window, softcap, alibi_slopes)
 # -> bytes, or None for arguments it does not cover; None itself when the extension could not be built.
-plan_key, build_error = _build_or_none()
+plan_key: Optional[Callable[..., Optional[bytes]]] = None if _extension is None else _extension.plan_key
+# replay(plans, fallback, <the same twelve arguments>) -> the output of the plan that the dict plans keeps for the
+# call's plan_key, computed by plan.run(q, k, v, key_mask[, alibi_slopes]); None when plans has no such plan;
+# fallback(plans, <the twelve>) answers for calls plan_key does not cover. None itself without the extension.
+replay: Optional[Callable[..., Optional[torch.Tensor]]] = None if _extension is None else _extension.replay

@@ -16,8 +16,36 @@
 
 namespace {
 
+// The packed key: on the stack while it fits (every call without many-dimensional tensors or long strings), so a
+// call allocates nothing but the bytes object it returns.
+class Key {
+ public:
+  // Inlined into each put: a field of constant size is then one store, not a call.
+  inline __attribute__((always_inline)) void append(const char* bytes, std::size_t count) {
+    if (!spilled_ && size_ + count <= sizeof(inline_)) {
+      std::memcpy(inline_ + size_, bytes, count);
+      size_ += count;
+    } else {
+      spill(bytes, count);
+    }
+  }
+  const char* data() const { return spilled_ ? heap_.data() : inline_; }
+  Py_ssize_t size() const { return static_cast<Py_ssize_t>(size_); }
+
+ private:
+  void spill(const char* bytes, std::size_t count) {
+    if (!spilled_) heap_.assign(inline_, size_), spilled_ = true;
+    heap_.append(bytes, count);
+    size_ += count;
+  }
+  char inline_[512];
+  std::size_t size_ = 0;
+  bool spilled_ = false;
+  std::string heap_;
+};
+
 template <typename T>
-void put(std::string& out, T value) {
+inline __attribute__((always_inline)) void put(Key& out, T value) {
   out.append(reinterpret_cast<const char*>(&value), sizeof(T));
 }
 
@@ -25,13 +53,13 @@ void put(std::string& out, T value) {
 enum Tag : std::uint8_t { kNone = 0, kTensor = 1, kTrue = 2, kFalse = 3, kStr = 4, kFloat = 5, kIntPair = 6 };
 
 // Writes the tag of None and says so; any other object is left to the caller.
-bool put_none(std::string& out, PyObject* obj) {
+bool put_none(Key& out, PyObject* obj) {
   if (obj != Py_None) return false;
   put<std::uint8_t>(out, kNone);
   return true;
 }
 
-bool put_tensor(std::string& out, PyObject* obj, bool optional) {
+bool put_tensor(Key& out, PyObject* obj, bool optional) {
   if (optional && put_none(out, obj)) return true;
   // Exactly torch.Tensor (or Parameter): a subclass may override what shape or stride means.
   if (!THPVariable_CheckExact(obj)) return false;
@@ -51,7 +79,7 @@ bool put_tensor(std::string& out, PyObject* obj, bool optional) {
   return true;
 }
 
-bool put_str(std::string& out, PyObject* obj) {
+bool put_str(Key& out, PyObject* obj) {
   if (!PyUnicode_CheckExact(obj)) return false;
   Py_ssize_t size = 0;
   const char* text = PyUnicode_AsUTF8AndSize(obj, &size);
@@ -65,9 +93,9 @@ bool put_str(std::string& out, PyObject* obj) {
   return true;
 }
 
-bool put_optional_str(std::string& out, PyObject* obj) { return put_none(out, obj) || put_str(out, obj); }
+bool put_optional_str(Key& out, PyObject* obj) { return put_none(out, obj) || put_str(out, obj); }
 
-bool put_optional_float(std::string& out, PyObject* obj) {
+bool put_optional_float(Key& out, PyObject* obj) {
   if (put_none(out, obj)) return true;
   if (!PyFloat_CheckExact(obj)) return false;
   put<std::uint8_t>(out, kFloat);
@@ -75,7 +103,7 @@ bool put_optional_float(std::string& out, PyObject* obj) {
   return true;
 }
 
-bool put_causal(std::string& out, PyObject* obj) {
+bool put_causal(Key& out, PyObject* obj) {
   if (obj == Py_True) {
     put<std::uint8_t>(out, kTrue);
     return true;
@@ -87,7 +115,7 @@ bool put_causal(std::string& out, PyObject* obj) {
   return put_str(out, obj);
 }
 
-bool put_window(std::string& out, PyObject* obj) {
+bool put_window(Key& out, PyObject* obj) {
   if (put_none(out, obj)) return true;
   if (!PyTuple_CheckExact(obj) || PyTuple_GET_SIZE(obj) != 2) return false;
   put<std::uint8_t>(out, kIntPair);
@@ -105,6 +133,18 @@ bool put_window(std::string& out, PyObject* obj) {
   return true;
 }
 
+// Packs the plan key of the twelve arguments at args into out; false where the Python key is needed.
+bool pack_key(Key& out, PyObject* const* args) {
+  try {
+    return put_tensor(out, args[0], false) && put_tensor(out, args[1], false) && put_tensor(out, args[2], false) &&
+           put_tensor(out, args[3], true) && put_tensor(out, args[4], true) && put_causal(out, args[5]) &&
+           put_optional_float(out, args[6]) && put_str(out, args[7]) && put_optional_str(out, args[8]) &&
+           put_window(out, args[9]) && put_optional_float(out, args[10]) && put_tensor(out, args[11], true);
+  } catch (...) {  // a tensor whose sizes cannot be read without Python: the Python key decides
+    return false;
+  }
+}
+
 // plan_key(q, k, v, key_padding_mask, key_lengths, causal, scale, backend, precision, window, softcap,
 //          alibi_slopes) -> bytes, or None where the Python key is needed.
 PyObject* plan_key(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
@@ -112,25 +152,54 @@ PyObject* plan_key(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     PyErr_SetString(PyExc_TypeError, "plan_key takes 12 positional arguments");
     return nullptr;
   }
-  std::string out;
-  out.reserve(256);
-  bool covered = false;
-  try {
-    covered = put_tensor(out, args[0], false) && put_tensor(out, args[1], false) && put_tensor(out, args[2], false) &&
-              put_tensor(out, args[3], true) && put_tensor(out, args[4], true) && put_causal(out, args[5]) &&
-              put_optional_float(out, args[6]) && put_str(out, args[7]) && put_optional_str(out, args[8]) &&
-              put_window(out, args[9]) && put_optional_float(out, args[10]) && put_tensor(out, args[11], true);
-  } catch (...) {  // a tensor whose sizes cannot be read without Python: the Python key decides
-    covered = false;
+  Key out;
+  if (!pack_key(out, args)) Py_RETURN_NONE;
+  return PyBytes_FromStringAndSize(out.data(), out.size());
+}
+
+// replay(plans, fallback, q, k, v, key_padding_mask, key_lengths, causal, scale, backend, precision, window,
+//        softcap, alibi_slopes): the output of the plan kept in the dict plans for this call's key, computed by
+// plan.run(q, k, v, key_mask[, alibi_slopes]) (key_mask: key_lengths if given, else key_padding_mask); None when
+// plans holds no plan for it. Where the key needs Python, fallback(plans, q, ..., alibi_slopes) answers instead.
+// One C call for what attention() does on every replayed call: the key, the lookup and the plan's call.
+PyObject* replay(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 14 || !PyDict_Check(args[0])) {
+    PyErr_SetString(PyExc_TypeError, "replay takes a dict, a callable and 12 more positional arguments");
+    return nullptr;
   }
-  if (!covered) Py_RETURN_NONE;
-  return PyBytes_FromStringAndSize(out.data(), static_cast<Py_ssize_t>(out.size()));
+  PyObject* const* call = args + 2;
+  Key out;
+  if (!pack_key(out, call)) {
+    // The fallback takes plans and the twelve arguments: args[0] and args[2:], shifted by one slot.
+    PyObject* fallback_args[13];
+    fallback_args[0] = args[0];
+    for (int i = 0; i < 12; ++i) fallback_args[i + 1] = call[i];
+    return PyObject_Vectorcall(args[1], fallback_args, 13, nullptr);
+  }
+  PyObject* key = PyBytes_FromStringAndSize(out.data(), out.size());
+  if (key == nullptr) return nullptr;
+  PyObject* plan = PyDict_GetItemWithError(args[0], key);  // borrowed
+  Py_DECREF(key);
+  if (plan == nullptr) {
+    if (PyErr_Occurred()) return nullptr;
+    Py_RETURN_NONE;
+  }
+  static PyObject* run_name = PyUnicode_InternFromString("run");
+  PyObject* run = PyObject_GetAttr(plan, run_name);
+  if (run == nullptr) return nullptr;
+  PyObject* run_args[5] = {call[0], call[1], call[2], call[4] != Py_None ? call[4] : call[3], call[11]};
+  PyObject* result = PyObject_Vectorcall(run, run_args, call[11] == Py_None ? 4 : 5, nullptr);
+  Py_DECREF(run);
+  return result;
 }
 
 PyMethodDef methods[] = {
     {"plan_key", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(plan_key)), METH_FASTCALL,
      "plan_key(q, k, v, key_padding_mask, key_lengths, causal, scale, backend, precision, window, softcap, "
      "alibi_slopes) -> bytes or None"},
+    {"replay", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(replay)), METH_FASTCALL,
+     "replay(plans, fallback, q, k, v, key_padding_mask, key_lengths, causal, scale, backend, precision, window, "
+     "softcap, alibi_slopes) -> the kept plan's output, or None"},
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef module = {PyModuleDef_HEAD_INIT, "flashlite_plan_key", "attention()'s plan key, packed in C++.", -1,

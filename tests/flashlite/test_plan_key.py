@@ -1,5 +1,6 @@
 """attention()'s plan key: the C++ key (``flashlite._native``) tells calls apart exactly as the Python key does, covers
-every plain call, and leaves what it does not cover to the Python key; without a compiler flashlite still runs."""
+every plain call, and leaves what it does not cover to the Python key; the C++ replay (key, lookup and the plan's
+call in one) answers as the Python replay does; without a compiler flashlite still runs."""
 import os
 import random
 import subprocess
@@ -8,6 +9,7 @@ import sys
 import pytest
 import torch
 
+import flashlite._attention.api as api_module
 import flashlite._attention.plans as plans_module
 from flashlite import _native
 from flashlite.attention import attention
@@ -137,11 +139,77 @@ def test_a_window_side_given_as_a_bool_is_refused_after_its_int_twin_made_a_plan
     # The Python key once held the window's value and class but not its sides' classes: (True, 0) == (1, 0), so a
     # call that validation must refuse replayed the plan made for (1, 0).
     monkeypatch.setattr(plans_module, "_PLANS", {})
-    monkeypatch.setattr(plans_module, "fast_signature", plans_module.signature)  # the Python key alone
+    _python_key_alone(monkeypatch)
     q, k, v = (torch.randn(1, 2, 8, 16) for _ in range(3))
     attention(q, k, v, causal=True, window=(1, 0), backend="sdpa")
     with pytest.raises(TypeError, match="window must be None or"):
         attention(q, k, v, causal=True, window=(True, 0), backend="sdpa")
+
+
+def _python_key_alone(monkeypatch) -> None:
+    """Key, keep and replay every plan with the Python key, as flashlite does without the extension."""
+    monkeypatch.setattr(plans_module, "fast_signature", plans_module.signature)
+    monkeypatch.setattr(api_module, "_replay", plans_module._replay_in_python)
+
+
+class _RecordingPlan:
+    """A stand-in plan whose run returns a fresh tensor and records the arguments it was given."""
+
+    def __init__(self) -> None:
+        self.calls = []
+
+    def run(self, *args):
+        self.calls.append(args)
+        return torch.randn(2)
+
+
+@needs_native
+def test_the_cpp_replay_runs_the_plan_the_python_replay_runs_with_the_same_arguments():
+    rng = random.Random()
+    for _ in range(20):
+        call = _random_call(rng)
+        native_plan, python_plan = _RecordingPlan(), _RecordingPlan()
+        native_out = _native.replay({_native.plan_key(*call): native_plan}, plans_module.replay_by_python_key, *call)
+        python_out = plans_module.replay_by_python_key({plans_module.signature(*call): python_plan}, *call)
+        assert isinstance(native_out, torch.Tensor) and isinstance(python_out, torch.Tensor)
+        (native_args,), (python_args,) = native_plan.calls, python_plan.calls
+        # q, k, v, the key mask (key_lengths when given, else key_padding_mask), then the slopes when given.
+        expected = call[:3] + [call[3] if call[4] is None else call[4]] + ([] if call[11] is None else [call[11]])
+        assert len(native_args) == len(python_args) == len(expected)
+        assert all(a is b is c for a, b, c in zip(native_args, python_args, expected))
+
+
+@needs_native
+def test_the_cpp_replay_answers_none_without_a_plan_and_hands_uncovered_calls_to_the_fallback():
+    call = _random_call(random.Random())
+    other = [a.clone() if isinstance(a, torch.Tensor) else a for a in call]
+    other[6] = 0.0625  # another scale: another key
+    plans = {_native.plan_key(*other): _RecordingPlan()}
+    assert _native.replay(plans, plans_module.replay_by_python_key, *call) is None
+    call[6] = 1  # an int scale: the C++ key does not cover it, the fallback gets plans and the twelve arguments
+    seen = []
+    sentinel = torch.randn(3)
+    assert _native.replay(plans, lambda *args: seen.append(args) or sentinel, *call) is sentinel
+    (args,) = seen
+    assert args[0] is plans and all(a is b for a, b in zip(args[1:], call)) and len(args) == 13
+    with pytest.raises(TypeError, match="replay takes a dict"):
+        _native.replay([], plans_module.replay_by_python_key, *call)
+
+
+def test_attention_replays_with_the_python_key_alone_as_with_the_cpp_key(monkeypatch):
+    q, k, v = (torch.randn(2, 4, 9, 16) for _ in range(3))
+    lengths = torch.tensor([9, 5])
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=(torch.arange(9) < lengths[:, None])[:, None, None, :])
+    for python_alone in (False, True):
+        monkeypatch.setattr(plans_module, "_PLANS", {})
+        if python_alone:
+            _python_key_alone(monkeypatch)
+        outs = [attention(q, k, v, key_lengths=lengths, backend="sdpa") for _ in range(3)]
+        (key,) = plans_module._PLANS
+        assert isinstance(key, tuple if python_alone or _native.plan_key is None else bytes)
+        for out in outs:
+            torch.testing.assert_close(out, expected)
 
 
 def test_without_a_compiler_flashlite_keys_plans_in_python_and_says_why(tmp_path):
