@@ -74,6 +74,9 @@ def main() -> None:
                                                                      need_lse=False),
             "plan key + lookup": lambda: attn_plans._PLANS.get(attn_plans.fast_signature(
                 q, k, v, None, None, True, None, "auto", None, None, None, None)),
+            "replay (key+lookup+run)": lambda: attn_plans.replay(
+                attn_plans._PLANS, attn_plans.replay_by_python_key, q, k, v, None, None, True, None, "auto", None,
+                None, None, None),
             "Python key only": lambda: attn_plans.signature(q, k, v, None, None, True, None, "auto", None),
             "dict lookup only": lambda: attn_plans._PLANS.get(auto_key),
             "two torch.empty": lambda: (torch.empty((B, 16, S, 64), dtype=q.dtype, device=q.device),
