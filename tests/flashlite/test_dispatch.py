@@ -18,13 +18,14 @@ def test_shipped_h200_table_records_its_origin_and_measured_choices():
     assert table is not None
     assert table["origin"]["gpu"] == "NVIDIA H200" and table["origin"]["commit"] != "unknown"
     assert (ROOT / table["origin"]["source"]).is_file(), "the report a table came from is committed"
-    # fp32 case 5 (B=4, S=2048) was a measured win for the kernel; bf16 case 5 a loss (0.934x on the pointer
-    # kernel); bf16 case 3 (B=1, S=8192) a win since its forward runs on the Gluon kernel (1.065x).
+    # fp32 case 5 (B=4, S=2048) was a measured win for the kernel; bf16 case 10 (B=128, S=128) a loss (0.861x);
+    # bf16 and fp16 case 3 (B=1, S=8192) wins since their forward runs on the Gluon kernel (1.067x, 1.063x).
     fp32 = dispatch._decide("nvidia-h200", torch.float32, 64, True, 4, 2048)
     assert fp32.backend == "triton" and "nvidia-h200 table" in fp32.reason and "win" in fp32.reason
-    bf16 = dispatch._decide("nvidia-h200", torch.bfloat16, 64, True, 4, 2048)
+    bf16 = dispatch._decide("nvidia-h200", torch.bfloat16, 64, True, 128, 128)
     assert bf16.backend == "sdpa" and "loss" in bf16.reason
     assert dispatch._decide("nvidia-h200", torch.bfloat16, 64, True, 1, 8192).backend == "triton"
+    assert dispatch._decide("nvidia-h200", torch.float16, 64, True, 1, 8192).backend == "triton"
     for source in table["origin"].get("sources", []):
         assert (ROOT / source["source"]).is_file() and source["commit"] != "unknown"
     # fp16 case 11 (B=256, S=64) won in a later report than the bf16 one; each decision names its own report.
