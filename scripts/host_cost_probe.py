@@ -16,6 +16,7 @@ import os
 import platform
 import subprocess
 import timeit
+import types
 
 import torch
 import torch.nn.functional as F
@@ -26,6 +27,7 @@ launch_module = importlib.import_module("flashlite._attention.launch")
 plans_module = importlib.import_module("flashlite._attention.plans")
 validation_module = importlib.import_module("flashlite._attention.validation")
 norm = importlib.import_module("flashlite.norm")
+direct_launch = importlib.import_module("flashlite._direct_launch")
 attention_fwd = importlib.import_module("flashlite.kernels.attention_fwd")
 
 
@@ -86,6 +88,26 @@ def _cuda_replay_lines() -> None:
               f"us (+{replay_us - sdpa_us:.2f} us, the median of {extras} us; runs {runs})")
 
 
+def _replayed_triton_us() -> float:
+    """Host time of a replayed inference call of a Triton plan, up to the compiled kernel's launch: the plan is
+    made with the stubbed kernel, then given a recorded launch (``flashlite._direct_launch``) whose compiled
+    kernel and driver do nothing, as a CUDA plan's would be after its first call. Everything a replay runs in
+    Python is timed; the driver's launch itself (about 5 us on the H200 host) is not."""
+    q, k, v = (torch.randn(1, 16, 128, 64, dtype=torch.float16) for _ in range(3))
+    with torch.no_grad():
+        attention_module.attention(q, k, v, causal=True, backend="triton")
+        key = plans_module.key_of(q, k, v, None, None, True, None, "triton", None)
+        plan = plans_module._PLANS[key]
+        driver = types.SimpleNamespace(get_current_device=lambda: -1, get_current_stream=lambda device: None)
+        compiled = types.SimpleNamespace(run=lambda *args: None, function=None, packed_metadata=None)
+        hooks = types.SimpleNamespace(launch_enter_hook=None, launch_exit_hook=None)
+        # The forward kernel's 11 tensors and about 30 other arguments; the CPU's device index is -1.
+        plan.recorded["inference"] = direct_launch.RecordedLaunch(compiled, (2, 16, 1), [None] * 11 + [0] * 30, 11,
+                                                                 -1, driver=driver, hooks=hooks)
+        env = {"attention": attention_module.attention, "q": q, "k": k, "v": v}
+        return _us("attention(q, k, v, causal=True, backend='triton')", env, number=5000)
+
+
 def main() -> None:
     sdpa_env = {"F": F, "attention": attention_module.attention}
     q, k, v = (torch.randn(1, 2, 8, 16) for _ in range(3))
@@ -127,6 +149,7 @@ def main() -> None:
     if torch.cuda.is_available():
         _cuda_replay_lines()
     print(f"attention forward launcher, B=1 H=16 S=128 {_us('A.launch_forward(*args)', env):7.2f} us")
+    print(f"replayed attention(backend='triton'), B=1 H=16 S=128, driver call stubbed {_replayed_triton_us():5.2f} us")
     print(f"layer-norm forward launcher, 128 x 1024    "
           f"{_us('N._launch_layer_norm_fwd(x, w, b, 1e-5, None, torch.bfloat16)', env):7.2f} us")
     print(f"bias+GELU forward launcher, 128 x 1024     "

@@ -312,13 +312,16 @@ def _launch_forward_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ou
     float32 partials, [splits, *out's shape] and [splits, B, H, S_q])."""
     p = plan.problem
     mask_arg, lengths_arg, stride_mask_b, stride_mask_n = _key_mask_args(q, key_mask, p)
-    alibi_arg, variant_scalars, variant_flags = _variant_args(q, alibi_slopes, p)
     cu_q, cu_k = (q, q) if cu_seqlens is None else cu_seqlens
-    table, stride_table = (q, 0) if block_table is None else (block_table, block_table.stride(0))
-    # the kernel's Q, K, V, Out, Lse, KeyMask, KeyLen, Alibi, CuSeqQ, CuSeqK, BlockTable
-    tensors = (q, k, v, out, lse, mask_arg, lengths_arg, alibi_arg, cu_q, cu_k, table)
+    # the kernel's Q, K, V, Out, Lse, KeyMask, KeyLen, Alibi (q unless the problem has ALiBi), CuSeqQ, CuSeqK,
+    # BlockTable
+    tensors = (q, k, v, out, lse, mask_arg, lengths_arg, q if p.alibi == "none" else alibi_slopes, cu_q, cu_k,
+               q if block_table is None else block_table)
     recorded = plan.recorded.get(site)  # _replayed, inline: this is the hot path of a replayed inference call
     if recorded is None or not recorded.launch(*tensors):
+        # The scalars and flags only an ordinary launch reads (a replay keeps the recorded ones).
+        _, variant_scalars, variant_flags = _variant_args(q, alibi_slopes, p)
+        stride_table = 0 if block_table is None else block_table.stride(0)
         block_d = _block_d(p.head_dim)
         buckets = _tuning.tuning_buckets(p.seq_q, p.seq_k, p.batch * p.heads)
         dot = _dot_mode(p.precision)

@@ -83,6 +83,35 @@ def test_a_replay_passes_new_tensors_then_the_recorded_arguments():
     assert compiled.launches == [(3, 2, 1, "stream0", "function", "metadata", None, None, None, 4096, 8192, 7, "C")]
 
 
+class _CountingTensor(_AlignedTensor):
+    """An _AlignedTensor that counts how often a replay reads its address."""
+
+    def __init__(self, address: int, device: int = 0) -> None:
+        super().__init__(address, device)
+        self.reads = 0
+
+    def data_ptr(self) -> int:
+        self.reads += 1
+        return self.address
+
+
+def test_a_replay_reads_a_repeated_tensor_once_and_passes_its_address_in_every_slot():
+    # The launchers' convention: unused slots repeat the first tensor (q), and lse may be out itself.
+    compiled = _FakeCompiled()
+    hooks = types.SimpleNamespace(launch_enter_hook=None, launch_exit_hook=None)
+    recorded = _direct_launch.RecordedLaunch(compiled, (1, 1, 1), [None] * 7 + [5], n_tensors=7, device_index=0,
+                                             driver=_FakeDriver(0), hooks=hooks)
+    q, k, out = _CountingTensor(4096), _CountingTensor(8192), _CountingTensor(12288)
+    assert recorded.launch(q, k, out, out, q, k, q)
+    assert compiled.launches[-1][9:] == (4096, 8192, 12288, 12288, 4096, 8192, 4096, 5)
+    assert (q.reads, out.reads) == (1, 1) and k.reads == 2  # k's repeat is neither first nor just before
+    # A repeat is never a way around the checks: an unaligned or misplaced tensor anywhere refuses the replay.
+    assert not recorded.launch(q, k, out, out, q, _AlignedTensor(8200), q)
+    assert not recorded.launch(_AlignedTensor(4100), k, out, out, q, k, q)
+    assert not recorded.launch(q, k, out, out, q, k, _AlignedTensor(4096, device=-1))
+    assert len(compiled.launches) == 1
+
+
 def test_a_replay_is_refused_for_unaligned_tensors_another_device_or_a_launch_hook():
     recorded, compiled = _recorded()
     assert not recorded.launch(_AlignedTensor(4096), _AlignedTensor(8194))  # 2 bytes past alignment
