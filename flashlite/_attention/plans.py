@@ -99,7 +99,8 @@ def key_of(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: 
 
     Example:
         >>> q = torch.randn(1, 2, 8, 16)
-        >>> key_of(q, q, q, None, None, True, None, "auto", None) == key_of(q, q, q, None, None, True, None, "auto", None)
+        >>> call = (q, q, q, None, None, True, None, "auto", None)
+        >>> key_of(*call) == key_of(*call) != key_of(q, q, q, None, None, False, None, "auto", None)
         True
     """
     call = (q, k, v, key_padding_mask, key_lengths, causal, scale, backend, precision, window, softcap, alibi_slopes)

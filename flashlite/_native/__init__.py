@@ -1,16 +1,18 @@
-"""flashlite's one compiled host helper: attention()'s plan key in C++ (``plan_key.cpp``), built on first import.
+"""flashlite's one compiled host helper: attention()'s plan key and replay in C++ (``plan_key.cpp``), built on first
+import.
 
 The key of a call decides whether its plan can be replayed, so it is built on every call; in Python it costs more
 than the 1 us budget a replayed SDPA call has over SDPA itself (``scripts/host_cost_probe.py``). The C++ version
-reads sizes and strides straight off the tensors.
+reads sizes and strides straight off the tensors, and ``replay`` does the key, the plan lookup and the plan's call
+in one C call.
 
 The extension is compiled once per source, torch and Python version with the system's C++ compiler (``CXX``, else
 ``c++`` or ``g++``) into the cache folder ``FLASHLITE_CACHE_DIR`` (default ``~/.cache/flashlite``), then loaded
 from there in milliseconds. ``torch.utils.cpp_extension.load`` would do the same but needs ninja, which the
 project's GPU machine lacks; a direct compiler call with torch's include and library paths needs nothing more.
-``FLASHLITE_NATIVE=0`` turns it off. Without a compiler, or when the build fails, ``plan_key`` is None, the reason
-is logged once (logger ``flashlite``, WARNING) and kept in ``build_error``, and flashlite keys its plans in Python
-(same decisions, about 1.5 us more per call).
+``FLASHLITE_NATIVE=0`` turns it off. Without a compiler, or when the build fails, ``plan_key`` and ``replay`` are
+None, the reason is logged once (logger ``flashlite``, WARNING) and kept in ``build_error``, and flashlite keys its
+plans in Python (same decisions, about 1.5 us more per call).
 """
 from __future__ import annotations
 
