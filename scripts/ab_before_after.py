@@ -1,7 +1,10 @@
-"""Issue 13's constraint, from two A/B reports of one H200 session: each comparison's speedup and candidate time
-before (flashlite of c0bcbe8) and after (the commit its report names), and whether the after speedup lies inside the before interval.
+"""Before and after a change, from two A/B reports of one machine session: each comparison's speedup and candidate
+and baseline times in both, and whether the after speedup lies inside the before interval ("inside"), their
+intervals overlap ("overlap") or neither ("APART"). Used for issue 13's constraint (flashlite of c0bcbe8 against
+later commits: `benchmarks/results/h200-2026-12-01-gate-and-variants/before_after.txt`,
+`benchmarks/results/h200-2026-12-04-b/run4_before_after_same_session/before_after.txt`).
 
-Usage: python before_after.py BEFORE.json AFTER.json   (prints the table)
+Usage: python scripts/ab_before_after.py BEFORE.json AFTER.json   (prints the table)
 """
 import json
 import math
@@ -19,7 +22,7 @@ def load(path):
 
 before, after = (load(p) for p in sys.argv[1:3])
 rows, inside, ratios, cand_ratios, base_ratios = [], 0, [], [], []
-for key in sorted(set(before) & set(after), key=lambda k: (k[0], k[4], k[2] * k[3] ** 2)):
+for key in sorted(set(before) & set(after), key=lambda k: (k[0], k[4], k[2] * k[3] ** 2, str(k[1]))):
     b, a = before[key], after[key]
     lo, hi = b["ci"]
     ok = lo <= a["speedup"] <= hi
