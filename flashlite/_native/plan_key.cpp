@@ -185,7 +185,10 @@ PyObject* replay(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     Py_RETURN_NONE;
   }
   static PyObject* run_name = PyUnicode_InternFromString("run");
+  // Held while its run is read: a plan class with Python attribute hooks could drop the dict's reference meanwhile.
+  Py_INCREF(plan);
   PyObject* run = PyObject_GetAttr(plan, run_name);
+  Py_DECREF(plan);
   if (run == nullptr) return nullptr;
   PyObject* run_args[5] = {call[0], call[1], call[2], call[4] != Py_None ? call[4] : call[3], call[11]};
   PyObject* result = PyObject_Vectorcall(run, run_args, call[11] == Py_None ? 4 : 5, nullptr);

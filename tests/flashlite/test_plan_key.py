@@ -196,6 +196,18 @@ def test_the_cpp_replay_answers_none_without_a_plan_and_hands_uncovered_calls_to
         _native.replay([], plans_module.replay_by_python_key, *call)
 
 
+@needs_native
+def test_an_error_in_the_plans_run_reaches_the_caller_through_the_cpp_replay():
+    call = _random_call(random.Random())
+
+    class _FailingPlan:
+        def run(self, *args):
+            raise RuntimeError("the plan's own error")
+
+    with pytest.raises(RuntimeError, match="the plan's own error"):
+        _native.replay({_native.plan_key(*call): _FailingPlan()}, plans_module.replay_by_python_key, *call)
+
+
 def test_attention_replays_with_the_python_key_alone_as_with_the_cpp_key(monkeypatch):
     q, k, v = (torch.randn(2, 4, 9, 16) for _ in range(3))
     lengths = torch.tensor([9, 5])
