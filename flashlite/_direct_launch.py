@@ -24,6 +24,8 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
+from flashlite import _native
+
 _ALIGNMENT = 16
 
 
@@ -86,7 +88,7 @@ class RecordedLaunch:
                  device_index: int, driver: Any = None, hooks: Any = None,
                  descriptors: tuple[int, ...] = ()) -> None:
         self._compiled = compiled
-        self._grid = grid
+        self._grid = tuple(grid)
         self._rest = tuple(values[n_tensors:])
         self._n_tensors = n_tensors
         self._device_index = device_index
@@ -108,6 +110,19 @@ class RecordedLaunch:
         if len(tensors) != self._n_tensors:
             raise TypeError(f"expected {self._n_tensors} tensors, got {len(tensors)}")
         device_index = self._device_index
+        if _native.launch_recorded is not None and not self._descriptors:
+            # The same checks and launch in C++ (about 1 us less per replay); None: not plain tensors, checked below.
+            if _hook_installed(self._hooks.launch_enter_hook) or _hook_installed(self._hooks.launch_exit_hook):
+                return False
+            driver = self._driver
+            if driver.get_current_device() != device_index:
+                return False
+            compiled = self._compiled
+            launched = _native.launch_recorded(compiled.run, self._grid, driver.get_current_stream(device_index),
+                                               compiled.function, compiled.packed_metadata, tensors, device_index,
+                                               self._rest)
+            if launched is not None:
+                return launched
         pointers = []
         if not self._descriptors:
             # Launchers pass their first tensor (q) for the slots a call leaves unused, and some slots twice in a

@@ -98,6 +98,7 @@ def _replayed_triton_us() -> float:
         attention_module.attention(q, k, v, causal=True, backend="triton")
         key = plans_module.key_of(q, k, v, None, None, True, None, "triton", None)
         plan = plans_module._PLANS[key]
+        plan.recorded.clear()
         driver = types.SimpleNamespace(get_current_device=lambda: -1, get_current_stream=lambda device: None)
         compiled = types.SimpleNamespace(run=lambda *args: None, function=None, packed_metadata=None)
         hooks = types.SimpleNamespace(launch_enter_hook=None, launch_exit_hook=None)
@@ -150,6 +151,12 @@ def main() -> None:
         _cuda_replay_lines()
     print(f"attention forward launcher, B=1 H=16 S=128 {_us('A.launch_forward(*args)', env):7.2f} us")
     print(f"replayed attention(backend='triton'), B=1 H=16 S=128, driver call stubbed {_replayed_triton_us():5.2f} us")
+    if direct_launch._native.launch_recorded is not None:  # the same with the launch's checks in Python
+        launch_in_cpp, direct_launch._native.launch_recorded = direct_launch._native.launch_recorded, None
+        try:
+            print(f"  the same with the launch's address checks in Python        {_replayed_triton_us():5.2f} us")
+        finally:
+            direct_launch._native.launch_recorded = launch_in_cpp
     print(f"layer-norm forward launcher, 128 x 1024    "
           f"{_us('N._launch_layer_norm_fwd(x, w, b, 1e-5, None, torch.bfloat16)', env):7.2f} us")
     print(f"bias+GELU forward launcher, 128 x 1024     "

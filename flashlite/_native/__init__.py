@@ -1,18 +1,20 @@
-"""flashlite's one compiled host helper: attention()'s plan key and replay in C++ (``plan_key.cpp``), built on first
-import.
+"""flashlite's compiled host helpers: attention()'s plan key and replay, and the replay of a recorded Triton launch,
+in C++ (``plan_key.cpp``), built on first import.
 
 The key of a call decides whether its plan can be replayed, so it is built on every call; in Python it costs more
 than the 1 us budget a replayed SDPA call has over SDPA itself (``scripts/host_cost_probe.py``). The C++ version
 reads sizes and strides straight off the tensors, and ``replay`` does the key, the plan lookup and the plan's call
-in one C call.
+in one C call. ``launch_recorded`` reads and checks a replayed launch's tensor addresses and calls the compiled
+kernel's launcher with one argument array (``flashlite._direct_launch``).
 
 The extension is compiled once per source, torch and Python version with the system's C++ compiler (``CXX``, else
 ``c++`` or ``g++``) into the cache folder ``FLASHLITE_CACHE_DIR`` (default ``~/.cache/flashlite``), then loaded
 from there in milliseconds. ``torch.utils.cpp_extension.load`` would do the same but needs ninja, which the
 project's GPU machine lacks; a direct compiler call with torch's include and library paths needs nothing more.
-``FLASHLITE_NATIVE=0`` turns it off. Without a compiler, or when the build fails, ``plan_key`` and ``replay`` are
-None, the reason is logged once (logger ``flashlite``, WARNING) and kept in ``build_error``, and flashlite keys its
-plans in Python (same decisions, about 1.5 us more per call).
+``FLASHLITE_NATIVE=0`` turns it off. Without a compiler, or when the build fails, ``plan_key``, ``replay`` and
+``launch_recorded`` are None, the reason is logged once (logger ``flashlite``, WARNING) and kept in ``build_error``,
+and flashlite does their work in Python (same decisions, about 1.5 us more per attention call, and about 1 us more
+per replayed launch).
 """
 from __future__ import annotations
 
@@ -122,3 +124,7 @@ plan_key: Optional[Callable[..., Optional[bytes]]] = None if _extension is None 
 # call's plan_key, computed by plan.run(q, k, v, key_mask[, alibi_slopes]); None when plans has no such plan;
 # fallback(plans, <the twelve>) answers for calls plan_key does not cover. None itself without the extension.
 replay: Optional[Callable[..., Optional[torch.Tensor]]] = None if _extension is None else _extension.replay
+# launch_recorded(run, grid, stream, function, metadata, tensors, device_index, rest) -> True (launched), False
+# (refused: an unaligned tensor or one on another device) or None (not plain tensors: check them in Python), for
+# flashlite._direct_launch; None itself without the extension.
+launch_recorded: Optional[Callable[..., Optional[bool]]] = None if _extension is None else _extension.launch_recorded

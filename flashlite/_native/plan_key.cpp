@@ -1,11 +1,14 @@
-// The plan key of an attention() call, built in C++: the same information as flashlite._attention.plans.signature
-// (shapes, strides, dtypes and devices of the tensors; the other arguments with their classes), packed into one
-// bytes object. Python builds that tuple from about twenty attribute reads, each allocating (torch.Size, stride
-// tuples, torch.device), and hashes it: 1.5 us per call on the development CPU. Here the sizes are read off the
-// tensors without allocating, and the bytes hash and compare with memcmp.
+// flashlite's host helpers in C++, each for a step that runs on every replayed call:
+//  - plan_key: the plan key of an attention() call, the same information as flashlite._attention.plans.signature
+//    (shapes, strides, dtypes and devices of the tensors; the other arguments with their classes), packed into
+//    one bytes object. Python builds that tuple from about twenty attribute reads, each allocating (torch.Size,
+//    stride tuples, torch.device), and hashes it: 1.5 us per call on the development CPU. Here the sizes are read
+//    off the tensors without allocating, and the bytes hash and compare with memcmp.
+//  - replay: the key, the plan's lookup and the plan's call in one C call.
+//  - launch_recorded: a recorded Triton launch replayed with new tensors, their addresses read and checked here.
 //
-// Returns None for any argument it does not cover (a tensor subclass, a non-strided or symbolic tensor, a scale
-// that is not a float, ...): the caller then builds the Python key, so a call is never keyed by less than it
+// plan_key returns None for any argument it does not cover (a tensor subclass, a non-strided or symbolic tensor, a
+// scale that is not a float, ...): the caller then builds the Python key, so a call is never keyed by less than it
 // needs. Two calls get equal bytes only if every packed field is equal; a field's tag says which class it had.
 #include <Python.h>
 #include <torch/csrc/autograd/python_variable.h>
@@ -13,6 +16,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -196,6 +200,72 @@ PyObject* replay(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return result;
 }
 
+// launch_recorded(run, grid, stream, function, metadata, tensors, device_index, rest): a recorded Triton launch
+// replayed with new tensors (flashlite._direct_launch.RecordedLaunch.launch), as
+// run(*grid, stream, function, metadata, None, None, None, *addresses, *rest). True when it launched; False, having
+// launched nothing, when a tensor's address is not 16-byte aligned or it is on another device than device_index
+// (-1: the CPU); None for anything else than exact torch.Tensors with storage, which the Python loop then checks.
+// A tensor given again (the launchers repeat q in unused slots) is read once.
+PyObject* launch_recorded(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 8 || !PyTuple_CheckExact(args[1]) || !PyTuple_CheckExact(args[5]) || !PyTuple_CheckExact(args[7])) {
+    PyErr_SetString(PyExc_TypeError,
+                    "launch_recorded takes run, a grid tuple, stream, function, metadata, a tuple of tensors, a "
+                    "device index and a tuple of the other arguments");
+    return nullptr;
+  }
+  const long device_index = PyLong_AsLong(args[6]);
+  if (device_index == -1 && PyErr_Occurred()) return nullptr;
+  PyObject* grid = args[1];
+  PyObject* tensors = args[5];
+  PyObject* rest = args[7];
+  const Py_ssize_t n_grid = PyTuple_GET_SIZE(grid), n_tensors = PyTuple_GET_SIZE(tensors);
+  const Py_ssize_t n_rest = PyTuple_GET_SIZE(rest);
+  std::vector<std::uintptr_t> addresses(static_cast<std::size_t>(n_tensors));
+  try {
+    for (Py_ssize_t i = 0; i < n_tensors; ++i) {
+      PyObject* obj = PyTuple_GET_ITEM(tensors, i);
+      Py_ssize_t seen = -1;
+      for (Py_ssize_t j = 0; j < i && seen < 0; ++j) {
+        if (PyTuple_GET_ITEM(tensors, j) == obj) seen = j;
+      }
+      if (seen >= 0) {
+        addresses[i] = addresses[seen];
+        continue;
+      }
+      if (!THPVariable_CheckExact(obj)) Py_RETURN_NONE;
+      const at::Tensor& t = THPVariable_Unpack(obj);
+      if (!t.defined() || !t.has_storage()) Py_RETURN_NONE;
+      const auto address = reinterpret_cast<std::uintptr_t>(t.data_ptr());
+      const long device = t.is_cpu() ? -1 : static_cast<long>(t.get_device());
+      if (address % 16 != 0 || device != device_index) Py_RETURN_FALSE;
+      addresses[i] = address;
+    }
+  } catch (...) {  // a tensor whose address cannot be read this way: the Python loop decides
+    Py_RETURN_NONE;
+  }
+  std::vector<PyObject*> call;
+  call.reserve(static_cast<std::size_t>(n_grid + 7 + n_tensors + n_rest));
+  for (Py_ssize_t i = 0; i < n_grid; ++i) call.push_back(PyTuple_GET_ITEM(grid, i));
+  for (int i = 2; i <= 4; ++i) call.push_back(args[i]);  // stream, function, metadata
+  for (int i = 0; i < 3; ++i) call.push_back(Py_None);  // the launch metadata and the two launch hooks
+  const std::size_t first_address = call.size();
+  for (Py_ssize_t i = 0; i < n_tensors; ++i) {
+    PyObject* address = PyLong_FromUnsignedLongLong(addresses[static_cast<std::size_t>(i)]);
+    if (address == nullptr) {
+      for (std::size_t j = first_address; j < call.size(); ++j) Py_DECREF(call[j]);
+      return nullptr;
+    }
+    call.push_back(address);
+  }
+  const std::size_t end_of_addresses = call.size();
+  for (Py_ssize_t i = 0; i < n_rest; ++i) call.push_back(PyTuple_GET_ITEM(rest, i));
+  PyObject* result = PyObject_Vectorcall(args[0], call.data(), call.size(), nullptr);
+  for (std::size_t j = first_address; j < end_of_addresses; ++j) Py_DECREF(call[j]);
+  if (result == nullptr) return nullptr;
+  Py_DECREF(result);
+  Py_RETURN_TRUE;
+}
+
 PyMethodDef methods[] = {
     {"plan_key", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(plan_key)), METH_FASTCALL,
      "plan_key(q, k, v, key_padding_mask, key_lengths, causal, scale, backend, precision, window, softcap, "
@@ -203,6 +273,8 @@ PyMethodDef methods[] = {
     {"replay", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(replay)), METH_FASTCALL,
      "replay(plans, fallback, q, k, v, key_padding_mask, key_lengths, causal, scale, backend, precision, window, "
      "softcap, alibi_slopes) -> the kept plan's output, or None"},
+    {"launch_recorded", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(launch_recorded)), METH_FASTCALL,
+     "launch_recorded(run, grid, stream, function, metadata, tensors, device_index, rest) -> True, False or None"},
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef module = {PyModuleDef_HEAD_INIT, "flashlite_plan_key", "attention()'s plan key, packed in C++.", -1,

@@ -6,7 +6,7 @@ import types
 import pytest
 import torch
 
-from flashlite import _direct_launch
+from flashlite import _direct_launch, _native
 from flashlite.kernels import attention_fwd
 
 
@@ -110,6 +110,51 @@ def test_a_replay_reads_a_repeated_tensor_once_and_passes_its_address_in_every_s
     assert not recorded.launch(_AlignedTensor(4100), k, out, out, q, k, q)
     assert not recorded.launch(q, k, out, out, q, k, _AlignedTensor(4096, device=-1))
     assert len(compiled.launches) == 1
+
+
+def _replays_of(tensor_sets: list[tuple], device_index: int) -> list:
+    """What each replay passes to the compiled kernel's launcher (None where it was refused)."""
+    compiled = _FakeCompiled()
+    hooks = types.SimpleNamespace(launch_enter_hook=None, launch_exit_hook=None)
+    recorded = _direct_launch.RecordedLaunch(compiled, (2, 3, 1), [None] * 5 + [7, "C"], n_tensors=5,
+                                             device_index=device_index, driver=_FakeDriver(device_index), hooks=hooks)
+    outcomes = []
+    for tensors in tensor_sets:
+        launches = len(compiled.launches)
+        outcomes.append(compiled.launches[-1] if recorded.launch(*tensors) else None)
+        assert len(compiled.launches) == launches + (outcomes[-1] is not None)
+    return outcomes
+
+
+@pytest.mark.skipif(_native.launch_recorded is None, reason=f"no C++ helpers: {_native.build_error}")
+def test_the_cpp_replay_passes_and_refuses_what_the_python_replay_does(monkeypatch):
+    # Real (CPU) tensors, device index -1: fresh random sets with repeats, unaligned views and other devices.
+    generator = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ())))
+    base = [torch.randn(7, 9, generator=generator) for _ in range(3)]
+    pool = base + [base[0][0, 1:], torch.randn(4, device="meta"), torch.randn(5, dtype=torch.float16)[1:]]
+    tensor_sets = []
+    for _ in range(40):
+        picks = torch.randint(0, len(pool), (5,), generator=generator).tolist()
+        tensor_sets.append(tuple(pool[i] for i in picks))
+    tensor_sets.append((base[0], base[1], base[2], base[2], base[0]))  # the launchers' repeats, all aligned
+    native = _replays_of(tensor_sets, device_index=-1)
+    monkeypatch.setattr(_native, "launch_recorded", None)
+    python = _replays_of(tensor_sets, device_index=-1)
+    assert native == python
+    assert native[-1] is not None and native[-1][9:] == (*(t.data_ptr() for t in tensor_sets[-1]), 7, "C")
+    assert any(outcome is None for outcome in native)  # the draws included refusals
+
+
+@pytest.mark.skipif(_native.launch_recorded is None, reason=f"no C++ helpers: {_native.build_error}")
+def test_the_cpp_replay_refuses_tensors_of_another_device_and_passes_the_launchers_error_on():
+    tensors = tuple(torch.randn(8, 8) for _ in range(5))
+    assert _replays_of([tensors], device_index=0) == [None]  # CPU tensors, a recording on GPU 0
+
+    def failing_run(*args):
+        raise RuntimeError("launcher failed")
+
+    with pytest.raises(RuntimeError, match="launcher failed"):
+        _native.launch_recorded(failing_run, (1, 1, 1), "stream", "function", "metadata", tensors, -1, (7,))
 
 
 def test_a_replay_is_refused_for_unaligned_tensors_another_device_or_a_launch_hook():
