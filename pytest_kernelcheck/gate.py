@@ -206,5 +206,7 @@ def regression_lines(regressions: Sequence[Regression]) -> list[str]:
         if regression.earlier is not None:
             earlier = regression.earlier
             lines.append(f"  was {_speed(earlier.speedup, earlier.ci, earlier.verdict)}")
+            if earlier.timing_change:  # the method may explain the change: pin --kernel-ab-calls-per-sample
+                lines.append(f"  {earlier.timing_change}: pin --kernel-ab-calls-per-sample to time both alike")
         lines.append(f"  now {_speed(record.speedup, record.ci, record.verdict)}")
     return lines

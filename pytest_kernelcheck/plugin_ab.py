@@ -84,6 +84,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("kernel_ab_throttle", "throttled A/B rounds: flag, discard or fail (see --kernel-ab-throttle)",
                   default="flag")
     group.addoption(
+        "--kernel-ab-calls-per-sample", dest="kernel_ab_calls_per_sample", default=None, metavar="N",
+        help="calls per timed sample for every comparison: auto (default: batch calls shorter than 50 us, so the "
+             "count can differ between runs) or a count; a comparison's own calls_per_sample= still wins. Pin it "
+             "when runs are compared (--kernel-ab-compare) at sizes near 50 us",
+    )
+    parser.addini("kernel_ab_calls_per_sample", "calls per timed sample (see --kernel-ab-calls-per-sample)",
+                  default="auto")
+    group.addoption(
         "--kernel-ab-report", dest="kernel_ab_report", default=None, metavar="PATH",
         help="write the A/B report as JSON to PATH, with a markdown table (.md) and a plot (.png) beside it",
     )
@@ -194,6 +202,12 @@ def pytest_configure(config: pytest.Config) -> None:
                                 f"got {throttle!r}")
     if throttle != "flag":  # the default leaves the report's settings as they were before the option
         settings["throttle"] = throttle
+    calls = str(_setting(config, "calls_per_sample")).strip()
+    if calls != "auto":  # as throttle: the default leaves the report's settings as they were
+        if not calls.isdigit():
+            raise pytest.UsageError(f"--kernel-ab-calls-per-sample / kernel_ab_calls_per_sample: 'auto' or a whole "
+                                    f"number of calls, got {calls!r}")
+        settings["calls_per_sample"] = int(calls)
     try:
         _budget_from(settings)
     except ValueError as exc:

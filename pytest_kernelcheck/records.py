@@ -326,7 +326,9 @@ class LastRun:
     """A comparison's row in an earlier report (``--kernel-ab-compare``) and whether this run regressed from it.
 
     A regression: the speedup interval now sits entirely below the earlier one, or the verdict went from win
-    to loss; ``reason`` says which.
+    to loss; ``reason`` says which. ``timing_change`` says when the two rows were timed differently (another
+    timer or number of calls per sample: a sample's fixed cost weighs more with fewer calls, which pulls short
+    calls' speedups toward 1), so that a change may be the method's rather than the code's.
 
     >>> LastRun.from_json({"speedup": 1.5, "ci": [1.4, 1.6], "verdict": "win", "regression": False}).ci
     (1.4, 1.6)
@@ -338,15 +340,17 @@ class LastRun:
     ratio: float | None  # speedup now / speedup then
     regression: bool
     reason: str | None
+    timing_change: str | None = None  # "timed by events-batched x7 then, by events now"
 
     def to_json(self) -> dict[str, Any]:
         return {"speedup": self.speedup, "ci": list(self.ci), "verdict": self.verdict, "ratio": self.ratio,
-                "regression": self.regression, "reason": self.reason}
+                "regression": self.regression, "reason": self.reason, "timing_change": self.timing_change}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "LastRun":
         return cls(speedup=data.get("speedup"), ci=_interval_from_json(data.get("ci")), verdict=data.get("verdict"),
-                   ratio=data.get("ratio"), regression=bool(data.get("regression", False)), reason=data.get("reason"))
+                   ratio=data.get("ratio"), regression=bool(data.get("regression", False)), reason=data.get("reason"),
+                   timing_change=data.get("timing_change"))
 
 
 @dataclass(frozen=True)

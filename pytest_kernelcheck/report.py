@@ -188,6 +188,7 @@ def _last_run(record: ComparisonRecord, old: ComparisonRecord) -> LastRun:
     if old.verdict == "win" and record.verdict == "loss":
         reasons.append("verdict went from win to loss")
     ratio = float(record.speedup) / float(old.speedup) if old.speedup and record.speedup else None
+    then, now = old.run.method, record.run.method
     return LastRun(
         speedup=old.speedup,
         ci=old.ci,
@@ -195,6 +196,7 @@ def _last_run(record: ComparisonRecord, old: ComparisonRecord) -> LastRun:
         ratio=ratio,
         regression=bool(reasons),
         reason="; ".join(reasons) or None,
+        timing_change=f"timed by {then} then, by {now} now" if then and now and then != now else None,
     )
 
 
@@ -725,6 +727,8 @@ def _vs_last(vs_last: LastRun | None) -> str:
     if vs_last is None:
         return "new"
     text = f"was {_number(vs_last.speedup, '.3f')}x {vs_last.verdict}"
+    if vs_last.timing_change:
+        text += f" ({vs_last.timing_change})"
     return f"REGRESSION: {text}; {vs_last.reason}" if vs_last.regression else text
 
 

@@ -223,6 +223,9 @@ def test_changing_output(kernel_ab):
         (["--kernel-ab-alpha", "2"], "kernel A/B settings: budget alpha must be between 0 and 1*"),
         (["--kernel-ab-max-time", "-1"], "kernel A/B settings: budget max_time must be > 0, got -1.0"),
         (["--kernel-ab-margin", "two"], "--kernel-ab-margin / kernel_ab_margin: not a number: 'two'"),
+        (["--kernel-ab-calls-per-sample", "many"],
+         "--kernel-ab-calls-per-sample / kernel_ab_calls_per_sample: 'auto' or a whole number of calls, got 'many'"),
+        (["--kernel-ab-calls-per-sample", "0"], "kernel A/B settings: budget calls_per_sample must be*"),
     ],
 )
 def test_bad_options_are_usage_errors(pytester, args, message):
@@ -250,6 +253,33 @@ def test_ini_settings_and_help(pytester):
          "*--kernel-ab-save=NAME*", "*--kernel-ab-ceilings={on,off}*",
          "*kernel_ab_max_time*"]
     )
+
+
+def test_calls_per_sample_pinned_for_the_session_times_every_comparison_alike(pytester):
+    # "auto" batches calls shorter than 50 us, so one comparison near that size may be timed differently in two
+    # runs; the option pins the count for every comparison that does not name its own.
+    pytester.makepyfile(
+        SORTS
+        + """
+def test_default(kernel_ab):
+    kernel_ab.compare(sort_small, sort_large, name="pinned by the session")
+
+def test_own(kernel_ab):
+    kernel_ab.compare(sort_small, sort_large, name="its own count", calls_per_sample=2)
+"""
+    )
+    result = pytester.runpytest(*FAST, "--kernel-ab-calls-per-sample", "3", "--kernel-ab-report", "pinned.json")
+    result.assert_outcomes(passed=2)
+    written = json.loads((pytester.path / "pinned.json").read_text())
+    by_name = {row["name"]: row for row in written["comparisons"]}
+    assert by_name["pinned by the session"]["calls_per_sample"] == 3
+    assert by_name["pinned by the session"]["method"].endswith("-batched x3")
+    assert by_name["its own count"]["calls_per_sample"] == 2
+    assert written["settings"]["calls_per_sample"] == 3
+    pytester.makeini("[pytest]\nkernel_ab_calls_per_sample = 4\n")
+    result = pytester.runpytest(*FAST, "-k", "default", "--kernel-ab-report", "ini.json")
+    result.assert_outcomes(passed=1, deselected=1)
+    assert json.loads((pytester.path / "ini.json").read_text())["comparisons"][0]["calls_per_sample"] == 4
 
 
 def test_report_that_cannot_be_written_at_the_end_is_a_message_not_a_traceback(pytester):

@@ -101,3 +101,28 @@ def test_regression_lines_show_both_runs():
         "  was 2.000x [1.900, 2.100] win",
         "  now 0.500x [0.400, 0.600] loss",
     ]
+
+
+def test_rows_timed_differently_say_so_beside_the_earlier_run_and_in_the_regression_lines():
+    # A sample's fixed cost weighs more with fewer calls per sample, so a method change alone can move a short
+    # call's speedup: the report and the gate name both methods and how to time both runs alike.
+    earlier = [row("a", "win", 1.203, (1.134, 1.361)) | {"method": "events-batched x7"},
+               row("b", "win", 1.5, (1.4, 1.6)) | {"method": "events"}]
+    now = [row("a", "win", 1.053, (1.012, 1.092)) | {"method": "events"},
+           row("b", "win", 1.5, (1.4, 1.6)) | {"method": "events"}]
+    report_now = built(now, earlier)
+    changes = [r["vs_last"]["timing_change"] for r in report_now["comparisons"]]
+    assert changes == ["timed by events-batched x7 then, by events now", None]
+    found = gate.evaluate([gate.SpeedupRule(5.0, "speedup:5%")], report_now)
+    assert gate.regression_lines(found) == [
+        "t.py::a / a (S=128) [speedup:5%]: interval wholly more than 5% below the earlier speedup "
+        "(1.092 < 1.143)",
+        "  was 1.203x [1.134, 1.361] win",
+        "  timed by events-batched x7 then, by events now: pin --kernel-ab-calls-per-sample to time both alike",
+        "  now 1.053x [1.012, 1.092] win",
+    ]
+    header, rows = report.table_rows(report_now)  # the terminal's and the markdown's table
+    assert header[-1] == "vs last run"
+    assert rows[0][-1] == ("REGRESSION: was 1.203x win (timed by events-batched x7 then, by events now); interval "
+                           "now below the last run's (1.092 < 1.134)")
+    assert rows[1][-1] == "was 1.500x win"
