@@ -16,6 +16,10 @@ kernels take): it goes to the launcher as the object itself, which encodes it as
 after the same alignment and device checks on the tensor it describes. The descriptor's block shape, dtype and
 layout (what Triton specializes a descriptor argument on) must be the recorded ones: the caller replays only
 launches of one plan, whose shapes, strides and dtypes are fixed.
+
+Where flashlite's C++ helpers were built (``flashlite._native``), a replay without descriptors reads and checks the
+tensors' addresses and calls the launcher in one C call (``launch_recorded``); the Python loop here does the same for
+descriptors, tensor subclasses and machines without the extension.
 """
 from __future__ import annotations
 
