@@ -157,6 +157,12 @@ def main() -> None:
             print(f"  the same with the launch's address checks in Python        {_replayed_triton_us():5.2f} us")
         finally:
             direct_launch._native.launch_recorded = launch_in_cpp
+    # What a compiled graph calls (kernels stubbed, so the launcher's ordinary path: CPU launches are not recorded).
+    op_env = {"torch": torch, **{name: torch.randn(1, 16, 128, 64, dtype=torch.float16) for name in "qkv"}}
+    with torch.no_grad():
+        for op in ("attention_forward", "attention_inference"):
+            statement = f"torch.ops.flashlite.{op}.default(q, k, v, None, None, 1, 0.125, 'fp16')"
+            print(f"op flashlite::{op:20s} B=1 H=16 S=128, no grad {_us(statement, op_env):7.2f} us")
     print(f"layer-norm forward launcher, 128 x 1024    "
           f"{_us('N._launch_layer_norm_fwd(x, w, b, 1e-5, None, torch.bfloat16)', env):7.2f} us")
     print(f"bias+GELU forward launcher, 128 x 1024     "

@@ -253,8 +253,10 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       key_padding_mask: Optional[torch.Tensor], key_lengths: Optional[torch.Tensor],
                       causal_mode: int, scale: float, precision: str, window_left: int = -1,
                       window_right: int = -1, softcap: float = 0.0, alibi_slopes: Optional[torch.Tensor] = None,
-                      config: Optional[BlockConfig] = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Launch the forward kernel; returns (out [B, H, S_q, D] in q's dtype, base-2 lse [B, H, S_q] float32).
+                      config: Optional[BlockConfig] = None, need_lse: bool = True
+                      ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Launch the forward kernel; returns (out [B, H, S_q, D] in q's dtype, base-2 lse [B, H, S_q] float32; None
+    without ``need_lse``, when the kernel skips its store).
 
     Checks its arguments as ``attention()`` validates them (once per signature). ``window_left``/``window_right``
     (-1: unbounded), ``softcap`` (0.0: off) and ``alibi_slopes`` (float32 [H] or [B, H], or None) as
@@ -268,7 +270,8 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     configs = {} if config is None else {"forward": _forced_config(config, _FORWARD)}
     plan = _launcher_plan(q, k, v, key_padding_mask, key_lengths, causal_mode, scale, precision, window_left,
                           window_right, softcap, alibi_slopes, configs)
-    return launch_forward(q, k, v, key_padding_mask if key_lengths is None else key_lengths, alibi_slopes, plan)
+    return launch_forward(q, k, v, key_padding_mask if key_lengths is None else key_lengths, alibi_slopes, plan,
+                          need_lse=need_lse)
 
 
 def launch_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: Optional[torch.Tensor],

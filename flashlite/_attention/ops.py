@@ -1,5 +1,6 @@
-"""The torch.library custom ops ``flashlite::attention_forward`` / ``attention_backward``, with their fakes and
-autograd, and how a Triton plan runs a call (``run_triton``, ``run_triton_compiled``).
+"""The torch.library ops ``flashlite::attention_forward`` / ``attention_backward`` (custom ops, with their fakes and
+autograd) and ``attention_inference`` (a schema with a kernel and a fake: no gradient), and how a Triton plan runs a
+call (``run_triton``, ``run_triton_compiled``).
 
 ``torch.compile`` treats the kernel as one opaque node instead of tracing into it; eager calls with gradients skip
 the op's dispatcher through ``_EagerTritonAttention``, built by the same mechanism as the norms' (``_ops``).
@@ -53,6 +54,35 @@ def _attention_backward_fake(grad_out, q, k, v, out, lse, key_padding_mask, key_
     return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape))
 
 
+# The inference op: what a compiled graph calls where no gradient can flow (grad mode off, or no input requires
+# grad), so the kernel skips its log-sum-exp. It is a plain torch.library schema with one kernel for every device
+# and no autograd formula, not a custom_op: custom_op's per-call wrappers (its autograd function and backend checks)
+# cost 13-19 us of host time on the development CPU against 4-6 us for a schema's kernel
+# (scripts/custom_op_probe.py), and a compiled graph of a small layer is bound by host time.
+_INFERENCE_LIBRARY = torch.library.Library("flashlite", "FRAGMENT")
+_INFERENCE_LIBRARY.define(
+    "attention_inference(Tensor q, Tensor k, Tensor v, Tensor? key_padding_mask, Tensor? key_lengths, "
+    "int causal_mode, float scale, str precision, int window_left=-1, int window_right=-1, float softcap=0.0, "
+    "Tensor? alibi_slopes=None) -> Tensor")
+
+
+def _attention_inference(q, k, v, key_padding_mask, key_lengths, causal_mode, scale, precision, window_left=-1,
+                         window_right=-1, softcap=0.0, alibi_slopes=None):
+    """Triton attention forward without its log-sum-exp, as an opaque op: out [B, H, S_q, D]."""
+    return attention_forward(q, k, v, key_padding_mask, key_lengths, causal_mode, scale, precision,
+                             window_left=window_left, window_right=window_right, softcap=softcap,
+                             alibi_slopes=alibi_slopes, need_lse=False)[0]
+
+
+_INFERENCE_LIBRARY.impl("attention_inference", _attention_inference, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("flashlite::attention_inference")
+def _attention_inference_fake(q, k, v, key_padding_mask, key_lengths, causal_mode, scale, precision,
+                              window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None):
+    return q.new_empty(q.shape)
+
+
 # The op's autograd sees its flat arguments (what a compiled graph holds); the eager Function below sees the plan.
 def _setup_op_context(ctx, inputs, output):
     (q, k, v, key_padding_mask, key_lengths, causal_mode, scale, precision, window_left, window_right, softcap,
@@ -104,8 +134,12 @@ def run_triton(plan: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ke
 def run_triton_compiled(plan: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                         key_mask: Optional[torch.Tensor], alibi_slopes: Optional[torch.Tensor] = None
                         ) -> torch.Tensor:
-    """A Triton plan's call inside torch.compile: the custom op, opaque, with its fake and autograd."""
+    """A Triton plan's call inside torch.compile: an opaque op with its fake; the custom op with its autograd where
+    a gradient can flow, else the inference op (grad mode and ``requires_grad`` are known, and guarded, at trace
+    time)."""
     p = plan.problem
     masks = (key_mask, None) if p.key_masking == "bool" else (None, key_mask)
-    return attention_forward_op(q, k, v, *masks, p.causal_mode, p.scale, p.precision, p.window_left,
-                                p.window_right, p.softcap, alibi_slopes)[0]
+    arguments = (*masks, p.causal_mode, p.scale, p.precision, p.window_left, p.window_right, p.softcap, alibi_slopes)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return attention_forward_op(q, k, v, *arguments)[0]
+    return torch.ops.flashlite.attention_inference.default(q, k, v, *arguments)

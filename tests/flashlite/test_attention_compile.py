@@ -115,6 +115,49 @@ def test_custom_ops_pass_opcheck():
                           test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
 
 
+def test_the_inference_op_passes_opcheck_and_matches_the_autograd_ops_output():
+    q, k, v = (t.detach() for t in leaves((1, 2, 17, 16), (1, 1, 21, 16), (1, 1, 21, 16), seed=3))
+    lengths = torch.tensor([15], device=DEVICE)
+    arguments = (q, k, v, None, lengths, 2, 0.25, "ieee")
+    torch.library.opcheck(torch.ops.flashlite.attention_inference.default, arguments,
+                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
+    out = torch.ops.flashlite.attention_inference(*arguments)
+    assert torch.equal(out, torch.ops.flashlite.attention_forward(*arguments)[0])
+
+
+def _graph_ops(fn, *tensors) -> list[str]:
+    """The flashlite ops in the graph torch.compile makes of fn, and fn's output."""
+    graphs = []
+
+    def keep_graph(gm, example_inputs):
+        graphs.append(gm)
+        return gm
+
+    out = torch.compile(fn, backend=keep_graph, fullgraph=True)(*tensors)
+    names = [str(node.target) for gm in graphs for node in gm.graph.nodes if node.op == "call_function"]
+    return [name for name in names if name.startswith("flashlite.")], out
+
+
+def test_compiled_calls_take_the_inference_op_only_where_no_gradient_can_flow():
+    q, k, v = leaves((2, 4, 24, 16), (2, 2, 30, 16), (2, 2, 30, 16), seed=5)
+    fn = lambda q, k, v: attention(q, k, v, causal="lower_right", backend="triton", precision="ieee")  # noqa: E731
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        q.double(), k.double(), v.double(), attn_mask=torch.ones(24, 30, dtype=torch.bool).tril(6), enable_gqa=True)
+    with torch.no_grad():
+        ops, out = _graph_ops(fn, q, k, v)
+    assert ops == ["flashlite.attention_inference.default"]
+    assert_close(out, expected, policy="fp32")
+    torch._dynamo.reset()
+    ops, out = _graph_ops(fn, *(t.detach() for t in (q, k, v)))  # grad mode on, nothing requires grad
+    assert ops == ["flashlite.attention_inference.default"]
+    torch._dynamo.reset()
+    ops, out = _graph_ops(fn, q, k, v)
+    assert ops == ["flashlite.attention_forward.default"]
+    assert_close(out.detach(), expected, policy="fp32")
+    out.sum().backward()
+    assert q.grad is not None and torch.isfinite(q.grad).all()
+
+
 def test_fake_tensors_give_shapes_and_dtypes():
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -123,6 +166,8 @@ def test_fake_tensors_give_shapes_and_dtypes():
         k = torch.empty(3, 2, 130, 80, dtype=torch.bfloat16)
         out, lse = torch.ops.flashlite.attention_forward(q, k, k, None, None, 1, 0.1, "bf16")
         dq, dk, dv = torch.ops.flashlite.attention_backward(out, q, k, k, out, lse, None, None, 1, 0.1, "bf16")
+        inferred = torch.ops.flashlite.attention_inference(q, k, k, None, None, 1, 0.1, "bf16")
+    assert (inferred.shape, inferred.dtype) == (q.shape, torch.bfloat16)
     assert (out.shape, out.dtype) == (q.shape, torch.bfloat16)
     assert (lse.shape, lse.dtype) == ((3, 8, 100), torch.float32)
     assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, k.shape)
