@@ -109,6 +109,40 @@ def _replayed_triton_us() -> float:
         return _us("attention(q, k, v, causal=True, backend='triton')", env, number=5000)
 
 
+def _replay_breakdown() -> None:
+    """Where a replayed ``auto`` call's time over SDPA goes: SDPA called directly, through the plan's
+    ``functools.partial``, through an empty 14-parameter Python function around that partial, through the C replay
+    (key, lookup, the plan's call), and ``attention()`` itself; the C++ key alone and ``is_compiling()``. Each the
+    lowest of 40 alternating rounds of 2,000 calls."""
+    q, k, v = (torch.randn(1, 2, 8, 16) for _ in range(3))
+    attention_module.attention(q, k, v, causal=True)
+    plan = plans_module._PLANS[plans_module.key_of(q, k, v, None, None, True, None, "auto", None)]
+
+    def frame(q, k, v, *, causal=False, scale=None, key_padding_mask=None, key_lengths=None, attn_mask=None,
+              window=None, softcap=None, alibi_slopes=None, backend="auto", precision=None):
+        return plan.run(q, k, v, None)
+
+    env = {"F": F, "q": q, "k": k, "v": v, "run": plan.run, "frame": frame, "attention": attention_module.attention,
+           "replay": plans_module.replay, "plans": plans_module._PLANS, "fallback": plans_module.replay_by_python_key,
+           "key": plans_module.fast_signature, "is_compiling": torch.compiler.is_compiling}
+    steps = {"SDPA": "F.scaled_dot_product_attention(q, k, v, is_causal=True)",
+             "the plan's partial": "run(q, k, v, None)",
+             "a 14-parameter frame + partial": "frame(q, k, v, causal=True)",
+             "the replay (C call)": "replay(plans, fallback, q, k, v, None, None, True, None, 'auto', None, None, "
+                                    "None, None)",
+             "attention()": "attention(q, k, v, causal=True)"}
+    best = {name: float("inf") for name in steps}
+    for _ in range(40):
+        for name, statement in steps.items():
+            best[name] = min(best[name], timeit.timeit(statement, number=2000, globals=env) / 2000 * 1e6)
+    sdpa = best["SDPA"]
+    print("breakdown of a replayed auto call (CPU tensors B=1 H=2 S=8 D=16; over SDPA):",
+          ", ".join(f"{name} {value:.2f} us ({value - sdpa:+.2f})" for name, value in best.items()))
+    call = "key(q, k, v, None, None, True, None, 'auto', None, None, None, None)"
+    print(f"  the plan key alone {_us(call, env, number=20000) * 1000:.0f} ns; is_compiling() "
+          f"{_us('is_compiling()', env, number=20000) * 1000:.0f} ns")
+
+
 def main() -> None:
     sdpa_env = {"F": F, "attention": attention_module.attention}
     q, k, v = (torch.randn(1, 2, 8, 16) for _ in range(3))
@@ -147,6 +181,7 @@ def main() -> None:
     floor_us = _us("plans.get((q.shape, k.shape, v.shape, q.dtype, q.device, True, None, 'auto'))", floor_env,
                    number=20000)
     print(f"floor of a Python plan lookup (3 shapes, 1 dtype, 1 device) {floor_us:5.2f} us")
+    _replay_breakdown()
     if torch.cuda.is_available():
         _cuda_replay_lines()
     print(f"attention forward launcher, B=1 H=16 S=128 {_us('A.launch_forward(*args)', env):7.2f} us")
