@@ -125,7 +125,7 @@ def test_the_inference_op_passes_opcheck_and_matches_the_autograd_ops_output():
     assert torch.equal(out, torch.ops.flashlite.attention_forward(*arguments)[0])
 
 
-def _graph_ops(fn, *tensors) -> list[str]:
+def _graph_ops(fn, *tensors) -> tuple[list[str], torch.Tensor]:
     """The flashlite ops in the graph torch.compile makes of fn, and fn's output."""
     graphs = []
 
@@ -142,7 +142,8 @@ def test_compiled_calls_take_the_inference_op_only_where_no_gradient_can_flow():
     q, k, v = leaves((2, 4, 24, 16), (2, 2, 30, 16), (2, 2, 30, 16), seed=5)
     fn = lambda q, k, v: attention(q, k, v, causal="lower_right", backend="triton", precision="ieee")  # noqa: E731
     expected = torch.nn.functional.scaled_dot_product_attention(
-        q.double(), k.double(), v.double(), attn_mask=torch.ones(24, 30, dtype=torch.bool).tril(6), enable_gqa=True)
+        *(t.detach().double() for t in (q, k, v)), attn_mask=torch.ones(24, 30, dtype=torch.bool).tril(6),
+        enable_gqa=True)
     with torch.no_grad():
         ops, out = _graph_ops(fn, q, k, v)
     assert ops == ["flashlite.attention_inference.default"]

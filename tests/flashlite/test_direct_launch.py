@@ -149,6 +149,9 @@ def test_the_cpp_replay_passes_and_refuses_what_the_python_replay_does(monkeypat
 def test_the_cpp_replay_refuses_tensors_of_another_device_and_passes_the_launchers_error_on():
     tensors = tuple(torch.randn(8, 8) for _ in range(5))
     assert _replays_of([tensors], device_index=0) == [None]  # CPU tensors, a recording on GPU 0
+    # The refusal is the C++ helper's own (False), not a hand-over to the Python loop (None).
+    assert _native.launch_recorded(lambda *args: None, (1, 1, 1), "stream", "function", "metadata", tensors, 0,
+                                   (7,)) is False
 
     def failing_run(*args):
         raise RuntimeError("launcher failed")
