@@ -136,6 +136,31 @@ def test_compiled_layer_vs_compiled_plain_block(shape, kernel_ab, blocks, compil
                       name=f"compiled layer {shape.precision} vs compiled plain bf16", **_layer_work(shape))
 
 
+# The shapes where attention's host cost can decide a compiled layer's time (at most 32,768 tokens, below the
+# Gluon forward's lengths): case 1 and 2 (one sequence), 8 and 10 (many short ones), 11 (S=64, where the kernel
+# beats SDPA by its own time).
+ATTENTION_UNDER_COMPILE_SHAPES = [shape for shape in LAYER_SHAPES if shape["case"] in (1, 2, 8, 10, 11)]
+
+
+@pytest.mark.shape(*ATTENTION_UNDER_COMPILE_SHAPES)
+@pytest.mark.memory(lambda shape: _activation_bytes(shape))
+@torch.no_grad()
+def test_compiled_layer_attention_auto_vs_sdpa(shape, kernel_ab, blocks):
+    # The dispatch table was measured on eager calls, where a replayed kernel call costs a few microseconds of host
+    # time; inside a compiled graph the kernel is an opaque custom op with its own dispatcher cost, and SDPA is an
+    # aten call Inductor emits directly. This row asks, per shape, which attention the compiled layer should run.
+    plain, compiled, _, plain_fp32 = blocks
+    auto, sdpa = (_compile_layer(TransformerLayer.from_plain(plain, precision="mixed",
+                                                             attention_backend=backend).eval())
+                  for backend in ("auto", "sdpa"))
+    x = _inputs(shape)
+    reference = plain_fp32(x.float()).double()
+    for layer in (auto, sdpa):  # each agrees with the same weights in fp32 before it is timed
+        assert_close(layer(x).float(), reference, policy="bf16", baseline=compiled(x).float())
+    kernel_ab.compare(lambda: auto(x), lambda: sdpa(x), name="compiled layer mixed, attention auto vs sdpa",
+                      **_layer_work(shape))
+
+
 # The optimizer's learning rate in the training A/B: every timed call is a full step, so the weights move between
 # calls (and the two sides' weights drift apart, each by its own rounding); a small rate keeps the activations, and
 # so the work of every step, those of the first. No weight decay, the AdamW defaults otherwise, both sides alike.
@@ -347,3 +372,27 @@ def test_layer_peak_memory_not_above_plain_block(shape, blocks):
     x = _inputs(shape)
     layer_peak, plain_peak = _peak_extra_bytes(lambda: layer(x)), _peak_extra_bytes(lambda: plain(x))
     assert layer_peak <= plain_peak, f"layer peak {layer_peak} bytes above its input, plain block {plain_peak}"
+
+
+# Last in the module on purpose: a frozen graph holds the weights it was compiled with, and no later test here
+# should meet a graph cache that has frozen entries in it.
+FROZEN_SHAPES = [shape for shape in LAYER_SHAPES if shape["case"] in (1, 2, 10)]
+
+
+@pytest.mark.shape(*FROZEN_SHAPES)
+@pytest.mark.memory(lambda shape: _activation_bytes(shape))
+@torch.no_grad()
+def test_frozen_compiled_layer_vs_frozen_compiled_plain_block(shape, kernel_ab, blocks):
+    # Inductor's freezing folds parameters into the graph as constants, so "mixed"'s fp32-to-bf16 weight casts run
+    # once at compile time instead of on every forward. It is an inference-only choice for fixed weights: a frozen
+    # graph keeps the weights it was compiled with (an in-place update is not seen), which is why the layer does
+    # not ask for it. Both sides are frozen, so the row shows what the casts cost "mixed" and nothing else.
+    plain, _, _, plain_fp32 = blocks
+    frozen_plain = torch.compile(copy.deepcopy(plain), options={"freezing": True})
+    frozen_layer = _compile_layer(TransformerLayer.from_plain(plain, precision="mixed").eval(),
+                                  options={"freezing": True})
+    x = _inputs(shape)
+    baseline = frozen_plain(x).float()
+    assert_close(frozen_layer(x).float(), plain_fp32(x.float()).double(), policy="bf16", baseline=baseline)
+    kernel_ab.compare(lambda: frozen_layer(x), lambda: frozen_plain(x),
+                      name="frozen compiled layer mixed vs frozen compiled plain bf16", **_layer_work(shape))
