@@ -9,10 +9,12 @@ faster; this says which kernels make the difference.
 
 Example:
     python3 scripts/layer_profile.py --cases 1,5,10 --top 8
+    python3 scripts/layer_profile.py --cases 1 --modes inference --inductor combo_kernels=True
 """
 from __future__ import annotations
 
 import argparse
+import ast
 import copy
 import time
 
@@ -85,12 +87,18 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=8, help="kernels listed per side")
     parser.add_argument("--modes", default="inference,training", help="inference, training or both")
     parser.add_argument("--precision", default="mixed", help="the layer's precision")
+    parser.add_argument("--inductor", default="", metavar="NAME=VALUE,...",
+                        help="Inductor options for both sides' torch.compile (values are Python literals), e.g. "
+                             "combo_kernels=True")
     args = parser.parse_args()
+    options = {name: ast.literal_eval(value) for name, value in
+               (item.split("=", 1) for item in args.inductor.split(",") if item)}
     torch._dynamo.config.recompile_limit = 512
     torch.manual_seed(0)
     plain = PlainTransformerBlock(D_MODEL, N_HEADS, D_FF, device="cuda", dtype=torch.bfloat16)
     cases = {c.number: c for c in CASES}
-    print(f"{torch.cuda.get_device_name()} | torch {torch.__version__} | layer precision {args.precision}")
+    print(f"{torch.cuda.get_device_name()} | torch {torch.__version__} | layer precision {args.precision} | "
+          f"Inductor options {options or 'none'}")
     for number in (int(n) for n in args.cases.split(",")):
         case = cases[number]
         x = torch.randn(case.B, case.S, D_MODEL, device="cuda", dtype=torch.bfloat16)
@@ -99,7 +107,8 @@ def main() -> None:
             torch._dynamo.reset()
             base = copy.deepcopy(plain).train(mode == "training")
             layer = TransformerLayer.from_plain(base, precision=args.precision).train(mode == "training")
-            compiled_plain, compiled_layer = torch.compile(base), torch.compile(layer, fullgraph=True)
+            compiled_plain = torch.compile(base, options=options)
+            compiled_layer = torch.compile(layer, fullgraph=True, options=options)
             if mode == "training":
                 xg = x.clone().requires_grad_(True)
                 projection = torch.randn(x.shape, device="cuda")

@@ -374,6 +374,29 @@ def test_layer_peak_memory_not_above_plain_block(shape, blocks):
     assert layer_peak <= plain_peak, f"layer peak {layer_peak} bytes above its input, plain block {plain_peak}"
 
 
+# The shapes where the compiled layer's time is its host's: each Inductor kernel is one Python-side launch, and the
+# layer's graph in "mixed" launches 18-20 kernels against the plain block's 12-13 (its weight casts among them).
+COMBO_SHAPES = [shape for shape in LAYER_SHAPES if shape["case"] in (1, 2, 5)]
+
+
+@pytest.mark.shape(*COMBO_SHAPES)
+@pytest.mark.memory(lambda shape: _activation_bytes(shape))
+@torch.no_grad()
+def test_compiled_layer_vs_compiled_plain_block_combo_kernels(shape, kernel_ab, blocks):
+    # Inductor's combo kernels put independent pointwise kernels (such as the casts of several weights) into one
+    # launch. Both sides are compiled with it, so the row shows what fewer launches give the layer. Run it in a
+    # process of its own (-k): graphs compiled earlier without the option could otherwise serve these calls.
+    plain, _, _, plain_fp32 = blocks
+    options = {"combo_kernels": True}
+    combo_plain = torch.compile(copy.deepcopy(plain), options=options)
+    combo_layer = _compile_layer(TransformerLayer.from_plain(plain, precision="mixed").eval(), options=options)
+    x = _inputs(shape)
+    assert_close(combo_layer(x).float(), plain_fp32(x.float()).double(), policy="bf16",
+                 baseline=combo_plain(x).float())
+    kernel_ab.compare(lambda: combo_layer(x), lambda: combo_plain(x),
+                      name="compiled layer mixed vs compiled plain bf16, combo kernels", **_layer_work(shape))
+
+
 # Last in the module on purpose: a frozen graph holds the weights it was compiled with, and no later test here
 # should meet a graph cache that has frozen entries in it.
 FROZEN_SHAPES = [shape for shape in LAYER_SHAPES if shape["case"] in (1, 2, 10)]
