@@ -29,6 +29,7 @@ validation_module = importlib.import_module("flashlite._attention.validation")
 norm = importlib.import_module("flashlite.norm")
 direct_launch = importlib.import_module("flashlite._direct_launch")
 attention_fwd = importlib.import_module("flashlite.kernels.attention_fwd")
+runtime = importlib.import_module("flashlite._runtime")
 
 
 class _NoKernel:
@@ -143,6 +144,23 @@ def _replay_breakdown() -> None:
           f"{_us('is_compiling()', env, number=20000) * 1000:.0f} ns")
 
 
+def _kernel_host_lines() -> None:
+    """The replayed Triton call and the compiled graph's ops, on CPU tensors (the interpreter's host path)."""
+    print(f"replayed attention(backend='triton'), B=1 H=16 S=128, driver call stubbed {_replayed_triton_us():5.2f} us")
+    if direct_launch._native.launch_recorded is not None:  # the same with the launch's checks in Python
+        launch_in_cpp, direct_launch._native.launch_recorded = direct_launch._native.launch_recorded, None
+        try:
+            print(f"  the same with the launch's address checks in Python        {_replayed_triton_us():5.2f} us")
+        finally:
+            direct_launch._native.launch_recorded = launch_in_cpp
+    # What a compiled graph calls (kernels stubbed, so the launcher's ordinary path: CPU launches are not recorded).
+    op_env = {"torch": torch, **{name: torch.randn(1, 16, 128, 64, dtype=torch.float16) for name in "qkv"}}
+    with torch.no_grad():
+        for op in ("attention_forward", "attention_inference"):
+            statement = f"torch.ops.flashlite.{op}.default(q, k, v, None, None, 1, 0.125, 'fp16')"
+            print(f"op flashlite::{op:20s} B=1 H=16 S=128, no grad {_us(statement, op_env):7.2f} us")
+
+
 def main() -> None:
     sdpa_env = {"F": F, "attention": attention_module.attention}
     q, k, v = (torch.randn(1, 2, 8, 16) for _ in range(3))
@@ -185,19 +203,12 @@ def main() -> None:
     if torch.cuda.is_available():
         _cuda_replay_lines()
     print(f"attention forward launcher, B=1 H=16 S=128 {_us('A.launch_forward(*args)', env):7.2f} us")
-    print(f"replayed attention(backend='triton'), B=1 H=16 S=128, driver call stubbed {_replayed_triton_us():5.2f} us")
-    if direct_launch._native.launch_recorded is not None:  # the same with the launch's checks in Python
-        launch_in_cpp, direct_launch._native.launch_recorded = direct_launch._native.launch_recorded, None
-        try:
-            print(f"  the same with the launch's address checks in Python        {_replayed_triton_us():5.2f} us")
-        finally:
-            direct_launch._native.launch_recorded = launch_in_cpp
-    # What a compiled graph calls (kernels stubbed, so the launcher's ordinary path: CPU launches are not recorded).
-    op_env = {"torch": torch, **{name: torch.randn(1, 16, 128, 64, dtype=torch.float16) for name in "qkv"}}
-    with torch.no_grad():
-        for op in ("attention_forward", "attention_inference"):
-            statement = f"torch.ops.flashlite.{op}.default(q, k, v, None, None, 1, 0.125, 'fp16')"
-            print(f"op flashlite::{op:20s} B=1 H=16 S=128, no grad {_us(statement, op_env):7.2f} us")
+    if not runtime.interpreting():
+        # The lines below run the attention kernel's host path on CPU tensors, which it takes only through the
+        # interpreter; with TRITON_INTERPRET=1 the CUDA lines above would time interpreted kernels instead.
+        print("replayed attention(backend='triton') and the ops on CPU tensors: skipped (run with TRITON_INTERPRET=1)")
+    else:
+        _kernel_host_lines()
     print(f"layer-norm forward launcher, 128 x 1024    "
           f"{_us('N._launch_layer_norm_fwd(x, w, b, 1e-5, None, torch.bfloat16)', env):7.2f} us")
     print(f"bias+GELU forward launcher, 128 x 1024     "

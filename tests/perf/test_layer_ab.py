@@ -397,6 +397,26 @@ def test_compiled_layer_vs_compiled_plain_block_combo_kernels(shape, kernel_ab, 
                       name="compiled layer mixed vs compiled plain bf16, combo kernels", **_layer_work(shape))
 
 
+@pytest.mark.shape(*COMBO_SHAPES, model=["layer", "plain"])
+@pytest.mark.memory(lambda shape: _activation_bytes(shape))
+@torch.no_grad()
+def test_combo_kernels_vs_default_compile(shape, kernel_ab, blocks):
+    # The same model compiled with and without combo kernels, in one process (a torch.compile with other options
+    # compiles graphs of its own), so the row isolates what the option gives each side of the row above.
+    plain, _, _, plain_fp32 = blocks
+
+    def model():
+        return (TransformerLayer.from_plain(plain, precision="mixed").eval() if shape.model == "layer"
+                else copy.deepcopy(plain))
+    combo = _compile_layer(model(), options={"combo_kernels": True})
+    default = _compile_layer(model())
+    x = _inputs(shape)
+    # The combo-kernel graph is as close to the fp32 reference as the default graph's own error allows.
+    assert_close(combo(x).float(), plain_fp32(x.float()).double(), policy="bf16", baseline=default(x).float())
+    kernel_ab.compare(lambda: combo(x), lambda: default(x),
+                      name=f"compiled {shape.model} combo kernels vs default", **_layer_work(shape))
+
+
 # Last in the module on purpose: a frozen graph holds the weights it was compiled with, and no later test here
 # should meet a graph cache that has frozen entries in it.
 FROZEN_SHAPES = [shape for shape in LAYER_SHAPES if shape["case"] in (1, 2, 10)]
