@@ -379,30 +379,12 @@ def test_layer_peak_memory_not_above_plain_block(shape, blocks):
 COMBO_SHAPES = [shape for shape in LAYER_SHAPES if shape["case"] in (1, 2, 5)]
 
 
-@pytest.mark.shape(*COMBO_SHAPES)
-@pytest.mark.memory(lambda shape: _activation_bytes(shape))
-@torch.no_grad()
-def test_compiled_layer_vs_compiled_plain_block_combo_kernels(shape, kernel_ab, blocks):
-    # Inductor's combo kernels put independent pointwise kernels (such as the casts of several weights) into one
-    # launch. Both sides are compiled with it, so the row shows what fewer launches give the layer. Run it in a
-    # process of its own (-k): graphs compiled earlier without the option could otherwise serve these calls.
-    plain, _, _, plain_fp32 = blocks
-    options = {"combo_kernels": True}
-    combo_plain = torch.compile(copy.deepcopy(plain), options=options)
-    combo_layer = _compile_layer(TransformerLayer.from_plain(plain, precision="mixed").eval(), options=options)
-    x = _inputs(shape)
-    assert_close(combo_layer(x).float(), plain_fp32(x.float()).double(), policy="bf16",
-                 baseline=combo_plain(x).float())
-    kernel_ab.compare(lambda: combo_layer(x), lambda: combo_plain(x),
-                      name="compiled layer mixed vs compiled plain bf16, combo kernels", **_layer_work(shape))
-
-
 @pytest.mark.shape(*COMBO_SHAPES, model=["layer", "plain"])
 @pytest.mark.memory(lambda shape: _activation_bytes(shape))
 @torch.no_grad()
 def test_combo_kernels_vs_default_compile(shape, kernel_ab, blocks):
     # The same model compiled with and without combo kernels, in one process (a torch.compile with other options
-    # compiles graphs of its own), so the row isolates what the option gives each side of the row above.
+    # compiles graphs of its own): what the option gives each side of the combo rows below, on its own.
     plain, _, _, plain_fp32 = blocks
 
     def model():
@@ -418,24 +400,29 @@ def test_combo_kernels_vs_default_compile(shape, kernel_ab, blocks):
 
 
 # Last in the module on purpose: a frozen graph holds the weights it was compiled with, and no later test here
-# should meet a graph cache that has frozen entries in it.
-FROZEN_SHAPES = [shape for shape in LAYER_SHAPES if shape["case"] in (1, 2, 10)]
+# should meet a graph cache that has frozen entries in it. (A torch.compile with other options compiles graphs of
+# its own, so the default-compiled graphs of the tests above cannot serve these calls, nor these theirs.)
+#   combo_kernels: Inductor puts independent pointwise kernels (such as the casts of several weights) into one
+#     launch: what fewer launches give the layer, with the plain block given the same.
+#   freezing: Inductor folds parameters into the graph as constants, so "mixed"'s fp32-to-bf16 weight casts run once
+#     at compile time instead of on every forward. An inference-only choice for fixed weights: a frozen graph keeps
+#     the weights it was compiled with (an in-place update is not seen), which is why the layer does not ask for it.
+OPTION_ROWS = {"combo_kernels": "compiled layer mixed vs compiled plain bf16, combo kernels",
+               "freezing": "frozen compiled layer mixed vs frozen compiled plain bf16"}
+OPTION_SHAPES = ([dict(shape, option="combo_kernels") for shape in COMBO_SHAPES]
+                 + [dict(shape, option="freezing") for shape in LAYER_SHAPES if shape["case"] in (1, 2, 10)])
 
 
-@pytest.mark.shape(*FROZEN_SHAPES)
+@pytest.mark.shape(*OPTION_SHAPES)
 @pytest.mark.memory(lambda shape: _activation_bytes(shape))
 @torch.no_grad()
-def test_frozen_compiled_layer_vs_frozen_compiled_plain_block(shape, kernel_ab, blocks):
-    # Inductor's freezing folds parameters into the graph as constants, so "mixed"'s fp32-to-bf16 weight casts run
-    # once at compile time instead of on every forward. It is an inference-only choice for fixed weights: a frozen
-    # graph keeps the weights it was compiled with (an in-place update is not seen), which is why the layer does
-    # not ask for it. Both sides are frozen, so the row shows what the casts cost "mixed" and nothing else.
+def test_compiled_layer_vs_compiled_plain_block_with_inductor_option(shape, kernel_ab, blocks):
+    # Both sides compiled with the option, so the row shows what it gives the layer against the plain block.
     plain, _, _, plain_fp32 = blocks
-    frozen_plain = torch.compile(copy.deepcopy(plain), options={"freezing": True})
-    frozen_layer = _compile_layer(TransformerLayer.from_plain(plain, precision="mixed").eval(),
-                                  options={"freezing": True})
+    options = {shape.option: True}
+    plain_compiled = torch.compile(copy.deepcopy(plain), options=options)
+    layer = _compile_layer(TransformerLayer.from_plain(plain, precision="mixed").eval(), options=options)
     x = _inputs(shape)
-    baseline = frozen_plain(x).float()
-    assert_close(frozen_layer(x).float(), plain_fp32(x.float()).double(), policy="bf16", baseline=baseline)
-    kernel_ab.compare(lambda: frozen_layer(x), lambda: frozen_plain(x),
-                      name="frozen compiled layer mixed vs frozen compiled plain bf16", **_layer_work(shape))
+    assert_close(layer(x).float(), plain_fp32(x.float()).double(), policy="bf16", baseline=plain_compiled(x).float())
+    kernel_ab.compare(lambda: layer(x), lambda: plain_compiled(x), name=OPTION_ROWS[shape.option],
+                      **_layer_work(shape))
