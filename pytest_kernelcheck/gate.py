@@ -208,5 +208,8 @@ def regression_lines(regressions: Sequence[Regression]) -> list[str]:
             lines.append(f"  was {_speed(earlier.speedup, earlier.ci, earlier.verdict)}")
             if earlier.timing_change:  # the method may explain the change: pin --kernel-ab-calls-per-sample
                 lines.append(f"  {earlier.timing_change}: pin --kernel-ab-calls-per-sample to time both alike")
+            if earlier.baseline_change:  # the machine or the baseline may explain it: rerun both in one session
+                lines.append(f"  {earlier.baseline_change}: the machine or the baseline changed; compare both "
+                             f"commits in one session to tell")
         lines.append(f"  now {_speed(record.speedup, record.ci, record.verdict)}")
     return lines

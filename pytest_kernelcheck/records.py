@@ -321,6 +321,13 @@ def _ceiling_from_json(data: Any) -> CeilingRecord | None:
     return CeilingRecord.from_json(data) if data else None
 
 
+# How far a baseline's time per call may move between two runs before the report says so: a baseline (the code a
+# candidate is compared with, usually unchanged) repeats within a few percent from run to run on a quiet GPU; host-
+# bound calls moved by 20-90% between processes on a shared host (flashlite's compiled-layer runs on an H200,
+# benchmarks/results/h200-2026-12-04-c/), and there a speedup's change says little about the candidate's code.
+BASELINE_MOVE = 0.15
+
+
 @dataclass(frozen=True)
 class LastRun:
     """A comparison's row in an earlier report (``--kernel-ab-compare``) and whether this run regressed from it.
@@ -328,7 +335,9 @@ class LastRun:
     A regression: the speedup interval now sits entirely below the earlier one, or the verdict went from win
     to loss; ``reason`` says which. ``timing_change`` says when the two rows were timed differently (another
     timer or number of calls per sample: a sample's fixed cost weighs more with fewer calls, which pulls short
-    calls' speedups toward 1), so that a change may be the method's rather than the code's.
+    calls' speedups toward 1), so that a change may be the method's rather than the code's. ``baseline_change``
+    says when the baseline's own time per call moved by more than ``BASELINE_MOVE`` between the runs: the machine
+    (its load, clocks or host) or the baseline itself changed, so the candidate's code may not be what moved.
 
     >>> LastRun.from_json({"speedup": 1.5, "ci": [1.4, 1.6], "verdict": "win", "regression": False}).ci
     (1.4, 1.6)
@@ -341,16 +350,18 @@ class LastRun:
     regression: bool
     reason: str | None
     timing_change: str | None = None  # "timed by events-batched x7 then, by events now"
+    baseline_change: str | None = None  # "baseline 0.329 ms a call then, 0.613 ms now (1.86x)"
 
     def to_json(self) -> dict[str, Any]:
         return {"speedup": self.speedup, "ci": list(self.ci), "verdict": self.verdict, "ratio": self.ratio,
-                "regression": self.regression, "reason": self.reason, "timing_change": self.timing_change}
+                "regression": self.regression, "reason": self.reason, "timing_change": self.timing_change,
+                "baseline_change": self.baseline_change}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "LastRun":
         return cls(speedup=data.get("speedup"), ci=_interval_from_json(data.get("ci")), verdict=data.get("verdict"),
                    ratio=data.get("ratio"), regression=bool(data.get("regression", False)), reason=data.get("reason"),
-                   timing_change=data.get("timing_change"))
+                   timing_change=data.get("timing_change"), baseline_change=data.get("baseline_change"))
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from typing import Any, BinaryIO, Callable, Iterable, Mapping, Sequence
 
 from . import per_gpu, stats
 from .records import (  # SCHEMA and SCHEMA_VERSION are re-exported: readers of reports know them from here
+    BASELINE_MOVE,
     SCHEMA,
     SCHEMA_VERSION,
     ABReport,
@@ -197,7 +198,24 @@ def _last_run(record: ComparisonRecord, old: ComparisonRecord) -> LastRun:
         regression=bool(reasons),
         reason="; ".join(reasons) or None,
         timing_change=f"timed by {then} then, by {now} now" if then and now and then != now else None,
+        baseline_change=_baseline_change(old.baseline_ms, record.baseline_ms),
     )
+
+
+def _baseline_change(then_ms: float | None, now_ms: float | None) -> str | None:
+    """Says how the baseline's time per call moved between two runs, where it moved by more than BASELINE_MOVE.
+
+    >>> _baseline_change(0.3292, 0.6128)
+    'baseline 0.3292 ms a call then, 0.6128 ms now (1.86x)'
+    >>> _baseline_change(0.5, 0.52) is None
+    True
+    """
+    if not then_ms or not now_ms or then_ms <= 0 or now_ms <= 0:
+        return None
+    ratio = now_ms / then_ms
+    if 1 / (1 + BASELINE_MOVE) <= ratio <= 1 + BASELINE_MOVE:
+        return None
+    return f"baseline {then_ms:.4g} ms a call then, {now_ms:.4g} ms now ({ratio:.2f}x)"
 
 
 def environment_info() -> dict[str, Any]:
@@ -727,8 +745,9 @@ def _vs_last(vs_last: LastRun | None) -> str:
     if vs_last is None:
         return "new"
     text = f"was {_number(vs_last.speedup, '.3f')}x {vs_last.verdict}"
-    if vs_last.timing_change:
-        text += f" ({vs_last.timing_change})"
+    notes = [note for note in (vs_last.timing_change, vs_last.baseline_change) if note]
+    if notes:
+        text += f" ({'; '.join(notes)})"
     return f"REGRESSION: {text}; {vs_last.reason}" if vs_last.regression else text
 
 

@@ -428,11 +428,13 @@ def test_twice(kernel_ab):
     assert [r["name"] for r in json.loads((pytester.path / "d.json").read_text())["comparisons"]] == ["sort"]
 
 
-# Simulated timers of known effect: the candidate takes CANDIDATE_MS, the baseline 2 ms (speedup 2 / CANDIDATE_MS).
+# Simulated timers of known effect: the candidate takes CANDIDATE_MS, the baseline BASELINE_MS, 2 ms unless a test
+# appends another value (speedup BASELINE_MS / CANDIDATE_MS).
 SIMULATED = """
 from pytest_kernelcheck.timing import SimulatedTimer
 
 CANDIDATE_MS = {candidate_ms}
+BASELINE_MS = 2.0
 
 def candidate():
     pass
@@ -442,7 +444,7 @@ def baseline():
 
 def test_fused(kernel_ab):
     timer = SimulatedTimer({{candidate: lambda rng, now: CANDIDATE_MS * 1e-3 * (1 + 0.01 * rng.random()),
-                            baseline: lambda rng, now: 2e-3 * (1 + 0.01 * rng.random())}})
+                            baseline: lambda rng, now: BASELINE_MS * 1e-3 * (1 + 0.01 * rng.random())}})
     kernel_ab.compare(candidate, baseline, name="fused", timer=timer)
 """
 
@@ -480,6 +482,18 @@ def test_without_the_gate_the_same_regression_only_reports(pytester):
     assert result.ret == pytest.ExitCode.OK
     result.stdout.fnmatch_lines(["fused*REGRESSION: was *x win*"])
     assert "kernelcheck: regressions" not in result.stdout.str()
+
+
+def test_a_baseline_twice_as_slow_as_last_run_is_named_beside_an_unchanged_speedup(pytester):
+    # The same 2x speedup with both sides twice as slow: no regression, but the row says the baseline moved.
+    pytester.makepyfile(test_sim=SIMULATED.format(candidate_ms=1.0))
+    pytester.runpytest(*FAST, "--kernel-ab-report", "first.json").assert_outcomes(passed=1)
+    pytester.makepyfile(test_sim=SIMULATED.format(candidate_ms=2.0) + "BASELINE_MS = 4.0\n")
+    result = pytester.runpytest(*FAST, "--kernel-ab-compare", "first.json", "--kernel-ab-report", "second.json")
+    assert result.ret == pytest.ExitCode.OK
+    result.stdout.fnmatch_lines(["fused*was *x win (baseline 2.0* ms a call then, 4.0* ms now (*x))*"])
+    change = json.loads((pytester.path / "second.json").read_text())["comparisons"][0]["vs_last"]["baseline_change"]
+    assert change.startswith("baseline 2.0") and " ms a call then, 4.0" in change
 
 
 def test_the_gate_from_the_ini_file_and_a_passing_gate(pytester):

@@ -126,3 +126,32 @@ def test_rows_timed_differently_say_so_beside_the_earlier_run_and_in_the_regress
     assert rows[0][-1] == ("REGRESSION: was 1.203x win (timed by events-batched x7 then, by events now); interval "
                            "now below the last run's (1.092 < 1.134)")
     assert rows[1][-1] == "was 1.500x win"
+
+
+def test_a_baseline_whose_time_moved_says_so_beside_the_earlier_run_and_in_the_regression_lines():
+    # A baseline is usually unchanged code, so when its own time per call moved by more than BASELINE_MOVE the
+    # machine (load, clocks, host) or the baseline changed, and the speedup's change may not be the candidate's.
+    earlier = [row("a", "win", 1.4, (1.3, 1.5)) | {"baseline_ms": 0.3292},
+               row("b", "win", 1.5, (1.4, 1.6)) | {"baseline_ms": 0.500},
+               row("c", "win", 1.5, (1.4, 1.6)) | {"baseline_ms": 0.600},
+               row("d", "win", 1.5, (1.4, 1.6))]
+    now = [row("a", "win", 1.1, (1.05, 1.15)) | {"baseline_ms": 0.6128},
+           row("b", "win", 1.5, (1.4, 1.6)) | {"baseline_ms": 0.570},  # 1.14x: inside the allowed move
+           row("c", "win", 1.5, (1.4, 1.6)) | {"baseline_ms": 0.500},  # 0.83x: faster by more than it
+           row("d", "win", 1.5, (1.4, 1.6)) | {"baseline_ms": 0.500}]  # no earlier time to compare with
+    report_now = built(now, earlier)
+    changes = [r["vs_last"]["baseline_change"] for r in report_now["comparisons"]]
+    assert changes == ["baseline 0.3292 ms a call then, 0.6128 ms now (1.86x)", None,
+                       "baseline 0.6 ms a call then, 0.5 ms now (0.83x)", None]
+    found = gate.evaluate([gate.SpeedupRule(5.0, "speedup:5%")], report_now)
+    assert gate.regression_lines(found) == [
+        "t.py::a / a (S=128) [speedup:5%]: interval wholly more than 5% below the earlier speedup (1.150 < 1.330)",
+        "  was 1.400x [1.300, 1.500] win",
+        "  baseline 0.3292 ms a call then, 0.6128 ms now (1.86x): the machine or the baseline changed; compare both "
+        "commits in one session to tell",
+        "  now 1.100x [1.050, 1.150] win",
+    ]
+    _, rows = report.table_rows(report_now)
+    assert rows[0][-1] == ("REGRESSION: was 1.400x win (baseline 0.3292 ms a call then, 0.6128 ms now (1.86x)); "
+                           "interval now below the last run's (1.150 < 1.300)")
+    assert rows[2][-1] == "was 1.500x win (baseline 0.6 ms a call then, 0.5 ms now (0.83x))"
