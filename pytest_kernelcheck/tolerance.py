@@ -513,7 +513,9 @@ def _checked_inputs(
                 f"assert_close: {label} is quantized ({tensor.dtype}); assert_close accepts integer, bool and "
                 f"floating-point tensors: pass {label}.dequantize()"
             )
-        tensors[label] = tensor
+        # Values are compared, not gradients: without this, every reduction would join the caller's autograd
+        # graph and reading a result out (float(...)) would warn about a tensor that requires grad.
+        tensors[label] = tensor.detach()
     first = tensors["actual"]
     for label, tensor in tensors.items():
         if tensor.shape != first.shape:

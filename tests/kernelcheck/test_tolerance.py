@@ -1,5 +1,6 @@
 """Tolerance policies, the baseline rule, assert_close's messages and errors, and the tolerance marker."""
 import math
+import warnings
 import re
 
 import pytest
@@ -525,3 +526,22 @@ def test_values_that_are_not_numbers_are_refused_by_name():
         assert_close(torch.tensor(1), 2**70)
     with pytest.raises(TypeError, match="expected is complex"):
         assert_close(a, np.ones(3) * 1j)
+
+
+@pytest.mark.parametrize("close", [True, False])
+def test_outputs_that_require_grad_are_compared_quietly_and_left_as_they_were(close):
+    # A kernel's output with requires_grad (a forward under autograd) is a value to check: no warning about
+    # reading a tensor that requires grad, no autograd graph on the caller's tensors, nothing accumulated.
+    torch.manual_seed(3)
+    x = torch.randn(37, 129, dtype=torch.float32, requires_grad=True)
+    actual = x * 1.0 + (0.0 if close else 0.5)  # a non-leaf output of an autograd graph
+    expected = x.detach().double()
+    baseline = x.detach().to(torch.bfloat16).float().requires_grad_(True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        if close:
+            assert assert_close(actual, expected, baseline=baseline).passed
+        else:
+            with pytest.raises(AssertionError, match="not close|worst violation"):
+                assert_close(actual, expected, baseline=baseline)
+    assert actual.requires_grad and x.grad is None and baseline.grad is None
