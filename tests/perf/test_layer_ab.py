@@ -9,7 +9,9 @@ costs show.
 
 A training step (forward, backward of a scalar loss, AdamW step) of the compiled layer runs against the compiled
 plain block's, and ``torch.compile(mode="reduce-overhead")`` (CUDA graphs by Inductor) against
-:class:`CudaGraphRunner`. The fusion tournament runs eager and compiled.
+:class:`CudaGraphRunner`. The fusion tournament runs eager and compiled. Inside the compiled layer, attention
+``auto`` runs against ``attention_backend="sdpa"``; Inductor options (combo kernels, freezing) run with both sides
+compiled alike, and combo kernels against the default compile of each model.
 
 Both sides are rated by one count of the block's work (:func:`_layer_work`): FLOPs of its six matmuls and of causal
 attention (LayerNorm, GELU and residual adds, a few FLOPs per element, are not counted); bytes of its bf16 weights
