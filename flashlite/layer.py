@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from flashlite._casts import cast_together
 from flashlite._runtime import kernel_device_ok
 from flashlite.norm import _check_eps, add_layer_norm, bias_gelu, layer_norm
 from flashlite.precision import PrecisionPolicy, resolve_policy
@@ -286,9 +287,9 @@ class TransformerLayer(nn.Module):
     ``param.copy_`` under no_grad, writes through ``param.data`` such as EMA updates, ``param.data = t``). A kept
     copy could not know when to refresh: a write through ``param.data`` does not move the parameter's version
     counter (each ``.data`` is a new tensor with its own counter) and PyTorch keeps no per-storage counter. The
-    cost is one cast kernel per weight per forward, which reads each weight in fp32 and writes it in the operand
-    dtype before the matmul reads it (not yet measured on a GPU); :class:`CudaGraphRunner` replays those casts
-    inside its graph.
+    cost is one multi-tensor cast per forward (all projection weights and biases in one launch on CUDA), which
+    reads each weight in fp32 and writes it in the operand dtype before the matmul reads it;
+    :class:`CudaGraphRunner` replays that cast inside its graph.
 
     ``attention_backend`` is passed to ``flashlite.attention.attention``: "auto" (its per-shape dispatch between
     the Triton kernel and SDPA), "triton" or "sdpa".
@@ -409,7 +410,8 @@ class TransformerLayer(nn.Module):
         operand = policy.matmul_dtype
         stream = x.to(policy.residual_dtype)
 
-        attn = self._attention_branch(self._norm(self.ln1, stream, operand, fusions), key_padding_mask)
+        operands = self._matmul_operands(fusions)
+        attn = self._attention_branch(self._norm(self.ln1, stream, operand, fusions), key_padding_mask, operands)
         attn = F.dropout(attn, self.dropout, self.training)
         if "add_layer_norm" in fusions:
             normed, stream = add_layer_norm(stream, attn, self.ln2.weight, self.ln2.bias, self.eps, out_dtype=operand)
@@ -417,7 +419,7 @@ class TransformerLayer(nn.Module):
             stream = stream + attn.to(stream.dtype)
             normed = self._norm(self.ln2, stream, operand, fusions)
 
-        mlp = F.dropout(self._mlp_branch(normed, fusions), self.dropout, self.training)
+        mlp = F.dropout(self._mlp_branch(normed, fusions, operands), self.dropout, self.training)
         return (stream + mlp.to(stream.dtype)).to(x.dtype)
 
     def _forward_without_tokens(self, x: torch.Tensor) -> torch.Tensor:
@@ -430,14 +432,22 @@ class TransformerLayer(nn.Module):
         untouched = torch.stack([p.sum().to(x.dtype) for p in self.parameters()]).sum() * 0
         return x + untouched
 
-    def _linear(self, module: nn.Linear, h: torch.Tensor, with_bias: bool = True) -> torch.Tensor:
-        # The weights are cast to the operand dtype on every call, in inference too: a kept low-precision copy
-        # could not tell when to refresh, because writes through ``param.data`` (EMA updates, hand edits, some
-        # loaders) do not move the parameter's version counter and no storage-level counter exists. A cast is
-        # never stale; under CudaGraphRunner it is part of the graph, so every replay re-reads the parameters.
-        dtype = self.policy.matmul_dtype
-        bias = module.bias.to(dtype) if with_bias else None
-        return F.linear(h.to(dtype), module.weight.to(dtype), bias)
+    def _matmul_operands(self, fusions: frozenset[str]) -> dict[str, tuple[torch.Tensor, Optional[torch.Tensor]]]:
+        """(weight, bias) of each projection ("qkv", "out", "fc1", "fc2") in the matmul operand dtype; fc1's bias is
+        None when the bias_gelu kernel adds it (in its own dtype).
+
+        The weights are cast on every call, in inference too: a kept low-precision copy could not tell when to
+        refresh, because writes through ``param.data`` (EMA updates, hand edits, some loaders) do not move the
+        parameter's version counter and no storage-level counter exists. A cast is never stale; under
+        CudaGraphRunner it is part of the graph, so every replay re-reads the parameters. All of them are cast
+        together (``flashlite._casts.cast_together``): one multi-tensor launch instead of one per tensor.
+        """
+        sources = {f"{name}.{kind}": getattr(getattr(self, name), kind)
+                   for name in ("qkv", "out", "fc1", "fc2") for kind in ("weight", "bias")}
+        if "bias_gelu" in fusions:
+            del sources["fc1.bias"]  # the bias_gelu kernel adds it in its own dtype
+        cast = dict(zip(sources, cast_together(list(sources.values()), self.policy.matmul_dtype)))
+        return {name: (cast[f"{name}.weight"], cast.get(f"{name}.bias")) for name in ("qkv", "out", "fc1", "fc2")}
 
     def _norm(self, params: _LayerNormParams, stream: torch.Tensor, out_dtype: torch.dtype,
               fusions: frozenset[str]) -> torch.Tensor:
@@ -447,27 +457,29 @@ class TransformerLayer(nn.Module):
         weight, bias = params.weight.to(stream.dtype), params.bias.to(stream.dtype)
         return F.layer_norm(stream, (self.d_model,), weight, bias, self.eps).to(out_dtype)
 
-    def _attention_branch(self, h: torch.Tensor, key_padding_mask: Optional[torch.Tensor]) -> torch.Tensor:
+    def _attention_branch(self, h: torch.Tensor, key_padding_mask: Optional[torch.Tensor],
+                          operands: dict[str, tuple[torch.Tensor, Optional[torch.Tensor]]]) -> torch.Tensor:
         batch, seq, _ = h.shape
         heads, kv_heads, head_dim = self.n_heads, self.n_kv_heads, self.head_dim
-        qkv = self._linear(self.qkv, h)
+        dtype = self.policy.matmul_dtype
+        qkv = F.linear(h.to(dtype), *operands["qkv"])
         q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
         q = q.view(batch, seq, heads, head_dim).transpose(1, 2)
         k = k.view(batch, seq, kv_heads, head_dim).transpose(1, 2)
         v = v.view(batch, seq, kv_heads, head_dim).transpose(1, 2)
         o = _attend(q, k, v, self.causal, key_padding_mask, self.policy.attention_precision, self.attention_backend)
         o = o.transpose(1, 2).reshape(batch, seq, heads * head_dim)
-        return self._linear(self.out, o)
+        return F.linear(o.to(dtype), *operands["out"])
 
-    def _mlp_branch(self, h: torch.Tensor, fusions: frozenset[str]) -> torch.Tensor:
+    def _mlp_branch(self, h: torch.Tensor, fusions: frozenset[str],
+                    operands: dict[str, tuple[torch.Tensor, Optional[torch.Tensor]]]) -> torch.Tensor:
         policy = self.policy
+        up = F.linear(h.to(policy.matmul_dtype), *operands["fc1"])
         if "bias_gelu" in fusions:
-            up = self._linear(self.fc1, h, with_bias=False)
             act = bias_gelu(up, self.fc1.bias, out_dtype=policy.gelu_out_dtype)
         else:
-            up = self._linear(self.fc1, h)
             act = F.gelu(up.to(policy.gelu_math_dtype)).to(policy.gelu_out_dtype)
-        return self._linear(self.fc2, act)
+        return F.linear(act.to(policy.matmul_dtype), *operands["fc2"])
 
     # -- conversion from and to the plain block ----------------------------------------------------------------
 

@@ -7,9 +7,15 @@ the kernels that take most of it, the wall time per call of back-to-back calls (
 many graphs dynamo compiled. The A/B suite says whether the layer is
 faster; this says which kernels make the difference.
 
+Mode "graph" profiles ``CudaGraphRunner`` instead (inference): over the eager layer and over the compiled layer,
+its kernels per replay, its wall time per call, the wall time of bare ``graph.replay()`` calls (the graph's own
+time, host work almost nil) and the host time of the runner's replay check (``_replay_signature``), beside the
+compiled plain block.
+
 Example:
     python3 scripts/layer_profile.py --cases 1,5,10 --top 8
     python3 scripts/layer_profile.py --cases 1 --modes inference --inductor combo_kernels=True
+    python3 scripts/layer_profile.py --cases 1,2 --modes graph
 """
 from __future__ import annotations
 
@@ -22,7 +28,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from flashlite.cases import CASES
-from flashlite.layer import PlainTransformerBlock, TransformerLayer
+from flashlite.layer import CudaGraphRunner, PlainTransformerBlock, TransformerLayer, _replay_signature
 
 D_MODEL, N_HEADS, D_FF = 1024, 16, 4096
 CALLS = 10
@@ -81,11 +87,44 @@ def report(label: str, fn, top: int) -> tuple[float, float]:
     return total, wall
 
 
+def host_time(fn, calls: int = 2000) -> float:
+    """Microseconds per call of a host-only function (no GPU work)."""
+    for _ in range(100):
+        fn()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - start) / calls * 1e6
+
+
+def profile_graphs(plain: PlainTransformerBlock, x: torch.Tensor, precision: str, options: dict, top: int) -> None:
+    """CudaGraphRunner over the eager and over the compiled layer, against the compiled plain block (inference)."""
+    torch._dynamo.reset()
+    base = copy.deepcopy(plain).eval()
+    layer = TransformerLayer.from_plain(base, precision=precision).eval()
+    compiled_plain = torch.compile(base, options=options)
+    with torch.no_grad():
+        _, plain_wall = report("inference compiled plain block", lambda: compiled_plain(x), top)
+        for label, model in (("eager", layer), ("compiled", torch.compile(layer, fullgraph=True, options=options))):
+            try:
+                runner = CudaGraphRunner(model)
+                runner(x)
+            except Exception as error:  # noqa: BLE001 - a probe: report what failed and go on
+                print(f"  cuda-graph runner over the {label} layer: failed: {type(error).__name__}: {error}")
+                continue
+            _, wall = report(f"cuda-graph runner over the {label} layer", lambda: runner(x), top)
+            graph = next(iter(runner._captured.values())).graph
+            replay = wall_time(graph.replay, calls=200)
+            check = host_time(lambda: _replay_signature(model))
+            print(f"    bare graph.replay(): {replay:7.1f} us per call; replay check: {check:5.1f} us of host time; "
+                  f"compiled plain block / runner wall time {plain_wall / wall:.3f}x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", default="1,5,10", help="comma-separated case numbers (flashlite.cases)")
     parser.add_argument("--top", type=int, default=8, help="kernels listed per side")
-    parser.add_argument("--modes", default="inference,training", help="inference, training or both")
+    parser.add_argument("--modes", default="inference,training", help="comma-separated: inference, training, graph")
     parser.add_argument("--precision", default="mixed", help="the layer's precision")
     parser.add_argument("--inductor", default="", metavar="NAME=VALUE,...",
                         help="Inductor options for both sides' torch.compile (values are Python literals), e.g. "
@@ -104,6 +143,9 @@ def main() -> None:
         x = torch.randn(case.B, case.S, D_MODEL, device="cuda", dtype=torch.bfloat16)
         print(f"case {number} (B={case.B}, S={case.S}, {case.B * case.S} tokens)")
         for mode in args.modes.split(","):
+            if mode == "graph":
+                profile_graphs(plain, x, args.precision, options, args.top)
+                continue
             torch._dynamo.reset()
             base = copy.deepcopy(plain).train(mode == "training")
             layer = TransformerLayer.from_plain(base, precision=args.precision).train(mode == "training")
