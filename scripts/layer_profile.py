@@ -9,7 +9,7 @@ faster; this says which kernels make the difference.
 
 Mode "graph" profiles ``CudaGraphRunner`` instead (inference): over the eager layer and over the compiled layer,
 its kernels per replay, its wall time per call, the wall time of bare ``graph.replay()`` calls (the graph's own
-time, host work almost nil) and the host time of the runner's replay check (``_replay_signature``), beside the
+time, host work almost nil) and the host time of the runner's replay check (``_ReplayLayout.holds_for``), beside the
 compiled plain block.
 
 Example:
@@ -28,7 +28,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from flashlite.cases import CASES
-from flashlite.layer import CudaGraphRunner, PlainTransformerBlock, TransformerLayer, _replay_signature
+from flashlite.layer import CudaGraphRunner, PlainTransformerBlock, TransformerLayer
 
 D_MODEL, N_HEADS, D_FF = 1024, 16, 4096
 CALLS = 10
@@ -113,9 +113,9 @@ def profile_graphs(plain: PlainTransformerBlock, x: torch.Tensor, precision: str
                 print(f"  cuda-graph runner over the {label} layer: failed: {type(error).__name__}: {error}")
                 continue
             _, wall = report(f"cuda-graph runner over the {label} layer", lambda: runner(x), top)
-            graph = next(iter(runner._captured.values())).graph
-            replay = wall_time(graph.replay, calls=200)
-            check = host_time(lambda: _replay_signature(model))
+            captured = next(iter(runner._captured.values()))
+            replay = wall_time(captured.graph.replay, calls=200)
+            check = host_time(lambda: captured.layout.holds_for(model))
             print(f"    bare graph.replay(): {replay:7.1f} us per call; replay check: {check:5.1f} us of host time; "
                   f"compiled plain block / runner wall time {plain_wall / wall:.3f}x")
 

@@ -44,6 +44,7 @@ def test_mixed_source_dtypes_are_cast_correctly():
 
 
 def test_gradients_reach_each_source_in_its_dtype():
+    # With grad mode on and sources that require grad, the casts are autograd's own (per tensor).
     sources = [t.detach().double().requires_grad_(True) if i == 1 else t.detach().requires_grad_(True)
                for i, t in enumerate(_sources(1))]
     g = torch.Generator().manual_seed(2)
@@ -59,10 +60,26 @@ def test_gradients_reach_each_source_in_its_dtype():
     assert sources[-1].grad is None
 
 
-def test_under_torch_compile_matches_eager():
+def _foreach_copies(fn) -> int:
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    return [e.name for e in prof.events()].count("aten::_foreach_copy_")
+
+
+def test_one_grouped_copy_without_autograd_and_none_with_it():
+    sources = _sources(5)
+    assert _foreach_copies(lambda: cast_together(sources, torch.bfloat16)) == 1
+    needing_grad = [t.detach().requires_grad_(True) for t in sources]
+    with torch.no_grad():
+        assert _foreach_copies(lambda: cast_together(needing_grad, torch.bfloat16)) == 1
+    assert _foreach_copies(lambda: cast_together(needing_grad, torch.bfloat16)) == 0
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_under_torch_compile_matches_eager(grad):
     # The casts are the compiled function's outputs, so they are materialized in bf16 (Inductor may skip an
     # intermediate rounding that feeds its own fused arithmetic, but not one it hands back).
-    sources = [t.detach().requires_grad_(True) for t in _sources(3)]
+    sources = [t.detach().requires_grad_(grad) for t in _sources(3)]
     g = torch.Generator().manual_seed(4)
     weights = [torch.randn(t.shape, generator=g).to(torch.bfloat16) for t in sources]
 
@@ -70,26 +87,29 @@ def test_under_torch_compile_matches_eager():
         for s in sources:
             s.grad = None
         cast = fn(*sources)
-        sum((c * w).float().sum() for c, w in zip(cast, weights)).backward()
-        return [c.detach() for c in cast], [s.grad.clone() for s in sources]
+        if grad:
+            sum((c * w).float().sum() for c, w in zip(cast, weights)).backward()
+        return [c.detach() for c in cast] + ([s.grad.clone() for s in sources] if grad else [])
 
     def fn(*ts):
         return cast_together(ts, torch.bfloat16)
 
-    eager_casts, eager_grads = run(fn)
+    eager = run(fn)
     torch._dynamo.reset()
-    compiled_casts, compiled_grads = run(torch.compile(fn, fullgraph=True))
+    compiled = run(torch.compile(fn, fullgraph=True))
     torch._dynamo.reset()
-    for got, want in zip(compiled_casts + compiled_grads, eager_casts + eager_grads):
+    assert len(compiled) == len(eager) == len(sources) * (2 if grad else 1)
+    for got, want in zip(compiled, eager):
         assert got.dtype == want.dtype and torch.equal(got, want)
 
 
-def test_mixed_layer_casts_its_weights_with_one_grouped_cast_per_forward():
+def test_mixed_layer_inference_casts_its_weights_with_one_grouped_cast_per_forward():
     # The eight projection tensors (four weights, four biases) of a "mixed" layer are cast in one
     # _foreach_copy_ call, and no per-tensor cast of a parameter-sized tensor remains.
     layer = TransformerLayer(24, 3, 40, precision="mixed", fusions=frozenset(), attention_backend="sdpa")
     x = torch.randn(2, 5, 24)
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+    with torch.no_grad(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                                 record_shapes=True) as prof:
         layer(x)
     names = [e.name for e in prof.events()]
     assert names.count("aten::_foreach_copy_") == 1

@@ -547,7 +547,62 @@ def test_bad_forward_inputs_name_the_problem():
         layer(torch.ones(2, 8, 32, dtype=torch.int64, device=DEVICE))
 
 
+def test_cuda_graph_runner_refuses_modules_that_are_not_the_layer():
+    with pytest.raises(TypeError, match="layer must be a TransformerLayer or one under torch.compile, got"):
+        CudaGraphRunner(PlainTransformerBlock(32, 2))
+    with pytest.raises(TypeError, match="got OptimizedModule"):
+        CudaGraphRunner(torch.compile(PlainTransformerBlock(32, 2)))
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU refusal; the GPU path is in test_layer_gpu.py")
 def test_cuda_graph_runner_refuses_cpu_layers():
     with pytest.raises(RuntimeError, match="CUDA graphs need a CUDA device"):
         CudaGraphRunner(TransformerLayer(32, 2))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# CudaGraphRunner's replay check (the runner itself needs CUDA: test_layer_gpu.py)
+# ----------------------------------------------------------------------------------------------------------------
+
+# Changes after which a captured graph would read the wrong memory or run baked-in settings that no longer hold.
+LAYOUT_CHANGES = {
+    "data_assign": lambda layer: setattr(layer.fc2.weight, "data", layer.fc2.weight.detach().clone()),
+    "data_assign_transposed_view": lambda layer: setattr(layer.out.weight, "data", layer.out.weight.data.t()),
+    "data_assign_reshaped_view": lambda layer: setattr(layer.qkv.bias, "data", layer.qkv.bias.data.view(-1, 4)),
+    "new_parameter": lambda layer: setattr(layer.ln1, "weight", torch.nn.Parameter(layer.ln1.weight.detach() * 2)),
+    "new_submodule": lambda layer: setattr(layer, "fc1", torch.nn.Linear(layer.d_model, layer.d_ff)),
+    "to_float64": lambda layer: layer.to(torch.float64),
+    "causal": lambda layer: setattr(layer, "causal", False),
+    "train": lambda layer: layer.train(),
+    "attention_backend": lambda layer: setattr(layer, "attention_backend", "sdpa"),
+    "fusions": lambda layer: setattr(layer, "fusions", frozenset()),
+}
+# Changes a replay sees by itself: the graph re-reads the parameters' memory every time.
+LAYOUT_KEEPING_CHANGES = {
+    "in_place_mul_": lambda layer: _no_grad(layer.fc2.weight.mul_, 0.5),
+    "data_copy_": lambda layer: layer.qkv.weight.data.copy_(torch.randn_like(layer.qkv.weight)),
+    "load_state_dict": lambda layer: layer.load_state_dict({k: v * 2 for k, v in layer.state_dict().items()}),
+    "eval_again": lambda layer: layer.eval(),
+}
+
+
+@pytest.mark.parametrize("change", sorted(LAYOUT_CHANGES))
+def test_replay_layout_notices_what_a_graph_cannot_see(change):
+    from flashlite.layer import _ReplayLayout
+
+    layer = TransformerLayer(32, 2, precision="mixed").eval()
+    layout = _ReplayLayout.of(layer)
+    assert layout.holds_for(layer)
+    LAYOUT_CHANGES[change](layer)
+    assert not layout.holds_for(layer)
+    assert _ReplayLayout.of(layer).holds_for(layer)
+
+
+@pytest.mark.parametrize("change", sorted(LAYOUT_KEEPING_CHANGES))
+def test_replay_layout_holds_through_in_place_updates(change):
+    from flashlite.layer import _ReplayLayout
+
+    layer = TransformerLayer(32, 2, precision="mixed").eval()
+    layout = _ReplayLayout.of(layer)
+    LAYOUT_KEEPING_CHANGES[change](layer)
+    assert layout.holds_for(layer)

@@ -131,6 +131,32 @@ def test_cuda_graph_runner_equals_eager(shape, with_mask):
     assert len(runner._captured) == 1
 
 
+@pytest.mark.parametrize("with_mask", [False, True], ids=["nomask", "mask"])
+def test_cuda_graph_runner_over_the_compiled_layer(with_mask):
+    # The runner captures Inductor's kernels: replays agree with the compiled layer called directly, with float64,
+    # and keep agreeing after in-place and .data updates of the weights.
+    torch.manual_seed(9)
+    layer = TransformerLayer(D_MODEL, HEADS, D_FF, device="cuda").eval()
+    compiled = torch.compile(layer, fullgraph=True)
+    runner = CudaGraphRunner(compiled)
+    batch, seq = 2, 256
+    mask = _right_padding(batch, seq) if with_mask else None
+    for call, update in enumerate((None, "data_mul_", "data_assign")):
+        if update is not None:
+            WEIGHT_UPDATES[update](layer.fc1.weight, _fresh_like(layer.fc1.weight, seed=60 + call))
+        x = torch.randn(batch, seq, D_MODEL, device="cuda")
+        replayed = runner(x, mask)
+        with torch.no_grad():
+            direct = compiled(x, mask)
+            reference = layer.to_plain(torch.float64)(x.double(), mask)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                baseline = layer.to_plain()(x, mask).float()
+        torch.testing.assert_close(replayed, direct, rtol=1e-5, atol=1e-5, msg=lambda m: f"call {call}: {m}")
+        assert_close(replayed, reference, policy=torch.bfloat16, baseline=baseline, notes=(f"call {call}",))
+    # "data_assign" moved fc1.weight's storage: the runner captured again instead of replaying stale addresses.
+    assert len(runner._captured) == 1
+
+
 def test_cuda_graph_runner_sees_in_place_parameter_updates():
     torch.manual_seed(3)
     layer = TransformerLayer(D_MODEL, HEADS, D_FF, fusions=FUSIONS, device="cuda").eval()
@@ -199,6 +225,27 @@ def test_torch_compile_inductor_matches_eager():
     with torch.no_grad():
         reference = layer.to_plain(torch.float64)(x.double())
         assert_close(compiled(x), reference, policy=torch.bfloat16, baseline=layer(x))
+
+
+def test_torch_compile_inductor_training_gradients_match_float64():
+    # Inductor's code for the backward (GPU kernels, not the CPU's): every parameter's and the input's gradient of
+    # the compiled "mixed" layer against float64, within the bf16 policy and the eager layer's own error. A grouped
+    # weight cast whose compiled backward gave zero weight gradients on the H200 is the reason this exists.
+    torch.manual_seed(5)
+    layer = TransformerLayer(D_MODEL, HEADS, D_FF, device="cuda")
+    x = torch.randn(2, 256, D_MODEL, device="cuda")
+    dy = torch.randn(2, 256, D_MODEL, device="cuda")
+    block = layer.to_plain(torch.float64)
+    _, dx_ref = _run(block, x.double(), None, dy.double())
+    reference = {**_plain_grads(block), "input": dx_ref}
+    grads = {}
+    for name, module in (("eager", layer), ("compiled", torch.compile(layer, fullgraph=True))):
+        layer.zero_grad(set_to_none=True)
+        _, dx = _run(module, x, None, dy)
+        grads[name] = {**{n: p.grad.clone() for n, p in layer.named_parameters()}, "input": dx}
+    for name, want in reference.items():
+        assert_close(grads["compiled"][name], want, policy=torch.bfloat16, baseline=grads["eager"][name],
+                     notes=(f"gradient of {name}",))
 
 
 @pytest.mark.parametrize("n", [4096, 8192, 16384, 32768])

@@ -10,7 +10,8 @@ costs show.
 A training step (forward, backward of a scalar loss, AdamW step) of the compiled layer runs against the compiled
 plain block's, and ``torch.compile(mode="reduce-overhead")`` (CUDA graphs by Inductor) against
 :class:`CudaGraphRunner`. The fusion tournament runs eager and compiled. Inside the compiled layer, attention
-``auto`` runs against ``attention_backend="sdpa"``; Inductor options (combo kernels, freezing) run with both sides
+``auto`` runs against ``attention_backend="sdpa"``; CudaGraphRunner over the compiled layer against the compiled
+plain block and against the runner over the eager layer; Inductor options (combo kernels, freezing) run with both sides
 compiled alike, and combo kernels against the default compile of each model.
 
 Both sides are rated by one count of the block's work (:func:`_layer_work`): FLOPs of its six matmuls and of causal
@@ -265,6 +266,32 @@ def test_cuda_graph_layer_vs_compiled_plain_block(shape, kernel_ab, blocks):
 # The launch-bound cases where CudaGraphRunner won (1, 2), lost (10), and case 5 between them.
 GRAPH_SHAPES = [dict(case=1, B=1, S=128), dict(case=2, B=1, S=1024), dict(case=5, B=4, S=2048),
                 dict(case=10, B=128, S=128)]
+
+
+@pytest.mark.shape(*GRAPH_SHAPES)
+@torch.no_grad()
+def test_cuda_graph_compiled_layer_vs_compiled_plain_block(shape, kernel_ab, blocks):
+    # CudaGraphRunner over the layer under torch.compile: the graph replays Inductor's kernels (fewer launches and
+    # less GPU time than the eager layer's at cases 1, 2, 5 in layer_profile.py, run N1).
+    _, compiled, layer, plain_fp32 = blocks
+    x = _inputs(shape)
+    runner = CudaGraphRunner(_compile_layer(layer))
+    assert_close(runner(x).float(), plain_fp32(x.float()).double(), policy="bf16", baseline=compiled(x).float())
+    kernel_ab.compare(lambda: runner(x), lambda: compiled(x), name="compiled layer cuda-graph vs compiled plain bf16",
+                      **_layer_work(shape))
+
+
+@pytest.mark.shape(*GRAPH_SHAPES)
+@torch.no_grad()
+def test_cuda_graph_runner_compiled_vs_eager_layer(shape, kernel_ab, blocks):
+    # Which layer CudaGraphRunner should capture, head to head (same weights, same replay overhead on both sides).
+    _, _, layer, plain_fp32 = blocks
+    x = _inputs(shape)
+    over_compiled, over_eager = CudaGraphRunner(_compile_layer(layer)), CudaGraphRunner(layer)
+    assert_close(over_compiled(x).float(), plain_fp32(x.float()).double(), policy="bf16",
+                 baseline=over_eager(x).float())
+    kernel_ab.compare(lambda: over_compiled(x), lambda: over_eager(x),
+                      name="layer cuda-graph runner, compiled vs eager layer", **_layer_work(shape))
 
 
 @pytest.fixture(scope="module")
