@@ -668,12 +668,15 @@ class CudaGraphRunner:
                 "directly (on the CPU there is no launch overhead to save)"
             )
         self.layer = layer
+        # The TransformerLayer itself, also under torch.compile: the per-call checks read its attributes directly
+        # (through the compiled wrapper each read is a delegated lookup) and its parameters are what a graph reads.
+        self._inner: TransformerLayer = getattr(layer, "_orig_mod", layer)
         self.warmup_calls = warmup_calls
         self.clone_output = clone_output
         self._captured: dict[tuple, _CapturedCall] = {}
 
     def __call__(self, x: torch.Tensor, key_padding_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        layer = self.layer
+        layer = self._inner
         _check_input(x, key_padding_mask, layer.d_model, layer.qkv.weight)
         if x.requires_grad:
             raise ValueError("CudaGraphRunner is for inference: x requires grad; call the layer directly to train")
@@ -712,4 +715,4 @@ class CudaGraphRunner:
         with torch.cuda.graph(graph):
             static_out = self.layer(static_x, static_mask)
         held = tuple(p.detach() for p in self.layer.parameters())
-        return _CapturedCall(graph, static_x, static_mask, static_out, _ReplayLayout.of(self.layer), held)
+        return _CapturedCall(graph, static_x, static_mask, static_out, _ReplayLayout.of(self._inner), held)

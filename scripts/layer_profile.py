@@ -115,7 +115,7 @@ def profile_graphs(plain: PlainTransformerBlock, x: torch.Tensor, precision: str
             _, wall = report(f"cuda-graph runner over the {label} layer", lambda: runner(x), top)
             captured = next(iter(runner._captured.values()))
             replay = wall_time(captured.graph.replay, calls=200)
-            check = host_time(lambda: captured.layout.holds_for(model))
+            check = host_time(lambda: captured.layout.holds_for(runner._inner))
             print(f"    bare graph.replay(): {replay:7.1f} us per call; replay check: {check:5.1f} us of host time; "
                   f"compiled plain block / runner wall time {plain_wall / wall:.3f}x")
 
