@@ -320,6 +320,21 @@ def test_reduce_overhead_vs_cuda_graph_runner(shape, kernel_ab, blocks, reduce_o
 
 @pytest.mark.shape(*GRAPH_SHAPES)
 @torch.no_grad()
+def test_reduce_overhead_vs_cuda_graph_runner_over_compiled_layer(shape, kernel_ab, blocks, reduce_overhead_layer):
+    # As above, with the runner capturing the compiled layer: both sides replay Inductor's kernels, so the row
+    # compares the two replay mechanisms (Inductor's CUDA-graph trees against the runner's checks).
+    _, compiled, layer, plain_fp32 = blocks
+    x = _inputs(shape)
+    runner = CudaGraphRunner(_compile_layer(layer))
+    reference, baseline = plain_fp32(x.float()).double(), compiled(x).float()
+    for side, out in (("cuda-graph runner", runner(x)), ("reduce-overhead", reduce_overhead_layer(x).clone())):
+        assert_close(out.float(), reference, policy="bf16", baseline=baseline, notes=(side,))
+    kernel_ab.compare(lambda: reduce_overhead_layer(x).clone(), lambda: runner(x),
+                      name="layer reduce-overhead vs cuda-graph runner over the compiled layer", **_layer_work(shape))
+
+
+@pytest.mark.shape(*GRAPH_SHAPES)
+@torch.no_grad()
 def test_reduce_overhead_layer_vs_compiled_plain_block(shape, kernel_ab, blocks, reduce_overhead_layer):
     # The baseline is the plain block compiled in the default mode, as in the rows above; its outputs are fresh
     # tensors, so only the reduce-overhead side copies its output (what a caller keeping the result must do).
