@@ -28,6 +28,15 @@ def test_values_and_layouts_equal_per_tensor_casts(dtype):
         assert torch.equal(s, b)  # the sources are not modified
 
 
+def test_strided_expanded_and_offset_sources():
+    # Layouts empty_like does not copy (stride 0, a step of 3, a storage offset) take the per-pair path of the same
+    # call; values and shapes still equal per-tensor casts.
+    base = torch.randn(40, 9)
+    sources = [torch.randn(7, 1).expand(7, 5), base[2:, ::3], base[5:11, 4], torch.randn(6, 4).t()[1:]]
+    for got, s in zip(cast_together(sources, torch.bfloat16), sources):
+        assert got.shape == s.shape and torch.equal(got, s.to(torch.bfloat16))
+
+
 def test_tensors_already_in_the_dtype_are_returned_as_they_are():
     half, full = torch.randn(5, dtype=torch.bfloat16), torch.randn(3, 4)
     got = cast_together([half, full], torch.bfloat16)

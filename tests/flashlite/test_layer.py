@@ -606,3 +606,23 @@ def test_replay_layout_holds_through_in_place_updates(change):
     layout = _ReplayLayout.of(layer)
     LAYOUT_KEEPING_CHANGES[change](layer)
     assert layout.holds_for(layer)
+
+
+@pytest.mark.parametrize("context", ["no_grad", "grad"])
+def test_mixed_layer_with_strided_projection_parameters(context):
+    # Projection weights and biases that are views (a transposed storage, a step, a storage offset) go through the
+    # grouped cast of an inference forward, and through autograd's casts with grad on; both as float64 says.
+    torch.manual_seed(11)
+    layer = TransformerLayer(32, 2, 48, precision="mixed", attention_backend="sdpa", device=DEVICE)
+    with torch.no_grad():
+        for module in (layer.qkv, layer.fc2):
+            module.weight.data = module.weight.detach().t().contiguous().t()  # same values, transposed storage
+        wide = torch.zeros(2 * layer.fc1.bias.numel() + 1, device=DEVICE)
+        wide[1::2] = layer.fc1.bias.detach()
+        layer.fc1.bias.data = wide[1::2]  # a step of 2 and an offset
+    assert not layer.qkv.weight.is_contiguous() and layer.fc1.bias.stride() == (2,)
+    x = torch.randn(3, 7, 32, device=DEVICE)
+    with torch.no_grad() if context == "no_grad" else torch.enable_grad():
+        got = layer(x).detach()
+    reference, baseline = _mixed_layer_reference(layer, x)
+    assert_close(got, reference, policy=torch.bfloat16, baseline=baseline)
