@@ -651,7 +651,8 @@ class CudaGraphRunner:
     ``layer`` may also be the layer under ``torch.compile`` (``torch.compile(layer, fullgraph=True)``): the warm-up
     calls compile it, and the graph captures Inductor's kernels instead of the eager layer's. On an H200 (d_model
     1024, "mixed", 128 to 16,384 tokens) that graph measured 1.18-1.24x the eager layer's
-    (benchmarks/results/h200-2026-12-04-d/), so it is the one to use where torch.compile works.
+    (benchmarks/results/h200-2026-12-04-d/), so it is the one to use where torch.compile works. Compile it in the
+    default mode: ``mode="reduce-overhead"`` records CUDA graphs of its own, which this runner does not nest.
 
     Example (needs a CUDA device):
         >>> layer = TransformerLayer(1024, 16, device="cuda").eval()  # doctest: +SKIP
