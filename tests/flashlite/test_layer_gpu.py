@@ -153,7 +153,8 @@ def test_cuda_graph_runner_over_the_compiled_layer(with_mask):
                 baseline = layer.to_plain()(x, mask).float()
         torch.testing.assert_close(replayed, direct, rtol=1e-5, atol=1e-5, msg=lambda m: f"call {call}: {m}")
         assert_close(replayed, reference, policy=torch.bfloat16, baseline=baseline, notes=(f"call {call}",))
-    # "data_assign" moved fc1.weight's storage: the runner captured again instead of replaying stale addresses.
+    # "data_assign" moved fc1.weight's storage, and the last call still matched the direct call above: the runner
+    # captured again, and the new graph replaced the stale one instead of sitting beside it.
     assert len(runner._captured) == 1
 
 
