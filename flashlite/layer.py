@@ -589,7 +589,8 @@ class _ReplayLayout:
 
     The check runs on every call, so it costs per call what the graph saves: it compares the recorded objects by
     identity and each parameter's fields directly (a few microseconds), where rebuilding a signature through
-    ``named_parameters()`` cost 21 us on the development CPU and 48 us on the H200's host (run N1).
+    ``named_parameters()`` cost 18 us on the development CPU against 9 us for this
+    (benchmarks/results/cpu-host-2026-12-04/replay_check_probe.txt), and 48 us on the H200's host (run N1).
     """
 
     # (parent, name, child) for every submodule: a replaced submodule carries parameters the graph never read.
