@@ -10,6 +10,11 @@ GPU, date and commit it came from. Where no table or entry applies, a fixed rule
   Triton kernel uses tensor cores with fp32 accumulation (see ``precision`` in ``flashlite.attention``);
 * anything else: SDPA, the safe choice when nothing has been measured.
 
+A call whose gradient will be computed is decided by what was measured for the forward and backward together
+(``backward=True``: entries keyed ``.../fwd+bwd``, from the forward+backward comparisons), not by the forward's
+entry: the two kernels' backwards differ in speed more than their forwards do, so the faster forward can be the
+slower training step. Where no forward+backward entry applies, the same rule decides (a dense bf16/fp16 call: SDPA).
+
 Callers decide once per call signature: ``flashlite.attention`` keeps each decision in the signature's plan.
 """
 from __future__ import annotations
@@ -56,20 +61,29 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+# Suffix of the keys of forward+backward entries (what a call whose gradient is computed looks up).
+BACKWARD_SUFFIX = "fwd+bwd"
+
+
 def table_key(dtype: torch.dtype, head_dim: int, causal: bool | str, batch: int, seq_len: int,
-              variant: str = "dense") -> str:
+              variant: str = "dense", backward: bool = False) -> str:
     """Key of one entry of a dispatch table; calls with a variant (key padding, window, softcap, ALiBi; see
-    ``flashlite.attention``) have entries of their own, named by the variant.
+    ``flashlite.attention``) have entries of their own, named by the variant, and so do calls whose gradient is
+    computed (``backward``: the forward and backward measured together).
 
     Example:
         >>> table_key(torch.bfloat16, 64, True, 64, 256)
         'bfloat16/D64/causal/B64/S256'
         >>> table_key(torch.bfloat16, 64, True, 8, 2048, variant="key_padding")
         'bfloat16/D64/causal/B8/S2048/key_padding'
+        >>> table_key(torch.bfloat16, 64, True, 8, 4096, backward=True)
+        'bfloat16/D64/causal/B8/S4096/fwd+bwd'
     """
     mode = "causal" if causal is True else ("lower_right" if causal == "lower_right" else "full")
     key = f"{_dtype_name(dtype)}/D{head_dim}/{mode}/B{batch}/S{seq_bucket(seq_len)}"
-    return key if variant == "dense" else f"{key}/{variant}"
+    if variant != "dense":
+        key = f"{key}/{variant}"
+    return f"{key}/{BACKWARD_SUFFIX}" if backward else key
 
 
 @functools.lru_cache(maxsize=None)
@@ -124,13 +138,14 @@ def _slug_of(q: torch.Tensor) -> str | None:
 
 
 def _decide(slug: str | None, dtype: torch.dtype, head_dim: int, causal: bool | str, batch: int,
-            seq_len: int, variant: str = "dense") -> Decision:
+            seq_len: int, variant: str = "dense", backward: bool = False) -> Decision:
     if slug is None:
         return Decision("sdpa", "CPU tensors: SDPA runs natively, the Triton kernel only through its interpreter")
     table = _TABLES[slug] if _table_loaded(slug) else None
-    shown = "" if variant == "dense" else f" ({variant})"
+    shown = ", ".join(([] if variant == "dense" else [variant]) + (["forward+backward"] if backward else []))
+    shown = f" ({shown})" if shown else ""
     if table is not None:
-        entry = table["entries"].get(table_key(dtype, head_dim, causal, batch, seq_len, variant))
+        entry = table["entries"].get(table_key(dtype, head_dim, causal, batch, seq_len, variant, backward))
         if entry is not None:
             origin = {**table["origin"], **entry}  # an entry merged from an older report names its own origin
             return Decision(entry["backend"], f"{slug} table{shown} ({origin.get('date', '?')}, commit "
@@ -142,17 +157,20 @@ def _decide(slug: str | None, dtype: torch.dtype, head_dim: int, causal: bool | 
     if dtype == torch.float32:
         return Decision("triton", f"{where}; rule: float32 inputs use the tensor-core kernel (SDPA has only its "
                                   "memory-efficient kernel for float32)")
+    if backward:
+        return Decision("sdpa", f"{where}; rule: SDPA unless a forward+backward measurement says otherwise")
     return Decision("sdpa", f"{where}; rule: SDPA unless a measurement says otherwise")
 
 
 def choose_backend(q: torch.Tensor, *, causal: bool | str, seq_k: int, unsupported: str | None = None,
-                   variant: str = "dense") -> Decision:
+                   variant: str = "dense", backward: bool = False) -> Decision:
     """Pick the implementation for an attention call on ``q`` of shape [B, H, S_q, D].
 
     ``unsupported`` is the reason the Triton kernel cannot run this call at all, if there is one; SDPA then runs.
     ``variant`` names what the call adds to dense attention ("dense", or parts such as "key_padding",
     "window", "softcap", "alibi" joined by "+"): the table keys on it, and where no entry applies, the kernel
-    runs such calls, since SDPA can only take them as a dense mask or bias.
+    runs such calls, since SDPA can only take them as a dense mask or bias. ``backward``: the call's gradient
+    will be computed, so the forward+backward entry decides.
 
     Example:
         >>> choose_backend(torch.randn(1, 2, 8, 16), causal=True, seq_k=8).backend
@@ -162,4 +180,4 @@ def choose_backend(q: torch.Tensor, *, causal: bool | str, seq_k: int, unsupport
         return Decision("sdpa", f"kernel cannot run this call: {unsupported}")
     slug = _slug_of(q)
     batch, _, seq_q, head_dim = q.shape
-    return _decide(slug, q.dtype, head_dim, causal, batch, max(seq_q, seq_k), variant)
+    return _decide(slug, q.dtype, head_dim, causal, batch, max(seq_q, seq_k), variant, backward)

@@ -8,7 +8,11 @@ kernel against ``attention_with_kvcache(backend="sdpa")`` itself),
 records which backend ``flashlite.attention(backend="auto")`` should use for
 that (dtype, head dim, causal, batch, sequence bucket, variant): the Triton kernel only where its win survives the
 report's Benjamini-Hochberg correction; SDPA on a loss, a tie or an inconclusive result, since SDPA is the safe
-default. Comparisons against FlexAttention (which ``auto`` never runs) and forward+backward ones are not read.
+default. Forward+backward comparisons against the same baselines ("fwd+bwd triton vs sdpa" for dense calls; a
+variant's "fwd+bwd ... vs sdpa+mask" or "vs materialized") give the entries keyed ``.../fwd+bwd``, which decide
+the calls whose gradient is computed (``flashlite.dispatch``); packed sequences and decoding decide by their
+forward only, so their forward+backward comparisons are not read. Comparisons against FlexAttention (which
+``auto`` never runs) are not read.
 
 Several reports (of the same GPU model) may be given, oldest first: a later report's entry replaces an earlier one
 for the same key, and every entry records the report, commit and date it came from.
@@ -40,12 +44,28 @@ VARIANT_BASELINES = ("vs sdpa+mask", "vs materialized", "vs sdpa padded", "vs sd
 DECODING_VARIANTS = ("kvcache", "kvcache_paged")
 
 
+FORWARD_BACKWARD_PREFIX = "fwd+bwd"
+FORWARD_BACKWARD_DENSE = "fwd+bwd triton vs sdpa"
+# Variants whose calls are not decided with the forward+backward entries (``attention_varlen`` and
+# ``attention_with_kvcache`` look up forward entries only).
+FORWARD_ONLY_VARIANTS = ("varlen", *DECODING_VARIANTS)
+
+
 def _forward_against_sdpa(rec: dict) -> bool:
     name = str(rec.get("name", ""))
     if name.startswith(FORWARD_PREFIXES):
         return True
     variant = (rec.get("shape") or {}).get("variant", "dense")
-    return variant != "dense" and name.endswith(VARIANT_BASELINES) and not name.startswith("fwd+bwd")
+    return variant != "dense" and name.endswith(VARIANT_BASELINES) and not name.startswith(FORWARD_BACKWARD_PREFIX)
+
+
+def _forward_backward_against_sdpa(rec: dict) -> bool:
+    name = str(rec.get("name", ""))
+    variant = (rec.get("shape") or {}).get("variant", "dense")
+    if variant == "dense":
+        return name == FORWARD_BACKWARD_DENSE
+    return (name.startswith(FORWARD_BACKWARD_PREFIX) and name.endswith(VARIANT_BASELINES)
+            and variant not in FORWARD_ONLY_VARIANTS)
 
 
 def _dtype(value: str) -> torch.dtype:
@@ -68,13 +88,17 @@ def build_table(report: dict, commit: str | None = None, source: str | None = No
     commit = commit or (env.get("commit_info") or {}).get("id") or "unknown"
     entries: dict[str, dict] = {}
     for rec in report.get("comparisons", []):
-        if not rec.get("shape") or not _forward_against_sdpa(rec):
+        if not rec.get("shape"):
+            continue
+        backward = _forward_backward_against_sdpa(rec)
+        if not backward and not _forward_against_sdpa(rec):
             continue
         shape = rec["shape"]
         # A comparison of a variant (key padding, window, softcap, ALiBi) names it in its shape's "variant".
         variant = str(shape.get("variant", "dense"))
         causal = shape.get("causal", "lower_right" if variant in DECODING_VARIANTS else True)
-        key = table_key(_dtype(shape["dtype"]), int(shape["D"]), causal, int(shape["B"]), int(shape["S"]), variant)
+        key = table_key(_dtype(shape["dtype"]), int(shape["D"]), causal, int(shape["B"]), int(shape["S"]), variant,
+                        backward)
         if rec.get("verdict") in (None, "error"):
             entries[key] = {"backend": "sdpa", "why": f"comparison failed: {rec.get('error')}"}
             continue

@@ -7,7 +7,7 @@ from typing import Optional, Union
 import torch
 
 from flashlite._attention import plans
-from flashlite._attention.decide import decide_with_mask, log_decision, make_plan
+from flashlite._attention.decide import decide_with_mask, log_decision, make_plan, needs_gradient
 from flashlite._attention.sdpa import sdpa_attention
 from flashlite._attention.validation import validate
 from flashlite.dispatch import Decision
@@ -29,7 +29,9 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causa
     """Which implementation ``attention(q, k, v, **same arguments)`` would run, and why.
 
     Raises the same errors as ``attention`` for invalid calls. With FLASHLITE_DEBUG_DISPATCH=1 the decision is
-    also logged (logger ``flashlite.attention``, level DEBUG).
+    also logged (logger ``flashlite.attention``, level DEBUG). Like the call, the answer depends on whether
+    autograd would record it (grad mode on and an input that requires grad): ``backend="auto"`` decides such calls
+    by the forward+backward measurements.
 
     Example:
         >>> q = torch.randn(1, 2, 16, 8)
@@ -42,7 +44,8 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causa
         decision = decide_with_mask(q, k, problem, backend, attn_mask)
         log_decision(decision, q, k)
         return decision
-    return make_plan(q, k, v, causal, scale, key_padding_mask, key_lengths, backend, precision, **variants).decision
+    plan = make_plan(q, k, v, causal, scale, key_padding_mask, key_lengths, backend, precision, **variants)
+    return plan.decision_for(needs_gradient(q, k, v))
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: Union[bool, str] = False,

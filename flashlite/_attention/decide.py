@@ -8,7 +8,7 @@ package but ``api``.
 import functools
 import logging
 import os
-from typing import Optional, Union
+from typing import Callable, Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -28,10 +28,11 @@ _log = logging.getLogger("flashlite.attention")
 
 def decide(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: Optional[torch.Tensor],
            problem: Problem, backend: str, *, variant: Optional[str] = None,
-           table_q: Optional[torch.Tensor] = None) -> Decision:
+           table_q: Optional[torch.Tensor] = None, backward: bool = False) -> Decision:
     """The backend of a validated call: forced (``backend='triton'`` raises when the kernel cannot run it), or
     ``flashlite.dispatch``'s choice for ``problem.variant`` (or ``variant``), keyed on the sizes of q (or of
-    ``table_q``, a stand-in where q's layout is not [B, H, S_q, D], e.g. packed sequences)."""
+    ``table_q``, a stand-in where q's layout is not [B, H, S_q, D], e.g. packed sequences); ``backward``: for a
+    call whose gradient will be computed."""
     if backend == "sdpa":
         return Decision("sdpa", "forced by backend='sdpa'")
     unsupported = kernel_unsupported(q, k, v, key_padding_mask)
@@ -40,7 +41,13 @@ def decide(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: 
             raise ValueError(f"backend='triton' cannot run this call: {unsupported}")
         return Decision("triton", "forced by backend='triton'")
     return choose_backend(q if table_q is None else table_q, causal=_CAUSAL_ARGUMENT[problem.causal_mode],
-                          seq_k=problem.seq_k, unsupported=unsupported, variant=variant or problem.variant)
+                          seq_k=problem.seq_k, unsupported=unsupported, variant=variant or problem.variant,
+                          backward=backward)
+
+
+def needs_gradient(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether autograd will record this call: grad mode on and an input that requires grad."""
+    return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
 
 
 def log_decision(decision: Decision, q: torch.Tensor, k: torch.Tensor) -> None:
@@ -67,26 +74,10 @@ def _run_sdpa(problem: Problem, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     return sdpa_attention(q, k, v, key_mask, problem, alibi_slopes=alibi_slopes)
 
 
-def make_plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: Union[bool, str], scale: Optional[float],
-              key_padding_mask: Optional[torch.Tensor], key_lengths: Optional[torch.Tensor], backend: str,
-              precision: Optional[str], window: Optional[tuple[int, int]] = None, softcap: Optional[float] = None,
-              alibi_slopes: Optional[torch.Tensor] = None) -> Plan:
-    """Validate and decide a call (raising what validation raises), logging the decision; the plan's ``run``
-    computes calls of its signature: ``run(q, k, v, key_mask)``, plus the call's ALiBi slopes when it has them."""
-    problem = validate(q, k, v, causal, scale, key_padding_mask, key_lengths, backend, precision, window, softcap,
-                       alibi_slopes)
-    decision = decide(q, k, v, key_padding_mask, problem, backend)
-    on_gluon = launch_gluon.forward_kernel_for(problem, q, k, v) if decision.backend == "triton" else None
-    if on_gluon is not None:
-        decision = Decision("triton", f"{decision.reason}; {on_gluon}")
-    log_decision(decision, q, k)
-    plan = Plan(problem, decision, record=decision.backend == "triton" and q.is_cuda and not _runtime.interpreting())
-    plan.gluon = on_gluon is not None
-    if decision.backend == "triton":
-        # Plans made while torch.compile traces are never kept: they run the custom op, which the graph keeps.
-        plan.run = functools.partial(run_triton_compiled if torch.compiler.is_compiling() else run_triton, plan)
-    elif (problem.variant == "dense" and problem.causal_mode != CAUSAL_BOTTOM_RIGHT
-          and not (problem.causal_mode == CAUSAL_TOP_LEFT and problem.seq_k > problem.seq_q)):
+def _sdpa_run(problem: Problem, scale: Optional[float]) -> Callable[..., torch.Tensor]:
+    """How a plan runs its calls on SDPA: ``run(q, k, v, key_mask[, alibi_slopes])``."""
+    if (problem.variant == "dense" and problem.causal_mode != CAUSAL_BOTTOM_RIGHT
+            and not (problem.causal_mode == CAUSAL_TOP_LEFT and problem.seq_k > problem.seq_q)):
         # SDPA itself, bound in a partial so that a replay costs one C-level call, with only the arguments the call
         # needs (SDPA parses every keyword it is given, on every call). Its fourth positional parameter is
         # attn_mask, which receives the call's key mask: None here.
@@ -95,7 +86,51 @@ def make_plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: Union[b
             sdpa_kwargs["scale"] = problem.scale
         if problem.heads != problem.kv_heads:
             sdpa_kwargs["enable_gqa"] = True
-        plan.run = functools.partial(F.scaled_dot_product_attention, **sdpa_kwargs)
+        return functools.partial(F.scaled_dot_product_attention, **sdpa_kwargs)
+    return functools.partial(_run_sdpa, problem)
+
+
+def _run_by_gradient(no_gradient_run: Callable[..., torch.Tensor], gradient_run: Callable[..., torch.Tensor],
+                     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *rest: Optional[torch.Tensor]
+                     ) -> torch.Tensor:
+    # Under torch.compile this branch is taken at trace time (grad mode and requires_grad are guarded).
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return gradient_run(q, k, v, *rest)
+    return no_gradient_run(q, k, v, *rest)
+
+
+def make_plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: Union[bool, str], scale: Optional[float],
+              key_padding_mask: Optional[torch.Tensor], key_lengths: Optional[torch.Tensor], backend: str,
+              precision: Optional[str], window: Optional[tuple[int, int]] = None, softcap: Optional[float] = None,
+              alibi_slopes: Optional[torch.Tensor] = None) -> Plan:
+    """Validate and decide a call (raising what validation raises), logging the decision; the plan's ``run``
+    computes calls of its signature: ``run(q, k, v, key_mask)``, plus the call's ALiBi slopes when it has them.
+
+    With ``backend="auto"`` a signature gets two decisions, one for calls without a gradient and one for calls
+    whose gradient autograd will compute (``Plan.gradient_decision``, from the forward+backward entries); where
+    they differ, ``run`` picks per call (a grad-mode and ``requires_grad`` check, about 0.1 us), elsewhere it is
+    the one backend's run."""
+    problem = validate(q, k, v, causal, scale, key_padding_mask, key_lengths, backend, precision, window, softcap,
+                       alibi_slopes)
+    decision = decide(q, k, v, key_padding_mask, problem, backend)
+    gradient_decision = (decide(q, k, v, key_padding_mask, problem, backend, backward=True)
+                         if backend == "auto" else decision)
+    uses_triton = "triton" in (decision.backend, gradient_decision.backend)
+    on_gluon = launch_gluon.forward_kernel_for(problem, q, k, v) if uses_triton else None
+    if on_gluon is not None:
+        decision, gradient_decision = (d if d.backend != "triton" else Decision("triton", f"{d.reason}; {on_gluon}")
+                                       for d in (decision, gradient_decision))
+    log_decision(gradient_decision if needs_gradient(q, k, v) else decision, q, k)
+    plan = Plan(problem, decision, record=uses_triton and q.is_cuda and not _runtime.interpreting())
+    plan.gradient_decision = gradient_decision
+    plan.gluon = on_gluon is not None
+    # Plans made while torch.compile traces are never kept: their Triton run calls the custom op, which the graph
+    # keeps.
+    runs = {"triton": functools.partial(run_triton_compiled if torch.compiler.is_compiling() else run_triton, plan)
+            if uses_triton else None,
+            "sdpa": _sdpa_run(problem, scale) if "sdpa" in (decision.backend, gradient_decision.backend) else None}
+    if gradient_decision.backend == decision.backend:
+        plan.run = runs[decision.backend]
     else:
-        plan.run = functools.partial(_run_sdpa, problem)
+        plan.run = functools.partial(_run_by_gradient, runs[decision.backend], runs[gradient_decision.backend])
     return plan

@@ -29,7 +29,9 @@ class Plan:
     or the autotuner's choice for this signature's tuning key) and, per launch site, the recorded launch that
     replays the compiled kernel with a call's tensors (``recorded``; None where recording was refused, e.g. an
     unaligned tensor). ``gluon`` says whether the forward runs on the Gluon kernel instead of the pointer kernel,
-    ``gluon_bwd`` whether the backward's dK/dV and dQ do.
+    ``gluon_bwd`` whether the backward's dK/dV and dQ do. ``decision`` is the backend of calls without a gradient,
+    ``gradient_decision`` that of calls whose gradient autograd computes (``backend="auto"`` decides the two from
+    forward and forward+backward measurements; ``decision_for`` picks).
     ``record`` is False for plans that are not kept (forced configs, calls past the cache's
     size) and off CUDA, where nothing is recorded.
 
@@ -42,12 +44,14 @@ class Plan:
         ('sdpa', {}, {})
     """
 
-    __slots__ = ("problem", "decision", "run", "configs", "recorded", "record", "gluon", "gluon_bwd")
+    __slots__ = ("problem", "decision", "gradient_decision", "run", "configs", "recorded", "record", "gluon",
+                 "gluon_bwd")
 
     def __init__(self, problem: Problem, decision: Any, run: Optional[Callable[..., torch.Tensor]] = None,
                  configs: Optional[dict[str, dict]] = None, record: bool = False) -> None:
         self.problem = problem
         self.decision = decision
+        self.gradient_decision = decision
         self.run = run
         self.configs: dict[str, dict] = dict(configs or {})
         self.recorded: dict[Any, Any] = {}
@@ -58,6 +62,10 @@ class Plan:
         # Whether the backward's dK/dV and dQ run on the Gluon kernels (``launch_gluon_bwd.backward_on_gluon``), per
         # value of its switch (``launch_gluon_bwd.GLUON_BWD_ENABLED``), decided at the first backward under each.
         self.gluon_bwd: dict[bool, bool] = {}
+
+    def decision_for(self, gradient: bool) -> Any:
+        """The decision a call of this signature runs by: ``gradient``, whether autograd records the call."""
+        return self.gradient_decision if gradient else self.decision
 
 
 def _mask_signature(mask: Optional[torch.Tensor]) -> Optional[tuple]:

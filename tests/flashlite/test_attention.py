@@ -13,7 +13,7 @@ import flashlite
 import flashlite._attention.launch as launch_module
 import flashlite._attention.plans as plans_module
 import flashlite._attention.validation as validation_module
-from flashlite.attention import attention, attention_forward
+from flashlite.attention import attention, attention_forward, explain_dispatch
 from flashlite.kernels import attention_bwd, attention_fwd, tuning
 from pytest_kernelcheck import Shape, assert_close
 from tests.flashlite.sm90 import SM90_COMPILER, run_script
@@ -419,6 +419,61 @@ def test_without_triton_attention_imports_and_runs_on_sdpa():
     # why. A fresh interpreter where importing triton fails stands in for such a platform.
     out = run_script(_WITHOUT_TRITON)
     assert out.strip() == "True kernel cannot run this call: Triton is not available (no triton on this platform)"
+
+
+def test_auto_runs_calls_with_a_gradient_by_the_forward_backward_measurement(monkeypatch):
+    # A made-up GPU's table: at S=40 the kernel won the forward but lost forward+backward; at S=72 the reverse. One
+    # signature serves calls with and without a gradient, so the kept plan (replayed from the second call on) must
+    # pick per call, and explain_dispatch must say which.
+    import flashlite._attention.decide as decide_module
+    from flashlite import dispatch
+    table = {"origin": {"date": "2026-01-02", "commit": "abc123"},
+             "entries": {"float32/D16/causal/B1/S64": {"backend": "triton", "why": "forward win"},
+                         "float32/D16/causal/B1/S64/fwd+bwd": {"backend": "sdpa", "why": "forward+backward loss"},
+                         "float32/D16/causal/B1/S128": {"backend": "sdpa", "why": "forward loss"},
+                         "float32/D16/causal/B1/S128/fwd+bwd": {"backend": "triton", "why": "forward+backward win"}}}
+    monkeypatch.setattr(dispatch, "_slug_of", lambda q: "test-gpu-y")
+    monkeypatch.setattr(dispatch, "_table_loaded", lambda slug: True)
+    monkeypatch.setitem(dispatch._TABLES, "test-gpu-y", table)
+    monkeypatch.setattr(plans_module, "_PLANS", {})
+    triton_calls = []
+
+    def counted_run_triton(*args, **kwargs):
+        triton_calls.append(1)
+        return real_run_triton(*args, **kwargs)
+
+    real_run_triton = decide_module.run_triton
+    monkeypatch.setattr(decide_module, "run_triton", counted_run_triton)
+    gen = torch.Generator().manual_seed(11)
+    for seq, gradient_backend in ((40, "sdpa"), (72, "triton")):
+        q, k, v = (torch.randn(1, 2, seq, 16, generator=gen, dtype=torch.float32) for _ in range(3))
+        ref_in = [t.double().requires_grad_() for t in (q, k, v)]
+        mask = torch.ones(seq, seq, dtype=torch.bool).tril()
+        scores = (ref_in[0] @ ref_in[1].transpose(-2, -1) / 4.0).masked_fill(~mask, float("-inf"))
+        expected = torch.softmax(scores, -1) @ ref_in[2]
+        grad_out = torch.randn(expected.shape, generator=gen, dtype=torch.float64)
+        expected.backward(grad_out)
+        forward_backend = "sdpa" if gradient_backend == "triton" else "triton"
+        for _ in range(2):  # the plan's first call, then its replay
+            leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+            assert explain_dispatch(*leaves, causal=True).backend == gradient_backend
+            before = len(triton_calls)
+            out = attention(*leaves, causal=True)
+            assert len(triton_calls) - before == (gradient_backend == "triton")
+            out.backward(grad_out.float())
+            assert_close(out, expected, policy="tf32")
+            for leaf, ref in zip(leaves, ref_in):
+                assert_close(leaf.grad, ref.grad, policy="tf32")
+            with torch.no_grad():
+                assert explain_dispatch(*leaves, causal=True).backend == forward_backend
+                before = len(triton_calls)
+                assert_close(attention(*leaves, causal=True), expected, policy="tf32")
+                assert len(triton_calls) - before == (forward_backend == "triton")
+            before = len(triton_calls)
+            attention(q, k, v, causal=True)  # no input requires grad: the forward's decision
+            assert len(triton_calls) - before == (forward_backend == "triton")
+    assert "(forward+backward)" in explain_dispatch(*leaves, causal=True).reason
+    assert len(plans_module._PLANS) == 2
 
 
 def test_repeated_calls_replay_the_plan_and_never_a_stale_one():

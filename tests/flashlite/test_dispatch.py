@@ -79,6 +79,38 @@ def test_a_table_decision_compiles_without_a_graph_break(monkeypatch):
     torch.testing.assert_close(dynamic(bf16), bf16 - 1)
 
 
+def test_compiled_calls_follow_the_decision_for_their_gradient(monkeypatch):
+    # Under torch.compile the plan is made at trace time, where grad mode and requires_grad are known (and guarded):
+    # a training graph must hold what the forward+backward entry chose, an inference graph the forward's choice.
+    from flashlite.attention import attention
+    table = {"origin": {"date": "2026-01-02", "commit": "abc123"},
+             "entries": {"float32/D16/causal/B1/S64": {"backend": "triton", "why": "forward win"},
+                         "float32/D16/causal/B1/S64/fwd+bwd": {"backend": "sdpa", "why": "forward+backward loss"}}}
+    monkeypatch.setattr(dispatch, "_slug_of", lambda q: "test-gpu-y")
+    monkeypatch.setattr(dispatch, "_table_loaded", lambda slug: True)
+    monkeypatch.setitem(dispatch._TABLES, "test-gpu-y", table)
+    graphs = []
+
+    def record_graph(gm, example_inputs):
+        graphs.append({str(node.target) for node in gm.graph.nodes if node.op == "call_function"})
+        return gm.forward
+
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, 2, 40, 16, generator=gen) for _ in range(3))
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda q, k, v: attention(q, k, v, causal=True), fullgraph=True, backend=record_graph)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = compiled(*leaves)
+    out.sum().backward()
+    assert all(leaf.grad is not None for leaf in leaves)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(q, k, v), out.detach(), rtol=2e-5, atol=2e-5)
+    assert len(graphs) == 2, graphs
+    assert any("scaled_dot_product_attention" in t for t in graphs[0]), graphs[0]
+    assert not any("flashlite" in t for t in graphs[0]), graphs[0]
+    assert any("flashlite.attention_inference" in t for t in graphs[1]), graphs[1]
+
+
 def test_seq_bucket_and_key():
     assert [seq_bucket(s) for s in (1, 64, 65, 100_000)] == [64, 64, 128, 131072]
     assert dispatch.table_key(torch.float16, 80, "lower_right", 2, 300) == "float16/D80/lower_right/B2/S512"
@@ -138,18 +170,65 @@ def test_generator_reads_variant_comparisons_against_the_sdpa_path_only(tmp_path
     report = {"created": "2026-01-02T03:04:05+00:00", "environment": {"gpu": {"devices": ["Test GPU X"]}},
               "comparisons": [record("window 1024 vs sdpa+mask", "window", "win"),
                               record("softcap vs materialized", "softcap", "loss", 0.8),
-                              # neither is a choice auto makes between the kernel and SDPA:
+                              # the forward and backward together: an entry of its own
+                              record("fwd+bwd window 1024 vs sdpa+mask", "window", "win"),
+                              # not a choice auto makes between the kernel and SDPA:
                               record("alibi vs flex", "alibi", "win"),
-                              record("fwd+bwd window 1024 vs sdpa+mask", "window_fwdbwd", "win"),
+                              record("fwd+bwd alibi vs flex", "alibi", "win"),
+                              # packed sequences decide by their forward only
+                              record("fwd+bwd varlen vs sdpa padded", "varlen", "win"),
                               # a dense comparison named like a variant's is not read as one
-                              record("dense vs sdpa+mask", "dense", "win")]}
+                              record("dense vs sdpa+mask", "dense", "win"),
+                              record("fwd+bwd dense vs sdpa+mask", "dense", "win")]}
     done, out = _generate(tmp_path, report)
-    assert "2 entries, 1 use the Triton kernel" in done.stdout
+    assert "3 entries, 2 use the Triton kernel" in done.stdout
     entries = json.loads((out / "test-gpu-x.json").read_text())["entries"]
     assert entries["bfloat16/D64/causal/B1/S8192/window"]["backend"] == "triton"
     assert entries["bfloat16/D64/causal/B1/S8192/softcap"]["backend"] == "sdpa"
+    assert entries["bfloat16/D64/causal/B1/S8192/window/fwd+bwd"]["backend"] == "triton"
     # the key the generator writes is the key the dispatch reads
     assert dispatch.table_key(torch.bfloat16, 64, True, 1, 8192, "window") == "bfloat16/D64/causal/B1/S8192/window"
+
+
+def test_generator_keys_forward_backward_comparisons_apart_from_forward_ones(tmp_path):
+    def record(name, B, verdict, speedup):
+        return {"name": name, "nodeid": "t", "verdict": verdict, "verdict_bh": verdict, "speedup": speedup,
+                "ci": [speedup * 0.95, speedup * 1.05], "n_pairs": 30,
+                "shape": {"B": B, "S": 4096, "H": 16, "D": 64, "dtype": "torch.bfloat16"}}
+
+    report = {"created": "2026-01-02T03:04:05+00:00", "environment": {"gpu": {"devices": ["Test GPU X"]}},
+              "comparisons": [record("fwd triton vs sdpa torch.bfloat16", 8, "win", 1.04),
+                              record("fwd+bwd triton vs sdpa", 8, "loss", 0.93),
+                              record("fwd+bwd triton vs sdpa", 3, "win", 1.2),
+                              # the Gluon backward's own A/B is not what auto chooses between
+                              record("fwd+bwd D64 gluon backward vs sdpa", 5, "win", 1.1)]}
+    done, out = _generate(tmp_path, report)
+    assert "3 entries, 2 use the Triton kernel" in done.stdout
+    entries = json.loads((out / "test-gpu-x.json").read_text())["entries"]
+    assert entries["bfloat16/D64/causal/B8/S4096"]["backend"] == "triton"
+    assert entries["bfloat16/D64/causal/B8/S4096/fwd+bwd"]["backend"] == "sdpa"
+    assert entries["bfloat16/D64/causal/B3/S4096/fwd+bwd"]["backend"] == "triton"
+    assert dispatch.table_key(torch.bfloat16, 64, True, 8, 4096, backward=True) == "bfloat16/D64/causal/B8/S4096/fwd+bwd"
+
+
+def test_forward_backward_decisions_read_their_own_entries_then_the_rule(monkeypatch):
+    table = {"origin": {"date": "2026-01-02", "commit": "abc123"},
+             "entries": {"bfloat16/D64/causal/B8/S4096": {"backend": "triton", "why": "forward win"},
+                         "bfloat16/D64/causal/B8/S4096/fwd+bwd": {"backend": "sdpa", "why": "forward+backward loss"}}}
+    monkeypatch.setattr(dispatch, "_table_loaded", lambda slug: True)
+    monkeypatch.setitem(dispatch._TABLES, "test-gpu-y", table)
+    forward = dispatch._decide("test-gpu-y", torch.bfloat16, 64, True, 8, 4096)
+    backward = dispatch._decide("test-gpu-y", torch.bfloat16, 64, True, 8, 4096, backward=True)
+    assert forward.backend == "triton" and "forward win" in forward.reason
+    assert backward.backend == "sdpa" and "(forward+backward)" in backward.reason and "loss" in backward.reason
+    # Without a forward+backward entry a dense 16-bit call takes SDPA, even where its forward entry says kernel.
+    monkeypatch.setitem(table["entries"], "bfloat16/D64/causal/B2/S4096", {"backend": "triton", "why": "win"})
+    unmeasured = dispatch._decide("test-gpu-y", torch.bfloat16, 64, True, 2, 4096, backward=True)
+    assert unmeasured.backend == "sdpa" and "forward+backward measurement" in unmeasured.reason
+    # The rules for float32 and for variants stand (SDPA has no fast path for either).
+    assert dispatch._decide("test-gpu-y", torch.float32, 64, True, 2, 4096, backward=True).backend == "triton"
+    window = dispatch._decide("test-gpu-y", torch.bfloat16, 64, True, 2, 4096, "window", backward=True)
+    assert window.backend == "triton" and "(window, forward+backward)" in window.reason
 
 
 def test_generator_merges_reports_newest_last(tmp_path):
