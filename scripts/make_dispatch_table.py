@@ -12,7 +12,9 @@ default. Forward+backward comparisons against the same baselines ("fwd+bwd trito
 variant's "fwd+bwd ... vs sdpa+mask" or "vs materialized") give the entries keyed ``.../fwd+bwd``, which decide
 the calls whose gradient is computed (``flashlite.dispatch``); packed sequences and decoding decide by their
 forward only, so their forward+backward comparisons are not read. Comparisons against FlexAttention (which
-``auto`` never runs) are not read.
+``auto`` never runs) are not read. ``auto``'s own rows against SDPA ("fwd auto vs sdpa", "fwd+bwd auto vs sdpa")
+are read last: a loss there makes the entry SDPA (small, host-bound calls can win a kernel-against-SDPA
+comparison and still lose through ``auto``, as forward+backward did at B=128, S=128 on the H200).
 
 Several reports (of the same GPU model) may be given, oldest first: a later report's entry replaces an earlier one
 for the same key, and every entry records the report, commit and date it came from.
@@ -51,6 +53,12 @@ FORWARD_BACKWARD_DENSE = "fwd+bwd triton vs sdpa"
 FORWARD_ONLY_VARIANTS = ("varlen", *DECODING_VARIANTS)
 
 
+# auto's own comparisons against SDPA (the dispatch's never-slower rows): a loss there overrides a kernel entry of
+# the same or an older report (auto then ran the kernel and lost, or lost even on SDPA; either way SDPA is the
+# choice); a win or a tie leaves the entry as it is.
+AUTO_ROWS = {"fwd auto vs sdpa": False, "fwd+bwd auto vs sdpa": True}
+
+
 def _forward_against_sdpa(rec: dict) -> bool:
     name = str(rec.get("name", ""))
     if name.startswith(FORWARD_PREFIXES):
@@ -87,8 +95,23 @@ def build_table(report: dict, commit: str | None = None, source: str | None = No
     gpu = devices[0]["name"] if isinstance(devices[0], dict) else str(devices[0])
     commit = commit or (env.get("commit_info") or {}).get("id") or "unknown"
     entries: dict[str, dict] = {}
-    for rec in report.get("comparisons", []):
+    comparisons = report.get("comparisons", [])
+    # auto's rows after the kernel's, so that within one report a loss of auto overrides the kernel's win.
+    for rec in [r for r in comparisons if r.get("name") not in AUTO_ROWS] + \
+            [r for r in comparisons if r.get("name") in AUTO_ROWS]:
         if not rec.get("shape"):
+            continue
+        if rec.get("name") in AUTO_ROWS:
+            if rec.get("verdict_bh") == "loss":
+                shape = rec["shape"]
+                key = table_key(_dtype(shape["dtype"]), int(shape["D"]), shape.get("causal", True), int(shape["B"]),
+                                int(shape["S"]), str(shape.get("variant", "dense")), AUTO_ROWS[rec["name"]])
+                lo, hi = rec["ci"]
+                hi_text = "inf" if hi is None else f"{hi:.2f}"
+                entries[key] = {"backend": "sdpa",
+                                "why": f"auto {rec['speedup']:.2f}x SDPA [{lo:.2f}, {hi_text}], loss (after "
+                                       f"Benjamini-Hochberg: loss), {rec['n_pairs']} pairs: auto's own row",
+                                "speedup": rec["speedup"]}
             continue
         backward = _forward_backward_against_sdpa(rec)
         if not backward and not _forward_against_sdpa(rec):

@@ -200,14 +200,24 @@ def test_generator_keys_forward_backward_comparisons_apart_from_forward_ones(tmp
               "comparisons": [record("fwd triton vs sdpa torch.bfloat16", 8, "win", 1.04),
                               record("fwd+bwd triton vs sdpa", 8, "loss", 0.93),
                               record("fwd+bwd triton vs sdpa", 3, "win", 1.2),
+                              record("fwd+bwd triton vs sdpa", 5, "win", 1.1),
                               # the Gluon backward's own A/B is not what auto chooses between
-                              record("fwd+bwd D64 gluon backward vs sdpa", 5, "win", 1.1)]}
+                              record("fwd+bwd D64 gluon backward vs sdpa", 6, "win", 1.1),
+                              # auto's own rows: a loss overrides the kernel's win (listed before it on purpose:
+                              # auto's rows are read last), a win or a tie changes nothing
+                              record("fwd+bwd auto vs sdpa", 5, "loss", 0.92),
+                              record("fwd+bwd auto vs sdpa", 3, "tie", 1.0),
+                              record("fwd+bwd auto vs sdpa", 8, "win", 1.1)]
+              }
+    report["comparisons"].insert(0, report["comparisons"].pop(-3))
     done, out = _generate(tmp_path, report)
-    assert "3 entries, 2 use the Triton kernel" in done.stdout
+    assert "4 entries, 2 use the Triton kernel" in done.stdout
     entries = json.loads((out / "test-gpu-x.json").read_text())["entries"]
     assert entries["bfloat16/D64/causal/B8/S4096"]["backend"] == "triton"
     assert entries["bfloat16/D64/causal/B8/S4096/fwd+bwd"]["backend"] == "sdpa"
     assert entries["bfloat16/D64/causal/B3/S4096/fwd+bwd"]["backend"] == "triton"
+    overridden = entries["bfloat16/D64/causal/B5/S4096/fwd+bwd"]
+    assert overridden["backend"] == "sdpa" and "auto's own row" in overridden["why"]
     assert dispatch.table_key(torch.bfloat16, 64, True, 8, 4096, backward=True) == "bfloat16/D64/causal/B8/S4096/fwd+bwd"
 
 
