@@ -17,6 +17,7 @@ from flashlite.attention import attention, attention_forward, explain_dispatch
 from flashlite.kernels import attention_bwd, attention_fwd, tuning
 from pytest_kernelcheck import Shape, assert_close
 from tests.flashlite.sm90 import SM90_COMPILER, run_script
+from tests.flashlite.tables import use_table
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 FP32_POLICY = {"ieee": "fp32", "tf32": "tf32", "bf16": "bf16"}
@@ -426,15 +427,11 @@ def test_auto_runs_calls_with_a_gradient_by_the_forward_backward_measurement(mon
     # signature serves calls with and without a gradient, so the kept plan (replayed from the second call on) must
     # pick per call, and explain_dispatch must say which.
     import flashlite._attention.decide as decide_module
-    from flashlite import dispatch
-    table = {"origin": {"date": "2026-01-02", "commit": "abc123"},
-             "entries": {"float32/D16/causal/B1/S64": {"backend": "triton", "why": "forward win"},
-                         "float32/D16/causal/B1/S64/fwd+bwd": {"backend": "sdpa", "why": "forward+backward loss"},
-                         "float32/D16/causal/B1/S128": {"backend": "sdpa", "why": "forward loss"},
-                         "float32/D16/causal/B1/S128/fwd+bwd": {"backend": "triton", "why": "forward+backward win"}}}
-    monkeypatch.setattr(dispatch, "_slug_of", lambda q: "test-gpu-y")
-    monkeypatch.setattr(dispatch, "_table_loaded", lambda slug: True)
-    monkeypatch.setitem(dispatch._TABLES, "test-gpu-y", table)
+    use_table(monkeypatch, {"float32/D16/causal/B1/S64": {"backend": "triton", "why": "forward win"},
+                            "float32/D16/causal/B1/S64/fwd+bwd": {"backend": "sdpa", "why": "forward+backward loss"},
+                            "float32/D16/causal/B1/S128": {"backend": "sdpa", "why": "forward loss"},
+                            "float32/D16/causal/B1/S128/fwd+bwd": {"backend": "triton",
+                                                                   "why": "forward+backward win"}})
     monkeypatch.setattr(plans_module, "_PLANS", {})
     triton_calls = []
 

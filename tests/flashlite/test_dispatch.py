@@ -9,6 +9,7 @@ import torch
 
 from flashlite import dispatch
 from flashlite._intmath import seq_bucket
+from tests.flashlite.tables import use_table
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -83,12 +84,8 @@ def test_compiled_calls_follow_the_decision_for_their_gradient(monkeypatch):
     # Under torch.compile the plan is made at trace time, where grad mode and requires_grad are known (and guarded):
     # a training graph must hold what the forward+backward entry chose, an inference graph the forward's choice.
     from flashlite.attention import attention
-    table = {"origin": {"date": "2026-01-02", "commit": "abc123"},
-             "entries": {"float32/D16/causal/B1/S64": {"backend": "triton", "why": "forward win"},
-                         "float32/D16/causal/B1/S64/fwd+bwd": {"backend": "sdpa", "why": "forward+backward loss"}}}
-    monkeypatch.setattr(dispatch, "_slug_of", lambda q: "test-gpu-y")
-    monkeypatch.setattr(dispatch, "_table_loaded", lambda slug: True)
-    monkeypatch.setitem(dispatch._TABLES, "test-gpu-y", table)
+    use_table(monkeypatch, {"float32/D16/causal/B1/S64": {"backend": "triton", "why": "forward win"},
+                            "float32/D16/causal/B1/S64/fwd+bwd": {"backend": "sdpa", "why": "forward+backward loss"}})
     graphs = []
 
     def record_graph(gm, example_inputs):
@@ -222,11 +219,9 @@ def test_generator_keys_forward_backward_comparisons_apart_from_forward_ones(tmp
 
 
 def test_forward_backward_decisions_read_their_own_entries_then_the_rule(monkeypatch):
-    table = {"origin": {"date": "2026-01-02", "commit": "abc123"},
-             "entries": {"bfloat16/D64/causal/B8/S4096": {"backend": "triton", "why": "forward win"},
-                         "bfloat16/D64/causal/B8/S4096/fwd+bwd": {"backend": "sdpa", "why": "forward+backward loss"}}}
-    monkeypatch.setattr(dispatch, "_table_loaded", lambda slug: True)
-    monkeypatch.setitem(dispatch._TABLES, "test-gpu-y", table)
+    table = use_table(monkeypatch, {
+        "bfloat16/D64/causal/B8/S4096": {"backend": "triton", "why": "forward win"},
+        "bfloat16/D64/causal/B8/S4096/fwd+bwd": {"backend": "sdpa", "why": "forward+backward loss"}})
     forward = dispatch._decide("test-gpu-y", torch.bfloat16, 64, True, 8, 4096)
     backward = dispatch._decide("test-gpu-y", torch.bfloat16, 64, True, 8, 4096, backward=True)
     assert forward.backend == "triton" and "forward win" in forward.reason
@@ -289,9 +284,7 @@ def test_decoding_entries_key_on_the_mode_attention_with_kvcache_looks_up(tmp_pa
 
     # The decision attention_with_kvcache takes for a call of that shape reads the entry (the kernel is stood in
     # as runnable, and the call stops once it has decided).
-    monkeypatch.setattr(dispatch, "_slug_of", lambda q: "test-gpu-x")
-    monkeypatch.setattr(dispatch, "_table_loaded", lambda slug: True)
-    monkeypatch.setitem(dispatch._TABLES, "test-gpu-x", table)
+    use_table(monkeypatch, table["entries"], slug="test-gpu-x", origin=table["origin"])
     monkeypatch.setattr(importlib.import_module("flashlite._attention.decide"), "kernel_unsupported",
                         lambda *a, **kw: None)
     decided = []
