@@ -83,9 +83,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: Unio
             Order of operations: scale * q.k, then softcap, then ALiBi, then every mask.
         backend: "auto" (per-shape choice from ``flashlite.dispatch``, by forward measurements for calls
             without a gradient and by forward+backward ones for calls whose gradient autograd computes; see
-            ``explain_dispatch``), "triton" or "sdpa". Calls without ``attn_mask`` are validated and decided once per signature (shapes, strides,
-            dtypes, devices, arguments) and replayed after that; with FLASHLITE_DEBUG_DISPATCH=1 each signature's
-            decision is logged when it is made (logger ``flashlite.attention``, level DEBUG).
+            ``explain_dispatch``), "triton" or "sdpa". Calls without ``attn_mask`` are validated and decided
+            once per signature (shapes, strides, dtypes, devices, arguments) and replayed after that; with
+            FLASHLITE_DEBUG_DISPATCH=1 each signature's decision is logged when it is made (logger
+            ``flashlite.attention``, level DEBUG).
         precision: float32 inputs only: "tf32" (default), "ieee" or "bf16" dot products in the Triton kernel.
 
     Returns:

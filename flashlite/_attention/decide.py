@@ -93,7 +93,8 @@ def _sdpa_run(problem: Problem, scale: Optional[float]) -> Callable[..., torch.T
 def _run_by_gradient(no_gradient_run: Callable[..., torch.Tensor], gradient_run: Callable[..., torch.Tensor],
                      q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *rest: Optional[torch.Tensor]
                      ) -> torch.Tensor:
-    # Under torch.compile this branch is taken at trace time (grad mode and requires_grad are guarded).
+    # needs_gradient's test, inline: it runs on every replayed call of such a plan. Under torch.compile the branch
+    # is taken at trace time (grad mode and requires_grad are guarded).
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return gradient_run(q, k, v, *rest)
     return no_gradient_run(q, k, v, *rest)

@@ -215,7 +215,8 @@ def test_generator_keys_forward_backward_comparisons_apart_from_forward_ones(tmp
     assert entries["bfloat16/D64/causal/B3/S4096/fwd+bwd"]["backend"] == "triton"
     overridden = entries["bfloat16/D64/causal/B5/S4096/fwd+bwd"]
     assert overridden["backend"] == "sdpa" and "auto's own row" in overridden["why"]
-    assert dispatch.table_key(torch.bfloat16, 64, True, 8, 4096, backward=True) == "bfloat16/D64/causal/B8/S4096/fwd+bwd"
+    key = dispatch.table_key(torch.bfloat16, 64, True, 8, 4096, backward=True)
+    assert key == "bfloat16/D64/causal/B8/S4096/fwd+bwd"
 
 
 def test_forward_backward_decisions_read_their_own_entries_then_the_rule(monkeypatch):

@@ -122,5 +122,6 @@ def test_forward_backward_auto_never_slower_than_sdpa(shape, kernel_ab):
     # What a training step gets from backend="auto", which decides calls with a gradient by the forward+backward
     # entries of the dispatch table.
     kernel_ab.assert_not_slower(*_forward_backward_pair(shape, "auto"), name="fwd+bwd auto vs sdpa",
-                                check_output=False, **_budget(shape), **attention_work(shape, passes="forward+backward"))
+                                check_output=False, **_budget(shape),
+                                **attention_work(shape, passes="forward+backward"))
 
