@@ -83,6 +83,25 @@ def _dtype(value: str) -> torch.dtype:
     return dtype
 
 
+def _key(shape: dict, backward: bool) -> str:
+    """The table key of a comparison's shape; a variant (key padding, window, softcap, ALiBi) names itself in the
+    shape's "variant"."""
+    variant = str(shape.get("variant", "dense"))
+    causal = shape.get("causal", "lower_right" if variant in DECODING_VARIANTS else True)
+    return table_key(_dtype(shape["dtype"]), int(shape["D"]), causal, int(shape["B"]), int(shape["S"]), variant,
+                     backward)
+
+
+def _entry(rec: dict, backend: str, who: str, note: str = "") -> dict:
+    """A table entry for ``backend`` from a finished comparison of ``who`` (the kernel or auto) against SDPA."""
+    lo, hi = rec["ci"]
+    hi_text = "inf" if hi is None else f"{hi:.2f}"
+    return {"backend": backend,
+            "why": f"{who} {rec['speedup']:.2f}x SDPA [{lo:.2f}, {hi_text}], {rec['verdict']} "
+                   f"(after Benjamini-Hochberg: {rec.get('verdict_bh')}), {rec['n_pairs']} pairs{note}",
+            "speedup": rec["speedup"]}
+
+
 def build_table(report: dict, commit: str | None = None, source: str | None = None) -> dict:
     """The dispatch table (origin + entries) for the GPU a report was measured on.
 
@@ -95,45 +114,23 @@ def build_table(report: dict, commit: str | None = None, source: str | None = No
     gpu = devices[0]["name"] if isinstance(devices[0], dict) else str(devices[0])
     commit = commit or (env.get("commit_info") or {}).get("id") or "unknown"
     entries: dict[str, dict] = {}
-    comparisons = report.get("comparisons", [])
-    # auto's rows after the kernel's, so that within one report a loss of auto overrides the kernel's win.
-    for rec in [r for r in comparisons if r.get("name") not in AUTO_ROWS] + \
-            [r for r in comparisons if r.get("name") in AUTO_ROWS]:
+    # auto's rows after the kernel's (a stable sort), so that within one report a loss of auto overrides the
+    # kernel's win.
+    for rec in sorted(report.get("comparisons", []), key=lambda r: r.get("name") in AUTO_ROWS):
         if not rec.get("shape"):
             continue
         if rec.get("name") in AUTO_ROWS:
             if rec.get("verdict_bh") == "loss":
-                shape = rec["shape"]
-                key = table_key(_dtype(shape["dtype"]), int(shape["D"]), shape.get("causal", True), int(shape["B"]),
-                                int(shape["S"]), str(shape.get("variant", "dense")), AUTO_ROWS[rec["name"]])
-                lo, hi = rec["ci"]
-                hi_text = "inf" if hi is None else f"{hi:.2f}"
-                entries[key] = {"backend": "sdpa",
-                                "why": f"auto {rec['speedup']:.2f}x SDPA [{lo:.2f}, {hi_text}], loss (after "
-                                       f"Benjamini-Hochberg: loss), {rec['n_pairs']} pairs: auto's own row",
-                                "speedup": rec["speedup"]}
+                entries[_key(rec["shape"], AUTO_ROWS[rec["name"]])] = _entry(rec, "sdpa", "auto", ": auto's own row")
             continue
         backward = _forward_backward_against_sdpa(rec)
         if not backward and not _forward_against_sdpa(rec):
             continue
-        shape = rec["shape"]
-        # A comparison of a variant (key padding, window, softcap, ALiBi) names it in its shape's "variant".
-        variant = str(shape.get("variant", "dense"))
-        causal = shape.get("causal", "lower_right" if variant in DECODING_VARIANTS else True)
-        key = table_key(_dtype(shape["dtype"]), int(shape["D"]), causal, int(shape["B"]), int(shape["S"]), variant,
-                        backward)
+        key = _key(rec["shape"], backward)
         if rec.get("verdict") in (None, "error"):
             entries[key] = {"backend": "sdpa", "why": f"comparison failed: {rec.get('error')}"}
             continue
-        lo, hi = rec["ci"]
-        hi_text = "inf" if hi is None else f"{hi:.2f}"
-        backend = "triton" if rec.get("verdict_bh") == "win" else "sdpa"
-        entries[key] = {
-            "backend": backend,
-            "why": f"Triton {rec['speedup']:.2f}x SDPA [{lo:.2f}, {hi_text}], {rec['verdict']} "
-                   f"(after Benjamini-Hochberg: {rec.get('verdict_bh')}), {rec['n_pairs']} pairs",
-            "speedup": rec["speedup"],
-        }
+        entries[key] = _entry(rec, "triton" if rec.get("verdict_bh") == "win" else "sdpa", "Triton")
     origin = {"gpu": gpu, "date": report.get("created", "unknown")[:10], "commit": str(commit)[:12],
               "torch": (env.get("packages") or {}).get("torch"),
               "triton": (env.get("packages") or {}).get("triton"),

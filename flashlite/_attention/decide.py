@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from flashlite import _runtime
 from flashlite._attention import launch_gluon
-from flashlite._attention.ops import run_triton, run_triton_compiled
+from flashlite._attention.ops import needs_gradient, run_triton, run_triton_compiled
 from flashlite._attention.plans import Plan
 from flashlite._attention.sdpa import check_attn_mask, sdpa_attention
 from flashlite._attention.validation import (_CAUSAL_ARGUMENT, CAUSAL_BOTTOM_RIGHT, CAUSAL_TOP_LEFT, Problem,
@@ -44,10 +44,6 @@ def decide(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: 
                           seq_k=problem.seq_k, unsupported=unsupported, variant=variant or problem.variant,
                           backward=backward)
 
-
-def needs_gradient(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    """Whether autograd will record this call: grad mode on and an input that requires grad."""
-    return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
 
 
 def log_decision(decision: Decision, q: torch.Tensor, k: torch.Tensor) -> None:
@@ -90,6 +86,14 @@ def _sdpa_run(problem: Problem, scale: Optional[float]) -> Callable[..., torch.T
     return functools.partial(_run_sdpa, problem)
 
 
+def _run_for(backend: str, plan: Plan, scale: Optional[float]) -> Callable[..., torch.Tensor]:
+    """How ``plan`` runs its calls on ``backend``. Plans made while torch.compile traces are never kept: their
+    Triton run calls the custom op, which the graph keeps."""
+    if backend == "triton":
+        return functools.partial(run_triton_compiled if torch.compiler.is_compiling() else run_triton, plan)
+    return _sdpa_run(plan.problem, scale)
+
+
 def _run_by_gradient(no_gradient_run: Callable[..., torch.Tensor], gradient_run: Callable[..., torch.Tensor],
                      q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *rest: Optional[torch.Tensor]
                      ) -> torch.Tensor:
@@ -125,13 +129,7 @@ def make_plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: Union[b
     plan = Plan(problem, decision, record=uses_triton and q.is_cuda and not _runtime.interpreting())
     plan.gradient_decision = gradient_decision
     plan.gluon = on_gluon is not None
-    # Plans made while torch.compile traces are never kept: their Triton run calls the custom op, which the graph
-    # keeps.
-    runs = {"triton": functools.partial(run_triton_compiled if torch.compiler.is_compiling() else run_triton, plan)
-            if uses_triton else None,
-            "sdpa": _sdpa_run(problem, scale) if "sdpa" in (decision.backend, gradient_decision.backend) else None}
-    if gradient_decision.backend == decision.backend:
-        plan.run = runs[decision.backend]
-    else:
-        plan.run = functools.partial(_run_by_gradient, runs[decision.backend], runs[gradient_decision.backend])
+    plan.run = _run_for(decision.backend, plan, scale)
+    if gradient_decision.backend != decision.backend:
+        plan.run = functools.partial(_run_by_gradient, plan.run, _run_for(gradient_decision.backend, plan, scale))
     return plan

@@ -122,11 +122,16 @@ _EagerTritonAttention = _ops.eager_function("_EagerTritonAttention", launch_forw
                                             _eager_gradient, non_differentiable=())
 
 
+def needs_gradient(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether autograd will record this call: grad mode on and an input that requires grad."""
+    return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+
+
 def run_triton(plan: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: Optional[torch.Tensor],
                alibi_slopes: Optional[torch.Tensor] = None) -> torch.Tensor:
     """An eager call of a Triton plan: the autograd Function when a gradient is needed, else the forward without
     its log-sum-exp."""
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):  # needs_gradient, inline
         return _EagerTritonAttention.apply(q, k, v, key_mask, alibi_slopes, plan)[0]
     return launch_forward(q, k, v, key_mask, alibi_slopes, plan, need_lse=False)[0]
 
@@ -140,6 +145,6 @@ def run_triton_compiled(plan: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.T
     p = plan.problem
     masks = (key_mask, None) if p.key_masking == "bool" else (None, key_mask)
     arguments = (*masks, p.causal_mode, p.scale, p.precision, p.window_left, p.window_right, p.softcap, alibi_slopes)
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+    if needs_gradient(q, k, v):
         return attention_forward_op(q, k, v, *arguments)[0]
     return torch.ops.flashlite.attention_inference.default(q, k, v, *arguments)
