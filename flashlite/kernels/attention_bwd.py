@@ -515,8 +515,9 @@ attn_bwd_dq_fixed = even_m(_attn_bwd_dq)
 attn_bwd_dkdv = triton.autotune(configs=dkdv_configs(), key=AUTOTUNE_KEY,
                                 prune_configs_by={"early_config_prune": prune_dkdv_configs})(attn_bwd_dkdv_fixed)
 # dK/dV with dQ added in by float32 atomics (DQ_ATOMIC): the same kernel, tuned apart (its dQ share is one more
-# matmul and a BLOCK_M x D accumulator per query block, so its best tiles may differ).
-attn_bwd_dkdv_dq = triton.autotune(configs=dkdv_configs(), key=AUTOTUNE_KEY,
+# matmul and a BLOCK_M x D accumulator per query block, so its best tiles may differ). Each benchmarked launch adds
+# into DqAcc, so the autotuner zeroes it before each one and before the launch that counts.
+attn_bwd_dkdv_dq = triton.autotune(configs=dkdv_configs(), key=AUTOTUNE_KEY, reset_to_zero=["DqAcc"],
                                    prune_configs_by={"early_config_prune": prune_dkdv_dq_configs})(attn_bwd_dkdv_fixed)
 attn_bwd_dq = triton.autotune(configs=dq_configs(), key=AUTOTUNE_KEY,
                               prune_configs_by={"early_config_prune": prune_dq_configs})(attn_bwd_dq_fixed)

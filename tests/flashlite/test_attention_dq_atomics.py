@@ -66,6 +66,25 @@ def test_dq_by_atomics_matches_float64_reference(case, monkeypatch):
     assert_matches(got, reference(q, k, v, grad_out, **variant), dtype)
 
 
+def test_the_autotuner_zeroes_the_float32_dq_before_each_launch():
+    # Every benchmarked launch adds into the buffer: without the reset, the launch that counts would add onto the
+    # sums of the configs timed before it (the GPU test below catches that end to end; the interpreter has one
+    # config, so it never benchmarks).
+    from flashlite.kernels import attention_bwd
+    assert attention_bwd.attn_bwd_dkdv_dq.reset_to_zero == ["DqAcc"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="autotuning benchmarks several configs on a GPU only")
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_autotuned_dq_by_atomics_matches_float64_reference(head_dim, monkeypatch):
+    monkeypatch.setattr(launch, "DQ_ATOMICS", "1")
+    monkeypatch.setenv("FLASHLITE_AUTOTUNE", "1")
+    _refuse(monkeypatch, "_DQ")
+    dtype, variant = torch.float16, dict(causal=1)
+    q, k, v, grad_out = random_inputs(dtype, seed=head_dim, seq_q=300, seq_k=300, head_dim=head_dim)
+    assert_matches(run_kernels(q, k, v, grad_out, **variant), reference(q, k, v, grad_out, **variant), dtype)
+
+
 @pytest.mark.parametrize("setting", ["0", "deterministic"])
 def test_the_dq_kernel_runs_where_atomics_are_off(setting, monkeypatch):
     monkeypatch.setattr(launch, "DQ_ATOMICS", "0" if setting == "0" else "1")
