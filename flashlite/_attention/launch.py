@@ -7,10 +7,8 @@ site names its kernel's leading tensors once, in one tuple, for the ordinary lau
 The public launchers ``attention_forward`` / ``attention_backward`` (what the custom ops call) check their flat
 arguments and keep a plan per signature too. A plan whose forward the Gluon kernel runs (sm_90, where it
 measured faster: ``launch_gluon``) launches it there instead of the pointer kernel; with FLASHLITE_GLUON_BWD=1
-the backward's dK/dV and dQ run on the Gluon kernels where they can (``launch_gluon_bwd``). Where
-``dq_by_atomics`` says so, the pointer backward computes dQ inside the dK/dV kernel (float32 atomic adds) instead of
-recomputing the probabilities in a dQ kernel. Imports ``validation``, ``plans``, ``launch_gluon`` and
-``launch_gluon_bwd``.
+the backward's dK/dV and dQ run on the Gluon kernels where they can (``launch_gluon_bwd``). Imports ``validation``,
+``plans``, ``launch_gluon`` and ``launch_gluon_bwd``.
 """
 import math
 import os
@@ -65,40 +63,7 @@ if _TRITON_ERROR is None:
                        _fwd.prune_fwd_configs)
     _DKDV = _Kernel("dkdv", _bwd.attn_bwd_dkdv, _bwd.attn_bwd_dkdv_fixed, _bwd.DKDV_GPU_BLOCKS,
                     _bwd.prune_dkdv_configs)
-    _DKDV_DQ = _Kernel("dkdv_dq", _bwd.attn_bwd_dkdv_dq, _bwd.attn_bwd_dkdv_fixed, _bwd.DKDV_GPU_BLOCKS,
-                       _bwd.prune_dkdv_dq_configs)
     _DQ = _Kernel("dq", _bwd.attn_bwd_dq, _bwd.attn_bwd_dq_fixed, _bwd.DQ_GPU_BLOCKS, _bwd.prune_dq_configs)
-
-
-# How the pointer backward gets dQ: "auto" by ``dq_by_atomics``'s measured rule, "1" by atomics wherever they can
-# run, "0" never (a module name, read per call, so that tests and A/B rows can set it).
-_DQ_ATOMICS_VALUES = ("auto", "0", "1")
-DQ_ATOMICS = os.environ.get("FLASHLITE_DQ_ATOMICS", "auto")
-if DQ_ATOMICS not in _DQ_ATOMICS_VALUES:
-    raise ValueError(f"FLASHLITE_DQ_ATOMICS must be one of {', '.join(_DQ_ATOMICS_VALUES)}, got {DQ_ATOMICS!r}")
-
-
-def dq_by_atomics(problem: Problem) -> bool:
-    """Whether the pointer backward adds dQ into a float32 buffer from its dK/dV kernel (one kernel, five matmuls
-    per tile pair) instead of running the dQ kernel (two kernels, seven): not for packed sequences, and never
-    under ``torch.use_deterministic_algorithms(True)``, since the order of the adds, and so dQ's rounding, varies
-    from run to run.
-
-    Example:
-        >>> from flashlite._attention.validation import validate
-        >>> q = torch.randn(1, 2, 16, 64)
-        >>> dq_by_atomics(validate(q, q, q, True, None, None, None, "triton", None))
-        False
-    """
-    mode = DQ_ATOMICS
-    if mode == "0" or problem.varlen or torch.are_deterministic_algorithms_enabled():
-        return False
-    if mode == "1":
-        return True
-    if mode != "auto":
-        raise ValueError(f"flashlite._attention.launch.DQ_ATOMICS must be one of {', '.join(_DQ_ATOMICS_VALUES)}, "
-                         f"got {mode!r}")
-    return False  # no shape has measured faster yet
 
 
 def _key_mask_args(q: torch.Tensor, key_mask: Optional[torch.Tensor],
@@ -434,19 +399,10 @@ def launch_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v:
                          "a KV cache is forward only)")
     lse = lse.contiguous()
     delta = torch.empty_like(lse)
-    enabled = launch_gluon_bwd.GLUON_BWD_ENABLED
-    on_gluon = plan.gluon_bwd.get(enabled)
-    if on_gluon is None:  # decided once per plan and switch value
-        on_gluon = plan.gluon_bwd[enabled] = launch_gluon_bwd.backward_on_gluon(p, q, k, v)
-    on_gluon = on_gluon and launch_gluon.bases_aligned(q, k, v)
-    atomics = not on_gluon and dq_by_atomics(p)
-    dq_shape = (p.batch, p.heads, p.seq_q, p.head_dim)
     if p.varlen:
         dq, dk, dv = _new_output(q, p), _new_output(k, p), _new_output(v, p)
     else:
-        # With atomics dQ is summed in float32 (zeros first: rows no key reaches keep zero gradient).
-        dq = (torch.zeros(dq_shape, dtype=torch.float32, device=q.device) if atomics
-              else torch.empty(dq_shape, dtype=q.dtype, device=q.device))
+        dq = torch.empty((p.batch, p.heads, p.seq_q, p.head_dim), dtype=q.dtype, device=q.device)
         dk = torch.empty((p.batch, p.kv_heads, p.seq_k, p.head_dim), dtype=k.dtype, device=k.device)
         dv = torch.empty((p.batch, p.kv_heads, p.seq_k, p.head_dim), dtype=v.dtype, device=v.device)
     mask_arg, lengths_arg, stride_mask_b, stride_mask_n = _key_mask_args(q, key_mask, p)
@@ -457,9 +413,7 @@ def launch_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v:
     layout = (grad_out.stride(), grad_out.dtype, out.stride(), out.dtype)
     cu_q, cu_k = (q, q) if cu_seqlens is None else cu_seqlens
     delta_tensors = (out, grad_out, delta, cu_q)  # the kernels' leading tensors, in order
-    # Without atomics the float32 dQ slot takes dk, which the kernel then never reads.
-    dq_acc, dq_acc_strides = (dq, dq.stride()) if atomics else (dk, (0, 0, 0, 0))
-    dkdv_tensors = (q, k, v, grad_out, lse, delta, dk, dv, dq_acc, mask_arg, lengths_arg, alibi_arg, cu_q, cu_k)
+    dkdv_tensors = (q, k, v, grad_out, lse, delta, dk, dv, mask_arg, lengths_arg, alibi_arg, cu_q, cu_k)
     dq_tensors = (q, k, v, grad_out, lse, delta, dq, mask_arg, lengths_arg, alibi_arg, cu_q, cu_k)
     block_d = _block_d(p.head_dim)
     flat_q = p.batch * p.heads > _GRID_AXIS1_LIMIT
@@ -471,19 +425,21 @@ def launch_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v:
     qk_scale = p.scale * math.log2(math.e)
     meta = dict(HEAD_DIM=p.head_dim, BLOCK_D=block_d, CAUSAL=p.causal_mode, KEY_MASK=p.key_masking,
                 DOT=_dot_mode(p.precision), **variant_flags)
-    dkdv_kernel, dkdv_site = (_DKDV_DQ, ("dkdv_dq", layout)) if atomics else (_DKDV, ("dkdv", layout))
+    enabled = launch_gluon_bwd.GLUON_BWD_ENABLED
+    on_gluon = plan.gluon_bwd.get(enabled)
+    if on_gluon is None:  # decided once per plan and switch value
+        on_gluon = plan.gluon_bwd[enabled] = launch_gluon_bwd.backward_on_gluon(p, q, k, v)
+    on_gluon = on_gluon and launch_gluon.bases_aligned(q, k, v)
     if on_gluon:
         tma_grad_out = launch_gluon_bwd.tma_gradient(grad_out)  # one copy at most, for both kernels
         launch_gluon_bwd.launch_dkdv(q, k, v, tma_grad_out, lse, delta, dk, dv, p.causal_mode, p.scale)
-    elif not _replayed(plan, dkdv_site, dkdv_tensors):
-        _launch(dkdv_kernel, dkdv_site, plan, _Grid(p.seq_k, "BLOCK_N", p.batch * p.kv_heads), dkdv_tensors,
+    elif not _replayed(plan, ("dkdv", layout), dkdv_tensors):
+        _launch(_DKDV, ("dkdv", layout), plan, _Grid(p.seq_k, "BLOCK_N", p.batch * p.kv_heads), dkdv_tensors,
                 (*q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *dk.stride(), *dv.stride(),
-                 *dq_acc_strides, stride_mask_b, stride_mask_n, *variant_scalars[:2], p.heads, p.kv_heads,
-                 p.group_size, p.seq_q, p.seq_k, qk_scale, p.scale, *variant_scalars[2:],
+                 stride_mask_b, stride_mask_n, *variant_scalars[:2], p.heads, p.kv_heads, p.group_size, p.seq_q,
+                 p.seq_k, qk_scale, p.scale, *variant_scalars[2:],
                  *_tuning.tuning_buckets(p.seq_q, p.seq_k, p.batch * p.heads)),
-                dict(FLAT_GRID=p.batch * p.kv_heads > _GRID_AXIS1_LIMIT, DQ_ATOMIC=atomics, **meta))
-    if atomics:
-        return (dq if q.dtype == torch.float32 else dq.to(q.dtype)), dk, dv
+                dict(FLAT_GRID=p.batch * p.kv_heads > _GRID_AXIS1_LIMIT, **meta))
     if on_gluon:
         launch_gluon_bwd.launch_dq(q, k, v, tma_grad_out, lse, delta, dq, p.causal_mode, p.scale)
     elif not _replayed(plan, ("dq", layout), dq_tensors):

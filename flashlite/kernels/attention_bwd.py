@@ -69,18 +69,15 @@ def _load_lse(Lse, offs_m, seq_q, CHECK_ROWS: tl.constexpr):
 
 @triton.jit
 def _attn_bwd_dkdv_inner(dk, dv, k, v, key_ok, q_base, do_base, lse_row, delta_row,  # *_row: [S_q] of one (b, h)
-                         dq_acc_base,  # [S_q, D] float32 of one (b, h) when DQ_ATOMIC
-                         stride_qm, stride_qd, stride_dom, stride_dod, stride_aqm, stride_aqd,
-                         offs_n, offs_d, start, end, seq_q, diag_shift, qk_scale, sm_scale,
+                         stride_qm, stride_qd, stride_dom, stride_dod,
+                         offs_n, offs_d, start, end, seq_q, diag_shift, qk_scale,
                          window_left, window_right, softcap2, slope2,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
                          BLOCK_D: tl.constexpr, CAUSAL_BLOCKS: tl.constexpr, KEY_MASK: tl.constexpr,
                          DOT: tl.constexpr, EVEN_M: tl.constexpr, CAUSAL: tl.constexpr = 0,
-                         WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False, ALIBI: tl.constexpr = False,
-                         DQ_ATOMIC: tl.constexpr = False):
+                         WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False, ALIBI: tl.constexpr = False):
     """Accumulate dK, dV of one key block over query blocks [start, end). CAUSAL_BLOCKS: they cross the diagonal
-    (or, with WINDOW, a window edge), so mask; ``softcap2``, ``slope2`` in base 2 as in the forward. DQ_ATOMIC:
-    also add this key block's share of dQ (scale * dS K) into the float32 rows at ``dq_acc_base``."""
+    (or, with WINDOW, a window edge), so mask; ``softcap2``, ``slope2`` in base 2 as in the forward."""
     offs_m0 = tl.arange(0, BLOCK_M)
     for start_m in range(start, end, BLOCK_M):
         offs_m = start_m + offs_m0
@@ -118,15 +115,6 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, key_ok, q_base, do_base, lse_row, delta_r
         if SOFTCAP:
             ds_t = ds_t * (1.0 - tanh_t * tanh_t)
         dk = mma(ds_t, q, dk, DOT)
-        if DQ_ATOMIC:
-            # Relaxed: the adds need no ordering among themselves, and acquire-release would fence each one.
-            dq_part = mma(tl.trans(ds_t), k, tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32), DOT) * sm_scale
-            acc_ptrs = dq_acc_base + offs_m[:, None] * stride_aqm + offs_d[None, :] * stride_aqd
-            if EVEN_M and HEAD_DIM == BLOCK_D:
-                tl.atomic_add(acc_ptrs, dq_part, sem="relaxed")
-            else:
-                tl.atomic_add(acc_ptrs, dq_part, mask=(offs_m[:, None] < seq_q) & (offs_d[None, :] < HEAD_DIM),
-                              sem="relaxed")
     return dk, dv
 
 
@@ -139,7 +127,6 @@ def _attn_bwd_dkdv(Q,  # [B, H, S_q, D]
                    Delta,  # [B, H, S_q] float32, contiguous
                    dK,  # [B, H_kv, S_k, D], dtype of K
                    dV,  # [B, H_kv, S_k, D], dtype of V
-                   DqAcc,  # [B, H, S_q, D] float32, zeros, when DQ_ATOMIC (else unused): dQ accumulated in place
                    KeyMask,  # [B, S_k] uint8 when KEY_MASK == "bool"
                    KeyLen,  # [B] int when KEY_MASK == "lengths"
                    Alibi,  # [B, H] or [H] float32 slopes when ALIBI (else unused); [H]: stride_alibi_b = 0
@@ -151,7 +138,6 @@ def _attn_bwd_dkdv(Q,  # [B, H, S_q, D]
                    stride_dob, stride_doh, stride_dom, stride_dod,
                    stride_dkb, stride_dkh, stride_dkn, stride_dkd,
                    stride_dvb, stride_dvh, stride_dvn, stride_dvd,
-                   stride_aqb, stride_aqh, stride_aqm, stride_aqd,
                    stride_mask_b, stride_mask_n,
                    stride_alibi_b, stride_alibi_h,
                    num_heads, num_kv_heads, group_size, seq_q, seq_k, qk_scale, sm_scale,
@@ -162,7 +148,7 @@ def _attn_bwd_dkdv(Q,  # [B, H, S_q, D]
                    DOT: tl.constexpr, FLAT_GRID: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_M: tl.constexpr,
                    WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False, ALIBI: tl.constexpr = False,
-                   VARLEN: tl.constexpr = False, DQ_ATOMIC: tl.constexpr = False):
+                   VARLEN: tl.constexpr = False):
     num_n_blocks = tl.cdiv(seq_k, BLOCK_N)
     pid_n, pid_bkv = program_ids(num_n_blocks, FLAT_GRID)
     b = pid_bkv // num_kv_heads
@@ -174,7 +160,6 @@ def _attn_bwd_dkdv(Q,  # [B, H, S_q, D]
         Q, dOut = Q + q_start.to(tl.int64) * stride_qm, dOut + q_start.to(tl.int64) * stride_dom
         K, V = K + k_start.to(tl.int64) * stride_kn, V + k_start.to(tl.int64) * stride_vn
         dK, dV = dK + k_start.to(tl.int64) * stride_dkn, dV + k_start.to(tl.int64) * stride_dvn
-        DqAcc = DqAcc + q_start.to(tl.int64) * stride_aqm
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
 
@@ -244,48 +229,42 @@ def _attn_bwd_dkdv(Q,  # [B, H, S_q, D]
         q_base = Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
         do_base = dOut + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
         row = (b * num_heads + h).to(tl.int64) * row_len
-        dq_acc_base = DqAcc + b.to(tl.int64) * stride_aqb + h.to(tl.int64) * stride_aqh
         softcap2, slope2 = variant_scalars(Alibi, b, h, stride_alibi_b, stride_alibi_h, softcap, qk_scale, SOFTCAP,
                                            ALIBI)
         if WINDOW:
             # Query blocks crossing the window's lower edge, those that see the whole key block, and those
             # crossing its upper edge.
             dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, key_ok, q_base, do_base, Lse + row, Delta + row,
-                                          dq_acc_base,
-                                          stride_qm, stride_qd, stride_dom, stride_dod, stride_aqm, stride_aqd,
-                                          offs_n, offs_d, lo, full_from, seq_q, diag_shift, qk_scale, sm_scale,
+                                          stride_qm, stride_qd, stride_dom, stride_dod,
+                                          offs_n, offs_d, lo, full_from, seq_q, diag_shift, qk_scale,
                                           window_left, window_right, softcap2, slope2,
                                           BLOCK_M, BLOCK_N, HEAD_DIM, BLOCK_D, True, KEY_MASK, DOT, EVEN_M,
-                                          CAUSAL, WINDOW, SOFTCAP, ALIBI, DQ_ATOMIC)
+                                          CAUSAL, WINDOW, SOFTCAP, ALIBI)
             dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, key_ok, q_base, do_base, Lse + row, Delta + row,
-                                          dq_acc_base,
-                                          stride_qm, stride_qd, stride_dom, stride_dod, stride_aqm, stride_aqd,
-                                          offs_n, offs_d, full_from, full_to, seq_q, diag_shift, qk_scale, sm_scale,
+                                          stride_qm, stride_qd, stride_dom, stride_dod,
+                                          offs_n, offs_d, full_from, full_to, seq_q, diag_shift, qk_scale,
                                           window_left, window_right, softcap2, slope2,
                                           BLOCK_M, BLOCK_N, HEAD_DIM, BLOCK_D, False, KEY_MASK, DOT, EVEN_M,
-                                          CAUSAL, WINDOW, SOFTCAP, ALIBI, DQ_ATOMIC)
+                                          CAUSAL, WINDOW, SOFTCAP, ALIBI)
             dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, key_ok, q_base, do_base, Lse + row, Delta + row,
-                                          dq_acc_base,
-                                          stride_qm, stride_qd, stride_dom, stride_dod, stride_aqm, stride_aqd,
-                                          offs_n, offs_d, full_to, seen_hi, seq_q, diag_shift, qk_scale, sm_scale,
+                                          stride_qm, stride_qd, stride_dom, stride_dod,
+                                          offs_n, offs_d, full_to, seen_hi, seq_q, diag_shift, qk_scale,
                                           window_left, window_right, softcap2, slope2,
                                           BLOCK_M, BLOCK_N, HEAD_DIM, BLOCK_D, True, KEY_MASK, DOT, EVEN_M,
-                                          CAUSAL, WINDOW, SOFTCAP, ALIBI, DQ_ATOMIC)
+                                          CAUSAL, WINDOW, SOFTCAP, ALIBI)
         else:
             dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, key_ok, q_base, do_base, Lse + row, Delta + row,
-                                          dq_acc_base,
-                                          stride_qm, stride_qd, stride_dom, stride_dod, stride_aqm, stride_aqd,
+                                          stride_qm, stride_qd, stride_dom, stride_dod,
                                           offs_n, offs_d, lo, tl.minimum(mid, q_end), seq_q, diag_shift,
-                                          qk_scale, sm_scale, window_left, window_right, softcap2, slope2,
+                                          qk_scale, window_left, window_right, softcap2, slope2,
                                           BLOCK_M, BLOCK_N, HEAD_DIM, BLOCK_D, CAUSAL != 0, KEY_MASK, DOT, EVEN_M,
-                                          CAUSAL, WINDOW, SOFTCAP, ALIBI, DQ_ATOMIC)
+                                          CAUSAL, WINDOW, SOFTCAP, ALIBI)
             dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, key_ok, q_base, do_base, Lse + row, Delta + row,
-                                          dq_acc_base,
-                                          stride_qm, stride_qd, stride_dom, stride_dod, stride_aqm, stride_aqd,
-                                          offs_n, offs_d, mid, q_end, seq_q, diag_shift, qk_scale, sm_scale,
+                                          stride_qm, stride_qd, stride_dom, stride_dod,
+                                          offs_n, offs_d, mid, q_end, seq_q, diag_shift, qk_scale,
                                           window_left, window_right, softcap2, slope2,
                                           BLOCK_M, BLOCK_N, HEAD_DIM, BLOCK_D, False, KEY_MASK, DOT, EVEN_M,
-                                          CAUSAL, WINDOW, SOFTCAP, ALIBI, DQ_ATOMIC)
+                                          CAUSAL, WINDOW, SOFTCAP, ALIBI)
     dk = dk * sm_scale
 
     store_mask = (offs_n[:, None] < seq_k) & (offs_d[None, :] < HEAD_DIM)
@@ -492,16 +471,6 @@ def prune_dkdv_configs(configs, named_args, **kwargs):
                               resident_tiles=BACKWARD_RESIDENT_TILES, scratch=SCRATCH_BYTES, **kwargs)
 
 
-# dK/dV with dQ's share, trans(dS) K: up to one more key-row tile, one query-row tile and the dS tile (an upper
-# bound fitted by compiling every config for sm_90; e.g. 40 KB more at 32 x 128 tiles, bf16, 128-wide).
-DKDV_DQ_EXTRA_TILES = dict(resident_tiles=BACKWARD_RESIDENT_TILES + 1, staged_tiles=1, score_tiles=1)
-
-
-def prune_dkdv_dq_configs(configs, named_args, **kwargs):
-    return prune_by_resources(configs, named_args, streamed=("BLOCK_M", "BLOCK_N"), resident="BLOCK_N",
-                              scratch=SCRATCH_BYTES, **DKDV_DQ_EXTRA_TILES, **kwargs)
-
-
 def prune_dq_configs(configs, named_args, **kwargs):
     # dS K^T reads the key tile transposed: with float32 operands (tf32 products) that is one more copy of it.
     return prune_by_resources(configs, named_args, streamed=("BLOCK_N", "BLOCK_M"), resident="BLOCK_M",
@@ -514,10 +483,5 @@ attn_bwd_dkdv_fixed = even_m(_attn_bwd_dkdv)
 attn_bwd_dq_fixed = even_m(_attn_bwd_dq)
 attn_bwd_dkdv = triton.autotune(configs=dkdv_configs(), key=AUTOTUNE_KEY,
                                 prune_configs_by={"early_config_prune": prune_dkdv_configs})(attn_bwd_dkdv_fixed)
-# dK/dV with dQ added in by float32 atomics (DQ_ATOMIC): the same kernel, tuned apart (its dQ share is one more
-# matmul and a BLOCK_M x D accumulator per query block, so its best tiles may differ). Each benchmarked launch adds
-# into DqAcc, so the autotuner zeroes it before each one and before the launch that counts.
-attn_bwd_dkdv_dq = triton.autotune(configs=dkdv_configs(), key=AUTOTUNE_KEY, reset_to_zero=["DqAcc"],
-                                   prune_configs_by={"early_config_prune": prune_dkdv_dq_configs})(attn_bwd_dkdv_fixed)
 attn_bwd_dq = triton.autotune(configs=dq_configs(), key=AUTOTUNE_KEY,
                               prune_configs_by={"early_config_prune": prune_dq_configs})(attn_bwd_dq_fixed)

@@ -39,42 +39,35 @@ def _operand_bytes(args: dict) -> int:
 
 
 def shared_memory_estimate(config: triton.Config, block_d: int, elem: int, *, streamed: str, resident: str,
-                           resident_tiles: int = 1, transposed_fp32_tiles: int = 0, staged_tiles: int = 0,
-                           score_tiles: int = 0, scratch: int = 0) -> int:
+                           resident_tiles: int = 1, transposed_fp32_tiles: int = 0, scratch: int = 0) -> int:
     """Bytes of shared memory a kernel of ``config`` asks for: ``num_stages`` buffers of the two pipelined tiles of
     ``streamed`` rows, ``resident_tiles`` tiles of ``resident`` rows held for the whole program, for 4-byte
     operands ``transposed_fp32_tiles`` more tiles of ``streamed`` rows (tf32 tensor-core products read both
-    operands in one major order, so a transposed float32 operand is copied), ``staged_tiles`` more tiles of
-    ``streamed`` rows outside the pipeline, ``score_tiles`` tiles of BLOCK_M x BLOCK_N scores staged as a matmul
-    operand, and ``scratch``.
+    operands in one major order, so a transposed float32 operand is copied), and ``scratch``.
 
     Fitted to what Triton 3.6 allocates when it compiles the kernels for sm_90 (every config of the lists, head
     dims 16 to 256, bf16 and float32; tests/flashlite/test_attention_shared_memory.py compiles each kept config and
     checks): the tiles account for all of it but ``SCRATCH_BYTES``; the backward kernels keep two resident tiles
-    (k and v, or q and dO), and dQ's float32 product dS K^T one transposed copy of the key tile. dK/dV with dQ's
-    share added in (trans(dS) K) asks for up to one more resident tile, one staged tile and one score tile (an
-    upper bound: the compiler reuses some of that space at some tile sizes).
+    (k and v, or q and dO), and dQ's float32 product dS K^T one transposed copy of the key tile.
 
     Example:
         >>> shared_memory_estimate(make_configs([(128, 64, 4, 3)])[0], 128, 2, streamed="BLOCK_N", resident="BLOCK_M")
         131072
     """
     meta = config.kwargs
-    streamed_tiles = config.num_stages * 2 + (transposed_fp32_tiles if elem == 4 else 0) + staged_tiles
-    return ((streamed_tiles * meta[streamed] + resident_tiles * meta[resident]) * block_d
-            + score_tiles * meta["BLOCK_M"] * meta["BLOCK_N"]) * elem + scratch
+    streamed_tiles = config.num_stages * 2 + (transposed_fp32_tiles if elem == 4 else 0)
+    return (streamed_tiles * meta[streamed] + resident_tiles * meta[resident]) * block_d * elem + scratch
 
 
 def prune_by_resources(configs: list[triton.Config], named_args: dict, *, streamed: tuple[str, str],
-                       resident: str, resident_tiles: int = 1, transposed_fp32_tiles: int = 0, staged_tiles: int = 0,
-                       score_tiles: int = 0, scratch: int = 0, budget: int = SHARED_MEMORY_BUDGET,
-                       **kwargs) -> list[triton.Config]:
+                       resident: str, resident_tiles: int = 1, transposed_fp32_tiles: int = 0, scratch: int = 0,
+                       budget: int = SHARED_MEMORY_BUDGET, **kwargs) -> list[triton.Config]:
     """Drop configs whose shared memory (``shared_memory_estimate``) passes ``budget`` or whose accumulators cannot
     fit registers.
 
     ``streamed`` names the two block sizes of the tiles that are pipelined (two tiles of ``streamed[0]`` rows per
     stage), ``resident`` the block size of the tiles that stay on chip; ``resident_tiles``,
-    ``transposed_fp32_tiles``, ``staged_tiles``, ``score_tiles`` and ``scratch`` as in ``shared_memory_estimate``. Always keeps at least the smallest
+    ``transposed_fp32_tiles`` and ``scratch`` as in ``shared_memory_estimate``. Always keeps at least the smallest
     config.
     """
     args = {**named_args, **kwargs}
@@ -84,7 +77,7 @@ def prune_by_resources(configs: list[triton.Config], named_args: dict, *, stream
     for config in configs:
         smem = shared_memory_estimate(config, block_d, elem, streamed=streamed[0], resident=resident,
                                       resident_tiles=resident_tiles, transposed_fp32_tiles=transposed_fp32_tiles,
-                                      staged_tiles=staged_tiles, score_tiles=score_tiles, scratch=scratch)
+                                      scratch=scratch)
         # Rough register bound: a float32 [resident, BLOCK_D] accumulator over num_warps * 32 threads.
         acc_regs = config.kwargs[resident] * block_d // (config.num_warps * 32)
         if smem <= budget and acc_regs <= 128:

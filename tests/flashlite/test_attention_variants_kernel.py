@@ -235,8 +235,6 @@ DENSE_KERNELS_COMMIT = "e4eeb70591f56e393cbe85ee7a76da62821e9af8"
 VARIANT_ARGUMENTS = ["Alibi", "stride_alibi_b", "stride_alibi_h", "window_left", "window_right", "softcap",
                      "CuSeqQ", "CuSeqK"]  # packed sequences (VARLEN)
 FORWARD_ARGUMENTS = ["BlockTable", "stride_table_b"]  # paged KV caches (PAGE_SIZE), a forward-only feature
-# dQ added in by atomics (DQ_ATOMIC), a dK/dV-only feature (the unit stride stride_aqd compiles as a constant).
-DKDV_ARGUMENTS = ["DqAcc", "stride_aqb", "stride_aqh", "stride_aqm"]
 
 _DENSE_TTGIR = SM90_COMPILER + r'''
 import json, re
@@ -319,7 +317,7 @@ def test_dense_kernels_compile_to_the_same_ttgir_as_before_the_variants(tmp_path
     for kind, old, new in zip(kinds, before, now):
         assert new["body"] == old["body"]
         # The signature: the old parameters, in order and of the same types, plus the variants' unused ones.
-        added = set(VARIANT_ARGUMENTS) | set({"fwd": FORWARD_ARGUMENTS, "dkdv": DKDV_ARGUMENTS}.get(kind, []))
+        added = set(VARIANT_ARGUMENTS) | (set(FORWARD_ARGUMENTS) if kind == "fwd" else set())
         assert [p for p in new["params"] if p[0] not in added] == old["params"]
         assert {p[0] for p in new["params"]} - {p[0] for p in old["params"]} == added
     assert len(before) == len(now) == len(kinds)

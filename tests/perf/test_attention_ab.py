@@ -12,7 +12,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from flashlite._attention import launch
 from flashlite.attention import attention
 from flashlite.cases import CASES
 from pytest_kernelcheck import assert_close
@@ -115,31 +114,6 @@ def test_forward_backward_triton_vs_sdpa(shape, kernel_ab):
     # the exact repeat-output check would reject the baseline for that, not for skipped work.
     kernel_ab.compare(*_forward_backward_pair(shape, "triton"), name="fwd+bwd triton vs sdpa", check_output=False,
                       **_budget(shape), **attention_work(shape, passes="forward+backward"))
-
-
-def _dq_by(setting: str, step):
-    """``step`` run with the pointer backward's dQ switch (``launch.DQ_ATOMICS``) at ``setting`` for the call."""
-    def run():
-        saved, launch.DQ_ATOMICS = launch.DQ_ATOMICS, setting
-        try:
-            return step()
-        finally:
-            launch.DQ_ATOMICS = saved
-    return run
-
-
-@pytest.mark.shape(*BACKWARD_SHAPES, dtype=[torch.bfloat16])
-@pytest.mark.memory(lambda shape: attention_bytes(shape, copies=14))
-def test_forward_backward_dq_atomics_vs_dq_kernel(shape, kernel_ab):
-    # The pointer backward two ways, head to head: dQ added into float32 by atomics from the dK/dV kernel against
-    # the dQ kernel. Both sides check their gradients against SDPA's first; launch.dq_by_atomics follows the verdicts.
-    step, baseline = _forward_backward_pair(shape, "triton")
-    atomics, kernel = _dq_by("1", step), _dq_by("0", step)
-    for name, got, expected in zip("qkv", atomics(), baseline()):
-        error = ((got.float() - expected.float()).norm() / expected.float().norm()).item()
-        assert error <= GRADIENT_AGREEMENT, f"d{name}: relative error {error:.3g} against SDPA's gradient"
-    kernel_ab.compare(atomics, kernel, name="fwd+bwd dq-atomics vs dq-kernel", check_output=False, **_budget(shape),
-                      **attention_work(shape, passes="forward+backward"))
 
 
 @pytest.mark.shape(*BACKWARD_SHAPES, dtype=[torch.bfloat16])
