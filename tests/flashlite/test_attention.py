@@ -443,12 +443,13 @@ def test_auto_runs_calls_with_a_gradient_by_the_forward_backward_measurement(mon
     monkeypatch.setattr(decide_module, "run_triton", counted_run_triton)
     gen = torch.Generator().manual_seed(11)
     for seq, gradient_backend in ((40, "sdpa"), (72, "triton")):
-        q, k, v = (torch.randn(1, 2, seq, 16, generator=gen, dtype=torch.float32) for _ in range(3))
+        # On the device the kernel runs on (on a GPU machine a CPU tensor would go to SDPA whatever the table says).
+        q, k, v = (torch.randn(1, 2, seq, 16, generator=gen, dtype=torch.float32).to(DEVICE) for _ in range(3))
         ref_in = [t.double().requires_grad_() for t in (q, k, v)]
-        mask = torch.ones(seq, seq, dtype=torch.bool).tril()
+        mask = torch.ones(seq, seq, dtype=torch.bool, device=DEVICE).tril()
         scores = (ref_in[0] @ ref_in[1].transpose(-2, -1) / 4.0).masked_fill(~mask, float("-inf"))
         expected = torch.softmax(scores, -1) @ ref_in[2]
-        grad_out = torch.randn(expected.shape, generator=gen, dtype=torch.float64)
+        grad_out = torch.randn(expected.shape, generator=gen, dtype=torch.float64).to(DEVICE)
         expected.backward(grad_out)
         forward_backend = "sdpa" if gradient_backend == "triton" else "triton"
         for _ in range(2):  # the plan's first call, then its replay

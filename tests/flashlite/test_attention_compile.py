@@ -142,7 +142,7 @@ def test_compiled_calls_take_the_inference_op_only_where_no_gradient_can_flow():
     q, k, v = leaves((2, 4, 24, 16), (2, 2, 30, 16), (2, 2, 30, 16), seed=5)
     fn = lambda q, k, v: attention(q, k, v, causal="lower_right", backend="triton", precision="ieee")  # noqa: E731
     expected = torch.nn.functional.scaled_dot_product_attention(
-        *(t.detach().double() for t in (q, k, v)), attn_mask=torch.ones(24, 30, dtype=torch.bool).tril(6),
+        *(t.detach().double() for t in (q, k, v)), attn_mask=torch.ones(24, 30, dtype=torch.bool, device=DEVICE).tril(6),
         enable_gqa=True)
     with torch.no_grad():
         ops, out = _graph_ops(fn, q, k, v)
