@@ -1,15 +1,18 @@
 """The public ``attention()`` and ``explain_dispatch()``: replay a call's plan, or make and keep it.
 
+Under torch.compile with dynamic sizes, ``backend="auto"`` calls without a gradient become one op,
+``flashlite::attention_auto``, whose kernel is ``attention()`` itself: the choice is made per call, not at trace time.
 Imports ``plans``, ``decide`` and ``sdpa``; ``flashlite.attention`` re-exports the two functions.
 """
 from typing import Optional, Union
 
 import torch
+from torch.fx.experimental.symbolic_shapes import has_static_value
 
 from flashlite._attention import plans
 from flashlite._attention.decide import decide_with_mask, log_decision, make_plan, needs_gradient
 from flashlite._attention.sdpa import sdpa_attention
-from flashlite._attention.validation import validate
+from flashlite._attention.validation import _CAUSAL_ARGUMENT, validate
 from flashlite.dispatch import Decision
 
 # Bound here, a replayed call skips their attribute lookups (it costs about 0.8 us over SDPA alone, and each lookup
@@ -18,6 +21,41 @@ from flashlite.dispatch import Decision
 _is_compiling = torch.compiler.is_compiling
 _replay = plans.replay
 _replay_by_python_key = plans.replay_by_python_key
+
+
+def _static_sizes(t: torch.Tensor) -> bool:
+    # Traced by dynamo, a symbolic size passes isinstance(size, int) and fails isinstance(size, torch.SymInt);
+    # has_static_value tells the two apart there without a guard.
+    return all(has_static_value(size) for size in t.shape)
+
+
+# What a compiled graph of dynamic sizes calls for backend="auto" where no gradient can flow. Its sizes are symbols
+# at trace time, so a decision made there would specialize the graph on them (one graph per batch size and sequence
+# bucket, the dispatch table's key); this op decides per call, as an eager call does (the plan of the call's
+# signature, made once and replayed). Its arguments are attention()'s own. SDPA's GPU kernels may return
+# [B, S, H, D] storage, and a compiled graph relies on the layout the fake declares, so the output is made
+# contiguous (a copy only where SDPA ran and returned another layout). A plain schema with one kernel, like
+# ``flashlite::attention_inference`` (ops.py says why).
+_AUTO_LIBRARY = torch.library.Library("flashlite", "FRAGMENT")
+_AUTO_LIBRARY.define(
+    "attention_auto(Tensor q, Tensor k, Tensor v, Tensor? key_padding_mask, Tensor? key_lengths, int causal_mode, "
+    "float? scale, str? precision, int[]? window, float? softcap, Tensor? alibi_slopes) -> Tensor")
+
+
+def _attention_auto(q, k, v, key_padding_mask, key_lengths, causal_mode, scale, precision, window, softcap,
+                    alibi_slopes):
+    return attention(q, k, v, causal=_CAUSAL_ARGUMENT[causal_mode], scale=scale, key_padding_mask=key_padding_mask,
+                     key_lengths=key_lengths, window=None if window is None else tuple(window), softcap=softcap,
+                     alibi_slopes=alibi_slopes, precision=precision).contiguous()
+
+
+_AUTO_LIBRARY.impl("attention_auto", _attention_auto, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("flashlite::attention_auto")
+def _attention_auto_fake(q, k, v, key_padding_mask, key_lengths, causal_mode, scale, precision, window, softcap,
+                         alibi_slopes):
+    return q.new_empty(q.shape)
 
 
 def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: Union[bool, str] = False,
@@ -111,6 +149,14 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: Unio
             return out
         key = plans.key_of(q, k, v, key_padding_mask, key_lengths, causal, scale, backend, precision, window,
                            softcap, alibi_slopes)
+    elif backend == "auto" and not (_static_sizes(q) and _static_sizes(k)) and not needs_gradient(q, k, v):
+        # Compiled with dynamic sizes: the decision is made per call, inside one opaque op, not at trace time (which
+        # would specialize the graph on the sizes). The call is still checked here, at trace time.
+        problem = validate(q, k, v, causal, scale, key_padding_mask, key_lengths, backend, precision, window,
+                           softcap, alibi_slopes)
+        return torch.ops.flashlite.attention_auto.default(
+            q, k, v, key_padding_mask, key_lengths, problem.causal_mode, scale, precision,
+            None if window is None else list(window), softcap, alibi_slopes)
     plan = plans.keep(key, make_plan(q, k, v, causal, scale, key_padding_mask, key_lengths, backend, precision,
                                      window, softcap, alibi_slopes))
     key_mask = key_padding_mask if key_lengths is None else key_lengths

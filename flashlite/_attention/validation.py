@@ -165,8 +165,10 @@ def validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: Union[bo
     causal_mode = _causal_mode(causal)
     if scale is None:
         scale = 1.0 / math.sqrt(head_dim)
-    elif isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not math.isfinite(scale):
-        # numbers.Real takes numpy's float and integer scalars too; bools (Python's and numpy's) are refused.
+    elif isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not -math.inf < scale < math.inf:
+        # numbers.Real takes numpy's float and integer scalars too; bools (Python's and numpy's) are refused. The
+        # comparisons (NaN fails both) instead of math.isfinite: under torch.compile with dynamic=True a float
+        # argument is symbolic, which math.isfinite cannot take.
         raise TypeError(f"scale must be a finite real number or None, got {scale!r}")
     if key_padding_mask is not None and key_lengths is not None:
         raise ValueError("pass key_padding_mask or key_lengths, not both")
@@ -228,7 +230,7 @@ def _check_softcap(softcap: object) -> float:
         return 0.0
     if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
         raise TypeError(f"softcap must be a real number > 0 or None, got {softcap!r}")
-    if not (math.isfinite(softcap) and softcap > 0):
+    if not 0 < softcap < math.inf:  # NaN fails; comparisons take a symbolic float too (see the scale's check)
         raise ValueError(f"softcap must be finite and > 0 (scores become softcap * tanh(scores / softcap)), got "
                          f"{softcap!r}")
     return float(softcap)

@@ -5,8 +5,9 @@ import pytest
 import torch
 
 import flashlite
-from flashlite.attention import attention
+from flashlite.attention import attention, explain_dispatch
 from pytest_kernelcheck import assert_close
+from tests.flashlite.tables import use_table
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -181,38 +182,122 @@ def test_package_attribute_stays_callable():
                        attention(q, k, v, causal=True, backend="triton"))
 
 
-# What dynamo raises at its recompile limit under fullgraph=True (the names vary across torch versions).
-RECOMPILE_LIMIT_ERRORS = tuple(getattr(torch._dynamo.exc, name) for name in
-                               ("Unsupported", "FailOnRecompileLimitHit", "RecompileLimitExceeded")
-                               if hasattr(torch._dynamo.exc, name))
+# A made-up table whose entries send some sizes to SDPA (the rest take the kernel by the float32 rule), so that one
+# graph must run both; odd lengths on purpose. Batch sizes of 2 or more: dynamo specializes sizes 0 and 1, so a
+# batch of 1 is a graph of its own. The order makes automatic dynamic shapes vary batch first, then length.
+DYNAMIC_SIZES = ((4, 40), (8, 40), (8, 70), (3, 300), (2, 33), (5, 129), (4, 60))
+DYNAMIC_TABLE = {"float32/D16/causal/B4/S64": {"backend": "sdpa", "why": "made up"},
+                 "float32/D16/causal/B8/S64": {"backend": "sdpa", "why": "made up"},
+                 "float32/D16/causal/B3/S512": {"backend": "sdpa", "why": "made up"}}
 
 
-@pytest.mark.xfail(strict=True, raises=RECOMPILE_LIMIT_ERRORS,
-                   reason="known limitation (README): under torch.compile backend='auto' is decided at trace time "
-                          "per batch size and sequence bucket, so each is a graph of its own; past dynamo's "
-                          "recompile limit the function runs eagerly (fullgraph: this error)")
-def test_inference_with_auto_is_one_graph_for_every_batch_and_length(monkeypatch):
-    # What compiled users need: one graph for every batch size and length. backend="auto" decides per batch
-    # size and sequence bucket (the dispatch table's key); traced, that decision specializes the graph on both.
-    # A run-time decision inside one opaque op would serve every size, but its output layout would have to be
-    # fixed (SDPA's GPU kernels return [B, S, H, D] storage), costing a copy where SDPA runs: not built until
-    # measured. The H200's table stands in for the CPU's (which has none).
-    dispatch_module = importlib.import_module("flashlite.dispatch")
-    monkeypatch.setattr(dispatch_module, "_slug_of", lambda q: "nvidia-h200")
-    # Two graphs at most (dynamo's first, static one, then one dynamic graph): a limit of 2 fails on the third.
-    from torch._dynamo.utils import counters
-    counters.clear()
-    # precision="ieee": on a GPU the table's Triton choice would otherwise take tf32 dots (the fp32 default).
+def _made_up_table(monkeypatch):
+    use_table(monkeypatch, DYNAMIC_TABLE)
+
+
+def _tensor_calls(gm) -> set:
+    # A graph's calls, less the integer arithmetic on symbolic sizes (the shape checks traced from validation).
+    return {str(node.target) for node in gm.graph.nodes
+            if node.op == "call_function" and getattr(node.target, "__module__", None) != "_operator"}
+
+
+def _dynamic_inference_graphs(monkeypatch, dynamic):
+    """Run ``attention(backend="auto")`` compiled with ``dynamic`` at every size of DYNAMIC_SIZES without grad,
+    against float64; returns the graphs' call targets and the backends the eager calls of those sizes choose."""
+    _made_up_table(monkeypatch)
+    graphs = []
+
+    def record_graph(gm, example_inputs):
+        graphs.append(_tensor_calls(gm))
+        return gm.forward
+
+    torch._dynamo.reset()
+    # precision="ieee": on a GPU the Triton choice would otherwise take tf32 dots (the float32 default).
     compiled = torch.compile(lambda q, k, v: attention(q, k, v, causal=True, precision="ieee"), fullgraph=True,
-                             backend="aot_eager")
-    with torch.no_grad(), torch._dynamo.config.patch(recompile_limit=2):
-        for batch, seq in ((1, 40), (4, 40), (8, 70), (3, 260)):
+                             backend=record_graph, dynamic=dynamic)
+    backends = set()
+    with torch.no_grad():
+        for batch, seq in DYNAMIC_SIZES:
             q, k, v = (t.detach() for t in leaves(*[(batch, 2, seq, 16)] * 3, seed=batch + seq))
-            out = compiled(q, k, v)
             expected = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(),
                                                                         is_causal=True)
+            out = compiled(q, k, v)
+            assert out.is_contiguous()
             assert_close(out, expected, policy="fp32")
-    assert counters["stats"]["unique_graphs"] <= 2, dict(counters["stats"])
+            backends.add(explain_dispatch(q, k, v, causal=True, precision="ieee").backend)
+    return graphs, backends
+
+
+def test_inference_with_auto_is_one_graph_for_every_batch_and_length(monkeypatch):
+    # What compiled users need: one graph for every batch size and length. With dynamic sizes the choice is made
+    # per call inside flashlite::attention_auto, so the graph does not specialize on the table's buckets.
+    graphs, backends = _dynamic_inference_graphs(monkeypatch, dynamic=True)
+    assert backends == {"triton", "sdpa"}  # the one graph ran both
+    assert len(graphs) == 1, graphs
+    assert graphs[0] == {"flashlite.attention_auto.default"}
+
+
+def test_automatic_dynamic_sizes_stop_recompiling_once_batch_and_length_vary(monkeypatch):
+    # Without dynamic=True dynamo compiles the first sizes statically (the choice made at trace time, as for any
+    # static graph), then marks each dimension that changed as dynamic: batch at the second size, length at the
+    # third. From then on one graph serves every size.
+    graphs, backends = _dynamic_inference_graphs(monkeypatch, dynamic=None)
+    assert backends == {"triton", "sdpa"}
+    assert len(graphs) == 3, graphs
+    assert "flashlite.attention_auto.default" not in graphs[0]
+    assert graphs[1] == graphs[2] == {"flashlite.attention_auto.default"}
+
+
+# Variant calls through the run-time op, against the float64 reference of the variant tests (batch 2, H=4 over
+# H_kv=2, lengths varied): key masks, both causal alignments, windows, softcap, ALiBi and an explicit scale.
+DYNAMIC_VARIANTS = {
+    "lengths-lower-right": dict(causal="lower_right", key_lengths=torch.tensor([30, 45])),
+    "padding-window-softcap": dict(causal=False, key_padding_mask=True, window=(8, 7), softcap=3.0),
+    "alibi-top-left": dict(causal=True, alibi_slopes=torch.tensor([0.3, 0.1, 0.05, 0.2])),
+}
+
+
+@pytest.mark.parametrize("name", list(DYNAMIC_VARIANTS))
+def test_dynamic_graph_runs_variants_and_masks_per_call(name, monkeypatch):
+    from tests.flashlite import test_attention_variants_kernel as variants
+    _made_up_table(monkeypatch)
+    arguments = dict(DYNAMIC_VARIANTS[name])
+    graphs = []
+
+    def record_graph(gm, example_inputs):
+        graphs.append(_tensor_calls(gm))
+        return gm.forward
+
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda q, k, v, kw: attention(q, k, v, scale=variants.SCALE, precision="ieee", **kw),
+                             fullgraph=True, backend=record_graph, dynamic=True)
+    # Grad mode on, no input requiring grad: no gradient can flow (the reference computes its own).
+    for seq_q, seq_k in ((37, 45), (20, 45), (45, 45)):
+        q, k, v, _ = variants.random_inputs(torch.float32, seed=seq_q, seq_q=seq_q, seq_k=seq_k)
+        kw = dict(arguments)
+        if kw.get("key_padding_mask") is True:
+            mask = torch.rand(2, seq_k, generator=torch.Generator().manual_seed(seq_q)) > 0.3
+            mask[:, 0] = True
+            kw["key_padding_mask"] = mask.to(q.device)
+        for name_ in ("key_lengths", "alibi_slopes"):
+            if name_ in kw:
+                kw[name_] = kw[name_].to(q.device)
+        causal = {False: 0, True: 1, "lower_right": 2}[kw["causal"]]
+        expected = variants.reference(q, k, v, torch.ones_like(q), causal=causal,
+                                      window=kw.get("window", (-1, -1)), softcap=kw.get("softcap", 0.0),
+                                      slopes=kw.get("alibi_slopes"), key_lengths=kw.get("key_lengths"),
+                                      key_mask=kw.get("key_padding_mask"))[0]
+        assert_close(compiled(q, k, v, kw).cpu(), expected, policy="fp32")
+    assert all(graph == {"flashlite.attention_auto.default"} for graph in graphs), graphs
+    assert len(graphs) <= 2, graphs  # the first size, then one graph for the rest (no size specialized)
+
+
+def test_dynamic_graph_checks_the_call_at_trace_time():
+    q = torch.randn(2, 2, 24, 16)
+    compiled = torch.compile(lambda q, k, v: attention(q, k, v, causal="upper"), fullgraph=True,
+                             backend="aot_eager", dynamic=True)
+    with torch.no_grad(), pytest.raises(Exception, match="causal must be"):
+        compiled(q, q, q)
 
 
 def test_the_inference_op_keeps_validation_at_trace_time():
@@ -220,3 +305,19 @@ def test_the_inference_op_keeps_validation_at_trace_time():
     compiled = torch.compile(lambda q, k, v: attention(q, k, v, causal=1), fullgraph=True, backend="aot_eager")
     with torch.no_grad(), pytest.raises(Exception, match="causal must be"):
         compiled(q, q, q)
+
+
+@pytest.mark.parametrize("backend", ["triton", "auto"])
+def test_dynamic_compile_takes_float_scale_and_softcap(backend):
+    # With dynamic=True dynamo passes float arguments as symbols, which math.isfinite (the checks' old test) cannot
+    # take: the compile failed before reaching the kernel.
+    from tests.flashlite import test_attention_variants_kernel as variants
+    q, k, v, _ = variants.random_inputs(torch.float32, seed=3)
+    compiled = torch.compile(lambda q, k, v, scale, softcap: attention(q, k, v, causal=True, scale=scale,
+                                                                       softcap=softcap, backend=backend,
+                                                                       precision="ieee"),
+                             fullgraph=True, backend="aot_eager", dynamic=True)
+    with torch.no_grad():
+        out = compiled(q, k, v, variants.SCALE, 2.0)
+    expected = variants.reference(q, k, v, torch.ones_like(q), causal=1, softcap=2.0)[0]
+    assert_close(out.cpu(), expected, policy="fp32")

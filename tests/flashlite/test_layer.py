@@ -349,6 +349,37 @@ def test_torch_compile_dynamic_shapes_one_graph_for_two_batch_and_sequence_sizes
         torch._dynamo.reset()
 
 
+def test_torch_compile_dynamic_inference_with_auto_is_one_graph(monkeypatch):
+    # The layer's default attention_backend="auto" under torch.compile(dynamic=True), inference: the choice between
+    # the kernel and SDPA is made per call (flashlite::attention_auto), so sizes that a (made-up) table sends to
+    # different backends share one graph. Each output against the float64 plain block with the same weights.
+    from torch._dynamo.utils import counters
+
+    from flashlite.attention import explain_dispatch
+    from tests.flashlite.tables import use_table
+    use_table(monkeypatch, {"float32/D16/causal/B3/S64": {"backend": "sdpa", "why": "made up"},
+                            "float32/D16/causal/B2/S128": {"backend": "sdpa", "why": "made up"}})
+    torch.manual_seed(9)
+    layer = TransformerLayer(32, 2, device=DEVICE, precision="fp32", attention_precision="ieee").eval()
+    reference = layer.to_plain(torch.float64)
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(layer, backend="aot_eager", dynamic=True, fullgraph=True)
+    backends = set()
+    try:
+        with torch.no_grad():
+            for batch, seq in ((3, 40), (2, 70), (4, 33), (2, 100)):
+                x = torch.randn(batch, seq, 32, device=DEVICE)
+                y = compiled(x)
+                assert_close(y, reference(x.double()), policy="fp32")
+                q = torch.empty(batch, 2, seq, 16, device=DEVICE)
+                backends.add(explain_dispatch(q, q, q, causal=True, precision="ieee").backend)
+        assert backends == {"triton", "sdpa"}
+        assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+    finally:
+        torch._dynamo.reset()
+
+
 def test_autocast_bf16():
     torch.manual_seed(7)
     x = torch.randn(2, 8, 32, device=DEVICE)
