@@ -138,12 +138,15 @@ def _slug_of(q: torch.Tensor) -> str | None:
 
 
 def _decide(slug: str | None, dtype: torch.dtype, head_dim: int, causal: bool | str, batch: int,
-            seq_len: int, variant: str = "dense", backward: bool = False) -> Decision:
+            seq_len: int, variant: str = "dense", backward: bool = False, symbolic_sizes: bool = False) -> Decision:
     if slug is None:
         return Decision("sdpa", "CPU tensors: SDPA runs natively, the Triton kernel only through its interpreter")
     table = _TABLES[slug] if _table_loaded(slug) else None
     shown = ", ".join(([] if variant == "dense" else [variant]) + (["forward+backward"] if backward else []))
     shown = f" ({shown})" if shown else ""
+    if symbolic_sizes:
+        # Keying the table on symbolic sizes would specialize a compiled graph on them: the rule decides instead.
+        return _rule(f"sizes symbolic under torch.compile, {slug} table not read{shown}", dtype, variant, backward)
     if table is not None:
         entry = table["entries"].get(table_key(dtype, head_dim, causal, batch, seq_len, variant, backward))
         if entry is not None:
@@ -151,6 +154,11 @@ def _decide(slug: str | None, dtype: torch.dtype, head_dim: int, causal: bool | 
             return Decision(entry["backend"], f"{slug} table{shown} ({origin.get('date', '?')}, commit "
                                               f"{origin.get('commit', '?')}): {entry.get('why', entry['backend'])}")
     where = f"no {slug} table entry{shown}" if table is not None else f"no dispatch table for {slug}{shown}"
+    return _rule(where, dtype, variant, backward)
+
+
+def _rule(where: str, dtype: torch.dtype, variant: str, backward: bool) -> Decision:
+    """The decision where no table entry applies (``where`` says why none does)."""
     if variant != "dense":
         return Decision("triton", f"{where}; rule: {variant} calls use the kernel (SDPA has no fast path for "
                                   "them: it needs a dense mask or bias, or a score function it cannot take)")
@@ -163,14 +171,15 @@ def _decide(slug: str | None, dtype: torch.dtype, head_dim: int, causal: bool | 
 
 
 def choose_backend(q: torch.Tensor, *, causal: bool | str, seq_k: int, unsupported: str | None = None,
-                   variant: str = "dense", backward: bool = False) -> Decision:
+                   variant: str = "dense", backward: bool = False, symbolic_sizes: bool = False) -> Decision:
     """Pick the implementation for an attention call on ``q`` of shape [B, H, S_q, D].
 
     ``unsupported`` is the reason the Triton kernel cannot run this call at all, if there is one; SDPA then runs.
     ``variant`` names what the call adds to dense attention ("dense", or parts such as "key_padding",
     "window", "softcap", "alibi" joined by "+"): the table keys on it, and where no entry applies, the kernel
     runs such calls, since SDPA can only take them as a dense mask or bias. ``backward``: the call's gradient
-    will be computed, so the forward+backward entry decides.
+    will be computed, so the forward+backward entry decides. ``symbolic_sizes``: the call is traced by
+    torch.compile with dynamic sizes, so the table (keyed on sizes) is not read and the rule decides.
 
     Example:
         >>> choose_backend(torch.randn(1, 2, 8, 16), causal=True, seq_k=8).backend
@@ -180,4 +189,4 @@ def choose_backend(q: torch.Tensor, *, causal: bool | str, seq_k: int, unsupport
         return Decision("sdpa", f"kernel cannot run this call: {unsupported}")
     slug = _slug_of(q)
     batch, _, seq_q, head_dim = q.shape
-    return _decide(slug, q.dtype, head_dim, causal, batch, max(seq_q, seq_k), variant, backward)
+    return _decide(slug, q.dtype, head_dim, causal, batch, max(seq_q, seq_k), variant, backward, symbolic_sizes)

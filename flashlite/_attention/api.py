@@ -7,10 +7,9 @@ Imports ``plans``, ``decide`` and ``sdpa``; ``flashlite.attention`` re-exports t
 from typing import Optional, Union
 
 import torch
-from torch.fx.experimental.symbolic_shapes import has_static_value
 
 from flashlite._attention import plans
-from flashlite._attention.decide import decide_with_mask, log_decision, make_plan, needs_gradient
+from flashlite._attention.decide import decide_with_mask, log_decision, make_plan, needs_gradient, static_sizes
 from flashlite._attention.sdpa import sdpa_attention
 from flashlite._attention.validation import _CAUSAL_ARGUMENT, validate
 from flashlite.dispatch import Decision
@@ -21,12 +20,6 @@ from flashlite.dispatch import Decision
 _is_compiling = torch.compiler.is_compiling
 _replay = plans.replay
 _replay_by_python_key = plans.replay_by_python_key
-
-
-def _static_sizes(t: torch.Tensor) -> bool:
-    # Traced by dynamo, a symbolic size passes isinstance(size, int) and fails isinstance(size, torch.SymInt);
-    # has_static_value tells the two apart there without a guard.
-    return all(has_static_value(size) for size in t.shape)
 
 
 # What a compiled graph of dynamic sizes calls for backend="auto" where no gradient can flow. Its sizes are symbols
@@ -149,7 +142,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: Unio
             return out
         key = plans.key_of(q, k, v, key_padding_mask, key_lengths, causal, scale, backend, precision, window,
                            softcap, alibi_slopes)
-    elif backend == "auto" and not (_static_sizes(q) and _static_sizes(k)) and not needs_gradient(q, k, v):
+    elif backend == "auto" and not (static_sizes(q) and static_sizes(k)) and not needs_gradient(q, k, v):
         # Compiled with dynamic sizes: the decision is made per call, inside one opaque op, not at trace time (which
         # would specialize the graph on the sizes). The call is still checked here, at trace time.
         problem = validate(q, k, v, causal, scale, key_padding_mask, key_lengths, backend, precision, window,

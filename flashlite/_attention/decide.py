@@ -12,6 +12,7 @@ from typing import Callable, Optional, Union
 
 import torch
 import torch.nn.functional as F
+from torch.fx.experimental.symbolic_shapes import has_static_value
 
 from flashlite import _runtime
 from flashlite._attention import launch_gluon
@@ -26,13 +27,22 @@ from flashlite.dispatch import Decision, choose_backend
 _log = logging.getLogger("flashlite.attention")
 
 
+def static_sizes(t: torch.Tensor) -> bool:
+    """Whether every size of ``t`` is a plain integer (False for the symbols torch.compile traces with dynamic
+    sizes)."""
+    # Traced by dynamo, a symbolic size passes isinstance(size, int) and fails isinstance(size, torch.SymInt);
+    # has_static_value tells the two apart there without a guard.
+    return all(has_static_value(size) for size in t.shape)
+
+
 def decide(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: Optional[torch.Tensor],
            problem: Problem, backend: str, *, variant: Optional[str] = None,
            table_q: Optional[torch.Tensor] = None, backward: bool = False) -> Decision:
     """The backend of a validated call: forced (``backend='triton'`` raises when the kernel cannot run it), or
     ``flashlite.dispatch``'s choice for ``problem.variant`` (or ``variant``), keyed on the sizes of q (or of
     ``table_q``, a stand-in where q's layout is not [B, H, S_q, D], e.g. packed sequences); ``backward``: for a
-    call whose gradient will be computed."""
+    call whose gradient will be computed. Traced by torch.compile with symbolic sizes, the rule decides (the
+    table's key would specialize the graph on the sizes)."""
     if backend == "sdpa":
         return Decision("sdpa", "forced by backend='sdpa'")
     unsupported = kernel_unsupported(q, k, v, key_padding_mask)
@@ -40,9 +50,10 @@ def decide(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: 
         if unsupported is not None:
             raise ValueError(f"backend='triton' cannot run this call: {unsupported}")
         return Decision("triton", "forced by backend='triton'")
+    symbolic = torch.compiler.is_compiling() and not (static_sizes(q) and static_sizes(k))
     return choose_backend(q if table_q is None else table_q, causal=_CAUSAL_ARGUMENT[problem.causal_mode],
                           seq_k=problem.seq_k, unsupported=unsupported, variant=variant or problem.variant,
-                          backward=backward)
+                          backward=backward, symbolic_sizes=symbolic)
 
 
 

@@ -321,3 +321,43 @@ def test_dynamic_compile_takes_float_scale_and_softcap(backend):
         out = compiled(q, k, v, variants.SCALE, 2.0)
     expected = variants.reference(q, k, v, torch.ones_like(q), causal=1, softcap=2.0)[0]
     assert_close(out.cpu(), expected, policy="fp32")
+
+
+def test_dynamic_training_graph_is_decided_by_the_rule_in_one_graph(monkeypatch):
+    # A call whose gradient flows cannot take the run-time op (it has no autograd formula): with symbolic sizes the
+    # table is not read (its key would specialize the graph) and the rule decides, here float32 -> the kernel's
+    # custom op, although the made-up table sends some of these sizes to SDPA. One graph for every size, each
+    # output and gradient against float64.
+    _made_up_table(monkeypatch)
+    graphs = []
+
+    def record_graph(gm, example_inputs):
+        graphs.append(_tensor_calls(gm))
+        return gm.forward
+
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda q, k, v: attention(q, k, v, causal=True, precision="ieee"), fullgraph=True,
+                             backend=record_graph, dynamic=True)
+    for batch, seq in DYNAMIC_SIZES:
+        q, k, v = leaves(*[(batch, 2, seq, 16)] * 3, seed=batch * seq)
+        out = compiled(q, k, v)
+        grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(seq)).to(out)
+        out.backward(grad_out)
+        reference = [t.detach().double().requires_grad_() for t in (q, k, v)]
+        expected = torch.nn.functional.scaled_dot_product_attention(*reference, is_causal=True)
+        expected.backward(grad_out.double())
+        assert_close(out.detach(), expected.detach(), policy="fp32")
+        for leaf, ref in zip((q, k, v), reference):
+            assert_close(leaf.grad, ref.grad, policy="fp32")
+    assert len(graphs) == 1, graphs
+    assert "flashlite.attention_forward.default" in graphs[0], graphs[0]
+
+
+def test_symbolic_sizes_skip_the_table(monkeypatch):
+    from flashlite import dispatch
+    use_table(monkeypatch, {"bfloat16/D64/causal/B2/S128/fwd+bwd": {"backend": "triton", "why": "made up"}})
+    q = torch.empty(2, 4, 100, 64, dtype=torch.bfloat16)
+    assert dispatch.choose_backend(q, causal=True, seq_k=100, backward=True).backend == "triton"
+    decision = dispatch.choose_backend(q, causal=True, seq_k=100, backward=True, symbolic_sizes=True)
+    assert decision.backend == "sdpa"
+    assert "sizes symbolic under torch.compile" in decision.reason and "rule" in decision.reason
