@@ -201,10 +201,8 @@ def _tensor_calls(gm) -> set:
             if node.op == "call_function" and getattr(node.target, "__module__", None) != "_operator"}
 
 
-def _dynamic_inference_graphs(monkeypatch, dynamic):
-    """Run ``attention(backend="auto")`` compiled with ``dynamic`` at every size of DYNAMIC_SIZES without grad,
-    against float64; returns the graphs' call targets and the backends the eager calls of those sizes choose."""
-    _made_up_table(monkeypatch)
+def _compiled_with_graphs(fn, dynamic):
+    """``fn`` compiled (fullgraph) after a dynamo reset, and the list each new graph's calls are appended to."""
     graphs = []
 
     def record_graph(gm, example_inputs):
@@ -212,9 +210,16 @@ def _dynamic_inference_graphs(monkeypatch, dynamic):
         return gm.forward
 
     torch._dynamo.reset()
+    return torch.compile(fn, fullgraph=True, backend=record_graph, dynamic=dynamic), graphs
+
+
+def _dynamic_inference_graphs(monkeypatch, dynamic):
+    """Run ``attention(backend="auto")`` compiled with ``dynamic`` at every size of DYNAMIC_SIZES without grad,
+    against float64; returns the graphs' call targets and the backends the eager calls of those sizes choose."""
+    _made_up_table(monkeypatch)
     # precision="ieee": on a GPU the Triton choice would otherwise take tf32 dots (the float32 default).
-    compiled = torch.compile(lambda q, k, v: attention(q, k, v, causal=True, precision="ieee"), fullgraph=True,
-                             backend=record_graph, dynamic=dynamic)
+    compiled, graphs = _compiled_with_graphs(lambda q, k, v: attention(q, k, v, causal=True, precision="ieee"),
+                                             dynamic)
     backends = set()
     with torch.no_grad():
         for batch, seq in DYNAMIC_SIZES:
@@ -262,15 +267,8 @@ def test_dynamic_graph_runs_variants_and_masks_per_call(name, monkeypatch):
     from tests.flashlite import test_attention_variants_kernel as variants
     _made_up_table(monkeypatch)
     arguments = dict(DYNAMIC_VARIANTS[name])
-    graphs = []
-
-    def record_graph(gm, example_inputs):
-        graphs.append(_tensor_calls(gm))
-        return gm.forward
-
-    torch._dynamo.reset()
-    compiled = torch.compile(lambda q, k, v, kw: attention(q, k, v, scale=variants.SCALE, precision="ieee", **kw),
-                             fullgraph=True, backend=record_graph, dynamic=True)
+    compiled, graphs = _compiled_with_graphs(
+        lambda q, k, v, kw: attention(q, k, v, scale=variants.SCALE, precision="ieee", **kw), dynamic=True)
     # Grad mode on, no input requiring grad: no gradient can flow (the reference computes its own).
     for seq_q, seq_k in ((37, 45), (20, 45), (45, 45)):
         q, k, v, _ = variants.random_inputs(torch.float32, seed=seq_q, seq_q=seq_q, seq_k=seq_k)
@@ -329,15 +327,8 @@ def test_dynamic_training_graph_is_decided_by_the_rule_in_one_graph(monkeypatch)
     # custom op, although the made-up table sends some of these sizes to SDPA. One graph for every size, each
     # output and gradient against float64.
     _made_up_table(monkeypatch)
-    graphs = []
-
-    def record_graph(gm, example_inputs):
-        graphs.append(_tensor_calls(gm))
-        return gm.forward
-
-    torch._dynamo.reset()
-    compiled = torch.compile(lambda q, k, v: attention(q, k, v, causal=True, precision="ieee"), fullgraph=True,
-                             backend=record_graph, dynamic=True)
+    compiled, graphs = _compiled_with_graphs(lambda q, k, v: attention(q, k, v, causal=True, precision="ieee"),
+                                             dynamic=True)
     for batch, seq in DYNAMIC_SIZES:
         q, k, v = leaves(*[(batch, 2, seq, 16)] * 3, seed=batch * seq)
         out = compiled(q, k, v)
