@@ -64,12 +64,15 @@ def _activation_bytes(shape) -> int:
 
 # Every TransformerLayer compiled in this module traces one code object, TransformerLayer.forward, and dynamo's
 # recompile limit (8 graphs by default) counts that code object's graphs over all of them, whatever the instance.
-# The layer's graphs are specialized per batch size and sequence bucket on CUDA: the attention dispatch formats both
-# into its table key at trace time (flashlite.dispatch.table_key), even with dynamic=True. So the 13 cases of one
-# precision need 13 graphs, and past the limit dynamo runs the layer eagerly with only a logged warning (measured
-# on the CPU with the dispatch given the H200 table: two precisions at five batch sizes compiled 8 graphs, the
-# ninth call ran eagerly). The module raises the limit, and _compile_layer compiles with fullgraph=True, under
-# which a graph break or a hit limit raises instead of timing the eager layer under a compiled row's name.
+# The rows compile the layer with static sizes (:func:`_compile_layer`: dynamic=False), one graph per case, whose
+# attention is decided at trace time by the dispatch table: what a user with fixed shapes gets, and what these rows
+# measured before the dynamic path existed (the attention dispatch then specialized the layer's graphs on the batch
+# size and sequence bucket, even where dynamo had made the sizes symbolic). With symbolic sizes the layer's
+# attention is decided per call inside one op (flashlite::attention_auto), a different graph: the dynamic-size row
+# below measures that one. So the 13 cases of one precision need 13 graphs; past the limit dynamo would run the
+# layer eagerly with only a logged warning. The module raises the limit, and _compile_layer compiles with
+# fullgraph=True, under which a graph break or a hit limit raises instead of timing the eager layer under a
+# compiled row's name.
 RECOMPILE_LIMIT = 512
 
 
@@ -81,9 +84,10 @@ def _recompile_limit():
         yield
 
 
-def _compile_layer(layer: TransformerLayer, **options):
-    """``torch.compile(layer, fullgraph=True, **options)``: one graph, or an error (see RECOMPILE_LIMIT)."""
-    return torch.compile(layer, fullgraph=True, **options)
+def _compile_layer(layer: TransformerLayer, dynamic: bool | None = False, **options):
+    """``torch.compile(layer, fullgraph=True, dynamic=dynamic, **options)``: one graph per shape by default, or an
+    error (see RECOMPILE_LIMIT)."""
+    return torch.compile(layer, fullgraph=True, dynamic=dynamic, **options)
 
 
 @pytest.fixture(scope="module")
@@ -137,6 +141,30 @@ def test_compiled_layer_vs_compiled_plain_block(shape, kernel_ab, blocks, compil
         assert_close(layer(x).float(), plain_fp32(x.float()).double(), policy="bf16", baseline=compiled(x).float())
     kernel_ab.compare(lambda: layer(x), lambda: compiled(x),
                       name=f"compiled layer {shape.precision} vs compiled plain bf16", **_layer_work(shape))
+
+
+@pytest.fixture(scope="module")
+def dynamic_models(blocks):
+    """The layer ("mixed") and the plain block, each compiled once with dynamic=True for every shape: one graph
+    for all batch sizes and lengths of 2 or more (dynamo specializes 1), the layer's attention decided per call
+    inside flashlite::attention_auto."""
+    plain = blocks[0]
+    return (_compile_layer(TransformerLayer.from_plain(plain, precision="mixed").eval(), dynamic=True),
+            torch.compile(plain, dynamic=True))
+
+
+@pytest.mark.shape(*LAYER_SHAPES)
+@pytest.mark.memory(lambda shape: _activation_bytes(shape))
+@torch.no_grad()
+def test_dynamic_compiled_layer_vs_dynamic_compiled_plain_block(shape, kernel_ab, blocks, dynamic_models):
+    # What a user who compiles once for varying shapes gets: both sides' graphs of symbolic sizes.
+    plain_fp32 = blocks[3]
+    layer, plain = dynamic_models
+    x = _inputs(shape)
+    if shape.B * shape.S <= 8192:  # the compiled layer agrees with the same weights in fp32 before it is timed
+        assert_close(layer(x).float(), plain_fp32(x.float()).double(), policy="bf16", baseline=plain(x).float())
+    kernel_ab.compare(lambda: layer(x), lambda: plain(x),
+                      name="compiled layer mixed vs compiled plain bf16, dynamic sizes", **_layer_work(shape))
 
 
 # The shapes where attention's host cost can decide a compiled layer's time (at most 32,768 tokens, below the
