@@ -99,3 +99,44 @@ def test_every_kept_config_fits_hopper_shared_memory_at_every_head_dim(tmp_path)
     assert not any(row["kernel"] == "dkdv" and row["head_dim"] == 160 and row["meta"] == {"BLOCK_M": 64,
                                                                                           "BLOCK_N": 128}
                    and row["stages"] == 2 for row in rows)
+
+
+# dK/dV configs that ptxas compiles without register spills at head dims 64 and 128 (bf16, causal, dense), and the
+# number of bytes a thread spills in the one the 4-warp list started with at D=128, for contrast.
+SPILL_FREE_DKDV = [(16, 128, 8, 3), (16, 128, 8, 4)]
+
+_SPILLS = r'''
+import os, tempfile
+os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp()  # a cached kernel skips ptxas and its report
+''' + SM90_COMPILER + r'''
+import contextlib, io, json, re
+from triton import knobs
+knobs.nvidia.dump_ptxas_log = True
+rows = []
+for block_m, block_n, warps, stages in CONFIGS:
+    for head_dim in (64, 128):
+        log = io.StringIO()
+        with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+            compile_for_sm90(attention_bwd._attn_bwd_dkdv, dict(BLOCK_M=block_m, BLOCK_N=block_n), head_dim=head_dim,
+                             block_d=head_dim, causal=1, key_mask="none", warps=warps, stages=stages)
+        spills = [int(n) for n in re.findall(r"(\d+) bytes spill stores", log.getvalue())]
+        rows.append([block_m, block_n, warps, stages, head_dim, spills])
+print(json.dumps(rows))
+'''
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU suite compiles the kernels for real")
+def test_dkdv_list_holds_configs_without_register_spills():
+    # Every 4-warp dK/dV config over 64 or 128 keys spills registers at D=128 (the probe in
+    # benchmarks/results/cpu-host-2026-12-04/backward_spills_probe/); the 8-warp ones over 16 query rows do not, and
+    # the autotuner must have them to choose from.
+    pytest.importorskip("triton.backends.nvidia")
+    assert all(config in attention_bwd.DKDV_GPU_BLOCKS for config in SPILL_FREE_DKDV)
+    rows = json.loads(run_script(f"CONFIGS = {SPILL_FREE_DKDV + [(32, 128, 4, 3)]!r}\n" + _SPILLS))
+    for block_m, block_n, warps, stages, head_dim, spills in rows:
+        assert spills, f"no ptxas report for {(block_m, block_n, warps, stages)} at D={head_dim}"
+        if (block_m, block_n, warps, stages) == (32, 128, 4, 3):
+            if head_dim == 128:
+                assert max(spills) > 0  # the contrast: the check can see a spill
+        else:
+            assert max(spills) == 0, f"{(block_m, block_n, warps, stages)} spills {spills} bytes at D={head_dim}"
