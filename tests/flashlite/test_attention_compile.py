@@ -277,9 +277,9 @@ def test_dynamic_graph_runs_variants_and_masks_per_call(name, monkeypatch):
             mask = torch.rand(2, seq_k, generator=torch.Generator().manual_seed(seq_q)) > 0.3
             mask[:, 0] = True
             kw["key_padding_mask"] = mask.to(q.device)
-        for name_ in ("key_lengths", "alibi_slopes"):
-            if name_ in kw:
-                kw[name_] = kw[name_].to(q.device)
+        for tensor_argument in ("key_lengths", "alibi_slopes"):
+            if tensor_argument in kw:
+                kw[tensor_argument] = kw[tensor_argument].to(q.device)
         causal = {False: 0, True: 1, "lower_right": 2}[kw["causal"]]
         expected = variants.reference(q, k, v, torch.ones_like(q), causal=causal,
                                       window=kw.get("window", (-1, -1)), softcap=kw.get("softcap", 0.0),
