@@ -439,12 +439,11 @@ def _attn_bwd_dq(Q,  # [B, H, S_q, D]
 DKDV_GPU_BLOCKS = [(32, 128, 4, 3), (64, 128, 8, 2), (32, 64, 4, 3), (64, 64, 4, 3), (16, 32, 4, 2),
                    # Deeper pipelines of the streamed q/dO tiles, and 8 warps over 64 x 128: 129-161 KB at D=128
                    # (compiled for sm_90), candidates for the D=128 backward.
-                   (32, 128, 4, 4), (32, 128, 4, 5), (64, 128, 8, 3),
-                   # 8 warps over the resident key block: without register spills where every 4-warp config of 64
-                   # or 128 keys spills at D=128 (232-2,956 bytes a thread; at D=64 (32, 128, 4, 3) spills 320),
-                   # by ptxas for sm_90 (benchmarks/results/cpu-host-2026-12-04/backward_spills_probe/). Candidates
-                   # for the autotuner, not yet timed.
-                   (32, 128, 8, 3), (32, 128, 8, 2), (16, 128, 8, 3), (16, 128, 8, 4)]
+                   (32, 128, 4, 4), (32, 128, 4, 5), (64, 128, 8, 3)]
+# Not in the list: 8-warp configs over 16 or 32 query rows and 128 keys, which compile without register spills where
+# the 4-warp ones over 64 or 128 keys spill at D=128 (benchmarks/results/cpu-host-2026-12-04/backward_spills_probe/).
+# On the H200 the autotuner chose none of them at any of the 13 forward+backward shapes at D=128 (run Q1,
+# benchmarks/results/h200-2026-12-04-g/): it keeps (32, 64, 4, 3), which spills 328 bytes, and (64, 128, 8, 2/3).
 # dQ: a query block (BLOCK_M rows, resident) against streamed key blocks.
 DQ_GPU_BLOCKS = [(128, 32, 4, 3), (128, 64, 8, 2), (64, 64, 4, 3), (64, 32, 4, 3), (32, 16, 4, 2),
                  # The mirror of the dK/dV additions: 128-160 KB at D=128.
