@@ -227,7 +227,12 @@ def _dynamic_inference_graphs(monkeypatch, dynamic):
             expected = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(),
                                                                         is_causal=True)
             out = compiled(q, k, v)
-            assert out.is_contiguous()
+            if dynamic is None and (batch, seq) == DYNAMIC_SIZES[0]:
+                # The first graph is static and traced the eager call's choice, so it keeps that call's layout (on a
+                # GPU, SDPA's float32 kernel returns a transposed view).
+                assert out.stride() == attention(q, k, v, causal=True, precision="ieee").stride()
+            else:
+                assert out.is_contiguous()  # what flashlite::attention_auto declares to the compiler
             assert_close(out, expected, policy="fp32")
             backends.add(explain_dispatch(q, k, v, causal=True, precision="ieee").backend)
     return graphs, backends
