@@ -171,6 +171,14 @@ def main() -> None:
                         "attention(q, k, v, causal=True)", sdpa_env) for _ in range(5)]
     sdpa_us, auto_us = sorted(pairs, key=lambda pair: pair[1] - pair[0])[2]
     extras = ", ".join(f"{auto - sdpa:+.2f}" for sdpa, auto in pairs)
+    # The op a dynamic-size compiled graph calls for backend="auto" inference (flashlite::attention_auto): the same
+    # replayed call behind the dispatcher, paired with a plain call in the same way.
+    sdpa_env["auto_op"] = torch.ops.flashlite.attention_auto.default
+    op_pairs = [_paired_us("attention(q, k, v, causal=True)",
+                           "auto_op(q, k, v, None, None, 1, None, None, None, None, None)", sdpa_env)
+                for _ in range(5)]
+    call_us, op_us = sorted(op_pairs, key=lambda pair: pair[1] - pair[0])[2]
+    op_extras = ", ".join(f"{op - call:+.2f}" for call, op in op_pairs)
 
     stub = _NoKernel()
     launch_module._FORWARD = launch_module._Kernel("forward", stub, stub, attention_fwd.FWD_GPU_BLOCKS,
@@ -192,6 +200,8 @@ def main() -> None:
     key = "C++" if plans_module.fast_signature is not plans_module.signature else "Python"
     print(f"attention(backend='auto') replaying SDPA  {auto_us:7.2f} us  (+{auto_us - sdpa_us:.2f} us, the median of "
           f"{extras} us; plan key in {key})")
+    print(f"op flashlite::attention_auto, same call      {op_us:7.2f} us  (+{op_us - call_us:.2f} us over attention() "
+          f"itself, the median of {op_extras} us)")
     # The least a plan lookup in Python can cost: the three shapes, one dtype and one device (fewer checks than a
     # correct key needs: no strides, no dtype or device of k and v) and the arguments, hashed into one dict lookup.
     floor_env = {"q": q, "k": k, "v": v, "plans": {}}
