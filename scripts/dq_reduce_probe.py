@@ -9,13 +9,14 @@ adds it into global memory asynchronously, the way FlashAttention-3 accumulates 
 makes the one-kernel backward pay before any of it goes into flashlite.
 
 The kernel here is minimal on purpose: dense, causal top-left, S_q = S_k a multiple of the blocks, as many key/value
-heads as query heads, contiguous [B, H, S, D]. Its dQ modes (``DQ_MODE``): "atomic" (P2's per-element adds) and
-"tma" (the descriptor reduction). Each call returns (dq, dk, dv); the forward's out and base-2 log-sum-exp come from
-flashlite's own forward launcher.
+heads as query heads, contiguous [B, H, S, D]. Its dQ modes (``DQ_MODE``): "atomic" (P2's per-element adds),
+"tma" (the descriptor reduction) and, for timing only, "none" (dK and dV alone, no dQ: what the dQ share costs is
+the difference). Each call returns (dq, dk, dv); the forward's out and base-2 log-sum-exp come from flashlite's own
+forward launcher.
 
 Usage:
-    python scripts/dq_reduce_probe.py check     # float64 check; on a CPU under TRITON_INTERPRET=1 ("atomic" only:
-                                                # the interpreter has no descriptor reductions)
+    python scripts/dq_reduce_probe.py check     # float64 check; on a CPU under TRITON_INTERPRET=1 ("none" and
+                                                # "atomic": the interpreter has no descriptor reductions)
     python scripts/dq_reduce_probe.py compile   # CPU or GPU: compile every config and mode for sm_90; shared memory,
                                                 # registers and spills (ptxas)
     python scripts/dq_reduce_probe.py time [--D 64,128] [--shapes 1x8192,8x4096]   # GPU: do_bench medians
@@ -37,7 +38,8 @@ import triton.language as tl
 CONFIGS = [(64, 128, 8, 2), (64, 128, 8, 3), (32, 128, 8, 2), (32, 128, 4, 2), (32, 64, 4, 3), (64, 64, 4, 3),
            (16, 128, 8, 3)]
 INTERPRETER_CONFIGS = [(16, 32, 4, 1)]
-MODES = ("atomic", "tma")
+MODES = ("atomic", "tma")  # the modes that compute dQ
+TIMED_MODES = ("none",) + MODES
 LOG2E = 1.4426950408889634
 
 
@@ -61,11 +63,12 @@ def _dkdv_dq_blocks(dk, dv, k, v, Q, dOut, Lse, Delta, DqAcc, DqDesc, head, bh, 
         dp_t = tl.dot(v, tl.trans(do))
         ds_t = (p_t * (dp_t - delta[None, :])).to(q.dtype)
         dk = tl.dot(ds_t, q, dk)
-        dq_part = tl.dot(tl.trans(ds_t), k)  # [BLOCK_M, D] float32
-        if DQ_MODE == "tma":
-            DqDesc.atomic_add([bh, start_m, 0], dq_part.reshape(1, BLOCK_M, HEAD_DIM))
-        else:
-            tl.atomic_add(DqAcc + head + offs_m[:, None] * HEAD_DIM + offs_d[None, :], dq_part, sem="relaxed")
+        if DQ_MODE != "none":
+            dq_part = tl.dot(tl.trans(ds_t), k)  # [BLOCK_M, D] float32
+            if DQ_MODE == "tma":
+                DqDesc.atomic_add([bh, start_m, 0], dq_part.reshape(1, BLOCK_M, HEAD_DIM))
+            else:
+                tl.atomic_add(DqAcc + head + offs_m[:, None] * HEAD_DIM + offs_d[None, :], dq_part, sem="relaxed")
     return dk, dv
 
 
@@ -79,7 +82,7 @@ def _dkdv_dq_kernel(Q,  # [B, H, S, D] contiguous
                     dK,  # [B, H, S, D], K's dtype
                     dV,  # [B, H, S, D], V's dtype
                     DqAcc,  # [B * H, S, D] float32 zeros: dQ / scale is added into it ("atomic": its pointer)
-                    DqDesc,  # "tma": a descriptor of DqAcc with blocks [1, BLOCK_M, D]; "atomic": DqAcc again
+                    DqDesc,  # "tma": a descriptor of DqAcc with blocks [1, BLOCK_M, D]; else DqAcc again
                     seq, qk_scale, sm_scale,
                     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DQ_MODE: tl.constexpr):
     start_n = tl.program_id(0) * BLOCK_N
@@ -154,8 +157,8 @@ def check() -> int:
     interpreting = os.environ.get("TRITON_INTERPRET") == "1"
     device = "cpu" if interpreting else "cuda"
     # The interpreter computes bf16 dots wrongly (fp16 is right), and has no descriptor reductions.
-    dtype, configs, modes = ((torch.float16, INTERPRETER_CONFIGS, ("atomic",)) if interpreting
-                             else (torch.bfloat16, CONFIGS, MODES))
+    dtype, configs, modes = ((torch.float16, INTERPRETER_CONFIGS, ("none", "atomic")) if interpreting
+                             else (torch.bfloat16, CONFIGS, TIMED_MODES))
     failures = 0
     for batch, heads, seq, head_dim in ((1, 2, 64, 16), (2, 1, 96, 32)) if interpreting else ((2, 3, 384, 64),
                                                                                                (1, 2, 256, 128)):
@@ -165,9 +168,12 @@ def check() -> int:
         for config in configs:
             for mode in modes:
                 errors = _relative_errors(probe_backward(grad_out, q, k, v, out, lse, config, mode), expected)
+                names = "dq, dk, dv"
+                if mode == "none":  # its dQ is zeros
+                    errors, names = errors[1:], "dk, dv"
                 ok = all(e <= 2e-2 for e in errors)
                 failures += not ok
-                print(f"check B={batch} H={heads} S={seq} D={head_dim} {config} {mode}: relative errors dq, dk, dv "
+                print(f"check B={batch} H={heads} S={seq} D={head_dim} {config} {mode}: relative errors {names} "
                       f"{', '.join(f'{e:.2e}' for e in errors)} {'ok' if ok else 'FAILED'}")
     return failures
 
@@ -183,7 +189,7 @@ def compile_report() -> None:
     for head_dim in (64, 128):
         for config in CONFIGS:
             block_m, block_n, warps, stages = config
-            for mode in MODES:
+            for mode in TIMED_MODES:
                 signature = {name: "*bf16" for name in ("Q", "K", "V", "dOut", "dK", "dV")}
                 signature.update(Lse="*fp32", Delta="*fp32", DqAcc="*fp32", seq="i32", qk_scale="fp32",
                                  sm_scale="fp32", HEAD_DIM="constexpr", BLOCK_M="constexpr", BLOCK_N="constexpr",
@@ -224,7 +230,7 @@ def _captured_stdout_stderr(fn):
 
 def time_shapes(head_dims, shapes) -> None:
     """GPU: do_bench medians of flashlite's backward (its launcher, autotuned as the A/B runs it) and of the probe
-    kernel in both modes at every config, each checked against flashlite's gradients first."""
+    kernel in every mode at every config, each checked against flashlite's gradients first ("none": dK, dV only)."""
     from triton.testing import do_bench
     from flashlite._attention.launch import attention_backward
     for head_dim in head_dims:
@@ -238,13 +244,15 @@ def time_shapes(head_dims, shapes) -> None:
             expected = library()
             base_ms = do_bench(library, warmup=50, rep=300)
             print(f"time D={head_dim} B={batch} S={seq} H=16: flashlite backward {base_ms:.4f} ms")
-            for mode in MODES:
+            for mode in TIMED_MODES:
                 best = None
                 for config in CONFIGS:
                     if seq % config[1]:
                         continue
                     run = lambda: probe_backward(grad_out, q, k, v, out, lse, config, mode)  # noqa: E731
                     errors = _relative_errors(run(), expected)
+                    if mode == "none":
+                        errors = errors[1:]  # its dQ is zeros
                     if max(errors) > 0.05:
                         print(f"  {mode} {config}: disagrees with flashlite's gradients {errors}, not timed")
                         continue
