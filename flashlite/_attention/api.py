@@ -9,6 +9,7 @@ from typing import Optional, Union
 import torch
 
 from flashlite._attention import plans
+from flashlite._attention.launch import like_layout
 from flashlite._attention.decide import decide_with_mask, log_decision, make_plan, needs_gradient, static_sizes
 from flashlite._attention.sdpa import sdpa_attention
 from flashlite._attention.validation import _CAUSAL_ARGUMENT, validate
@@ -25,9 +26,9 @@ _replay_by_python_key = plans.replay_by_python_key
 # What a compiled graph of dynamic sizes calls for backend="auto" where no gradient can flow. Its sizes are symbols
 # at trace time, so a decision made there would specialize the graph on them (one graph per batch size and sequence
 # bucket, the dispatch table's key); this op decides per call, as an eager call does (the plan of the call's
-# signature, made once and replayed). Its arguments are attention()'s own. SDPA's GPU kernels may return
-# [B, S, H, D] storage, and a compiled graph relies on the layout the fake declares, so the output is made
-# contiguous (a copy only where SDPA ran and returned another layout). A plain schema with one kernel, like
+# signature, made once and replayed). Its arguments are attention()'s own. A compiled graph relies on the layout
+# the fake declares: torch.empty_like(q)'s, which the Triton kernel writes (launch_forward's like_q); SDPA's output
+# is copied to it only where SDPA returned another layout. A plain schema with one kernel, like
 # ``flashlite::attention_inference`` (ops.py says why).
 _AUTO_LIBRARY = torch.library.Library("flashlite", "FRAGMENT")
 _AUTO_LIBRARY.define(
@@ -37,9 +38,10 @@ _AUTO_LIBRARY.define(
 
 def _attention_auto(q, k, v, key_padding_mask, key_lengths, causal_mode, scale, precision, window, softcap,
                     alibi_slopes):
-    return attention(q, k, v, causal=_CAUSAL_ARGUMENT[causal_mode], scale=scale, key_padding_mask=key_padding_mask,
-                     key_lengths=key_lengths, window=None if window is None else tuple(window), softcap=softcap,
-                     alibi_slopes=alibi_slopes, precision=precision).contiguous()
+    out = attention(q, k, v, causal=_CAUSAL_ARGUMENT[causal_mode], scale=scale, key_padding_mask=key_padding_mask,
+                    key_lengths=key_lengths, window=None if window is None else tuple(window), softcap=softcap,
+                    alibi_slopes=alibi_slopes, precision=precision)
+    return like_layout(out, q)
 
 
 _AUTO_LIBRARY.impl("attention_auto", _attention_auto, "CompositeExplicitAutograd")
@@ -48,7 +50,7 @@ _AUTO_LIBRARY.impl("attention_auto", _attention_auto, "CompositeExplicitAutograd
 @torch.library.register_fake("flashlite::attention_auto")
 def _attention_auto_fake(q, k, v, key_padding_mask, key_lengths, causal_mode, scale, precision, window, softcap,
                          alibi_slopes):
-    return q.new_empty(q.shape)
+    return torch.empty_like(q)
 
 
 def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: Union[bool, str] = False,

@@ -255,8 +255,8 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       window_right: int = -1, softcap: float = 0.0, alibi_slopes: Optional[torch.Tensor] = None,
                       config: Optional[BlockConfig] = None, need_lse: bool = True
                       ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """Launch the forward kernel; returns (out [B, H, S_q, D] in q's dtype, base-2 lse [B, H, S_q] float32; None
-    without ``need_lse``, when the kernel skips its store).
+    """Launch the forward kernel; returns (out [B, H, S_q, D] in q's dtype, laid out as ``torch.empty_like(q)``,
+    base-2 lse [B, H, S_q] float32; None without ``need_lse``, when the kernel skips its store).
 
     Checks its arguments as ``attention()`` validates them (once per signature). ``window_left``/``window_right``
     (-1: unbounded), ``softcap`` (0.0: off) and ``alibi_slopes`` (float32 [H] or [B, H], or None) as
@@ -271,15 +271,18 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     plan = _launcher_plan(q, k, v, key_padding_mask, key_lengths, causal_mode, scale, precision, window_left,
                           window_right, softcap, alibi_slopes, configs)
     return launch_forward(q, k, v, key_padding_mask if key_lengths is None else key_lengths, alibi_slopes, plan,
-                          need_lse=need_lse)
+                          need_lse=need_lse, like_q=True)
 
 
 def launch_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: Optional[torch.Tensor],
                    alibi_slopes: Optional[torch.Tensor], plan: Plan, need_lse: bool = True,
                    cu_seqlens: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
-                   block_table: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+                   block_table: Optional[torch.Tensor] = None,
+                   like_q: bool = False) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """(out, lse; None without ``need_lse``) of a call of ``plan``'s signature. Without ``need_lse`` the kernel
     skips its log-sum-exp store (inference: no backward pass will read it) and ``out`` fills the unused slot.
+    ``out`` is contiguous [B, H, S_q, D], or with ``like_q`` laid out as ``torch.empty_like(q)`` lays it out (q's
+    strides where q is dense: the [B, S, H, D] storage of a layer's projections stays viewable as [B, S, H * D]).
     Window and softcap come from ``plan.problem``; ``alibi_slopes`` is this call's (None unless the problem has
     ALiBi), a leading tensor of the launch, so a recorded launch replays with each call's slopes. Packed
     sequences (``plan.problem.varlen``): q, k, v are ``packed_view``s, ``cu_seqlens`` the int32 (q, k) starts;
@@ -289,13 +292,16 @@ def launch_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: 
     if plan.gluon is None:  # decided once per plan (make_plan decides it for plans of attention())
         plan.gluon = launch_gluon.forward_kernel_for(p, q, k, v) is not None
     if plan.gluon:
-        on_gluon = launch_gluon.launch_planned(q, k, v, p, plan)
+        on_gluon = launch_gluon.launch_planned(q, k, v, p, plan, like_q)
         if on_gluon is not None:
             return on_gluon if need_lse else (on_gluon[0], None)
     if p.key_splits > 1:
-        return _launch_split_forward(q, k, v, key_mask, alibi_slopes, plan, need_lse, block_table)
-    # Contiguous [B, H, S_q, D] (empty_like parses fewer arguments than empty).
-    out = _new_output(q, p) if p.varlen else torch.empty_like(q, memory_format=torch.contiguous_format)
+        return _launch_split_forward(q, k, v, key_mask, alibi_slopes, plan, need_lse, block_table, like_q)
+    # The kernel writes through out's strides (empty_like parses fewer arguments than empty).
+    if p.varlen:
+        out = _new_output(q, p)
+    else:
+        out = torch.empty_like(q) if like_q else torch.empty_like(q, memory_format=torch.contiguous_format)
     if not need_lse:
         lse = out
     elif p.varlen:  # padded rows: the kernel writes each sequence's own; the rest read as rows that see no key
@@ -345,9 +351,11 @@ _COMBINE_ROWS = 16
 
 def _launch_split_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: Optional[torch.Tensor],
                           alibi_slopes: Optional[torch.Tensor], plan: Plan, need_lse: bool,
-                          block_table: Optional[torch.Tensor]) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+                          block_table: Optional[torch.Tensor],
+                          like_q: bool = False) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Split-KV: the forward kernel with ``key_splits`` programs per query block, each over a share of the
-    keys, into float32 partials, then ``_attn_fwd_combine`` merging them into out (and lse)."""
+    keys, into float32 partials, then ``_attn_fwd_combine`` merging them into out (and lse). The merge writes
+    contiguous rows, so ``like_q`` (as in ``launch_forward``) copies out where q's layout is another."""
     p = plan.problem
     splits = p.key_splits
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
@@ -360,7 +368,23 @@ def _launch_split_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key
     _launch(_fwd._attn_fwd_combine, "combine", plan, (cdiv(rows, _COMBINE_ROWS),), (part_out, part_lse, out, lse),
             (rows,), dict(HEAD_DIM=p.head_dim, BLOCK_D=_block_d(p.head_dim), BLOCK_R=_COMBINE_ROWS,
                           NUM_SPLITS=splits, STORE_LSE=need_lse, DOT=_dot_mode(p.precision)))
+    if like_q:
+        out = like_layout(out, q)
     return out, (lse if need_lse else None)
+
+
+def like_layout(out: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """``out`` itself where its strides are those ``torch.empty_like(q)`` would have, else a copy laid out so.
+
+    Example:
+        >>> q = torch.randn(2, 5, 3, 4).transpose(1, 2)  # [B, H, S, D] viewing [B, S, H, D] storage
+        >>> like_layout(torch.randn(2, 3, 5, 4), q).stride() == q.stride()
+        True
+    """
+    if out.stride() == q.stride():  # out is dense, so q is too, and empty_like(q) keeps q's strides
+        return out
+    like = torch.empty_like(q)
+    return out if like.stride() == out.stride() else like.copy_(out)
 
 
 def attention_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -300,26 +300,28 @@ def bases_aligned(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
 
 
 def launch_planned(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem,
-                   plan: Optional[Plan] = None) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+                   plan: Optional[Plan] = None, like_q: bool = False) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
     """(out, lse) of a call whose plan chose the Gluon kernel, or None when this call's base addresses are not
     16-byte aligned (a plan keys on shapes and strides, not addresses: such a call takes the pointer kernel).
-    With ``plan`` (and ``GLUON_REPLAY``), the plan records its first launch and replays the later ones."""
+    With ``plan`` (and ``GLUON_REPLAY``), the plan records its first launch and replays the later ones; out's
+    layout (``like_q``) as in ``launch.launch_forward``."""
     if not bases_aligned(q, k, v):
         return None
     # The rule takes dense calls and causal windows bounded on the left (window_left is -1 for dense ones).
     config = dispatched_config(problem.head_dim, windowed=problem.window_left >= 0)
-    return _launch(q, k, v, problem.causal_mode, problem.scale, config, problem.window_left, plan)
+    return _launch(q, k, v, problem.causal_mode, problem.scale, config, problem.window_left, plan, like_q)
 
 
 def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal_mode: int, scale: float,
             config: GluonConfig, window_left: int = -1,
-            plan: Optional[Plan] = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Allocate out (contiguous, q's dtype) and lse, and launch ``config``'s kernel on a checked call: the
-    ordinary way, or, for a recording ``plan`` with ``GLUON_REPLAY`` on, through the plan's recorded launch
-    (recorded at the first call; a launch the recording refuses, or one that could not be recorded, goes the
-    ordinary way)."""
+            plan: Optional[Plan] = None, like_q: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Allocate out (q's dtype; contiguous, or with ``like_q`` laid out as ``torch.empty_like(q)``) and lse, and
+    launch ``config``'s kernel on a checked call: the ordinary way, or, for a recording ``plan`` with
+    ``GLUON_REPLAY`` on, through the plan's recorded launch (recorded at the first call; a launch the recording
+    refuses, or one that could not be recorded, goes the ordinary way). The output's TMA descriptor takes any
+    layout the checks accept for q (``tile_descriptor``), so q's layout is one."""
     batch, heads, seq_q, _ = q.shape
-    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    out = torch.empty_like(q) if like_q else torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((batch, heads, seq_q), dtype=torch.float32, device=q.device)
     args, meta = kernel_arguments(q, k, v, out, lse, causal_mode, scale, config, window_left)
     kernel, grid = kernel_for(config), _grid(config, q)

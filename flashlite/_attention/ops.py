@@ -6,6 +6,7 @@ call (``run_triton``, ``run_triton_compiled``).
 the op's dispatcher through ``_EagerTritonAttention``, built by the same mechanism as the norms' (``_ops``).
 Imports ``validation``, ``plans`` and ``launch``.
 """
+import functools
 from typing import Optional
 
 import torch
@@ -30,9 +31,9 @@ def attention_forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 @attention_forward_op.register_fake
 def _attention_forward_fake(q, k, v, key_padding_mask, key_lengths, causal_mode, scale, precision, window_left=-1,
                             window_right=-1, softcap=0.0, alibi_slopes=None):
-    batch, heads, seq_q, head_dim = q.shape
-    return (q.new_empty((batch, heads, seq_q, head_dim)),
-            q.new_empty((batch, heads, seq_q), dtype=torch.float32))
+    batch, heads, seq_q, _ = q.shape
+    # out as the kernel lays it out (launch_forward's like_q): a compiled graph relies on the declared strides.
+    return torch.empty_like(q), q.new_empty((batch, heads, seq_q), dtype=torch.float32)
 
 
 @torch.library.custom_op("flashlite::attention_backward", mutates_args=())
@@ -80,7 +81,7 @@ _INFERENCE_LIBRARY.impl("attention_inference", _attention_inference, "CompositeE
 @torch.library.register_fake("flashlite::attention_inference")
 def _attention_inference_fake(q, k, v, key_padding_mask, key_lengths, causal_mode, scale, precision,
                               window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None):
-    return q.new_empty(q.shape)
+    return torch.empty_like(q)  # as launch_forward(like_q=True) lays it out
 
 
 # The op's autograd sees its flat arguments (what a compiled graph holds); the eager Function below sees the plan.
@@ -117,9 +118,11 @@ def _eager_gradient(ctx, grad_out, _grad_lse):
     return dq, dk, dv, None, None, None
 
 
-# Eager calls with gradients: the plan's forward and backward launches, without the op's dispatcher.
-_EagerTritonAttention = _ops.eager_function("_EagerTritonAttention", launch_forward, _setup_eager_context,
-                                            _eager_gradient, non_differentiable=())
+# Eager calls with gradients: the plan's forward and backward launches, without the op's dispatcher. attention()'s
+# output is laid out like q (launch_forward's like_q): for a layer's q, a view of [B, S, H, D] projections, the
+# heads merge back into [B, S, H * D] without a copy, as they do after SDPA.
+_EagerTritonAttention = _ops.eager_function("_EagerTritonAttention", functools.partial(launch_forward, like_q=True),
+                                            _setup_eager_context, _eager_gradient, non_differentiable=())
 
 
 def needs_gradient(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
@@ -133,7 +136,7 @@ def run_triton(plan: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ke
     its log-sum-exp."""
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):  # needs_gradient, inline
         return _EagerTritonAttention.apply(q, k, v, key_mask, alibi_slopes, plan)[0]
-    return launch_forward(q, k, v, key_mask, alibi_slopes, plan, need_lse=False)[0]
+    return launch_forward(q, k, v, key_mask, alibi_slopes, plan, need_lse=False, like_q=True)[0]
 
 
 def run_triton_compiled(plan: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -185,3 +185,39 @@ def test_reference_matches_the_plugin_reference(sdpa_reference):
     for causal in (False, True, "lower_right"):
         expected = sdpa_reference(q, k, v, causal=causal, attn_mask=mask[:, None, None, :], enable_gqa=True)
         assert_close(reference_attention(q, k, v, causal=causal, key_mask=mask), expected, policy="fp64")
+
+
+
+@pytest.mark.parametrize("with_grad", [False, True])
+def test_output_is_laid_out_like_q_so_heads_merge_without_a_copy(with_grad):
+    # A layer's q, k, v are views of its [B, S, H, D] projections. SDPA keeps that layout in its output, so merging
+    # the heads back into [B, S, H * D] is a view; the kernel's output is laid out like q for the same reason (it
+    # was contiguous [B, H, S, D], and the merge then copied). Values and gradients against float64, with SDPA's
+    # fp16 output and gradients as the baselines.
+    batch, seq, heads, head_dim = 2, 37, 3, 16
+    q, k, v, grad_out = (t.transpose(1, 2).contiguous().transpose(1, 2)  # [B, H, S, D] views of [B, S, H, D]
+                         for t in inputs(batch, heads, seq, head_dim, torch.float16, seed=7))
+    assert q.stride() == (seq * heads * head_dim, head_dim, heads * head_dim, 1)
+
+    def kernel(q, k, v):
+        out = attention(q, k, v, causal=True, backend="triton")
+        assert out.stride() == q.stride()
+        merged = out.transpose(1, 2).reshape(batch, seq, heads * head_dim)
+        assert merged._is_view() and merged.data_ptr() == out.data_ptr()  # no copy
+        return out
+
+    sdpa = lambda *t: torch.nn.functional.scaled_dot_product_attention(*t, is_causal=True)  # noqa: E731
+    if not with_grad:
+        with torch.no_grad():
+            out = kernel(q, k, v)
+        assert_close(out, reference_attention(q.double(), k.double(), v.double(), causal=True),
+                     baseline=sdpa(q, k, v))
+        return
+    # grads() makes leaves of clones, which keep the [B, S, H, D] strides.
+    out, kernel_grads = grads(kernel, q, k, v, grad_out)
+    expected, ref_grads = grads(lambda *t: reference_attention(*t, causal=True), q.double(), k.double(), v.double(),
+                                grad_out.double())
+    sdpa_out, sdpa_grads = grads(sdpa, q, k, v, grad_out)
+    assert_close(out, expected, baseline=sdpa_out)
+    for got, ref, base in zip(kernel_grads, ref_grads, sdpa_grads):
+        assert_close(got, ref, baseline=base)

@@ -232,7 +232,7 @@ def _dynamic_inference_graphs(monkeypatch, dynamic):
                 # GPU, SDPA's float32 kernel returns a transposed view).
                 assert out.stride() == attention(q, k, v, causal=True, precision="ieee").stride()
             else:
-                assert out.is_contiguous()  # what flashlite::attention_auto declares to the compiler
+                assert out.stride() == torch.empty_like(q).stride()  # what flashlite::attention_auto declares
             assert_close(out, expected, policy="fp32")
             backends.add(explain_dispatch(q, k, v, causal=True, precision="ieee").backend)
     return graphs, backends
@@ -357,3 +357,79 @@ def test_symbolic_sizes_skip_the_table(monkeypatch):
     decision = dispatch.choose_backend(q, causal=True, seq_k=100, backward=True, symbolic_sizes=True)
     assert decision.backend == "sdpa"
     assert "sizes symbolic under torch.compile" in decision.reason and "rule" in decision.reason
+
+
+def _merged_heads_block(backend):
+    """A layer's attention: q, k, v as [B, H, S, D] views of [B, S, H, D] projections, the output's heads merged
+    back into [B, S, H * D] and used by a pointwise op, which Inductor compiles to read the op's output through the
+    strides its fake declares."""
+    def block(x_q, x_k, x_v):
+        batch, seq, heads, head_dim = x_q.shape
+        q, k, v = (t.transpose(1, 2) for t in (x_q, x_k, x_v))
+        out = attention(q, k, v, causal=True, backend=backend, precision="ieee")
+        return out.transpose(1, 2).reshape(batch, seq, heads * head_dim) * 2.0 + 1.0
+    return block
+
+
+def _merged_heads_reference(x_q, x_k, x_v):
+    """The block in float64 through SDPA (differentiable: give it float64 leaves)."""
+    q, k, v = (t.double().transpose(1, 2) for t in (x_q, x_k, x_v))
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return out.transpose(1, 2).reshape(*x_q.shape[:2], -1) * 2.0 + 1.0
+
+
+@pytest.mark.parametrize("with_grad", [False, True])
+def test_inductor_reads_the_kernel_output_through_the_layout_its_op_declares(with_grad):
+    # The ops declare out laid out like q (torch.empty_like(q)), as the kernel writes it: Inductor's generated code
+    # after the op indexes with the declared strides, and checks them (size asserts), so a mismatch fails here.
+    # Through flashlite::attention_inference without a gradient, flashlite::attention_forward with one.
+    x_q, x_k, x_v = leaves((2, 24, 3, 16), (2, 24, 3, 16), (2, 24, 3, 16), seed=3)
+    compiled = torch.compile(_merged_heads_block("triton"), fullgraph=True, backend="inductor")
+    with torch.set_grad_enabled(with_grad):
+        got = compiled(*(t if with_grad else t.detach() for t in (x_q, x_k, x_v)))
+    x64 = [t.detach().double().requires_grad_() for t in (x_q, x_k, x_v)]
+    expected = _merged_heads_reference(*x64)
+    assert_close(got.detach(), expected.detach(), policy="fp32")
+    if with_grad:
+        got.sum().backward()
+        expected.sum().backward()
+        for leaf, reference in zip((x_q, x_k, x_v), x64):
+            assert_close(leaf.grad, reference.grad, policy="fp32")
+
+
+def test_dynamic_graph_of_merged_heads_declares_the_layout_each_backend_returns(monkeypatch):
+    # With dynamic sizes the choice is made per call inside flashlite::attention_auto, whose output must have the
+    # declared layout whichever backend ran: the kernel writes it, SDPA's output is copied where it differs.
+    _made_up_table(monkeypatch)
+    compiled = torch.compile(_merged_heads_block("auto"), fullgraph=True, backend="inductor", dynamic=True)
+    backends = set()
+    with torch.no_grad():
+        for batch, seq in DYNAMIC_SIZES[:4]:
+            x_q, x_k, x_v = (t.detach() for t in leaves(*[(batch, seq, 2, 16)] * 3, seed=batch + seq))
+            assert_close(compiled(x_q, x_k, x_v), _merged_heads_reference(x_q, x_k, x_v), policy="fp32")
+            q, k, v = (t.transpose(1, 2) for t in (x_q, x_k, x_v))
+            backends.add(explain_dispatch(q, k, v, causal=True, precision="ieee").backend)
+    assert backends == {"triton", "sdpa"}
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "heads of [B, S, H, D]"])
+def test_each_op_fake_declares_the_strides_its_kernel_returns(layout, monkeypatch):
+    # A compiled graph plans the memory after an opaque op from its fake: the strides declared must be the ones the
+    # kernel returns. The kernel writes out laid out like q (so a layer's heads merge without a copy), and so must
+    # the fakes declare it. attention_auto runs at two batch sizes that a made-up table sends to each backend.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    use_table(monkeypatch, {"float32/D16/causal/B3/S64": {"backend": "sdpa", "why": "made up"}})  # B=2: the rule's
+    calls = {"attention_inference": lambda op, q: op(q, q, q, None, None, 1, 0.25, "ieee"),
+             "attention_forward": lambda op, q: op(q, q, q, None, None, 1, 0.25, "ieee")[0],
+             "attention_auto": lambda op, q: op(q, q, q, None, None, 1, None, "ieee", None, None, None)}
+    backends = set()
+    for batch in (2, 3):
+        x = leaves((batch, 20, 3, 16), seed=batch)[0].detach()
+        q = x.transpose(1, 2) if layout != "contiguous" else x.transpose(1, 2).contiguous()
+        backends.add(explain_dispatch(q, q, q, causal=True, precision="ieee").backend)
+        for name, call in calls.items():
+            real = call(getattr(torch.ops.flashlite, name).default, q)
+            with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+                fake = call(getattr(torch.ops.flashlite, name).default, mode.from_tensor(q))
+            assert fake.stride() == real.stride() == torch.empty_like(q).stride(), (name, batch)
+    assert backends == {"triton", "sdpa"}  # attention_auto returned each backend's output

@@ -254,8 +254,8 @@ def test_a_windowed_plan_launches_the_window_config_with_its_left_bound(monkeypa
     monkeypatch.setattr(launch_gluon, "_DISPATCHED_WINDOW", {64: windowed_config})
     launched = []
     monkeypatch.setattr(launch_gluon, "_launch",
-                        lambda q, k, v, causal_mode, scale, config, window_left=-1, plan=None: launched.append(
-                            (causal_mode, config, window_left)))
+                        lambda q, k, v, causal_mode, scale, config, window_left=-1, plan=None, like_q=False:
+                        launched.append((causal_mode, config, window_left)))
     q = torch.empty(1, 2, 64, 64, dtype=torch.bfloat16)
     windowed = validate(q, q, q, True, None, None, None, "triton", None, (37, 0))
     dense = validate(q, q, q, True, None, None, None, "triton", None)
@@ -302,8 +302,8 @@ def test_a_plan_on_the_gluon_kernel_launches_it_and_says_so(monkeypatch):
     monkeypatch.setattr(launch_gluon, "GLUON_MIN_SEQ", {64: 64, 128: 64})
     launched = []
 
-    def fake_launch(q, k, v, problem, plan=None):
-        launched.append(problem.seq_q)
+    def fake_launch(q, k, v, problem, plan=None, like_q=False):
+        launched.append((problem.seq_q, like_q))
         return q.new_full(q.shape, 7.0), torch.zeros(q.shape[:3], device=q.device)
 
     monkeypatch.setattr(launch_gluon, "launch_planned", fake_launch)
@@ -311,7 +311,10 @@ def test_a_plan_on_the_gluon_kernel_launches_it_and_says_so(monkeypatch):
     assert plan.gluon and "forward on the Gluon kernel" in plan.decision.reason
     assert "forced by backend='triton'" in plan.decision.reason
     out, lse = launch_module.launch_forward(q, k, v, None, None, plan)
-    assert launched == [64] and torch.equal(out, q.new_full(q.shape, 7.0))
+    assert launched == [(64, False)] and torch.equal(out, q.new_full(q.shape, 7.0))
+    # attention()'s calls ask for out laid out like q (launch_forward's like_q), on the Gluon kernel too.
+    attention_out = flashlite.attention(q, k, v, causal=True, backend="triton")
+    assert launched[1:] == [(64, True)] and torch.equal(attention_out, q.new_full(q.shape, 7.0))
     explained = flashlite.explain_dispatch(q, k, v, causal=True, backend="triton")
     assert "Gluon kernel" in explained.reason
 
