@@ -2,15 +2,16 @@
 
 Under torch.compile with dynamic sizes, ``backend="auto"`` calls without a gradient become one op,
 ``flashlite::attention_auto``, whose kernel is ``attention()`` itself: the choice is made per call, not at trace time.
-Imports ``plans``, ``decide`` and ``sdpa``; ``flashlite.attention`` re-exports the two functions.
+Imports ``plans``, ``decide``, ``sdpa`` and ``launch`` (``like_layout``); ``flashlite.attention`` re-exports the two
+functions.
 """
 from typing import Optional, Union
 
 import torch
 
 from flashlite._attention import plans
-from flashlite._attention.launch import like_layout
 from flashlite._attention.decide import decide_with_mask, log_decision, make_plan, needs_gradient, static_sizes
+from flashlite._attention.launch import like_layout
 from flashlite._attention.sdpa import sdpa_attention
 from flashlite._attention.validation import _CAUSAL_ARGUMENT, validate
 from flashlite.dispatch import Decision
