@@ -200,10 +200,9 @@ def compile_report() -> None:
                 constants = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, DQ_MODE=mode)
                 attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(order)
                          if signature[name].startswith("*") or name == "seq"}
-                log = _captured_stdout_stderr(lambda: triton.compile(
+                kernel, text = _captured_stdout_stderr(lambda: triton.compile(
                     ASTSource(_dkdv_dq_kernel, signature, constants, attrs), target=GPUTarget("cuda", 90, 32),
                     options={"num_warps": warps, "num_stages": stages}))
-                kernel, text = log
                 registers = re.findall(r"Used (\d+) registers", text)
                 spills = re.findall(r"(\d+) bytes spill stores", text)
                 reduce = "cp.reduce.async.bulk.tensor" in kernel.asm["ptx"]

@@ -221,3 +221,20 @@ def test_output_is_laid_out_like_q_so_heads_merge_without_a_copy(with_grad):
     assert_close(out, expected, baseline=sdpa_out)
     for got, ref, base in zip(kernel_grads, ref_grads, sdpa_grads):
         assert_close(got, ref, baseline=base)
+
+
+@pytest.mark.parametrize("splits", [1, 2])
+def test_launcher_keeps_the_layout_of_q_with_split_keys_too(splits):
+    # launch_forward(like_q=True) lays out like q on the split-KV path as well, whose merge writes contiguous rows
+    # (attention()'s plans have no key splits today; decoding's plans, which have, ask for contiguous outputs).
+    import dataclasses
+
+    from flashlite._attention.launch import launch_forward
+    from flashlite._attention.plans import Plan
+    from flashlite._attention.validation import validate
+    q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in inputs(2, 3, 37, 16, torch.float16, seed=11)[:3])
+    problem = dataclasses.replace(validate(q, k, v, False, None, None, None, "triton", None), key_splits=splits)
+    out, _ = launch_forward(q, k, v, None, None, Plan(problem, None), like_q=True)
+    assert out.stride() == q.stride()
+    assert_close(out, reference_attention(q.double(), k.double(), v.double()),
+                 baseline=torch.nn.functional.scaled_dot_product_attention(q, k, v))

@@ -143,8 +143,8 @@ def test_compiled_calls_take_the_inference_op_only_where_no_gradient_can_flow():
     q, k, v = leaves((2, 4, 24, 16), (2, 2, 30, 16), (2, 2, 30, 16), seed=5)
     fn = lambda q, k, v: attention(q, k, v, causal="lower_right", backend="triton", precision="ieee")  # noqa: E731
     expected = torch.nn.functional.scaled_dot_product_attention(
-        *(t.detach().double() for t in (q, k, v)), attn_mask=torch.ones(24, 30, dtype=torch.bool, device=DEVICE).tril(6),
-        enable_gqa=True)
+        *(t.detach().double() for t in (q, k, v)),
+        attn_mask=torch.ones(24, 30, dtype=torch.bool, device=DEVICE).tril(6), enable_gqa=True)
     with torch.no_grad():
         ops, out = _graph_ops(fn, q, k, v)
     assert ops == ["flashlite.attention_inference.default"]
@@ -380,9 +380,10 @@ def _merged_heads_reference(x_q, x_k, x_v):
 
 @pytest.mark.parametrize("with_grad", [False, True])
 def test_inductor_reads_the_kernel_output_through_the_layout_its_op_declares(with_grad):
-    # The ops declare out laid out like q (torch.empty_like(q)), as the kernel writes it: Inductor's generated code
-    # after the op indexes with the declared strides, and checks them (size asserts), so a mismatch fails here.
-    # Through flashlite::attention_inference without a gradient, flashlite::attention_forward with one.
+    # The heads of the kernel's output, laid out like q, merged and read by Inductor's generated code, against
+    # float64: through flashlite::attention_inference without a gradient, flashlite::attention_forward with one.
+    # (On the CPU a fake declaring another layout still gave right values here; that the fakes and the kernels
+    # agree is test_each_op_fake_declares_the_strides_its_kernel_returns's check.)
     x_q, x_k, x_v = leaves((2, 24, 3, 16), (2, 24, 3, 16), (2, 24, 3, 16), seed=3)
     compiled = torch.compile(_merged_heads_block("triton"), fullgraph=True, backend="inductor")
     with torch.set_grad_enabled(with_grad):
@@ -398,8 +399,9 @@ def test_inductor_reads_the_kernel_output_through_the_layout_its_op_declares(wit
 
 
 def test_dynamic_graph_of_merged_heads_declares_the_layout_each_backend_returns(monkeypatch):
-    # With dynamic sizes the choice is made per call inside flashlite::attention_auto, whose output must have the
-    # declared layout whichever backend ran: the kernel writes it, SDPA's output is copied where it differs.
+    # With dynamic sizes the choice is made per call inside flashlite::attention_auto: merged heads through Inductor
+    # against float64 whichever backend ran (the kernel writes the declared layout, SDPA's output is copied where it
+    # differs; the layout itself is test_each_op_fake_declares_the_strides_its_kernel_returns's check).
     _made_up_table(monkeypatch)
     compiled = torch.compile(_merged_heads_block("auto"), fullgraph=True, backend="inductor", dynamic=True)
     backends = set()
