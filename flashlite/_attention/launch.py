@@ -436,41 +436,41 @@ def launch_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v:
     # the forward of this signature, but a direct launcher call may pass its own: their strides join too.
     layout = (grad_out.stride(), grad_out.dtype, out.stride(), out.dtype)
     cu_q, cu_k = (q, q) if cu_seqlens is None else cu_seqlens
-    delta_tensors = (out, grad_out, delta, cu_q)  # the kernels' leading tensors, in order
-    dkdv_tensors = (q, k, v, grad_out, lse, delta, dk, dv, mask_arg, lengths_arg, alibi_arg, cu_q, cu_k)
-    dq_tensors = (q, k, v, grad_out, lse, delta, dq, mask_arg, lengths_arg, alibi_arg, cu_q, cu_k)
     block_d = _block_d(p.head_dim)
     flat_q = p.batch * p.heads > _GRID_AXIS1_LIMIT
-    if not _replayed(plan, ("delta", layout), delta_tensors):
-        _launch(_bwd.attn_bwd_delta, ("delta", layout), plan, _Grid(p.seq_q, "BLOCK_M", p.batch * p.heads),
-                delta_tensors, (*out.stride(), *grad_out.stride(), p.heads, p.seq_q),
-                dict(HEAD_DIM=p.head_dim, BLOCK_D=block_d, FLAT_GRID=flat_q, BLOCK_M=_bwd.DELTA_BLOCK_M,
-                     VARLEN=p.varlen))
-    qk_scale = p.scale * math.log2(math.e)
-    meta = dict(HEAD_DIM=p.head_dim, BLOCK_D=block_d, CAUSAL=p.causal_mode, KEY_MASK=p.key_masking,
-                DOT=_dot_mode(p.precision), **variant_flags)
     enabled = launch_gluon_bwd.GLUON_BWD_ENABLED
     on_gluon = plan.gluon_bwd.get(enabled)
     if on_gluon is None:  # decided once per plan and switch value
         on_gluon = plan.gluon_bwd[enabled] = launch_gluon_bwd.backward_on_gluon(p, q, k, v)
-    on_gluon = on_gluon and launch_gluon.bases_aligned(q, k, v)
-    if on_gluon:
+    if on_gluon and launch_gluon.bases_aligned(q, k, v):
+        # The Gluon kernels read delta from the preprocessing kernel.
+        delta_tensors = (out, grad_out, delta, cu_q)  # the kernel's leading tensors, in order
+        if not _replayed(plan, ("delta", layout), delta_tensors):
+            _launch(_bwd.attn_bwd_delta, ("delta", layout), plan, _Grid(p.seq_q, "BLOCK_M", p.batch * p.heads),
+                    delta_tensors, (*out.stride(), *grad_out.stride(), p.heads, p.seq_q),
+                    dict(HEAD_DIM=p.head_dim, BLOCK_D=block_d, FLAT_GRID=flat_q, BLOCK_M=_bwd.DELTA_BLOCK_M,
+                         VARLEN=p.varlen))
         tma_grad_out = launch_gluon_bwd.tma_gradient(grad_out)  # one copy at most, for both kernels
         launch_gluon_bwd.launch_dkdv(q, k, v, tma_grad_out, lse, delta, dk, dv, p.causal_mode, p.scale)
-    elif not _replayed(plan, ("dkdv", layout), dkdv_tensors):
+        launch_gluon_bwd.launch_dq(q, k, v, tma_grad_out, lse, delta, dq, p.causal_mode, p.scale)
+        return dq, dk, dv
+    # The pointer kernels: dQ first, since it computes and stores delta, which dK/dV reads.
+    qk_scale = p.scale * math.log2(math.e)
+    meta = dict(HEAD_DIM=p.head_dim, BLOCK_D=block_d, CAUSAL=p.causal_mode, KEY_MASK=p.key_masking,
+                DOT=_dot_mode(p.precision), **variant_flags)
+    buckets = _tuning.tuning_buckets(p.seq_q, p.seq_k, p.batch * p.heads)
+    dq_tensors = (q, k, v, grad_out, out, lse, delta, dq, mask_arg, lengths_arg, alibi_arg, cu_q, cu_k)
+    if not _replayed(plan, ("dq", layout), dq_tensors):
+        _launch(_DQ, ("dq", layout), plan, _Grid(p.seq_q, "BLOCK_M", p.batch * p.heads), dq_tensors,
+                (*q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *out.stride(), *dq.stride(),
+                 stride_mask_b, stride_mask_n, *variant_scalars[:2], p.heads, p.group_size, p.seq_q, p.seq_k,
+                 qk_scale, p.scale, *variant_scalars[2:], *buckets),
+                dict(FLAT_GRID=flat_q, **meta))
+    dkdv_tensors = (q, k, v, grad_out, lse, delta, dk, dv, mask_arg, lengths_arg, alibi_arg, cu_q, cu_k)
+    if not _replayed(plan, ("dkdv", layout), dkdv_tensors):
         _launch(_DKDV, ("dkdv", layout), plan, _Grid(p.seq_k, "BLOCK_N", p.batch * p.kv_heads), dkdv_tensors,
                 (*q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *dk.stride(), *dv.stride(),
                  stride_mask_b, stride_mask_n, *variant_scalars[:2], p.heads, p.kv_heads, p.group_size, p.seq_q,
-                 p.seq_k, qk_scale, p.scale, *variant_scalars[2:],
-                 *_tuning.tuning_buckets(p.seq_q, p.seq_k, p.batch * p.heads)),
+                 p.seq_k, qk_scale, p.scale, *variant_scalars[2:], *buckets),
                 dict(FLAT_GRID=p.batch * p.kv_heads > _GRID_AXIS1_LIMIT, **meta))
-    if on_gluon:
-        launch_gluon_bwd.launch_dq(q, k, v, tma_grad_out, lse, delta, dq, p.causal_mode, p.scale)
-    elif not _replayed(plan, ("dq", layout), dq_tensors):
-        _launch(_DQ, ("dq", layout), plan, _Grid(p.seq_q, "BLOCK_M", p.batch * p.heads), dq_tensors,
-                (*q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *dq.stride(),
-                 stride_mask_b, stride_mask_n, *variant_scalars[:2], p.heads, p.group_size, p.seq_q, p.seq_k,
-                 qk_scale, p.scale, *variant_scalars[2:],
-                 *_tuning.tuning_buckets(p.seq_q, p.seq_k, p.batch * p.heads)),
-                dict(FLAT_GRID=flat_q, **meta))
     return dq, dk, dv

@@ -3,13 +3,15 @@
 With P = softmax(scale * Q K^T) recomputed tile by tile as ``exp2(qk_scale * q.k - lse)``:
 
     dV = P^T dO,   dP = dO V^T,   dS = P * (dP - delta),   dQ = scale * dS K,   dK = scale * dS^T Q,
-    where delta_i = sum_d dO_id * O_id  (``_attn_bwd_delta``).
+    where delta_i = sum_d dO_id * O_id.
 
-``_attn_bwd_dkdv`` runs one program per key block per (batch, kv head) and loops over the query blocks of every
-query head of its group, so grouped-query attention needs no atomics; ``_attn_bwd_dq`` runs one program per query
-block per (batch, head) and loops over key blocks. Masked keys and rows that see no key (lse = -inf, read as
-+inf so that P = 0) get exactly zero gradient. Mask, causal, variant and precision conventions: see
-``attention_common``.
+``_attn_bwd_dq`` runs first: one program per query block per (batch, head), which computes its rows' delta from
+the resident dO and the forward's output, stores it, and loops over key blocks. ``_attn_bwd_dkdv`` then runs one
+program per key block per (batch, kv head) and loops over the query blocks of every query head of its group
+(reading their delta), so grouped-query attention needs no atomics. ``_attn_bwd_delta`` computes delta alone, for
+the Gluon backward kernels (``attention_bwd_gluon``), whose dQ kernel does not. Masked keys and rows that see no
+key (lse = -inf, read as +inf so that P = 0) get exactly zero gradient. Mask, causal, variant and precision
+conventions: see ``attention_common``.
 
 Variants: P is recomputed from the same transformed scores as the forward's (capped, then ALiBi-biased), so the
 forward's lse normalises it. ALiBi adds a constant per (row, key), which has no derivative; the softcap's does:
@@ -340,8 +342,9 @@ def _attn_bwd_dq(Q,  # [B, H, S_q, D]
                  K,  # [B, H_kv, S_k, D]
                  V,  # [B, H_kv, S_k, D]
                  dOut,  # [B, H, S_q, D]
+                 Out,  # [B, H, S_q, D], the forward's output
                  Lse,  # [B, H, S_q] float32, contiguous
-                 Delta,  # [B, H, S_q] float32, contiguous
+                 Delta,  # [B, H, S_q] float32, contiguous: written here, read by the dK/dV kernel launched after
                  dQ,  # [B, H, S_q, D], dtype of Q
                  KeyMask,  # [B, S_k] uint8 when KEY_MASK == "bool"
                  KeyLen,  # [B] int when KEY_MASK == "lengths"
@@ -352,6 +355,7 @@ def _attn_bwd_dq(Q,  # [B, H, S_q, D]
                  stride_kb, stride_kh, stride_kn, stride_kd,
                  stride_vb, stride_vh, stride_vn, stride_vd,
                  stride_dob, stride_doh, stride_dom, stride_dod,
+                 stride_ob, stride_oh, stride_om, stride_od,
                  stride_dqb, stride_dqh, stride_dqm, stride_dqd,
                  stride_mask_b, stride_mask_n,
                  stride_alibi_b, stride_alibi_h,
@@ -376,7 +380,7 @@ def _attn_bwd_dq(Q,  # [B, H, S_q, D]
     if VARLEN:
         q_start, k_start, seq_q, seq_k = varlen_sequence(CuSeqQ, CuSeqK, b)
         Q, dOut = Q + q_start.to(tl.int64) * stride_qm, dOut + q_start.to(tl.int64) * stride_dom
-        dQ = dQ + q_start.to(tl.int64) * stride_dqm
+        Out, dQ = Out + q_start.to(tl.int64) * stride_om, dQ + q_start.to(tl.int64) * stride_dqm
         K, V = K + k_start.to(tl.int64) * stride_kn, V + k_start.to(tl.int64) * stride_vn
         seq_k = tl.where(start_m < seq_q, seq_k, 0)  # a query block past its sequence's end visits no key
     offs_m = start_m + tl.arange(0, BLOCK_M)
@@ -390,10 +394,17 @@ def _attn_bwd_dq(Q,  # [B, H, S_q, D]
                    offs_m, seq_q, offs_d, HEAD_DIM, BLOCK_D, not EVEN_M)
     row = pid_bh.to(tl.int64) * row_len
     lse = _load_lse(Lse + row, offs_m, seq_q, not EVEN_M)
+    # delta of this program's rows, from its resident dO and the forward's output, and stored for the dK/dV kernel:
+    # no preprocessing kernel, so a backward is two launches and reads dO once less. Padded rows and columns load
+    # as zeros, so their delta is 0 (and is not stored).
+    o = load_rows(Out + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
+                  + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
+                  offs_m, seq_q, offs_d, HEAD_DIM, BLOCK_D, not EVEN_M)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
     if EVEN_M:
-        delta = tl.load(Delta + row + offs_m)
+        tl.store(Delta + row + offs_m, delta)
     else:
-        delta = tl.load(Delta + row + offs_m, mask=offs_m < seq_q, other=0.0)
+        tl.store(Delta + row + offs_m, delta, mask=offs_m < seq_q)
 
     n_len, diag_shift, first, lo, full_start, full_end, hi = key_range(
         KeyLen, b, start_m, seq_q, seq_k, window_left, window_right, BLOCK_M, BLOCK_N, CAUSAL, KEY_MASK, WINDOW)
@@ -452,7 +463,7 @@ DQ_GPU_BLOCKS = [(128, 32, 4, 3), (128, 64, 8, 2), (64, 64, 4, 3), (64, 32, 4, 3
 # Interpreter: unequal blocks, the mirror of the forward's, so the diagonal logic is exercised both ways.
 DKDV_INTERPRETER_BLOCKS = [(16, 32, 4, 1)]
 DQ_INTERPRETER_BLOCKS = [(32, 16, 4, 1)]
-# The delta preprocessing is a plain row reduction; one config suffices.
+# The delta preprocessing of the Gluon backward is a plain row reduction; one config suffices.
 DELTA_BLOCK_M = 64
 
 

@@ -166,6 +166,28 @@ def test_backward_block_configs(dkdv_config, dq_config):
         assert_close(got_grad, ref_grad, baseline=base_grad)
 
 
+def test_pointer_backward_is_two_launches_with_delta_from_the_dq_kernel(monkeypatch):
+    # The dQ kernel computes delta = rowsum(dO * O) of its rows from the forward's output, read through out's own
+    # strides (here [B, S, H, D] memory, unlike q's), and stores it for the dK/dV kernel after it: the
+    # preprocessing kernel must not run. Gradients against float64, causal and GQA, odd lengths.
+    from flashlite.kernels import attention_bwd
+
+    def no_delta_kernel(*args, **kwargs):
+        raise AssertionError("the pointer backward launched the delta preprocessing kernel")
+
+    monkeypatch.setattr(attention_bwd, "attn_bwd_delta", no_delta_kernel)
+    q, k, v, grad_out = inputs(2, 4, 37, 32, torch.float16, kv_heads=2, seq_k=45, seed=8)
+    mode, scale = CAUSAL_MODES["lower_right"], 32 ** -0.5
+    out, lse = attention_forward(q, k, v, None, None, mode, scale, "fp16")
+    out_bshd = out.transpose(1, 2).contiguous().transpose(1, 2)  # same values, other strides
+    got = attention_backward(grad_out, q, k, v, out_bshd, lse, None, None, mode, scale, "fp16")
+    _, ref = grads(lambda *t: reference_attention(*t, causal="lower_right"),
+                   q.double(), k.double(), v.double(), grad_out.double())
+    _, base = grads(lambda *t: attention(*t, causal="lower_right", backend="sdpa"), q, k, v, grad_out)
+    for got_grad, ref_grad, base_grad in zip(got, ref, base):
+        assert_close(got_grad, ref_grad, baseline=base_grad)
+
+
 def test_non_contiguous_upstream_gradient():
     q, k, v, grad_out = inputs(1, 2, 26, 16, torch.float32)
     grad_bshd = grad_out.transpose(1, 2).contiguous().transpose(1, 2)  # same values, [B, S, H, D] memory

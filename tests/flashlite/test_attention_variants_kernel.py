@@ -231,6 +231,10 @@ def test_the_window_skips_key_blocks_wholly_outside_it(monkeypatch):
 
 # The last commit that changed flashlite/kernels before the variants were added.
 DENSE_KERNELS_COMMIT = "e4eeb70591f56e393cbe85ee7a76da62821e9af8"
+# The reference of each kernel's dense code: the forward's and dK/dV's are those of DENSE_KERNELS_COMMIT. The dQ
+# kernel has since changed on purpose (it computes delta itself): its reference is set to that commit, which only
+# inserted the delta computation into the code this test had checked against DENSE_KERNELS_COMMIT.
+REFERENCE_COMMITS = {"fwd": DENSE_KERNELS_COMMIT, "dkdv": DENSE_KERNELS_COMMIT}
 # Arguments the variants added: unused when they are off, so present in the function's signature only.
 VARIANT_ARGUMENTS = ["Alibi", "stride_alibi_b", "stride_alibi_h", "window_left", "window_right", "softcap",
                      "CuSeqQ", "CuSeqK"]  # packed sequences (VARLEN)
@@ -277,12 +281,13 @@ def normalised(ttgir):
     body = renumbered(lines[:start] + lines[start + 1:], {name for name, _ in params})
     return {"params": [[name, kind.strip()] for name, kind in params], "body": body}
 
+KINDS = set(os.environ["DENSE_KINDS"].split(","))
 print(json.dumps([normalised(ttgir_for_sm90(fn, blocks, head_dim=64, block_d=64, causal=causal, key_mask=mask))
-                  for _, fn, blocks, causal, mask in JOBS]))
+                  for kind, fn, blocks, causal, mask in JOBS if kind in KINDS]))
 '''
 
 
-def _dense_ttgir(tree, cache) -> list:
+def _dense_ttgir(tree, cache, kinds) -> list:
     import json
     import os
     import subprocess
@@ -290,7 +295,8 @@ def _dense_ttgir(tree, cache) -> list:
     # cwd = the tree: python -c puts the working directory first on sys.path, so `import flashlite` finds its copy.
     # A fresh Triton cache: a cached kernel skips the compile stages, and with them the TTGIR this stops at.
     done = subprocess.run([sys.executable, "-c", _DENSE_TTGIR], capture_output=True, text=True, timeout=600,
-                          cwd=tree, env={**os.environ, "TRITON_CACHE_DIR": str(cache)})
+                          cwd=tree, env={**os.environ, "TRITON_CACHE_DIR": str(cache),
+                                         "DENSE_KINDS": ",".join(kinds)})
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout)
 
@@ -303,21 +309,27 @@ def test_dense_kernels_compile_to_the_same_ttgir_as_before_the_variants(tmp_path
     import subprocess
     import tarfile
     root = pathlib.Path(__file__).resolve().parents[2]
-    if shutil.which("git") is None or subprocess.run(
-            ["git", "cat-file", "-e", DENSE_KERNELS_COMMIT], cwd=root, capture_output=True).returncode != 0:
-        pytest.skip(f"needs the repository's history (commit {DENSE_KERNELS_COMMIT[:9]}), e.g. not a shallow clone")
-    # The package as it was at that commit, exported (not checked out) beside this tree.
-    archive = tmp_path / "before.tar"
-    subprocess.run(["git", "archive", "-o", str(archive), DENSE_KERNELS_COMMIT, "flashlite"], cwd=root, check=True)
-    with tarfile.open(archive) as tar:
-        tar.extractall(tmp_path / "before", filter="data")
-    before = _dense_ttgir(tmp_path / "before", tmp_path / "cache-before")
-    now = _dense_ttgir(root, tmp_path / "cache-now")
-    kinds = ["fwd", "fwd", "dkdv", "dkdv", "dq", "dq"]  # JOBS' kernels, in order
-    for kind, old, new in zip(kinds, before, now):
-        assert new["body"] == old["body"]
-        # The signature: the old parameters, in order and of the same types, plus the variants' unused ones.
-        added = set(VARIANT_ARGUMENTS) | (set(FORWARD_ARGUMENTS) if kind == "fwd" else set())
-        assert [p for p in new["params"] if p[0] not in added] == old["params"]
-        assert {p[0] for p in new["params"]} - {p[0] for p in old["params"]} == added
-    assert len(before) == len(now) == len(kinds)
+    for commit in sorted(set(REFERENCE_COMMITS.values())):
+        if shutil.which("git") is None or subprocess.run(
+                ["git", "cat-file", "-e", commit], cwd=root, capture_output=True).returncode != 0:
+            pytest.skip(f"needs the repository's history (commit {commit[:9]}), e.g. not a shallow clone")
+    for commit in sorted(set(REFERENCE_COMMITS.values())):
+        kinds = [kind for kind in ("fwd", "dkdv", "dq") if REFERENCE_COMMITS.get(kind) == commit]
+        # The package as it was at that commit, exported (not checked out) beside this tree.
+        archive = tmp_path / f"{commit}.tar"
+        subprocess.run(["git", "archive", "-o", str(archive), commit, "flashlite"], cwd=root, check=True)
+        with tarfile.open(archive) as tar:
+            tar.extractall(tmp_path / commit, filter="data")
+        before = _dense_ttgir(tmp_path / commit, tmp_path / f"cache-{commit}", kinds)
+        now = _dense_ttgir(root, tmp_path / f"cache-now-{commit}", kinds)
+        jobs = [kind for kind in ("fwd", "fwd", "dkdv", "dkdv", "dq", "dq") if kind in kinds]  # JOBS, in order
+        for kind, old, new in zip(jobs, before, now):
+            assert new["body"] == old["body"], kind
+            # The signature: the old parameters, in order and of the same types, plus the variants' unused ones
+            # where the reference predates them.
+            added = set()
+            if commit == DENSE_KERNELS_COMMIT:
+                added = set(VARIANT_ARGUMENTS) | (set(FORWARD_ARGUMENTS) if kind == "fwd" else set())
+            assert [p for p in new["params"] if p[0] not in added] == old["params"], kind
+            assert {p[0] for p in new["params"]} - {p[0] for p in old["params"]} == added, kind
+        assert len(before) == len(now) == len(jobs)
