@@ -234,7 +234,8 @@ DENSE_KERNELS_COMMIT = "e4eeb70591f56e393cbe85ee7a76da62821e9af8"
 # The reference of each kernel's dense code: the forward's and dK/dV's are those of DENSE_KERNELS_COMMIT. The dQ
 # kernel has since changed on purpose (it computes delta itself): its reference is set to that commit, which only
 # inserted the delta computation into the code this test had checked against DENSE_KERNELS_COMMIT.
-REFERENCE_COMMITS = {"fwd": DENSE_KERNELS_COMMIT, "dkdv": DENSE_KERNELS_COMMIT}
+DQ_COMPUTES_DELTA_COMMIT = "7ea953c0942e2415718cddd67860583b89017b56"
+REFERENCE_COMMITS = {"fwd": DENSE_KERNELS_COMMIT, "dkdv": DENSE_KERNELS_COMMIT, "dq": DQ_COMPUTES_DELTA_COMMIT}
 # Arguments the variants added: unused when they are off, so present in the function's signature only.
 VARIANT_ARGUMENTS = ["Alibi", "stride_alibi_b", "stride_alibi_h", "window_left", "window_right", "softcap",
                      "CuSeqQ", "CuSeqK"]  # packed sequences (VARLEN)
