@@ -7,6 +7,13 @@ the kernels that take most of it, the wall time per call of back-to-back calls (
 many graphs dynamo compiled. The A/B suite says whether the layer is
 faster; this says which kernels make the difference.
 
+Mode "host" asks where the host time of a host-bound case goes (inference, both sides built as
+``tests/perf/test_layer_ab.py`` builds them: the plain block compiled once for every shape, the layer with
+``fullgraph=True, dynamic=False``): each side's time per call three ways in one process (back-to-back wall time;
+CUDA events around each call in paired sequences, which is how the A/B times; GPU time), then the CPU events that
+take most of each side's host time per call (torch.profiler, CPU activity): guard evaluation, the compiled
+wrapper, each op's dispatch, the launches.
+
 Mode "graph" profiles ``CudaGraphRunner`` instead (inference): over the eager layer and over the compiled layer,
 its kernels per replay, its wall time per call, the wall time of bare ``graph.replay()`` calls (the graph's own
 time, host work almost nil) and the host time of the runner's replay check (``_ReplayLayout.holds_for``), beside the
@@ -16,12 +23,15 @@ Example:
     python3 scripts/layer_profile.py --cases 1,5,10 --top 8
     python3 scripts/layer_profile.py --cases 1 --modes inference --inductor combo_kernels=True
     python3 scripts/layer_profile.py --cases 1,2 --modes graph
+    python3 scripts/layer_profile.py --cases 1,2 --modes host
 """
 from __future__ import annotations
 
 import argparse
 import ast
 import copy
+import random
+import statistics
 import time
 
 import torch
@@ -97,6 +107,64 @@ def host_time(fn, calls: int = 2000) -> float:
     return (time.perf_counter() - start) / calls * 1e6
 
 
+def paired_event_times(fns, rounds: int = 200) -> list[float]:
+    """Median microseconds per call of each of ``fns`` timed by CUDA events around each call, the calls of a round
+    queued in random order and the device synchronized once per round: the A/B engine's pairing, without it."""
+    samples = [[] for _ in fns]
+    order = list(range(len(fns)))
+    for _ in range(rounds):
+        random.shuffle(order)
+        events = {}
+        for index in order:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fns[index]()
+            end.record()
+            events[index] = (start, end)
+        torch.cuda.synchronize()
+        for index, (start, end) in events.items():
+            samples[index].append(start.elapsed_time(end) * 1000)
+    return [statistics.median(times) for times in samples]
+
+
+def cpu_events(fn, calls: int = 20, top: int = 14) -> list[tuple[str, float, float]]:
+    """[(CPU event, self microseconds per call, occurrences per call)], most self time first: torch.profiler with
+    CPU activity over ``calls`` back-to-back calls after warm-up."""
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    rows = [(event.key, event.self_cpu_time_total / calls, event.count / calls) for event in prof.key_averages()]
+    rows.sort(key=lambda row: -row[1])
+    return rows[:top]
+
+
+def profile_host(plain: PlainTransformerBlock, x: torch.Tensor, precision: str, options: dict, top: int) -> None:
+    """Where each side's host time goes (inference), both sides built as the A/B suite builds them."""
+    torch._dynamo.reset()
+    base = copy.deepcopy(plain).eval()
+    layer = TransformerLayer.from_plain(base, precision=precision).eval()
+    compiled_plain = torch.compile(base, options=options)
+    compiled_layer = torch.compile(layer, fullgraph=True, dynamic=False, options=options)
+    sides = {"compiled layer": lambda: compiled_layer(x), "compiled plain block": lambda: compiled_plain(x)}
+    with torch.no_grad():
+        for fn in sides.values():
+            fn()
+        events = paired_event_times(list(sides.values()))
+        for (label, fn), event_us in zip(sides.items(), events):
+            gpu_us, rows = kernel_times(fn)
+            print(f"  host {label}: wall {wall_time(fn):7.1f} us per back-to-back call, events {event_us:7.1f} us "
+                  f"per paired call, GPU {gpu_us:6.1f} us in {sum(r[2] for r in rows)} launches")
+        for label, fn in sides.items():
+            print(f"  host {label}: CPU events by self time (us per call, occurrences per call)")
+            for name, us, count in cpu_events(fn, top=top):
+                print(f"      {us:8.1f} us  x{count:<5.1f} {name[:100]}")
+        print(f"  host: plain/layer by events {events[1] / events[0]:.3f}x")
+
+
 def profile_graphs(plain: PlainTransformerBlock, x: torch.Tensor, precision: str, options: dict, top: int) -> None:
     """CudaGraphRunner over the eager and over the compiled layer, against the compiled plain block (inference)."""
     torch._dynamo.reset()
@@ -124,7 +192,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", default="1,5,10", help="comma-separated case numbers (flashlite.cases)")
     parser.add_argument("--top", type=int, default=8, help="kernels listed per side")
-    parser.add_argument("--modes", default="inference,training", help="comma-separated: inference, training, graph")
+    parser.add_argument("--modes", default="inference,training", help="comma-separated: inference, training, graph, host")
     parser.add_argument("--precision", default="mixed", help="the layer's precision")
     parser.add_argument("--inductor", default="", metavar="NAME=VALUE,...",
                         help="Inductor options for both sides' torch.compile (values are Python literals), e.g. "
@@ -145,6 +213,9 @@ def main() -> None:
         for mode in args.modes.split(","):
             if mode == "graph":
                 profile_graphs(plain, x, args.precision, options, args.top)
+                continue
+            if mode == "host":
+                profile_host(plain, x, args.precision, options, max(args.top, 14))
                 continue
             torch._dynamo.reset()
             base = copy.deepcopy(plain).train(mode == "training")
