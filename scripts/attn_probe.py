@@ -1,7 +1,9 @@
 """Quick GPU probe of flashlite's attention against SDPA: median times per case, forward and backward.
 
 A tuning aid, not the A/B suite (that is ``pytest tests/perf --kernel-ab``): one do_bench median per point.
-Usage: python scripts/attn_probe.py [--cases 1,3,9] [--dtype bfloat16] [--D 64] [--backward]
+``--kernels`` lists, per case and side, each GPU kernel's time per call and its share (torch.profiler, 10 calls):
+which of flashlite's kernels (forward, dQ, dK/dV) hold the time against which of SDPA's.
+Usage: python scripts/attn_probe.py [--cases 1,3,9] [--dtype bfloat16] [--D 64] [--backward] [--kernels]
 """
 from __future__ import annotations
 
@@ -9,10 +11,33 @@ import argparse
 
 import torch
 import torch.nn.functional as F
+from torch.profiler import ProfilerActivity, profile
 from triton.testing import do_bench
 
 from flashlite.attention import attention
 from flashlite.cases import CASES
+
+
+def kernel_rows(fn, calls: int = 10) -> list[tuple[str, float]]:
+    """[(GPU kernel, microseconds per call)], longest first, over ``calls`` calls after warm-up."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    rows = [(e.key, e.self_device_time_total / calls) for e in prof.key_averages()
+            if e.device_type == torch.autograd.DeviceType.CUDA]
+    return sorted(rows, key=lambda row: -row[1])
+
+
+def print_kernels(label: str, fn) -> None:
+    rows = kernel_rows(fn)
+    total = sum(us for _, us in rows)
+    print(f"     {label}: {total:9.1f} us of GPU time per call")
+    for name, us in rows[:6]:
+        print(f"       {us:9.1f} us {us / total:6.1%}  {name[:100]}")
 
 
 def main() -> None:
@@ -21,6 +46,7 @@ def main() -> None:
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--D", type=int, default=64)
     p.add_argument("--backward", action="store_true")
+    p.add_argument("--kernels", action="store_true", help="each side's GPU kernels per call (torch.profiler)")
     args = p.parse_args()
     dtype = getattr(torch, args.dtype)
     wanted = {int(c) for c in args.cases.split(",")}
@@ -41,6 +67,9 @@ def main() -> None:
         t = do_bench(tri, warmup=25, rep=100, return_mode="median")
         s = do_bench(ref, warmup=25, rep=100, return_mode="median")
         print(f"{c.number:>4} {c.B:>4} {c.S:>6} {t:10.4f} {s:10.4f} {s / t:8.2f} {flops / t / 1e9:8.1f}", flush=True)
+        if args.kernels:
+            print_kernels("flashlite", tri)
+            print_kernels("sdpa", ref)
         del q, k, v
         torch.cuda.empty_cache()
 
