@@ -17,6 +17,7 @@ import platform
 import subprocess
 import timeit
 import types
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -110,6 +111,47 @@ def _replayed_triton_us() -> float:
         return _us("attention(q, k, v, causal=True, backend='triton')", env, number=5000)
 
 
+def _replayed_triton_training_us() -> tuple[float, float]:
+    """Host time of a replayed training call of a Triton plan (forward, then backward through autograd, as a
+    training step calls it) and of its ``launch_backward`` alone, up to the compiled kernels' launches: as
+    ``_replayed_triton_us``, every launch site the call reaches gets a recorded launch whose compiled kernel and
+    driver do nothing (the sites of the backward are read off ``_replayed``'s calls during one backward). B=1 H=2
+    S=16 D=16 fp16: the host's work does not depend on the size, and the interpreter runs the first call."""
+    q, k, v = (torch.randn(1, 2, 16, 16, dtype=torch.float16, requires_grad=True) for _ in range(3))
+    grad = torch.randn(1, 2, 16, 16, dtype=torch.float16)
+    # The forward kernel is stubbed by now, so the backward kernels run on whatever out and lse hold: their
+    # overflow warnings say nothing about the timing.
+    warnings.filterwarnings("ignore", category=RuntimeWarning, module="triton")
+    attention_module.attention(q, k, v, causal=True, backend="triton").backward(grad)
+    plan = plans_module._PLANS[plans_module.key_of(q, k, v, None, None, True, None, "triton", None)]
+    sites, replayed = [], launch_module._replayed
+
+    def spy(plan_, site, tensors):
+        sites.append((site, len(tensors)))
+        return replayed(plan_, site, tensors)
+    launch_module._replayed = spy
+    try:
+        attention_module.attention(q, k, v, causal=True, backend="triton").backward(grad)
+    finally:
+        launch_module._replayed = replayed
+    driver = types.SimpleNamespace(get_current_device=lambda: -1, get_current_stream=lambda device: None)
+    compiled = types.SimpleNamespace(run=lambda *args: None, function=None, packed_metadata=None)
+    hooks = types.SimpleNamespace(launch_enter_hook=None, launch_exit_hook=None)
+    # The forward kernel's 11 tensors, and each backward site's own; about 30 other arguments each.
+    for site, tensors in [("forward", 11), ("inference", 11), *sites]:
+        plan.recorded[site] = direct_launch.RecordedLaunch(compiled, (2, 2, 1), [None] * tensors + [0] * 30,
+                                                           tensors, -1, driver=driver, hooks=hooks)
+
+    def step():
+        q.grad = k.grad = v.grad = None
+        attention_module.attention(q, k, v, causal=True, backend="triton").backward(grad)
+    with torch.no_grad():
+        out, lse = launch_module.launch_forward(q, k, v, None, None, plan)
+    env = {"step": step, "launch_backward": launch_module.launch_backward, "args": (grad, q, k, v, out, lse, None,
+                                                                                   None, plan)}
+    return _us("step()", env, number=3000), _us("launch_backward(*args)", env, number=3000)
+
+
 def _replay_breakdown() -> None:
     """Where a replayed ``auto`` call's time over SDPA goes: SDPA called directly, through the plan's
     ``functools.partial``, through an empty 14-parameter Python function around that partial, through the C replay
@@ -153,6 +195,9 @@ def _kernel_host_lines() -> None:
             print(f"  the same with the launch's address checks in Python        {_replayed_triton_us():5.2f} us")
         finally:
             direct_launch._native.launch_recorded = launch_in_cpp
+    step_us, backward_us = _replayed_triton_training_us()
+    print(f"replayed attention(backend='triton') forward+backward, B=1 H=2 S=16 D=16, driver calls stubbed "
+          f"{step_us:6.2f} us; its launch_backward {backward_us:5.2f} us")
     # What a compiled graph calls (kernels stubbed, so the launcher's ordinary path: CPU launches are not recorded).
     op_env = {"torch": torch, **{name: torch.randn(1, 16, 128, 64, dtype=torch.float16) for name in "qkv"}}
     with torch.no_grad():
