@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Run R1 (planned; not run yet): the pointer backward in two launches (7ea953c: the dQ kernel computes delta, no
 # preprocessing kernel; 2593f0a: a replayed backward builds no launch arguments). First its correctness on the GPU
-# (every backward and gradient test of the attention files, float64 references); then forward+backward against SDPA at D=64 (the long shapes, where the 0.95x target is
-# 1-2% away, and the short ones, where a launch less is most of the change), before (flashlite of c4a68f2) and after
-# in one machine session; then where the compiled layer's host time goes at cases 1 and 2
-# (scripts/layer_profile.py --modes host). Needs carry: .commit, .gpu_deps, .ab_before (c4a68f2 exported there).
+# (every backward and gradient test of the attention files, float64 references); then forward+backward against
+# SDPA at D=64 (the long shapes, where the 0.95x target is 1-2% away, and the short ones, where a launch less is
+# most of the change), before (flashlite of c4a68f2) and after in one machine session; then where the compiled
+# layer's host time goes at cases 1 and 2 (scripts/layer_profile.py --modes host). Needs carry: .commit,
+# .gpu_deps, .ab_before (c4a68f2 exported there).
 set -u
 export PYTHONPATH="$PWD/.gpu_deps"
 O=$OUT; mkdir -p $O
