@@ -169,7 +169,8 @@ def test_backward_block_configs(dkdv_config, dq_config):
 def test_pointer_backward_is_two_launches_with_delta_from_the_dq_kernel(monkeypatch):
     # The dQ kernel computes delta = rowsum(dO * O) of its rows from the forward's output, read through out's own
     # strides (here [B, S, H, D] memory, unlike q's), and stores it for the dK/dV kernel after it: the
-    # preprocessing kernel must not run. Gradients against float64, causal and GQA, odd lengths.
+    # preprocessing kernel must not run. Gradients against float64, causal and GQA, odd lengths; D=32 is outside the
+    # Gluon backward's head dims (that backward keeps the preprocessing kernel), so a GPU runs the pointer kernels.
     from flashlite.kernels import attention_bwd
 
     def no_delta_kernel(*args, **kwargs):
