@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Run R2 (planned; not run yet): which kernels hold forward+backward's time, flashlite's (forward, dQ with delta,
 # dK/dV) against SDPA's, at D=64 and 128 (scripts/attn_probe.py --backward --kernels: do_bench medians and a
-# torch.profiler kernel list per side), and the forward's at D=128 cases 3, 6 and 12; then the GPU tests of the Gluon forward and of the layer, which write
-# attention()'s output in q's layout since bf63355 and have not run on a GPU since.
+# torch.profiler kernel list per side), and the forward's at D=128 cases 3, 6 and 12; then the GPU tests of the
+# Gluon forward and of the layer, which write attention()'s output in q's layout since bf63355 and have not run on
+# a GPU since.
 set -u
 export PYTHONPATH="$PWD:$PWD/.gpu_deps"
 O=$OUT; mkdir -p $O
