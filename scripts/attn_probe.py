@@ -11,33 +11,19 @@ import argparse
 
 import torch
 import torch.nn.functional as F
-from torch.profiler import ProfilerActivity, profile
 from triton.testing import do_bench
 
 from flashlite.attention import attention
 from flashlite.cases import CASES
-
-
-def kernel_rows(fn, calls: int = 10) -> list[tuple[str, float]]:
-    """[(GPU kernel, microseconds per call)], longest first, over ``calls`` calls after warm-up."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-    rows = [(e.key, e.self_device_time_total / calls) for e in prof.key_averages()
-            if e.device_type == torch.autograd.DeviceType.CUDA]
-    return sorted(rows, key=lambda row: -row[1])
+from layer_profile import kernel_times  # scripts/ is on sys.path when this runs as a script
 
 
 def print_kernels(label: str, fn) -> None:
-    rows = kernel_rows(fn)
-    total = sum(us for _, us in rows)
+    """Each GPU kernel's time per call and share of the total (``layer_profile.kernel_times``, 10 calls)."""
+    total, rows = kernel_times(fn)
     print(f"     {label}: {total:9.1f} us of GPU time per call")
-    for name, us in rows[:6]:
-        print(f"       {us:9.1f} us {us / total:6.1%}  {name[:100]}")
+    for name, us, launches in rows[:6]:
+        print(f"       {us:9.1f} us {us / total:6.1%} x{launches:<2d} {name[:100]}")
 
 
 def main() -> None:

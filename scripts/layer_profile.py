@@ -44,17 +44,23 @@ D_MODEL, N_HEADS, D_FF = 1024, 16, 4096
 CALLS = 10
 
 
-def kernel_times(fn, calls: int = CALLS) -> tuple[float, list[tuple[str, float, int]]]:
-    """(GPU microseconds per call summed over all kernels, [(kernel, us per call, launches per call)] sorted)."""
+def profiled(fn, activity: ProfilerActivity, calls: int) -> list:
+    """torch.profiler's events (``key_averages``) of ``calls`` back-to-back calls of ``fn`` after three warm-up
+    calls, with ``activity`` (CUDA: kernels; CPU: host work)."""
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[activity]) as prof:
         for _ in range(calls):
             fn()
         torch.cuda.synchronize()
+    return prof.key_averages()
+
+
+def kernel_times(fn, calls: int = CALLS) -> tuple[float, list[tuple[str, float, int]]]:
+    """(GPU microseconds per call summed over all kernels, [(kernel, us per call, launches per call)] sorted)."""
     rows = []
-    for event in prof.key_averages():
+    for event in profiled(fn, ProfilerActivity.CUDA, calls):
         if event.device_type != torch.autograd.DeviceType.CUDA:
             continue
         us = getattr(event, "self_device_time_total", None)
@@ -130,14 +136,8 @@ def paired_event_times(fns, rounds: int = 200) -> list[float]:
 def cpu_events(fn, calls: int = 20, top: int = 14) -> list[tuple[str, float, float]]:
     """[(CPU event, self microseconds per call, occurrences per call)], most self time first: torch.profiler with
     CPU activity over ``calls`` back-to-back calls after warm-up."""
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-    rows = [(event.key, event.self_cpu_time_total / calls, event.count / calls) for event in prof.key_averages()]
+    rows = [(event.key, event.self_cpu_time_total / calls, event.count / calls)
+            for event in profiled(fn, ProfilerActivity.CPU, calls)]
     rows.sort(key=lambda row: -row[1])
     return rows[:top]
 

@@ -4,8 +4,9 @@ Compiles the dK/dV and dQ kernels (bf16, causal top-left, no key mask, the dense
 128 for every config the pruning keeps at SEQ_Q_BUCKET 4096 and for extra dK/dV candidates, with ptxas's report
 (registers per thread, bytes of spill stores per thread) and the compiled kernel's shared memory.
 
-Usage (repository root; a fresh Triton cache, since a cached kernel skips ptxas and its report):
-    TRITON_INTERPRET=0 TRITON_CACHE_DIR=$(mktemp -d) python benchmarks/results/cpu-host-2026-12-04/backward_spills_probe/probe.py
+Usage (repository root; a fresh Triton cache, since a cached kernel skips ptxas and its report; ``dq`` or ``dkdv``
+as an argument compiles that kernel alone):
+    TRITON_INTERPRET=0 TRITON_CACHE_DIR=$(mktemp -d) python benchmarks/results/cpu-host-2026-12-04/backward_spills_probe/probe.py [dq]
 """
 import contextlib
 import io
@@ -40,10 +41,11 @@ def report(name, fn, block_m, block_n, warps, stages, head_dim, origin):
           flush=True)
 
 
-for name, fn, blocks, prune in (("dkdv", attention_bwd._attn_bwd_dkdv, attention_bwd.DKDV_GPU_BLOCKS,
-                                 attention_bwd.prune_dkdv_configs),
-                                ("dq", attention_bwd._attn_bwd_dq, attention_bwd.DQ_GPU_BLOCKS,
-                                 attention_bwd.prune_dq_configs)):
+KERNELS = (("dkdv", attention_bwd._attn_bwd_dkdv, attention_bwd.DKDV_GPU_BLOCKS, attention_bwd.prune_dkdv_configs),
+           ("dq", attention_bwd._attn_bwd_dq, attention_bwd.DQ_GPU_BLOCKS, attention_bwd.prune_dq_configs))
+for name, fn, blocks, prune in KERNELS:
+    if len(sys.argv) > 1 and name not in sys.argv[1:]:
+        continue
     for head_dim in (64, 128):
         kept = prune(tuning.make_configs(blocks), {"Q": torch.empty(0, dtype=torch.bfloat16), "SEQ_Q_BUCKET": 4096},
                      BLOCK_D=head_dim)
