@@ -1,6 +1,7 @@
 """attention()'s plan key: the C++ key (``flashlite._native``) tells calls apart exactly as the Python key does, covers
 every plain call, and leaves what it does not cover to the Python key; the C++ replay (key, lookup and the plan's
-call in one) answers as the Python replay does; without a compiler flashlite still runs."""
+call in one) answers as the Python replay does; without a compiler flashlite still runs. The launchers' plan key
+(what compiled graphs' attention ops call) likewise, and apart from every attention() key."""
 import os
 import random
 import subprocess
@@ -10,6 +11,7 @@ import pytest
 import torch
 
 import flashlite._attention.api as api_module
+import flashlite._attention.launch as launch_module
 import flashlite._attention.plans as plans_module
 from flashlite import _native
 from flashlite.attention import attention
@@ -206,6 +208,54 @@ def test_an_error_in_the_plans_run_reaches_the_caller_through_the_cpp_replay():
 
     with pytest.raises(RuntimeError, match="the plan's own error"):
         _native.replay({_native.plan_key(*call): _FailingPlan()}, plans_module.replay_by_python_key, *call)
+
+
+@needs_native
+def test_the_launcher_key_tells_calls_apart_as_its_python_key_does(monkeypatch):
+    # Each call differs from the first in one argument (a value, its class, a tensor's strides, a mask or slopes
+    # given); some give back the first's arguments in fresh tensors. The C++ key must make the same classes of
+    # equal calls as the Python key, which holds every argument with its class.
+    q, k, v = (torch.randn(2, 4, 8, 16) for _ in range(3))
+    base = dict(q=q, k=k, v=v, key_padding_mask=None, key_lengths=None, causal_mode=1, scale=0.25, precision="ieee",
+                window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None)
+    wide = torch.randn(2, 4, 8, 19)[..., :16]
+    changes = [{}, dict(q=torch.randn(2, 4, 8, 16)), dict(causal_mode=0), dict(causal_mode=2), dict(causal_mode=3),
+               dict(causal_mode=True), dict(scale=0.5), dict(scale=1), dict(precision="tf32"), dict(window_left=3),
+               dict(window_right=2), dict(window_left=True), dict(softcap=30.0), dict(softcap=0), dict(k=wide),
+               dict(key_padding_mask=torch.ones(2, 8, dtype=torch.bool)),
+               dict(key_lengths=torch.tensor([8, 3])), dict(alibi_slopes=torch.rand(4)),
+               dict(alibi_slopes=torch.rand(2, 4)), dict(alibi_slopes=torch.rand(4))]
+    calls = [{**base, **change} for change in changes]
+    cpp = [launch_module._launcher_key(**call) for call in calls]
+    assert all(isinstance(key, bytes) for key, call in zip(cpp, calls)
+               if call["causal_mode"].__class__ is int and call["causal_mode"] != 3
+               and call["window_left"].__class__ is int and call["scale"].__class__ is float
+               and call["softcap"].__class__ is float)
+    monkeypatch.setattr(launch_module, "_native", type("NoExtension", (), {"plan_key": None}))
+    python = [launch_module._launcher_key(**call) for call in calls]
+    assert not any(isinstance(key, bytes) for key in python)
+    for i in range(len(calls)):
+        for j in range(len(calls)):
+            assert (cpp[i] == cpp[j]) == (python[i] == python[j]), (changes[i], changes[j])
+    assert cpp[0] == cpp[1] and cpp[0] != cpp[2] and cpp[17] == cpp[19] != cpp[18]
+
+
+@needs_native
+def test_an_attention_call_never_replays_a_launcher_plan(monkeypatch):
+    # Launcher plans share the plan cache with attention()'s. A launcher's key holds its arguments in attention()'s
+    # key slots, so an attention() call that passes the same values there (backend "launcher" included) would, but
+    # for the launcher keys' prefix, find that plan and run it (launcher plans have no run). It must be validated
+    # and refused instead.
+    monkeypatch.setattr(plans_module, "_PLANS", {})
+    q, k, v = (torch.randn(1, 2, 8, 16) for _ in range(3))
+    plan = launch_module._launcher_plan(q, k, v, None, None, 1, 0.25, "ieee", -1, -1, 0.0, None, {})
+    (key,) = plans_module._PLANS
+    assert isinstance(key, bytes) and key.startswith(launch_module._LAUNCHER_KEY_PREFIX)
+    fresh = (torch.randn(1, 2, 8, 16) for _ in range(3))
+    assert launch_module._launcher_plan(*fresh, None, None, 1, 0.25, "ieee", -1, -1, 0.0, None, {}) is plan
+    with pytest.raises(ValueError):
+        attention(q, k, v, causal=True, scale=0.25, backend="launcher", precision="ieee", window=(-1, -1),
+                  softcap=0.0)
 
 
 def test_attention_replays_with_the_python_key_alone_as_with_the_cpp_key(monkeypatch):
