@@ -78,9 +78,9 @@ def _key_mask_args(q: torch.Tensor, key_mask: Optional[torch.Tensor],
     return q, q, 0, 0
 
 
-def _variant_args(q: torch.Tensor, alibi_slopes: Optional[torch.Tensor],
-                  problem: Problem) -> tuple[torch.Tensor, tuple, dict]:
-    """(ALiBi pointer, (stride_alibi_b, stride_alibi_h), (window_left, window_right, softcap), constexpr flags).
+def _variant_args(alibi_slopes: Optional[torch.Tensor], problem: Problem) -> tuple[tuple, dict]:
+    """((stride_alibi_b, stride_alibi_h, window_left, window_right, softcap), constexpr flags): the variants'
+    arguments beside the tensors. (The ALiBi pointer is a leading tensor: the slopes, or q where none are read.)
 
     The kernels take window sides >= 0: an unbounded side (-1) becomes max(S_q, S_k), which reaches past every key
     from every row (|i' - j| < max(S_q, S_k) for all rows and keys), and a huge one is clamped to it so that
@@ -92,15 +92,13 @@ def _variant_args(q: torch.Tensor, alibi_slopes: Optional[torch.Tensor],
     right = unbounded if p.window_right < 0 else min(p.window_right, unbounded)
     window = p.window_left >= 0 or (p.window_right >= 0 and p.causal_mode == 0)
     if p.alibi == "none":
-        alibi, strides = q, (0, 0)
+        strides = (0, 0)
     elif p.alibi == "heads":
-        alibi = alibi_slopes
-        strides = (0, alibi.stride(0))
+        strides = (0, alibi_slopes.stride(0))
     else:
-        alibi = alibi_slopes
-        strides = (alibi.stride(0), alibi.stride(1))
+        strides = (alibi_slopes.stride(0), alibi_slopes.stride(1))
     flags = dict(WINDOW=window, SOFTCAP=p.softcap > 0, ALIBI=p.alibi != "none", VARLEN=p.varlen)
-    return alibi, (*strides, left, right, float(p.softcap)), flags
+    return (*strides, left, right, float(p.softcap)), flags
 
 
 def packed_view(tokens: torch.Tensor, sequences: int) -> torch.Tensor:
@@ -235,7 +233,7 @@ def _launcher_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding
     else the tuple, the variant arguments in its precision slot with their classes. Raises AttributeError or
     TypeError for arguments that are not tensors or not hashable."""
     if (_native.plan_key is not None and causal_mode.__class__ is int and window_left.__class__ is int
-            and window_right.__class__ is int):  # exact ints: True == 1, but validation refuses causal_mode=True
+            and window_right.__class__ is int):  # exact ints: True == 1, and the tuple key keeps their classes
         causal = _CAUSAL_ARGUMENT.get(causal_mode)
         if causal is not None:  # None: a mode attention() has no argument for, or not a mode at all
             packed = _native.plan_key(q, k, v, key_padding_mask, key_lengths, causal, scale, "launcher", precision,
@@ -355,7 +353,7 @@ def _launch_forward_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ou
     recorded = plan.recorded.get(site)  # _replayed, inline: this is the hot path of a replayed inference call
     if recorded is None or not recorded.launch(*tensors):
         # The scalars and flags only an ordinary launch reads (a replay keeps the recorded ones).
-        _, variant_scalars, variant_flags = _variant_args(q, alibi_slopes, p)
+        variant_scalars, variant_flags = _variant_args(alibi_slopes, p)
         stride_table = 0 if block_table is None else block_table.stride(0)
         block_d = _block_d(p.head_dim)
         buckets = _tuning.tuning_buckets(p.seq_q, p.seq_k, p.batch * p.heads)
@@ -481,11 +479,11 @@ def launch_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v:
         return dq, dk, dv
     # The pointer kernels: dQ first, since it computes and stores delta, which dK/dV reads. A replayed launch needs
     # only its tensors; the scalars and constexprs of an ordinary launch are worked out when one is needed.
-    alibi_arg = q if p.alibi == "none" else alibi_slopes  # as _variant_args gives it
+    alibi_arg = q if p.alibi == "none" else alibi_slopes  # the ALiBi pointer, as the forward passes it
     dq_tensors = (q, k, v, grad_out, out, lse, delta, dq, mask_arg, lengths_arg, alibi_arg, cu_q, cu_k)
     launch_args = None
     if not _replayed(plan, ("dq", layout), dq_tensors):
-        launch_args = variant_scalars, meta, qk_scale, buckets = _pointer_backward_args(q, alibi_slopes, p)
+        launch_args = variant_scalars, meta, qk_scale, buckets = _pointer_backward_args(alibi_slopes, p)
         _launch(_DQ, ("dq", layout), plan, _Grid(p.seq_q, "BLOCK_M", p.batch * p.heads), dq_tensors,
                 (*q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *out.stride(), *dq.stride(),
                  stride_mask_b, stride_mask_n, *variant_scalars[:2], p.heads, p.group_size, p.seq_q, p.seq_k,
@@ -493,7 +491,7 @@ def launch_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v:
                 dict(FLAT_GRID=flat_q, **meta))
     dkdv_tensors = (q, k, v, grad_out, lse, delta, dk, dv, mask_arg, lengths_arg, alibi_arg, cu_q, cu_k)
     if not _replayed(plan, ("dkdv", layout), dkdv_tensors):
-        variant_scalars, meta, qk_scale, buckets = launch_args or _pointer_backward_args(q, alibi_slopes, p)
+        variant_scalars, meta, qk_scale, buckets = launch_args or _pointer_backward_args(alibi_slopes, p)
         _launch(_DKDV, ("dkdv", layout), plan, _Grid(p.seq_k, "BLOCK_N", p.batch * p.kv_heads), dkdv_tensors,
                 (*q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *dk.stride(), *dv.stride(),
                  stride_mask_b, stride_mask_n, *variant_scalars[:2], p.heads, p.kv_heads, p.group_size, p.seq_q,
@@ -502,12 +500,11 @@ def launch_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v:
     return dq, dk, dv
 
 
-def _pointer_backward_args(q: torch.Tensor, alibi_slopes: Optional[torch.Tensor],
-                           problem: Problem) -> tuple[tuple, dict, float, tuple]:
+def _pointer_backward_args(alibi_slopes: Optional[torch.Tensor], problem: Problem) -> tuple[tuple, dict, float, tuple]:
     """What an ordinary launch of the pointer dQ or dK/dV kernel takes beside its tensors: (variant scalars, shared
     constexprs, qk_scale, tuning buckets)."""
     p = problem
-    _, variant_scalars, variant_flags = _variant_args(q, alibi_slopes, p)
+    variant_scalars, variant_flags = _variant_args(alibi_slopes, p)
     meta = dict(HEAD_DIM=p.head_dim, BLOCK_D=_block_d(p.head_dim), CAUSAL=p.causal_mode, KEY_MASK=p.key_masking,
                 DOT=_dot_mode(p.precision), **variant_flags)
     return (variant_scalars, meta, p.scale * math.log2(math.e),
