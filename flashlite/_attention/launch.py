@@ -228,8 +228,9 @@ def _launcher_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding
                   window_left: int, window_right: int, softcap: float,
                   alibi_slopes: Optional[torch.Tensor]) -> Any:
     """The plan key of a direct launcher call (what compiled graphs' attention ops call on every call): packed in
-    C++ where it covers the call, 0.1 us against 1.7 us for the tuple on the development CPU, in attention()'s key
-    layout with the launcher's arguments in its slots (causal_mode as its causal argument, the window as a pair);
+    C++ where it covers the call (0.4-0.7 us against 1.2 us for the tuple, whose lookup then hashes it too, on the
+    development CPU: benchmarks/results/cpu-host-2026-12-04/launcher_key_cost/), in attention()'s key layout with
+    the launcher's arguments in its slots (causal_mode as its causal argument, the window as a pair);
     else the tuple, the variant arguments in its precision slot with their classes. Raises AttributeError or
     TypeError for arguments that are not tensors or not hashable."""
     if (_native.plan_key is not None and causal_mode.__class__ is int and window_left.__class__ is int
