@@ -450,7 +450,7 @@ def launch_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v:
     delta = torch.empty_like(lse)
     if p.varlen:
         dq, dk, dv = _new_output(q, p), _new_output(k, p), _new_output(v, p)
-    else:  # contiguous; empty_like parses fewer arguments than empty (0.7 us less each on the development CPU)
+    else:  # contiguous; empty_like parses fewer arguments than empty
         contiguous = torch.contiguous_format
         dq = torch.empty_like(q, memory_format=contiguous)
         dk = torch.empty_like(k, memory_format=contiguous)
