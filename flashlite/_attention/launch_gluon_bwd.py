@@ -7,9 +7,11 @@ gradient whose layout TMA cannot describe is copied to a contiguous one first.
 
 ``flashlite.attention``'s backward (``launch.launch_backward``) runs these kernels instead of the pointer dK/dV and
 dQ kernels (after the pointer delta kernel) only where ``backward_on_gluon`` says so: dense calls without key masks
-or variants that the kernels can run, with q, k and v on 16-byte boundaries, and only with FLASHLITE_GLUON_BWD=1
+or variants that the kernels can run, with q, k and v on 16-byte boundaries, and only with FLASHLITE_GLUON_BWD set
 (``GLUON_BWD_ENABLED``), off by default until an H200 A/B
-(``tests/perf/test_gluon_ab.py::test_gluon_backward_ab``) says where they are faster.
+(``tests/perf/test_gluon_ab.py::test_gluon_backward_ab``) says where they are faster. FLASHLITE_GLUON_BWD=1 runs
+both on the single-partition kernels ("pipelined"), FLASHLITE_GLUON_BWD=ws on the warp-specialized ones ("ws": a
+TMA producer warp and two consumer warpgroups; ``GLUON_BWD_VARIANT``).
 """
 from __future__ import annotations
 
@@ -28,17 +30,27 @@ try:
 except ImportError:  # pragma: no cover - Triton without Gluon; gluon_supported then says so
     _kernels = None
 
-GLUON_BWD_ENABLED = os.environ.get("FLASHLITE_GLUON_BWD", "0") not in ("", "0")
+_GLUON_BWD = os.environ.get("FLASHLITE_GLUON_BWD", "0")
+GLUON_BWD_ENABLED = _GLUON_BWD not in ("", "0")
+# The schedule of the kernels flashlite.attention's backward runs when GLUON_BWD_ENABLED.
+GLUON_BWD_VARIANT = "ws" if _GLUON_BWD == "ws" else "pipelined"
+# The schedules each backward kernel has: "pipelined" (one partition) and "ws" (``_attn_bwd_dkdv_ws``,
+# ``_attn_bwd_dq_ws``).
+BWD_VARIANTS = {"dkdv": ("pipelined", "ws"), "dq": ("pipelined", "ws")}
 
 
 @dataclass(frozen=True)
 class GluonBwdConfig:
-    """One compiled shape of a backward kernel (``kernel``: "dkdv" or "dq"): the rows a program owns (BLOCK_N keys
-    for dK/dV, BLOCK_M query rows for dQ), the rows of each tile streamed past them, ring depth, warps.
+    """One compiled shape of a backward kernel (``kernel``: "dkdv" or "dq"; ``variant``: its schedule, one of
+    ``BWD_VARIANTS[kernel]``): the rows a warpgroup set owns (BLOCK_N keys for dK/dV, BLOCK_M query rows for dQ;
+    "ws" has two consumer warpgroups, each owning that many), the rows of each tile streamed past them, ring depth,
+    warps (of the default partition for "ws").
 
     Example:
         >>> GluonBwdConfig("dkdv", 128, 64, 2, 8).shared_bytes(128)
         131072
+        >>> GluonBwdConfig("dkdv", 64, 64, 2, 4, "ws").program_rows
+        128
     """
 
     kernel: str
@@ -46,20 +58,35 @@ class GluonBwdConfig:
     streamed_rows: int
     stages: int
     num_warps: int
+    variant: str = "pipelined"
+    early_dp: Optional[bool] = None  # dK/dV "ws" only: dP^T issued with S^T (``_dkdv_block``'s EARLY_DP)
+
+    @property
+    def program_rows(self) -> int:
+        """Keys (dK/dV) or query rows (dQ) one program covers."""
+        return 2 * self.own_rows if self.variant == "ws" else self.own_rows
 
     def shared_bytes(self, head_dim: int) -> int:
-        return _kernels.shared_memory_bytes(self.own_rows, self.streamed_rows, self.stages, head_dim)
+        return _kernels.shared_memory_bytes(self.program_rows, self.streamed_rows, self.stages, head_dim)
 
 
-def bwd_configs_for(head_dim: int, kernel: str = "dkdv") -> list[GluonBwdConfig]:
-    """Every config the kernel file lists for ``kernel`` ("dkdv" or "dq") at ``head_dim``, the launcher's first.
+def bwd_configs_for(head_dim: int, kernel: str = "dkdv", variant: str = "pipelined") -> list[GluonBwdConfig]:
+    """Every config the kernel file lists for ``kernel`` ("dkdv" or "dq") in ``variant`` at ``head_dim``, the
+    launcher's first.
 
     Example:
-        >>> bwd_configs_for(128)[0]
-        GluonBwdConfig(kernel='dkdv', own_rows=128, streamed_rows=64, stages=2, num_warps=8)
+        >>> config = bwd_configs_for(128)[0]
+        >>> config.variant, config.own_rows, config.streamed_rows, config.stages, config.num_warps
+        ('pipelined', 128, 64, 2, 8)
+        >>> bwd_configs_for(64, "dkdv", "ws")[0].program_rows
+        128
     """
-    listed = {"dkdv": _kernels.GLUON_BWD_CONFIGS, "dq": _kernels.GLUON_DQ_CONFIGS}[kernel]
-    return [GluonBwdConfig(kernel, *blocks) for blocks in listed[head_dim]]
+    if variant not in BWD_VARIANTS[kernel]:
+        raise ValueError(f"variant must be one of {BWD_VARIANTS[kernel]} for the {kernel} kernel, got {variant!r}")
+    listed = {("dkdv", "pipelined"): _kernels.GLUON_BWD_CONFIGS, ("dkdv", "ws"): _kernels.GLUON_BWD_WS_CONFIGS,
+              ("dq", "pipelined"): _kernels.GLUON_DQ_CONFIGS,
+              ("dq", "ws"): _kernels.GLUON_DQ_WS_CONFIGS}[kernel, variant]
+    return [GluonBwdConfig(kernel, *blocks[:4], variant, *blocks[4:]) for blocks in listed[head_dim]]
 
 
 def dq_kernel_arguments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor,
@@ -73,7 +100,14 @@ def dq_kernel_arguments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_
     args = (*tiles, lse, delta, heads, heads // kv_heads, q.shape[2], k.shape[2], scale * math.log2(math.e), scale)
     meta = dict(HEAD_DIM=q.shape[-1], BLOCK_M=block_m, BLOCK_N=block_n, STAGES=config.stages,
                 CAUSAL=causal_mode, num_warps=config.num_warps)
+    if config.variant == "ws":
+        meta["maxnreg"] = _kernels.BWD_WS_MAXNREG
     return args, meta
+
+
+def dq_kernel_for(config: GluonBwdConfig):
+    """The Gluon dQ kernel that runs ``config``'s schedule."""
+    return _kernels._attn_bwd_dq_ws if config.variant == "ws" else _kernels._attn_bwd_dq
 
 
 def dkdv_kernel_arguments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor,
@@ -89,7 +123,14 @@ def dkdv_kernel_arguments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gra
     args = (*tiles, lse, delta, heads, heads // kv_heads, q.shape[2], k.shape[2], scale * math.log2(math.e), scale)
     meta = dict(HEAD_DIM=head_dim, BLOCK_N=block_n, BLOCK_M=block_m, STAGES=config.stages,
                 CAUSAL=causal_mode, num_warps=config.num_warps)
+    if config.variant == "ws":
+        meta.update(EARLY_DP=config.early_dp, maxnreg=_kernels.BWD_WS_MAXNREG)
     return args, meta
+
+
+def dkdv_kernel_for(config: GluonBwdConfig):
+    """The Gluon dK/dV kernel that runs ``config``'s schedule."""
+    return _kernels._attn_bwd_dkdv_ws if config.variant == "ws" else _kernels._attn_bwd_dkdv
 
 
 def tma_gradient(grad_out: torch.Tensor) -> torch.Tensor:
@@ -138,8 +179,9 @@ def gluon_attention_dkdv(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tenso
     grad_out, delta, scale = _checked(grad_out, q, k, v, out, lse, causal, scale)
     head_dim = q.shape[-1]
     config = config or bwd_configs_for(head_dim)[0]
-    if config not in bwd_configs_for(head_dim):
-        raise ValueError(f"config {config} is not listed for head dim {head_dim}: {bwd_configs_for(head_dim)}")
+    if config.kernel != "dkdv" or config not in bwd_configs_for(head_dim, "dkdv", config.variant):
+        raise ValueError(f"config {config} is not listed for the dK/dV kernel at head dim {head_dim}: "
+                         f"{[c for v in BWD_VARIANTS['dkdv'] for c in bwd_configs_for(head_dim, 'dkdv', v)]}")
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     launch_dkdv(q, k, v, grad_out, lse.contiguous(), delta, dk, dv, _CAUSAL[causal], scale, config)
@@ -151,21 +193,22 @@ def launch_dkdv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: tor
                 config: Optional[GluonBwdConfig] = None) -> None:
     """Write dK and dV of a checked call into ``dk`` and ``dv`` (contiguous, k's and v's shapes): ``grad_out`` as
     ``tma_gradient`` returns it, ``lse`` and ``delta`` contiguous float32 [B, H, S_q]. What
-    ``gluon_attention_dkdv`` and ``launch.launch_backward`` launch."""
-    config = config or bwd_configs_for(q.shape[-1])[0]
+    ``gluon_attention_dkdv`` and ``launch.launch_backward`` launch; without ``config``, the first listed config of
+    ``GLUON_BWD_VARIANT``."""
+    config = config or bwd_configs_for(q.shape[-1], "dkdv", GLUON_BWD_VARIANT)[0]
     args, meta = dkdv_kernel_arguments(q, k, v, grad_out, dk, dv, lse, delta, causal_mode, scale, config)
-    grid = (math.ceil(k.shape[2] / config.own_rows), k.shape[0] * k.shape[1])
-    _kernels._attn_bwd_dkdv[grid](*args, **meta)
+    grid = (math.ceil(k.shape[2] / config.program_rows), k.shape[0] * k.shape[1])
+    dkdv_kernel_for(config)[grid](*args, **meta)
 
 
 def launch_dq(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor, lse: torch.Tensor,
               delta: torch.Tensor, dq: torch.Tensor, causal_mode: int, scale: float,
               config: Optional[GluonBwdConfig] = None) -> None:
     """Write dQ of a checked call into ``dq`` (contiguous, q's shape), as ``launch_dkdv`` does dK and dV."""
-    config = config or bwd_configs_for(q.shape[-1], "dq")[0]
+    config = config or bwd_configs_for(q.shape[-1], "dq", GLUON_BWD_VARIANT)[0]
     args, meta = dq_kernel_arguments(q, k, v, grad_out, dq, lse, delta, causal_mode, scale, config)
-    grid = (math.ceil(q.shape[2] / config.own_rows), q.shape[0] * q.shape[1])
-    _kernels._attn_bwd_dq[grid](*args, **meta)
+    grid = (math.ceil(q.shape[2] / config.program_rows), q.shape[0] * q.shape[1])
+    dq_kernel_for(config)[grid](*args, **meta)
 
 
 def gluon_attention_dq(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -178,10 +221,10 @@ def gluon_attention_dq(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
         >>> dq = gluon_attention_dq(torch.randn_like(q), q, q, q, out, lse, causal=True)  # doctest: +SKIP
     """
     grad_out, delta, scale = _checked(grad_out, q, k, v, out, lse, causal, scale)
-    listed = bwd_configs_for(q.shape[-1], "dq")
-    config = config or listed[0]
-    if config not in listed:
-        raise ValueError(f"config {config} is not listed for the dQ kernel at head dim {q.shape[-1]}: {listed}")
+    config = config or bwd_configs_for(q.shape[-1], "dq")[0]
+    if config.kernel != "dq" or config not in bwd_configs_for(q.shape[-1], "dq", config.variant):
+        raise ValueError(f"config {config} is not listed for the dQ kernel at head dim {q.shape[-1]}: "
+                         f"{[c for v in BWD_VARIANTS['dq'] for c in bwd_configs_for(q.shape[-1], 'dq', v)]}")
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     launch_dq(q, k, v, grad_out, lse.contiguous(), delta, dq, _CAUSAL[causal], scale, config)
     return dq

@@ -25,6 +25,12 @@ dO tiles resident and key/value tiles streaming through a ring: S = Q K^T and dP
 P and dS = P * (dP - delta) in registers, dQ += dS K (dS from registers), dQ *= scale at the end, stored through
 Q's tile.
 
+Each kernel has a warp-specialized twin (step 2 of the forward's plan, applied to the backward), ``_attn_bwd_dkdv_ws``
+and ``_attn_bwd_dq_ws``: a one-warp producer partition issues every copy, and two consumer warpgroups, each its own
+partition with its own rows (keys for dK/dV, query rows for dQ), its own tiles and its own hand-back barriers, run
+the same per-block arithmetic (``_dkdv_block``, ``_dq_block``) without meeting at a barrier of the whole program,
+so that one's exponentials can run while the other's wgmmas do. Their protocols are described above them.
+
 Bounds need no masks on the load path: the copy engine clips every [1, 1, rows, D] tile to its own (batch, head),
 so rows past S_q or S_k load as zeros. In dK/dV, their lse is read as +inf, which makes their P^T exactly 0, and
 key rows past S_k give rows that the store clips; in dQ, keys past S_k are masked with the causal ones.
@@ -39,7 +45,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from flashlite.kernels.gluon_tiles import as_tma_tile, key_blocks, mma_layout, tile_layout
+from flashlite.kernels.attention_fwd_gluon import PRODUCER_REGS
+from flashlite.kernels.gluon_tiles import as_tma_tile, consumer_key_blocks, key_blocks, mma_layout, tile_layout
 
 # dK/dV: (BLOCK_N, BLOCK_M, STAGES, num_warps) per head dim; the first is the launcher's. num_warps warps stack
 # along the keys (each warpgroup 64 key rows), so per thread: dK and dV hold 2 x HEAD_DIM / 2 float32, S^T and dP^T
@@ -120,6 +127,70 @@ def _issue_q_do(q_desc, do_desc, q_bufs, do_bufs, ready, t, n_iters, n_m, lo_m, 
                 (lo_m + t % per_head) * BLOCK_M, t < n_iters, BLOCK_M, HEAD_DIM)
 
 
+@gluon.jit
+def _query_blocks(start_n, seq_q, seq_k, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr):
+    """(diag_shift, lo_m, m_full, n_q_blocks) of the BLOCK_N keys from ``start_n``: query blocks before lo_m see none
+    of them, blocks [lo_m, m_full) hold the diagonal (masked), the rest up to n_q_blocks see every one."""
+    # Query i sees key j when j <= i + diag_shift (causal), so the first block is the one holding row
+    # start_n - diag_shift.
+    if CAUSAL == 2:
+        diag_shift = seq_k - seq_q
+    else:
+        diag_shift = 0
+    n_q_blocks = gl.cdiv(seq_q, BLOCK_M)
+    if CAUSAL != 0:
+        lo_m = gl.minimum(gl.maximum(start_n - diag_shift, 0) // BLOCK_M, n_q_blocks)
+        m_full = gl.minimum(gl.cdiv(gl.maximum(start_n + BLOCK_N - 1 - diag_shift, 0), BLOCK_M), n_q_blocks)
+    else:
+        lo_m = 0
+        m_full = 0
+    return diag_shift, lo_m, m_full, n_q_blocks
+
+
+@gluon.jit
+def _dkdv_block(dk, dv, k_tile, v_tile, q_tile, do_tile, Lse, Delta, keys, stats, m_block, m_full, seq_q, diag_shift,
+                qk_scale, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr, WARPS: gl.constexpr,
+                EARLY_DP: gl.constexpr = True):
+    """dK and dV (float32 registers, [BLOCK_N, D]) of the key rows ``keys`` with query block ``m_block`` of one head
+    added in: its Q and dO tiles in shared memory, its rows' lse and delta at ``Lse + stats`` and ``Delta + stats``.
+    Query blocks before ``m_full`` hold the diagonal (masked). Returns once every wgmma has completed, so that the
+    caller may hand the Q and dO tiles back. EARLY_DP: dP^T = V dO^T is issued with S^T and runs under the
+    exponentials; otherwise after dV's wgmma, so that its accumulator is not live beside S^T's (fewer registers)."""
+    dtype: gl.constexpr = k_tile.dtype
+    st_layout: gl.constexpr = mma_layout(WARPS, BLOCK_M)  # S^T, P^T, dP^T, dS^T: [BLOCK_N, BLOCK_M]
+    pt_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dk.type.layout, k_width=2)
+    col_layout: gl.constexpr = gl.SliceLayout(0, st_layout)  # one value per query column
+    st_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout)
+    st = warpgroup_mma(k_tile, q_tile.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+    if EARLY_DP:
+        dpt = warpgroup_mma(v_tile, do_tile.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+    # The statistics of the block's query columns, read while the products run; columns past S_q read lse +inf
+    # (P^T = 0 there) and delta 0.
+    cols = m_block * BLOCK_M + gl.arange(0, BLOCK_M, layout=col_layout)
+    in_q = cols < seq_q
+    lse = gl.load(Lse + stats + cols, mask=in_q, other=float("inf"))
+    delta = gl.load(Delta + stats + cols, mask=in_q, other=0.0)
+    if EARLY_DP:
+        st = warpgroup_mma_wait(1, deps=(st, ))
+    else:
+        st = warpgroup_mma_wait(0, deps=(st, ))
+    pt = gl.exp2(st * qk_scale - gl.expand_dims(lse, 0))
+    if CAUSAL != 0:
+        if m_block < m_full:
+            visible = gl.expand_dims(keys, 1) <= gl.expand_dims(cols + diag_shift, 0)
+            pt = gl.where(visible, pt, 0.0)
+    pt_op = gl.convert_layout(pt.to(dtype), pt_layout)
+    dv = warpgroup_mma(pt_op, do_tile, dv, is_async=True)
+    if not EARLY_DP:
+        dpt = warpgroup_mma(v_tile, do_tile.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+    dpt = warpgroup_mma_wait(1, deps=(dpt, ))
+    dst = pt * (dpt - gl.expand_dims(delta, 0))
+    dst_op = gl.convert_layout(dst.to(dtype), pt_layout)
+    dk = warpgroup_mma(dst_op, q_tile, dk, is_async=True)
+    dv, dk, pt_op, dst_op = warpgroup_mma_wait(0, deps=(dv, dk, pt_op, dst_op))
+    return dk, dv
+
+
 # The integers are not specialized: the copy engine handles every bound, so one compile per config, dtype and mode.
 @gluon.jit(do_not_specialize=["num_heads", "group_size", "seq_q", "seq_k"])
 def _attn_bwd_dkdv(q_desc,  # [B, H, S_q, D] 16-bit, tiles [1, 1, BLOCK_M, D]
@@ -137,11 +208,8 @@ def _attn_bwd_dkdv(q_desc,  # [B, H, S_q, D] 16-bit, tiles [1, 1, BLOCK_M, D]
 
     Grid: (cdiv(S_k, BLOCK_N), B * H_kv)."""
     dtype: gl.constexpr = k_desc.dtype
-    st_layout: gl.constexpr = mma_layout(num_warps, BLOCK_M)  # S^T, P^T, dP^T, dS^T: [BLOCK_N, BLOCK_M]
     kv_layout: gl.constexpr = mma_layout(num_warps, HEAD_DIM)  # dK, dV: [BLOCK_N, HEAD_DIM]
-    pt_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
-    col_layout: gl.constexpr = gl.SliceLayout(0, st_layout)  # one value per query column
-    row_layout: gl.constexpr = gl.SliceLayout(1, st_layout)  # one value per key row
+    row_layout: gl.constexpr = gl.SliceLayout(1, mma_layout(num_warps, BLOCK_M))  # one value per key row
 
     pid_n = gl.program_id(0)
     pid_bh = gl.program_id(1)
@@ -156,19 +224,7 @@ def _attn_bwd_dkdv(q_desc,  # [B, H, S_q, D] 16-bit, tiles [1, 1, BLOCK_M, D]
     tma.async_copy_global_to_shared(k_desc, [b, kv_h, start_n, 0], kv_ready, as_tma_tile(k_smem, BLOCK_N, HEAD_DIM))
     tma.async_copy_global_to_shared(v_desc, [b, kv_h, start_n, 0], kv_ready, as_tma_tile(v_smem, BLOCK_N, HEAD_DIM))
 
-    # Query blocks that see some key of this block: query i sees key j when j <= i + diag_shift (causal), so the
-    # first is the one holding row start_n - diag_shift. Blocks before m_full hold the diagonal (masked).
-    if CAUSAL == 2:
-        diag_shift = seq_k - seq_q
-    else:
-        diag_shift = 0
-    n_q_blocks = gl.cdiv(seq_q, BLOCK_M)
-    if CAUSAL != 0:
-        lo_m = gl.minimum(gl.maximum(start_n - diag_shift, 0) // BLOCK_M, n_q_blocks)
-        m_full = gl.minimum(gl.cdiv(gl.maximum(start_n + BLOCK_N - 1 - diag_shift, 0), BLOCK_M), n_q_blocks)
-    else:
-        lo_m = 0
-        m_full = 0
+    diag_shift, lo_m, m_full, n_q_blocks = _query_blocks(start_n, seq_q, seq_k, BLOCK_N, BLOCK_M, CAUSAL)
     n_m = n_q_blocks - lo_m
     n_iters = group_size * n_m
 
@@ -178,39 +234,14 @@ def _attn_bwd_dkdv(q_desc,  # [B, H, S_q, D] 16-bit, tiles [1, 1, BLOCK_M, D]
 
     dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
     dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
-    st_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout)
     keys = start_n + gl.arange(0, BLOCK_N, layout=row_layout)
     mbarrier.wait(kv_ready, 0)
     for t in range(n_iters):
         slot = t % STAGES
-        phase = (t // STAGES) & 1
-        h = kv_h * group_size + t // n_m
-        m_block = lo_m + t % n_m
-        q_tile = q_bufs.index(slot)
-        do_tile = do_bufs.index(slot)
-        mbarrier.wait(ready.index(slot), phase)
-        st = warpgroup_mma(k_smem, q_tile.permute((1, 0)), st_zero, use_acc=False, is_async=True)
-        dpt = warpgroup_mma(v_smem, do_tile.permute((1, 0)), st_zero, use_acc=False, is_async=True)
-        # The statistics of the block's query columns, read while the products run; columns past S_q read lse
-        # +inf (P^T = 0 there) and delta 0.
-        cols = m_block * BLOCK_M + gl.arange(0, BLOCK_M, layout=col_layout)
-        in_q = cols < seq_q
-        stats = (b * num_heads + h).to(gl.int64) * seq_q
-        lse = gl.load(Lse + stats + cols, mask=in_q, other=float("inf"))
-        delta = gl.load(Delta + stats + cols, mask=in_q, other=0.0)
-        st = warpgroup_mma_wait(1, deps=(st, ))
-        pt = gl.exp2(st * qk_scale - gl.expand_dims(lse, 0))
-        if CAUSAL != 0:
-            if m_block < m_full:
-                visible = gl.expand_dims(keys, 1) <= gl.expand_dims(cols + diag_shift, 0)
-                pt = gl.where(visible, pt, 0.0)
-        pt_op = gl.convert_layout(pt.to(dtype), pt_layout)
-        dv = warpgroup_mma(pt_op, do_tile, dv, is_async=True)
-        dpt = warpgroup_mma_wait(1, deps=(dpt, ))
-        dst = pt * (dpt - gl.expand_dims(delta, 0))
-        dst_op = gl.convert_layout(dst.to(dtype), pt_layout)
-        dk = warpgroup_mma(dst_op, q_tile, dk, is_async=True)
-        dv, dk, pt_op, dst_op = warpgroup_mma_wait(0, deps=(dv, dk, pt_op, dst_op))
+        mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
+        dk, dv = _dkdv_block(dk, dv, k_smem, v_smem, q_bufs.index(slot), do_bufs.index(slot), Lse, Delta, keys,
+                             (b * num_heads + kv_h * group_size + t // n_m).to(gl.int64) * seq_q, lo_m + t % n_m,
+                             m_full, seq_q, diag_shift, qk_scale, BLOCK_N, BLOCK_M, CAUSAL, num_warps)
         # Every wgmma of this iteration has completed in this warpgroup; once all warpgroups are past theirs, the
         # slot takes iteration t + STAGES.
         gl.thread_barrier()
@@ -227,6 +258,206 @@ def _attn_bwd_dkdv(q_desc,  # [B, H, S_q, D] 16-bit, tiles [1, 1, BLOCK_M, D]
     tma.store_wait(0)
 
 
+# ----------------------------------------------------------------------------------------------------------------
+# Step 2 of the backward: dK/dV with a TMA producer warp and two consumer warpgroups (``_attn_bwd_dkdv_ws``).
+#
+# A program owns 2 x BLOCK_N keys of one (batch, key/value head); consumer c (a warpgroup, its own partition) holds
+# keys start_n + c * BLOCK_N onwards in its own K and V tiles and its own dK and dV registers. Both read the same
+# stream of Q and dO tiles (every query block that sees consumer 0's keys, for every query head of the group), which
+# a one-warp producer partition copies into a ring of STAGES slots. Each consumer hands a slot back through its own
+# "empty" mbarrier (index c * STAGES + slot) once its wgmmas on it have completed, and the producer refills a slot
+# only when both have. Unlike the single-partition kernel, whose warpgroups meet at a CTA barrier every iteration,
+# the two consumers here run apart (each waits only for its own wgmmas and partition barrier), so one's softmax
+# recomputation can run while the other's wgmmas do.
+#
+# Both consumers take every iteration of the stream, so that the protocol is the same for both (each arrives once
+# per iteration on its slot's barrier, and the producer waits for both). Consumer 1's keys come later: with causal
+# masking the stream's first query block of a head may see none of them, and that iteration computes masked zeros
+# (one block per head with BLOCK_M = BLOCK_N). A consumer whose keys all lie past S_k (the last program of a head)
+# is given no K and V copy, computes on its uninitialised tiles and stores nothing: the copy engine clips its store
+# to the head's S_k rows.
+#
+# Why the parities are unambiguous: a consumer arrives on empty[c, slot] for iteration t only after waiting for
+# ready[slot] of iteration t, which the producer completes after it waited for the release of iteration t - STAGES;
+# so no barrier runs more than one phase ahead of the side that waits on it (as in the forward's step 2).
+BWD_CONSUMER_WARPS = gl.constexpr(4)
+# Registers per consumer thread (setmaxnreg): 2 x 128 x 240 + 128 x 24 (the producer's warpgroup) fit an SM's 64 K;
+# the kernel is launched with maxnreg BWD_WS_MAXNREG (12 warps x 32 threads x 168 registers).
+BWD_CONSUMER_REGS = gl.constexpr(240)
+BWD_WS_MAXNREG = 168
+# (BLOCK_N keys per consumer, BLOCK_M, STAGES, num_warps = 4) per head dim. Shared memory: K and V 2 x BLOCK_N x D,
+# Q and dO BLOCK_M x D per stage: D=64, 64 x 64 x 3: 32 + 3 x 16 = 80 KB; D=128, 64 x 64 x 2: 64 + 2 x 32 = 128 KB.
+GLUON_BWD_WS_CONFIGS = {
+    64: [(64, 64, 3, 4, True), (64, 64, 4, 4, True), (64, 64, 3, 4, False)],
+    128: [(64, 64, 2, 4, False), (64, 32, 3, 4, True), (64, 32, 4, 4, False)],
+}
+
+
+@gluon.jit
+def _init_consumer_barriers(own_ready, ready, empty, STAGES: gl.constexpr):
+    """The barriers of a two-consumer program: each consumer's held tiles' (own_ready), each slot's (ready; the copy
+    engine completes them) and each consumer's per slot hand-back (empty, index c * STAGES + slot)."""
+    for c in gl.static_range(2):
+        mbarrier.init(own_ready.index(c), count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+    for i in gl.static_range(2 * STAGES):
+        mbarrier.init(empty.index(i), count=1)
+    fence_async_shared()  # the barriers' initialisation, visible to the copy engine before it signals them
+
+
+@gluon.jit
+def _invalidate_consumer_barriers(own_ready, ready, empty, STAGES: gl.constexpr):
+    for c in gl.static_range(2):
+        mbarrier.invalidate(own_ready.index(c))
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(i))
+    for i in gl.static_range(2 * STAGES):
+        mbarrier.invalidate(empty.index(i))
+
+
+@gluon.jit
+def _dkdv_ws_producer(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, do_bufs, kv_ready, ready, empty,
+                      b, kv_h, start_n, seq_k, group_size, lo_m, n_m, n_iters,
+                      BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
+    """One warp: each consumer's K and V tiles (none for a consumer whose keys all lie past S_k), then the stream of
+    Q and dO tiles, iteration t into slot t % STAGES once both consumers have handed back iteration t - STAGES."""
+    for c in gl.static_range(2):
+        pred = start_n + c * BLOCK_N < seq_k
+        mbarrier.expect(kv_ready.index(c), k_desc.block_type.nbytes + v_desc.block_type.nbytes, pred=pred)
+        tma.async_copy_global_to_shared(k_desc, [b, kv_h, start_n + c * BLOCK_N, 0], kv_ready.index(c),
+                                        as_tma_tile(k_smem.index(c), BLOCK_N, HEAD_DIM), pred=pred)
+        tma.async_copy_global_to_shared(v_desc, [b, kv_h, start_n + c * BLOCK_N, 0], kv_ready.index(c),
+                                        as_tma_tile(v_smem.index(c), BLOCK_N, HEAD_DIM), pred=pred)
+    for t in range(n_iters):
+        slot = t % STAGES
+        # Round 0 passes at once (a fresh mbarrier counts as having completed the phase before its first).
+        phase = ((t // STAGES) & 1) ^ 1
+        mbarrier.wait(empty.index(slot), phase)
+        mbarrier.wait(empty.index(STAGES + slot), phase)
+        _issue_q_do(q_desc, do_desc, q_bufs, do_bufs, ready, t, n_iters, n_m, lo_m, b, kv_h, group_size,
+                    BLOCK_M, HEAD_DIM, STAGES)
+
+
+@gluon.jit
+def _dkdv_ws_consumer(C: gl.constexpr, k_smem, v_smem, q_bufs, do_bufs, kv_ready, ready, empty, dk_desc, dv_desc,
+                      Lse, Delta, b, kv_h, start_n, num_heads, group_size, seq_q, seq_k, qk_scale, sm_scale,
+                      lo_m, n_m, n_iters,
+                      HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
+                      CAUSAL: gl.constexpr, EARLY_DP: gl.constexpr):
+    """Consumer C: dK and dV of keys start_n + C * BLOCK_N onwards over the whole stream, then their store."""
+    kv_layout: gl.constexpr = mma_layout(BWD_CONSUMER_WARPS, HEAD_DIM)  # dK, dV: [BLOCK_N, HEAD_DIM]
+    row_layout: gl.constexpr = gl.SliceLayout(1, mma_layout(BWD_CONSUMER_WARPS, BLOCK_M))  # one value per key row
+    own_start = start_n + C * BLOCK_N
+    k_tile = k_smem.index(C)
+    v_tile = v_smem.index(C)
+    diag_shift, _, m_full, _ = _query_blocks(own_start, seq_q, seq_k, BLOCK_N, BLOCK_M, CAUSAL)
+    keys = own_start + gl.arange(0, BLOCK_N, layout=row_layout)
+    dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
+    dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
+    mbarrier.wait(kv_ready.index(C), 0, pred=own_start < seq_k)
+    for t in range(n_iters):
+        slot = t % STAGES
+        mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
+        dk, dv = _dkdv_block(dk, dv, k_tile, v_tile, q_bufs.index(slot), do_bufs.index(slot), Lse, Delta, keys,
+                             (b * num_heads + kv_h * group_size + t // n_m).to(gl.int64) * seq_q, lo_m + t % n_m,
+                             m_full, seq_q, diag_shift, qk_scale, BLOCK_N, BLOCK_M, CAUSAL, BWD_CONSUMER_WARPS,
+                             EARLY_DP)
+        # Every warp of the warpgroup must be past its wgmma wait before the one arriving thread signals (the
+        # partition's own barrier).
+        gl.thread_barrier()
+        mbarrier.arrive(empty.index(C * STAGES + slot))
+    # This consumer's K and V tiles take its results: every wgmma that read them has completed.
+    dtype: gl.constexpr = k_smem.dtype
+    k_tile.store((dk * sm_scale).to(dtype))
+    v_tile.store(dv.to(dtype))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(dk_desc, [b, kv_h, own_start, 0], as_tma_tile(k_tile, BLOCK_N, HEAD_DIM))
+    tma.async_copy_shared_to_global(dv_desc, [b, kv_h, own_start, 0], as_tma_tile(v_tile, BLOCK_N, HEAD_DIM))
+    tma.store_wait(0)
+
+
+@gluon.jit(do_not_specialize=["num_heads", "group_size", "seq_q", "seq_k"])
+def _attn_bwd_dkdv_ws(q_desc,  # [B, H, S_q, D] 16-bit, tiles [1, 1, BLOCK_M, D]
+                      k_desc,  # [B, H_kv, S_k, D], tiles [1, 1, BLOCK_N, D] (one consumer's keys)
+                      v_desc,  # [B, H_kv, S_k, D], tiles [1, 1, BLOCK_N, D]
+                      do_desc,  # [B, H, S_q, D] the output's gradient, q's dtype, tiles [1, 1, BLOCK_M, D]
+                      dk_desc,  # [B, H_kv, S_k, D] k's dtype, tiles [1, 1, BLOCK_N, D]
+                      dv_desc,  # [B, H_kv, S_k, D] v's dtype, tiles [1, 1, BLOCK_N, D]
+                      Lse,  # [B, H, S_q] float32, contiguous: the forward's base-2 log-sum-exp of the scaled scores
+                      Delta,  # [B, H, S_q] float32, contiguous: rowsum(dO * O)
+                      num_heads, group_size, seq_q, seq_k, qk_scale, sm_scale,  # group_size = H // H_kv
+                      HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
+                      CAUSAL: gl.constexpr, EARLY_DP: gl.constexpr, num_warps: gl.constexpr):
+    """dK and dV of 2 x BLOCK_N keys of one (batch, key/value head) over every query head of its group: two consumer
+    warpgroups and a TMA producer warp (launch with num_warps = 4 and maxnreg = BWD_WS_MAXNREG). EARLY_DP as in
+    ``_dkdv_block``.
+
+    Grid: (cdiv(S_k, 2 * BLOCK_N), B * H_kv)."""
+    gl.static_assert(num_warps == BWD_CONSUMER_WARPS, "the default partition is one consumer warpgroup")
+    dtype: gl.constexpr = k_desc.dtype
+    pid_bh = gl.program_id(1)
+    kv_heads = num_heads // group_size
+    b = pid_bh // kv_heads
+    kv_h = pid_bh % kv_heads
+    start_n = gl.program_id(0) * 2 * BLOCK_N
+
+    tile: gl.constexpr = tile_layout()
+    k_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_N, HEAD_DIM], tile)
+    v_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_N, HEAD_DIM], tile)
+    q_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], tile)
+    do_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], tile)
+    kv_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())
+    _init_consumer_barriers(kv_ready, ready, empty, STAGES)
+
+    # The stream: every query block that sees some key of consumer 0's (the earlier keys: it sees the most).
+    _, lo_m, _, n_q_blocks = _query_blocks(start_n, seq_q, seq_k, BLOCK_N, BLOCK_M, CAUSAL)
+    n_m = n_q_blocks - lo_m
+    n_iters = group_size * n_m
+    gl.warp_specialize([
+        (_dkdv_ws_consumer, (0, k_smem, v_smem, q_bufs, do_bufs, kv_ready, ready, empty, dk_desc, dv_desc, Lse,
+                             Delta, b, kv_h, start_n, num_heads, group_size, seq_q, seq_k, qk_scale, sm_scale,
+                             lo_m, n_m, n_iters, HEAD_DIM, BLOCK_N, BLOCK_M, STAGES, CAUSAL, EARLY_DP)),
+        (_dkdv_ws_consumer, (1, k_smem, v_smem, q_bufs, do_bufs, kv_ready, ready, empty, dk_desc, dv_desc, Lse,
+                             Delta, b, kv_h, start_n, num_heads, group_size, seq_q, seq_k, qk_scale, sm_scale,
+                             lo_m, n_m, n_iters, HEAD_DIM, BLOCK_N, BLOCK_M, STAGES, CAUSAL, EARLY_DP)),
+        (_dkdv_ws_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, do_bufs, kv_ready, ready,
+                             empty, b, kv_h, start_n, seq_k, group_size, lo_m, n_m, n_iters,
+                             BLOCK_N, BLOCK_M, HEAD_DIM, STAGES)),
+    ], [BWD_CONSUMER_WARPS, 1], [BWD_CONSUMER_REGS, PRODUCER_REGS])
+    _invalidate_consumer_barriers(kv_ready, ready, empty, STAGES)
+
+
+@gluon.jit
+def _dq_block(dq, q_tile, do_tile, k_tile, v_tile, lse, delta, rows, j, n_full, seq_k, diag_shift, qk_scale,
+              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, WARPS: gl.constexpr):
+    """dQ (float32 registers, [BLOCK_M, D]) of the query rows ``rows`` with key block j added in, its K and V tiles
+    in shared memory; ``lse`` and ``delta`` the rows' statistics. Blocks from ``n_full`` on take the causal and
+    key-length masks. Returns once every wgmma has completed, so that the caller may hand the K and V tiles back."""
+    dtype: gl.constexpr = q_tile.dtype
+    s_layout: gl.constexpr = mma_layout(WARPS, BLOCK_N)  # S, P, dP, dS: [BLOCK_M, BLOCK_N]
+    ds_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dq.type.layout, k_width=2)
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+    s = warpgroup_mma(q_tile, k_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    dp = warpgroup_mma(do_tile, v_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    s = warpgroup_mma_wait(1, deps=(s, ))
+    p = gl.exp2(s * qk_scale - gl.expand_dims(lse, 1))
+    if j >= n_full:  # the diagonal's blocks and the last partial one: causal and key-length masks
+        cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        visible = gl.expand_dims(cols < seq_k, 0)
+        if CAUSAL != 0:
+            visible = visible & (gl.expand_dims(cols, 0) <= gl.expand_dims(rows + diag_shift, 1))
+        p = gl.where(visible, p, 0.0)
+    dp = warpgroup_mma_wait(0, deps=(dp, ))
+    ds = p * (dp - gl.expand_dims(delta, 1))
+    ds_op = gl.convert_layout(ds.to(dtype), ds_layout)
+    dq = warpgroup_mma(ds_op, k_tile, dq, is_async=True)
+    dq, ds_op = warpgroup_mma_wait(0, deps=(dq, ds_op))
+    return dq
+
+
 @gluon.jit(do_not_specialize=["num_heads", "group_size", "seq_q", "seq_k"])
 def _attn_bwd_dq(q_desc,  # [B, H, S_q, D] 16-bit, tiles [1, 1, BLOCK_M, D]
                  k_desc,  # [B, H_kv, S_k, D], tiles [1, 1, BLOCK_N, D]
@@ -240,11 +471,8 @@ def _attn_bwd_dq(q_desc,  # [B, H, S_q, D] 16-bit, tiles [1, 1, BLOCK_M, D]
                  CAUSAL: gl.constexpr, num_warps: gl.constexpr):
     """dQ of one query block of one (batch, head). Grid: (cdiv(S_q, BLOCK_M), B * H)."""
     dtype: gl.constexpr = q_desc.dtype
-    s_layout: gl.constexpr = mma_layout(num_warps, BLOCK_N)  # S, P, dP, dS: [BLOCK_M, BLOCK_N]
     q_layout: gl.constexpr = mma_layout(num_warps, HEAD_DIM)  # dQ: [BLOCK_M, HEAD_DIM]
-    ds_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=q_layout, k_width=2)
-    row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)  # one value per query row
-    col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)  # one value per key column
+    row_layout: gl.constexpr = gl.SliceLayout(1, mma_layout(num_warps, BLOCK_N))  # one value per query row
 
     pid_m = gl.program_id(0)
     pid_bh = gl.program_id(1)
@@ -272,27 +500,12 @@ def _attn_bwd_dq(q_desc,  # [B, H, S_q, D] 16-bit, tiles [1, 1, BLOCK_M, D]
     lse = gl.load(Lse + stats + rows, mask=in_q, other=float("inf"))
     delta = gl.load(Delta + stats + rows, mask=in_q, other=0.0)
     dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, q_layout)
-    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
     mbarrier.wait(q_ready, 0)
     for j in range(n_blocks):
         slot = j % STAGES
-        k_tile = k_bufs.index(slot)
         mbarrier.wait(ready.index(slot), (j // STAGES) & 1)
-        s = warpgroup_mma(q_smem, k_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        dp = warpgroup_mma(do_smem, v_bufs.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        s = warpgroup_mma_wait(1, deps=(s, ))
-        p = gl.exp2(s * qk_scale - gl.expand_dims(lse, 1))
-        if j >= n_full:  # the diagonal's blocks and the last partial one: causal and key-length masks
-            cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=col_layout)
-            visible = gl.expand_dims(cols < seq_k, 0)
-            if CAUSAL != 0:
-                visible = visible & (gl.expand_dims(cols, 0) <= gl.expand_dims(rows + diag_shift, 1))
-            p = gl.where(visible, p, 0.0)
-        dp = warpgroup_mma_wait(0, deps=(dp, ))
-        ds = p * (dp - gl.expand_dims(delta, 1))
-        ds_op = gl.convert_layout(ds.to(dtype), ds_layout)
-        dq = warpgroup_mma(ds_op, k_tile, dq, is_async=True)
-        dq, ds_op = warpgroup_mma_wait(0, deps=(dq, ds_op))
+        dq = _dq_block(dq, q_smem, do_smem, k_bufs.index(slot), v_bufs.index(slot), lse, delta, rows, j, n_full,
+                       seq_k, diag_shift, qk_scale, BLOCK_M, BLOCK_N, CAUSAL, num_warps)
         # Every wgmma of block j has completed in this warpgroup; once all are past theirs, the slot takes j + STAGES.
         gl.thread_barrier()
         refill = j + STAGES
@@ -304,3 +517,131 @@ def _attn_bwd_dq(q_desc,  # [B, H, S_q, D] 16-bit, tiles [1, 1, BLOCK_M, D]
     fence_async_shared()
     tma.async_copy_shared_to_global(dq_desc, [b, h, start_m, 0], as_tma_tile(q_smem, BLOCK_M, HEAD_DIM))
     tma.store_wait(0)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Step 2 of the backward: dQ with a TMA producer warp and two consumer warpgroups (``_attn_bwd_dq_ws``).
+#
+# A program owns 2 x BLOCK_M query rows of one (batch, head); consumer c holds rows start_m + c * BLOCK_M onwards
+# (its own Q and dO tiles, dQ registers) and reads key/value blocks 0 to n_blocks_c - 1 of the stream the producer
+# warp copies into a ring of STAGES slots (with causal masking consumer 1's later rows see more blocks). It hands
+# each slot back through its own "empty" mbarrier, and the producer refills slot j % STAGES with block j once each
+# consumer that read block j - STAGES has handed it back: the forward's ping-pong protocol (attention_fwd_gluon,
+# "Why this cannot deadlock") without the turns, so the consumers run apart.
+GLUON_DQ_WS_CONFIGS = {
+    64: [(64, 64, 3, 4), (64, 128, 2, 4)],
+    128: [(64, 64, 2, 4), (64, 64, 3, 4)],
+}
+
+
+@gluon.jit
+def _dq_ws_producer(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_bufs, v_bufs, q_ready, ready, empty,
+                    b, h, kv_h, start_m, n_blocks_0, n_blocks_1,
+                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
+    """One warp: each consumer's Q and dO tiles (only for a consumer with key blocks to read), then every key/value
+    block either consumer reads, block j into slot j % STAGES once each consumer that read block j - STAGES has
+    handed it back."""
+    for c in gl.static_range(2):
+        pred = (n_blocks_1 if c == 1 else n_blocks_0) > 0
+        row = start_m + c * BLOCK_M
+        mbarrier.expect(q_ready.index(c), q_desc.block_type.nbytes + do_desc.block_type.nbytes, pred=pred)
+        tma.async_copy_global_to_shared(q_desc, [b, h, row, 0], q_ready.index(c),
+                                        as_tma_tile(q_smem.index(c), BLOCK_M, HEAD_DIM), pred=pred)
+        tma.async_copy_global_to_shared(do_desc, [b, h, row, 0], q_ready.index(c),
+                                        as_tma_tile(do_smem.index(c), BLOCK_M, HEAD_DIM), pred=pred)
+    for j in range(gl.maximum(n_blocks_0, n_blocks_1)):
+        slot = j % STAGES
+        # Round 0 passes at once (a fresh mbarrier counts as having completed the phase before its first).
+        phase = ((j // STAGES) & 1) ^ 1
+        mbarrier.wait(empty.index(slot), phase, pred=j - STAGES < n_blocks_0)
+        mbarrier.wait(empty.index(STAGES + slot), phase, pred=j - STAGES < n_blocks_1)
+        _issue_pair(k_desc, v_desc, k_bufs, v_bufs, ready, slot, b, kv_h, j * BLOCK_N, True, BLOCK_N, HEAD_DIM)
+
+
+@gluon.jit
+def _dq_ws_consumer(C: gl.constexpr, q_smem, do_smem, k_bufs, v_bufs, q_ready, ready, empty, dq_desc, Lse, Delta,
+                    b, h, pid_bh, start_m, seq_q, seq_k, diag_shift, n_full, n_blocks, qk_scale, sm_scale,
+                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+                    CAUSAL: gl.constexpr):
+    """Consumer C: dQ of its rows (``start_m``, ``n_full`` and ``n_blocks`` are its own) over key blocks
+    [0, n_blocks), then its store. Rows that see no key get dQ = 0."""
+    q_layout: gl.constexpr = mma_layout(BWD_CONSUMER_WARPS, HEAD_DIM)  # dQ: [BLOCK_M, HEAD_DIM]
+    row_layout: gl.constexpr = gl.SliceLayout(1, mma_layout(BWD_CONSUMER_WARPS, BLOCK_N))  # one value per row
+    q_tile = q_smem.index(C)
+    do_tile = do_smem.index(C)
+    rows = start_m + gl.arange(0, BLOCK_M, layout=row_layout)
+    in_q = rows < seq_q
+    stats = pid_bh.to(gl.int64) * seq_q
+    # Rows past S_q read lse +inf (P = 0 there) and delta 0; their dQ rows are clipped by the store anyway.
+    lse = gl.load(Lse + stats + rows, mask=in_q, other=float("inf"))
+    delta = gl.load(Delta + stats + rows, mask=in_q, other=0.0)
+    dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, q_layout)
+    mbarrier.wait(q_ready.index(C), 0, pred=n_blocks > 0)
+    for j in range(n_blocks):
+        slot = j % STAGES
+        mbarrier.wait(ready.index(slot), (j // STAGES) & 1)
+        dq = _dq_block(dq, q_tile, do_tile, k_bufs.index(slot), v_bufs.index(slot), lse, delta, rows, j, n_full,
+                       seq_k, diag_shift, qk_scale, BLOCK_M, BLOCK_N, CAUSAL, BWD_CONSUMER_WARPS)
+        # Every warp of the warpgroup past its wgmma wait before the one arriving thread signals.
+        gl.thread_barrier()
+        mbarrier.arrive(empty.index(C * STAGES + slot))
+    if start_m < seq_q:
+        # Q's tile takes the result: every wgmma that read it has completed (or none was issued).
+        q_tile.store((dq * sm_scale).to(q_smem.dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(dq_desc, [b, h, start_m, 0], as_tma_tile(q_tile, BLOCK_M, HEAD_DIM))
+        tma.store_wait(0)
+
+
+@gluon.jit(do_not_specialize=["num_heads", "group_size", "seq_q", "seq_k"])
+def _attn_bwd_dq_ws(q_desc,  # [B, H, S_q, D] 16-bit, tiles [1, 1, BLOCK_M, D] (one consumer's rows)
+                    k_desc,  # [B, H_kv, S_k, D], tiles [1, 1, BLOCK_N, D]
+                    v_desc,  # [B, H_kv, S_k, D], tiles [1, 1, BLOCK_N, D]
+                    do_desc,  # [B, H, S_q, D] the output's gradient, q's dtype, tiles [1, 1, BLOCK_M, D]
+                    dq_desc,  # [B, H, S_q, D] q's dtype, tiles [1, 1, BLOCK_M, D]
+                    Lse,  # [B, H, S_q] float32, contiguous: the forward's base-2 log-sum-exp of the scaled scores
+                    Delta,  # [B, H, S_q] float32, contiguous: rowsum(dO * O)
+                    num_heads, group_size, seq_q, seq_k, qk_scale, sm_scale,  # group_size = H // H_kv
+                    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                    CAUSAL: gl.constexpr, num_warps: gl.constexpr):
+    """dQ of 2 x BLOCK_M query rows of one (batch, head): two consumer warpgroups and a TMA producer warp (launch
+    with num_warps = 4 and maxnreg = BWD_WS_MAXNREG).
+
+    Grid: (cdiv(S_q, 2 * BLOCK_M), B * H)."""
+    gl.static_assert(num_warps == BWD_CONSUMER_WARPS, "the default partition is one consumer warpgroup")
+    dtype: gl.constexpr = q_desc.dtype
+    pid_m = gl.program_id(0)
+    pid_bh = gl.program_id(1)
+    if CAUSAL != 0:  # later query blocks see more keys: they start first, so that the short ones fill the tail
+        pid_m = gl.cdiv(seq_q, 2 * BLOCK_M) - 1 - pid_m
+    b = pid_bh // num_heads
+    h = pid_bh % num_heads
+    kv_h = h // group_size
+    start_m = pid_m * 2 * BLOCK_M
+
+    tile: gl.constexpr = tile_layout()
+    q_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_M, HEAD_DIM], tile)
+    do_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_M, HEAD_DIM], tile)
+    k_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], tile)
+    v_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], tile)
+    q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())
+    _init_consumer_barriers(q_ready, ready, empty, STAGES)
+
+    diag_shift, _, _ = key_blocks(start_m, seq_q, seq_k, BLOCK_M, BLOCK_N, CAUSAL)
+    start_1 = start_m + BLOCK_M
+    n_full_0, n_blocks_0 = consumer_key_blocks(start_m, seq_q, seq_k, BLOCK_M, BLOCK_N, CAUSAL)
+    n_full_1, n_blocks_1 = consumer_key_blocks(start_1, seq_q, seq_k, BLOCK_M, BLOCK_N, CAUSAL)
+    gl.warp_specialize([
+        (_dq_ws_consumer, (0, q_smem, do_smem, k_bufs, v_bufs, q_ready, ready, empty, dq_desc, Lse, Delta, b, h,
+                           pid_bh, start_m, seq_q, seq_k, diag_shift, n_full_0, n_blocks_0, qk_scale, sm_scale,
+                           BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL)),
+        (_dq_ws_consumer, (1, q_smem, do_smem, k_bufs, v_bufs, q_ready, ready, empty, dq_desc, Lse, Delta, b, h,
+                           pid_bh, start_1, seq_q, seq_k, diag_shift, n_full_1, n_blocks_1, qk_scale, sm_scale,
+                           BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL)),
+        (_dq_ws_producer, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_bufs, v_bufs, q_ready, ready, empty,
+                           b, h, kv_h, start_m, n_blocks_0, n_blocks_1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES)),
+    ], [BWD_CONSUMER_WARPS, 1], [BWD_CONSUMER_REGS, PRODUCER_REGS])
+    _invalidate_consumer_barriers(q_ready, ready, empty, STAGES)
+

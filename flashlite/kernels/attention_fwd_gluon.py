@@ -62,6 +62,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_init, warpgroup_mma_wait)
 
 from flashlite.kernels.gluon_tiles import as_tma_tile as _as_tma_tile
+from flashlite.kernels.gluon_tiles import consumer_key_blocks as _consumer_key_blocks
 from flashlite.kernels.gluon_tiles import key_blocks as _key_blocks
 from flashlite.kernels.gluon_tiles import mma_layout as _mma_layout
 from flashlite.kernels.gluon_tiles import tile_layout as _tile_layout
@@ -616,14 +617,6 @@ def _pp_invalidate(q_ready, k_ready, v_ready, kv_empty, turns, STAGES: gl.conste
 
 
 @gluon.jit
-def _pp_key_blocks(start_m, seq_q, seq_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
-    """(n_full, n_blocks) of one consumer's rows (``_key_blocks``), (0, 0) when they all lie past S_q."""
-    diag_shift, n_full, n_blocks = _key_blocks(start_m, seq_q, seq_k, BLOCK_M, BLOCK_N, CAUSAL)
-    n_blocks = gl.where(start_m < seq_q, n_blocks, 0)
-    return gl.minimum(n_full, n_blocks), n_blocks
-
-
-@gluon.jit
 def _take_turn(turns, C: gl.constexpr, k, other_turns):
     """Wait until consumer C may issue its turn k (see "Turns" above)."""
     if C == 0:
@@ -768,8 +761,8 @@ def _attn_fwd_pingpong(q_desc,  # [B, H, S_q, D] 16-bit, tiles [1, 1, BLOCK_M, D
                                                                                   HEAD_DIM, STAGES)
     diag_shift, _, _ = _key_blocks(start_m, seq_q, seq_k, BLOCK_M, BLOCK_N, CAUSAL)
     start_1 = start_m + BLOCK_M
-    n_full_0, n_blocks_0 = _pp_key_blocks(start_m, seq_q, seq_k, BLOCK_M, BLOCK_N, CAUSAL)
-    n_full_1, n_blocks_1 = _pp_key_blocks(start_1, seq_q, seq_k, BLOCK_M, BLOCK_N, CAUSAL)
+    n_full_0, n_blocks_0 = _consumer_key_blocks(start_m, seq_q, seq_k, BLOCK_M, BLOCK_N, CAUSAL)
+    n_full_1, n_blocks_1 = _consumer_key_blocks(start_1, seq_q, seq_k, BLOCK_M, BLOCK_N, CAUSAL)
     # Turns per consumer: one per key block and one for the last P V (none without key blocks).
     turns_0 = gl.where(n_blocks_0 > 0, n_blocks_0 + 1, 0)
     turns_1 = gl.where(n_blocks_1 > 0, n_blocks_1 + 1, 0)

@@ -45,3 +45,12 @@ def key_blocks(start_m, seq_q, seq_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constex
         full_lim = seq_k
         hi = seq_k
     return diag_shift, full_lim // BLOCK_N, gl.cdiv(hi, BLOCK_N)
+
+
+@gluon.jit
+def consumer_key_blocks(start_m, seq_q, seq_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+    """(n_full, n_blocks) of the rows one consumer warpgroup owns (``key_blocks``), (0, 0) when they all lie past
+    S_q."""
+    diag_shift, n_full, n_blocks = key_blocks(start_m, seq_q, seq_k, BLOCK_M, BLOCK_N, CAUSAL)
+    n_blocks = gl.where(start_m < seq_q, n_blocks, 0)
+    return gl.minimum(n_full, n_blocks), n_blocks

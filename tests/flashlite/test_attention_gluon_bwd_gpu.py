@@ -52,20 +52,28 @@ def check_backward(q, k, v, causal, dkdv_config=None, dq_config=None, forward="p
         assert_close(got, r, baseline=b, notes=(name, str(dkdv_config), str(dq_config), f"causal={causal}"))
 
 
+@pytest.mark.parametrize("variant", ["pipelined", "ws"])
 @pytest.mark.parametrize("causal", CAUSAL)
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("B, H, H_kv, S_q, S_k", [(2, 4, 4, 77, 77), (1, 8, 2, 1000, 1000), (2, 4, 2, 300, 1000),
                                                   (1, 4, 4, 1000, 300), (1, 2, 1, 1, 129), (1, 2, 2, 4097, 4097)])
-def test_backward_against_float64(B, H, H_kv, S_q, S_k, D, dtype, causal):
+def test_backward_against_float64(B, H, H_kv, S_q, S_k, D, dtype, causal, variant):
     # Odd and unequal lengths (partial blocks of both kinds, S_q > S_k with rows that see no key bottom-right), GQA
-    # (every query head of a group adds into the same dK/dV), one query row.
-    check_backward(*qkv(B, H, S_q, D, dtype, H_kv=H_kv, S_k=S_k), causal)
+    # (every query head of a group adds into the same dK/dV), one query row; each schedule's first config. For
+    # "ws", 77 keys leave the second consumer 13 and 1000 leave it 104 of 128 in the last program; 300 query rows
+    # leave dQ's second consumer 44 of 64 (and 77, 1 and 1000 none in the last program).
+    configs = [launch_gluon_bwd.bwd_configs_for(D, kind, variant)[0] for kind in ("dkdv", "dq")]
+    check_backward(*qkv(B, H, S_q, D, dtype, H_kv=H_kv, S_k=S_k), causal, *configs)
 
 
+@pytest.mark.parametrize("variant", ["pipelined", "ws"])
 @pytest.mark.parametrize("D", [64, 128])
-def test_every_listed_config(D):
-    for dkdv_config, dq_config in zip(launch_gluon_bwd.bwd_configs_for(D), launch_gluon_bwd.bwd_configs_for(D, "dq")):
+def test_every_listed_config(D, variant):
+    dkdv_configs = launch_gluon_bwd.bwd_configs_for(D, "dkdv", variant)
+    dq_configs = launch_gluon_bwd.bwd_configs_for(D, "dq", variant)
+    for i in range(max(len(dkdv_configs), len(dq_configs))):
+        dkdv_config, dq_config = dkdv_configs[min(i, len(dkdv_configs) - 1)], dq_configs[min(i, len(dq_configs) - 1)]
         for causal in CAUSAL:
             check_backward(*qkv(2, 4, 333, D, torch.bfloat16, H_kv=2, S_k=333), causal, dkdv_config, dq_config)
 
@@ -84,20 +92,27 @@ def test_strided_layouts_and_a_transposed_gradient():
     check_backward(q, k, v, True, grad_out=grad_out)
 
 
+@pytest.mark.parametrize("variant", ["pipelined", "ws"])
 @pytest.mark.parametrize("causal", CAUSAL)
-def test_attention_backward_with_the_switch_on(causal, monkeypatch):
-    # flashlite.attention end to end with FLASHLITE_GLUON_BWD's switch: dK/dV and dQ on the Gluon kernels (the
-    # plan says so) after the pointer delta kernel, all three against float64.
+def test_attention_backward_with_the_switch_on(causal, variant, monkeypatch):
+    # flashlite.attention end to end with FLASHLITE_GLUON_BWD's switch: dK/dV and dQ on the Gluon kernels of the
+    # schedule it names (the plan says so) after the pointer delta kernel, all three against float64.
     monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_ENABLED", True)
+    monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_VARIANT", variant)
     launched = []
     for name in ("launch_dkdv", "launch_dq"):
         real = getattr(launch_gluon_bwd, name)
         monkeypatch.setattr(launch_gluon_bwd, name,
                             lambda *a, real=real, name=name, **kw: launched.append(name) or real(*a, **kw))
+    schedules = []
+    for name in ("dkdv_kernel_for", "dq_kernel_for"):
+        real = getattr(launch_gluon_bwd, name)
+        monkeypatch.setattr(launch_gluon_bwd, name,
+                            lambda config, real=real: schedules.append(config.variant) or real(config))
     q, k, v = (t.requires_grad_() for t in qkv(2, 8, 777, 128, torch.bfloat16, H_kv=2, S_k=777))
     grad_out = torch.randn_like(q)
     attention(q, k, v, causal=causal, backend="triton").backward(grad_out)
-    assert launched == ["launch_dkdv", "launch_dq"]
+    assert launched == ["launch_dkdv", "launch_dq"] and schedules == [variant, variant]
     ref, base = reference_grads(q, k, v, grad_out, causal)
     for name, got, r, b in zip(("dq", "dk", "dv"), (q.grad, k.grad, v.grad), ref, base):
         assert_close(got, r, baseline=b, notes=(name, "switch on"))

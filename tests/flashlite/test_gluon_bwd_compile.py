@@ -3,12 +3,15 @@ checks and the switch that routes ``flashlite.attention``'s backward to it.
 
 As for the forward (test_gluon_compile.py): each compile runs in a fresh interpreter with TRITON_INTERPRET=0,
 specialized as the launcher would (descriptors built by ``dkdv_kernel_arguments`` over CPU tensors, GQA with 4
-query heads on 2 key/value heads). Each kernel's launcher config is compiled in bf16 in every causal mode and in
-fp16 top-left, the others in bf16 bottom-right; each must fit the 227 KB of shared memory and 255 registers without
-spilling, as ptxas reports them.
+query heads on 2 key/value heads). For each kernel and schedule ("pipelined", "ws"), the first config is compiled in
+bf16 in every causal mode and in fp16 top-left, the others in bf16 bottom-right; each must fit the 227 KB of shared
+memory and 255 registers without spilling, as ptxas reports them. The warp-specialized kernels' PTX must also show
+the register split their partitions asked for, a named barrier of its own for each consumer warpgroup, and no
+barrier of the whole block inside the partitions.
 """
 import importlib
 import json
+import math
 
 import pytest
 import torch
@@ -29,22 +32,30 @@ def compile_config(config, dtype, head_dim, causal):
     lse = torch.empty(2, 4, 300)
     if config.kernel == "dq":
         args, meta = launch_gluon_bwd.dq_kernel_arguments(q, k, k, q, q, lse, lse, causal, 0.125, config)
-        fn, kind = launch_gluon_bwd._kernels._attn_bwd_dq, "dq"
+        fn = launch_gluon_bwd.dq_kernel_for(config)
     else:
         args, meta = launch_gluon_bwd.dkdv_kernel_arguments(q, k, k, q, k, k, lse, lse, causal, 0.125, config)
-        fn, kind = launch_gluon_bwd._kernels._attn_bwd_dkdv, "dkdv"
-    kernel, registers, spills = compile_gluon(fn, args, meta, {"num_warps": config.num_warps})
-    return {"kernel": kind, "shared": kernel.metadata.shared, "tiles": config.shared_bytes(head_dim),
-            "registers": registers, "spill_bytes": spills}
+        fn = launch_gluon_bwd.dkdv_kernel_for(config)
+    options = {"num_warps": config.num_warps}
+    if "maxnreg" in meta:
+        options["maxnreg"] = meta["maxnreg"]
+    kernel, registers, spills = compile_gluon(fn, args, meta, options)
+    ptx = kernel.asm["ptx"]
+    return {"kernel": config.kernel, "variant": config.variant, "shared": kernel.metadata.shared,
+            "tiles": config.shared_bytes(head_dim), "registers": registers, "spill_bytes": spills,
+            "setmaxnreg": sorted(set(re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx))),
+            "named_barriers": sorted(set(re.findall(r"\bbar\.sync\s+(\d+),\s*(\d+);", ptx))),
+            "whole_cta_barriers": len(re.findall(r"\bbar\.sync\s+\d+;", ptx))}
 
 jobs = []
-for default, *others in (launch_gluon_bwd.bwd_configs_for(HEAD_DIM, kind) for kind in ("dkdv", "dq")):
-    jobs += [(default, torch.bfloat16, causal) for causal in (0, 1, 2)] + [(default, torch.float16, 1)]
-    jobs += [(config, torch.bfloat16, 2) for config in others]
+for kind, variants in launch_gluon_bwd.BWD_VARIANTS.items():
+    for variant in variants:
+        default, *others = launch_gluon_bwd.bwd_configs_for(HEAD_DIM, kind, variant)
+        jobs += [(default, torch.bfloat16, causal) for causal in (0, 1, 2)] + [(default, torch.float16, 1)]
+        jobs += [(config, torch.bfloat16, 2) for config in others]
 for config, dtype, causal in jobs:
     result = compile_config(config, dtype, HEAD_DIM, causal)
-    print(json.dumps({"config": [config.stages, config.num_warps, str(config)], "dtype": str(dtype),
-                      "causal": causal, **result}))
+    print(json.dumps({"config": str(config), "dtype": str(dtype), "causal": causal, **result}))
 '''
 
 
@@ -55,15 +66,26 @@ def test_every_backward_config_compiles_for_sm90_within_resources(head_dim, tmp_
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     results = [json.loads(line) for line in run_script(f"HEAD_DIM = {head_dim}\n" + _COMPILE).splitlines()
                if line.startswith("{")]
-    listed = len(launch_gluon_bwd.bwd_configs_for(head_dim)) + len(launch_gluon_bwd.bwd_configs_for(head_dim, "dq"))
-    assert len(results) == 2 * 4 + listed - 2, results
-    assert {r["kernel"] for r in results} == {"dkdv", "dq"}
+    schedules = [(kind, variant) for kind, variants in launch_gluon_bwd.BWD_VARIANTS.items() for variant in variants]
+    listed = sum(len(launch_gluon_bwd.bwd_configs_for(head_dim, *schedule)) for schedule in schedules)
+    assert len(results) == 4 * len(schedules) + listed - len(schedules), results
+    assert {(r["kernel"], r["variant"]) for r in results} == set(schedules)
+    consumer = str(launch_gluon_bwd._kernels.BWD_CONSUMER_REGS.value)
+    producer = str(launch_gluon_bwd._kernels.PRODUCER_REGS.value)
     for r in results:
         where = f"D={head_dim} {r}"
         assert r["tiles"] <= r["shared"] <= HOPPER_SHARED_MEMORY, where
         assert r["shared"] < r["tiles"] + 1024, where  # the tiles and their barriers, nothing else
         assert r["registers"] and max(r["registers"]) <= 255, where  # no report would be a silent pass
         assert r["spill_bytes"] and not any(r["spill_bytes"]), where
+        if r["variant"] == "ws":
+            # Consumer 0 (the default partition) gives registers up down to 240, consumer 1 takes 240, the
+            # producer's warpgroup goes down to 24: Triton emits none of them when the split does not fit.
+            assert {("dec", consumer), ("inc", consumer), ("dec", producer)} <= set(map(tuple, r["setmaxnreg"])), where
+            # Each consumer's barrier before it hands a slot back is a named barrier of its own 128 threads; one
+            # id shared by both would let 128 threads of the two warpgroups together pass it.
+            assert len({name for name, threads in r["named_barriers"] if threads == "128"}) >= 2, where
+            assert r["whole_cta_barriers"] == 0, where  # it would wait for warps that never come to it
 
 
 def _bf16(*shape):
@@ -133,3 +155,59 @@ def test_a_plan_decides_the_backward_again_when_the_switch_changes(monkeypatch):
     monkeypatch.setattr(launch_gluon_bwd, "backward_on_gluon", lambda *a: calls.append(2) or False)
     _, dk_pointer, _ = launch_module.attention_backward(grad_out, q, k, v, out, lse, None, None, 1, 0.25, "ieee")
     assert calls == [1, 2] and not torch.all(dk_pointer == 3.0)
+
+
+class _RecordedLaunch:
+    """Stands in for a Gluon kernel: ``kernel[grid](*args, **meta)`` records what a launch would have run."""
+
+    def __init__(self, name, launches):
+        self.name, self.launches = name, launches
+
+    def __getitem__(self, grid):
+        return lambda *args, **meta: self.launches.append((self.name, grid, meta))
+
+
+@needs_gluon
+def test_each_schedule_launches_its_own_kernel_over_its_own_grid(monkeypatch):
+    # A "ws" program covers two consumers' rows, so its grid has half the programs of a single-partition config
+    # with as many rows per warpgroup, and it launches with the register cap its partitions' split needs. Without
+    # a config, the launchers take GLUON_BWD_VARIANT's first.
+    launches = []
+    kernels = launch_gluon_bwd._kernels
+    for name in ("_attn_bwd_dkdv", "_attn_bwd_dkdv_ws", "_attn_bwd_dq", "_attn_bwd_dq_ws"):
+        monkeypatch.setattr(kernels, name, _RecordedLaunch(name, launches))
+    q, k = _bf16(2, 4, 333, 64), _bf16(2, 2, 333, 64)
+    lse = torch.zeros(2, 4, 333)
+    pipelined = launch_gluon_bwd.bwd_configs_for(64, "dkdv")[1]
+    ws = launch_gluon_bwd.bwd_configs_for(64, "dkdv", "ws")[0]
+    assert pipelined.own_rows == ws.own_rows == 64 and ws.program_rows == 128
+    for config in (pipelined, ws):
+        launch_gluon_bwd.launch_dkdv(q, k, k, q, lse, lse, torch.empty_like(k), torch.empty_like(k), 1, 0.125,
+                                     config)
+    monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_VARIANT", "ws")
+    launch_gluon_bwd.launch_dkdv(q, k, k, q, lse, lse, torch.empty_like(k), torch.empty_like(k), 2, 0.125)
+    launch_gluon_bwd.launch_dq(q, k, k, q, lse, lse, torch.empty_like(q), 2, 0.125)
+    (name_p, grid_p, meta_p), (name_w, grid_w, meta_w), (name_d, _, meta_d), (name_q, grid_q, meta_q) = launches
+    assert (name_p, grid_p) == ("_attn_bwd_dkdv", (6, 4)) and "maxnreg" not in meta_p
+    assert (name_w, grid_w) == ("_attn_bwd_dkdv_ws", (3, 4))
+    assert meta_w["maxnreg"] == kernels.BWD_WS_MAXNREG and meta_w["EARLY_DP"] is ws.early_dp
+    assert name_d == "_attn_bwd_dkdv_ws" and meta_d["CAUSAL"] == 2 and meta_d["BLOCK_N"] == ws.own_rows
+    dq_ws = launch_gluon_bwd.bwd_configs_for(64, "dq", "ws")[0]
+    assert (name_q, grid_q) == ("_attn_bwd_dq_ws", (math.ceil(333 / dq_ws.program_rows), 8))
+    assert meta_q["maxnreg"] == kernels.BWD_WS_MAXNREG and meta_q["BLOCK_M"] == dq_ws.own_rows
+
+
+def test_configs_are_listed_per_schedule_and_refused_across_kernels(monkeypatch):
+    with pytest.raises(ValueError, match="variant must be one of"):
+        launch_gluon_bwd.bwd_configs_for(64, "dkdv", "pingpong")
+    dq_config = launch_gluon_bwd.bwd_configs_for(128, "dq", "ws")[0]
+    assert dq_config.early_dp is None  # the choice exists for dK/dV only
+    assert all(isinstance(c.early_dp, bool) for c in launch_gluon_bwd.bwd_configs_for(128, "dkdv", "ws"))
+    # A config of the other kernel is refused by name (the call's own checks, which CPU tensors fail, stood in).
+    q = _bf16(1, 2, 16, 128)
+    monkeypatch.setattr(launch_gluon_bwd, "_checked", lambda grad_out, *a: (grad_out, None, 0.125))
+    with pytest.raises(ValueError, match="is not listed for the dK/dV kernel at head dim 128"):
+        launch_gluon_bwd.gluon_attention_dkdv(q, q, q, q, q, torch.zeros(1, 2, 16), config=dq_config)
+    dkdv_config = launch_gluon_bwd.bwd_configs_for(128, "dkdv", "ws")[0]
+    with pytest.raises(ValueError, match="is not listed for the dQ kernel at head dim 128"):
+        launch_gluon_bwd.gluon_attention_dq(q, q, q, q, q, torch.zeros(1, 2, 16), config=dkdv_config)

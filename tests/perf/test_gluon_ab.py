@@ -7,7 +7,8 @@ shapes; ``-k forward_ab``: only steps 1 and 2, as run G5 measured them). Causal 
 ``flashlite.cases`` (B=1 S=8192; B=8 S=4096; B=16 S=8192) at D=64 and D=128. Every side computes out and the
 log-sum-exp a backward would need (SDPA's default: its forward without grad, as the other A/B files time it);
 each candidate is first checked against SDPA so that a wrong kernel is never timed. ``-k gluon_backward``: the Gluon
-backward (dK/dV and dQ), forward+backward of ``flashlite.attention`` with its switch on against off and against SDPA.
+backward (dK/dV and dQ), forward+backward of ``flashlite.attention`` with its switch on (the warp-specialized
+schedule) against off, against the single-partition schedule and against SDPA.
 ``-k gluon_window``: the causal sliding window on the Gluon forward against the pointer kernel's and FlexAttention.
 ``-k below_the_floor``: the dispatched Gluon forward at cases 5 and 7-10, under the rule's length floor.
 ``-k step4``: step 4 (step 1's schedule over a persistent grid, tiles longest first) against step 1 in the same
@@ -16,6 +17,8 @@ tile, against what the rule dispatches and against SDPA. ``-k replayed``: the pl
 on the dispatched configs against the pointer kernel and SDPA.
 """
 from __future__ import annotations
+
+from typing import Optional
 
 import pytest
 import torch
@@ -146,12 +149,16 @@ def test_gluon_step4_ab(shape, kernel_ab):
 
 
 # The Gluon backward (flashlite/kernels/attention_bwd_gluon.py), measured as users meet it: forward and backward
-# of flashlite.attention(backend="triton") with FLASHLITE_GLUON_BWD's switch on (dK/dV and dQ on the Gluon kernels,
-# delta on the pointer kernel) against the same with it off (all pointer kernels), and against SDPA. Each
-# side sets the switch before its call; the plan keeps a decision per switch value, so flipping costs a lookup.
-def _forward_backward(q, k, v, grad_out, *, gluon_bwd: bool):
+# of flashlite.attention(backend="triton") with FLASHLITE_GLUON_BWD's switch on (dK/dV and dQ on the Gluon kernels
+# of one schedule, delta on the pointer kernel) against the same with it off (all pointer kernels), and against
+# SDPA. The warp-specialized schedule ("ws") is the candidate, against the pointer backward, the single-partition
+# Gluon schedule ("pipelined", which lost to the pointer backward in run I1) and SDPA. Each side sets the switch
+# before its call; the plan keeps a decision per switch value, so flipping costs a lookup.
+def _forward_backward(q, k, v, grad_out, *, gluon_bwd: Optional[str]):
     def run():
-        launch_gluon_bwd.GLUON_BWD_ENABLED = gluon_bwd
+        launch_gluon_bwd.GLUON_BWD_ENABLED = gluon_bwd is not None
+        if gluon_bwd is not None:
+            launch_gluon_bwd.GLUON_BWD_VARIANT = gluon_bwd
         q.grad = k.grad = v.grad = None
         attention(q, k, v, causal=True, backend="triton").backward(grad_out)
         return q.grad, k.grad, v.grad
@@ -163,14 +170,17 @@ def _forward_backward(q, k, v, grad_out, *, gluon_bwd: bool):
 def test_gluon_backward_ab(shape, kernel_ab):
     q, k, v = (t.requires_grad_() for t in qkv(shape.B, shape.H, shape.S, shape.D, shape.dtype))
     grad_out = torch.randn_like(q)
-    saved = launch_gluon_bwd.GLUON_BWD_ENABLED
+    saved = launch_gluon_bwd.GLUON_BWD_ENABLED, launch_gluon_bwd.GLUON_BWD_VARIANT
     try:
-        gluon, pointer = (_forward_backward(q, k, v, grad_out, gluon_bwd=on) for on in (True, False))
-        got, expected = [g.clone() for g in gluon()], [g.clone() for g in pointer()]
-        for name, a, b in zip(("dq", "dk", "dv"), got, expected):
-            # The pointer backward's gradients in the same precision are the yardstick; float64 checks live in
-            # tests/flashlite/test_attention_gluon_bwd_gpu.py.
-            assert_close(a[:, :, :4096].float(), b[:, :, :4096].double(), policy=shape.dtype, notes=(name,))
+        ws, pipelined, pointer = (_forward_backward(q, k, v, grad_out, gluon_bwd=schedule)
+                                  for schedule in ("ws", "pipelined", None))
+        expected = [g.clone() for g in pointer()]
+        for schedule, side in (("ws", ws), ("pipelined", pipelined)):
+            for name, a, b in zip(("dq", "dk", "dv"), [g.clone() for g in side()], expected):
+                # The pointer backward's gradients in the same precision are the yardstick; float64 checks live in
+                # tests/flashlite/test_attention_gluon_bwd_gpu.py.
+                assert_close(a[:, :, :4096].float(), b[:, :, :4096].double(), policy=shape.dtype,
+                             notes=(name, schedule))
 
         def sdpa():
             q.grad = k.grad = v.grad = None
@@ -178,11 +188,12 @@ def test_gluon_backward_ab(shape, kernel_ab):
             return q.grad, k.grad, v.grad
         work = attention_work(shape, passes="forward+backward")
         # check_output=False: the backward's dQ accumulates in an order that may differ between calls.
-        kernel_ab.compare(gluon, pointer, name=f"fwd+bwd D{shape.D} gluon backward vs pointer backward",
-                          check_output=False, **work)
-        kernel_ab.compare(gluon, sdpa, name=f"fwd+bwd D{shape.D} gluon backward vs sdpa", check_output=False, **work)
+        for baseline, name in ((pointer, "pointer backward"), (pipelined, "gluon pipelined backward"),
+                               (sdpa, "sdpa")):
+            kernel_ab.compare(ws, baseline, name=f"fwd+bwd D{shape.D} gluon ws backward vs {name}",
+                              check_output=False, **work)
     finally:
-        launch_gluon_bwd.GLUON_BWD_ENABLED = saved
+        launch_gluon_bwd.GLUON_BWD_ENABLED, launch_gluon_bwd.GLUON_BWD_VARIANT = saved
 
 
 # The causal sliding window (1024 keys to the left, issue 15's shapes) on the Gluon forward: step 1 in the config
