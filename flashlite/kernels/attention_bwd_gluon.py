@@ -294,9 +294,20 @@ GLUON_BWD_WS_CONFIGS = {
 
 
 @gluon.jit
-def _init_consumer_barriers(own_ready, ready, empty, STAGES: gl.constexpr):
-    """The barriers of a two-consumer program: each consumer's held tiles' (own_ready), each slot's (ready; the copy
-    engine completes them) and each consumer's per slot hand-back (empty, index c * STAGES + slot)."""
+def _two_consumer_tiles(dtype: gl.constexpr, OWN_ROWS: gl.constexpr, STREAMED_ROWS: gl.constexpr,
+                        HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
+    """A two-consumer program's shared memory, initialised: the two tiles each consumer holds throughout (K and V,
+    or Q and dO: [2, OWN_ROWS, D] each, index c), STAGES slots of the two tiles streamed past them, and the
+    barriers: each consumer's held pair's (own_ready), each slot's (ready; the copy engine completes them) and each
+    consumer's hand-back of each slot (empty, index c * STAGES + slot)."""
+    tile: gl.constexpr = tile_layout()
+    own_a = gl.allocate_shared_memory(dtype, [2, OWN_ROWS, HEAD_DIM], tile)
+    own_b = gl.allocate_shared_memory(dtype, [2, OWN_ROWS, HEAD_DIM], tile)
+    bufs_a = gl.allocate_shared_memory(dtype, [STAGES, STREAMED_ROWS, HEAD_DIM], tile)
+    bufs_b = gl.allocate_shared_memory(dtype, [STAGES, STREAMED_ROWS, HEAD_DIM], tile)
+    own_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())
     for c in gl.static_range(2):
         mbarrier.init(own_ready.index(c), count=1)
     for i in gl.static_range(STAGES):
@@ -304,6 +315,7 @@ def _init_consumer_barriers(own_ready, ready, empty, STAGES: gl.constexpr):
     for i in gl.static_range(2 * STAGES):
         mbarrier.init(empty.index(i), count=1)
     fence_async_shared()  # the barriers' initialisation, visible to the copy engine before it signals them
+    return own_a, own_b, bufs_a, bufs_b, own_ready, ready, empty
 
 
 @gluon.jit
@@ -402,15 +414,8 @@ def _attn_bwd_dkdv_ws(q_desc,  # [B, H, S_q, D] 16-bit, tiles [1, 1, BLOCK_M, D]
     kv_h = pid_bh % kv_heads
     start_n = gl.program_id(0) * 2 * BLOCK_N
 
-    tile: gl.constexpr = tile_layout()
-    k_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_N, HEAD_DIM], tile)
-    v_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_N, HEAD_DIM], tile)
-    q_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], tile)
-    do_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], tile)
-    kv_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())
-    _init_consumer_barriers(kv_ready, ready, empty, STAGES)
+    k_smem, v_smem, q_bufs, do_bufs, kv_ready, ready, empty = _two_consumer_tiles(dtype, BLOCK_N, BLOCK_M, HEAD_DIM,
+                                                                                  STAGES)
 
     # The stream: every query block that sees some key of consumer 0's (the earlier keys: it sees the most).
     _, lo_m, _, n_q_blocks = _query_blocks(start_n, seq_q, seq_k, BLOCK_N, BLOCK_M, CAUSAL)
@@ -619,15 +624,8 @@ def _attn_bwd_dq_ws(q_desc,  # [B, H, S_q, D] 16-bit, tiles [1, 1, BLOCK_M, D] (
     kv_h = h // group_size
     start_m = pid_m * 2 * BLOCK_M
 
-    tile: gl.constexpr = tile_layout()
-    q_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_M, HEAD_DIM], tile)
-    do_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_M, HEAD_DIM], tile)
-    k_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], tile)
-    v_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], tile)
-    q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())
-    _init_consumer_barriers(q_ready, ready, empty, STAGES)
+    q_smem, do_smem, k_bufs, v_bufs, q_ready, ready, empty = _two_consumer_tiles(dtype, BLOCK_M, BLOCK_N, HEAD_DIM,
+                                                                                 STAGES)
 
     diag_shift, _, _ = key_blocks(start_m, seq_q, seq_k, BLOCK_M, BLOCK_N, CAUSAL)
     start_1 = start_m + BLOCK_M
