@@ -113,6 +113,10 @@ def host_time(fn, calls: int = 2000) -> float:
     return (time.perf_counter() - start) / calls * 1e6
 
 
+# Rounds of back-to-back wall times per side in mode "host", alternating between the sides.
+WALL_ROUNDS = 5
+
+
 def paired_event_times(fns, rounds: int = 200) -> list[float]:
     """Median microseconds per call of each of ``fns`` timed by CUDA events around each call, the calls of a round
     queued in random order and the device synchronized once per round: the A/B engine's pairing, without it."""
@@ -154,10 +158,19 @@ def profile_host(plain: PlainTransformerBlock, x: torch.Tensor, precision: str, 
         for fn in sides.values():
             fn()
         events = paired_event_times(list(sides.values()))
+        # Back-to-back wall times in alternating rounds: in run N1 the same compiled plain block measured 453.1 and
+        # then 353.6 us per call in one process (h200-2026-12-04-d/n1_grouped_cast/profile_after.log), so one
+        # measurement per side says little about the difference between them.
+        walls = {label: [] for label in sides}
+        for _ in range(WALL_ROUNDS):
+            for label, fn in sides.items():
+                walls[label].append(wall_time(fn))
         for (label, fn), event_us in zip(sides.items(), events):
             gpu_us, rows = kernel_times(fn)
-            print(f"  host {label}: wall {wall_time(fn):7.1f} us per back-to-back call, events {event_us:7.1f} us "
-                  f"per paired call, GPU {gpu_us:6.1f} us in {sum(r[2] for r in rows)} launches")
+            rounds = ", ".join(f"{us:.1f}" for us in walls[label])
+            print(f"  host {label}: wall {statistics.median(walls[label]):7.1f} us per back-to-back call (rounds: "
+                  f"{rounds}), events {event_us:7.1f} us per paired call, GPU {gpu_us:6.1f} us in "
+                  f"{sum(r[2] for r in rows)} launches")
         for label, fn in sides.items():
             print(f"  host {label}: CPU events by self time (us per call, occurrences per call)")
             for name, us, count in cpu_events(fn, top=top):
