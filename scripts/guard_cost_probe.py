@@ -7,8 +7,9 @@ both sides as ``tests/perf/test_layer_ab.py`` does (the layer "mixed" with ``ful
 plain block in bf16 with the same weights; the layer without fused kernels, as it runs compiled on a CUDA device),
 compiles each once with the ``eager`` backend (graph capture only: the guards are the same whatever backend
 compiles the graph, and the timing below calls no graph), then times the guard check itself
-(``guard_manager.check`` of the cache entry, best of 7 means of 2,000 calls) and counts the guards by kind. Host time only: it needs no GPU, and with TRITON_INTERPRET=1 the one traced call runs the attention
-kernel in Triton's interpreter.
+(``guard_manager.check`` of the cache entry, best of 7 means of 2,000 calls) and counts the guards by kind. Host
+time only: it needs no GPU, and with TRITON_INTERPRET=1 the one traced call runs the attention kernel in Triton's
+interpreter.
 
 Usage: TRITON_INTERPRET=1 python scripts/guard_cost_probe.py [--d-model 1024 --heads 16 --d-ff 4096 --tokens 128]
 """
