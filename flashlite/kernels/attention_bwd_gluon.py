@@ -285,10 +285,12 @@ BWD_CONSUMER_WARPS = gl.constexpr(4)
 # the kernel is launched with maxnreg BWD_WS_MAXNREG (12 warps x 32 threads x 168 registers).
 BWD_CONSUMER_REGS = gl.constexpr(240)
 BWD_WS_MAXNREG = 168
-# (BLOCK_N keys per consumer, BLOCK_M, STAGES, num_warps = 4) per head dim. Shared memory: K and V 2 x BLOCK_N x D,
-# Q and dO BLOCK_M x D per stage: D=64, 64 x 64 x 3: 32 + 3 x 16 = 80 KB; D=128, 64 x 64 x 2: 64 + 2 x 32 = 128 KB.
+# (BLOCK_N keys per consumer, BLOCK_M, STAGES, num_warps = 4, EARLY_DP) per head dim. Shared memory: K and V
+# 2 x BLOCK_N x D, Q and dO BLOCK_M x D per stage: D=64, 64 x 64 x 3: 32 + 3 x 16 = 80 KB; D=128, 64 x 64 x 2:
+# 64 + 2 x 32 = 128 KB. 128-row query tiles give the S^T and dP^T wgmmas twice the width (N = 128); at D=64 they fit
+# 240 registers with dP^T issued after dV's wgmma (issued early they spill).
 GLUON_BWD_WS_CONFIGS = {
-    64: [(64, 64, 3, 4, True), (64, 64, 4, 4, True), (64, 64, 3, 4, False)],
+    64: [(64, 64, 3, 4, True), (64, 64, 4, 4, True), (64, 64, 3, 4, False), (64, 128, 3, 4, False)],
     128: [(64, 64, 2, 4, False), (64, 32, 3, 4, True), (64, 32, 4, 4, False)],
 }
 
