@@ -6,9 +6,10 @@ Run with ``pytest tests/perf/test_gluon_ab.py --kernel-ab`` (``-k step3``: only 
 shapes; ``-k forward_ab``: only steps 1 and 2, as run G5 measured them). Causal bf16, H=16, cases 3, 6 and 12 of
 ``flashlite.cases`` (B=1 S=8192; B=8 S=4096; B=16 S=8192) at D=64 and D=128. Every side computes out and the
 log-sum-exp a backward would need (SDPA's default: its forward without grad, as the other A/B files time it);
-each candidate is first checked against SDPA so that a wrong kernel is never timed. ``-k gluon_backward``: the Gluon
+each candidate is first checked against SDPA so that a wrong kernel is never timed. ``-k gluon_backward_ab``: the Gluon
 backward (dK/dV and dQ), forward+backward of ``flashlite.attention`` with its switch on (the warp-specialized
-schedule) against off, against the single-partition schedule and against SDPA.
+schedule) against off, against the single-partition schedule and against SDPA; ``-k backward_kernels``: each
+warp-specialized config of dK/dV and dQ against the single-partition kernel, the kernels alone.
 ``-k gluon_window``: the causal sliding window on the Gluon forward against the pointer kernel's and FlexAttention.
 ``-k below_the_floor``: the dispatched Gluon forward at cases 5 and 7-10, under the rule's length floor.
 ``-k step4``: step 4 (step 1's schedule over a persistent grid, tiles longest first) against step 1 in the same
@@ -194,6 +195,57 @@ def test_gluon_backward_ab(shape, kernel_ab):
                               check_output=False, **work)
     finally:
         launch_gluon_bwd.GLUON_BWD_ENABLED, launch_gluon_bwd.GLUON_BWD_VARIANT = saved
+
+
+# The Gluon backward's kernels alone, launched directly on one forward's out and lse with delta computed once: each
+# warp-specialized config of each kernel against the single-partition kernel's first config, both writing buffers
+# of their own. This tells which ws config to list first, and how much of forward+backward's change is the kernels'.
+# ``-k backward_kernels``.
+def _bwd_config_name(config) -> str:
+    dp = "" if config.early_dp is None else (" dP early" if config.early_dp else " dP late")
+    return f"{config.variant} {config.own_rows}x{config.streamed_rows} s{config.stages} w{config.num_warps}{dp}"
+
+
+@pytest.mark.shape(*SHAPES, dtype=[torch.bfloat16])
+@pytest.mark.memory(lambda shape: attention_bytes(shape, copies=14))
+def test_gluon_backward_kernels_ab(shape, kernel_ab):
+    q, k, v = qkv(shape.B, shape.H, shape.S, shape.D, shape.dtype)
+    grad_out = torch.randn_like(q)
+    scale = shape.D ** -0.5
+    out, lse = gluon_attention_forward(q, k, v, causal=True, scale=scale)
+    delta = (grad_out.float() * out.float()).sum(-1)
+
+    def dkdv(config):
+        dk, dv = torch.empty_like(k), torch.empty_like(v)
+
+        def run():
+            launch_gluon_bwd.launch_dkdv(q, k, v, grad_out, lse, delta, dk, dv, 1, scale, config)
+            return dk, dv
+        return run
+
+    def dq(config):
+        grad_q = torch.empty_like(q)
+
+        def run():
+            launch_gluon_bwd.launch_dq(q, k, v, grad_out, lse, delta, grad_q, 1, scale, config)
+            return (grad_q, )
+        return run
+
+    for kind, make in (("dkdv", dkdv), ("dq", dq)):
+        pipelined = launch_gluon_bwd.bwd_configs_for(shape.D, kind)[0]
+        baseline = make(pipelined)
+        expected = [t.clone() for t in baseline()]
+        for config in launch_gluon_bwd.bwd_configs_for(shape.D, kind, "ws"):
+            candidate = make(config)
+            for got, want in zip(candidate(), expected):
+                # The single-partition kernel in the same precision is the yardstick; the float64 checks of every
+                # listed config live in tests/flashlite/test_attention_gluon_bwd_gpu.py.
+                assert_close(got[:, :, :4096].float(), want[:, :, :4096].double(), policy=shape.dtype,
+                             notes=(kind, _bwd_config_name(config)))
+            # check_output=False: each side returns its own buffers, checked above.
+            kernel_ab.compare(candidate, baseline, check_output=False,
+                              name=f"{kind} D{shape.D} gluon {_bwd_config_name(config)} vs "
+                                   f"{_bwd_config_name(pipelined)}")
 
 
 # The causal sliding window (1024 keys to the left, issue 15's shapes) on the Gluon forward: step 1 in the config
