@@ -30,10 +30,28 @@ try:
 except ImportError:  # pragma: no cover - Triton without Gluon; gluon_supported then says so
     _kernels = None
 
-_GLUON_BWD = os.environ.get("FLASHLITE_GLUON_BWD", "0")
-GLUON_BWD_ENABLED = _GLUON_BWD not in ("", "0")
-# The schedule of the kernels flashlite.attention's backward runs when GLUON_BWD_ENABLED.
-GLUON_BWD_VARIANT = "ws" if _GLUON_BWD == "ws" else "pipelined"
+
+def gluon_bwd_setting(value: str) -> tuple[bool, str]:
+    """(GLUON_BWD_ENABLED, GLUON_BWD_VARIANT) for a value of FLASHLITE_GLUON_BWD: "0" or "" off, "1" the
+    single-partition kernels ("pipelined"), "ws" the warp-specialized ones. Raises ValueError naming the variable
+    for any other value, so that a mistyped schedule is not run as another one.
+
+    Example:
+        >>> gluon_bwd_setting("ws")
+        (True, 'ws')
+        >>> gluon_bwd_setting("0")
+        (False, 'pipelined')
+    """
+    settings = {"": (False, "pipelined"), "0": (False, "pipelined"), "1": (True, "pipelined"), "ws": (True, "ws")}
+    if value not in settings:
+        raise ValueError(f"FLASHLITE_GLUON_BWD must be one of {sorted(settings)} ('0' or '' off, '1' the "
+                         f"single-partition Gluon backward, 'ws' the warp-specialized one), got {value!r}")
+    return settings[value]
+
+
+# Whether flashlite.attention's backward may run the Gluon kernels, and which schedule (the switch's value is read
+# once, at import).
+GLUON_BWD_ENABLED, GLUON_BWD_VARIANT = gluon_bwd_setting(os.environ.get("FLASHLITE_GLUON_BWD", "0"))
 # The schedules each backward kernel has: "pipelined" (one partition) and "ws" (``_attn_bwd_dkdv_ws``,
 # ``_attn_bwd_dq_ws``).
 BWD_VARIANTS = {"dkdv": ("pipelined", "ws"), "dq": ("pipelined", "ws")}
@@ -231,7 +249,7 @@ def gluon_attention_dq(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
 
 
 def backward_on_gluon(problem: Problem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    """Whether ``launch_backward`` runs a call's dK/dV and dQ on the Gluon kernels: FLASHLITE_GLUON_BWD=1, a dense
+    """Whether ``launch_backward`` runs a call's dK/dV and dQ on the Gluon kernels: FLASHLITE_GLUON_BWD on, a dense
     call without key masks, variants or packed sequences, and one the kernels can run (``gluon_supported``).
 
     Example:

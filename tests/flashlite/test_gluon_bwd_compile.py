@@ -211,3 +211,13 @@ def test_configs_are_listed_per_schedule_and_refused_across_kernels(monkeypatch)
     dkdv_config = launch_gluon_bwd.bwd_configs_for(128, "dkdv", "ws")[0]
     with pytest.raises(ValueError, match="is not listed for the dQ kernel at head dim 128"):
         launch_gluon_bwd.gluon_attention_dq(q, q, q, q, q, torch.zeros(1, 2, 16), config=dkdv_config)
+
+
+@pytest.mark.parametrize("value", ["true", "WS", "2", " ws"])
+def test_the_switch_refuses_a_value_it_does_not_know(value):
+    # A mistyped schedule must not run as another one (before, any value but "0" and "" meant the single-partition
+    # kernels).
+    with pytest.raises(ValueError, match=r"FLASHLITE_GLUON_BWD must be one of .* got"):
+        launch_gluon_bwd.gluon_bwd_setting(value)
+    assert launch_gluon_bwd.gluon_bwd_setting("1") == (True, "pipelined")
+    assert launch_gluon_bwd.gluon_bwd_setting("") == (False, "pipelined")
