@@ -52,6 +52,11 @@ def check_backward(q, k, v, causal, dkdv_config=None, dq_config=None, forward="p
         assert_close(got, r, baseline=b, notes=(name, str(dkdv_config), str(dq_config), f"causal={causal}"))
 
 
+def _first_configs(D, variant):
+    """The first listed dK/dV and dQ configs of a schedule."""
+    return [launch_gluon_bwd.bwd_configs_for(D, kind, variant)[0] for kind in ("dkdv", "dq")]
+
+
 @pytest.mark.parametrize("variant", ["pipelined", "ws"])
 @pytest.mark.parametrize("causal", CAUSAL)
 @pytest.mark.parametrize("D", [64, 128])
@@ -63,8 +68,7 @@ def test_backward_against_float64(B, H, H_kv, S_q, S_k, D, dtype, causal, varian
     # (every query head of a group adds into the same dK/dV), one query row; each schedule's first config. For
     # "ws", 77 keys leave the second consumer 13 and 1000 leave it 104 of 128 in the last program; 300 query rows
     # leave dQ's second consumer 44 of 64 (and 77, 1 and 1000 none in the last program).
-    configs = [launch_gluon_bwd.bwd_configs_for(D, kind, variant)[0] for kind in ("dkdv", "dq")]
-    check_backward(*qkv(B, H, S_q, D, dtype, H_kv=H_kv, S_k=S_k), causal, *configs)
+    check_backward(*qkv(B, H, S_q, D, dtype, H_kv=H_kv, S_k=S_k), causal, *_first_configs(D, variant))
 
 
 @pytest.mark.parametrize("variant", ["pipelined", "ws"])
@@ -78,18 +82,20 @@ def test_every_listed_config(D, variant):
             check_backward(*qkv(2, 4, 333, D, torch.bfloat16, H_kv=2, S_k=333), causal, dkdv_config, dq_config)
 
 
+@pytest.mark.parametrize("variant", ["pipelined", "ws"])
 @pytest.mark.parametrize("D", [64, 128])
-def test_takes_the_gluon_forwards_out_and_lse(D):
-    check_backward(*qkv(2, 4, 1000, D, torch.bfloat16, H_kv=2), True, forward="gluon")
+def test_takes_the_gluon_forwards_out_and_lse(D, variant):
+    check_backward(*qkv(2, 4, 1000, D, torch.bfloat16, H_kv=2), True, *_first_configs(D, variant), forward="gluon")
 
 
-def test_strided_layouts_and_a_transposed_gradient():
+@pytest.mark.parametrize("variant", ["pipelined", "ws"])
+def test_strided_layouts_and_a_transposed_gradient(variant):
     # [B, S, H, D] storage seen as [B, H, S, D], and a gradient whose layout TMA cannot describe (copied first).
     q = torch.randn(2, 300, 4, 64, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
     k = torch.randn(2, 300, 2, 64, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
     v = torch.randn(2, 300, 2, 64, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
     grad_out = torch.randn(2, 4, 64, 300, device="cuda", dtype=torch.bfloat16).transpose(2, 3)
-    check_backward(q, k, v, True, grad_out=grad_out)
+    check_backward(q, k, v, True, *_first_configs(64, variant), grad_out=grad_out)
 
 
 @pytest.mark.parametrize("variant", ["pipelined", "ws"])
