@@ -318,6 +318,33 @@ def test_torch_compile_matches_eager(mode):
         torch.testing.assert_close(p.grad, g, rtol=1e-5, atol=1e-5)
 
 
+def test_torch_compile_with_the_cpp_wrapper_runs_the_attention_op_against_float64(monkeypatch):
+    # Inductor's C++ wrapper (options={"cpp_wrapper": True}, timed against the default on a GPU in
+    # tests/perf/test_layer_ab.py) calls the layer's attention op from generated C++: one full graph, the op's kernel
+    # run once per call, and float64's accuracy. fp16 operands: the interpreter's bf16 dot is not exact. No fusions:
+    # what the layer runs under torch.compile on a CUDA device.
+    import flashlite._attention.ops as ops_module
+    launched = []
+    forward = ops_module.attention_forward
+    monkeypatch.setattr(ops_module, "attention_forward", lambda *a, **kw: launched.append(1) or forward(*a, **kw))
+    torch.manual_seed(7)
+    layer = TransformerLayer(32, 2, n_kv_heads=1, attention_backend="triton", fusions=(), device=DEVICE,
+                             **MODES["mixed-fp16"]).eval()
+    x = torch.randn(2, 8, 32, device=DEVICE)
+    compiled = torch.compile(layer, fullgraph=True, dynamic=False, options={"cpp_wrapper": True})
+    with torch.no_grad():
+        out = compiled(x)
+        reference = layer.to_plain(torch.float64)(x.double())
+        with torch.autocast(x.device.type, dtype=torch.float16):
+            baseline = layer.to_plain()(x).float()
+    assert launched, "the compiled graph did not call flashlite's attention op"
+    calls = len(launched)
+    with torch.no_grad():
+        compiled(x)
+    assert len(launched) == 2 * calls
+    assert_close(out, reference, policy=torch.float16, baseline=baseline)
+
+
 def test_torch_compile_dynamic_shapes_one_graph_for_two_batch_and_sequence_sizes():
     # torch.compile(dynamic=True) traces the batch and sequence sizes as symbols: a second (B, S) reuses the first
     # graph (no recompile) and both match eager, forward and backward. Sizes of at least 2: dynamo specializes 0
