@@ -197,6 +197,7 @@ def test_each_schedule_launches_its_own_kernel_over_its_own_grid(monkeypatch):
     assert meta_q["maxnreg"] == kernels.BWD_WS_MAXNREG and meta_q["BLOCK_M"] == dq_ws.own_rows
 
 
+@needs_gluon
 def test_configs_are_listed_per_schedule_and_refused_across_kernels(monkeypatch):
     with pytest.raises(ValueError, match="variant must be one of"):
         launch_gluon_bwd.bwd_configs_for(64, "dkdv", "pingpong")
