@@ -62,7 +62,8 @@ class GluonBwdConfig:
     """One compiled shape of a backward kernel (``kernel``: "dkdv" or "dq"; ``variant``: its schedule, one of
     ``BWD_VARIANTS[kernel]``): the rows a warpgroup set owns (BLOCK_N keys for dK/dV, BLOCK_M query rows for dQ;
     "ws" has two consumer warpgroups, each owning that many), the rows of each tile streamed past them, ring depth,
-    warps (of the default partition for "ws").
+    warps (of the default partition for "ws"); for dK/dV "ws" also when dP^T is issued and whether the overlapped
+    schedule runs.
 
     Example:
         >>> GluonBwdConfig("dkdv", 128, 64, 2, 8).shared_bytes(128)
@@ -78,6 +79,7 @@ class GluonBwdConfig:
     num_warps: int
     variant: str = "pipelined"
     early_dp: Optional[bool] = None  # dK/dV "ws" only: dP^T issued with S^T (``_dkdv_block``'s EARLY_DP)
+    overlap: Optional[bool] = None  # dK/dV "ws" only: the overlapped schedule (``_dkdv_overlapped_step``)
 
     @property
     def program_rows(self) -> int:
@@ -142,7 +144,7 @@ def dkdv_kernel_arguments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gra
     meta = dict(HEAD_DIM=head_dim, BLOCK_N=block_n, BLOCK_M=block_m, STAGES=config.stages,
                 CAUSAL=causal_mode, num_warps=config.num_warps)
     if config.variant == "ws":
-        meta.update(EARLY_DP=config.early_dp, maxnreg=_kernels.BWD_WS_MAXNREG)
+        meta.update(EARLY_DP=config.early_dp, OVERLAP=config.overlap, maxnreg=_kernels.BWD_WS_MAXNREG)
     return args, meta
 
 

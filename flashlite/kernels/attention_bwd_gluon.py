@@ -43,7 +43,7 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
-                                                              warpgroup_mma_wait)
+                                                              warpgroup_mma_init, warpgroup_mma_wait)
 
 from flashlite.kernels.attention_fwd_gluon import PRODUCER_REGS
 from flashlite.kernels.gluon_tiles import as_tma_tile, consumer_key_blocks, key_blocks, mma_layout, tile_layout
@@ -148,6 +148,29 @@ def _query_blocks(start_n, seq_q, seq_k, BLOCK_N: gl.constexpr, BLOCK_M: gl.cons
 
 
 @gluon.jit
+def _column_statistics(Lse, Delta, stats, m_block, seq_q, BLOCK_M: gl.constexpr, st_layout: gl.constexpr):
+    """(cols, lse, delta) of query block ``m_block``'s columns, one per column of a [keys, BLOCK_M] tile of
+    ``st_layout``; columns past S_q read lse +inf (P^T = 0 there) and delta 0."""
+    cols = m_block * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))
+    in_q = cols < seq_q
+    lse = gl.load(Lse + stats + cols, mask=in_q, other=float("inf"))
+    delta = gl.load(Delta + stats + cols, mask=in_q, other=0.0)
+    return cols, lse, delta
+
+
+@gluon.jit
+def _probabilities_t(st, lse, cols, keys, m_block, m_full, diag_shift, qk_scale, CAUSAL: gl.constexpr):
+    """P^T = exp2(S^T * qk_scale - lse) of the key rows ``keys``, masked in the query blocks before ``m_full`` (they
+    hold the diagonal)."""
+    pt = gl.exp2(st * qk_scale - gl.expand_dims(lse, 0))
+    if CAUSAL != 0:
+        if m_block < m_full:
+            visible = gl.expand_dims(keys, 1) <= gl.expand_dims(cols + diag_shift, 0)
+            pt = gl.where(visible, pt, 0.0)
+    return pt
+
+
+@gluon.jit
 def _dkdv_block(dk, dv, k_tile, v_tile, q_tile, do_tile, Lse, Delta, keys, stats, m_block, m_full, seq_q, diag_shift,
                 qk_scale, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr, WARPS: gl.constexpr,
                 EARLY_DP: gl.constexpr = True):
@@ -159,26 +182,17 @@ def _dkdv_block(dk, dv, k_tile, v_tile, q_tile, do_tile, Lse, Delta, keys, stats
     dtype: gl.constexpr = k_tile.dtype
     st_layout: gl.constexpr = mma_layout(WARPS, BLOCK_M)  # S^T, P^T, dP^T, dS^T: [BLOCK_N, BLOCK_M]
     pt_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dk.type.layout, k_width=2)
-    col_layout: gl.constexpr = gl.SliceLayout(0, st_layout)  # one value per query column
     st_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout)
     st = warpgroup_mma(k_tile, q_tile.permute((1, 0)), st_zero, use_acc=False, is_async=True)
     if EARLY_DP:
         dpt = warpgroup_mma(v_tile, do_tile.permute((1, 0)), st_zero, use_acc=False, is_async=True)
-    # The statistics of the block's query columns, read while the products run; columns past S_q read lse +inf
-    # (P^T = 0 there) and delta 0.
-    cols = m_block * BLOCK_M + gl.arange(0, BLOCK_M, layout=col_layout)
-    in_q = cols < seq_q
-    lse = gl.load(Lse + stats + cols, mask=in_q, other=float("inf"))
-    delta = gl.load(Delta + stats + cols, mask=in_q, other=0.0)
+    # The statistics of the block's query columns, read while the products run.
+    cols, lse, delta = _column_statistics(Lse, Delta, stats, m_block, seq_q, BLOCK_M, st_layout)
     if EARLY_DP:
         st = warpgroup_mma_wait(1, deps=(st, ))
     else:
         st = warpgroup_mma_wait(0, deps=(st, ))
-    pt = gl.exp2(st * qk_scale - gl.expand_dims(lse, 0))
-    if CAUSAL != 0:
-        if m_block < m_full:
-            visible = gl.expand_dims(keys, 1) <= gl.expand_dims(cols + diag_shift, 0)
-            pt = gl.where(visible, pt, 0.0)
+    pt = _probabilities_t(st, lse, cols, keys, m_block, m_full, diag_shift, qk_scale, CAUSAL)
     pt_op = gl.convert_layout(pt.to(dtype), pt_layout)
     dv = warpgroup_mma(pt_op, do_tile, dv, is_async=True)
     if not EARLY_DP:
@@ -280,18 +294,28 @@ def _attn_bwd_dkdv(q_desc,  # [B, H, S_q, D] 16-bit, tiles [1, 1, BLOCK_M, D]
 # Why the parities are unambiguous: a consumer arrives on empty[c, slot] for iteration t only after waiting for
 # ready[slot] of iteration t, which the producer completes after it waited for the release of iteration t - STAGES;
 # so no barrier runs more than one phase ahead of the side that waits on it (as in the forward's step 2).
+#
+# OVERLAP (FlashAttention-3's overlap inside a warpgroup, moved to the backward): a consumer issues block t + 1's
+# S^T and dP^T before block t's dK, so that block t + 1's exponentials run while the tensor cores do dK(t) and
+# dP^T(t + 1). wgmma groups complete in issue order, so one consumer's stream is, per block,
+#     ... dV(t - 1), S^T(t), dP^T(t), dK(t - 1) | wait for S^T(t): P^T(t) | dV(t) | wait for dP^T(t): dS^T(t) |
+#     wait for dK(t - 1): hand block t - 1's slot back | S^T(t + 1), dP^T(t + 1) | dK(t)
+# and it holds three slots at once (t - 1 until dK(t - 1) completes, t, t + 1), hence STAGES >= 3.
 BWD_CONSUMER_WARPS = gl.constexpr(4)
 # Registers per consumer thread (setmaxnreg): 2 x 128 x 240 + 128 x 24 (the producer's warpgroup) fit an SM's 64 K;
 # the kernel is launched with maxnreg BWD_WS_MAXNREG (12 warps x 32 threads x 168 registers).
 BWD_CONSUMER_REGS = gl.constexpr(240)
 BWD_WS_MAXNREG = 168
-# (BLOCK_N keys per consumer, BLOCK_M, STAGES, num_warps = 4, EARLY_DP) per head dim. Shared memory: K and V
+# (BLOCK_N keys per consumer, BLOCK_M, STAGES, num_warps = 4, EARLY_DP, OVERLAP) per head dim. Shared memory: K and V
 # 2 x BLOCK_N x D, Q and dO BLOCK_M x D per stage: D=64, 64 x 64 x 3: 32 + 3 x 16 = 80 KB; D=128, 64 x 64 x 2:
 # 64 + 2 x 32 = 128 KB. 128-row query tiles give the S^T and dP^T wgmmas twice the width (N = 128); at D=64 they fit
-# 240 registers with dP^T issued after dV's wgmma (issued early they spill).
+# 240 registers with dP^T issued after dV's wgmma (issued early they spill). OVERLAP (the last entry) keeps the next
+# block's S^T and dP^T in registers beside this block's dS^T: 64-row query tiles at D=64, 32-row ones at D=128.
 GLUON_BWD_WS_CONFIGS = {
-    64: [(64, 64, 3, 4, True), (64, 64, 4, 4, True), (64, 64, 3, 4, False), (64, 128, 3, 4, False)],
-    128: [(64, 64, 2, 4, False), (64, 32, 3, 4, True), (64, 32, 4, 4, False)],
+    64: [(64, 64, 3, 4, True, False), (64, 64, 4, 4, True, False), (64, 64, 3, 4, False, False),
+         (64, 128, 3, 4, False, False), (64, 64, 4, 4, True, True)],
+    128: [(64, 64, 2, 4, False, False), (64, 32, 3, 4, True, False), (64, 32, 4, 4, False, False),
+          (64, 32, 4, 4, True, True)],
 }
 
 
@@ -354,12 +378,67 @@ def _dkdv_ws_producer(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, d
 
 
 @gluon.jit
+def _dkdv_overlapped_step(t, dk, dv, st, dpt, pt_op, dst_op, k_tile, v_tile, q_bufs, do_bufs, ready, empty, Lse,
+                          Delta, keys, b, kv_h, num_heads, group_size, lo_m, n_m, n_iters, m_full, seq_q, diag_shift,
+                          qk_scale, C: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
+                          BLOCK_M: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, FIRST: gl.constexpr):
+    """Iteration t of a consumer's overlapped schedule (see above ``_attn_bwd_dkdv_ws``). It enters with S^T(t) and
+    dP^T(t) in flight, issued after dV(t - 1) and before dK(t - 1) (FIRST, t = 0: neither), and leaves with S^T(t + 1)
+    and dP^T(t + 1) issued (none after the last block), then dK(t). ``pt_op`` and ``dst_op`` are the register
+    operands of the dV and dK wgmmas still in flight, kept alive until they complete."""
+    dtype: gl.constexpr = k_tile.dtype
+    st_layout: gl.constexpr = mma_layout(BWD_CONSUMER_WARPS, BLOCK_M)
+    pt_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout(BWD_CONSUMER_WARPS, HEAD_DIM),
+                                                  k_width=2)
+    slot = t % STAGES
+    q_tile = q_bufs.index(slot)
+    do_tile = do_bufs.index(slot)
+    m_block = lo_m + t % n_m
+    stats = (b * num_heads + kv_h * group_size + t // n_m).to(gl.int64) * seq_q
+    cols, lse, delta = _column_statistics(Lse, Delta, stats, m_block, seq_q, BLOCK_M, st_layout)
+    # In flight, oldest first: dV(t - 1), S^T(t), dP^T(t), dK(t - 1). Waiting until two remain completes S^T(t)
+    # (and dV(t - 1)); dP^T(t) and dK(t - 1) run under the exponentials.
+    if FIRST:
+        st = warpgroup_mma_wait(1, deps=(st, ))
+    else:
+        st, dv, pt_op = warpgroup_mma_wait(2, deps=(st, dv, pt_op))
+    pt = _probabilities_t(st, lse, cols, keys, m_block, m_full, diag_shift, qk_scale, CAUSAL)
+    pt_op = gl.convert_layout(pt.to(dtype), pt_layout)
+    dv = warpgroup_mma(pt_op, do_tile, dv, is_async=True)
+    # In flight: dP^T(t), dK(t - 1), dV(t).
+    if FIRST:
+        dpt = warpgroup_mma_wait(1, deps=(dpt, ))
+    else:
+        dpt = warpgroup_mma_wait(2, deps=(dpt, ))
+    dst = pt * (dpt - gl.expand_dims(delta, 0))
+    if not FIRST:
+        # dK(t - 1) has completed, and dV(t - 1) before it: block t - 1's Q and dO tiles go back to the producer
+        # once every warp of the warpgroup is past its wait.
+        dk, dst_op = warpgroup_mma_wait(1, deps=(dk, dst_op))
+        gl.thread_barrier()
+        mbarrier.arrive(empty.index(C * STAGES + (t - 1) % STAGES))
+    dst_op = gl.convert_layout(dst.to(dtype), pt_layout)
+    # The next block's products (placeholders of the same type after the last block, never waited for).
+    st_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout)
+    st_next = warpgroup_mma_init(st_zero)
+    dpt_next = warpgroup_mma_init(st_zero)
+    if t + 1 < n_iters:
+        after = (t + 1) % STAGES
+        mbarrier.wait(ready.index(after), ((t + 1) // STAGES) & 1)
+        st_next = warpgroup_mma(k_tile, q_bufs.index(after).permute((1, 0)), st_zero, use_acc=False, is_async=True)
+        dpt_next = warpgroup_mma(v_tile, do_bufs.index(after).permute((1, 0)), st_zero, use_acc=False, is_async=True)
+    dk = warpgroup_mma(dst_op, q_tile, dk, is_async=True)
+    return dk, dv, st_next, dpt_next, pt_op, dst_op
+
+
+@gluon.jit
 def _dkdv_ws_consumer(C: gl.constexpr, k_smem, v_smem, q_bufs, do_bufs, kv_ready, ready, empty, dk_desc, dv_desc,
                       Lse, Delta, b, kv_h, start_n, num_heads, group_size, seq_q, seq_k, qk_scale, sm_scale,
                       lo_m, n_m, n_iters,
                       HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
-                      CAUSAL: gl.constexpr, EARLY_DP: gl.constexpr):
-    """Consumer C: dK and dV of keys start_n + C * BLOCK_N onwards over the whole stream, then their store."""
+                      CAUSAL: gl.constexpr, EARLY_DP: gl.constexpr, OVERLAP: gl.constexpr):
+    """Consumer C: dK and dV of keys start_n + C * BLOCK_N onwards over the whole stream, then their store.
+    OVERLAP: the overlapped schedule (``_dkdv_overlapped_step``), else one block at a time (``_dkdv_block``)."""
     kv_layout: gl.constexpr = mma_layout(BWD_CONSUMER_WARPS, HEAD_DIM)  # dK, dV: [BLOCK_N, HEAD_DIM]
     row_layout: gl.constexpr = gl.SliceLayout(1, mma_layout(BWD_CONSUMER_WARPS, BLOCK_M))  # one value per key row
     own_start = start_n + C * BLOCK_N
@@ -370,17 +449,47 @@ def _dkdv_ws_consumer(C: gl.constexpr, k_smem, v_smem, q_bufs, do_bufs, kv_ready
     dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
     dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
     mbarrier.wait(kv_ready.index(C), 0, pred=own_start < seq_k)
-    for t in range(n_iters):
-        slot = t % STAGES
-        mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
-        dk, dv = _dkdv_block(dk, dv, k_tile, v_tile, q_bufs.index(slot), do_bufs.index(slot), Lse, Delta, keys,
-                             (b * num_heads + kv_h * group_size + t // n_m).to(gl.int64) * seq_q, lo_m + t % n_m,
-                             m_full, seq_q, diag_shift, qk_scale, BLOCK_N, BLOCK_M, CAUSAL, BWD_CONSUMER_WARPS,
-                             EARLY_DP)
-        # Every warp of the warpgroup must be past its wgmma wait before the one arriving thread signals (the
-        # partition's own barrier).
-        gl.thread_barrier()
-        mbarrier.arrive(empty.index(C * STAGES + slot))
+    if OVERLAP:
+        st_layout: gl.constexpr = mma_layout(BWD_CONSUMER_WARPS, BLOCK_M)
+        op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
+        # Products in flight between iterations are wgmma accumulators: the loop-carried values start as such.
+        st_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout)
+        st = warpgroup_mma_init(st_zero)
+        dpt = warpgroup_mma_init(st_zero)
+        dk = warpgroup_mma_init(dk)
+        dv = warpgroup_mma_init(dv)
+        pt_op = gl.zeros([BLOCK_N, BLOCK_M], k_smem.dtype, op_layout)
+        dst_op = pt_op
+        if n_iters > 0:
+            mbarrier.wait(ready.index(0), 0)
+            st = warpgroup_mma(k_tile, q_bufs.index(0).permute((1, 0)), st_zero, use_acc=False, is_async=True)
+            dpt = warpgroup_mma(v_tile, do_bufs.index(0).permute((1, 0)), st_zero, use_acc=False, is_async=True)
+            dk, dv, st, dpt, pt_op, dst_op = _dkdv_overlapped_step(
+                0, dk, dv, st, dpt, pt_op, dst_op, k_tile, v_tile, q_bufs, do_bufs, ready, empty, Lse, Delta, keys, b,
+                kv_h, num_heads, group_size, lo_m, n_m, n_iters, m_full, seq_q, diag_shift, qk_scale, C, HEAD_DIM,
+                BLOCK_N, BLOCK_M, STAGES, CAUSAL, True)
+        for t in range(1, n_iters):
+            dk, dv, st, dpt, pt_op, dst_op = _dkdv_overlapped_step(
+                t, dk, dv, st, dpt, pt_op, dst_op, k_tile, v_tile, q_bufs, do_bufs, ready, empty, Lse, Delta, keys, b,
+                kv_h, num_heads, group_size, lo_m, n_m, n_iters, m_full, seq_q, diag_shift, qk_scale, C, HEAD_DIM,
+                BLOCK_N, BLOCK_M, STAGES, CAUSAL, False)
+        # The last block's dV and dK, then its slot back.
+        dk, dv, pt_op, dst_op = warpgroup_mma_wait(0, deps=(dk, dv, pt_op, dst_op))
+        if n_iters > 0:
+            gl.thread_barrier()
+            mbarrier.arrive(empty.index(C * STAGES + (n_iters - 1) % STAGES))
+    else:
+        for t in range(n_iters):
+            slot = t % STAGES
+            mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
+            dk, dv = _dkdv_block(dk, dv, k_tile, v_tile, q_bufs.index(slot), do_bufs.index(slot), Lse, Delta, keys,
+                                 (b * num_heads + kv_h * group_size + t // n_m).to(gl.int64) * seq_q,
+                                 lo_m + t % n_m, m_full, seq_q, diag_shift, qk_scale, BLOCK_N, BLOCK_M, CAUSAL,
+                                 BWD_CONSUMER_WARPS, EARLY_DP)
+            # Every warp of the warpgroup must be past its wgmma wait before the one arriving thread signals (the
+            # partition's own barrier).
+            gl.thread_barrier()
+            mbarrier.arrive(empty.index(C * STAGES + slot))
     # This consumer's K and V tiles take its results: every wgmma that read them has completed.
     dtype: gl.constexpr = k_smem.dtype
     k_tile.store((dk * sm_scale).to(dtype))
@@ -402,13 +511,15 @@ def _attn_bwd_dkdv_ws(q_desc,  # [B, H, S_q, D] 16-bit, tiles [1, 1, BLOCK_M, D]
                       Delta,  # [B, H, S_q] float32, contiguous: rowsum(dO * O)
                       num_heads, group_size, seq_q, seq_k, qk_scale, sm_scale,  # group_size = H // H_kv
                       HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
-                      CAUSAL: gl.constexpr, EARLY_DP: gl.constexpr, num_warps: gl.constexpr):
+                      CAUSAL: gl.constexpr, EARLY_DP: gl.constexpr, OVERLAP: gl.constexpr, num_warps: gl.constexpr):
     """dK and dV of 2 x BLOCK_N keys of one (batch, key/value head) over every query head of its group: two consumer
     warpgroups and a TMA producer warp (launch with num_warps = 4 and maxnreg = BWD_WS_MAXNREG). EARLY_DP as in
     ``_dkdv_block``.
 
     Grid: (cdiv(S_k, 2 * BLOCK_N), B * H_kv)."""
     gl.static_assert(num_warps == BWD_CONSUMER_WARPS, "the default partition is one consumer warpgroup")
+    gl.static_assert(not OVERLAP or (EARLY_DP and STAGES >= 3),
+                     "the overlapped schedule issues dP^T with S^T and holds three slots at once")
     dtype: gl.constexpr = k_desc.dtype
     pid_bh = gl.program_id(1)
     kv_heads = num_heads // group_size
@@ -426,10 +537,10 @@ def _attn_bwd_dkdv_ws(q_desc,  # [B, H, S_q, D] 16-bit, tiles [1, 1, BLOCK_M, D]
     gl.warp_specialize([
         (_dkdv_ws_consumer, (0, k_smem, v_smem, q_bufs, do_bufs, kv_ready, ready, empty, dk_desc, dv_desc, Lse,
                              Delta, b, kv_h, start_n, num_heads, group_size, seq_q, seq_k, qk_scale, sm_scale,
-                             lo_m, n_m, n_iters, HEAD_DIM, BLOCK_N, BLOCK_M, STAGES, CAUSAL, EARLY_DP)),
+                             lo_m, n_m, n_iters, HEAD_DIM, BLOCK_N, BLOCK_M, STAGES, CAUSAL, EARLY_DP, OVERLAP)),
         (_dkdv_ws_consumer, (1, k_smem, v_smem, q_bufs, do_bufs, kv_ready, ready, empty, dk_desc, dv_desc, Lse,
                              Delta, b, kv_h, start_n, num_heads, group_size, seq_q, seq_k, qk_scale, sm_scale,
-                             lo_m, n_m, n_iters, HEAD_DIM, BLOCK_N, BLOCK_M, STAGES, CAUSAL, EARLY_DP)),
+                             lo_m, n_m, n_iters, HEAD_DIM, BLOCK_N, BLOCK_M, STAGES, CAUSAL, EARLY_DP, OVERLAP)),
         (_dkdv_ws_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, do_bufs, kv_ready, ready,
                              empty, b, kv_h, start_n, seq_k, group_size, lo_m, n_m, n_iters,
                              BLOCK_N, BLOCK_M, HEAD_DIM, STAGES)),

@@ -191,6 +191,7 @@ def test_each_schedule_launches_its_own_kernel_over_its_own_grid(monkeypatch):
     assert (name_p, grid_p) == ("_attn_bwd_dkdv", (6, 4)) and "maxnreg" not in meta_p
     assert (name_w, grid_w) == ("_attn_bwd_dkdv_ws", (3, 4))
     assert meta_w["maxnreg"] == kernels.BWD_WS_MAXNREG and meta_w["EARLY_DP"] is ws.early_dp
+    assert meta_w["OVERLAP"] is ws.overlap
     assert name_d == "_attn_bwd_dkdv_ws" and meta_d["CAUSAL"] == 2 and meta_d["BLOCK_N"] == ws.own_rows
     dq_ws = launch_gluon_bwd.bwd_configs_for(64, "dq", "ws")[0]
     assert (name_q, grid_q) == ("_attn_bwd_dq_ws", (math.ceil(333 / dq_ws.program_rows), 8))
@@ -202,8 +203,11 @@ def test_configs_are_listed_per_schedule_and_refused_across_kernels(monkeypatch)
     with pytest.raises(ValueError, match="variant must be one of"):
         launch_gluon_bwd.bwd_configs_for(64, "dkdv", "pingpong")
     dq_config = launch_gluon_bwd.bwd_configs_for(128, "dq", "ws")[0]
-    assert dq_config.early_dp is None  # the choice exists for dK/dV only
-    assert all(isinstance(c.early_dp, bool) for c in launch_gluon_bwd.bwd_configs_for(128, "dkdv", "ws"))
+    assert dq_config.early_dp is None and dq_config.overlap is None  # the choices exist for dK/dV only
+    for config in launch_gluon_bwd.bwd_configs_for(128, "dkdv", "ws"):
+        assert isinstance(config.early_dp, bool) and isinstance(config.overlap, bool)
+        # The overlapped schedule issues dP^T with S^T and holds three slots at once (the kernel asserts it too).
+        assert not config.overlap or (config.early_dp and config.stages >= 3)
     # A config of the other kernel is refused by name (the call's own checks, which CPU tensors fail, stood in).
     q = _bf16(1, 2, 16, 128)
     monkeypatch.setattr(launch_gluon_bwd, "_checked", lambda grad_out, *a: (grad_out, None, 0.125))

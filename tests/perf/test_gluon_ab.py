@@ -203,7 +203,9 @@ def test_gluon_backward_ab(shape, kernel_ab):
 # ``-k backward_kernels``.
 def _bwd_config_name(config) -> str:
     dp = "" if config.early_dp is None else (" dP early" if config.early_dp else " dP late")
-    return f"{config.variant} {config.own_rows}x{config.streamed_rows} s{config.stages} w{config.num_warps}{dp}"
+    overlap = " overlapped" if config.overlap else ""
+    return (f"{config.variant} {config.own_rows}x{config.streamed_rows} s{config.stages} w{config.num_warps}{dp}"
+            f"{overlap}")
 
 
 @pytest.mark.shape(*SHAPES, dtype=[torch.bfloat16])
