@@ -355,6 +355,14 @@ def _invalidate_consumer_barriers(own_ready, ready, empty, STAGES: gl.constexpr)
 
 
 @gluon.jit
+def _hand_back(empty, C: gl.constexpr, t, STAGES: gl.constexpr):
+    """Consumer C is done with iteration t's slot: its empty barrier, once every warp of the warpgroup is past its
+    wgmma waits (the partition's own barrier; each warp waits for its own wgmma groups, and one thread arrives)."""
+    gl.thread_barrier()
+    mbarrier.arrive(empty.index(C * STAGES + t % STAGES))
+
+
+@gluon.jit
 def _dkdv_ws_producer(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, do_bufs, kv_ready, ready, empty,
                       b, kv_h, start_n, seq_k, group_size, lo_m, n_m, n_iters,
                       BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
@@ -412,11 +420,9 @@ def _dkdv_overlapped_step(t, dk, dv, st, dpt, pt_op, dst_op, k_tile, v_tile, q_b
         dpt = warpgroup_mma_wait(2, deps=(dpt, ))
     dst = pt * (dpt - gl.expand_dims(delta, 0))
     if not FIRST:
-        # dK(t - 1) has completed, and dV(t - 1) before it: block t - 1's Q and dO tiles go back to the producer
-        # once every warp of the warpgroup is past its wait.
+        # dK(t - 1) has completed, and dV(t - 1) before it: block t - 1's Q and dO tiles go back to the producer.
         dk, dst_op = warpgroup_mma_wait(1, deps=(dk, dst_op))
-        gl.thread_barrier()
-        mbarrier.arrive(empty.index(C * STAGES + (t - 1) % STAGES))
+        _hand_back(empty, C, t - 1, STAGES)
     dst_op = gl.convert_layout(dst.to(dtype), pt_layout)
     # The next block's products (placeholders of the same type after the last block, never waited for).
     st_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout)
@@ -476,8 +482,7 @@ def _dkdv_ws_consumer(C: gl.constexpr, k_smem, v_smem, q_bufs, do_bufs, kv_ready
         # The last block's dV and dK, then its slot back.
         dk, dv, pt_op, dst_op = warpgroup_mma_wait(0, deps=(dk, dv, pt_op, dst_op))
         if n_iters > 0:
-            gl.thread_barrier()
-            mbarrier.arrive(empty.index(C * STAGES + (n_iters - 1) % STAGES))
+            _hand_back(empty, C, n_iters - 1, STAGES)
     else:
         for t in range(n_iters):
             slot = t % STAGES
@@ -486,10 +491,7 @@ def _dkdv_ws_consumer(C: gl.constexpr, k_smem, v_smem, q_bufs, do_bufs, kv_ready
                                  (b * num_heads + kv_h * group_size + t // n_m).to(gl.int64) * seq_q,
                                  lo_m + t % n_m, m_full, seq_q, diag_shift, qk_scale, BLOCK_N, BLOCK_M, CAUSAL,
                                  BWD_CONSUMER_WARPS, EARLY_DP)
-            # Every warp of the warpgroup must be past its wgmma wait before the one arriving thread signals (the
-            # partition's own barrier).
-            gl.thread_barrier()
-            mbarrier.arrive(empty.index(C * STAGES + slot))
+            _hand_back(empty, C, t, STAGES)
     # This consumer's K and V tiles take its results: every wgmma that read them has completed.
     dtype: gl.constexpr = k_smem.dtype
     k_tile.store((dk * sm_scale).to(dtype))
@@ -700,9 +702,7 @@ def _dq_ws_consumer(C: gl.constexpr, q_smem, do_smem, k_bufs, v_bufs, q_ready, r
         mbarrier.wait(ready.index(slot), (j // STAGES) & 1)
         dq = _dq_block(dq, q_tile, do_tile, k_bufs.index(slot), v_bufs.index(slot), lse, delta, rows, j, n_full,
                        seq_k, diag_shift, qk_scale, BLOCK_M, BLOCK_N, CAUSAL, BWD_CONSUMER_WARPS)
-        # Every warp of the warpgroup past its wgmma wait before the one arriving thread signals.
-        gl.thread_barrier()
-        mbarrier.arrive(empty.index(C * STAGES + slot))
+        _hand_back(empty, C, j, STAGES)
     if start_m < seq_q:
         # Q's tile takes the result: every wgmma that read it has completed (or none was issued).
         q_tile.store((dq * sm_scale).to(q_smem.dtype))
