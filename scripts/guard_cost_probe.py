@@ -11,7 +11,12 @@ compiles the graph, and the timing below calls no graph), then times the guard c
 time only: it needs no GPU, and with TRITON_INTERPRET=1 the one traced call runs the attention kernel in Triton's
 interpreter.
 
+On a CUDA machine ``--device cuda`` builds both sides there, as the A/B suite does (the layer's trace then takes
+its CUDA paths: no fused kernels under compile, the Gluon dispatch rule), and ``--dump DIR`` writes each side's
+guard tree to DIR, one file per side, to read which guards the time goes to.
+
 Usage: TRITON_INTERPRET=1 python scripts/guard_cost_probe.py [--d-model 1024 --heads 16 --d-ff 4096 --tokens 128]
+       python scripts/guard_cost_probe.py --device cuda --dump guards/
 """
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ import collections
 import platform
 import re
 import time
+from pathlib import Path
 
 import torch
 from torch._dynamo.eval_frame import _debug_get_cache_entry_list
@@ -51,14 +57,16 @@ def main() -> None:
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--d-ff", type=int, default=4096)
     parser.add_argument("--tokens", type=int, default=128, help="one sequence of this many tokens (case 1: 128)")
+    parser.add_argument("--device", default="cpu", help="where both sides and the input live (cpu or cuda)")
+    parser.add_argument("--dump", default="", metavar="DIR", help="write each side's guard tree to DIR")
     args = parser.parse_args()
     print(f"{platform.processor() or platform.machine()} | torch {torch.__version__} | d_model {args.d_model}, "
           f"{args.heads} heads, d_ff {args.d_ff}, B=1 S={args.tokens}, bf16 input, layer precision mixed")
     torch.manual_seed(0)
-    plain = PlainTransformerBlock(args.d_model, args.heads, args.d_ff, dtype=torch.bfloat16).eval()
+    plain = PlainTransformerBlock(args.d_model, args.heads, args.d_ff, dtype=torch.bfloat16, device=args.device)
     # No fusions: what the layer runs under torch.compile on a CUDA device (on the CPU it would run all three).
-    layer = TransformerLayer.from_plain(plain, precision="mixed", fusions=()).eval()
-    x = torch.randn(1, args.tokens, args.d_model, dtype=torch.bfloat16)
+    layer = TransformerLayer.from_plain(plain.eval(), precision="mixed", fusions=()).eval()
+    x = torch.randn(1, args.tokens, args.d_model, dtype=torch.bfloat16, device=args.device)
     sides = {"compiled layer": (layer, torch.compile(layer, fullgraph=True, dynamic=False, backend="eager")),
              "compiled plain block": (plain, torch.compile(plain, backend="eager"))}
     with torch.no_grad():
@@ -69,6 +77,10 @@ def main() -> None:
             kinds = collections.Counter(re.findall(r"\+- ([A-Z_]+(?:MATCH|GUARD|CONTAINS))\b", tree))
             print(f"{label}: guard check {us:.2f} us per call; {sum(kinds.values())} guards: "
                   + ", ".join(f"{kind} {n}" for kind, n in kinds.most_common()))
+            if args.dump:
+                path = Path(args.dump) / f"guards_{label.replace(' ', '_')}.txt"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(tree)
 
 
 if __name__ == "__main__":
