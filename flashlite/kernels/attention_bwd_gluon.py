@@ -311,10 +311,14 @@ BWD_WS_MAXNREG = 168
 # 64 + 2 x 32 = 128 KB. 128-row query tiles give the S^T and dP^T wgmmas twice the width (N = 128); at D=64 they fit
 # 240 registers with dP^T issued after dV's wgmma (issued early they spill). OVERLAP (the last entry) keeps the next
 # block's S^T and dP^T in registers beside this block's dS^T: 64-row query tiles at D=64, 32-row ones at D=128.
+# First the fastest in run S1 (H200, the kernels alone against the single-partition kernel's first config, cases 3, 6
+# and 12; benchmarks/results/h200-2026-12-05/s1_gluon_ws_backward/): at D=64 64 x 64, 3 stages, dP^T early
+# (1.053-1.063x); at D=128 64 x 32, 3 stages, dP^T early (0.879-0.886x, a loss). dP^T issued late lost 0.61-0.68x
+# at both head dims and the overlapped schedule 0.90-0.91x (D=64) and 0.68x (D=128).
 GLUON_BWD_WS_CONFIGS = {
     64: [(64, 64, 3, 4, True, False), (64, 64, 4, 4, True, False), (64, 64, 3, 4, False, False),
          (64, 128, 3, 4, False, False), (64, 64, 4, 4, True, True)],
-    128: [(64, 64, 2, 4, False, False), (64, 32, 3, 4, True, False), (64, 32, 4, 4, False, False),
+    128: [(64, 32, 3, 4, True, False), (64, 64, 2, 4, False, False), (64, 32, 4, 4, False, False),
           (64, 32, 4, 4, True, True)],
 }
 
@@ -648,9 +652,11 @@ def _attn_bwd_dq(q_desc,  # [B, H, S_q, D] 16-bit, tiles [1, 1, BLOCK_M, D]
 # each slot back through its own "empty" mbarrier, and the producer refills slot j % STAGES with block j once each
 # consumer that read block j - STAGES has handed it back: the forward's ping-pong protocol (attention_fwd_gluon,
 # "Why this cannot deadlock") without the turns, so the consumers run apart.
+# First the fastest in run S1 against the single-partition dQ kernel: at D=64 64 x 128, 2 stages (1.014-1.141x; 64 x
+# 64 tied or lost, 0.899-0.999x); at D=128 64 x 64, 3 stages (1.241-1.257x; 2 stages 1.196-1.236x).
 GLUON_DQ_WS_CONFIGS = {
-    64: [(64, 64, 3, 4), (64, 128, 2, 4)],
-    128: [(64, 64, 2, 4), (64, 64, 3, 4)],
+    64: [(64, 128, 2, 4), (64, 64, 3, 4)],
+    128: [(64, 64, 3, 4), (64, 64, 2, 4)],
 }
 
 
