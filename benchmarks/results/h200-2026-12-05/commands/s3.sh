@@ -4,7 +4,8 @@
 # on CUDA tensors, timed alone, and each side's guard tree (scripts/guard_cost_probe.py --device cuda). (2) The
 # replay test R1 failed on its own expectation (it still listed the delta kernel the two-launch backward dropped),
 # fixed. (3) The GPU tests of the Gluon forward and of the layer (R2's tests: attention()'s output in q's layout
-# since bf63355 has not run there), within the time left. Needs carry: .commit, .gpu_deps.
+# since bf63355 has not run there), within the time left (BUDGET seconds in all, default 540). Needs carry:
+# .commit, .gpu_deps.
 set -u
 export PYTHONPATH="$PWD:$PWD/.gpu_deps"
 O=$OUT; mkdir -p $O
@@ -13,7 +14,7 @@ timeout 150 python3 scripts/guard_cost_probe.py --device cuda --dump $O/guards >
 echo "guard probe rc $? at $(( $(date +%s) - start )) s"
 timeout 90 python3 -m pytest -q -p no:cacheprovider tests/flashlite/test_attention_gpu.py -k "recorded_launches or two_launches" > $O/replay_test.log 2>&1
 echo "replay test rc $? at $(( $(date +%s) - start )) s"
-OUT=$O/tests TESTS_LIMIT=$(( 540 - ($(date +%s) - start) )) TEST_WORKERS=4 TEST_PATHS="tests/flashlite/test_attention_gluon_gpu.py tests/flashlite/test_layer_gpu.py" bash scripts/gpu_check.sh tests > $O/tests_run.log 2>&1
+OUT=$O/tests TESTS_LIMIT=$(( ${BUDGET:-540} - ($(date +%s) - start) )) TEST_WORKERS=4 TEST_PATHS="tests/flashlite/test_attention_gluon_gpu.py tests/flashlite/test_layer_gpu.py" bash scripts/gpu_check.sh tests > $O/tests_run.log 2>&1
 echo "tests done at $(( $(date +%s) - start )) s"
 tar -czf $O/s3.tar.gz -C $O tests tests_run.log
 rm -rf $O/tests
