@@ -10,7 +10,7 @@ set -u
 export PYTHONPATH="$PWD:$PWD/.gpu_deps"
 O=$OUT; mkdir -p $O
 start=$(date +%s)
-timeout 150 python3 scripts/guard_cost_probe.py --device cuda --dump $O/guards > $O/guard_cost.txt 2>&1
+timeout 100 python3 scripts/guard_cost_probe.py --device cuda --dump $O/guards > $O/guard_cost.txt 2>&1
 echo "guard probe rc $? at $(( $(date +%s) - start )) s"
 timeout 90 python3 -m pytest -q -p no:cacheprovider tests/flashlite/test_attention_gpu.py -k "recorded_launches or two_launches" > $O/replay_test.log 2>&1
 echo "replay test rc $? at $(( $(date +%s) - start )) s"
