@@ -38,10 +38,9 @@ SAMPLES = 7
 
 def guard_check_us(module: torch.nn.Module, x: torch.Tensor) -> tuple[float, str]:
     """(best mean microseconds of one guard check of ``module``'s compiled forward, the guard tree as text)."""
-    entries = _debug_get_cache_entry_list(type(module).forward.__code__)
-    manager = next(entry.guard_manager for entry in entries
-                   if entry.guard_manager.check({"self": module, "x": x, "key_padding_mask": None}))
     frame = {"self": module, "x": x, "key_padding_mask": None}
+    entries = _debug_get_cache_entry_list(type(module).forward.__code__)
+    manager = next(entry.guard_manager for entry in entries if entry.guard_manager.check(frame))
     means = []
     for _ in range(SAMPLES):
         start = time.perf_counter()

@@ -555,6 +555,18 @@ def _attn_bwd_dkdv_ws(q_desc,  # [B, H, S_q, D] 16-bit, tiles [1, 1, BLOCK_M, D]
 
 
 @gluon.jit
+def _row_statistics(Lse, Delta, pid_bh, start_m, seq_q, BLOCK_M: gl.constexpr, row_layout: gl.constexpr):
+    """(rows, lse, delta) of the BLOCK_M query rows from ``start_m`` of (batch, head) ``pid_bh``, one per row in
+    ``row_layout``. Rows past S_q read lse +inf (P = 0 there) and delta 0; their dQ rows are clipped by the store."""
+    rows = start_m + gl.arange(0, BLOCK_M, layout=row_layout)
+    in_q = rows < seq_q
+    stats = pid_bh.to(gl.int64) * seq_q
+    lse = gl.load(Lse + stats + rows, mask=in_q, other=float("inf"))
+    delta = gl.load(Delta + stats + rows, mask=in_q, other=0.0)
+    return rows, lse, delta
+
+
+@gluon.jit
 def _dq_block(dq, q_tile, do_tile, k_tile, v_tile, lse, delta, rows, j, n_full, seq_k, diag_shift, qk_scale,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, WARPS: gl.constexpr):
     """dQ (float32 registers, [BLOCK_M, D]) of the query rows ``rows`` with key block j added in, its K and V tiles
@@ -617,12 +629,7 @@ def _attn_bwd_dq(q_desc,  # [B, H, S_q, D] 16-bit, tiles [1, 1, BLOCK_M, D]
         _issue_pair(k_desc, v_desc, k_bufs, v_bufs, ready, j, b, kv_h, j * BLOCK_N, j < n_blocks,
                     BLOCK_N, HEAD_DIM)
 
-    rows = start_m + gl.arange(0, BLOCK_M, layout=row_layout)
-    in_q = rows < seq_q
-    stats = pid_bh.to(gl.int64) * seq_q
-    # Rows past S_q read lse +inf (P = 0 there) and delta 0; their dQ rows are clipped by the store anyway.
-    lse = gl.load(Lse + stats + rows, mask=in_q, other=float("inf"))
-    delta = gl.load(Delta + stats + rows, mask=in_q, other=0.0)
+    rows, lse, delta = _row_statistics(Lse, Delta, pid_bh, start_m, seq_q, BLOCK_M, row_layout)
     dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, q_layout)
     mbarrier.wait(q_ready, 0)
     for j in range(n_blocks):
@@ -695,12 +702,7 @@ def _dq_ws_consumer(C: gl.constexpr, q_smem, do_smem, k_bufs, v_bufs, q_ready, r
     row_layout: gl.constexpr = gl.SliceLayout(1, mma_layout(BWD_CONSUMER_WARPS, BLOCK_N))  # one value per row
     q_tile = q_smem.index(C)
     do_tile = do_smem.index(C)
-    rows = start_m + gl.arange(0, BLOCK_M, layout=row_layout)
-    in_q = rows < seq_q
-    stats = pid_bh.to(gl.int64) * seq_q
-    # Rows past S_q read lse +inf (P = 0 there) and delta 0; their dQ rows are clipped by the store anyway.
-    lse = gl.load(Lse + stats + rows, mask=in_q, other=float("inf"))
-    delta = gl.load(Delta + stats + rows, mask=in_q, other=0.0)
+    rows, lse, delta = _row_statistics(Lse, Delta, pid_bh, start_m, seq_q, BLOCK_M, row_layout)
     dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, q_layout)
     mbarrier.wait(q_ready.index(C), 0, pred=n_blocks > 0)
     for j in range(n_blocks):
