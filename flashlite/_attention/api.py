@@ -10,8 +10,10 @@ from typing import Optional, Union
 import torch
 
 from flashlite._attention import plans
-from flashlite._attention.decide import decide_with_mask, log_decision, make_plan, needs_gradient, static_sizes
+from flashlite._attention.decide import (TRACED_ERRORS, decide_with_mask, log_decision, make_plan, needs_gradient,
+                                         static_sizes, traced_call_plan)
 from flashlite._attention.launch import like_layout
+from flashlite._attention.ops import run_triton_compiled
 from flashlite._attention.sdpa import sdpa_attention
 from flashlite._attention.validation import _CAUSAL_ARGUMENT, validate
 from flashlite.dispatch import Decision
@@ -52,6 +54,13 @@ _AUTO_LIBRARY.impl("attention_auto", _attention_auto, "CompositeExplicitAutograd
 def _attention_auto_fake(q, k, v, key_padding_mask, key_lengths, causal_mode, scale, precision, window, softcap,
                          alibi_slopes):
     return torch.empty_like(q)
+
+
+def _constants(*arguments: object) -> bool:
+    """Whether attention()'s non-tensor arguments are plain Python values (not symbols torch.compile traces, nor
+    objects validation will refuse): what traced_call_plan can take."""
+    return all(isinstance(a, (bool, int, float, str, type(None)))
+               or (isinstance(a, tuple) and all(isinstance(side, int) for side in a)) for a in arguments)
 
 
 def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: Union[bool, str] = False,
@@ -145,6 +154,19 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: Unio
             return out
         key = plans.key_of(q, k, v, key_padding_mask, key_lengths, causal, scale, backend, precision, window,
                            softcap, alibi_slopes)
+    elif static_sizes(q) and static_sizes(k) and _constants(causal, scale, backend, precision, window, softcap):
+        # Compiled with static sizes: validated and decided outside the trace, so that none of it becomes a guard
+        # (decide.traced_call_plan says why).
+        error, problem, chosen = traced_call_plan(
+            tuple(None if t is None else (t.shape, t.stride(), t.dtype, t.device)
+                  for t in (q, k, v, key_padding_mask, key_lengths, alibi_slopes)),
+            causal, scale, backend, precision, window, softcap, needs_gradient(q, k, v))
+        if error is not None:
+            raise TRACED_ERRORS[error[0]](error[1])
+        key_mask = key_padding_mask if key_lengths is None else key_lengths
+        if chosen == "triton":
+            return run_triton_compiled(problem, q, k, v, key_mask, alibi_slopes)
+        return sdpa_attention(q, k, v, key_mask, problem, alibi_slopes=alibi_slopes)
     elif backend == "auto" and not (static_sizes(q) and static_sizes(k)) and not needs_gradient(q, k, v):
         # Compiled with dynamic sizes: the decision is made per call, inside one opaque op, not at trace time (which
         # would specialize the graph on the sizes). The call is still checked here, at trace time.

@@ -14,6 +14,7 @@ import torch
 from flashlite import _ops
 from flashlite._attention.launch import attention_backward, attention_forward, launch_backward, launch_forward
 from flashlite._attention.plans import Plan
+from flashlite._attention.validation import Problem
 
 
 @torch.library.custom_op("flashlite::attention_forward", mutates_args=())
@@ -139,13 +140,13 @@ def run_triton(plan: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ke
     return launch_forward(q, k, v, key_mask, alibi_slopes, plan, need_lse=False, like_q=True)[0]
 
 
-def run_triton_compiled(plan: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+def run_triton_compiled(problem: Problem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                         key_mask: Optional[torch.Tensor], alibi_slopes: Optional[torch.Tensor] = None
                         ) -> torch.Tensor:
-    """A Triton plan's call inside torch.compile: an opaque op with its fake; the custom op with its autograd where
-    a gradient can flow, else the inference op (grad mode and ``requires_grad`` are known, and guarded, at trace
-    time)."""
-    p = plan.problem
+    """A Triton call of ``problem`` inside torch.compile: an opaque op with its fake; the custom op with its autograd
+    where a gradient can flow, else the inference op (grad mode and ``requires_grad`` are known, and guarded, at
+    trace time)."""
+    p = problem
     masks = (key_mask, None) if p.key_masking == "bool" else (None, key_mask)
     arguments = (*masks, p.causal_mode, p.scale, p.precision, p.window_left, p.window_right, p.softcap, alibi_slopes)
     if needs_gradient(q, k, v):

@@ -6,7 +6,7 @@ precisions and the backends. Imports nothing from the package.
 import math
 import numbers
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, Optional, Union
 
 import torch
@@ -82,20 +82,22 @@ class Problem:
     # Split-KV (attention_with_kvcache's num_splits): programs per query block, each over a share of the keys
     key_splits: int = 1
 
-    @property
-    def group_size(self) -> int:
-        """Query heads per key/value head (grouped-query attention)."""
-        return self.heads // self.kv_heads
+    # Derived from the fields above in __post_init__; plain attributes rather than properties, so that
+    # torch.compile reads them from a problem decided outside its trace (decide.traced_call_plan) without tracing
+    # a method.
+    # Query heads per key/value head (grouped-query attention).
+    group_size: int = field(init=False)
+    # What the call adds to dense attention, as the dispatch keys it: "dense", or the parts joined by "+"
+    # ("varlen", "key_padding", "window", "softcap", "alibi").
+    variant: str = field(init=False)
 
-    @property
-    def variant(self) -> str:
-        """What the call adds to dense attention, as the dispatch keys it: "dense", or the parts joined by "+"
-        ("varlen", "key_padding", "window", "softcap", "alibi")."""
+    def __post_init__(self) -> None:
         parts = [name for name, present in (("varlen", self.varlen), ("key_padding", self.key_masking != "none"),
                                              ("window", self.window_left >= 0 or self.window_right >= 0),
                                              ("softcap", self.softcap > 0), ("alibi", self.alibi != "none"))
                  if present]
-        return "+".join(parts) or "dense"
+        object.__setattr__(self, "group_size", self.heads // self.kv_heads)
+        object.__setattr__(self, "variant", "+".join(parts) or "dense")
 
 
 def _causal_mode(causal: Union[bool, str]) -> int:
