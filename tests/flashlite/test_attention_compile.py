@@ -160,6 +160,38 @@ def test_compiled_calls_take_the_inference_op_only_where_no_gradient_can_flow():
     assert q.grad is not None and torch.isfinite(q.grad).all()
 
 
+def test_static_compiled_call_is_decided_outside_the_trace(monkeypatch):
+    # Validated and decided while torch.compile traces but outside its trace (decide.traced_call_plan): the
+    # dispatch table, which sends this call to the kernel, and the validation leave no guard on the graph. Traced,
+    # they left about 160 on a compiled TransformerLayer, each checked before every call.
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    from flashlite import dispatch
+    q, k, v = (t.detach() for t in leaves((2, 4, 24, 16), (2, 2, 24, 16), (2, 2, 24, 16), seed=7))
+    use_table(monkeypatch, {dispatch.table_key(torch.float32, 16, True, 2, 24): {"backend": "triton", "why": "made up"}})
+    fn = lambda q, k, v: attention(q, k, v, causal=True, precision="ieee")  # noqa: E731
+    ops, out = _graph_ops(fn, q, k, v)
+    assert ops == ["flashlite.attention_inference.default"]
+    expected = torch.nn.functional.scaled_dot_product_attention(*(t.double() for t in (q, k, v)), is_causal=True,
+                                                                enable_gqa=True)
+    assert_close(out, expected, policy="fp32")
+    guards = "\n".join(str(entry.guard_manager) for entry in _debug_get_cache_entry_list(fn.__code__))
+    assert "check_tensor(L['q']" in guards  # the tree was read
+    for name in ("flashlite_dot_dispatch", "flashlite_dot__attention_dot_validation", "launch_gluon", "_TABLES"):
+        assert name not in guards, name
+
+
+@pytest.mark.parametrize("fullgraph", [False, True])
+def test_static_compiled_call_refuses_what_eager_refuses(fullgraph):
+    # traced_call_plan hands validation's error back and the traced code raises it: without fullgraph the frame
+    # falls back to eager, which raises it by its own type; with fullgraph torch.compile raises, naming it.
+    q = torch.randn(1, 2, 8, 16)
+    compiled = torch.compile(lambda q: attention(q, q, q, scale=float("nan")), backend="aot_eager",
+                             fullgraph=fullgraph)
+    with torch.no_grad(), pytest.raises(TypeError if not fullgraph else Exception, match="scale must be a finite"):
+        compiled(q)
+
+
 def test_fake_tensors_give_shapes_and_dtypes():
     from torch._subclasses.fake_tensor import FakeTensorMode
 
