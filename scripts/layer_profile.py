@@ -12,7 +12,8 @@ Mode "host" asks where the host time of a host-bound case goes (inference, both 
 ``fullgraph=True, dynamic=False``): each side's time per call three ways in one process (back-to-back wall time;
 CUDA events around each call in paired sequences, which is how the A/B times; GPU time), then the CPU events that
 take most of each side's host time per call (torch.profiler, CPU activity): guard evaluation, the compiled
-wrapper, each op's dispatch, the launches.
+wrapper, each op's dispatch, the launches; and the Python functions that do (cProfile), which name what inside the
+wrapper holds its time.
 
 Mode "graph" profiles ``CudaGraphRunner`` instead (inference): over the eager layer and over the compiled layer,
 its kernels per replay, its wall time per call, the wall time of bare ``graph.replay()`` calls (the graph's own
@@ -146,6 +147,30 @@ def cpu_events(fn, calls: int = 20, top: int = 14) -> list[tuple[str, float, flo
     return rows[:top]
 
 
+def python_functions(fn, calls: int = 300, top: int = 14) -> list[tuple[str, float, float, float]]:
+    """[(Python function, own microseconds per call, with callees, calls per call)], most own time first: cProfile
+    over ``calls`` back-to-back calls after warm-up. It sees what torch.profiler's CPU events cannot: which Python
+    functions of a compiled graph's wrapper (kernel launchers, allocation, the custom ops' Python) hold the host
+    time."""
+    import cProfile
+    import pstats
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    profiler.disable()
+    stats = pstats.Stats(profiler).stats
+    rows = [(f"{path.rsplit('/', 2)[-1] if '/' in path else path}:{line} {name}", own / calls * 1e6,
+             total / calls * 1e6, count / calls)
+            for (path, line, name), (_, count, own, total, _) in stats.items()]
+    rows.sort(key=lambda row: -row[1])
+    return rows[:top]
+
+
 def profile_host(plain: PlainTransformerBlock, x: torch.Tensor, precision: str, options: dict, top: int) -> None:
     """Where each side's host time goes (inference), both sides built as the A/B suite builds them."""
     torch._dynamo.reset()
@@ -175,6 +200,11 @@ def profile_host(plain: PlainTransformerBlock, x: torch.Tensor, precision: str, 
             print(f"  host {label}: CPU events by self time (us per call, occurrences per call)")
             for name, us, count in cpu_events(fn, top=top):
                 print(f"      {us:8.1f} us  x{count:<5.1f} {name[:100]}")
+        for label, fn in sides.items():
+            print(f"  host {label}: Python functions by own time (cProfile; us per call: own, with callees; calls "
+                  f"per call)")
+            for name, own, total, count in python_functions(fn, top=top + 6):
+                print(f"      {own:8.1f} {total:8.1f} us  x{count:<5.1f} {name[:110]}")
         print(f"  host: plain/layer by events {events[1] / events[0]:.3f}x")
 
 

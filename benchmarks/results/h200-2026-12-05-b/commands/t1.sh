@@ -4,7 +4,7 @@
 # (scripts/attn_probe.py --backward --kernels), and the forward alone at D=128 cases 6, 3, 12; (3) the compiled
 # layer's guard check on CUDA after 47bc93d (attention decided outside the trace), against S3's 16.72 us; (4) the
 # code Inductor generates for both sides of case 1 (TORCH_LOGS=output_code), to read where the layer's wrapper
-# spends its extra host time, with the host profile. Needs carry: .commit.
+# spends its extra host time, with the host profile (now with cProfile of each side's Python functions). Needs carry: .commit.
 set -u
 export PYTHONPATH="$PWD"
 O=$OUT; mkdir -p $O
@@ -27,5 +27,5 @@ echo "host profile rc $? at $(( $(date +%s) - start )) s"
 echo "=== env"; cat $O/env.txt
 echo "=== replay test"; tail -3 $O/replay_test.log
 echo "=== guards"; grep -E "guard check" $O/guard_cost.txt | cut -c1-300
-echo "=== host"; grep -E "host .*: wall|plain/layer|^case" $O/layer_host_output_code.txt | head
+echo "=== host"; grep -E "host .*: wall|plain/layer|^case" $O/layer_host_output_code.txt | head; grep -A 12 "Python functions" $O/layer_host_output_code.txt | cut -c1-150 | head -28
 echo "=== kernels"; for f in bwd_kernels_d64 bwd_kernels_d128 fwd_kernels_d128; do echo "--- $f"; grep -E "^ +[0-9]+ |GPU time per call|^ +[0-9.]+ us +[0-9.]+%" $O/$f.txt | head -30; done
