@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run T2: the compiled attention decided outside the trace (47bc93d). (1) Its correctness on the GPU: the compile
-# tests of attention and of the layer (float64 references). (2) The compiled layer "mixed" against the compiled
+# tests of attention and of the layer (float64 references), with the replay tests T1 ran out of time for. (2) The compiled layer "mixed" against the compiled
 # plain block, inference and the training step at cases 1, 2, 5 and 10, before (flashlite of 29aa6d6) and after in
 # one machine session. (3) S2's A/B rows, both sides compiled with Inductor's C++ wrapper, in the time left.
 # Needs carry: .commit, .gpu_deps, .ab_before (29aa6d6 exported there).
@@ -8,7 +8,7 @@ set -u
 export PYTHONPATH="$PWD/.gpu_deps"
 O=$OUT; mkdir -p $O
 start=$(date +%s)
-OUT=$O/tests TESTS_LIMIT=150 TEST_WORKERS=4 TEST_PATHS="tests/flashlite/test_attention_compile.py tests/flashlite/test_layer_gpu.py" bash scripts/gpu_check.sh tests -k "compile" > $O/tests_run.log 2>&1
+OUT=$O/tests TESTS_LIMIT=200 TEST_WORKERS=4 TEST_PATHS="tests/flashlite/test_attention_compile.py tests/flashlite/test_layer_gpu.py tests/flashlite/test_attention_gpu.py" bash scripts/gpu_check.sh tests -k "compile or recorded_launches or two_launches" > $O/tests_run.log 2>&1
 echo "tests done at $(( $(date +%s) - start )) s"
 ROWS="(test_compiled_layer_vs_compiled_plain_block or test_compiled_layer_training_step_vs_compiled_plain_block) and (case1- or case2- or case5- or case10-) and mixed and not bf16_residual and not option and not dynamic"
 rm -rf /tmp/b && mkdir -p /tmp/b && cp -r . /tmp/b/ && rm -rf /tmp/b/flashlite && cp -r .ab_before/29aa6d6/flashlite /tmp/b/flashlite && echo 29aa6d6 > /tmp/b/.commit
