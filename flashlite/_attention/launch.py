@@ -7,7 +7,7 @@ site names its kernel's leading tensors once, in one tuple, for the ordinary lau
 The public launchers ``attention_forward`` / ``attention_backward`` (what the custom ops call) check their flat
 arguments and keep a plan per signature too. A plan whose forward the Gluon kernel runs (sm_90, where it
 measured faster: ``launch_gluon``) launches it there instead of the pointer kernel; with FLASHLITE_GLUON_BWD=1 (or
-ws) the backward's dK/dV and dQ run on the Gluon kernels where they can (``launch_gluon_bwd``). Imports ``validation``,
+ws) the backward's dK/dV and dQ run on the Gluon kernels where they can (``launch_gluon_bwd``), with ws_dq only dQ. Imports ``validation``,
 ``plans``, ``launch_gluon`` and ``launch_gluon_bwd``.
 """
 import math
@@ -475,7 +475,11 @@ def launch_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v:
                     dict(HEAD_DIM=p.head_dim, BLOCK_D=_block_d(p.head_dim), FLAT_GRID=flat_q,
                          BLOCK_M=_bwd.DELTA_BLOCK_M, VARLEN=p.varlen))
         tma_grad_out = launch_gluon_bwd.tma_gradient(grad_out)  # one copy at most, for both kernels
-        launch_gluon_bwd.launch_dkdv(q, k, v, tma_grad_out, lse, delta, dk, dv, p.causal_mode, p.scale)
+        if launch_gluon_bwd.GLUON_BWD_DKDV:
+            launch_gluon_bwd.launch_dkdv(q, k, v, tma_grad_out, lse, delta, dk, dv, p.causal_mode, p.scale)
+        else:  # FLASHLITE_GLUON_BWD=ws_dq: the pointer kernel reads the same delta
+            _launch_pointer_dkdv(q, k, v, grad_out, lse, delta, dk, dv, mask_arg, lengths_arg, alibi_slopes, cu_q,
+                                 cu_k, stride_mask_b, stride_mask_n, plan, layout)
         launch_gluon_bwd.launch_dq(q, k, v, tma_grad_out, lse, delta, dq, p.causal_mode, p.scale)
         return dq, dk, dv
     # The pointer kernels: dQ first, since it computes and stores delta, which dK/dV reads. A replayed launch needs
@@ -490,6 +494,20 @@ def launch_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v:
                  stride_mask_b, stride_mask_n, *variant_scalars[:2], p.heads, p.group_size, p.seq_q, p.seq_k,
                  qk_scale, p.scale, *variant_scalars[2:], *buckets),
                 dict(FLAT_GRID=flat_q, **meta))
+    _launch_pointer_dkdv(q, k, v, grad_out, lse, delta, dk, dv, mask_arg, lengths_arg, alibi_slopes, cu_q, cu_k,
+                         stride_mask_b, stride_mask_n, plan, layout, launch_args)
+    return dq, dk, dv
+
+
+def _launch_pointer_dkdv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor, lse: torch.Tensor,
+                         delta: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, mask_arg: torch.Tensor,
+                         lengths_arg: torch.Tensor, alibi_slopes: Optional[torch.Tensor], cu_q: torch.Tensor,
+                         cu_k: torch.Tensor, stride_mask_b: int, stride_mask_n: int, plan: Plan, layout: tuple,
+                         launch_args: Optional[tuple] = None) -> None:
+    """The pointer dK/dV kernel into ``dk`` and ``dv``, reading ``delta`` (written by the pointer dQ kernel or the
+    delta kernel); ``launch_args``: ``_pointer_backward_args``' result where the dQ launch already worked it out."""
+    p = plan.problem
+    alibi_arg = q if p.alibi == "none" else alibi_slopes  # the ALiBi pointer, as the forward passes it
     dkdv_tensors = (q, k, v, grad_out, lse, delta, dk, dv, mask_arg, lengths_arg, alibi_arg, cu_q, cu_k)
     if not _replayed(plan, ("dkdv", layout), dkdv_tensors):
         variant_scalars, meta, qk_scale, buckets = launch_args or _pointer_backward_args(alibi_slopes, p)
@@ -498,7 +516,6 @@ def launch_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v:
                  stride_mask_b, stride_mask_n, *variant_scalars[:2], p.heads, p.kv_heads, p.group_size, p.seq_q,
                  p.seq_k, qk_scale, p.scale, *variant_scalars[2:], *buckets),
                 dict(FLAT_GRID=p.batch * p.kv_heads > _GRID_AXIS1_LIMIT, **meta))
-    return dq, dk, dv
 
 
 def _pointer_backward_args(alibi_slopes: Optional[torch.Tensor], problem: Problem) -> tuple[tuple, dict, float, tuple]:

@@ -11,7 +11,8 @@ or variants that the kernels can run, with q, k and v on 16-byte boundaries, and
 (``GLUON_BWD_ENABLED``), off by default until an H200 A/B
 (``tests/perf/test_gluon_ab.py::test_gluon_backward_ab``) says where they are faster. FLASHLITE_GLUON_BWD=1 runs
 both on the single-partition kernels ("pipelined"), FLASHLITE_GLUON_BWD=ws on the warp-specialized ones ("ws": a
-TMA producer warp and two consumer warpgroups; ``GLUON_BWD_VARIANT``).
+TMA producer warp and two consumer warpgroups; ``GLUON_BWD_VARIANT``), FLASHLITE_GLUON_BWD=ws_dq only dQ on the
+warp-specialized kernel and dK/dV on the pointer kernel (``GLUON_BWD_DKDV``).
 """
 from __future__ import annotations
 
@@ -31,27 +32,35 @@ except ImportError:  # pragma: no cover - Triton without Gluon; gluon_supported 
     _kernels = None
 
 
-def gluon_bwd_setting(value: str) -> tuple[bool, str]:
-    """(GLUON_BWD_ENABLED, GLUON_BWD_VARIANT) for a value of FLASHLITE_GLUON_BWD: "0" or "" off, "1" the
-    single-partition kernels ("pipelined"), "ws" the warp-specialized ones. Raises ValueError naming the variable
-    for any other value, so that a mistyped schedule is not run as another one.
+def gluon_bwd_setting(value: str) -> tuple[bool, str, bool]:
+    """(GLUON_BWD_ENABLED, GLUON_BWD_VARIANT, GLUON_BWD_DKDV) for a value of FLASHLITE_GLUON_BWD: "0" or "" off, "1"
+    the single-partition kernels ("pipelined"), "ws" the warp-specialized ones, "ws_dq" the warp-specialized dQ
+    kernel with the pointer dK/dV kernel (GLUON_BWD_DKDV False). Raises ValueError naming the variable for any other
+    value, so that a mistyped schedule is not run as another one.
 
     Example:
         >>> gluon_bwd_setting("ws")
-        (True, 'ws')
+        (True, 'ws', True)
+        >>> gluon_bwd_setting("ws_dq")
+        (True, 'ws', False)
         >>> gluon_bwd_setting("0")
-        (False, 'pipelined')
+        (False, 'pipelined', True)
     """
-    settings = {"": (False, "pipelined"), "0": (False, "pipelined"), "1": (True, "pipelined"), "ws": (True, "ws")}
+    settings = {"": (False, "pipelined", True), "0": (False, "pipelined", True), "1": (True, "pipelined", True),
+                "ws": (True, "ws", True), "ws_dq": (True, "ws", False)}
     if value not in settings:
         raise ValueError(f"FLASHLITE_GLUON_BWD must be one of {sorted(settings)} ('0' or '' off, '1' the "
-                         f"single-partition Gluon backward, 'ws' the warp-specialized one), got {value!r}")
+                         f"single-partition Gluon backward, 'ws' the warp-specialized one, 'ws_dq' its dQ kernel "
+                         f"with the pointer dK/dV kernel), got {value!r}")
     return settings[value]
 
 
-# Whether flashlite.attention's backward may run the Gluon kernels, and which schedule (the switch's value is read
-# once, at import).
-GLUON_BWD_ENABLED, GLUON_BWD_VARIANT = gluon_bwd_setting(os.environ.get("FLASHLITE_GLUON_BWD", "0"))
+# Whether flashlite.attention's backward may run the Gluon kernels, which schedule, and whether dK/dV runs on them
+# too (else on the pointer kernel, after the same delta kernel: at D=128 the pointer dK/dV kernel took 2,264 us at
+# case 6 in run T1, the warp-specialized one 3,562 us and the single-partition one 2,387 us in S1, while the
+# warp-specialized dQ kernel took 1,164 us against the pointer dQ kernel's 1,562). The switch's value is read once,
+# at import.
+GLUON_BWD_ENABLED, GLUON_BWD_VARIANT, GLUON_BWD_DKDV = gluon_bwd_setting(os.environ.get("FLASHLITE_GLUON_BWD", "0"))
 # The schedules each backward kernel has: "pipelined" (one partition) and "ws" (``_attn_bwd_dkdv_ws``,
 # ``_attn_bwd_dq_ws``).
 BWD_VARIANTS = {"dkdv": ("pipelined", "ws"), "dq": ("pipelined", "ws")}

@@ -20,6 +20,7 @@ from flashlite._attention import launch_gluon_bwd
 from flashlite._attention.validation import validate
 from tests.flashlite.sm90 import GLUON_COMPILER, run_script
 from tests.flashlite.test_gluon_compile import HOPPER_SHARED_MEMORY, needs_gluon
+from pytest_kernelcheck import assert_close
 
 _COMPILE = GLUON_COMPILER + r'''
 import json
@@ -157,6 +158,42 @@ def test_a_plan_decides_the_backward_again_when_the_switch_changes(monkeypatch):
     assert calls == [1, 2] and not torch.all(dk_pointer == 3.0)
 
 
+def test_ws_dq_runs_the_pointer_dkdv_kernel_on_the_delta_kernels_delta(monkeypatch):
+    # FLASHLITE_GLUON_BWD=ws_dq: the delta kernel, the pointer dK/dV kernel reading its delta, and dQ on the Gluon
+    # kernel (stood in here: it needs an sm_90 GPU; the stand-in checks the delta it is handed and computes dQ in
+    # float64). dK and dV are the pointer kernel's, through the interpreter, checked against float64 gradients. Odd
+    # sizes and GQA; a fresh plan cache.
+    launch_module = importlib.import_module("flashlite._attention.launch")
+    if not launch_module._runtime.interpreting():
+        pytest.skip("the pointer kernels need the Triton interpreter (TRITON_INTERPRET=1) here")
+    monkeypatch.setattr(importlib.import_module("flashlite._attention.plans"), "_PLANS", {})
+    monkeypatch.setattr(launch_gluon_bwd, "backward_on_gluon", lambda *a: True)
+    monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_ENABLED", True)
+    monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_DKDV", False)
+    monkeypatch.setattr(launch_gluon_bwd, "launch_dkdv", lambda *a, **kw: pytest.fail("dK/dV ran on Gluon"))
+    gen = torch.Generator().manual_seed(11)
+    q = torch.randn(2, 4, 37, 32, generator=gen)
+    k, v = (torch.randn(2, 2, 37, 32, generator=gen) for _ in range(2))
+    grad_out = torch.randn(q.shape, generator=gen)
+    scale = 32 ** -0.5
+    out, lse = launch_module.attention_forward(q, k, v, None, None, 1, scale, "ieee")
+    leaves = [t.double().requires_grad_() for t in (q, k, v)]
+    expected_out = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=True, scale=scale,
+                                                                    enable_gqa=True)
+    expected = torch.autograd.grad(expected_out, leaves, grad_out.double())
+    handed = []
+
+    def stand_in_dq(q, k, v, grad_out, lse, delta, dq, causal_mode, scale):
+        handed.append(delta.clone())
+        dq.copy_(expected[0])
+    monkeypatch.setattr(launch_gluon_bwd, "launch_dq", stand_in_dq)
+    dq, dk, dv = launch_module.attention_backward(grad_out, q, k, v, out, lse, None, None, 1, scale, "ieee")
+    assert len(handed) == 1
+    assert_close(handed[0], (grad_out.double() * out.double()).sum(-1), policy="fp32", notes="delta")
+    assert_close(dk, expected[1], policy="fp32", notes="dk")
+    assert_close(dv, expected[2], policy="fp32", notes="dv")
+
+
 class _RecordedLaunch:
     """Stands in for a Gluon kernel: ``kernel[grid](*args, **meta)`` records what a launch would have run."""
 
@@ -224,5 +261,6 @@ def test_the_switch_refuses_a_value_it_does_not_know(value):
     # kernels).
     with pytest.raises(ValueError, match=r"FLASHLITE_GLUON_BWD must be one of .* got"):
         launch_gluon_bwd.gluon_bwd_setting(value)
-    assert launch_gluon_bwd.gluon_bwd_setting("1") == (True, "pipelined")
-    assert launch_gluon_bwd.gluon_bwd_setting("") == (False, "pipelined")
+    assert launch_gluon_bwd.gluon_bwd_setting("1") == (True, "pipelined", True)
+    assert launch_gluon_bwd.gluon_bwd_setting("") == (False, "pipelined", True)
+    assert launch_gluon_bwd.gluon_bwd_setting("ws_dq") == (True, "ws", False)

@@ -19,8 +19,6 @@ on the dispatched configs against the pointer kernel and SDPA.
 """
 from __future__ import annotations
 
-from typing import Optional
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -155,15 +153,42 @@ def test_gluon_step4_ab(shape, kernel_ab):
 # SDPA. The warp-specialized schedule ("ws") is the candidate, against the pointer backward, the single-partition
 # Gluon schedule ("pipelined", which lost to the pointer backward in run I1) and SDPA. Each side sets the switch
 # before its call; the plan keeps a decision per switch value, so flipping costs a lookup.
-def _forward_backward(q, k, v, grad_out, *, gluon_bwd: Optional[str]):
+def _forward_backward(q, k, v, grad_out, *, gluon_bwd: str):
+    """``gluon_bwd``: a value of FLASHLITE_GLUON_BWD ("0" the pointer backward, "1", "ws", "ws_dq")."""
+    setting = launch_gluon_bwd.gluon_bwd_setting(gluon_bwd)
+
     def run():
-        launch_gluon_bwd.GLUON_BWD_ENABLED = gluon_bwd is not None
-        if gluon_bwd is not None:
-            launch_gluon_bwd.GLUON_BWD_VARIANT = gluon_bwd
+        (launch_gluon_bwd.GLUON_BWD_ENABLED, launch_gluon_bwd.GLUON_BWD_VARIANT,
+         launch_gluon_bwd.GLUON_BWD_DKDV) = setting
         q.grad = k.grad = v.grad = None
         attention(q, k, v, causal=True, backend="triton").backward(grad_out)
         return q.grad, k.grad, v.grad
     return run
+
+
+def _switch_saved():
+    return launch_gluon_bwd.GLUON_BWD_ENABLED, launch_gluon_bwd.GLUON_BWD_VARIANT, launch_gluon_bwd.GLUON_BWD_DKDV
+
+
+def _switch_restore(saved) -> None:
+    launch_gluon_bwd.GLUON_BWD_ENABLED, launch_gluon_bwd.GLUON_BWD_VARIANT, launch_gluon_bwd.GLUON_BWD_DKDV = saved
+
+
+def _sdpa_forward_backward(q, k, v, grad_out):
+    def sdpa():
+        q.grad = k.grad = v.grad = None
+        F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(grad_out)
+        return q.grad, k.grad, v.grad
+    return sdpa
+
+
+def _check_against_pointer(shape, candidates: dict, pointer) -> None:
+    expected = [g.clone() for g in pointer()]
+    for setting, side in candidates.items():
+        for name, a, b in zip(("dq", "dk", "dv"), [g.clone() for g in side()], expected):
+            # The pointer backward's gradients in the same precision are the yardstick; float64 checks live in
+            # tests/flashlite/test_attention_gluon_bwd_gpu.py.
+            assert_close(a[:, :, :4096].float(), b[:, :, :4096].double(), policy=shape.dtype, notes=(name, setting))
 
 
 @pytest.mark.shape(*SHAPES, dtype=[torch.bfloat16])
@@ -171,30 +196,39 @@ def _forward_backward(q, k, v, grad_out, *, gluon_bwd: Optional[str]):
 def test_gluon_backward_ab(shape, kernel_ab):
     q, k, v = (t.requires_grad_() for t in qkv(shape.B, shape.H, shape.S, shape.D, shape.dtype))
     grad_out = torch.randn_like(q)
-    saved = launch_gluon_bwd.GLUON_BWD_ENABLED, launch_gluon_bwd.GLUON_BWD_VARIANT
+    saved = _switch_saved()
     try:
-        ws, pipelined, pointer = (_forward_backward(q, k, v, grad_out, gluon_bwd=schedule)
-                                  for schedule in ("ws", "pipelined", None))
-        expected = [g.clone() for g in pointer()]
-        for schedule, side in (("ws", ws), ("pipelined", pipelined)):
-            for name, a, b in zip(("dq", "dk", "dv"), [g.clone() for g in side()], expected):
-                # The pointer backward's gradients in the same precision are the yardstick; float64 checks live in
-                # tests/flashlite/test_attention_gluon_bwd_gpu.py.
-                assert_close(a[:, :, :4096].float(), b[:, :, :4096].double(), policy=shape.dtype,
-                             notes=(name, schedule))
-
-        def sdpa():
-            q.grad = k.grad = v.grad = None
-            F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(grad_out)
-            return q.grad, k.grad, v.grad
+        ws, pipelined, pointer = (_forward_backward(q, k, v, grad_out, gluon_bwd=setting)
+                                  for setting in ("ws", "1", "0"))
+        _check_against_pointer(shape, {"ws": ws, "pipelined": pipelined}, pointer)
         work = attention_work(shape, passes="forward+backward")
         # check_output=False: the backward's dQ accumulates in an order that may differ between calls.
         for baseline, name in ((pointer, "pointer backward"), (pipelined, "gluon pipelined backward"),
-                               (sdpa, "sdpa")):
+                               (_sdpa_forward_backward(q, k, v, grad_out), "sdpa")):
             kernel_ab.compare(ws, baseline, name=f"fwd+bwd D{shape.D} gluon ws backward vs {name}",
                               check_output=False, **work)
     finally:
-        launch_gluon_bwd.GLUON_BWD_ENABLED, launch_gluon_bwd.GLUON_BWD_VARIANT = saved
+        _switch_restore(saved)
+
+
+# FLASHLITE_GLUON_BWD=ws_dq: the warp-specialized Gluon dQ kernel with the pointer dK/dV kernel (after the delta
+# kernel), where each was the faster of its kind at D=128 (runs S1 and T1), against the pointer backward and SDPA.
+# ``-k ws_dq``.
+@pytest.mark.shape(*SHAPES, dtype=[torch.bfloat16])
+@pytest.mark.memory(lambda shape: attention_bytes(shape, copies=14))
+def test_gluon_ws_dq_backward_ab(shape, kernel_ab):
+    q, k, v = (t.requires_grad_() for t in qkv(shape.B, shape.H, shape.S, shape.D, shape.dtype))
+    grad_out = torch.randn_like(q)
+    saved = _switch_saved()
+    try:
+        ws_dq, pointer = (_forward_backward(q, k, v, grad_out, gluon_bwd=setting) for setting in ("ws_dq", "0"))
+        _check_against_pointer(shape, {"ws_dq": ws_dq}, pointer)
+        work = attention_work(shape, passes="forward+backward")
+        for baseline, name in ((pointer, "pointer backward"), (_sdpa_forward_backward(q, k, v, grad_out), "sdpa")):
+            kernel_ab.compare(ws_dq, baseline, name=f"fwd+bwd D{shape.D} gluon ws_dq backward vs {name}",
+                              check_output=False, **work)
+    finally:
+        _switch_restore(saved)
 
 
 # The Gluon backward's kernels alone, launched directly on one forward's out and lse with delta computed once: each
