@@ -8,12 +8,12 @@ set -u
 export PYTHONPATH="$PWD/.gpu_deps"
 O=$OUT; mkdir -p $O
 start=$(date +%s)
-OUT=$O/tests TESTS_LIMIT=100 TEST_WORKERS=4 TEST_PATHS="tests/flashlite/test_attention_gluon_bwd_gpu.py" bash scripts/gpu_check.sh tests -k "switch_on" > $O/tests_run.log 2>&1
+OUT=$O/tests TESTS_LIMIT=90 TEST_WORKERS=4 TEST_PATHS="tests/flashlite/test_attention_gluon_bwd_gpu.py" bash scripts/gpu_check.sh tests -k "switch_on" > $O/tests_run.log 2>&1
 echo "tests done at $(( $(date +%s) - start )) s"
-OUT=$O/ws_dq AB_LIMIT=140 AB_PATHS=tests/perf/test_gluon_ab.py bash scripts/gpu_check.sh ab -k "ws_dq" > $O/ws_dq_run.log 2>&1
+OUT=$O/ws_dq AB_LIMIT=120 AB_PATHS=tests/perf/test_gluon_ab.py bash scripts/gpu_check.sh ab -k "ws_dq" > $O/ws_dq_run.log 2>&1
 echo "ws_dq A/B done at $(( $(date +%s) - start )) s"
 ROWS="(test_compiled_layer_vs_compiled_plain_block or test_compiled_layer_training_step_vs_compiled_plain_block) and mixed and not bf16_residual and not option and not dynamic"
-OUT=$O/layer AB_LIMIT=$(( 530 - ($(date +%s) - start) )) AB_PATHS=tests/perf/test_layer_ab.py bash scripts/gpu_check.sh ab -k "$ROWS" > $O/layer_run.log 2>&1
+OUT=$O/layer AB_LIMIT=$(( 400 - ($(date +%s) - start) )) AB_PATHS=tests/perf/test_layer_ab.py bash scripts/gpu_check.sh ab -k "$ROWS" > $O/layer_run.log 2>&1
 echo "layer A/B done at $(( $(date +%s) - start )) s"
 for d in tests ws_dq layer; do rm -f $O/$d/results.tar.gz; done
 echo "=== tests"; grep -E "^(FAILED|ERROR)|passed|failed" $O/tests/results/gpu_tests.log 2>/dev/null | tail -6
