@@ -11,7 +11,8 @@ Modules, each importing only those above it:
 * ``ops``: the custom ops ``flashlite::attention_forward`` / ``attention_backward``, fakes, autograd, and
   ``run_triton``, how a Triton plan runs a call;
 * ``sdpa`` (imports ``validation`` only): the SDPA path, its masks and its agreement with the kernel;
-* ``decide``: the backend decision and its logging, and ``make_plan``;
+* ``decide``: the backend decision and its logging, ``make_plan``, and ``traced_call_plan`` (a compiled call's
+  plan, made outside dynamo's trace);
 * ``api``: ``attention()`` and ``explain_dispatch()``;
 * ``varlen``: ``attention_varlen()``, packed variable-length sequences, and its custom ops;
 * ``kvcache``: ``attention_with_kvcache()``, decoding against a contiguous or paged cache, and its custom op.

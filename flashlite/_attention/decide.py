@@ -2,8 +2,8 @@
 
 ``decide`` asks ``flashlite.dispatch`` for ``backend="auto"``; ``decide_with_mask`` sends explicit masks to SDPA;
 ``make_plan`` validates, decides (for the Triton backend also which forward kernel: ``launch_gluon``) and gives the
-plan the function that runs its calls. Imports every module of the
-package but ``api``.
+plan the function that runs its calls; ``traced_call_plan`` does it for a call torch.compile traces, outside the
+trace. Imports every module of the package but ``api``.
 """
 import functools
 import logging
