@@ -7,8 +7,8 @@ site names its kernel's leading tensors once, in one tuple, for the ordinary lau
 The public launchers ``attention_forward`` / ``attention_backward`` (what the custom ops call) check their flat
 arguments and keep a plan per signature too. A plan whose forward the Gluon kernel runs (sm_90, where it
 measured faster: ``launch_gluon``) launches it there instead of the pointer kernel; with FLASHLITE_GLUON_BWD=1 (or
-ws) the backward's dK/dV and dQ run on the Gluon kernels where they can (``launch_gluon_bwd``), with ws_dq only dQ. Imports ``validation``,
-``plans``, ``launch_gluon`` and ``launch_gluon_bwd``.
+ws) the backward's dK/dV and dQ run on the Gluon kernels where they can (``launch_gluon_bwd``), with ws_dq only dQ.
+Imports ``validation``, ``plans``, ``launch_gluon`` and ``launch_gluon_bwd``.
 """
 import math
 import os

@@ -168,7 +168,8 @@ def test_static_compiled_call_is_decided_outside_the_trace(monkeypatch):
 
     from flashlite import dispatch
     q, k, v = (t.detach() for t in leaves((2, 4, 24, 16), (2, 2, 24, 16), (2, 2, 24, 16), seed=7))
-    use_table(monkeypatch, {dispatch.table_key(torch.float32, 16, True, 2, 24): {"backend": "triton", "why": "made up"}})
+    entry = {"backend": "triton", "why": "made up"}
+    use_table(monkeypatch, {dispatch.table_key(torch.float32, 16, True, 2, 24): entry})
     fn = lambda q, k, v: attention(q, k, v, causal=True, precision="ieee")  # noqa: E731
     ops, out = _graph_ops(fn, q, k, v)
     assert ops == ["flashlite.attention_inference.default"]
