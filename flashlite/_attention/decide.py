@@ -183,6 +183,8 @@ def traced_call_plan(layouts: tuple[Layout, ...], causal: Union[bool, str], scal
         q, k, v, key_padding_mask, key_lengths, alibi_slopes = (
             None if layout is None else torch.empty_strided(layout[0], layout[1], dtype=layout[2], device=layout[3])
             for layout in layouts)
+        # So that make_plan's log (FLASHLITE_DEBUG_DISPATCH) names the decision the call runs by.
+        q.requires_grad_(gradient and q.is_floating_point())
         try:
             plan = make_plan(q, k, v, causal, scale, key_padding_mask, key_lengths, backend, precision, window,
                              softcap, alibi_slopes)
