@@ -182,6 +182,26 @@ def test_static_compiled_call_is_decided_outside_the_trace(monkeypatch):
         assert name not in guards, name
 
 
+def test_static_compiled_training_call_logs_the_decision_it_runs_by(monkeypatch, caplog):
+    # FLASHLITE_DEBUG_DISPATCH under torch.compile: the plan is made on fake tensors outside the trace, and the log
+    # must name the forward+backward decision for a call whose gradient flows (the made-up table sends the forward
+    # to the kernel and forward+backward to SDPA).
+    import logging
+
+    from flashlite import dispatch
+    monkeypatch.setenv("FLASHLITE_DEBUG_DISPATCH", "1")
+    use_table(monkeypatch, {dispatch.table_key(torch.float32, 16, True, 1, 16): {"backend": "triton", "why": "fwd"},
+                            dispatch.table_key(torch.float32, 16, True, 1, 16, backward=True):
+                                {"backend": "sdpa", "why": "fwd+bwd"}})
+    q = torch.randn(1, 2, 16, 16, device=DEVICE, requires_grad=True)
+    fn = lambda q: attention(q, q, q, causal=True, precision="ieee")  # noqa: E731
+    with caplog.at_level(logging.DEBUG, logger="flashlite.attention"):
+        ops, out = _graph_ops(fn, q)
+    assert ops == []  # SDPA, no flashlite op
+    decisions = [r.getMessage() for r in caplog.records if r.name == "flashlite.attention"]
+    assert len(decisions) == 1 and "-> sdpa" in decisions[0] and "fwd+bwd" in decisions[0], decisions
+
+
 @pytest.mark.parametrize("fullgraph", [False, True])
 def test_static_compiled_call_refuses_what_eager_refuses(fullgraph):
     # traced_call_plan hands validation's error back and the traced code raises it: without fullgraph the frame
