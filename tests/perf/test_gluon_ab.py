@@ -191,24 +191,37 @@ def _check_against_pointer(shape, candidates: dict, pointer) -> None:
             assert_close(a[:, :, :4096].float(), b[:, :, :4096].double(), policy=shape.dtype, notes=(name, setting))
 
 
-@pytest.mark.shape(*SHAPES, dtype=[torch.bfloat16])
-@pytest.mark.memory(lambda shape: attention_bytes(shape, copies=14))
-def test_gluon_backward_ab(shape, kernel_ab):
+# The schedule each FLASHLITE_GLUON_BWD value runs, as the rows name it.
+_SCHEDULE_NAMES = {"ws": "ws", "1": "pipelined", "ws_dq": "ws_dq"}
+
+
+def _backward_ab(shape, kernel_ab, candidate: str, gluon_baselines: tuple[str, ...]) -> None:
+    """Forward+backward with FLASHLITE_GLUON_BWD=``candidate`` against the pointer backward, the Gluon schedules
+    ``gluon_baselines`` and SDPA, each side's gradients first checked against the pointer backward's."""
     q, k, v = (t.requires_grad_() for t in qkv(shape.B, shape.H, shape.S, shape.D, shape.dtype))
     grad_out = torch.randn_like(q)
     saved = _switch_saved()
     try:
-        ws, pipelined, pointer = (_forward_backward(q, k, v, grad_out, gluon_bwd=setting)
-                                  for setting in ("ws", "1", "0"))
-        _check_against_pointer(shape, {"ws": ws, "pipelined": pipelined}, pointer)
+        sides = {setting: _forward_backward(q, k, v, grad_out, gluon_bwd=setting)
+                 for setting in (candidate, *gluon_baselines, "0")}
+        _check_against_pointer(shape, {_SCHEDULE_NAMES[s]: sides[s] for s in (candidate, *gluon_baselines)},
+                               sides["0"])
+        baselines = [(sides["0"], "pointer backward")]
+        baselines += [(sides[s], f"gluon {_SCHEDULE_NAMES[s]} backward") for s in gluon_baselines]
+        baselines += [(_sdpa_forward_backward(q, k, v, grad_out), "sdpa")]
         work = attention_work(shape, passes="forward+backward")
         # check_output=False: the backward's dQ accumulates in an order that may differ between calls.
-        for baseline, name in ((pointer, "pointer backward"), (pipelined, "gluon pipelined backward"),
-                               (_sdpa_forward_backward(q, k, v, grad_out), "sdpa")):
-            kernel_ab.compare(ws, baseline, name=f"fwd+bwd D{shape.D} gluon ws backward vs {name}",
-                              check_output=False, **work)
+        for baseline, name in baselines:
+            kernel_ab.compare(sides[candidate], baseline, check_output=False, **work,
+                              name=f"fwd+bwd D{shape.D} gluon {_SCHEDULE_NAMES[candidate]} backward vs {name}")
     finally:
         _switch_restore(saved)
+
+
+@pytest.mark.shape(*SHAPES, dtype=[torch.bfloat16])
+@pytest.mark.memory(lambda shape: attention_bytes(shape, copies=14))
+def test_gluon_backward_ab(shape, kernel_ab):
+    _backward_ab(shape, kernel_ab, "ws", ("1",))
 
 
 # FLASHLITE_GLUON_BWD=ws_dq: the warp-specialized Gluon dQ kernel with the pointer dK/dV kernel (after the delta
@@ -217,18 +230,7 @@ def test_gluon_backward_ab(shape, kernel_ab):
 @pytest.mark.shape(*SHAPES, dtype=[torch.bfloat16])
 @pytest.mark.memory(lambda shape: attention_bytes(shape, copies=14))
 def test_gluon_ws_dq_backward_ab(shape, kernel_ab):
-    q, k, v = (t.requires_grad_() for t in qkv(shape.B, shape.H, shape.S, shape.D, shape.dtype))
-    grad_out = torch.randn_like(q)
-    saved = _switch_saved()
-    try:
-        ws_dq, pointer = (_forward_backward(q, k, v, grad_out, gluon_bwd=setting) for setting in ("ws_dq", "0"))
-        _check_against_pointer(shape, {"ws_dq": ws_dq}, pointer)
-        work = attention_work(shape, passes="forward+backward")
-        for baseline, name in ((pointer, "pointer backward"), (_sdpa_forward_backward(q, k, v, grad_out), "sdpa")):
-            kernel_ab.compare(ws_dq, baseline, name=f"fwd+bwd D{shape.D} gluon ws_dq backward vs {name}",
-                              check_output=False, **work)
-    finally:
-        _switch_restore(saved)
+    _backward_ab(shape, kernel_ab, "ws_dq", ())
 
 
 # The Gluon backward's kernels alone, launched directly on one forward's out and lse with delta computed once: each
