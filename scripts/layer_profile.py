@@ -31,6 +31,8 @@ from __future__ import annotations
 import argparse
 import ast
 import copy
+import cProfile
+import pstats
 import random
 import statistics
 import time
@@ -152,8 +154,6 @@ def python_functions(fn, calls: int = 300, top: int = 14) -> list[tuple[str, flo
     over ``calls`` back-to-back calls after warm-up. It sees what torch.profiler's CPU events cannot: which Python
     functions of a compiled graph's wrapper (kernel launchers, allocation, the custom ops' Python) hold the host
     time."""
-    import cProfile
-    import pstats
     for _ in range(3):
         fn()
     torch.cuda.synchronize()

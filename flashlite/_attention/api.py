@@ -156,20 +156,21 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: Unio
             return out
         key = plans.key_of(q, k, v, key_padding_mask, key_lengths, causal, scale, backend, precision, window,
                            softcap, alibi_slopes)
-    elif static_sizes(q) and static_sizes(k) and _constants(causal, scale, backend, precision, window, softcap):
-        # Compiled with static sizes: validated and decided outside the trace, so that none of it becomes a guard
-        # (decide.traced_call_plan says why).
-        error, problem, chosen = traced_call_plan(
-            tuple(None if t is None else (t.shape, t.stride(), t.dtype, t.device)
-                  for t in (q, k, v, key_padding_mask, key_lengths, alibi_slopes)),
-            causal, scale, backend, precision, window, softcap, needs_gradient(q, k, v))
-        if error is not None:
-            raise TRACED_ERRORS[error[0]](error[1])
-        key_mask = key_padding_mask if key_lengths is None else key_lengths
-        if chosen == "triton":
-            return run_triton_compiled(problem, q, k, v, key_mask, alibi_slopes)
-        return sdpa_attention(q, k, v, key_mask, problem, alibi_slopes=alibi_slopes)
-    elif backend == "auto" and not (static_sizes(q) and static_sizes(k)) and not needs_gradient(q, k, v):
+    elif static_sizes(q) and static_sizes(k):
+        if _constants(causal, scale, backend, precision, window, softcap):
+            # Compiled with static sizes: validated and decided outside the trace, so that none of it becomes a
+            # guard (decide.traced_call_plan says why). Other arguments (symbols) take make_plan, traced, below.
+            error, problem, chosen = traced_call_plan(
+                tuple(None if t is None else (t.shape, t.stride(), t.dtype, t.device)
+                      for t in (q, k, v, key_padding_mask, key_lengths, alibi_slopes)),
+                causal, scale, backend, precision, window, softcap, needs_gradient(q, k, v))
+            if error is not None:
+                raise TRACED_ERRORS[error[0]](error[1])
+            key_mask = key_padding_mask if key_lengths is None else key_lengths
+            if chosen == "triton":
+                return run_triton_compiled(problem, q, k, v, key_mask, alibi_slopes)
+            return sdpa_attention(q, k, v, key_mask, problem, alibi_slopes=alibi_slopes)
+    elif backend == "auto" and not needs_gradient(q, k, v):
         # Compiled with dynamic sizes: the decision is made per call, inside one opaque op, not at trace time (which
         # would specialize the graph on the sizes). The call is still checked here, at trace time.
         problem = validate(q, k, v, causal, scale, key_padding_mask, key_lengths, backend, precision, window,
