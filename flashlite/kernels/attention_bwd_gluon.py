@@ -43,7 +43,7 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
-                                                              warpgroup_mma_init, warpgroup_mma_wait)
+                                                              warpgroup_mma_wait)
 
 from flashlite.kernels.attention_fwd_gluon import PRODUCER_REGS
 from flashlite.kernels.gluon_tiles import as_tma_tile, consumer_key_blocks, key_blocks, mma_layout, tile_layout
@@ -178,7 +178,8 @@ def _dkdv_block(dk, dv, k_tile, v_tile, q_tile, do_tile, Lse, Delta, keys, stats
     added in: its Q and dO tiles in shared memory, its rows' lse and delta at ``Lse + stats`` and ``Delta + stats``.
     Query blocks before ``m_full`` hold the diagonal (masked). Returns once every wgmma has completed, so that the
     caller may hand the Q and dO tiles back. EARLY_DP: dP^T = V dO^T is issued with S^T and runs under the
-    exponentials; otherwise after dV's wgmma, so that its accumulator is not live beside S^T's (fewer registers)."""
+    exponentials; otherwise after them, just before dV's wgmma, so that its accumulator is not live beside S^T's
+    (fewer registers)."""
     dtype: gl.constexpr = k_tile.dtype
     st_layout: gl.constexpr = mma_layout(WARPS, BLOCK_M)  # S^T, P^T, dP^T, dS^T: [BLOCK_N, BLOCK_M]
     pt_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dk.type.layout, k_width=2)
@@ -193,10 +194,13 @@ def _dkdv_block(dk, dv, k_tile, v_tile, q_tile, do_tile, Lse, Delta, keys, stats
     else:
         st = warpgroup_mma_wait(0, deps=(st, ))
     pt = _probabilities_t(st, lse, cols, keys, m_block, m_full, diag_shift, qk_scale, CAUSAL)
+    if not EARLY_DP:
+        # Issued before dV's wgmma: groups complete in issue order, so the wait below (one group left in flight)
+        # completes dP^T and leaves dV running under dS^T. Issued after it, that wait would leave dP^T itself in
+        # flight while dS^T reads its registers, and ptxas then serializes every wgmma of the kernel (C7514).
+        dpt = warpgroup_mma(v_tile, do_tile.permute((1, 0)), st_zero, use_acc=False, is_async=True)
     pt_op = gl.convert_layout(pt.to(dtype), pt_layout)
     dv = warpgroup_mma(pt_op, do_tile, dv, is_async=True)
-    if not EARLY_DP:
-        dpt = warpgroup_mma(v_tile, do_tile.permute((1, 0)), st_zero, use_acc=False, is_async=True)
     dpt = warpgroup_mma_wait(1, deps=(dpt, ))
     dst = pt * (dpt - gl.expand_dims(delta, 0))
     dst_op = gl.convert_layout(dst.to(dtype), pt_layout)
@@ -295,31 +299,38 @@ def _attn_bwd_dkdv(q_desc,  # [B, H, S_q, D] 16-bit, tiles [1, 1, BLOCK_M, D]
 # ready[slot] of iteration t, which the producer completes after it waited for the release of iteration t - STAGES;
 # so no barrier runs more than one phase ahead of the side that waits on it (as in the forward's step 2).
 #
-# OVERLAP (FlashAttention-3's overlap inside a warpgroup, moved to the backward): a consumer issues block t + 1's
-# S^T and dP^T before block t's dK, so that block t + 1's exponentials run while the tensor cores do dK(t) and
-# dP^T(t + 1). wgmma groups complete in issue order, so one consumer's stream is, per block,
-#     ... dV(t - 1), S^T(t), dP^T(t), dK(t - 1) | wait for S^T(t): P^T(t) | dV(t) | wait for dP^T(t): dS^T(t) |
-#     wait for dK(t - 1): hand block t - 1's slot back | S^T(t + 1), dP^T(t + 1) | dK(t)
-# and it holds three slots at once (t - 1 until dK(t - 1) completes, t, t + 1), hence STAGES >= 3.
+# OVERLAP (FlashAttention-3's overlap inside a warpgroup, moved to the backward): a consumer issues block t - 1's
+# dK with block t's S^T and dP^T, so that block t's exponentials run while the tensor cores do dP^T(t) and
+# dK(t - 1). wgmma groups complete in issue order, so one consumer's stream is, per block,
+#     S^T(t), dP^T(t), dK(t - 1) | wait for S^T(t): P^T(t) | dV(t) | wait for dP^T(t): dS^T(t) |
+#     wait for dK(t - 1) and dV(t): hand block t - 1's slot back
+# and it holds two slots at once (t - 1 until dK(t - 1) completes, and t). Nothing is in flight where an iteration
+# ends: dS^T(t) crosses into the next iteration as registers, which at the loop's back-edge are copied into the
+# loop-carried ones. Were dK(t) still reading them there, that copy would define input registers of an in-flight
+# wgmma, and ptxas then serializes every wgmma of the kernel (C7513; the first overlapped schedule, which carried
+# block t + 1's S^T and dP^T and block t's dK across the back-edge, was serialized so, and lost 0.90x and 0.68x
+# in run S1).
 BWD_CONSUMER_WARPS = gl.constexpr(4)
 # Registers per consumer thread (setmaxnreg): 2 x 128 x 240 + 128 x 24 (the producer's warpgroup) fit an SM's 64 K;
 # the kernel is launched with maxnreg BWD_WS_MAXNREG (12 warps x 32 threads x 168 registers).
 BWD_CONSUMER_REGS = gl.constexpr(240)
 BWD_WS_MAXNREG = 168
 # (BLOCK_N keys per consumer, BLOCK_M, STAGES, num_warps = 4, EARLY_DP, OVERLAP) per head dim. Shared memory: K and V
-# 2 x BLOCK_N x D, Q and dO BLOCK_M x D per stage: D=64, 64 x 64 x 3: 32 + 3 x 16 = 80 KB; D=128, 64 x 64 x 2:
-# 64 + 2 x 32 = 128 KB. 128-row query tiles give the S^T and dP^T wgmmas twice the width (N = 128); at D=64 they fit
-# 240 registers with dP^T issued after dV's wgmma (issued early they spill). OVERLAP (the last entry) keeps the next
-# block's S^T and dP^T in registers beside this block's dS^T: 64-row query tiles at D=64, 32-row ones at D=128.
+# 2 x BLOCK_N x D, Q and dO BLOCK_M x D per stage: D=64, 64 x 64 x 3: 32 + 3 x 16 = 80 KB; D=128, 64 x 32 x 3:
+# 64 + 3 x 16 = 112 KB. OVERLAP (the last entry: the first entry's tiles in the overlapped schedule) keeps the last
+# block's dS^T in registers beside this block's S^T and dP^T.
 # First the fastest in run S1 (H200, the kernels alone against the single-partition kernel's first config, cases 3, 6
 # and 12; benchmarks/results/h200-2026-12-05/s1_gluon_ws_backward/): at D=64 64 x 64, 3 stages, dP^T early
-# (1.053-1.063x); at D=128 64 x 32, 3 stages, dP^T early (0.879-0.886x, a loss). dP^T issued late lost 0.61-0.68x
-# at both head dims and the overlapped schedule 0.90-0.91x (D=64) and 0.68x (D=128).
+# (1.053-1.063x); at D=128 64 x 32, 3 stages, dP^T early (0.879-0.886x, a loss). In that run dP^T issued late lost
+# 0.61-0.68x at both head dims and the first overlapped schedule 0.90-0.91x (D=64) and 0.68x (D=128), but ptxas had
+# serialized every wgmma of those kernels (C7514, C7513: cpu-host-2026-12-05-b/backward_sass_mix/). Both are
+# rebuilt so that it does not, and are not yet timed. Unserialized, 64-row query tiles with dP^T late spill at D=128
+# (12-16 bytes) and 128-row ones at D=64 (300-332 bytes), so those two configs are no longer listed; at D=128
+# 64-row tiles in the overlapped schedule spill too (160-188 bytes).
 GLUON_BWD_WS_CONFIGS = {
     64: [(64, 64, 3, 4, True, False), (64, 64, 4, 4, True, False), (64, 64, 3, 4, False, False),
-         (64, 128, 3, 4, False, False), (64, 64, 4, 4, True, True)],
-    128: [(64, 32, 3, 4, True, False), (64, 64, 2, 4, False, False), (64, 32, 4, 4, False, False),
-          (64, 32, 4, 4, True, True)],
+         (64, 64, 3, 4, True, True)],
+    128: [(64, 32, 3, 4, True, False), (64, 32, 4, 4, False, False), (64, 32, 3, 4, True, True)],
 }
 
 
@@ -390,14 +401,14 @@ def _dkdv_ws_producer(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, d
 
 
 @gluon.jit
-def _dkdv_overlapped_step(t, dk, dv, st, dpt, pt_op, dst_op, k_tile, v_tile, q_bufs, do_bufs, ready, empty, Lse,
-                          Delta, keys, b, kv_h, num_heads, group_size, lo_m, n_m, n_iters, m_full, seq_q, diag_shift,
-                          qk_scale, C: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
-                          BLOCK_M: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, FIRST: gl.constexpr):
-    """Iteration t of a consumer's overlapped schedule (see above ``_attn_bwd_dkdv_ws``). It enters with S^T(t) and
-    dP^T(t) in flight, issued after dV(t - 1) and before dK(t - 1) (FIRST, t = 0: neither), and leaves with S^T(t + 1)
-    and dP^T(t + 1) issued (none after the last block), then dK(t). ``pt_op`` and ``dst_op`` are the register
-    operands of the dV and dK wgmmas still in flight, kept alive until they complete."""
+def _dkdv_overlapped_step(t, dk, dv, dst_prev, k_tile, v_tile, q_bufs, do_bufs, ready, empty, Lse, Delta, keys, b,
+                          kv_h, num_heads, group_size, lo_m, n_m, m_full, seq_q, diag_shift, qk_scale,
+                          C: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr,
+                          STAGES: gl.constexpr, CAUSAL: gl.constexpr, FIRST: gl.constexpr):
+    """Iteration t of a consumer's overlapped schedule (see above ``_attn_bwd_dkdv_ws``): dK and dV with block t's
+    dV and block t - 1's dK added in (FIRST, t = 0: no dK), and block t's dS^T as registers of dK's operand type,
+    which the next iteration (or the consumer, after the last) multiplies by Q. ``dst_prev``: block t - 1's dS^T
+    (ignored when FIRST). Returns with no wgmma in flight, and block t - 1's slot handed back."""
     dtype: gl.constexpr = k_tile.dtype
     st_layout: gl.constexpr = mma_layout(BWD_CONSUMER_WARPS, BLOCK_M)
     pt_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout(BWD_CONSUMER_WARPS, HEAD_DIM),
@@ -405,15 +416,20 @@ def _dkdv_overlapped_step(t, dk, dv, st, dpt, pt_op, dst_op, k_tile, v_tile, q_b
     slot = t % STAGES
     q_tile = q_bufs.index(slot)
     do_tile = do_bufs.index(slot)
+    mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
+    st_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout)
+    st = warpgroup_mma(k_tile, q_tile.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+    dpt = warpgroup_mma(v_tile, do_tile.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+    if not FIRST:
+        dk = warpgroup_mma(dst_prev, q_bufs.index((t - 1) % STAGES), dk, is_async=True)
     m_block = lo_m + t % n_m
     stats = (b * num_heads + kv_h * group_size + t // n_m).to(gl.int64) * seq_q
     cols, lse, delta = _column_statistics(Lse, Delta, stats, m_block, seq_q, BLOCK_M, st_layout)
-    # In flight, oldest first: dV(t - 1), S^T(t), dP^T(t), dK(t - 1). Waiting until two remain completes S^T(t)
-    # (and dV(t - 1)); dP^T(t) and dK(t - 1) run under the exponentials.
+    # In flight, oldest first: S^T(t), dP^T(t), dK(t - 1). Waiting until the last one or two remain completes S^T(t).
     if FIRST:
         st = warpgroup_mma_wait(1, deps=(st, ))
     else:
-        st, dv, pt_op = warpgroup_mma_wait(2, deps=(st, dv, pt_op))
+        st = warpgroup_mma_wait(2, deps=(st, ))
     pt = _probabilities_t(st, lse, cols, keys, m_block, m_full, diag_shift, qk_scale, CAUSAL)
     pt_op = gl.convert_layout(pt.to(dtype), pt_layout)
     dv = warpgroup_mma(pt_op, do_tile, dv, is_async=True)
@@ -423,22 +439,11 @@ def _dkdv_overlapped_step(t, dk, dv, st, dpt, pt_op, dst_op, k_tile, v_tile, q_b
     else:
         dpt = warpgroup_mma_wait(2, deps=(dpt, ))
     dst = pt * (dpt - gl.expand_dims(delta, 0))
-    if not FIRST:
-        # dK(t - 1) has completed, and dV(t - 1) before it: block t - 1's Q and dO tiles go back to the producer.
-        dk, dst_op = warpgroup_mma_wait(1, deps=(dk, dst_op))
-        _hand_back(empty, C, t - 1, STAGES)
     dst_op = gl.convert_layout(dst.to(dtype), pt_layout)
-    # The next block's products (placeholders of the same type after the last block, never waited for).
-    st_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout)
-    st_next = warpgroup_mma_init(st_zero)
-    dpt_next = warpgroup_mma_init(st_zero)
-    if t + 1 < n_iters:
-        after = (t + 1) % STAGES
-        mbarrier.wait(ready.index(after), ((t + 1) // STAGES) & 1)
-        st_next = warpgroup_mma(k_tile, q_bufs.index(after).permute((1, 0)), st_zero, use_acc=False, is_async=True)
-        dpt_next = warpgroup_mma(v_tile, do_bufs.index(after).permute((1, 0)), st_zero, use_acc=False, is_async=True)
-    dk = warpgroup_mma(dst_op, q_tile, dk, is_async=True)
-    return dk, dv, st_next, dpt_next, pt_op, dst_op
+    dk, dv, pt_op, dst_prev = warpgroup_mma_wait(0, deps=(dk, dv, pt_op, dst_prev))
+    if not FIRST:
+        _hand_back(empty, C, t - 1, STAGES)  # dK(t - 1) has completed: block t - 1's Q and dO tiles go back
+    return dk, dv, dst_op
 
 
 @gluon.jit
@@ -460,32 +465,22 @@ def _dkdv_ws_consumer(C: gl.constexpr, k_smem, v_smem, q_bufs, do_bufs, kv_ready
     dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
     mbarrier.wait(kv_ready.index(C), 0, pred=own_start < seq_k)
     if OVERLAP:
-        st_layout: gl.constexpr = mma_layout(BWD_CONSUMER_WARPS, BLOCK_M)
         op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
-        # Products in flight between iterations are wgmma accumulators: the loop-carried values start as such.
-        st_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout)
-        st = warpgroup_mma_init(st_zero)
-        dpt = warpgroup_mma_init(st_zero)
-        dk = warpgroup_mma_init(dk)
-        dv = warpgroup_mma_init(dv)
-        pt_op = gl.zeros([BLOCK_N, BLOCK_M], k_smem.dtype, op_layout)
-        dst_op = pt_op
+        dst_op = gl.zeros([BLOCK_N, BLOCK_M], k_smem.dtype, op_layout)
         if n_iters > 0:
-            mbarrier.wait(ready.index(0), 0)
-            st = warpgroup_mma(k_tile, q_bufs.index(0).permute((1, 0)), st_zero, use_acc=False, is_async=True)
-            dpt = warpgroup_mma(v_tile, do_bufs.index(0).permute((1, 0)), st_zero, use_acc=False, is_async=True)
-            dk, dv, st, dpt, pt_op, dst_op = _dkdv_overlapped_step(
-                0, dk, dv, st, dpt, pt_op, dst_op, k_tile, v_tile, q_bufs, do_bufs, ready, empty, Lse, Delta, keys, b,
-                kv_h, num_heads, group_size, lo_m, n_m, n_iters, m_full, seq_q, diag_shift, qk_scale, C, HEAD_DIM,
-                BLOCK_N, BLOCK_M, STAGES, CAUSAL, True)
+            dk, dv, dst_op = _dkdv_overlapped_step(
+                0, dk, dv, dst_op, k_tile, v_tile, q_bufs, do_bufs, ready, empty, Lse, Delta, keys, b, kv_h,
+                num_heads, group_size, lo_m, n_m, m_full, seq_q, diag_shift, qk_scale, C, HEAD_DIM, BLOCK_N, BLOCK_M,
+                STAGES, CAUSAL, True)
         for t in range(1, n_iters):
-            dk, dv, st, dpt, pt_op, dst_op = _dkdv_overlapped_step(
-                t, dk, dv, st, dpt, pt_op, dst_op, k_tile, v_tile, q_bufs, do_bufs, ready, empty, Lse, Delta, keys, b,
-                kv_h, num_heads, group_size, lo_m, n_m, n_iters, m_full, seq_q, diag_shift, qk_scale, C, HEAD_DIM,
-                BLOCK_N, BLOCK_M, STAGES, CAUSAL, False)
-        # The last block's dV and dK, then its slot back.
-        dk, dv, pt_op, dst_op = warpgroup_mma_wait(0, deps=(dk, dv, pt_op, dst_op))
+            dk, dv, dst_op = _dkdv_overlapped_step(
+                t, dk, dv, dst_op, k_tile, v_tile, q_bufs, do_bufs, ready, empty, Lse, Delta, keys, b, kv_h,
+                num_heads, group_size, lo_m, n_m, m_full, seq_q, diag_shift, qk_scale, C, HEAD_DIM, BLOCK_N, BLOCK_M,
+                STAGES, CAUSAL, False)
         if n_iters > 0:
+            # The last block's dK, then its slot back.
+            dk = warpgroup_mma(dst_op, q_bufs.index((n_iters - 1) % STAGES), dk, is_async=True)
+            dk, dst_op = warpgroup_mma_wait(0, deps=(dk, dst_op))
             _hand_back(empty, C, n_iters - 1, STAGES)
     else:
         for t in range(n_iters):
@@ -524,8 +519,7 @@ def _attn_bwd_dkdv_ws(q_desc,  # [B, H, S_q, D] 16-bit, tiles [1, 1, BLOCK_M, D]
 
     Grid: (cdiv(S_k, 2 * BLOCK_N), B * H_kv)."""
     gl.static_assert(num_warps == BWD_CONSUMER_WARPS, "the default partition is one consumer warpgroup")
-    gl.static_assert(not OVERLAP or (EARLY_DP and STAGES >= 3),
-                     "the overlapped schedule issues dP^T with S^T and holds three slots at once")
+    gl.static_assert(not OVERLAP or EARLY_DP, "the overlapped schedule issues dP^T with S^T")
     dtype: gl.constexpr = k_desc.dtype
     pid_bh = gl.program_id(1)
     kv_heads = num_heads // group_size

@@ -88,7 +88,10 @@ def ttgir_for_sm90(fn, blocks, **kwargs):
 # The start of a script that compiles Gluon kernels for sm_90: ``compile_gluon(fn, args, meta, options)`` specializes
 # ``fn`` as a launch with the positional ``args`` (descriptors, pointers, Python ints and floats) and the
 # constexprs and launch options in ``meta`` would, and returns the compiled kernel with ptxas's register and spill
-# counts per function.
+# counts per function and the codes of its notes that it serialized the kernel's wgmma instructions (C7510-C7519,
+# "Potential Performance Loss: wgmma.mma_async instructions are serialized due to ..."): ptxas does that to a whole
+# kernel when it finds any wgmma whose registers other instructions read or write while it may be in flight, which
+# took 0.61-0.68x off the backward kernels it happened to.
 GLUON_COMPILER = r'''
 import contextlib, io, os, re
 os.environ["TRITON_INTERPRET"] = "0"
@@ -115,7 +118,8 @@ def compile_gluon(fn, args, meta, options):
     report = log.getvalue()
     registers = [int(n) for n in re.findall(r"Used (\d+) registers", report)]
     spills = [int(n) for n in re.findall(r"(\d+) bytes spill (?:stores|loads)", report)]
-    return kernel, registers, spills
+    serialized = sorted(set(re.findall(r"\((C751\d)\) Potential Performance Loss: wgmma", report)))
+    return kernel, registers, spills, serialized
 '''
 
 

@@ -10,7 +10,7 @@ window (bf16, bottom-right); step 4 (the persistent grid) its first config in bf
 window, the others bottom-right. Each compile runs in a fresh interpreter with TRITON_INTERPRET=0 and a cache
 in pytest's tmp dir, specialized as ``gluon_attention_forward`` would (descriptors built by the launcher itself
 over CPU tensors). Each compiled kernel must fit the 227 KB of shared memory a Hopper thread block may have and
-use at most 255 registers without spilling, as ptxas reports them. For step 3 the PTX must also show the register
+use at most 255 registers without spilling or serializing its wgmmas, as ptxas reports them. For step 3 the PTX must also show the register
 split its partitions asked for and a separate named barrier for each consumer warpgroup.
 """
 import importlib
@@ -42,13 +42,14 @@ def compile_config(config, dtype, head_dim, causal, window_left=-1):
     options = {"num_warps": config.num_warps}
     if "maxnreg" in meta:
         options["maxnreg"] = meta["maxnreg"]
-    kernel, registers, spills = compile_gluon(launch_gluon.kernel_for(config), args, meta, options)
+    kernel, registers, spills, serialized = compile_gluon(launch_gluon.kernel_for(config), args, meta, options)
     ptx = kernel.asm["ptx"]
     # Register reallocation (setmaxnreg) and the partitions' own barriers (bar.sync id, threads).
     setmaxnreg = sorted(set(re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx)))
     named = sorted(set(re.findall(r"\bbar\.sync\s+(\d+),\s*(\d+);", ptx)))
     whole_cta = len(re.findall(r"\bbar\.sync\s+\d+;", ptx))  # a barrier of every thread of the block
     return {"shared": kernel.metadata.shared, "registers": registers, "spill_bytes": spills,
+            "wgmma_serialized": serialized,
             "tiles": config.shared_bytes(head_dim), "setmaxnreg": setmaxnreg, "named_barriers": named,
             "whole_cta_barriers": whole_cta}
 
@@ -113,6 +114,7 @@ def test_every_config_compiles_for_sm90_within_resources(variant, head_dim, tmp_
         assert r["tiles"] <= r["shared"] < r["tiles"] + 1024, where
         assert r["registers"] and max(r["registers"]) <= 255, where  # no report would be a silent pass
         assert r["spill_bytes"] and not any(r["spill_bytes"]), where
+        assert r["wgmma_serialized"] == [], where
         if variant == "pingpong":
             # Consumer 0 (the default partition) gives up registers down to 240 on entering the partitions,
             # consumer 1 takes 240, the producer's warpgroup goes down to 24: Triton emits none of them when the
