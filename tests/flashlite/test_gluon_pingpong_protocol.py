@@ -3,11 +3,9 @@
 The kernel (``_pp_producer``, ``_pp_consumer``, ``_pp_blocks``, ``_take_turn`` in
 ``flashlite.kernels.attention_fwd_gluon``) cannot run without a Hopper GPU, and a wrong phase or a missing
 hand-back there shows up as a hang or as rare wrong numbers. So its protocol is restated here, wait for wait and
-arrival for arrival, over a model of the mbarrier (arrival count, transaction bytes, phase parity as
-``mbarrier.try_wait.parity`` reads it: the wait passes while the barrier's current phase has the other parity, so a
-barrier two phases ahead of its waiter would look the same as one not yet arrived). Copies land at any later time.
-A scheduler runs one ready agent at a time (the producer, the two consumers, the copies in flight), chosen at
-random, and checks on every step:
+arrival for arrival, over a model of the mbarrier (``tests.flashlite.mbarrier_model``: arrival count, transaction
+bytes, phase parity). Copies land at any later time. A scheduler runs one ready agent at a time (the producer, the
+two consumers, the copies in flight), chosen at random, and checks on every step:
 
 * progress: the run ends with every agent done (no deadlock);
 * the ring: a slot is refilled only when no consumer still reads an older block in it, and a consumer that passes
@@ -19,38 +17,9 @@ Changing the kernel's protocol means changing this model with it. Two deliberate
 that ignores the second consumer's hand-back; turn waits without their predicates) must be caught, so that the
 checks are known to bite.
 """
-import random
-
 import pytest
 
-
-class MBarrier:
-    """mbarrier: ``count`` arrivals and all expected transaction bytes complete a phase."""
-
-    def __init__(self, count: int = 1):
-        self.count, self.pending, self.tx, self.phase = count, count, 0, 0
-
-    def _maybe_complete(self):
-        if self.pending == 0 and self.tx == 0:
-            self.phase += 1
-            self.pending = self.count
-
-    def arrive(self, expect_tx: int = 0):
-        self.tx += expect_tx
-        self.pending -= 1
-        assert self.pending >= 0
-        self._maybe_complete()
-
-    def complete_tx(self, nbytes: int):
-        self.tx -= nbytes
-        self._maybe_complete()
-
-    def passes(self, parity: int) -> bool:
-        return (self.phase & 1) != parity
-
-
-class Violation(AssertionError):
-    pass
+from tests.flashlite.mbarrier_model import MBarrier, Violation, interleave
 
 
 class Kernel:
@@ -157,29 +126,10 @@ class Kernel:
         self._release(c, n - 1)
 
 
-def run(kernel: Kernel, seed: int, max_steps: int = 100_000) -> None:
+def run(kernel: Kernel, seed: int) -> None:
     """Interleave the agents at random until all are done; Violation on a deadlock or a broken invariant."""
-    rng = random.Random(seed)
-    agents = [kernel.producer(), kernel.consumer(0), kernel.consumer(1)]
-    waiting = {}  # agent -> the condition it waits on (None: runnable)
-    for agent in agents:
-        waiting[agent] = None
-    for _ in range(max_steps):
-        for copy in kernel.in_flight:
-            waiting.setdefault(copy, None)
-        kernel.in_flight.clear()
-        if not waiting:
-            return
-        ready = [a for a, cond in waiting.items() if cond is None or cond()]
-        if not ready:
-            raise Violation(f"deadlock: {len(waiting)} agents wait (blocks {kernel.n}, {kernel.stages} stages, "
-                            f"turns taken {kernel.turn_log})")
-        agent = rng.choice(ready)
-        try:
-            waiting[agent] = next(agent)
-        except StopIteration:
-            del waiting[agent]
-    raise Violation("no end after max_steps")
+    interleave([kernel.producer(), kernel.consumer(0), kernel.consumer(1)], kernel.in_flight, seed,
+               lambda: f"blocks {kernel.n}, {kernel.stages} stages, turns taken {kernel.turn_log}")
 
 
 CASES = [(n0, n1, stages) for stages in (2, 3, 4) for n0 in range(7) for n1 in range(7)]

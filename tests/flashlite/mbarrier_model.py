@@ -1,0 +1,67 @@
+"""A model of Hopper's mbarrier and a random scheduler, for checking the Gluon kernels' barrier protocols on the CPU.
+
+The warp-specialized kernels (a producer warp issuing TMA copies into a ring of shared-memory slots, consumer
+warpgroups handing slots back) cannot run without a Hopper GPU, and a wrong phase or a missing hand-back there shows
+up as a hang or as rare wrong numbers. Their protocols are restated in tests, wait for wait and arrival for arrival,
+as generator "agents" over ``MBarrier``; ``interleave`` runs one ready agent at a time, chosen at random, with
+copies landing at any later step, and raises ``Violation`` on a deadlock (or on a broken invariant the agents check
+themselves).
+"""
+import random
+from typing import Callable, Iterator, Optional
+
+Agent = Iterator[Optional[Callable[[], bool]]]  # yields the condition it waits on; None: runnable at once
+
+
+class MBarrier:
+    """mbarrier: ``count`` arrivals and all expected transaction bytes complete a phase; ``passes(parity)`` as
+    ``mbarrier.try_wait.parity`` reads it: the wait passes while the current phase has the other parity, so a
+    barrier two phases ahead of its waiter would look the same as one not yet arrived."""
+
+    def __init__(self, count: int = 1):
+        self.count, self.pending, self.tx, self.phase = count, count, 0, 0
+
+    def _maybe_complete(self):
+        if self.pending == 0 and self.tx == 0:
+            self.phase += 1
+            self.pending = self.count
+
+    def arrive(self, expect_tx: int = 0):
+        self.tx += expect_tx
+        self.pending -= 1
+        assert self.pending >= 0
+        self._maybe_complete()
+
+    def complete_tx(self, nbytes: int):
+        self.tx -= nbytes
+        self._maybe_complete()
+
+    def passes(self, parity: int) -> bool:
+        return (self.phase & 1) != parity
+
+
+class Violation(AssertionError):
+    pass
+
+
+def interleave(agents: list[Agent], in_flight: list[Agent], seed: int, describe: Callable[[], str],
+               max_steps: int = 100_000) -> None:
+    """Run ``agents`` and every copy appended to ``in_flight`` at random until all are done; Violation on a deadlock
+    (``describe()`` says where) or when ``max_steps`` pass."""
+    rng = random.Random(seed)
+    waiting = {agent: None for agent in agents}  # agent -> the condition it waits on (None: runnable)
+    for _ in range(max_steps):
+        for copy in in_flight:
+            waiting.setdefault(copy, None)
+        in_flight.clear()
+        if not waiting:
+            return
+        ready = [a for a, cond in waiting.items() if cond is None or cond()]
+        if not ready:
+            raise Violation(f"deadlock: {len(waiting)} agents wait ({describe()})")
+        agent = rng.choice(ready)
+        try:
+            waiting[agent] = next(agent)
+        except StopIteration:
+            del waiting[agent]
+    raise Violation("no end after max_steps")
