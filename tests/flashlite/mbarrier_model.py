@@ -44,6 +44,15 @@ class Violation(AssertionError):
     pass
 
 
+def check_refill(held: list[set[int]], stages: int, slot: int, block: int) -> None:
+    """Violation if ring slot ``slot`` is about to take ``block`` while a consumer still reads an older block in it
+    (``held[c]``: the blocks consumer c still reads; block b sits in slot b % stages)."""
+    for c, blocks in enumerate(held):
+        for b in blocks:
+            if b % stages == slot and b != block:
+                raise Violation(f"slot {slot} takes block {block} while consumer {c} still reads block {b}")
+
+
 def interleave(agents: list[Agent], in_flight: list[Agent], seed: int, describe: Callable[[], str],
                max_steps: int = 100_000) -> None:
     """Run ``agents`` and every copy appended to ``in_flight`` at random until all are done; Violation on a deadlock

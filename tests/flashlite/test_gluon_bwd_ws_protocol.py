@@ -22,7 +22,7 @@ has read it) must be caught, so that the checks are known to bite.
 """
 import pytest
 
-from tests.flashlite.mbarrier_model import MBarrier, Violation, interleave
+from tests.flashlite.mbarrier_model import MBarrier, Violation, check_refill, interleave
 
 
 class DkdvWsKernel:
@@ -51,10 +51,7 @@ class DkdvWsKernel:
         barrier.complete_tx(1)
 
     def _check_refill(self, slot, block):
-        for c in range(2):
-            for held in self.held[c]:
-                if held % self.stages == slot and held != block:
-                    raise Violation(f"slot {slot} takes block {block} while consumer {c} still reads block {held}")
+        check_refill(self.held, self.stages, slot, block)
 
     # -- the producer (_dkdv_ws_producer, _issue_q_do) ---------------------------------------------------------
     def producer(self):

@@ -19,7 +19,7 @@ checks are known to bite.
 """
 import pytest
 
-from tests.flashlite.mbarrier_model import MBarrier, Violation, interleave
+from tests.flashlite.mbarrier_model import MBarrier, Violation, check_refill, interleave
 
 
 class Kernel:
@@ -54,10 +54,7 @@ class Kernel:
         self.in_flight.append(self._copy(slots, barrier, slot, block))
 
     def _check_refill(self, slot, block):
-        for c in range(2):
-            for b in self.held[c]:
-                if b % self.stages == slot and b != block:
-                    raise Violation(f"slot {slot} takes block {block} while consumer {c} still reads block {b}")
+        check_refill(self.held, self.stages, slot, block)
 
     # -- the producer (_pp_producer) ---------------------------------------------------------------------------
     def producer(self):
