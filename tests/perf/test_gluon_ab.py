@@ -236,10 +236,9 @@ def test_gluon_ws_dq_backward_ab(shape, kernel_ab):
 # The Gluon backward's kernels alone, launched directly on one forward's out and lse with delta computed once: every
 # other listed config of each kernel (the single-partition kernel's others, then each warp-specialized one) against
 # the single-partition kernel's first config, each writing buffers of its own. This tells which config to list
-# first, and how much of forward+backward's change is the kernels'. The single-partition kernel's second configs
-# are there because their shape differs in kind: at D=128 (64, 64, 2, 4) takes 98 KB of shared memory and 4 warps
-# of 255 registers, so two programs fit an SM, where the first config's 8 warps of 255 registers fill it alone
-# (cpu-host-2026-12-05-b/backward_sass_mix/). ``-k backward_kernels``.
+# first, and how much of forward+backward's change is the kernels'. The single-partition kernel's other configs
+# are there because their shape differs in kind: at D=128 they fit two programs per SM, where the first config's
+# 8 warps of 255 registers fill it alone (cpu-host-2026-12-05-b/backward_sass_mix/). ``-k backward_kernels``.
 def _bwd_config_name(config) -> str:
     dp = "" if config.early_dp is None else (" dP early" if config.early_dp else " dP late")
     overlap = " overlapped" if config.overlap else ""
