@@ -52,7 +52,7 @@ from flashlite.kernels.gluon_tiles import as_tma_tile, consumer_key_blocks, key_
 # along the keys (each warpgroup 64 key rows), so per thread: dK and dV hold 2 x HEAD_DIM / 2 float32, S^T and dP^T
 # BLOCK_M / 2 each. Shared memory: K and V BLOCK_N x D once, Q and dO BLOCK_M x D per stage: D=128, 128 x 64 x 2
 # stages: 64 KB + 2 x 32 KB = 128 KB; D=64, 128 x 64 x 3: 32 + 3 x 16 = 80 KB. ptxas (CPU CI): 177-202 registers
-# at D=64, 222-255 at D=128, no spills. At D=128 the first config's 8 warps of 255 registers fill an SM's registers
+# at D=64, 215-255 at D=128, no spills. At D=128 the first config's 8 warps of 255 registers fill an SM's registers
 # alone; the others fit two programs per SM, as the pointer dK/dV kernel's chosen (32, 64, 4, 3) does: 64 x 64 in
 # 98 KB, and 64 x 32 x 3 in 82 KB with 215-222 registers, the warp-specialized kernel's first tile per consumer
 # (cpu-host-2026-12-05-b/backward_sass_mix/). Neither has been timed yet.
