@@ -1,7 +1,7 @@
-"""A model of the warp-specialized Gluon dK/dV kernel's barrier protocol, both of its consumers' schedules, run
-under random interleavings on the CPU.
+"""Models of the warp-specialized Gluon backward kernels' barrier protocols (dK/dV, both of its consumers'
+schedules; dQ), run under random interleavings on the CPU.
 
-The kernel (``_dkdv_ws_producer``, ``_dkdv_ws_consumer``, ``_dkdv_block``, ``_dkdv_overlapped_step`` and
+The dK/dV kernel (``_dkdv_ws_producer``, ``_dkdv_ws_consumer``, ``_dkdv_block``, ``_dkdv_overlapped_step`` and
 ``_hand_back`` in ``flashlite.kernels.attention_bwd_gluon``) runs on a Hopper GPU only. Its protocol is restated
 here, wait for wait and arrival for arrival, over ``tests.flashlite.mbarrier_model``:
 
@@ -14,11 +14,17 @@ here, wait for wait and arrival for arrival, over ``tests.flashlite.mbarrier_mod
     issued with block t's products), then hands slot t - 1 back; after the last block it reads that block's slot
     once more (its dK) and hands it back.
 
-On every step it checks that the run ends (no deadlock), that a slot is refilled only when no consumer still reads
-the older block in it, and that a consumer that passes a "ready" wait finds exactly the block it expects, landed.
-Changing the kernel's protocol means changing this model with it. Two deliberately broken protocols (a producer that
-ignores the second consumer's hand-back; an overlapped consumer that hands block t's slot back before block t's dK
-has read it) must be caught, so that the checks are known to bite.
+The dQ kernel (``_dq_ws_producer``, ``_dq_ws_consumer``): each consumer owns its query rows and reads key/value
+blocks 0 to n_c - 1 (the two counts differ under causal masks, and one may be 0); the producer copies each
+consumer's Q and dO (only where it has blocks to read), then every block either reads, block j into slot
+j % STAGES once each consumer that read block j - STAGES has handed it back (waits predicated on that).
+
+On every step the models check that the run ends (no deadlock), that a slot is refilled only when no consumer
+still reads the older block in it, and that a consumer that passes a "ready" wait finds exactly the block it
+expects, landed. Changing a kernel's protocol means changing its model with it. Deliberately broken protocols (a
+producer that ignores the second consumer's hand-back; an overlapped consumer that hands block t's slot back before
+block t's dK has read it; a dQ producer whose waits lack their predicates) must be caught, so that the checks are
+known to bite.
 """
 import pytest
 
@@ -46,12 +52,9 @@ class DkdvWsKernel:
     def _copy(self, slots, barrier, slot, block):
         yield lambda: True  # lands at any later step
         if slots is not None:
-            self._check_refill(slot, block)
+            check_refill(self.held, self.stages, slot, block)
             slots[slot] = block
         barrier.complete_tx(1)
-
-    def _check_refill(self, slot, block):
-        check_refill(self.held, self.stages, slot, block)
 
     # -- the producer (_dkdv_ws_producer, _issue_q_do) ---------------------------------------------------------
     def producer(self):
@@ -152,3 +155,79 @@ def test_a_producer_that_ignores_one_consumer_is_caught(overlap):
 
 def test_an_overlapped_consumer_that_hands_a_slot_back_before_its_dk_is_caught():
     assert _caught(lambda n, s: DkdvWsKernel(n, s, overlap=True, early_release=True), [(6, 2), (8, 3)])
+
+
+class DqWsKernel:
+    """One dQ program: consumer c reads key/value blocks 0 to ``n_blocks[c]`` - 1 through a ring of ``stages``."""
+
+    def __init__(self, n_blocks, stages, *, unpredicated_waits=False):
+        self.n, self.stages, self.unpredicated_waits = n_blocks, stages, unpredicated_waits
+        self.q_ready = [MBarrier() for _ in range(2)]
+        self.ready = [MBarrier() for _ in range(stages)]
+        self.empty = [[MBarrier() for _ in range(stages)] for _ in range(2)]
+        self.k_slot = [None] * stages
+        self.v_slot = [None] * stages
+        self.held = [set(), set()]
+        self.in_flight = []
+
+    def _copy(self, slots, barrier, slot, block):
+        yield lambda: True  # lands at any later step
+        if slots is not None:
+            check_refill(self.held, self.stages, slot, block)
+            slots[slot] = block
+        barrier.complete_tx(1)
+
+    def producer(self):
+        for c in range(2):
+            if self.n[c] > 0:
+                self.q_ready[c].arrive(expect_tx=2)
+                self.in_flight += [self._copy(None, self.q_ready[c], None, None) for _ in range(2)]
+        for j in range(max(self.n)):
+            slot, phase = j % self.stages, ((j // self.stages) & 1) ^ 1
+            for c in range(2):
+                if self.unpredicated_waits or j - self.stages < self.n[c]:
+                    yield lambda c=c: self.empty[c][slot].passes(phase)
+            self.ready[slot].arrive(expect_tx=2)
+            self.in_flight += [self._copy(self.k_slot, self.ready[slot], slot, j),
+                               self._copy(self.v_slot, self.ready[slot], slot, j)]
+
+    def consumer(self, c):
+        if self.n[c] > 0:
+            yield lambda: self.q_ready[c].passes(0)
+        for j in range(self.n[c]):
+            slot = j % self.stages
+            yield lambda: self.ready[slot].passes((j // self.stages) & 1)
+            if self.k_slot[slot] != j or self.v_slot[slot] != j:
+                raise Violation(f"consumer {c} expects block {j} in slot {slot}, finds K {self.k_slot[slot]}, "
+                                f"V {self.v_slot[slot]}")
+            self.held[c].add(j)
+            yield None  # the block's wgmmas
+            self.held[c].discard(j)
+            self.empty[c][slot].arrive()
+
+
+def run_dq(kernel: DqWsKernel, seed: int) -> None:
+    interleave([kernel.producer(), kernel.consumer(0), kernel.consumer(1)], kernel.in_flight, seed,
+               lambda: f"blocks {kernel.n}, {kernel.stages} stages")
+
+
+@pytest.mark.parametrize("stages", [2, 3, 4])
+def test_the_dq_protocol_ends_and_keeps_the_ring(stages):
+    # Every pair of block counts up to 7 (causal: the later rows see one or two blocks more; either may see none).
+    for n0 in range(8):
+        for n1 in range(8):
+            for seed in range(20):
+                kernel = DqWsKernel((n0, n1), stages)
+                run_dq(kernel, seed)
+                assert kernel.held == [set(), set()]
+
+
+def test_a_dq_producer_whose_waits_lack_their_predicates_deadlocks():
+    # Consumer 0 reads fewer blocks: an unpredicated wait for its hand-back of a block it never read never passes.
+    caught = False
+    for seed in range(20):
+        try:
+            run_dq(DqWsKernel((1, 5), 2, unpredicated_waits=True), seed)
+        except Violation:
+            caught = True
+    assert caught
