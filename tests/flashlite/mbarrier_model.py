@@ -53,6 +53,18 @@ def check_refill(held: list[set[int]], stages: int, slot: int, block: int) -> No
                 raise Violation(f"slot {slot} takes block {block} while consumer {c} still reads block {b}")
 
 
+def landing_copy(held: list[set[int]], stages: int, slots: Optional[list], barrier: MBarrier, slot: Optional[int],
+                 block: Optional[int]) -> Agent:
+    """A TMA copy in flight, as an agent: it lands at any later step (the scheduler picks when), writes ``block``
+    into ``slots[slot]`` (``slots`` None: a tile outside the ring) after ``check_refill``, and completes one
+    transaction byte of ``barrier``."""
+    yield lambda: True
+    if slots is not None:
+        check_refill(held, stages, slot, block)
+        slots[slot] = block
+    barrier.complete_tx(1)
+
+
 def interleave(agents: list[Agent], in_flight: list[Agent], seed: int, describe: Callable[[], str],
                max_steps: int = 100_000) -> None:
     """Run ``agents`` and every copy appended to ``in_flight`` at random until all are done; Violation on a deadlock

@@ -28,7 +28,7 @@ known to bite.
 """
 import pytest
 
-from tests.flashlite.mbarrier_model import MBarrier, Violation, check_refill, interleave
+from tests.flashlite.mbarrier_model import MBarrier, Violation, interleave, landing_copy
 
 
 class DkdvWsKernel:
@@ -48,13 +48,8 @@ class DkdvWsKernel:
         self.ignore_release_of = ignore_release_of
         self.early_release = early_release
 
-    # -- the copies --------------------------------------------------------------------------------------------
     def _copy(self, slots, barrier, slot, block):
-        yield lambda: True  # lands at any later step
-        if slots is not None:
-            check_refill(self.held, self.stages, slot, block)
-            slots[slot] = block
-        barrier.complete_tx(1)
+        return landing_copy(self.held, self.stages, slots, barrier, slot, block)
 
     # -- the producer (_dkdv_ws_producer, _issue_q_do) ---------------------------------------------------------
     def producer(self):
@@ -171,11 +166,7 @@ class DqWsKernel:
         self.in_flight = []
 
     def _copy(self, slots, barrier, slot, block):
-        yield lambda: True  # lands at any later step
-        if slots is not None:
-            check_refill(self.held, self.stages, slot, block)
-            slots[slot] = block
-        barrier.complete_tx(1)
+        return landing_copy(self.held, self.stages, slots, barrier, slot, block)
 
     def producer(self):
         for c in range(2):

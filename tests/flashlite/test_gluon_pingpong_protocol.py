@@ -19,7 +19,7 @@ checks are known to bite.
 """
 import pytest
 
-from tests.flashlite.mbarrier_model import MBarrier, Violation, check_refill, interleave
+from tests.flashlite.mbarrier_model import MBarrier, Violation, check_refill, interleave, landing_copy
 
 
 class Kernel:
@@ -43,18 +43,11 @@ class Kernel:
 
     # -- the copies --------------------------------------------------------------------------------------------
     def _copy(self, slots, barrier, slot, block):
-        yield lambda: True  # lands at any later step
-        self._check_refill(slot, block)
-        if slots is not None:
-            slots[slot] = block
-        barrier.complete_tx(1)
+        return landing_copy(self.held, self.stages, slots, barrier, slot, block)
 
     def _issue(self, slots, barrier, slot, block):
         barrier.arrive(expect_tx=1)
         self.in_flight.append(self._copy(slots, barrier, slot, block))
-
-    def _check_refill(self, slot, block):
-        check_refill(self.held, self.stages, slot, block)
 
     # -- the producer (_pp_producer) ---------------------------------------------------------------------------
     def producer(self):
@@ -68,7 +61,7 @@ class Kernel:
                     continue
                 if j - self.stages < self.n[c]:
                     yield lambda c=c: self.kv_empty[c][slot].passes(phase)
-            self._check_refill(slot, j)
+            check_refill(self.held, self.stages, slot, j)
             self._issue(self.k_slot, self.k_ready[slot], slot, j)
             self._issue(self.v_slot, self.v_ready[slot], slot, j)
 
