@@ -52,9 +52,9 @@ from flashlite.kernels.gluon_tiles import as_tma_tile, consumer_key_blocks, key_
 # along the keys (each warpgroup 64 key rows), so per thread: dK and dV hold 2 x HEAD_DIM / 2 float32, S^T and dP^T
 # BLOCK_M / 2 each. Shared memory: K and V BLOCK_N x D once, Q and dO BLOCK_M x D per stage: D=128, 128 x 64 x 2
 # stages: 64 KB + 2 x 32 KB = 128 KB; D=64, 128 x 64 x 3: 32 + 3 x 16 = 80 KB. ptxas (CPU CI): 177-202 registers
-# at D=64, 215-255 at D=128, no spills. At D=128 the first config's 8 warps of 255 registers fill an SM's registers
+# at D=64, 197-255 at D=128, no spills. At D=128 the first config's 8 warps of 255 registers fill an SM's registers
 # alone; the others fit two programs per SM, as the pointer dK/dV kernel's chosen (32, 64, 4, 3) does: 64 x 64 in
-# 98 KB, and 64 x 32 x 3 in 82 KB with 215-222 registers, the warp-specialized kernel's first tile per consumer
+# 98 KB, and 64 x 32 x 3 in 82 KB with 197-222 registers, the warp-specialized kernel's first tile per consumer
 # (cpu-host-2026-12-05-b/backward_sass_mix/). Neither has been timed yet.
 GLUON_BWD_CONFIGS = {
     64: [(128, 64, 3, 8), (64, 64, 3, 4)],
@@ -328,8 +328,8 @@ BWD_WS_MAXNREG = 168
 # 0.61-0.68x at both head dims and the first overlapped schedule 0.90-0.91x (D=64) and 0.68x (D=128), but ptxas had
 # serialized every wgmma of those kernels (C7514, C7513: cpu-host-2026-12-05-b/backward_sass_mix/). Both are
 # rebuilt so that it does not, and are not yet timed. Unserialized, 64-row query tiles with dP^T late spill at D=128
-# (12-16 bytes) and 128-row ones at D=64 (300-332 bytes), so those two configs are no longer listed; at D=128
-# 64-row tiles in the overlapped schedule spill too (160-188 bytes).
+# (4-44 bytes) and 128-row ones at D=64 (300-432 bytes), so those two configs are no longer listed; at D=128
+# 64-row tiles in the overlapped schedule spill too (156-296 bytes; backward_sass_mix/unlisted_output.txt).
 GLUON_BWD_WS_CONFIGS = {
     64: [(64, 64, 3, 4, True, False), (64, 64, 4, 4, True, False), (64, 64, 3, 4, False, False),
          (64, 64, 3, 4, True, True)],
