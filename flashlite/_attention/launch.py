@@ -65,7 +65,7 @@ if _TRITON_ERROR is None:
     _DKDV = _Kernel("dkdv", _bwd.attn_bwd_dkdv, _bwd.attn_bwd_dkdv_fixed, _bwd.DKDV_GPU_BLOCKS,
                     _bwd.prune_dkdv_configs)
     _DQ = _Kernel("dq", _bwd.attn_bwd_dq, _bwd.attn_bwd_dq_fixed, _bwd.DQ_GPU_BLOCKS, _bwd.prune_dq_configs)
-    _DKDV_DQ = _Kernel("dkdv_dq", _bwd.attn_bwd_dkdv_dq, _bwd.attn_bwd_dkdv_fixed, _bwd.DKDV_GPU_BLOCKS,
+    _DKDV_DQ = _Kernel("dkdv_dq", _bwd.attn_bwd_dkdv_dq, _bwd.attn_bwd_dkdv_fixed, _bwd.DKDV_DQ_GPU_BLOCKS,
                        _bwd.prune_dkdv_dq_configs)
 
 

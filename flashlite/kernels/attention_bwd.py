@@ -535,10 +535,19 @@ def set_dq_block_shape(nargs: dict) -> None:
     nargs["DqDesc"].block_shape = [1, nargs["BLOCK_M"], nargs["BLOCK_D"]]
 
 
+# dK/dV adding dQ in: its per-thread dQ share ([BLOCK_M, D] float32) raises register pressure, so 8-warp tiles lead.
+# Compiled for sm_90 with DQ_REDUCE (benchmarks/results/cpu-host-2026-12-05-c/dq_reduce_compile/), they spill 0-76
+# bytes at D=128 and none at D=64, where the 4-warp configs of the plain list spill 328-2,780 bytes at D=128; none
+# is timed yet, so the plain list follows for the autotuner to choose from.
+DKDV_DQ_GPU_BLOCKS = [(32, 64, 8, 3), (16, 128, 8, 3), (32, 128, 8, 3), (32, 128, 8, 2)] + DKDV_GPU_BLOCKS
+
+
 def dkdv_dq_configs() -> list[triton.Config]:
-    """dK/dV configs, each setting the dQ descriptor's block shape before it runs."""
+    """dK/dV-adding-dQ configs for where the kernels run, each setting the dQ descriptor's block shape before it
+    runs."""
+    blocks = DKDV_INTERPRETER_BLOCKS if _runtime.interpreting() else DKDV_DQ_GPU_BLOCKS
     return [triton.Config(c.kwargs, num_warps=c.num_warps, num_stages=c.num_stages, pre_hook=set_dq_block_shape)
-            for c in dkdv_configs()]
+            for c in make_configs(blocks)]
 
 
 def prune_dq_configs(configs, named_args, **kwargs):

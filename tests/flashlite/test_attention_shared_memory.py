@@ -32,7 +32,7 @@ from flashlite.kernels import tuning
 KERNELS = {"fwd": (attention_fwd._attn_fwd, attention_fwd.FWD_GPU_BLOCKS, attention_fwd.prune_fwd_configs),
            "dkdv": (attention_bwd._attn_bwd_dkdv, attention_bwd.DKDV_GPU_BLOCKS, attention_bwd.prune_dkdv_configs),
            "dq": (attention_bwd._attn_bwd_dq, attention_bwd.DQ_GPU_BLOCKS, attention_bwd.prune_dq_configs),
-           "dkdv_dq": (attention_bwd._attn_bwd_dkdv, attention_bwd.DKDV_GPU_BLOCKS,
+           "dkdv_dq": (attention_bwd._attn_bwd_dkdv, attention_bwd.DKDV_DQ_GPU_BLOCKS,
                        attention_bwd.prune_dkdv_dq_configs)}
 OPERANDS = {2: (torch.bfloat16, "*bf16", "bf16"), 4: (torch.float32, "*fp32", "tf32")}
 
