@@ -536,10 +536,12 @@ def set_dq_block_shape(nargs: dict) -> None:
 
 
 # dK/dV adding dQ in: its per-thread dQ share ([BLOCK_M, D] float32) raises register pressure, so 8-warp tiles lead.
-# Compiled for sm_90 with DQ_REDUCE (benchmarks/results/cpu-host-2026-12-05-c/dq_reduce_compile/), they spill 0-76
-# bytes at D=128 and none at D=64, where the 4-warp configs of the plain list spill 328-2,780 bytes at D=128; none
-# is timed yet, so the plain list follows for the autotuner to choose from.
-DKDV_DQ_GPU_BLOCKS = [(32, 64, 8, 3), (16, 128, 8, 3), (32, 128, 8, 3), (32, 128, 8, 2)] + DKDV_GPU_BLOCKS
+# Compiled for sm_90 with DQ_REDUCE (benchmarks/results/cpu-host-2026-12-05-c/dq_reduce_compile/), 32 x 128 and
+# 16 x 128 spill 0-76 bytes at D=128 and none at D=64, where the plain list's 4-warp configs spill 328-2,780 bytes at
+# D=128. Their inner loops issue 236-276 (32 x 128) and 341-359 (16 x 128) cycles of instructions per 1,024 scores
+# against the tensor cores' 320 at D=128; 32 x 64 over 8 warps would issue 536-591, so it is not listed. None is
+# timed yet, so the plain list follows for the autotuner to choose from.
+DKDV_DQ_GPU_BLOCKS = [(32, 128, 8, 2), (32, 128, 8, 3), (16, 128, 8, 3)] + DKDV_GPU_BLOCKS
 
 
 def dkdv_dq_configs() -> list[triton.Config]:
