@@ -3,7 +3,8 @@
 # benchmarks/results/cpu-host-2026-12-05-c/forward_issue_model/: at case 6 the kernels take 2.1-2.5x their bound by
 # instruction issue, exponentials or tensor cores, cuDNN's too). One call per side after warm-up
 # (scripts/ncu_attention.py), bf16 causal, case 6 (B=8, H=16, S=4096): D=128 forward, D=64 forward, D=128
-# forward+backward (the pointer backward and cuDNN's), each flashlite against SDPA's cuDNN kernels; ncu's raw page
+# forward+backward (the pointer backward and cuDNN's), each flashlite against SDPA's cuDNN kernels, and the D=128
+# forward+backward with FLASHLITE_DQ_REDUCE=1 (flashlite alone); ncu's raw page
 # and details page of each, and scripts/ncu_summary.py's per-kernel lines (time, throughput, pipes, issue, stall
 # reasons). --clock-control none: the clocks as the A/B sees them (METHOD.md). Needs carry: .commit. About 5 minutes.
 set -u
@@ -26,7 +27,9 @@ profile() {  # name, then the driver's arguments
   python3 scripts/ncu_summary.py $O/${name}_raw.csv > $O/${name}_summary.txt 2>&1
 }
 profile fwd_d128 --D 128 --case 6
-profile fwd_d64 --D 64 --case 6
 profile fwdbwd_d128 --D 128 --case 6 --backward
+# The one-kernel backward (FLASHLITE_DQ_REDUCE=1), which lost 0.82-0.92x to the two kernels in run U1.
+FLASHLITE_DQ_REDUCE=1 profile fwdbwd_d128_dqreduce --D 128 --case 6 --backward --sides flashlite
+profile fwd_d64 --D 64 --case 6
 ls -la $O > $O/files.txt
-for name in fwd_d128 fwd_d64 fwdbwd_d128; do echo "=== $name"; tail -3 $O/${name}_run.log | cut -c1-200; cat $O/${name}_summary.txt | cut -c1-220; done
+for name in fwd_d128 fwdbwd_d128 fwdbwd_d128_dqreduce fwd_d64; do echo "=== $name"; tail -3 $O/${name}_run.log | cut -c1-200; cat $O/${name}_summary.txt | cut -c1-220; done
