@@ -29,7 +29,7 @@ profile() {  # name, then the driver's arguments
 profile fwd_d128 --D 128 --case 6
 profile fwdbwd_d128 --D 128 --case 6 --backward
 # The one-kernel backward (FLASHLITE_DQ_REDUCE=1), which lost 0.82-0.92x to the two kernels in run U1.
-FLASHLITE_DQ_REDUCE=1 profile fwdbwd_d128_dqreduce --D 128 --case 6 --backward --sides flashlite
+export FLASHLITE_DQ_REDUCE=1; profile fwdbwd_d128_dqreduce --D 128 --case 6 --backward --sides flashlite; unset FLASHLITE_DQ_REDUCE
 profile fwd_d64 --D 64 --case 6
 ls -la $O > $O/files.txt
 for name in fwd_d128 fwdbwd_d128 fwdbwd_d128_dqreduce fwd_d64; do echo "=== $name"; tail -3 $O/${name}_run.log | cut -c1-200; cat $O/${name}_summary.txt | cut -c1-220; done
