@@ -8,8 +8,7 @@ The public launchers ``attention_forward`` / ``attention_backward`` (what the cu
 arguments and keep a plan per signature too. A plan whose forward the Gluon kernel runs (sm_90, where it
 measured faster: ``launch_gluon``) launches it there instead of the pointer kernel; with FLASHLITE_GLUON_BWD=1 (or
 ws) the backward's dK/dV and dQ run on the Gluon kernels where they can (``launch_gluon_bwd``), with ws_dq only dQ.
-With FLASHLITE_DQ_REDUCE=1 the pointer backward is one dK/dV kernel that also adds dQ in by TMA bulk reductions
-(``dq_by_reduction``). Imports ``validation``, ``plans``, ``launch_gluon`` and ``launch_gluon_bwd``.
+Imports ``validation``, ``plans``, ``launch_gluon`` and ``launch_gluon_bwd``.
 """
 import math
 import os
@@ -65,54 +64,6 @@ if _TRITON_ERROR is None:
     _DKDV = _Kernel("dkdv", _bwd.attn_bwd_dkdv, _bwd.attn_bwd_dkdv_fixed, _bwd.DKDV_GPU_BLOCKS,
                     _bwd.prune_dkdv_configs)
     _DQ = _Kernel("dq", _bwd.attn_bwd_dq, _bwd.attn_bwd_dq_fixed, _bwd.DQ_GPU_BLOCKS, _bwd.prune_dq_configs)
-    _DKDV_DQ = _Kernel("dkdv_dq", _bwd.attn_bwd_dkdv_dq, _bwd.attn_bwd_dkdv_fixed, _bwd.DKDV_DQ_GPU_BLOCKS,
-                       _bwd.prune_dkdv_dq_configs)
-
-
-# How the pointer backward gets dQ: "0", from the dQ kernel (two kernels, seven products per tile pair); "1", added in
-# by the dK/dV kernel through TMA bulk reductions (one kernel, five products). A module name, read per call, so that
-# tests and A/B rows can set it. Off by default until the A/B measures it (benchmarks/results/h200-2026-12-05-b/).
-_DQ_REDUCE_VALUES = ("0", "1")
-DQ_REDUCE = os.environ.get("FLASHLITE_DQ_REDUCE", "0")
-if DQ_REDUCE not in _DQ_REDUCE_VALUES:
-    raise ValueError(f"FLASHLITE_DQ_REDUCE must be one of {', '.join(_DQ_REDUCE_VALUES)}, got {DQ_REDUCE!r}")
-
-
-def tma_reductions(device: torch.device) -> bool:
-    """Whether kernels on ``device`` can add a tile into global memory through a TMA descriptor: a CUDA device of
-    compute capability 9.0 or more, or Triton's interpreter where it has descriptor reductions (Triton 3.6's has
-    none; the CPU tests add them)."""
-    if _runtime.interpreting():
-        from triton.runtime.interpreter import InterpreterBuilder
-        return hasattr(InterpreterBuilder, "create_descriptor_reduce")
-    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)
-
-
-def dq_by_reduction(problem: Problem, device: torch.device) -> bool:
-    """Whether the pointer backward adds dQ in from its dK/dV kernel (FLASHLITE_DQ_REDUCE=1) instead of running the
-    dQ kernel: not for packed sequences (the descriptor's rows are one sequence length per head), and not under
-    ``torch.use_deterministic_algorithms(True)``, since the order of the adds, and so dQ's rounding, varies from
-    run to run. Raises where the switch is on and the device has no TMA reductions.
-
-    Example:
-        >>> from flashlite._attention.validation import validate
-        >>> q = torch.randn(1, 2, 16, 64)
-        >>> dq_by_reduction(validate(q, q, q, True, None, None, None, "triton", None), q.device)
-        False
-    """
-    mode = DQ_REDUCE
-    if mode not in _DQ_REDUCE_VALUES:
-        raise ValueError(f"flashlite._attention.launch.DQ_REDUCE must be one of {', '.join(_DQ_REDUCE_VALUES)}, "
-                         f"got {mode!r}")
-    if mode == "0" or problem.varlen or torch.are_deterministic_algorithms_enabled():
-        return False
-    if problem.batch * problem.heads * problem.seq_q == 0:  # a descriptor needs a non-empty tensor
-        return False
-    if not tma_reductions(device):
-        raise ValueError(f"FLASHLITE_DQ_REDUCE=1 needs TMA bulk reductions (a GPU of compute capability 9.0 or "
-                         f"more); the backward runs on {device}" + (" under Triton's interpreter, which has none"
-                                                                    if _runtime.interpreting() else ""))
-    return True
 
 
 def _key_mask_args(q: torch.Tensor, key_mask: Optional[torch.Tensor],
@@ -516,7 +467,13 @@ def launch_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v:
     if on_gluon is None:  # decided once per plan and switch value
         on_gluon = plan.gluon_bwd[enabled] = launch_gluon_bwd.backward_on_gluon(p, q, k, v)
     if on_gluon and launch_gluon.bases_aligned(q, k, v):
-        _launch_delta(out, grad_out, delta, cu_q, plan, layout)  # the Gluon kernels read delta from it
+        # The Gluon kernels read delta from the preprocessing kernel.
+        delta_tensors = (out, grad_out, delta, cu_q)  # the kernel's leading tensors, in order
+        if not _replayed(plan, ("delta", layout), delta_tensors):
+            _launch(_bwd.attn_bwd_delta, ("delta", layout), plan, _Grid(p.seq_q, "BLOCK_M", p.batch * p.heads),
+                    delta_tensors, (*out.stride(), *grad_out.stride(), p.heads, p.seq_q),
+                    dict(HEAD_DIM=p.head_dim, BLOCK_D=_block_d(p.head_dim), FLAT_GRID=flat_q,
+                         BLOCK_M=_bwd.DELTA_BLOCK_M, VARLEN=p.varlen))
         tma_grad_out = launch_gluon_bwd.tma_gradient(grad_out)  # one copy at most, for both kernels
         if launch_gluon_bwd.GLUON_BWD_DKDV:
             launch_gluon_bwd.launch_dkdv(q, k, v, tma_grad_out, lse, delta, dk, dv, p.causal_mode, p.scale)
@@ -524,11 +481,6 @@ def launch_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v:
             _launch_pointer_dkdv(q, k, v, grad_out, lse, delta, dk, dv, mask_arg, lengths_arg, alibi_slopes, cu_q,
                                  cu_k, stride_mask_b, stride_mask_n, plan, layout)
         launch_gluon_bwd.launch_dq(q, k, v, tma_grad_out, lse, delta, dq, p.causal_mode, p.scale)
-        return dq, dk, dv
-    if dq_by_reduction(p, q.device):
-        _launch_delta(out, grad_out, delta, cu_q, plan, layout)
-        _launch_dkdv_adding_dq(q, k, v, grad_out, lse, delta, dq, dk, dv, mask_arg, lengths_arg, alibi_slopes,
-                               cu_q, cu_k, stride_mask_b, stride_mask_n, plan)
         return dq, dk, dv
     # The pointer kernels: dQ first, since it computes and stores delta, which dK/dV reads. A replayed launch needs
     # only its tensors; the scalars and constexprs of an ordinary launch are worked out when one is needed.
@@ -556,8 +508,7 @@ def _launch_pointer_dkdv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad
     delta kernel); ``launch_args``: ``_pointer_backward_args``' result where the dQ launch already worked it out."""
     p = plan.problem
     alibi_arg = q if p.alibi == "none" else alibi_slopes  # the ALiBi pointer, as the forward passes it
-    # dk takes the slots of the dQ accumulator and its descriptor, which this kernel never reads.
-    dkdv_tensors = (q, k, v, grad_out, lse, delta, dk, dv, mask_arg, lengths_arg, alibi_arg, cu_q, cu_k, dk, dk)
+    dkdv_tensors = (q, k, v, grad_out, lse, delta, dk, dv, mask_arg, lengths_arg, alibi_arg, cu_q, cu_k)
     if not _replayed(plan, ("dkdv", layout), dkdv_tensors):
         variant_scalars, meta, qk_scale, buckets = launch_args or _pointer_backward_args(alibi_slopes, p)
         _launch(_DKDV, ("dkdv", layout), plan, _Grid(p.seq_k, "BLOCK_N", p.batch * p.kv_heads), dkdv_tensors,
@@ -565,56 +516,6 @@ def _launch_pointer_dkdv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad
                  stride_mask_b, stride_mask_n, *variant_scalars[:2], p.heads, p.kv_heads, p.group_size, p.seq_q,
                  p.seq_k, qk_scale, p.scale, *variant_scalars[2:], *buckets),
                 dict(FLAT_GRID=p.batch * p.kv_heads > _GRID_AXIS1_LIMIT, **meta))
-
-
-def _launch_delta(out: torch.Tensor, grad_out: torch.Tensor, delta: torch.Tensor, cu_q: torch.Tensor, plan: Plan,
-                  layout: tuple) -> None:
-    """delta = rowsum(dO * O) into ``delta`` by its own kernel, for the backwards whose dQ kernel does not compute
-    it (the Gluon kernels, dK/dV adding dQ in)."""
-    p = plan.problem
-    delta_tensors = (out, grad_out, delta, cu_q)  # the kernel's leading tensors, in order
-    if not _replayed(plan, ("delta", layout), delta_tensors):
-        _launch(_bwd.attn_bwd_delta, ("delta", layout), plan, _Grid(p.seq_q, "BLOCK_M", p.batch * p.heads),
-                delta_tensors, (*out.stride(), *grad_out.stride(), p.heads, p.seq_q),
-                dict(HEAD_DIM=p.head_dim, BLOCK_D=_block_d(p.head_dim), FLAT_GRID=p.batch * p.heads > _GRID_AXIS1_LIMIT,
-                     BLOCK_M=_bwd.DELTA_BLOCK_M, VARLEN=p.varlen))
-
-
-def _launch_dkdv_adding_dq(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor,
-                           lse: torch.Tensor, delta: torch.Tensor, dq: torch.Tensor, dk: torch.Tensor,
-                           dv: torch.Tensor, mask_arg: torch.Tensor, lengths_arg: torch.Tensor,
-                           alibi_slopes: Optional[torch.Tensor], cu_q: torch.Tensor, cu_k: torch.Tensor,
-                           stride_mask_b: int, stride_mask_n: int, plan: Plan) -> None:
-    """dK and dV into ``dk`` and ``dv``, and dQ into ``dq``, by the dK/dV kernel alone (DQ_REDUCE): each key block
-    adds its share of dQ into float32 rows through a TMA descriptor, which are then cast into ``dq``. Launched the
-    ordinary way every call (a recording would keep the accumulator of its first call); the config is the plan's."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    p = plan.problem
-    block_d = _block_d(p.head_dim)
-    # Zeros: rows no key reaches get zero gradient. Padded to BLOCK_D columns, so no tile is clipped by columns.
-    acc = torch.zeros((p.batch * p.heads, p.seq_q, block_d), dtype=torch.float32, device=q.device)
-    # The block shape is the config's (set_dq_block_shape, before every launch and autotuning run).
-    described = TensorDescriptor(acc, list(acc.shape), list(acc.stride()), [1, 16, block_d])
-    alibi_arg = q if p.alibi == "none" else alibi_slopes
-    tensors = (q, k, v, grad_out, lse, delta, dk, dv, mask_arg, lengths_arg, alibi_arg, cu_q, cu_k, acc, described)
-    variant_scalars, meta, qk_scale, buckets = _pointer_backward_args(alibi_slopes, p)
-    args = (*tensors, *q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *dk.stride(), *dv.stride(),
-            stride_mask_b, stride_mask_n, *variant_scalars[:2], p.heads, p.kv_heads, p.group_size, p.seq_q, p.seq_k,
-            qk_scale, p.scale, *variant_scalars[2:], *buckets)
-    meta = dict(FLAT_GRID=p.batch * p.kv_heads > _GRID_AXIS1_LIMIT, DQ_REDUCE=True, **meta)
-    grid = _Grid(p.seq_k, "BLOCK_N", p.batch * p.kv_heads)
-    config = plan.configs.get(_DKDV_DQ.name)
-    if config is None and _autotuning():
-        _DKDV_DQ.autotuned[grid](*args, **meta)
-        plan.configs[_DKDV_DQ.name] = _config_kwargs(_DKDV_DQ.autotuned.best_config)
-    else:
-        if config is None:
-            config = plan.configs[_DKDV_DQ.name] = _config_kwargs(
-                _DKDV_DQ.prune(_tuning.make_configs(_DKDV_DQ.gpu_blocks), {"Q": q}, BLOCK_D=block_d)[0])
-        described.block_shape = [1, config["BLOCK_M"], block_d]
-        _DKDV_DQ.fixed[grid](*args, **meta, **config)
-    dq.copy_(acc.view(p.batch, p.heads, p.seq_q, block_d)[..., :p.head_dim])
 
 
 def _pointer_backward_args(alibi_slopes: Optional[torch.Tensor], problem: Problem) -> tuple[tuple, dict, float, tuple]:

@@ -26,8 +26,7 @@ from flashlite import _runtime
 from flashlite.kernels.attention_common import (cast_out, key_range, load_cols, load_cols_where, load_rows,
                                                 load_rows_where, mma, program_ids, tanh, variant_scalars,
                                                 varlen_sequence, window_shift_and_right)
-from flashlite.kernels.tuning import (AUTOTUNE_KEY, SCRATCH_BYTES, SHARED_MEMORY_BUDGET, even_m, make_configs,
-                                      prune_by_resources, shared_memory_estimate)
+from flashlite.kernels.tuning import AUTOTUNE_KEY, SCRATCH_BYTES, even_m, make_configs, prune_by_resources
 
 
 @triton.jit
@@ -72,18 +71,15 @@ def _load_lse(Lse, offs_m, seq_q, CHECK_ROWS: tl.constexpr):
 
 @triton.jit
 def _attn_bwd_dkdv_inner(dk, dv, k, v, key_ok, q_base, do_base, lse_row, delta_row,  # *_row: [S_q] of one (b, h)
-                         dq_desc, dq_row,  # DQ_REDUCE: dQ's float32 rows, [B * H, S_q, BLOCK_D]; this (b, h)'s index
                          stride_qm, stride_qd, stride_dom, stride_dod,
-                         offs_n, offs_d, start, end, seq_q, diag_shift, qk_scale, sm_scale,
+                         offs_n, offs_d, start, end, seq_q, diag_shift, qk_scale,
                          window_left, window_right, softcap2, slope2,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
                          BLOCK_D: tl.constexpr, CAUSAL_BLOCKS: tl.constexpr, KEY_MASK: tl.constexpr,
                          DOT: tl.constexpr, EVEN_M: tl.constexpr, CAUSAL: tl.constexpr = 0,
-                         WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False, ALIBI: tl.constexpr = False,
-                         DQ_REDUCE: tl.constexpr = False):
+                         WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False, ALIBI: tl.constexpr = False):
     """Accumulate dK, dV of one key block over query blocks [start, end). CAUSAL_BLOCKS: they cross the diagonal
-    (or, with WINDOW, a window edge), so mask; ``softcap2``, ``slope2`` in base 2 as in the forward. DQ_REDUCE: also
-    add this key block's share of each query block's dQ, scale * dS K, into ``dq_desc``'s rows."""
+    (or, with WINDOW, a window edge), so mask; ``softcap2``, ``slope2`` in base 2 as in the forward."""
     offs_m0 = tl.arange(0, BLOCK_M)
     for start_m in range(start, end, BLOCK_M):
         offs_m = start_m + offs_m0
@@ -121,11 +117,6 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, key_ok, q_base, do_base, lse_row, delta_r
         if SOFTCAP:
             ds_t = ds_t * (1.0 - tanh_t * tanh_t)
         dk = mma(ds_t, q, dk, DOT)
-        if DQ_REDUCE:
-            # The copy engine adds the whole tile into global memory (a TMA bulk reduction on sm_90), clipped to the
-            # descriptor's S_q rows; the order of the adds of different key blocks is not fixed.
-            dq_part = mma(tl.trans(ds_t), k, tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32), DOT) * sm_scale
-            dq_desc.atomic_add([dq_row, start_m, 0], dq_part.reshape(1, BLOCK_M, BLOCK_D))
     return dk, dv
 
 
@@ -143,8 +134,6 @@ def _attn_bwd_dkdv(Q,  # [B, H, S_q, D]
                    Alibi,  # [B, H] or [H] float32 slopes when ALIBI (else unused); [H]: stride_alibi_b = 0
                    CuSeqQ,  # [B + 1] int32 starts of the packed sequences in q's tokens when VARLEN (else unused)
                    CuSeqK,  # [B + 1] int32 starts of the packed sequences in k's and v's tokens when VARLEN
-                   DqAcc,  # DQ_REDUCE: [B * H, S_q, BLOCK_D] float32, zeros: dQ is added into it (else unused)
-                   DqDesc,  # DQ_REDUCE: a TMA descriptor of DqAcc, blocks [1, BLOCK_M, BLOCK_D] (else unused)
                    stride_qb, stride_qh, stride_qm, stride_qd,
                    stride_kb, stride_kh, stride_kn, stride_kd,
                    stride_vb, stride_vh, stride_vn, stride_vd,
@@ -161,7 +150,7 @@ def _attn_bwd_dkdv(Q,  # [B, H, S_q, D]
                    DOT: tl.constexpr, FLAT_GRID: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_M: tl.constexpr,
                    WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False, ALIBI: tl.constexpr = False,
-                   VARLEN: tl.constexpr = False, DQ_REDUCE: tl.constexpr = False):
+                   VARLEN: tl.constexpr = False):
     num_n_blocks = tl.cdiv(seq_k, BLOCK_N)
     pid_n, pid_bkv = program_ids(num_n_blocks, FLAT_GRID)
     b = pid_bkv // num_kv_heads
@@ -248,41 +237,36 @@ def _attn_bwd_dkdv(Q,  # [B, H, S_q, D]
             # Query blocks crossing the window's lower edge, those that see the whole key block, and those
             # crossing its upper edge.
             dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, key_ok, q_base, do_base, Lse + row, Delta + row,
-                                          DqDesc, b * num_heads + h,
                                           stride_qm, stride_qd, stride_dom, stride_dod,
-                                          offs_n, offs_d, lo, full_from, seq_q, diag_shift, qk_scale, sm_scale,
+                                          offs_n, offs_d, lo, full_from, seq_q, diag_shift, qk_scale,
                                           window_left, window_right, softcap2, slope2,
                                           BLOCK_M, BLOCK_N, HEAD_DIM, BLOCK_D, True, KEY_MASK, DOT, EVEN_M,
-                                          CAUSAL, WINDOW, SOFTCAP, ALIBI, DQ_REDUCE)
+                                          CAUSAL, WINDOW, SOFTCAP, ALIBI)
             dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, key_ok, q_base, do_base, Lse + row, Delta + row,
-                                          DqDesc, b * num_heads + h,
                                           stride_qm, stride_qd, stride_dom, stride_dod,
-                                          offs_n, offs_d, full_from, full_to, seq_q, diag_shift, qk_scale, sm_scale,
+                                          offs_n, offs_d, full_from, full_to, seq_q, diag_shift, qk_scale,
                                           window_left, window_right, softcap2, slope2,
                                           BLOCK_M, BLOCK_N, HEAD_DIM, BLOCK_D, False, KEY_MASK, DOT, EVEN_M,
-                                          CAUSAL, WINDOW, SOFTCAP, ALIBI, DQ_REDUCE)
+                                          CAUSAL, WINDOW, SOFTCAP, ALIBI)
             dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, key_ok, q_base, do_base, Lse + row, Delta + row,
-                                          DqDesc, b * num_heads + h,
                                           stride_qm, stride_qd, stride_dom, stride_dod,
-                                          offs_n, offs_d, full_to, seen_hi, seq_q, diag_shift, qk_scale, sm_scale,
+                                          offs_n, offs_d, full_to, seen_hi, seq_q, diag_shift, qk_scale,
                                           window_left, window_right, softcap2, slope2,
                                           BLOCK_M, BLOCK_N, HEAD_DIM, BLOCK_D, True, KEY_MASK, DOT, EVEN_M,
-                                          CAUSAL, WINDOW, SOFTCAP, ALIBI, DQ_REDUCE)
+                                          CAUSAL, WINDOW, SOFTCAP, ALIBI)
         else:
             dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, key_ok, q_base, do_base, Lse + row, Delta + row,
-                                          DqDesc, b * num_heads + h,
                                           stride_qm, stride_qd, stride_dom, stride_dod,
                                           offs_n, offs_d, lo, tl.minimum(mid, q_end), seq_q, diag_shift,
-                                          qk_scale, sm_scale, window_left, window_right, softcap2, slope2,
+                                          qk_scale, window_left, window_right, softcap2, slope2,
                                           BLOCK_M, BLOCK_N, HEAD_DIM, BLOCK_D, CAUSAL != 0, KEY_MASK, DOT, EVEN_M,
-                                          CAUSAL, WINDOW, SOFTCAP, ALIBI, DQ_REDUCE)
+                                          CAUSAL, WINDOW, SOFTCAP, ALIBI)
             dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, key_ok, q_base, do_base, Lse + row, Delta + row,
-                                          DqDesc, b * num_heads + h,
                                           stride_qm, stride_qd, stride_dom, stride_dod,
-                                          offs_n, offs_d, mid, q_end, seq_q, diag_shift, qk_scale, sm_scale,
+                                          offs_n, offs_d, mid, q_end, seq_q, diag_shift, qk_scale,
                                           window_left, window_right, softcap2, slope2,
                                           BLOCK_M, BLOCK_N, HEAD_DIM, BLOCK_D, False, KEY_MASK, DOT, EVEN_M,
-                                          CAUSAL, WINDOW, SOFTCAP, ALIBI, DQ_REDUCE)
+                                          CAUSAL, WINDOW, SOFTCAP, ALIBI)
     dk = dk * sm_scale
 
     store_mask = (offs_n[:, None] < seq_k) & (offs_d[None, :] < HEAD_DIM)
@@ -503,55 +487,6 @@ def prune_dkdv_configs(configs, named_args, **kwargs):
                               resident_tiles=BACKWARD_RESIDENT_TILES, scratch=SCRATCH_BYTES, **kwargs)
 
 
-# dK/dV with dQ added in (DQ_REDUCE) holds, beside dK/dV's tiles, the float32 [BLOCK_M, BLOCK_D] tile the copy engine
-# adds into global memory, a copy of the key tile as the product's second operand and the [BLOCK_N, BLOCK_M] dS
-# tile as its first. Compiled for sm_90 that is all of the extra shared memory at 4 warps (e.g. 36 KB at 32 x 64
-# tiles, D=128) and an upper bound at 8 (the compiler keeps the key tile it already has).
-def dkdv_dq_extra_bytes(block_m: int, block_n: int, block_d: int, elem: int) -> int:
-    """Shared memory a DQ_REDUCE launch asks for beyond the plain dK/dV kernel's, at most.
-
-    Example:
-        >>> dkdv_dq_extra_bytes(32, 64, 128, 2)
-        36864
-    """
-    return block_m * block_d * 4 + block_n * block_d * elem + block_n * block_m * elem
-
-
-def prune_dkdv_dq_configs(configs, named_args, **kwargs):
-    args = {**named_args, **kwargs}
-    elem, block_d = args["Q"].element_size(), args["BLOCK_D"]
-    kept = prune_dkdv_configs(configs, named_args, **kwargs)
-    fitting = [c for c in kept
-               if shared_memory_estimate(c, block_d, elem, streamed="BLOCK_M", resident="BLOCK_N",
-                                         resident_tiles=BACKWARD_RESIDENT_TILES, scratch=SCRATCH_BYTES)
-               + dkdv_dq_extra_bytes(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], block_d, elem) <= SHARED_MEMORY_BUDGET]
-    # As the plain pruning does, keep the smallest config when none fits.
-    return fitting or [min(kept, key=lambda c: c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] * c.num_stages)]
-
-
-def set_dq_block_shape(nargs: dict) -> None:
-    """A config's pre-launch hook: the dQ descriptor's blocks are that config's [1, BLOCK_M, BLOCK_D] (the launch
-    and every autotuning run call it with their arguments and the config's constexprs)."""
-    nargs["DqDesc"].block_shape = [1, nargs["BLOCK_M"], nargs["BLOCK_D"]]
-
-
-# dK/dV adding dQ in: its per-thread dQ share ([BLOCK_M, D] float32) raises register pressure, so 8-warp tiles lead.
-# Compiled for sm_90 with DQ_REDUCE (benchmarks/results/cpu-host-2026-12-05-c/dq_reduce_compile/), 32 x 128 and
-# 16 x 128 spill 0-76 bytes at D=128 and none at D=64, where the plain list's 4-warp configs spill 328-2,780 bytes at
-# D=128. Their inner loops issue 236-276 (32 x 128) and 341-359 (16 x 128) cycles of instructions per 1,024 scores
-# against the tensor cores' 320 at D=128; 32 x 64 over 8 warps would issue 536-591, so it is not listed. None is
-# timed yet, so the plain list follows for the autotuner to choose from.
-DKDV_DQ_GPU_BLOCKS = [(32, 128, 8, 2), (32, 128, 8, 3), (16, 128, 8, 3)] + DKDV_GPU_BLOCKS
-
-
-def dkdv_dq_configs() -> list[triton.Config]:
-    """dK/dV-adding-dQ configs for where the kernels run, each setting the dQ descriptor's block shape before it
-    runs."""
-    blocks = DKDV_INTERPRETER_BLOCKS if _runtime.interpreting() else DKDV_DQ_GPU_BLOCKS
-    return [triton.Config(c.kwargs, num_warps=c.num_warps, num_stages=c.num_stages, pre_hook=set_dq_block_shape)
-            for c in make_configs(blocks)]
-
-
 def prune_dq_configs(configs, named_args, **kwargs):
     # dS K^T reads the key tile transposed: with float32 operands (tf32 products) that is one more copy of it.
     return prune_by_resources(configs, named_args, streamed=("BLOCK_N", "BLOCK_M"), resident="BLOCK_M",
@@ -564,10 +499,5 @@ attn_bwd_dkdv_fixed = even_m(_attn_bwd_dkdv)
 attn_bwd_dq_fixed = even_m(_attn_bwd_dq)
 attn_bwd_dkdv = triton.autotune(configs=dkdv_configs(), key=AUTOTUNE_KEY,
                                 prune_configs_by={"early_config_prune": prune_dkdv_configs})(attn_bwd_dkdv_fixed)
-# dK/dV with dQ added in (DQ_REDUCE): the same kernel, tuned apart (one more product and its tiles). Every benchmarked
-# launch adds into DqAcc, so the autotuner zeroes it before each one and before the launch that counts.
-attn_bwd_dkdv_dq = triton.autotune(configs=dkdv_dq_configs(), key=AUTOTUNE_KEY, reset_to_zero=["DqAcc"],
-                                   prune_configs_by={"early_config_prune": prune_dkdv_dq_configs}
-                                   )(attn_bwd_dkdv_fixed)
 attn_bwd_dq = triton.autotune(configs=dq_configs(), key=AUTOTUNE_KEY,
                               prune_configs_by={"early_config_prune": prune_dq_configs})(attn_bwd_dq_fixed)

@@ -17,14 +17,12 @@ import flashlite
 from flashlite.kernels import attention_bwd, attention_fwd
 
 def compile_for_sm90(fn, blocks, *, head_dim=80, block_d=128, causal=2, key_mask="bool", warps=4, stages=3,
-                     operand="*bf16", dot="bf16", flags=None, types=None):
+                     operand="*bf16", dot="bf16", flags=None):
     # Mirror the JIT's specialization for contiguous [B, H, S, D] inputs: unit strides are constants, pointers
     # and other strides divisible by 16. ``operand``: the q, k, v, out and gradient pointer type. ``flags``: more
-    # constexprs, e.g. the variants (WINDOW, SOFTCAP, ALIBI: True). ``types``: other argument types by name, e.g. a
-    # TMA descriptor ("tensordesc<fp32[1,64,128]>").
+    # constexprs, e.g. the variants (WINDOW, SOFTCAP, ALIBI: True).
     pointers = dict(Lse="*fp32", Delta="*fp32", KeyMask="*u8", KeyLen="*i64", Alibi="*fp32", CuSeqQ="*i32",
-                    CuSeqK="*i32", BlockTable="*i32", DqAcc="*fp32", DqDesc="*fp32")
-    pointers.update(types or {})
+                    CuSeqK="*i32", BlockTable="*i32")
     constants = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, CAUSAL=causal, KEY_MASK=key_mask, DOT=dot,
                      FLAT_GRID=False, EVEN_M=False, **blocks, **(flags or {}))
     # Constexpr parameters with defaults (BH_PER_PROGRAM, STORE_LSE) take them, as a launch that omits them does.
@@ -39,8 +37,7 @@ def compile_for_sm90(fn, blocks, *, head_dim=80, block_d=128, causal=2, key_mask
             signature[name], constants[name] = "constexpr", 1
         elif name[0].isupper() or name[:2] in ("dO", "dQ", "dK", "dV"):  # tensors: Q, K, ..., dOut, dQ, ...
             signature[name] = pointers.get(name, operand)
-            if not signature[name].startswith("tensordesc"):
-                attrs[(i,)] = [["tt.divisibility", 16]]
+            attrs[(i,)] = [["tt.divisibility", 16]]
         else:
             signature[name] = "fp32" if "scale" in name or name == "softcap" else "i32"
             if name.startswith("stride_"):

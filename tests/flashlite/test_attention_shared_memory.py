@@ -2,11 +2,11 @@
 
 With autotuning off (FLASHLITE_AUTOTUNE=0) a launch takes the first config the pruning keeps, so an estimate below
 what Triton allocates is a crash on the GPU (OutOfResources), not a slower config. This test compiles, for the
-forward, dK/dV and dQ kernels and dK/dV adding dQ in (DQ_REDUCE), every kept config at each tile width the head dims
-16 to 256 use (BLOCK_D 16, 32, 64, 128, 256) with 2-byte (bf16) and 4-byte (float32) operands, in the variant with
-the most code (causal, boolean key mask), and checks the compiled kernel's shared memory against the limit and
-against the estimate. The window, softcap and ALiBi add no tiles (scalars and masks only), so the same estimate must
-hold with all three on: checked at one tile width, the 256-wide one where the limit binds.
+forward, dK/dV and dQ kernels, every kept config at each tile width the head dims 16 to 256 use (BLOCK_D 16, 32,
+64, 128, 256) with 2-byte (bf16) and 4-byte (float32) operands, in the variant with the most code (causal, boolean
+key mask), and checks the compiled kernel's shared memory against the limit and against the estimate. The window,
+softcap and ALiBi add no tiles (scalars and masks only), so the same estimate must hold with all three on: checked at
+one tile width, the 256-wide one where the limit binds.
 """
 import json
 
@@ -31,9 +31,7 @@ from flashlite.kernels import tuning
 
 KERNELS = {"fwd": (attention_fwd._attn_fwd, attention_fwd.FWD_GPU_BLOCKS, attention_fwd.prune_fwd_configs),
            "dkdv": (attention_bwd._attn_bwd_dkdv, attention_bwd.DKDV_GPU_BLOCKS, attention_bwd.prune_dkdv_configs),
-           "dq": (attention_bwd._attn_bwd_dq, attention_bwd.DQ_GPU_BLOCKS, attention_bwd.prune_dq_configs),
-           "dkdv_dq": (attention_bwd._attn_bwd_dkdv, attention_bwd.DKDV_DQ_GPU_BLOCKS,
-                       attention_bwd.prune_dkdv_dq_configs)}
+           "dq": (attention_bwd._attn_bwd_dq, attention_bwd.DQ_GPU_BLOCKS, attention_bwd.prune_dq_configs)}
 OPERANDS = {2: (torch.bfloat16, "*bf16", "bf16"), 4: (torch.float32, "*fp32", "tf32")}
 
 def block_d(head_dim):
@@ -53,13 +51,9 @@ def jobs():
 def measure(job):
     kernel, head_dim, elem, meta, warps, stages, variants = job
     _, operand, dot = OPERANDS[elem]
-    flags, types = dict(VARIANT_FLAGS if variants else {}), None
-    if kernel == "dkdv_dq":  # dQ added in through a descriptor of float32 [1, BLOCK_M, BLOCK_D] blocks
-        flags["DQ_REDUCE"] = True
-        types = {"DqDesc": f"tensordesc<fp32[1,{meta['BLOCK_M']},{block_d(head_dim)}]>"}
     shared = shared_memory_for_sm90(KERNELS[kernel][0], meta, head_dim=head_dim, block_d=block_d(head_dim),
                                     causal=1, key_mask="bool", warps=warps, stages=stages, operand=operand, dot=dot,
-                                    flags=flags or None, types=types)
+                                    flags=VARIANT_FLAGS if variants else None)
     return {"kernel": kernel, "head_dim": head_dim, "elem": elem, "meta": meta, "warps": warps, "stages": stages,
             "shared": shared, "variants": variants}
 
@@ -77,15 +71,11 @@ def _estimate(row):
     if row["kernel"] == "fwd":
         return tuning.shared_memory_estimate(config, block_d, row["elem"], streamed="BLOCK_N", resident="BLOCK_M",
                                              scratch=tuning.SCRATCH_BYTES)
-    streamed, resident = ("BLOCK_N", "BLOCK_M") if row["kernel"] == "dq" else ("BLOCK_M", "BLOCK_N")
-    extra = 0
-    if row["kernel"] == "dkdv_dq":
-        extra = attention_bwd.dkdv_dq_extra_bytes(row["meta"]["BLOCK_M"], row["meta"]["BLOCK_N"], block_d,
-                                                  row["elem"])
-    return extra + tuning.shared_memory_estimate(config, block_d, row["elem"], streamed=streamed, resident=resident,
-                                                 resident_tiles=attention_bwd.BACKWARD_RESIDENT_TILES,
-                                                 transposed_fp32_tiles=int(row["kernel"] == "dq"),
-                                                 scratch=tuning.SCRATCH_BYTES)
+    streamed, resident = ("BLOCK_M", "BLOCK_N") if row["kernel"] == "dkdv" else ("BLOCK_N", "BLOCK_M")
+    return tuning.shared_memory_estimate(config, block_d, row["elem"], streamed=streamed, resident=resident,
+                                         resident_tiles=attention_bwd.BACKWARD_RESIDENT_TILES,
+                                         transposed_fp32_tiles=int(row["kernel"] == "dq"),
+                                         scratch=tuning.SCRATCH_BYTES)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU suite compiles the kernels for real")
@@ -97,9 +87,8 @@ def test_every_kept_config_fits_hopper_shared_memory_at_every_head_dim(tmp_path)
     rows = [json.loads(line) for line in run_script(f"import runpy; runpy.run_path({str(script)!r}, "
                                                     f"run_name='__main__')").splitlines()]
     seen = {(row["kernel"], row["head_dim"], row["elem"], row["variants"]) for row in rows}
-    kernels = ("fwd", "dkdv", "dq", "dkdv_dq")
-    assert seen == ({(k, d, e, False) for k in kernels for d in HEAD_DIMS for e in (2, 4)}
-                    | {(k, d, e, True) for k in kernels for d in VARIANT_HEAD_DIMS for e in (2, 4)})
+    assert seen == ({(k, d, e, False) for k in ("fwd", "dkdv", "dq") for d in HEAD_DIMS for e in (2, 4)}
+                    | {(k, d, e, True) for k in ("fwd", "dkdv", "dq") for d in VARIANT_HEAD_DIMS for e in (2, 4)})
     over = [row for row in rows if not 0 < row["shared"] <= HOPPER_SHARED_MEMORY]
     assert not over, f"kept configs that ask for more than {HOPPER_SHARED_MEMORY} bytes: {over}"
     # The estimate the pruning uses never undercounts, so what it keeps is what fits.

@@ -240,7 +240,6 @@ REFERENCE_COMMITS = {"fwd": DENSE_KERNELS_COMMIT, "dkdv": DENSE_KERNELS_COMMIT, 
 VARIANT_ARGUMENTS = ["Alibi", "stride_alibi_b", "stride_alibi_h", "window_left", "window_right", "softcap",
                      "CuSeqQ", "CuSeqK"]  # packed sequences (VARLEN)
 FORWARD_ARGUMENTS = ["BlockTable", "stride_table_b"]  # paged KV caches (PAGE_SIZE), a forward-only feature
-DKDV_ARGUMENTS = ["DqAcc", "DqDesc"]  # dQ added in by the dK/dV kernel (DQ_REDUCE), a dK/dV-only feature
 
 _DENSE_TTGIR = SM90_COMPILER + r'''
 import json, re
@@ -331,8 +330,7 @@ def test_dense_kernels_compile_to_the_same_ttgir_as_before_the_variants(tmp_path
             # where the reference predates them.
             added = set()
             if commit == DENSE_KERNELS_COMMIT:
-                added = (set(VARIANT_ARGUMENTS) | (set(FORWARD_ARGUMENTS) if kind == "fwd" else set())
-                         | (set(DKDV_ARGUMENTS) if kind == "dkdv" else set()))
+                added = set(VARIANT_ARGUMENTS) | (set(FORWARD_ARGUMENTS) if kind == "fwd" else set())
             assert [p for p in new["params"] if p[0] not in added] == old["params"], kind
             assert {p[0] for p in new["params"]} - {p[0] for p in old["params"]} == added, kind
         assert len(before) == len(now) == len(jobs)

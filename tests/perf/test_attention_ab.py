@@ -12,7 +12,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from flashlite._attention import launch
 from flashlite.attention import attention
 from flashlite.cases import CASES
 from pytest_kernelcheck import assert_close
@@ -115,48 +114,6 @@ def test_forward_backward_triton_vs_sdpa(shape, kernel_ab):
     # the exact repeat-output check would reject the baseline for that, not for skipped work.
     kernel_ab.compare(*_forward_backward_pair(shape, "triton"), name="fwd+bwd triton vs sdpa", check_output=False,
                       **_budget(shape), **attention_work(shape, passes="forward+backward"))
-
-
-def _dq_reduce(setting: str, step):
-    """``step`` run with the pointer backward's dQ switch (``launch.DQ_REDUCE``) at ``setting`` for the call."""
-    def run():
-        saved, launch.DQ_REDUCE = launch.DQ_REDUCE, setting
-        try:
-            return step()
-        finally:
-            launch.DQ_REDUCE = saved
-    return run
-
-
-def _dq_reduce_pair(shape):
-    """flashlite's forward+backward with dQ added in by the dK/dV kernel (TMA reductions) and with the dQ kernel,
-    each checked against SDPA's gradients first; and SDPA's step."""
-    step, baseline = _forward_backward_pair(shape, "triton")
-    reduced, kernel = _dq_reduce("1", step), _dq_reduce("0", step)
-    for name, got, expected in zip("qkv", reduced(), baseline()):
-        error = ((got.float() - expected.float()).norm() / expected.float().norm()).item()
-        assert error <= GRADIENT_AGREEMENT, f"d{name}: relative error {error:.3g} against SDPA's gradient"
-    return reduced, kernel, baseline
-
-
-@pytest.mark.shape(*BACKWARD_SHAPES, dtype=[torch.bfloat16])
-@pytest.mark.memory(lambda shape: attention_bytes(shape, copies=14))
-def test_forward_backward_dq_reduce_vs_dq_kernel(shape, kernel_ab):
-    # The pointer backward two ways, head to head: one kernel of five products per tile pair, dQ added into float32
-    # rows by TMA bulk reductions, against the dQ kernel (two kernels, seven products). launch.DQ_REDUCE's default
-    # follows the verdicts.
-    reduced, kernel, _ = _dq_reduce_pair(shape)
-    kernel_ab.compare(reduced, kernel, name="fwd+bwd dq-reduce vs dq-kernel", check_output=False, **_budget(shape),
-                      **attention_work(shape, passes="forward+backward"))
-
-
-@pytest.mark.shape(*BACKWARD_SHAPES, dtype=[torch.bfloat16])
-@pytest.mark.memory(lambda shape: attention_bytes(shape, copies=14))
-def test_forward_backward_dq_reduce_vs_sdpa(shape, kernel_ab):
-    # What the one-kernel backward gives flashlite's forward+backward against SDPA (issue 17's 0.95x target).
-    reduced, _, baseline = _dq_reduce_pair(shape)
-    kernel_ab.compare(reduced, baseline, name="fwd+bwd dq-reduce vs sdpa", check_output=False, **_budget(shape),
-                      **attention_work(shape, passes="forward+backward"))
 
 
 @pytest.mark.shape(*BACKWARD_SHAPES, dtype=[torch.bfloat16])
