@@ -7,11 +7,11 @@ causal mode, the others (A/B candidates) in bf16, non-causal and bottom-right ca
 to build, so its first config is compiled in bf16 non-causal and bottom-right causal and in fp16 top-left, the
 others in bf16 bottom-right (the most general mask). Steps 1 and 2 also compile their first config with a causal
 window (bf16, bottom-right); step 4 (the persistent grid) its first config in bf16 in every causal mode and with a
-window, the others bottom-right. Each compile runs in a fresh interpreter with TRITON_INTERPRET=0 and a cache
-in pytest's tmp dir, specialized as ``gluon_attention_forward`` would (descriptors built by the launcher itself
-over CPU tensors). Each compiled kernel must fit the 227 KB of shared memory a Hopper thread block may have and
-use at most 255 registers without spilling or serializing its wgmmas, as ptxas reports them. For step 3 the PTX must also show the register
-split its partitions asked for and a separate named barrier for each consumer warpgroup.
+window, the others bottom-right. Each compile runs in a fresh interpreter with TRITON_INTERPRET=0 and a cache in
+pytest's tmp dir, specialized as ``gluon_attention_forward`` would (descriptors built by the launcher itself over
+CPU tensors). Each compiled kernel must fit the 227 KB of shared memory a Hopper thread block may have and use at
+most 255 registers without spilling or serializing its wgmmas, as ptxas reports them. For step 3 the PTX must also
+show the register split its partitions asked for and a separate named barrier for each consumer warpgroup.
 """
 import importlib
 import json
