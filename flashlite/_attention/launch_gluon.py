@@ -109,6 +109,9 @@ class GluonConfig:
     stages: int
     num_warps: int
     overlap: bool = False
+    # "pingpong" only: the consumers' turns and slot releases through hardware named barriers (bar.sync /
+    # bar.arrive) instead of mbarriers.
+    named_barriers: bool = False
 
     @property
     def step(self) -> str:
@@ -383,11 +386,14 @@ def kernel_arguments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: tor
             scale * math.log2(math.e))
     meta = dict(HEAD_DIM=q.shape[-1], BLOCK_M=config.block_m, BLOCK_N=config.block_n, STAGES=config.stages,
                 CAUSAL=causal_mode, OVERLAP=config.overlap, num_warps=config.num_warps)
+    if config.named_barriers and config.variant != "pingpong":
+        raise ValueError(f"named_barriers: only the ping-pong kernel (step 3) has them, not {config.variant!r}")
     if config.variant == "pingpong":
         if window_left >= 0:
             raise ValueError("window: the ping-pong kernel (step 3) has no window; use variant 'pipelined', 'ws' or "
                              "'persistent'")
         meta["maxnreg"] = _kernels.PINGPONG_MAXNREG
+        meta["NAMED_BARRIERS"] = config.named_barriers
     elif config.variant == "persistent":
         args = (*args, max(window_left, 0), q.shape[0] * heads)
         meta["WINDOW"] = window_left >= 0

@@ -68,8 +68,9 @@ from flashlite.kernels.gluon_tiles import mma_layout as _mma_layout
 from flashlite.kernels.gluon_tiles import tile_layout as _tile_layout
 
 # ----------------------------------------------------------------------------------------------------------------
-# Configs: (BLOCK_M, BLOCK_N, STAGES, num_warps, OVERLAP) per head dim and kernel variant. The first entry of each
-# list is what the launcher uses; the others are there to be A/B'd and are compiled by CPU CI all the same.
+# Configs: (BLOCK_M, BLOCK_N, STAGES, num_warps, OVERLAP[, NAMED_BARRIERS]) per head dim and kernel variant (the
+# sixth, step 3 only, defaults to False). The first entry of each list is what the launcher uses; the others are
+# there to be A/B'd and are compiled by CPU CI all the same.
 #
 # Shared memory (16-bit operands): Q BLOCK_M x D once, K and V BLOCK_N x D per stage each, plus < 1 KB of barriers.
 # D=64, 128 x 128 x 3 stages: 16 KB + 3 x 32 KB = 112 KB. D=128, 128 x 128 x 2 stages: 32 KB + 2 x 64 KB = 160 KB
@@ -94,8 +95,10 @@ GLUON_FWD_CONFIGS = {
                   128: [(128, 128, 2, 8, False), (128, 64, 3, 8, False), (128, 128, 2, 8, True)]},
     "ws": {64: [(128, 128, 3, 8, False), (128, 128, 3, 8, True)],
            128: [(128, 128, 2, 8, False), (128, 128, 2, 8, True)]},
-    "pingpong": {64: [(64, 128, 3, 4, False), (64, 128, 3, 4, True), (128, 64, 4, 4, False)],
-                 128: [(64, 128, 2, 4, False), (64, 128, 2, 4, True), (64, 128, 3, 4, False)]},
+    "pingpong": {64: [(64, 128, 3, 4, False), (64, 128, 3, 4, True), (128, 64, 4, 4, False),
+                      (64, 128, 3, 4, False, True)],
+                 128: [(64, 128, 2, 4, False), (64, 128, 2, 4, True), (64, 128, 3, 4, False),
+                       (64, 128, 3, 4, False, True)]},
     # Step 4: step 1's schedule in a persistent grid (no overlap). D=64 first the tile the rule runs for step 1.
     "persistent": {64: [(64, 128, 2, 4, False), (128, 128, 3, 8, False)],
                    128: [(128, 128, 2, 8, False), (128, 64, 3, 8, False)]},
@@ -570,11 +573,34 @@ def _attn_fwd_persistent(q_desc,  # [B, H, S_q, D] 16-bit, tiles [1, 1, BLOCK_M,
 # which 0 already has. The mbarrier parities are unambiguous because neither side of any barrier can run more
 # than one phase ahead of the other (the producer waits on kv_empty before the load that the consumer's next
 # arrival on it needs; each consumer's next turn needs the other's arrival).
+#
+# NAMED_BARRIERS (a constexpr of the kernel): the same turns and releases through the SM's hardware barriers
+# (``bar.sync`` / ``bar.arrive``, inline PTX) instead of mbarriers. Why: Triton 3.6 puts a barrier of the whole
+# partition (``bar.sync``) before every mbarrier arrive and before the next wait after one, because its shared-memory
+# analysis cannot tell a partition's barriers apart; with a turn hand-over and a release per block that is three
+# partition-wide barriers per block on top of the turn's own wait (the PTX shows them), and the warps stall on them
+# (Nsight Compute at case 6, D=128: 3.64 cycles of barrier stall per instruction, cuDNN's kernel 1.59). A hardware
+# barrier touches no shared memory, so the consumers' block loop keeps only its waits on the copies.
+# * Turns: consumer c's turn barrier is TURN_BARRIER + c, for 256 threads: its own 128 wait there (bar.sync), the
+#   other's 128 arrive (bar.arrive, which does not block). Consumer 0 waits before turn k for 1 <= k <= T_1 and
+#   consumer 1 arrives after its turn k - 1 exactly when consumer 0 will wait for turn k (k < T_0); consumer 1 waits
+#   before turn k for k < T_0 and consumer 0 arrives after its turn k exactly then (k < T_1). Every arrival so has
+#   its waiter and a barrier never holds two generations: an arrival for turn k + 1 comes after the other consumer's
+#   turn k + 1, which waited for this one's wait for turn k to complete.
+# * Releases: slot s's barrier is SLOT_BARRIER + s. Before loading block j >= STAGES the producer warp waits there
+#   (bar.sync, 32 threads) with every warp of each consumer that reads block j - STAGES arriving (128 threads each,
+#   each warp once it is past its own wgmma wait: no partition barrier needed); all agree on the count, 32 + 128 per
+#   reading consumer. A consumer arrives for block b only when the producer will load block b + STAGES (b + STAGES
+#   < max(n_0, n_1)), so no arrival is left over at the end, and it cannot arrive for block b + STAGES before the
+#   generation of block b completed (block b + STAGES is loaded only after it).
+# Ids: Triton's partitions use 0 to 3 for their own barriers (the compile test reads the PTX's); these take 8 on.
 PINGPONG_CONSUMER_REGS = gl.constexpr(240)
 # maxnreg of the ping-pong kernel: 12 warps x 32 threads x 168 registers fit the 64 K registers of an SM; the
 # default partition (consumer 0) gets what consumer 1's 240 and the producer group's 24 leave: 240.
 PINGPONG_MAXNREG = 168
 CONSUMER_WARPS = gl.constexpr(4)
+SLOT_BARRIER = gl.constexpr(8)  # slot s: SLOT_BARRIER + s (STAGES <= 4)
+TURN_BARRIER = gl.constexpr(14)  # consumer c's turns: TURN_BARRIER + c
 
 
 @gluon.jit
@@ -617,32 +643,68 @@ def _pp_invalidate(q_ready, k_ready, v_ready, kv_empty, turns, STAGES: gl.conste
 
 
 @gluon.jit
-def _take_turn(turns, C: gl.constexpr, k, other_turns):
+def _named_barrier(SYNC: gl.constexpr, barrier, threads, pred, WARPS: gl.constexpr):
+    """Every thread of the calling WARPS warps executes ``bar.sync barrier, threads`` (SYNC) or ``bar.arrive``
+    where ``pred`` holds (uniform across them). Gluon has no op for a hardware barrier, so this is inline PTX over
+    a tensor of one element per thread."""
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
+    zero = gl.full([32 * WARPS], 0, gl.int32, layout)
+    operands = [zero + pred.to(gl.int32), zero + barrier, zero + threads]
+    if SYNC:
+        gl.inline_asm_elementwise("{ .reg .pred p; setp.ne.b32 p, $1, 0; @p bar.sync $2, $3; mov.b32 $0, 0; }",
+                                  "=r,r,r,r", operands, dtype=gl.int32, is_pure=False, pack=1)
+    else:
+        gl.inline_asm_elementwise("{ .reg .pred p; setp.ne.b32 p, $1, 0; @p bar.arrive $2, $3; mov.b32 $0, 0; }",
+                                  "=r,r,r,r", operands, dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _take_turn(turns, C: gl.constexpr, k, other_turns, NAMED: gl.constexpr):
     """Wait until consumer C may issue its turn k (see "Turns" above)."""
-    if C == 0:
+    if NAMED:
+        if C == 0:
+            _named_barrier(True, TURN_BARRIER, 256, (k >= 1) & (k <= other_turns), CONSUMER_WARPS)
+        else:
+            _named_barrier(True, TURN_BARRIER + 1, 256, k < other_turns, CONSUMER_WARPS)
+    elif C == 0:
         mbarrier.wait(turns.index(0), (k & 1) ^ 1, pred=k <= other_turns)
     else:
         mbarrier.wait(turns.index(1), k & 1, pred=k < other_turns)
 
 
 @gluon.jit
-def _pass_turn(turns, C: gl.constexpr):
-    mbarrier.arrive(turns.index(1 - C))
+def _pass_turn(turns, C: gl.constexpr, k, other_turns, NAMED: gl.constexpr):
+    """Consumer C has issued its turn k."""
+    if NAMED:
+        if C == 0:
+            _named_barrier(False, TURN_BARRIER + 1, 256, k < other_turns, CONSUMER_WARPS)
+        else:
+            _named_barrier(False, TURN_BARRIER, 256, k + 1 < other_turns, CONSUMER_WARPS)
+    else:
+        mbarrier.arrive(turns.index(1 - C))
 
 
 @gluon.jit
-def _release(kv_empty, C: gl.constexpr, j, STAGES: gl.constexpr):
-    """Consumer C is done with block j's slot. Every warp of the warpgroup must be past its wgmma wait before the
-    one arriving thread signals (the partition's own barrier; each warp waits for its own wgmma groups)."""
-    gl.thread_barrier()
-    mbarrier.arrive(kv_empty.index(C * STAGES + j % STAGES))
+def _release(kv_empty, C: gl.constexpr, j, other_turns, n_blocks, STAGES: gl.constexpr, NAMED: gl.constexpr):
+    """Consumer C is done with block j's slot (``n_blocks`` its own key blocks, ``other_turns`` the other's
+    turns). With mbarriers every warp of the warpgroup must be past its wgmma wait before the one arriving thread
+    signals (the partition's own barrier; each warp waits for its own wgmma groups); with named barriers every
+    warp arrives for itself."""
+    if NAMED:
+        n_other = gl.maximum(other_turns - 1, 0)
+        readers = gl.where(j < n_other, 2, 1)
+        _named_barrier(False, SLOT_BARRIER + j % STAGES, 32 + 128 * readers,
+                       j + STAGES < gl.maximum(n_blocks, n_other), CONSUMER_WARPS)
+    else:
+        gl.thread_barrier()
+        mbarrier.arrive(kv_empty.index(C * STAGES + j % STAGES))
 
 
 @gluon.jit
 def _pp_blocks(C: gl.constexpr, q_tile, k_bufs, v_bufs, k_ready, v_ready, kv_empty, turns, acc, p_prev, m_i, l_i,
                lo, hi, other_turns, start_m, seq_k, diag_shift, qk_scale,
                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
-               CAUSAL: gl.constexpr, MASK: gl.constexpr, OVERLAP: gl.constexpr):
+               CAUSAL: gl.constexpr, MASK: gl.constexpr, OVERLAP: gl.constexpr, NAMED: gl.constexpr, n_blocks):
     """Turns [lo, hi) of consumer C (lo >= 1): block j's S and block j - 1's P V issued in one turn, then block j's
     softmax. OVERLAP: only S is waited for before the softmax, block j - 1's P V runs under it (and then under the
     other consumer's turn too); without it both are waited for first. ``acc`` enters and leaves as registers
@@ -655,10 +717,10 @@ def _pp_blocks(C: gl.constexpr, q_tile, k_bufs, v_bufs, k_ready, v_ready, kv_emp
         prev = (j - 1) % STAGES
         mbarrier.wait(k_ready.index(slot), (j // STAGES) & 1)
         mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
-        _take_turn(turns, C, j, other_turns)
+        _take_turn(turns, C, j, other_turns, NAMED)
         s = warpgroup_mma(q_tile, k_bufs.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
         acc = warpgroup_mma(p_prev, v_bufs.index(prev), acc, is_async=True)
-        _pass_turn(turns, C)
+        _pass_turn(turns, C, j, other_turns, NAMED)
         if OVERLAP:
             s = warpgroup_mma_wait(1, deps=(s, ))
             p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j, start_m, seq_k, diag_shift, qk_scale, 0,
@@ -668,7 +730,7 @@ def _pp_blocks(C: gl.constexpr, q_tile, k_bufs, v_bufs, k_ready, v_ready, kv_emp
             s, acc, p_prev = warpgroup_mma_wait(0, deps=(s, acc, p_prev))
             p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j, start_m, seq_k, diag_shift, qk_scale, 0,
                                                BLOCK_M, BLOCK_N, CAUSAL, MASK, False)
-        _release(kv_empty, C, j - 1, STAGES)
+        _release(kv_empty, C, j - 1, other_turns, n_blocks, STAGES, NAMED)
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
         p_prev = gl.convert_layout(p.to(q_tile.dtype), p_layout)
     return acc, p_prev, m_i, l_i
@@ -678,7 +740,7 @@ def _pp_blocks(C: gl.constexpr, q_tile, k_bufs, v_bufs, k_ready, v_ready, kv_emp
 def _pp_consumer(C: gl.constexpr, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, turns, o_desc, Lse,
                  b, h, pid_bh, start_m, seq_q, seq_k, diag_shift, n_full, n_blocks, other_turns, qk_scale,
                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
-                 CAUSAL: gl.constexpr, OVERLAP: gl.constexpr):
+                 CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, NAMED: gl.constexpr):
     """Consumer C: every key block its rows see, in turns, then its output tile. ``start_m``, ``n_full`` and
     ``n_blocks`` are its own rows'; ``other_turns`` the number of turns the other consumer takes."""
     s_layout: gl.constexpr = _mma_layout(CONSUMER_WARPS, BLOCK_N)
@@ -692,29 +754,30 @@ def _pp_consumer(C: gl.constexpr, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_re
         mbarrier.wait(q_ready.index(C), 0)
         # Turn 0: block 0's S alone; its softmax takes the masks whichever kind of block it is.
         mbarrier.wait(k_ready.index(0), 0)
-        _take_turn(turns, C, 0, other_turns)
+        _take_turn(turns, C, 0, other_turns, NAMED)
         s = warpgroup_mma(q_tile, k_bufs.index(0).permute((1, 0)),
                           gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
-        _pass_turn(turns, C)
+        _pass_turn(turns, C, 0, other_turns, NAMED)
         s = warpgroup_mma_wait(0, deps=(s, ))
         p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, start_m, seq_k, diag_shift, qk_scale, 0,
                                            BLOCK_M, BLOCK_N, CAUSAL, True, False)
         p_prev = gl.convert_layout(p.to(q_tile.dtype), p_layout)
         acc, p_prev, m_i, l_i = _pp_blocks(C, q_tile, k_bufs, v_bufs, k_ready, v_ready, kv_empty, turns, acc,
                                            p_prev, m_i, l_i, 1, n_full, other_turns, start_m, seq_k, diag_shift,
-                                           qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, False, OVERLAP)
+                                           qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, False, OVERLAP,
+                                           NAMED, n_blocks)
         acc, p_prev, m_i, l_i = _pp_blocks(C, q_tile, k_bufs, v_bufs, k_ready, v_ready, kv_empty, turns, acc,
                                            p_prev, m_i, l_i, gl.maximum(n_full, 1), n_blocks, other_turns, start_m,
                                            seq_k, diag_shift, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL,
-                                           True, OVERLAP)
+                                           True, OVERLAP, NAMED, n_blocks)
         # Turn n_blocks: the last block's P V alone.
         last = n_blocks - 1
         mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
-        _take_turn(turns, C, n_blocks, other_turns)
+        _take_turn(turns, C, n_blocks, other_turns, NAMED)
         acc = warpgroup_mma(p_prev, v_bufs.index(last % STAGES), acc, is_async=True)
-        _pass_turn(turns, C)
+        _pass_turn(turns, C, n_blocks, other_turns, NAMED)
         acc, p_prev = warpgroup_mma_wait(0, deps=(acc, p_prev))
-        _release(kv_empty, C, last, STAGES)
+        _release(kv_empty, C, last, other_turns, n_blocks, STAGES, NAMED)
     if start_m < seq_q:
         _store_outputs(acc, m_i, l_i, q_tile, o_desc, Lse, b, h, pid_bh, start_m, seq_q, BLOCK_M, HEAD_DIM)
 
@@ -722,7 +785,8 @@ def _pp_consumer(C: gl.constexpr, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_re
 @gluon.jit
 def _pp_producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty,
                  b, h, kv_h, start_m, n_blocks_0, n_blocks_1,
-                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
+                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+                 NAMED: gl.constexpr):
     """One warp: each consumer's Q tile (only for a consumer with key blocks to read: one whose rows all lie past
     S_q never waits for it), then every key/value block either consumer reads, block j into slot j % STAGES once
     each consumer that read block j - STAGES has released it."""
@@ -735,9 +799,14 @@ def _pp_producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, k_read
     for j in range(n_blocks):
         slot = j % STAGES
         # Round 0 passes at once (a fresh mbarrier counts as having completed the phase before its first).
-        phase = ((j // STAGES) & 1) ^ 1
-        mbarrier.wait(kv_empty.index(slot), phase, pred=j - STAGES < n_blocks_0)
-        mbarrier.wait(kv_empty.index(STAGES + slot), phase, pred=j - STAGES < n_blocks_1)
+        if NAMED:
+            # The release of block j - STAGES by every consumer that read it (none to wait for in round 0).
+            readers = (j - STAGES < n_blocks_0).to(gl.int32) + (j - STAGES < n_blocks_1).to(gl.int32)
+            _named_barrier(True, SLOT_BARRIER + slot, 32 + 128 * readers, (j >= STAGES) & (readers > 0), 1)
+        else:
+            phase = ((j // STAGES) & 1) ^ 1
+            mbarrier.wait(kv_empty.index(slot), phase, pred=j - STAGES < n_blocks_0)
+            mbarrier.wait(kv_empty.index(STAGES + slot), phase, pred=j - STAGES < n_blocks_1)
         _issue_kv(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, b, kv_h, j, 0, n_blocks, BLOCK_N, HEAD_DIM,
                   STAGES)
 
@@ -750,12 +819,15 @@ def _attn_fwd_pingpong(q_desc,  # [B, H, S_q, D] 16-bit, tiles [1, 1, BLOCK_M, D
                        Lse,  # [B, H, S_q] float32, contiguous: base-2 log-sum-exp of the scaled scores
                        num_heads, group_size, seq_q, seq_k, qk_scale,  # group_size = H // H_kv
                        HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                       CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, num_warps: gl.constexpr):
+                       CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, NAMED_BARRIERS: gl.constexpr,
+                       num_warps: gl.constexpr):
     """Step 3: 2 x BLOCK_M query rows of one (batch, head) per program, two consumer warpgroups in ping-pong and a
     TMA producer warp (launch with num_warps = 4 and maxnreg = PINGPONG_MAXNREG; grid axis 0: cdiv(S_q,
-    2 * BLOCK_M)). OVERLAP: inside each warpgroup too, block j's softmax overlaps block j - 1's P V."""
+    2 * BLOCK_M)). OVERLAP: inside each warpgroup too, block j's softmax overlaps block j - 1's P V.
+    NAMED_BARRIERS: turns and slot releases through hardware named barriers instead of mbarriers (see above)."""
     gl.static_assert(num_warps == CONSUMER_WARPS, "the ping-pong kernel's default partition is one warpgroup")
     gl.static_assert(STAGES >= 2, "a turn holds two slots: block j's keys and block j - 1's values")
+    gl.static_assert(STAGES <= TURN_BARRIER - SLOT_BARRIER, "one named barrier per slot, below the turns' ids")
     start_m, pid_bh, b, h, kv_h = _program_block(seq_q, num_heads, group_size, 2 * BLOCK_M, CAUSAL)
     q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, turns = _pp_ring(q_desc.dtype, BLOCK_M, BLOCK_N,
                                                                                   HEAD_DIM, STAGES)
@@ -769,11 +841,12 @@ def _attn_fwd_pingpong(q_desc,  # [B, H, S_q, D] 16-bit, tiles [1, 1, BLOCK_M, D
     gl.warp_specialize([
         (_pp_consumer, (0, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, turns, o_desc, Lse, b, h,
                         pid_bh, start_m, seq_q, seq_k, diag_shift, n_full_0, n_blocks_0, turns_1, qk_scale,
-                        BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, OVERLAP)),
+                        BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, OVERLAP, NAMED_BARRIERS)),
         (_pp_consumer, (1, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, turns, o_desc, Lse, b, h,
                         pid_bh, start_1, seq_q, seq_k, diag_shift, n_full_1, n_blocks_1, turns_0, qk_scale,
-                        BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, OVERLAP)),
+                        BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, OVERLAP, NAMED_BARRIERS)),
         (_pp_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty,
-                        b, h, kv_h, start_m, n_blocks_0, n_blocks_1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES)),
+                        b, h, kv_h, start_m, n_blocks_0, n_blocks_1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
+                        NAMED_BARRIERS)),
     ], [CONSUMER_WARPS, 1], [PINGPONG_CONSUMER_REGS, PRODUCER_REGS])
     _pp_invalidate(q_ready, k_ready, v_ready, kv_empty, turns, STAGES)

@@ -44,6 +44,39 @@ class Violation(AssertionError):
     pass
 
 
+class NamedBarrier:
+    """A hardware barrier (``bar.sync`` / ``bar.arrive id, threads``): a generation completes once ``threads``
+    threads have arrived, waiting (sync) or not (arrive); every participant of a generation must name the same
+    thread count, and more arrivals than it names are an error, as is a barrier left part-way at the end
+    (``idle``). It has no phase: an arrival always counts towards the generation in progress."""
+
+    def __init__(self):
+        self.expected, self.arrived, self.generation = None, 0, 0
+
+    def arrive(self, threads: int, count: int) -> int:
+        """``count`` threads arrive naming ``threads``; returns the generation they belong to."""
+        if self.expected is None:
+            self.expected = threads
+        elif self.expected != threads:
+            raise Violation(f"named barrier: arrivals name {self.expected} and {threads} threads in one generation")
+        self.arrived += count
+        if self.arrived > self.expected:
+            raise Violation(f"named barrier: {self.arrived} arrivals for {self.expected} threads")
+        generation = self.generation
+        if self.arrived == self.expected:
+            self.generation, self.arrived, self.expected = self.generation + 1, 0, None
+        return generation
+
+    def sync(self, threads: int, count: int):
+        """As an agent's ``yield from``: arrive, then wait until that generation completes."""
+        generation = self.arrive(threads, count)
+        yield lambda: self.generation > generation
+
+    @property
+    def idle(self) -> bool:
+        return self.arrived == 0
+
+
 def check_refill(held: list[set[int]], stages: int, slot: int, block: int) -> None:
     """Violation if ring slot ``slot`` is about to take ``block`` while a consumer still reads an older block in it
     (``held[c]``: the blocks consumer c still reads; block b sits in slot b % stages)."""

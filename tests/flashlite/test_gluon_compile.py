@@ -11,7 +11,8 @@ window, the others bottom-right. Each compile runs in a fresh interpreter with T
 pytest's tmp dir, specialized as ``gluon_attention_forward`` would (descriptors built by the launcher itself over
 CPU tensors). Each compiled kernel must fit the 227 KB of shared memory a Hopper thread block may have and use at
 most 255 registers without spilling or serializing its wgmmas, as ptxas reports them. For step 3 the PTX must also
-show the register split its partitions asked for and a separate named barrier for each consumer warpgroup.
+show the register split its partitions asked for and a separate named barrier for each consumer warpgroup, Triton's
+barrier ids below those of the named-barrier protocol, and with that protocol no mbarrier arrival by a consumer.
 """
 import importlib
 import json
@@ -20,7 +21,7 @@ import pytest
 import torch
 
 from flashlite._attention import launch_gluon
-from flashlite._attention.launch_gluon import gluon_attention_forward, gluon_supported
+from flashlite._attention.launch_gluon import GluonConfig, gluon_attention_forward, gluon_supported
 from tests.flashlite.sm90 import GLUON_COMPILER, run_script
 
 HOPPER_SHARED_MEMORY = 232448  # bytes per thread block on an H100/H200, as Triton reports the limit
@@ -48,10 +49,17 @@ def compile_config(config, dtype, head_dim, causal, window_left=-1):
     setmaxnreg = sorted(set(re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx)))
     named = sorted(set(re.findall(r"\bbar\.sync\s+(\d+),\s*(\d+);", ptx)))
     whole_cta = len(re.findall(r"\bbar\.sync\s+\d+;", ptx))  # a barrier of every thread of the block
+    # Triton's own barrier ids (bar.sync / barrier.sync with a constant id), and what the named-barrier protocol
+    # emits: hardware barriers with the id and thread count in registers, and plain mbarrier arrivals (not the
+    # producer's arrive.expect_tx).
+    triton_ids = sorted({int(i) for i in re.findall(r"\b(?:bar|barrier)\.sync\s+(\d+)\b", ptx)})
+    register_barriers = len(re.findall(r"\bbar\.(?:sync|arrive)\s+%r\d+,\s*%r\d+;", ptx))
+    mbarrier_arrivals = len(re.findall(r"\bmbarrier\.arrive\.shared::cta\.b64", ptx))
     return {"shared": kernel.metadata.shared, "registers": registers, "spill_bytes": spills,
             "wgmma_serialized": serialized,
             "tiles": config.shared_bytes(head_dim), "setmaxnreg": setmaxnreg, "named_barriers": named,
-            "whole_cta_barriers": whole_cta}
+            "whole_cta_barriers": whole_cta, "triton_barrier_ids": triton_ids,
+            "register_barriers": register_barriers, "mbarrier_arrivals": mbarrier_arrivals}
 
 variant, head_dim = VARIANT, HEAD_DIM  # set by the test before this script
 default, *others = launch_gluon.configs_for(head_dim, variant)
@@ -76,7 +84,8 @@ else:
     jobs += [(default, torch.bfloat16, 2, 100)]
 for config, dtype, causal, window_left in jobs:
     result = compile_config(config, dtype, head_dim, causal, window_left)
-    print(json.dumps({"config": [config.block_m, config.block_n, config.stages, config.num_warps, config.overlap],
+    print(json.dumps({"config": [config.block_m, config.block_n, config.stages, config.num_warps, config.overlap,
+                                 config.named_barriers],
                       "dtype": str(dtype), "head_dim": head_dim, "causal": causal, "window_left": window_left,
                       **result}))
 '''
@@ -128,6 +137,14 @@ def test_every_config_compiles_for_sm90_within_resources(variant, head_dim, tmp_
             assert len(ids) >= 2, where
             # A barrier of all the block's threads inside a partition would wait for warps that never come to it.
             assert r["whole_cta_barriers"] == 0, where
+            # The named-barrier protocol's ids (SLOT_BARRIER up) must be ones Triton leaves alone; with it the
+            # consumers arrive on no mbarrier (the partition-wide barrier Triton puts before each arrival is gone)
+            # and the hardware barriers are there; without it, the other way round.
+            assert max(r["triton_barrier_ids"]) < launch_gluon._kernels.SLOT_BARRIER.value, where
+            if r["config"][5]:
+                assert r["mbarrier_arrivals"] == 0 and r["register_barriers"] > 0, where
+            else:
+                assert r["mbarrier_arrivals"] > 0 and r["register_barriers"] == 0, where
 
 
 def _bf16(*shape: int) -> torch.Tensor:
@@ -454,3 +471,17 @@ def test_gluon_launches_go_the_ordinary_way_without_the_switch_a_recording_plan_
         launch_gluon.launch_planned(q, q, q, problem, unrecorded)
         launch_gluon.launch_planned(q, q, q, problem)  # no plan: a direct call
     assert len(kernel.ordinary) == 6 and recordings == [] and plan.recorded == {} and unrecorded.recorded == {}
+
+
+def test_named_barriers_reach_the_pingpong_kernel_only():
+    q = _bf16(1, 2, 200, 64)
+    out, lse = torch.empty_like(q), torch.empty(1, 2, 200)
+    named = GluonConfig("pingpong", 64, 128, 3, 4, named_barriers=True)
+    assert named in launch_gluon.configs_for(64, "pingpong")
+    _, meta = launch_gluon.kernel_arguments(q, q, q, out, lse, 1, 0.125, named)
+    assert meta["NAMED_BARRIERS"] is True
+    _, meta = launch_gluon.kernel_arguments(q, q, q, out, lse, 1, 0.125, launch_gluon.configs_for(64, "pingpong")[0])
+    assert meta["NAMED_BARRIERS"] is False
+    with pytest.raises(ValueError, match="named_barriers: only the ping-pong kernel"):
+        launch_gluon.kernel_arguments(q, q, q, out, lse, 1, 0.125, GluonConfig("pipelined", 64, 128, 2, 4,
+                                                                                named_barriers=True))

@@ -13,26 +13,36 @@ two consumers, the copies in flight), chosen at random, and checks on every step
 * the turns: consumer 0's turn k comes after consumer 1's turn k - 1 and consumer 1's turn k after consumer 0's turn
   k, while the other has such a turn.
 
-Changing the kernel's protocol means changing this model with it. Two deliberately broken protocols (a producer
-that ignores the second consumer's hand-back; turn waits without their predicates) must be caught, so that the
-checks are known to bite.
+The kernel has a second form of the same protocol (NAMED_BARRIERS): turns and slot releases through hardware named
+barriers (``bar.sync`` / ``bar.arrive``: a thread count, no phase) instead of mbarriers. It is modelled here too
+(``NamedBarrier``), with one more check: at the end no named barrier holds arrivals (an arrival without its waiter
+would be counted towards a later generation, or left for the next program on the SM).
+
+Changing the kernel's protocol means changing this model with it. Deliberately broken protocols (a producer that
+ignores the second consumer's hand-back; turn waits without their predicates; with named barriers, turn hand-overs
+or releases without theirs) must be caught, so that the checks are known to bite.
 """
 import pytest
 
-from tests.flashlite.mbarrier_model import MBarrier, Violation, check_refill, interleave, landing_copy
+from tests.flashlite.mbarrier_model import MBarrier, NamedBarrier, Violation, check_refill, interleave, landing_copy
+
+CONSUMER_THREADS, PRODUCER_THREADS = 128, 32
 
 
 class Kernel:
     """One program: n_blocks[c] key blocks for consumer c, a ring of ``stages`` slots."""
 
-    def __init__(self, n_blocks, stages, *, ignore_release_of=None, unpredicated_turns=False):
-        self.n, self.stages = n_blocks, stages
+    def __init__(self, n_blocks, stages, *, named=False, ignore_release_of=None, unpredicated_turns=False,
+                 unpredicated_hand_overs=False, unpredicated_releases=False):
+        self.n, self.stages, self.named = n_blocks, stages, named
         self.turns_of = [n + 1 if n > 0 else 0 for n in n_blocks]
         self.q_ready = [MBarrier() for _ in range(2)]
         self.k_ready = [MBarrier() for _ in range(stages)]
         self.v_ready = [MBarrier() for _ in range(stages)]
         self.kv_empty = [[MBarrier() for _ in range(stages)] for _ in range(2)]
         self.turns = [MBarrier() for _ in range(2)]
+        self.turn_barriers = [NamedBarrier() for _ in range(2)]  # TURN_BARRIER + c
+        self.slot_barriers = [NamedBarrier() for _ in range(stages)]  # SLOT_BARRIER + slot
         self.k_slot = [None] * stages  # the block whose keys have landed in each slot
         self.v_slot = [None] * stages
         self.held = [set(), set()]  # blocks each consumer still reads
@@ -40,6 +50,11 @@ class Kernel:
         self.in_flight = []  # copies issued, not landed: generators
         self.ignore_release_of = ignore_release_of
         self.unpredicated_turns = unpredicated_turns
+        self.unpredicated_hand_overs, self.unpredicated_releases = unpredicated_hand_overs, unpredicated_releases
+
+    def readers(self, block):
+        """Consumers that read key block ``block``."""
+        return sum(block < n for n in self.n)
 
     # -- the copies --------------------------------------------------------------------------------------------
     def _copy(self, slots, barrier, slot, block):
@@ -56,7 +71,12 @@ class Kernel:
                 self._issue(None, self.q_ready[c], None, None)
         for j in range(max(self.n)):
             slot, phase = j % self.stages, ((j // self.stages) & 1) ^ 1
-            for c in range(2):
+            if self.named:
+                readers = self.readers(j - self.stages)
+                if j >= self.stages and readers > 0:
+                    yield from self.slot_barriers[slot].sync(PRODUCER_THREADS + CONSUMER_THREADS * readers,
+                                                             PRODUCER_THREADS)
+            for c in range(2 if not self.named else 0):
                 if c == self.ignore_release_of:
                     continue
                 if j - self.stages < self.n[c]:
@@ -74,7 +94,10 @@ class Kernel:
 
     def _take_turn(self, c, k):
         other = self.turns_of[1 - c]
-        if c == 0:
+        if self.named:
+            if (1 <= k <= other if c == 0 else k < other) or self.unpredicated_turns:
+                yield from self.turn_barriers[c].sync(2 * CONSUMER_THREADS, CONSUMER_THREADS)
+        elif c == 0:
             if k <= other or self.unpredicated_turns:
                 yield lambda: self.turns[0].passes((k & 1) ^ 1)
         elif k < other or self.unpredicated_turns:
@@ -86,12 +109,21 @@ class Kernel:
             raise Violation(f"consumer 1 takes turn {k} before consumer 0's turn {k}")
         self.turn_log.append((c, k))
 
-    def _pass_turn(self, c):
-        self.turns[1 - c].arrive()
+    def _pass_turn(self, c, k):
+        if not self.named:
+            self.turns[1 - c].arrive()
+            return
+        other = self.turns_of[1 - c]
+        if (k < other if c == 0 else k + 1 < other) or self.unpredicated_hand_overs:
+            self.turn_barriers[1 - c].arrive(2 * CONSUMER_THREADS, CONSUMER_THREADS)
 
     def _release(self, c, j):
         self.held[c].discard(j)
-        self.kv_empty[c][j % self.stages].arrive()
+        if not self.named:
+            self.kv_empty[c][j % self.stages].arrive()
+        elif j + self.stages < max(self.n) or self.unpredicated_releases:
+            self.slot_barriers[j % self.stages].arrive(PRODUCER_THREADS + CONSUMER_THREADS * self.readers(j),
+                                                       CONSUMER_THREADS)
 
     def consumer(self, c):
         n = self.n[c]
@@ -102,37 +134,42 @@ class Kernel:
         yield from self._ready(self.k_slot, self.k_ready, 0, c)
         self.held[c].add(0)
         yield from self._take_turn(c, 0)
-        self._pass_turn(c)
+        self._pass_turn(c, 0)
         for j in range(1, n):
             yield from self._ready(self.k_slot, self.k_ready, j, c)
             self.held[c].add(j)
             yield from self._ready(self.v_slot, self.v_ready, j - 1, c)
             yield from self._take_turn(c, j)
-            self._pass_turn(c)
+            self._pass_turn(c, j)
             self._release(c, j - 1)
         yield from self._ready(self.v_slot, self.v_ready, n - 1, c)
         yield from self._take_turn(c, n)
-        self._pass_turn(c)
+        self._pass_turn(c, n)
         self._release(c, n - 1)
 
 
 def run(kernel: Kernel, seed: int) -> None:
-    """Interleave the agents at random until all are done; Violation on a deadlock or a broken invariant."""
+    """Interleave the agents at random until all are done; Violation on a deadlock, a broken invariant or a named
+    barrier left holding arrivals."""
     interleave([kernel.producer(), kernel.consumer(0), kernel.consumer(1)], kernel.in_flight, seed,
                lambda: f"blocks {kernel.n}, {kernel.stages} stages, turns taken {kernel.turn_log}")
+    left = [b for b in kernel.turn_barriers + kernel.slot_barriers if not b.idle]
+    if left:
+        raise Violation(f"{len(left)} named barriers hold arrivals at the end (blocks {kernel.n})")
 
 
 CASES = [(n0, n1, stages) for stages in (2, 3, 4) for n0 in range(7) for n1 in range(7)]
 
 
+@pytest.mark.parametrize("named", [False, True], ids=["mbarriers", "named_barriers"])
 @pytest.mark.parametrize("stages", [2, 3, 4])
-def test_the_protocol_ends_and_keeps_the_ring_and_the_turns(stages):
+def test_the_protocol_ends_and_keeps_the_ring_and_the_turns(stages, named):
     # Every pair of block counts up to 6 (the consumers of a program differ by one or two blocks under causal masks,
     # and one may have none), 40 random interleavings each.
     for n0 in range(7):
         for n1 in range(7):
             for seed in range(40):
-                kernel = Kernel((n0, n1), stages)
+                kernel = Kernel((n0, n1), stages, named=named)
                 run(kernel, seed)
                 assert sorted(kernel.turn_log) == sorted([(0, k) for k in range(kernel.turns_of[0])]
                                                          + [(1, k) for k in range(kernel.turns_of[1])])
@@ -156,3 +193,19 @@ def test_a_producer_that_ignores_one_consumer_is_caught():
 def test_turns_without_their_predicates_deadlock_when_the_work_differs():
     # Consumer 1 has more turns than consumer 0: without the predicate it waits for an arrival that never comes.
     assert _caught(lambda n0, n1, s: Kernel((n0, n1), s, unpredicated_turns=True), [(2, 3, 2)])
+
+
+def test_named_barriers_a_producer_that_ignores_one_consumer_is_caught():
+    # The release's thread count left at one consumer's: the other consumer's arrivals overrun the generation.
+    class OneReader(Kernel):
+        def readers(self, block):
+            return min(1, super().readers(block))
+    assert _caught(lambda n0, n1, s: OneReader((n0, n1), s, named=True), [(4, 5, 2), (6, 6, 3)])
+
+
+@pytest.mark.parametrize("broken", ["unpredicated_turns", "unpredicated_hand_overs", "unpredicated_releases"])
+def test_named_barriers_without_their_predicates_are_caught(broken):
+    # Turn waits, hand-overs or releases on every turn / block: a wait that nothing completes, or arrivals with no
+    # waiter (left in the barrier, or run into a later generation).
+    assert _caught(lambda n0, n1, s: Kernel((n0, n1), s, named=True, **{broken: True}),
+                   [(2, 3, 2), (3, 2, 2), (5, 5, 3), (1, 4, 2)])

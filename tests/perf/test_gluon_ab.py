@@ -15,9 +15,12 @@ warp-specialized config of dK/dV and dQ against the single-partition kernel, the
 ``-k step4``: step 4 (step 1's schedule over a persistent grid, tiles longest first) against step 1 in the same
 tile, against what the rule dispatches and against SDPA. ``-k replayed``: the planned launch replayed
 (``GLUON_REPLAY``) against the ordinary one, the pointer kernel and SDPA at cases 5 and 7-10. ``-k fp16``: fp16
-on the dispatched configs against the pointer kernel and SDPA.
+on the dispatched configs against the pointer kernel and SDPA. ``-k named_barriers``: step 3 with its turns and
+slot releases through hardware named barriers against the same tiles with mbarriers, the dispatched config and SDPA.
 """
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
@@ -86,6 +89,9 @@ def _callables(shape, pairs):
         "pointer kernel": lambda: pointer()[0],
         "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
     }
+    named = next(c for c in configs_for(shape.D, "pingpong") if c.named_barriers)
+    sides["gluon step 3 named barriers"] = _run(q, k, v, named)
+    sides["gluon step 3 mbarriers"] = _run(q, k, v, dataclasses.replace(named, named_barriers=False))
     if shape.D == 64:
         sides.update({_shape_name(c): _run(q, k, v, c) for c in D64_SHAPES})
     sides = {name: sides[name] for name in {side for pair in pairs for side in pair} | {"sdpa"}}
@@ -116,6 +122,12 @@ STEP4_PAIRS = [("gluon step 4", "gluon step 1 same tile"), ("gluon step 4", "glu
                ("gluon step 4", "sdpa")]
 
 
+# Step 3's turns and slot releases through hardware named barriers against the same tiles with mbarriers (at
+# D=128 the dispatched config), against what the rule dispatches and against SDPA. ``-k named_barriers``.
+NAMED_PAIRS = [("gluon step 3 named barriers", "gluon step 3 mbarriers"),
+               ("gluon step 3 named barriers", "gluon dispatched"), ("gluon step 3 named barriers", "sdpa")]
+
+
 # fp16 on the configs the rule runs for bf16, against the pointer kernel (what fp16 runs today: the rule takes bf16
 # only, since fp16 was never measured) and SDPA. ``-k fp16``: what would extend the rule to fp16.
 FP16_PAIRS = [("gluon dispatched", "pointer kernel"), ("gluon dispatched", "sdpa")]
@@ -133,6 +145,12 @@ def _compare(shape, kernel_ab, pairs):
 @pytest.mark.memory(lambda shape: attention_bytes(shape, copies=9))
 def test_gluon_forward_ab(shape, kernel_ab):
     _compare(shape, kernel_ab, PAIRS)
+
+
+@pytest.mark.shape(*SHAPES, dtype=[torch.bfloat16])
+@pytest.mark.memory(lambda shape: attention_bytes(shape, copies=9))
+def test_gluon_named_barriers_ab(shape, kernel_ab):
+    _compare(shape, kernel_ab, NAMED_PAIRS)
 
 
 @pytest.mark.shape(*SHAPES, dtype=[torch.bfloat16])
