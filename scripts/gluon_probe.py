@@ -35,7 +35,8 @@ def main() -> None:
         schedules = {}  # the first config listed for each variant and overlap (or every config)
         for variant in args.variants.split(","):
             for config in configs_for(head_dim, variant):
-                name = config.step + (" overlap" if config.overlap else "") + (" named" if config.named_barriers else "")
+                name = config.step + (" overlap" if config.overlap else "")
+                name += " named" if config.named_barriers else ""
                 if args.all_configs:
                     name = f"{config.step} {config.block_m}x{config.block_n}x{config.stages}w{config.num_warps}"
                     name += (" ov" if config.overlap else "") + (" nb" if config.named_barriers else "")
