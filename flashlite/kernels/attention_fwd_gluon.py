@@ -98,7 +98,7 @@ GLUON_FWD_CONFIGS = {
     "pingpong": {64: [(64, 128, 3, 4, False), (64, 128, 3, 4, True), (128, 64, 4, 4, False),
                       (64, 128, 3, 4, False, True)],
                  128: [(64, 128, 2, 4, False), (64, 128, 2, 4, True), (64, 128, 3, 4, False),
-                       (64, 128, 3, 4, False, True)]},
+                       (64, 128, 3, 4, False, True), (64, 128, 2, 4, True, True)]},
     # Step 4: step 1's schedule in a persistent grid (no overlap). D=64 first the tile the rule runs for step 1.
     "persistent": {64: [(64, 128, 2, 4, False), (128, 128, 3, 8, False)],
                    128: [(128, 128, 2, 8, False), (128, 64, 3, 8, False)]},

@@ -89,9 +89,11 @@ def _callables(shape, pairs):
         "pointer kernel": lambda: pointer()[0],
         "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
     }
-    named = next(c for c in configs_for(shape.D, "pingpong") if c.named_barriers)
-    sides["gluon step 3 named barriers"] = _run(q, k, v, named)
-    sides["gluon step 3 mbarriers"] = _run(q, k, v, dataclasses.replace(named, named_barriers=False))
+    named = [c for c in configs_for(shape.D, "pingpong") if c.named_barriers]
+    sides["gluon step 3 named barriers"] = _run(q, k, v, next(c for c in named if not c.overlap))
+    sides["gluon step 3 mbarriers"] = _run(q, k, v, dataclasses.replace(named[0], named_barriers=False))
+    for config in (c for c in named if c.overlap):  # D=128: the overlapped schedule with named barriers
+        sides["gluon step 3 overlap named barriers"] = _run(q, k, v, config)
     if shape.D == 64:
         sides.update({_shape_name(c): _run(q, k, v, c) for c in D64_SHAPES})
     sides = {name: sides[name] for name in {side for pair in pairs for side in pair} | {"sdpa"}}
@@ -123,7 +125,8 @@ STEP4_PAIRS = [("gluon step 4", "gluon step 1 same tile"), ("gluon step 4", "glu
 
 
 # Step 3's turns and slot releases through hardware named barriers against the same tiles with mbarriers (at
-# D=128 the dispatched config), against what the rule dispatches and against SDPA. ``-k named_barriers``.
+# D=128 the dispatched config), against what the rule dispatches and against SDPA; at D=128 also the overlapped
+# schedule with named barriers against the one without overlap. ``-k named_barriers``.
 NAMED_PAIRS = [("gluon step 3 named barriers", "gluon step 3 mbarriers"),
                ("gluon step 3 named barriers", "gluon dispatched"), ("gluon step 3 named barriers", "sdpa")]
 
@@ -150,7 +153,8 @@ def test_gluon_forward_ab(shape, kernel_ab):
 @pytest.mark.shape(*SHAPES, dtype=[torch.bfloat16])
 @pytest.mark.memory(lambda shape: attention_bytes(shape, copies=9))
 def test_gluon_named_barriers_ab(shape, kernel_ab):
-    _compare(shape, kernel_ab, NAMED_PAIRS)
+    overlapped = [("gluon step 3 overlap named barriers", "gluon step 3 named barriers")] if shape.D == 128 else []
+    _compare(shape, kernel_ab, NAMED_PAIRS + overlapped)
 
 
 @pytest.mark.shape(*SHAPES, dtype=[torch.bfloat16])
