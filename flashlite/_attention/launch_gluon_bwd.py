@@ -11,8 +11,10 @@ or variants that the kernels can run, with q, k and v on 16-byte boundaries, and
 (``GLUON_BWD_ENABLED``), off by default until an H200 A/B
 (``tests/perf/test_gluon_ab.py::test_gluon_backward_ab``) says where they are faster. FLASHLITE_GLUON_BWD=1 runs
 both on the single-partition kernels ("pipelined"), FLASHLITE_GLUON_BWD=ws on the warp-specialized ones ("ws": a
-TMA producer warp and two consumer warpgroups; ``GLUON_BWD_VARIANT``), FLASHLITE_GLUON_BWD=ws_dq only dQ on the
-warp-specialized kernel and dK/dV on the pointer kernel (``GLUON_BWD_DKDV``).
+TMA producer warp and two consumer warpgroups; ``GLUON_BWD_VARIANT``), FLASHLITE_GLUON_BWD=mixed dK/dV on the
+single-partition kernel and dQ on the warp-specialized one (each kernel's faster schedule at D=128 in run T3),
+FLASHLITE_GLUON_BWD=ws_dq only dQ on the warp-specialized kernel and dK/dV on the pointer kernel
+(``GLUON_BWD_DKDV``).
 """
 from __future__ import annotations
 
@@ -34,9 +36,10 @@ except ImportError:  # pragma: no cover - Triton without Gluon; gluon_supported 
 
 def gluon_bwd_setting(value: str) -> tuple[bool, str, bool]:
     """(GLUON_BWD_ENABLED, GLUON_BWD_VARIANT, GLUON_BWD_DKDV) for a value of FLASHLITE_GLUON_BWD: "0" or "" off, "1"
-    the single-partition kernels ("pipelined"), "ws" the warp-specialized ones, "ws_dq" the warp-specialized dQ
-    kernel with the pointer dK/dV kernel (GLUON_BWD_DKDV False). Raises ValueError naming the variable for any other
-    value, so that a mistyped schedule is not run as another one.
+    the single-partition kernels ("pipelined"), "ws" the warp-specialized ones, "mixed" dK/dV single-partition and
+    dQ warp-specialized (``SCHEDULE_VARIANTS``), "ws_dq" the warp-specialized dQ kernel with the pointer dK/dV
+    kernel (GLUON_BWD_DKDV False). Raises ValueError naming the variable for any other value, so that a mistyped
+    schedule is not run as another one.
 
     Example:
         >>> gluon_bwd_setting("ws")
@@ -47,11 +50,12 @@ def gluon_bwd_setting(value: str) -> tuple[bool, str, bool]:
         (False, 'pipelined', True)
     """
     settings = {"": (False, "pipelined", True), "0": (False, "pipelined", True), "1": (True, "pipelined", True),
-                "ws": (True, "ws", True), "ws_dq": (True, "ws", False)}
+                "ws": (True, "ws", True), "mixed": (True, "mixed", True), "ws_dq": (True, "ws", False)}
     if value not in settings:
         raise ValueError(f"FLASHLITE_GLUON_BWD must be one of {sorted(settings)} ('0' or '' off, '1' the "
-                         f"single-partition Gluon backward, 'ws' the warp-specialized one, 'ws_dq' its dQ kernel "
-                         f"with the pointer dK/dV kernel), got {value!r}")
+                         f"single-partition Gluon backward, 'ws' the warp-specialized one, 'mixed' dK/dV "
+                         f"single-partition and dQ warp-specialized, 'ws_dq' the warp-specialized dQ kernel with the "
+                         f"pointer dK/dV kernel), got {value!r}")
     return settings[value]
 
 
@@ -64,6 +68,9 @@ GLUON_BWD_ENABLED, GLUON_BWD_VARIANT, GLUON_BWD_DKDV = gluon_bwd_setting(os.envi
 # The schedules each backward kernel has: "pipelined" (one partition) and "ws" (``_attn_bwd_dkdv_ws``,
 # ``_attn_bwd_dq_ws``).
 BWD_VARIANTS = {"dkdv": ("pipelined", "ws"), "dq": ("pipelined", "ws")}
+# The variant of each kernel under a schedule (GLUON_BWD_VARIANT).
+SCHEDULE_VARIANTS = {"pipelined": {"dkdv": "pipelined", "dq": "pipelined"}, "ws": {"dkdv": "ws", "dq": "ws"},
+                     "mixed": {"dkdv": "pipelined", "dq": "ws"}}
 
 
 @dataclass(frozen=True)
@@ -106,7 +113,7 @@ def bwd_configs_for(head_dim: int, kernel: str = "dkdv", variant: str = "pipelin
     Example:
         >>> config = bwd_configs_for(128)[0]
         >>> config.variant, config.own_rows, config.streamed_rows, config.stages, config.num_warps
-        ('pipelined', 128, 64, 2, 8)
+        ('pipelined', 64, 64, 2, 4)
         >>> bwd_configs_for(64, "dkdv", "ws")[0].program_rows
         128
     """
@@ -223,8 +230,8 @@ def launch_dkdv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: tor
     """Write dK and dV of a checked call into ``dk`` and ``dv`` (contiguous, k's and v's shapes): ``grad_out`` as
     ``tma_gradient`` returns it, ``lse`` and ``delta`` contiguous float32 [B, H, S_q]. What
     ``gluon_attention_dkdv`` and ``launch.launch_backward`` launch; without ``config``, the first listed config of
-    ``GLUON_BWD_VARIANT``."""
-    config = config or bwd_configs_for(q.shape[-1], "dkdv", GLUON_BWD_VARIANT)[0]
+    ``GLUON_BWD_VARIANT``'s variant of the kernel."""
+    config = config or bwd_configs_for(q.shape[-1], "dkdv", SCHEDULE_VARIANTS[GLUON_BWD_VARIANT]["dkdv"])[0]
     args, meta = dkdv_kernel_arguments(q, k, v, grad_out, dk, dv, lse, delta, causal_mode, scale, config)
     grid = (math.ceil(k.shape[2] / config.program_rows), k.shape[0] * k.shape[1])
     dkdv_kernel_for(config)[grid](*args, **meta)
@@ -234,7 +241,7 @@ def launch_dq(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch
               delta: torch.Tensor, dq: torch.Tensor, causal_mode: int, scale: float,
               config: Optional[GluonBwdConfig] = None) -> None:
     """Write dQ of a checked call into ``dq`` (contiguous, q's shape), as ``launch_dkdv`` does dK and dV."""
-    config = config or bwd_configs_for(q.shape[-1], "dq", GLUON_BWD_VARIANT)[0]
+    config = config or bwd_configs_for(q.shape[-1], "dq", SCHEDULE_VARIANTS[GLUON_BWD_VARIANT]["dq"])[0]
     args, meta = dq_kernel_arguments(q, k, v, grad_out, dq, lse, delta, causal_mode, scale, config)
     grid = (math.ceil(q.shape[2] / config.program_rows), q.shape[0] * q.shape[1])
     dq_kernel_for(config)[grid](*args, **meta)

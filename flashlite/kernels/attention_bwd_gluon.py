@@ -55,16 +55,18 @@ from flashlite.kernels.gluon_tiles import as_tma_tile, consumer_key_blocks, key_
 # at D=64, 197-255 at D=128, no spills. At D=128 the first config's 8 warps of 255 registers fill an SM's registers
 # alone; the others fit two programs per SM, as the pointer dK/dV kernel's chosen (32, 64, 4, 3) does: 64 x 64 in
 # 98 KB, and 64 x 32 x 3 in 82 KB with 197-222 registers, the warp-specialized kernel's first tile per consumer
-# (cpu-host-2026-12-05-b/backward_sass_mix/). Neither has been timed yet.
+# (cpu-host-2026-12-05-b/backward_sass_mix/). Timed alone (run T3, H100, cases 3, 6, 12): 64 x 64 is 1.19-1.20x
+# the 128 x 64 config at D=128 and 1.11-1.12x at D=64, so it is listed first; 64 x 32 x 3 is 0.89-0.95x.
 GLUON_BWD_CONFIGS = {
-    64: [(128, 64, 3, 8), (64, 64, 3, 4)],
-    128: [(128, 64, 2, 8), (64, 64, 2, 4), (64, 32, 3, 4)],
+    64: [(64, 64, 3, 4), (128, 64, 3, 8)],
+    128: [(64, 64, 2, 4), (128, 64, 2, 8), (64, 32, 3, 4)],
 }
 # dQ: (BLOCK_M, BLOCK_N, STAGES, num_warps). Shared memory: Q and dO BLOCK_M x D once, K and V BLOCK_N x D per
-# stage: D=128, 128 x 64 x 3: 64 KB + 3 x 32 KB = 160 KB; D=64, 128 x 64 x 3: 32 + 3 x 16 = 80 KB.
+# stage: D=128, 128 x 64 x 3: 64 KB + 3 x 32 KB = 160 KB; D=64, 128 x 64 x 3: 32 + 3 x 16 = 80 KB. Timed alone
+# (run T3, H100): 64 x 64 is 1.23-1.25x the 128 x 64 config at D=128 and 1.09-1.13x at D=64, so it is listed first.
 GLUON_DQ_CONFIGS = {
-    64: [(128, 64, 3, 8), (64, 64, 3, 4)],
-    128: [(128, 64, 3, 8), (64, 64, 2, 4)],
+    64: [(64, 64, 3, 4), (128, 64, 3, 8)],
+    128: [(64, 64, 2, 4), (128, 64, 3, 8)],
 }
 HEAD_DIMS = (64, 128)
 

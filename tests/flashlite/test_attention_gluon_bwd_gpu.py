@@ -98,12 +98,13 @@ def test_strided_layouts_and_a_transposed_gradient(variant):
     check_backward(q, k, v, True, *_first_configs(64, variant), grad_out=grad_out)
 
 
-@pytest.mark.parametrize("variant", ["pipelined", "ws", "ws_dq"])
+@pytest.mark.parametrize("variant", ["pipelined", "ws", "mixed", "ws_dq"])
 @pytest.mark.parametrize("causal", CAUSAL)
 def test_attention_backward_with_the_switch_on(causal, variant, monkeypatch):
     # flashlite.attention end to end with FLASHLITE_GLUON_BWD's switch: dK/dV and dQ on the Gluon kernels of the
-    # schedule it names (the plan says so) after the pointer delta kernel, all three against float64; with "ws_dq"
-    # only dQ, and dK/dV on the pointer kernel.
+    # schedule it names (the plan says so) after the pointer delta kernel, all three against float64; with "mixed"
+    # dK/dV on the single-partition kernel and dQ on the warp-specialized one; with "ws_dq" only dQ, and dK/dV on
+    # the pointer kernel.
     enabled, schedule, dkdv_on_gluon = launch_gluon_bwd.gluon_bwd_setting(variant if variant != "pipelined" else "1")
     monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_ENABLED", enabled)
     monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_VARIANT", schedule)
@@ -121,10 +122,11 @@ def test_attention_backward_with_the_switch_on(causal, variant, monkeypatch):
     q, k, v = (t.requires_grad_() for t in qkv(2, 8, 777, 128, torch.bfloat16, H_kv=2, S_k=777))
     grad_out = torch.randn_like(q)
     attention(q, k, v, causal=causal, backend="triton").backward(grad_out)
+    variants = launch_gluon_bwd.SCHEDULE_VARIANTS[schedule]
     if dkdv_on_gluon:
-        assert launched == ["launch_dkdv", "launch_dq"] and schedules == [schedule, schedule]
+        assert launched == ["launch_dkdv", "launch_dq"] and schedules == [variants["dkdv"], variants["dq"]]
     else:
-        assert launched == ["launch_dq"] and schedules == [schedule]
+        assert launched == ["launch_dq"] and schedules == [variants["dq"]]
     ref, base = reference_grads(q, k, v, grad_out, causal)
     for name, got, r, b in zip(("dq", "dk", "dv"), (q.grad, k.grad, v.grad), ref, base):
         assert_close(got, r, baseline=b, notes=(name, "switch on"))

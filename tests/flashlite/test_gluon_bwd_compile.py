@@ -218,7 +218,7 @@ def test_each_schedule_launches_its_own_kernel_over_its_own_grid(monkeypatch):
         monkeypatch.setattr(kernels, name, _RecordedLaunch(name, launches))
     q, k = _bf16(2, 4, 333, 64), _bf16(2, 2, 333, 64)
     lse = torch.zeros(2, 4, 333)
-    pipelined = launch_gluon_bwd.bwd_configs_for(64, "dkdv")[1]
+    pipelined = launch_gluon_bwd.bwd_configs_for(64, "dkdv")[0]
     ws = launch_gluon_bwd.bwd_configs_for(64, "dkdv", "ws")[0]
     assert pipelined.own_rows == ws.own_rows == 64 and ws.program_rows == 128
     for config in (pipelined, ws):
@@ -236,6 +236,13 @@ def test_each_schedule_launches_its_own_kernel_over_its_own_grid(monkeypatch):
     dq_ws = launch_gluon_bwd.bwd_configs_for(64, "dq", "ws")[0]
     assert (name_q, grid_q) == ("_attn_bwd_dq_ws", (math.ceil(333 / dq_ws.program_rows), 8))
     assert meta_q["maxnreg"] == kernels.BWD_WS_MAXNREG and meta_q["BLOCK_M"] == dq_ws.own_rows
+    # "mixed": dK/dV on the single-partition kernel's first config, dQ on the warp-specialized one's.
+    launches.clear()
+    monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_VARIANT", "mixed")
+    launch_gluon_bwd.launch_dkdv(q, k, k, q, lse, lse, torch.empty_like(k), torch.empty_like(k), 1, 0.125)
+    launch_gluon_bwd.launch_dq(q, k, k, q, lse, lse, torch.empty_like(q), 1, 0.125)
+    assert [name for name, _, _ in launches] == ["_attn_bwd_dkdv", "_attn_bwd_dq_ws"]
+    assert launches[0][2]["BLOCK_N"] == launch_gluon_bwd.bwd_configs_for(64, "dkdv")[0].own_rows
 
 
 @needs_gluon
@@ -267,3 +274,5 @@ def test_the_switch_refuses_a_value_it_does_not_know(value):
     assert launch_gluon_bwd.gluon_bwd_setting("1") == (True, "pipelined", True)
     assert launch_gluon_bwd.gluon_bwd_setting("") == (False, "pipelined", True)
     assert launch_gluon_bwd.gluon_bwd_setting("ws_dq") == (True, "ws", False)
+    assert launch_gluon_bwd.gluon_bwd_setting("mixed") == (True, "mixed", True)
+    assert set(launch_gluon_bwd.SCHEDULE_VARIANTS) == {"pipelined", "ws", "mixed"}

@@ -214,7 +214,7 @@ def _check_against_pointer(shape, candidates: dict, pointer) -> None:
 
 
 # The schedule each FLASHLITE_GLUON_BWD value runs, as the rows name it.
-_SCHEDULE_NAMES = {"ws": "ws", "1": "pipelined", "ws_dq": "ws_dq"}
+_SCHEDULE_NAMES = {"ws": "ws", "1": "pipelined", "ws_dq": "ws_dq", "mixed": "mixed"}
 
 
 def _backward_ab(shape, kernel_ab, candidate: str, gluon_baselines: tuple[str, ...]) -> None:
@@ -253,6 +253,15 @@ def test_gluon_backward_ab(shape, kernel_ab):
 @pytest.mark.memory(lambda shape: attention_bytes(shape, copies=14))
 def test_gluon_ws_dq_backward_ab(shape, kernel_ab):
     _backward_ab(shape, kernel_ab, "ws_dq", ())
+
+
+# FLASHLITE_GLUON_BWD=mixed: dK/dV on the single-partition Gluon kernel and dQ on the warp-specialized one, each
+# kernel's faster schedule at D=128 when timed alone (run T3), against ws_dq, the pointer backward and SDPA.
+# ``-k mixed``.
+@pytest.mark.shape(*SHAPES, dtype=[torch.bfloat16])
+@pytest.mark.memory(lambda shape: attention_bytes(shape, copies=14))
+def test_gluon_mixed_backward_ab(shape, kernel_ab):
+    _backward_ab(shape, kernel_ab, "mixed", ("ws_dq",))
 
 
 # The Gluon backward's kernels alone, launched directly on one forward's out and lse with delta computed once: every
