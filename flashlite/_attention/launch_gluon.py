@@ -154,8 +154,9 @@ def configs_for(head_dim: int, variant: str = "pipelined") -> list[GluonConfig]:
     """Every config the kernel file lists for ``head_dim`` and ``variant``, the launcher's choice first.
 
     Example:
-        >>> configs_for(64)[0]
-        GluonConfig(variant='pipelined', block_m=128, block_n=128, stages=3, num_warps=8, overlap=False)
+        >>> configs_for(64)[0]  # doctest: +NORMALIZE_WHITESPACE
+        GluonConfig(variant='pipelined', block_m=128, block_n=128, stages=3, num_warps=8, overlap=False,
+                    named_barriers=False)
     """
     return [GluonConfig(variant, *blocks) for blocks in _kernels.GLUON_FWD_CONFIGS[variant][head_dim]]
 
@@ -247,8 +248,9 @@ def dispatched_config(head_dim: int, windowed: bool = False) -> Optional["GluonC
     calls or (``windowed``) causal sliding windows; None where the rule keeps the pointer kernel.
 
     Example:
-        >>> dispatched_config(64)
-        GluonConfig(variant='pipelined', block_m=64, block_n=128, stages=2, num_warps=4, overlap=False)
+        >>> dispatched_config(64)  # doctest: +NORMALIZE_WHITESPACE
+        GluonConfig(variant='pipelined', block_m=64, block_n=128, stages=2, num_warps=4, overlap=False,
+                    named_barriers=False)
         >>> dispatched_config(128, windowed=True) is None
         True
     """
