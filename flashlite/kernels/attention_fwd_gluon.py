@@ -576,11 +576,12 @@ def _attn_fwd_persistent(q_desc,  # [B, H, S_q, D] 16-bit, tiles [1, 1, BLOCK_M,
 #
 # NAMED_BARRIERS (a constexpr of the kernel): the same turns and releases through the SM's hardware barriers
 # (``bar.sync`` / ``bar.arrive``, inline PTX) instead of mbarriers. Why: Triton 3.6 puts a barrier of the whole
-# partition (``bar.sync``) before every mbarrier arrive and before the next wait after one, because its shared-memory
-# analysis cannot tell a partition's barriers apart; with a turn hand-over and a release per block that is three
-# partition-wide barriers per block on top of the turn's own wait (the PTX shows them), and the warps stall on them
-# (Nsight Compute at case 6, D=128: 3.64 cycles of barrier stall per instruction, cuDNN's kernel 1.59). A hardware
-# barrier touches no shared memory, so the consumers' block loop keeps only its waits on the copies.
+# partition (``bar.sync``) before every mbarrier arrive (one thread arrives, so its shared-memory analysis orders
+# every thread's earlier accesses before it), and one before each block's first wait (after the previous block's
+# wgmma wait). With a turn hand-over and a release per block that made three partition-wide barriers per block on
+# top of the turn's own wait (the PTX shows them), and the warps stalled on them (Nsight Compute at case 6, D=128:
+# 3.64 cycles of barrier stall per instruction, cuDNN's kernel 1.59). A hardware barrier touches no shared memory,
+# so with them the PTX keeps the one barrier before each block's first wait.
 # * Turns: consumer c's turn barrier is TURN_BARRIER + c, for 256 threads: its own 128 wait there (bar.sync), the
 #   other's 128 arrive (bar.arrive, which does not block). Consumer 0 waits before turn k for 1 <= k <= T_1 and
 #   consumer 1 arrives after its turn k - 1 exactly when consumer 0 will wait for turn k (k < T_0); consumer 1 waits
@@ -593,7 +594,8 @@ def _attn_fwd_persistent(q_desc,  # [B, H, S_q, D] 16-bit, tiles [1, 1, BLOCK_M,
 #   reading consumer. A consumer arrives for block b only when the producer will load block b + STAGES (b + STAGES
 #   < max(n_0, n_1)), so no arrival is left over at the end, and it cannot arrive for block b + STAGES before the
 #   generation of block b completed (block b + STAGES is loaded only after it).
-# Ids: Triton's partitions use 0 to 3 for their own barriers (the compile test reads the PTX's); these take 8 on.
+# Ids: Triton's partitions use low ids for their own barriers (0 to 2 in this kernel's PTX; the compile test reads
+# them and checks they stay below SLOT_BARRIER); these take 8 on.
 PINGPONG_CONSUMER_REGS = gl.constexpr(240)
 # maxnreg of the ping-pong kernel: 12 warps x 32 threads x 168 registers fit the 64 K registers of an SM; the
 # default partition (consumer 0) gets what consumer 1's 240 and the producer group's 24 leave: 240.
@@ -798,12 +800,12 @@ def _pp_producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, k_read
     n_blocks = gl.maximum(n_blocks_0, n_blocks_1)
     for j in range(n_blocks):
         slot = j % STAGES
-        # Round 0 passes at once (a fresh mbarrier counts as having completed the phase before its first).
         if NAMED:
             # The release of block j - STAGES by every consumer that read it (none to wait for in round 0).
             readers = (j - STAGES < n_blocks_0).to(gl.int32) + (j - STAGES < n_blocks_1).to(gl.int32)
             _named_barrier(True, SLOT_BARRIER + slot, 32 + 128 * readers, (j >= STAGES) & (readers > 0), 1)
         else:
+            # Round 0 passes at once (a fresh mbarrier counts as having completed the phase before its first).
             phase = ((j // STAGES) & 1) ^ 1
             mbarrier.wait(kv_empty.index(slot), phase, pred=j - STAGES < n_blocks_0)
             mbarrier.wait(kv_empty.index(STAGES + slot), phase, pred=j - STAGES < n_blocks_1)
