@@ -6,7 +6,7 @@ buffer with ``tl.atomic_add``, one element per thread and instruction; it lost 0
 (``benchmarks/results/h200-2026-12-04-f/``). On sm_90 a tensor descriptor's ``atomic_add`` lowers instead to
 ``cp.reduce.async.bulk.tensor ... add``: the whole [BLOCK_M, D] tile is staged in shared memory and the copy engine
 adds it into global memory asynchronously, the way FlashAttention-3 accumulates dQ. flashlite's pointer dK/dV kernel
-did that for a while (FLASHLITE_DQ_REDUCE=1, 3336421) and lost 0.79-0.92x to the two-kernel backward on an H100
+did that for a while (FLASHLITE_DQ_REDUCE=1, 3336421) and lost 0.69-0.92x to the two-kernel backward on an H100
 (run U1, benchmarks/results/h100-2026-12-05/), so it was removed; this probe, a minimal kernel with the three modes
 side by side, splits what the dQ share costs from what adding it in costs.
 

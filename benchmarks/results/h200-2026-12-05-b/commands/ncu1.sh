@@ -28,7 +28,7 @@ profile() {  # name, then the driver's arguments
 }
 profile fwd_d128 --D 128 --case 6
 profile fwdbwd_d128 --D 128 --case 6 --backward
-# The one-kernel backward (FLASHLITE_DQ_REDUCE=1), which lost 0.82-0.92x to the two kernels in run U1.
+# The one-kernel backward (FLASHLITE_DQ_REDUCE=1), which lost 0.69-0.92x to the two kernels in run U1.
 export FLASHLITE_DQ_REDUCE=1; profile fwdbwd_d128_dqreduce --D 128 --case 6 --backward --sides flashlite; unset FLASHLITE_DQ_REDUCE
 profile fwd_d64 --D 64 --case 6
 ls -la $O > $O/files.txt
