@@ -650,14 +650,11 @@ def _named_barrier(SYNC: gl.constexpr, barrier, threads, pred, WARPS: gl.constex
     where ``pred`` holds (uniform across them). Gluon has no op for a hardware barrier, so this is inline PTX over
     a tensor of one element per thread."""
     layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
+    op: gl.constexpr = "bar.sync" if SYNC else "bar.arrive"
     zero = gl.full([32 * WARPS], 0, gl.int32, layout)
     operands = [zero + pred.to(gl.int32), zero + barrier, zero + threads]
-    if SYNC:
-        gl.inline_asm_elementwise("{ .reg .pred p; setp.ne.b32 p, $1, 0; @p bar.sync $2, $3; mov.b32 $0, 0; }",
-                                  "=r,r,r,r", operands, dtype=gl.int32, is_pure=False, pack=1)
-    else:
-        gl.inline_asm_elementwise("{ .reg .pred p; setp.ne.b32 p, $1, 0; @p bar.arrive $2, $3; mov.b32 $0, 0; }",
-                                  "=r,r,r,r", operands, dtype=gl.int32, is_pure=False, pack=1)
+    gl.inline_asm_elementwise("{ .reg .pred p; setp.ne.b32 p, $1, 0; @p " + op + " $2, $3; mov.b32 $0, 0; }",
+                              "=r,r,r,r", operands, dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit
