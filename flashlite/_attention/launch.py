@@ -6,8 +6,9 @@ that later calls replay the compiled kernel with their own tensors (``flashlite.
 site names its kernel's leading tensors once, in one tuple, for the ordinary launch, the recording and the replay.
 The public launchers ``attention_forward`` / ``attention_backward`` (what the custom ops call) check their flat
 arguments and keep a plan per signature too. A plan whose forward the Gluon kernel runs (sm_90, where it
-measured faster: ``launch_gluon``) launches it there instead of the pointer kernel; with FLASHLITE_GLUON_BWD=1 (or
-ws) the backward's dK/dV and dQ run on the Gluon kernels where they can (``launch_gluon_bwd``), with ws_dq only dQ.
+measured faster: ``launch_gluon``) launches it there instead of the pointer kernel; the backward's dK/dV and dQ run
+on the Gluon kernels where FLASHLITE_GLUON_BWD lets them (``launch_gluon_bwd``: by default where they measured
+faster, with ws_dq only dQ).
 Imports ``validation``, ``plans``, ``launch_gluon`` and ``launch_gluon_bwd``.
 """
 import math
@@ -462,10 +463,10 @@ def launch_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v:
     layout = (grad_out.stride(), grad_out.dtype, out.stride(), out.dtype)
     cu_q, cu_k = (q, q) if cu_seqlens is None else cu_seqlens
     flat_q = p.batch * p.heads > _GRID_AXIS1_LIMIT
-    enabled = launch_gluon_bwd.GLUON_BWD_ENABLED
-    on_gluon = plan.gluon_bwd.get(enabled)
+    switch = (launch_gluon_bwd.GLUON_BWD_ENABLED, launch_gluon_bwd.GLUON_BWD_MEASURED_ONLY)
+    on_gluon = plan.gluon_bwd.get(switch)
     if on_gluon is None:  # decided once per plan and switch value
-        on_gluon = plan.gluon_bwd[enabled] = launch_gluon_bwd.backward_on_gluon(p, q, k, v)
+        on_gluon = plan.gluon_bwd[switch] = launch_gluon_bwd.backward_on_gluon(p, q, k, v)
     if on_gluon and launch_gluon.bases_aligned(q, k, v):
         # The Gluon kernels read delta from the preprocessing kernel.
         delta_tensors = (out, grad_out, delta, cu_q)  # the kernel's leading tensors, in order

@@ -7,14 +7,15 @@ gradient whose layout TMA cannot describe is copied to a contiguous one first.
 
 ``flashlite.attention``'s backward (``launch.launch_backward``) runs these kernels instead of the pointer dK/dV and
 dQ kernels (after the pointer delta kernel) only where ``backward_on_gluon`` says so: dense calls without key masks
-or variants that the kernels can run, with q, k and v on 16-byte boundaries, and only with FLASHLITE_GLUON_BWD set
-(``GLUON_BWD_ENABLED``), off by default until an H200 A/B
-(``tests/perf/test_gluon_ab.py::test_gluon_backward_ab``) says where they are faster. FLASHLITE_GLUON_BWD=1 runs
-both on the single-partition kernels ("pipelined"), FLASHLITE_GLUON_BWD=ws on the warp-specialized ones ("ws": a
-TMA producer warp and two consumer warpgroups; ``GLUON_BWD_VARIANT``), FLASHLITE_GLUON_BWD=mixed dK/dV on the
-single-partition kernel and dQ on the warp-specialized one (each kernel's faster schedule at D=128 in run T3),
-FLASHLITE_GLUON_BWD=ws_dq only dQ on the warp-specialized kernel and dK/dV on the pointer kernel
-(``GLUON_BWD_DKDV``).
+or variants that the kernels can run, with q, k and v on 16-byte boundaries, and where FLASHLITE_GLUON_BWD
+(``GLUON_BWD_ENABLED``) lets them. Unset (or "auto"), it lets them only where the A/B
+(``tests/perf/test_gluon_ab.py``) measured them faster than the pointer backward (``measured_faster``: head dim
+128, causal, 4,096 or more queries and keys), with dK/dV on the single-partition kernel and dQ on the
+warp-specialized one. FLASHLITE_GLUON_BWD=0 turns them off; the other values run them on every call the kernels
+can run: 1 both on the single-partition kernels ("pipelined"), ws on the warp-specialized ones ("ws": a TMA
+producer warp and two consumer warpgroups; ``GLUON_BWD_VARIANT``), mixed dK/dV on the single-partition kernel and
+dQ on the warp-specialized one (each kernel's faster schedule at D=128 in run T3), ws_dq only dQ on the
+warp-specialized kernel and dK/dV on the pointer kernel (``GLUON_BWD_DKDV``).
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from typing import Optional, Union
 import torch
 
 from flashlite._attention.launch_gluon import _CAUSAL, _layout_problem, gluon_supported, tile_descriptor
-from flashlite._attention.validation import _CAUSAL_ARGUMENT, Problem
+from flashlite._attention.validation import _CAUSAL_ARGUMENT, CAUSAL_NONE, Problem
 
 try:
     from flashlite.kernels import attention_bwd_gluon as _kernels
@@ -35,11 +36,12 @@ except ImportError:  # pragma: no cover - Triton without Gluon; gluon_supported 
 
 
 def gluon_bwd_setting(value: str) -> tuple[bool, str, bool]:
-    """(GLUON_BWD_ENABLED, GLUON_BWD_VARIANT, GLUON_BWD_DKDV) for a value of FLASHLITE_GLUON_BWD: "0" or "" off, "1"
-    the single-partition kernels ("pipelined"), "ws" the warp-specialized ones, "mixed" dK/dV single-partition and
-    dQ warp-specialized (``SCHEDULE_VARIANTS``), "ws_dq" the warp-specialized dQ kernel with the pointer dK/dV
-    kernel (GLUON_BWD_DKDV False). Raises ValueError naming the variable for any other value, so that a mistyped
-    schedule is not run as another one.
+    """(GLUON_BWD_ENABLED, GLUON_BWD_VARIANT, GLUON_BWD_DKDV) for a value of FLASHLITE_GLUON_BWD: "auto" (what an
+    unset variable means) the "mixed" schedule where ``measured_faster`` says, "0" or "" off, "1" the
+    single-partition kernels ("pipelined"), "ws" the warp-specialized ones, "mixed" dK/dV single-partition and dQ
+    warp-specialized (``SCHEDULE_VARIANTS``), "ws_dq" the warp-specialized dQ kernel with the pointer dK/dV kernel
+    (GLUON_BWD_DKDV False). Raises ValueError naming the variable for any other value, so that a mistyped schedule
+    is not run as another one.
 
     Example:
         >>> gluon_bwd_setting("ws")
@@ -48,14 +50,17 @@ def gluon_bwd_setting(value: str) -> tuple[bool, str, bool]:
         (True, 'ws', False)
         >>> gluon_bwd_setting("0")
         (False, 'pipelined', True)
+        >>> gluon_bwd_setting("auto")
+        (True, 'mixed', True)
     """
     settings = {"": (False, "pipelined", True), "0": (False, "pipelined", True), "1": (True, "pipelined", True),
-                "ws": (True, "ws", True), "mixed": (True, "mixed", True), "ws_dq": (True, "ws", False)}
+                "ws": (True, "ws", True), "mixed": (True, "mixed", True), "ws_dq": (True, "ws", False),
+                "auto": (True, "mixed", True)}
     if value not in settings:
-        raise ValueError(f"FLASHLITE_GLUON_BWD must be one of {sorted(settings)} ('0' or '' off, '1' the "
-                         f"single-partition Gluon backward, 'ws' the warp-specialized one, 'mixed' dK/dV "
-                         f"single-partition and dQ warp-specialized, 'ws_dq' the warp-specialized dQ kernel with the "
-                         f"pointer dK/dV kernel), got {value!r}")
+        raise ValueError(f"FLASHLITE_GLUON_BWD must be one of {sorted(settings)} ('auto', the default, where "
+                         f"measured faster; '0' or '' off, '1' the single-partition Gluon backward, 'ws' the "
+                         f"warp-specialized one, 'mixed' dK/dV single-partition and dQ warp-specialized, 'ws_dq' the "
+                         f"warp-specialized dQ kernel with the pointer dK/dV kernel), got {value!r}")
     return settings[value]
 
 
@@ -64,7 +69,17 @@ def gluon_bwd_setting(value: str) -> tuple[bool, str, bool]:
 # case 6 in run T1, the warp-specialized one 3,562 us and the single-partition one 2,387 us in S1, while the
 # warp-specialized dQ kernel took 1,164 us against the pointer dQ kernel's 1,562). The switch's value is read once,
 # at import.
-GLUON_BWD_ENABLED, GLUON_BWD_VARIANT, GLUON_BWD_DKDV = gluon_bwd_setting(os.environ.get("FLASHLITE_GLUON_BWD", "0"))
+GLUON_BWD_SWITCH = os.environ.get("FLASHLITE_GLUON_BWD", "auto")
+GLUON_BWD_ENABLED, GLUON_BWD_VARIANT, GLUON_BWD_DKDV = gluon_bwd_setting(GLUON_BWD_SWITCH)
+# With the switch at "auto", the Gluon backward runs only where ``measured_faster`` says; with an explicit schedule,
+# wherever the kernels can run.
+GLUON_BWD_MEASURED_ONLY = GLUON_BWD_SWITCH == "auto"
+# measured_faster's rule. Run N5 (H100, 7de8265; benchmarks/results/h100-2026-12-05-c/), forward+backward of
+# flashlite.attention, bf16, causal, H=16, "mixed" against the pointer backward: at D=128 1.101x, 1.162x, 1.119x
+# (cases 3, 6, 12: B=1 S=8192, B=8 S=4096, B=16 S=8192; wins); at D=64 0.874x, 0.865x, 0.905x (losses). Shorter
+# sequences and non-causal calls were not measured, so they keep the pointer backward.
+GLUON_BWD_HEAD_DIMS = (128,)
+GLUON_BWD_MIN_SEQ = 4096
 # The schedules each backward kernel has: "pipelined" (one partition) and "ws" (``_attn_bwd_dkdv_ws``,
 # ``_attn_bwd_dq_ws``).
 BWD_VARIANTS = {"dkdv": ("pipelined", "ws"), "dq": ("pipelined", "ws")}
@@ -266,9 +281,27 @@ def gluon_attention_dq(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     return dq
 
 
+def measured_faster(problem: Problem) -> bool:
+    """Whether the Gluon backward ("mixed") measured faster than the pointer backward for calls like ``problem``:
+    head dim 128 (``GLUON_BWD_HEAD_DIMS``), causal, and at least ``GLUON_BWD_MIN_SEQ`` queries and keys (see there
+    for the runs). What FLASHLITE_GLUON_BWD's default ("auto") runs on the Gluon kernels.
+
+    Example:
+        >>> from flashlite._attention.validation import validate
+        >>> q = torch.randn(1, 2, 4096, 128, dtype=torch.bfloat16)
+        >>> measured_faster(validate(q, q, q, True, None, None, None, "triton", None))
+        True
+        >>> measured_faster(validate(q, q, q, False, None, None, None, "triton", None))
+        False
+    """
+    return (problem.head_dim in GLUON_BWD_HEAD_DIMS and problem.causal_mode != CAUSAL_NONE
+            and min(problem.seq_q, problem.seq_k) >= GLUON_BWD_MIN_SEQ)
+
+
 def backward_on_gluon(problem: Problem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    """Whether ``launch_backward`` runs a call's dK/dV and dQ on the Gluon kernels: FLASHLITE_GLUON_BWD on, a dense
-    call without key masks, variants or packed sequences, and one the kernels can run (``gluon_supported``).
+    """Whether ``launch_backward`` runs a call's dK/dV and dQ on the Gluon kernels: FLASHLITE_GLUON_BWD on (at
+    "auto", the default, only where ``measured_faster``), a dense call without key masks, variants or packed
+    sequences, and one the kernels can run (``gluon_supported``).
 
     Example:
         >>> from flashlite._attention.validation import validate
@@ -278,6 +311,8 @@ def backward_on_gluon(problem: Problem, q: torch.Tensor, k: torch.Tensor, v: tor
     """
     if not (GLUON_BWD_ENABLED and problem.variant == "dense" and problem.key_masking == "none"
             and not problem.varlen and problem.page_size == 0):
+        return False
+    if GLUON_BWD_MEASURED_ONLY and not measured_faster(problem):
         return False
     causal = _CAUSAL_ARGUMENT.get(problem.causal_mode)
     # Kept per plan, so no address check here: launch_backward checks each call's (bases_aligned).

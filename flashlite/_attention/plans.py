@@ -60,8 +60,9 @@ class Plan:
         # by make_plan or at the plan's first launch.
         self.gluon: Optional[bool] = None
         # Whether the backward's dK/dV and dQ run on the Gluon kernels (``launch_gluon_bwd.backward_on_gluon``), per
-        # value of its switch (``launch_gluon_bwd.GLUON_BWD_ENABLED``), decided at the first backward under each.
-        self.gluon_bwd: dict[bool, bool] = {}
+        # value of its switch (``launch_gluon_bwd.GLUON_BWD_ENABLED``, ``GLUON_BWD_MEASURED_ONLY``), decided at the
+        # first backward under each.
+        self.gluon_bwd: dict[tuple[bool, bool], bool] = {}
 
     def decision_for(self, gradient: bool) -> Any:
         """The decision a call of this signature runs by: ``gradient``, whether autograd records the call."""

@@ -109,6 +109,7 @@ def test_attention_backward_with_the_switch_on(causal, variant, monkeypatch):
     monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_ENABLED", enabled)
     monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_VARIANT", schedule)
     monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_DKDV", dkdv_on_gluon)
+    monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_MEASURED_ONLY", False)  # an explicit schedule: every shape
     launched = []
     for name in ("launch_dkdv", "launch_dq"):
         real = getattr(launch_gluon_bwd, name)

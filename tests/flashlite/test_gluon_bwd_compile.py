@@ -13,6 +13,9 @@ own for each consumer warpgroup, and no barrier of the whole block inside the pa
 import importlib
 import json
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -111,13 +114,55 @@ def test_the_backward_switch_needs_the_flag_a_dense_call_and_one_the_kernel_can_
     masked = validate(q, q, q, True, None, None, lengths, "triton", None)
     windowed = validate(q, q, q, True, None, None, None, "triton", None, (16, 0))
     monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_ENABLED", True)
+    monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_MEASURED_ONLY", False)  # an explicit schedule: every shape
     assert not launch_gluon_bwd.backward_on_gluon(dense, q, q, q)  # CPU tensors: gluon_supported refuses
     monkeypatch.setattr(launch_gluon_bwd, "gluon_supported", lambda *a, **kw: None)
     assert launch_gluon_bwd.backward_on_gluon(dense, q, q, q)
     assert not launch_gluon_bwd.backward_on_gluon(masked, q, q, q)
     assert not launch_gluon_bwd.backward_on_gluon(windowed, q, q, q)
-    monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_ENABLED", False)  # FLASHLITE_GLUON_BWD unset: the default
+    monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_ENABLED", False)  # FLASHLITE_GLUON_BWD=0
     assert not launch_gluon_bwd.backward_on_gluon(dense, q, q, q)
+
+
+def test_the_default_switch_runs_the_gluon_backward_only_where_it_measured_faster(monkeypatch):
+    # FLASHLITE_GLUON_BWD unset ("auto"): the "mixed" schedule at head dim 128, causal, 4,096 or more queries and
+    # keys (run N5: 1.10-1.16x the pointer backward there, 0.87-0.91x at D=64); the pointer backward elsewhere, and
+    # everywhere with FLASHLITE_GLUON_BWD=0. gluon_supported is stood in (the kernels need an sm_90 GPU).
+    assert launch_gluon_bwd.gluon_bwd_setting("auto") == (True, "mixed", True)
+    monkeypatch.setattr(launch_gluon_bwd, "gluon_supported", lambda *a, **kw: None)
+    for name, value in zip(("GLUON_BWD_ENABLED", "GLUON_BWD_VARIANT", "GLUON_BWD_DKDV"),
+                           launch_gluon_bwd.gluon_bwd_setting("auto")):
+        monkeypatch.setattr(launch_gluon_bwd, name, value)
+    monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_MEASURED_ONLY", True)
+
+    def decided(S_q, S_k, D, causal, H_kv=4):
+        q = torch.empty(1, 4, S_q, D, dtype=torch.bfloat16)
+        k = v = torch.empty(1, H_kv, S_k, D, dtype=torch.bfloat16)
+        return launch_gluon_bwd.backward_on_gluon(validate(q, k, v, causal, None, None, None, "triton", None), q, k, v)
+    assert decided(4096, 4096, 128, True) and decided(8200, 5000, 128, "lower_right") and decided(4096, 4096, 128,
+                                                                                                 True, H_kv=2)
+    assert not decided(4095, 4096, 128, True) and not decided(4096, 4095, 128, True)  # shorter: not measured
+    assert not decided(4096, 4096, 64, True)  # D=64: the pointer backward measured faster
+    assert not decided(4096, 4096, 128, False)  # non-causal: not measured
+    monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_ENABLED", False)  # FLASHLITE_GLUON_BWD=0
+    assert not decided(4096, 4096, 128, True)
+    monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_ENABLED", True)
+    monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_MEASURED_ONLY", False)  # an explicit schedule: every shape
+    assert decided(333, 333, 64, False)
+
+
+def test_an_unset_switch_means_auto():
+    # The module's reading of the environment at import, in a fresh interpreter without the variable.
+    code = ("from flashlite._attention import launch_gluon_bwd as m; "
+            "print(m.GLUON_BWD_SWITCH, m.GLUON_BWD_ENABLED, m.GLUON_BWD_VARIANT, m.GLUON_BWD_DKDV, "
+            "m.GLUON_BWD_MEASURED_ONLY)")
+    env = {name: value for name, value in os.environ.items() if name != "FLASHLITE_GLUON_BWD"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["auto", "True", "mixed", "True", "True"]
+    done = subprocess.run([sys.executable, "-c", code], env=env | {"FLASHLITE_GLUON_BWD": "0"}, capture_output=True,
+                          text=True, timeout=300)
+    assert done.stdout.split() == ["0", "False", "pipelined", "True", "False"], done.stderr[-2000:]
 
 
 def test_a_plan_decides_the_backward_again_when_the_switch_changes(monkeypatch):
@@ -144,6 +189,7 @@ def test_a_plan_decides_the_backward_again_when_the_switch_changes(monkeypatch):
     out, lse = launch_module.attention_forward(q, k, v, None, None, 1, 0.25, "ieee")
     grad_out = torch.randn_like(q)
     monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_ENABLED", True)
+    monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_MEASURED_ONLY", False)  # an explicit schedule: every shape
     dq, dk, dv = launch_module.attention_backward(grad_out, q, k, v, out, lse, None, None, 1, 0.25, "ieee")
     assert launched == [1, "dq"] and calls == [1]
     assert torch.all(dq == 7.0) and torch.all(dk == 3.0) and torch.all(dv == 5.0)
@@ -172,6 +218,7 @@ def test_ws_dq_runs_the_pointer_dkdv_kernel_on_the_delta_kernels_delta(monkeypat
     monkeypatch.setattr(importlib.import_module("flashlite._attention.plans"), "_PLANS", {})
     monkeypatch.setattr(launch_gluon_bwd, "backward_on_gluon", lambda *a: True)
     monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_ENABLED", True)
+    monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_MEASURED_ONLY", False)  # an explicit schedule: every shape
     monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_DKDV", False)
     monkeypatch.setattr(launch_gluon_bwd, "launch_dkdv", lambda *a, **kw: pytest.fail("dK/dV ran on Gluon"))
     gen = torch.Generator().manual_seed(11)

@@ -378,6 +378,7 @@ def test_the_rule_reads_no_address_so_torch_compile_can_trace_it(monkeypatch):
     monkeypatch.setattr(launch_gluon, "GLUON_MIN_ROWS", 1)  # a small tensor then passes the rule's size floor
     monkeypatch.setattr(launch_gluon, "GLUON_MIN_SEQ", {64: 1, 128: 1})
     monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_ENABLED", True)
+    monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_MEASURED_ONLY", False)
     q = _seeded_bf16(1, 2, 48, 64)
     problem = validate(q, q, q, True, None, None, None, "triton", None)
 

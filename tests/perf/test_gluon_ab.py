@@ -176,12 +176,13 @@ def test_gluon_step4_ab(shape, kernel_ab):
 # Gluon schedule ("pipelined", which lost to the pointer backward in run I1) and SDPA. Each side sets the switch
 # before its call; the plan keeps a decision per switch value, so flipping costs a lookup.
 def _forward_backward(q, k, v, grad_out, *, gluon_bwd: str):
-    """``gluon_bwd``: a value of FLASHLITE_GLUON_BWD ("0" the pointer backward, "1", "ws", "ws_dq")."""
+    """``gluon_bwd``: a value of FLASHLITE_GLUON_BWD ("0" the pointer backward, "1", "ws", "ws_dq", "mixed")."""
     setting = launch_gluon_bwd.gluon_bwd_setting(gluon_bwd)
 
     def run():
         (launch_gluon_bwd.GLUON_BWD_ENABLED, launch_gluon_bwd.GLUON_BWD_VARIANT,
          launch_gluon_bwd.GLUON_BWD_DKDV) = setting
+        launch_gluon_bwd.GLUON_BWD_MEASURED_ONLY = gluon_bwd == "auto"
         q.grad = k.grad = v.grad = None
         attention(q, k, v, causal=True, backend="triton").backward(grad_out)
         return q.grad, k.grad, v.grad
@@ -189,11 +190,13 @@ def _forward_backward(q, k, v, grad_out, *, gluon_bwd: str):
 
 
 def _switch_saved():
-    return launch_gluon_bwd.GLUON_BWD_ENABLED, launch_gluon_bwd.GLUON_BWD_VARIANT, launch_gluon_bwd.GLUON_BWD_DKDV
+    return (launch_gluon_bwd.GLUON_BWD_ENABLED, launch_gluon_bwd.GLUON_BWD_VARIANT, launch_gluon_bwd.GLUON_BWD_DKDV,
+            launch_gluon_bwd.GLUON_BWD_MEASURED_ONLY)
 
 
 def _switch_restore(saved) -> None:
-    launch_gluon_bwd.GLUON_BWD_ENABLED, launch_gluon_bwd.GLUON_BWD_VARIANT, launch_gluon_bwd.GLUON_BWD_DKDV = saved
+    (launch_gluon_bwd.GLUON_BWD_ENABLED, launch_gluon_bwd.GLUON_BWD_VARIANT, launch_gluon_bwd.GLUON_BWD_DKDV,
+     launch_gluon_bwd.GLUON_BWD_MEASURED_ONLY) = saved
 
 
 def _sdpa_forward_backward(q, k, v, grad_out):
