@@ -1,9 +1,9 @@
 """Decide which backend runs a validated call, log why, and build the call signature's ``Plan``.
 
 ``decide`` asks ``flashlite.dispatch`` for ``backend="auto"``; ``decide_with_mask`` sends explicit masks to SDPA;
-``make_plan`` validates, decides (for the Triton backend also which forward kernel: ``launch_gluon``) and gives the
-plan the function that runs its calls; ``traced_call_plan`` does it for a call torch.compile traces, outside the
-trace. Imports every module of the package but ``api``.
+``make_plan`` validates, decides (for the Triton backend also which forward and backward kernels: ``launch_gluon``,
+``launch_gluon_bwd``) and gives the plan the function that runs its calls; ``traced_call_plan`` does it for a call
+torch.compile traces, outside the trace. Imports every module of the package but ``api``.
 """
 import functools
 import logging
@@ -16,7 +16,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import has_static_value
 
 from flashlite import _runtime
-from flashlite._attention import launch_gluon
+from flashlite._attention import launch_gluon, launch_gluon_bwd
 from flashlite._attention.ops import needs_gradient, run_triton, run_triton_compiled
 from flashlite._attention.plans import Plan
 from flashlite._attention.sdpa import check_attn_mask, sdpa_attention
@@ -139,6 +139,10 @@ def make_plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: Union[b
     if on_gluon is not None:
         decision, gradient_decision = (d if d.backend != "triton" else Decision("triton", f"{d.reason}; {on_gluon}")
                                        for d in (decision, gradient_decision))
+    backward = (launch_gluon_bwd.backward_kernel_for(problem, q, k, v) if gradient_decision.backend == "triton"
+                else None)
+    if backward is not None:
+        gradient_decision = Decision("triton", f"{gradient_decision.reason}; {backward}")
     log_decision(gradient_decision if needs_gradient(q, k, v) else decision, q, k)
     plan = Plan(problem, decision, record=uses_triton and q.is_cuda and not _runtime.interpreting())
     plan.gradient_decision = gradient_decision

@@ -283,8 +283,9 @@ def gluon_attention_dq(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
 
 def measured_faster(problem: Problem) -> bool:
     """Whether the Gluon backward ("mixed") measured faster than the pointer backward for calls like ``problem``:
-    head dim 128 (``GLUON_BWD_HEAD_DIMS``), causal, and at least ``GLUON_BWD_MIN_SEQ`` queries and keys (see there
-    for the runs). What FLASHLITE_GLUON_BWD's default ("auto") runs on the Gluon kernels.
+    bf16, head dim 128 (``GLUON_BWD_HEAD_DIMS``), causal with as many queries as keys, at least
+    ``GLUON_BWD_MIN_SEQ`` of them (see there for the runs). What FLASHLITE_GLUON_BWD's default ("auto") runs on the
+    Gluon kernels.
 
     Example:
         >>> from flashlite._attention.validation import validate
@@ -294,8 +295,29 @@ def measured_faster(problem: Problem) -> bool:
         >>> measured_faster(validate(q, q, q, False, None, None, None, "triton", None))
         False
     """
-    return (problem.head_dim in GLUON_BWD_HEAD_DIMS and problem.causal_mode != CAUSAL_NONE
-            and min(problem.seq_q, problem.seq_k) >= GLUON_BWD_MIN_SEQ)
+    return (problem.dtype == torch.bfloat16 and problem.head_dim in GLUON_BWD_HEAD_DIMS
+            and problem.causal_mode != CAUSAL_NONE and problem.seq_q == problem.seq_k
+            and problem.seq_q >= GLUON_BWD_MIN_SEQ)
+
+
+def backward_kernel_for(problem: Problem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Optional[str]:
+    """Why a Triton plan's backward runs on the Gluon kernels (a reason for ``explain_dispatch``), or None for the
+    pointer kernels: ``backward_on_gluon``'s rule, said in words.
+
+    Example:
+        >>> from flashlite._attention.validation import validate
+        >>> q = torch.randn(1, 2, 16, 64, dtype=torch.bfloat16)
+        >>> backward_kernel_for(validate(q, q, q, True, None, None, None, "triton", None), q, q, q) is None
+        True
+    """
+    if not backward_on_gluon(problem, q, k, v):
+        return None
+    schedule = SCHEDULE_VARIANTS[GLUON_BWD_VARIANT]
+    dkdv = f"dK/dV on the Gluon kernel ({schedule['dkdv']})" if GLUON_BWD_DKDV else "dK/dV on the pointer kernel"
+    where = ("where it measured faster: bf16, D=128, causal, S >= 4096" if GLUON_BWD_MEASURED_ONLY
+             else "on every call the kernels can run")
+    return (f"backward: {dkdv}, dQ on the Gluon kernel ({schedule['dq']}), for calls with 16-byte aligned q, k, v "
+            f"(FLASHLITE_GLUON_BWD={GLUON_BWD_SWITCH}: {where})")
 
 
 def backward_on_gluon(problem: Problem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:

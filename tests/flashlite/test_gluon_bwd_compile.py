@@ -125,9 +125,10 @@ def test_the_backward_switch_needs_the_flag_a_dense_call_and_one_the_kernel_can_
 
 
 def test_the_default_switch_runs_the_gluon_backward_only_where_it_measured_faster(monkeypatch):
-    # FLASHLITE_GLUON_BWD unset ("auto"): the "mixed" schedule at head dim 128, causal, 4,096 or more queries and
-    # keys (run N5: 1.10-1.16x the pointer backward there, 0.87-0.91x at D=64); the pointer backward elsewhere, and
-    # everywhere with FLASHLITE_GLUON_BWD=0. gluon_supported is stood in (the kernels need an sm_90 GPU).
+    # FLASHLITE_GLUON_BWD unset ("auto"): the "mixed" schedule where run N5 measured it, bf16 at head dim 128,
+    # causal, S_q == S_k >= 4,096 (1.10-1.16x the pointer backward there, 0.87-0.91x at D=64); the pointer backward
+    # elsewhere, and everywhere with FLASHLITE_GLUON_BWD=0. gluon_supported is stood in (the kernels need an sm_90
+    # GPU).
     assert launch_gluon_bwd.gluon_bwd_setting("auto") == (True, "mixed", True)
     monkeypatch.setattr(launch_gluon_bwd, "gluon_supported", lambda *a, **kw: None)
     for name, value in zip(("GLUON_BWD_ENABLED", "GLUON_BWD_VARIANT", "GLUON_BWD_DKDV"),
@@ -135,20 +136,48 @@ def test_the_default_switch_runs_the_gluon_backward_only_where_it_measured_faste
         monkeypatch.setattr(launch_gluon_bwd, name, value)
     monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_MEASURED_ONLY", True)
 
-    def decided(S_q, S_k, D, causal, H_kv=4):
-        q = torch.empty(1, 4, S_q, D, dtype=torch.bfloat16)
-        k = v = torch.empty(1, H_kv, S_k, D, dtype=torch.bfloat16)
+    def decided(S_q, S_k, D, causal, H_kv=4, dtype=torch.bfloat16):
+        q = torch.empty(1, 4, S_q, D, dtype=dtype)
+        k = v = torch.empty(1, H_kv, S_k, D, dtype=dtype)
         return launch_gluon_bwd.backward_on_gluon(validate(q, k, v, causal, None, None, None, "triton", None), q, k, v)
-    assert decided(4096, 4096, 128, True) and decided(8200, 5000, 128, "lower_right") and decided(4096, 4096, 128,
-                                                                                                 True, H_kv=2)
-    assert not decided(4095, 4096, 128, True) and not decided(4096, 4095, 128, True)  # shorter: not measured
+    assert decided(4096, 4096, 128, True) and decided(8200, 8200, 128, "lower_right")
+    assert decided(4096, 4096, 128, True, H_kv=2)
+    assert not decided(4095, 4095, 128, True)  # shorter: not measured
+    assert not decided(4096, 8192, 128, True) and not decided(8192, 4096, 128, "lower_right")  # S_q != S_k: nor
     assert not decided(4096, 4096, 64, True)  # D=64: the pointer backward measured faster
     assert not decided(4096, 4096, 128, False)  # non-causal: not measured
+    assert not decided(4096, 4096, 128, True, dtype=torch.float16)  # fp16: not measured
     monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_ENABLED", False)  # FLASHLITE_GLUON_BWD=0
     assert not decided(4096, 4096, 128, True)
     monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_ENABLED", True)
     monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_MEASURED_ONLY", False)  # an explicit schedule: every shape
     assert decided(333, 333, 64, False)
+
+
+def test_explain_dispatch_names_the_backward_kernels(monkeypatch):
+    # A Triton call whose gradient autograd computes: the reason says where its backward runs, for the default
+    # switch (the measured rule) and an explicit schedule; calls without a gradient say nothing of a backward.
+    from flashlite.attention import explain_dispatch
+    monkeypatch.setattr(importlib.import_module("flashlite._attention.plans"), "_PLANS", {})
+    monkeypatch.setattr(launch_gluon_bwd, "gluon_supported", lambda *a, **kw: None)
+    for name, value in zip(("GLUON_BWD_SWITCH", "GLUON_BWD_ENABLED", "GLUON_BWD_VARIANT", "GLUON_BWD_DKDV",
+                            "GLUON_BWD_MEASURED_ONLY"), ("auto", *launch_gluon_bwd.gluon_bwd_setting("auto"), True)):
+        monkeypatch.setattr(launch_gluon_bwd, name, value)
+    q = torch.randn(1, 2, 4096, 128, dtype=torch.bfloat16)
+    with torch.no_grad():
+        assert "backward" not in explain_dispatch(q, q, q, causal=True, backend="triton").reason
+    leaf = q.clone().requires_grad_()
+    reason = explain_dispatch(leaf, leaf, leaf, causal=True, backend="triton").reason
+    assert ("backward: dK/dV on the Gluon kernel (pipelined), dQ on the Gluon kernel (ws)" in reason
+            and "FLASHLITE_GLUON_BWD=auto: where it measured faster" in reason), reason
+    short = torch.randn(1, 2, 333, 128, dtype=torch.bfloat16, requires_grad=True)
+    assert "backward" not in explain_dispatch(short, short, short, causal=True, backend="triton").reason
+    for name, value in zip(("GLUON_BWD_SWITCH", "GLUON_BWD_ENABLED", "GLUON_BWD_VARIANT", "GLUON_BWD_DKDV",
+                            "GLUON_BWD_MEASURED_ONLY"), ("ws_dq", *launch_gluon_bwd.gluon_bwd_setting("ws_dq"), False)):
+        monkeypatch.setattr(launch_gluon_bwd, name, value)
+    reason = explain_dispatch(short, short, short, causal=True, backend="triton").reason
+    assert ("backward: dK/dV on the pointer kernel, dQ on the Gluon kernel (ws)" in reason
+            and "FLASHLITE_GLUON_BWD=ws_dq: on every call the kernels can run" in reason), reason
 
 
 def test_an_unset_switch_means_auto():
