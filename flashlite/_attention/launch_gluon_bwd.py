@@ -9,9 +9,9 @@ gradient whose layout TMA cannot describe is copied to a contiguous one first.
 dQ kernels (after the pointer delta kernel) only where ``backward_on_gluon`` says so: dense calls without key masks
 or variants that the kernels can run, with q, k and v on 16-byte boundaries, and where FLASHLITE_GLUON_BWD
 (``GLUON_BWD_ENABLED``) lets them. Unset (or "auto"), it lets them only where the A/B
-(``tests/perf/test_gluon_ab.py``) measured them faster than the pointer backward (``measured_faster``: head dim
-128, causal, 4,096 or more queries and keys), with dK/dV on the single-partition kernel and dQ on the
-warp-specialized one. FLASHLITE_GLUON_BWD=0 turns them off; the other values run them on every call the kernels
+(``tests/perf/test_gluon_ab.py``) measured them faster than the pointer backward (``measured_faster``: bf16, head
+dim 128, causal, as many queries as keys and at least 4,096), with dK/dV on the single-partition kernel and dQ on
+the warp-specialized one. FLASHLITE_GLUON_BWD=0 turns them off; the other values run them on every call the kernels
 can run: 1 both on the single-partition kernels ("pipelined"), ws on the warp-specialized ones ("ws": a TMA
 producer warp and two consumer warpgroups; ``GLUON_BWD_VARIANT``), mixed dK/dV on the single-partition kernel and
 dQ on the warp-specialized one (each kernel's faster schedule at D=128 in run T3), ws_dq only dQ on the
@@ -77,7 +77,7 @@ GLUON_BWD_MEASURED_ONLY = GLUON_BWD_SWITCH == "auto"
 # measured_faster's rule. Run N5 (H100, 7de8265; benchmarks/results/h100-2026-12-05-c/), forward+backward of
 # flashlite.attention, bf16, causal, H=16, "mixed" against the pointer backward: at D=128 1.101x, 1.162x, 1.119x
 # (cases 3, 6, 12: B=1 S=8192, B=8 S=4096, B=16 S=8192; wins); at D=64 0.874x, 0.865x, 0.905x (losses). Shorter
-# sequences and non-causal calls were not measured, so they keep the pointer backward.
+# sequences, S_q != S_k, non-causal and fp16 calls were not measured, so they keep the pointer backward.
 GLUON_BWD_HEAD_DIMS = (128,)
 GLUON_BWD_MIN_SEQ = 4096
 # The schedules each backward kernel has: "pipelined" (one partition) and "ws" (``_attn_bwd_dkdv_ws``,
@@ -314,8 +314,9 @@ def backward_kernel_for(problem: Problem, q: torch.Tensor, k: torch.Tensor, v: t
         return None
     schedule = SCHEDULE_VARIANTS[GLUON_BWD_VARIANT]
     dkdv = f"dK/dV on the Gluon kernel ({schedule['dkdv']})" if GLUON_BWD_DKDV else "dK/dV on the pointer kernel"
-    where = ("where it measured faster: bf16, D=128, causal, S >= 4096" if GLUON_BWD_MEASURED_ONLY
-             else "on every call the kernels can run")
+    head_dims = " or ".join(str(d) for d in GLUON_BWD_HEAD_DIMS)
+    where = (f"where it measured faster: bf16, D={head_dims}, causal, S_q == S_k >= {GLUON_BWD_MIN_SEQ}"
+             if GLUON_BWD_MEASURED_ONLY else "on every call the kernels can run")
     return (f"backward: {dkdv}, dQ on the Gluon kernel ({schedule['dq']}), for calls with 16-byte aligned q, k, v "
             f"(FLASHLITE_GLUON_BWD={GLUON_BWD_SWITCH}: {where})")
 
