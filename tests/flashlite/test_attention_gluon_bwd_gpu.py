@@ -132,3 +132,29 @@ def test_attention_backward_with_the_switch_on(causal, variant, monkeypatch):
     for name, got, r, b in zip(("dq", "dk", "dv"), (q.grad, k.grad, v.grad), ref, base):
         assert_close(got, r, baseline=b, notes=(name, "switch on"))
 
+
+
+@pytest.mark.parametrize("S, D, runs_gluon", [(4096, 128, True), (2048, 128, False), (4096, 64, False)])
+def test_the_default_switch_end_to_end(S, D, runs_gluon, monkeypatch):
+    # FLASHLITE_GLUON_BWD unset ("auto", set here whatever the environment says): flashlite.attention's backward
+    # runs "mixed" on the Gluon kernels where measured_faster says (bf16, D=128, causal, S_q == S_k >= 4,096) and the
+    # pointer kernels elsewhere; explain_dispatch says which; the gradients are right in float64 either way.
+    from flashlite.attention import explain_dispatch
+    for name, value in zip(("GLUON_BWD_SWITCH", "GLUON_BWD_ENABLED", "GLUON_BWD_VARIANT", "GLUON_BWD_DKDV",
+                            "GLUON_BWD_MEASURED_ONLY"), ("auto", *launch_gluon_bwd.gluon_bwd_setting("auto"), True)):
+        monkeypatch.setattr(launch_gluon_bwd, name, value)
+    launched = []
+    for name in ("launch_dkdv", "launch_dq"):
+        real = getattr(launch_gluon_bwd, name)
+        monkeypatch.setattr(launch_gluon_bwd, name,
+                            lambda *a, real=real, name=name, **kw: launched.append(name) or real(*a, **kw))
+    q, k, v = (t.requires_grad_() for t in qkv(1, 4, S, D, torch.bfloat16))
+    reason = explain_dispatch(q, k, v, causal=True, backend="triton").reason
+    assert ("backward: dK/dV on the Gluon kernel (pipelined), dQ on the Gluon kernel (ws)" in reason) == runs_gluon, \
+        reason
+    grad_out = torch.randn_like(q)
+    attention(q, k, v, causal=True, backend="triton").backward(grad_out)
+    assert launched == (["launch_dkdv", "launch_dq"] if runs_gluon else [])
+    ref, base = reference_grads(q, k, v, grad_out, True)
+    for name, got, r, b in zip(("dq", "dk", "dv"), (q.grad, k.grad, v.grad), ref, base):
+        assert_close(got, r, baseline=b, notes=(name, "default switch"))
