@@ -69,11 +69,28 @@ def gluon_bwd_setting(value: str) -> tuple[bool, str, bool]:
 # case 6 in run T1, the warp-specialized one 3,562 us and the single-partition one 2,387 us in S1, while the
 # warp-specialized dQ kernel took 1,164 us against the pointer dQ kernel's 1,562). The switch's value is read once,
 # at import.
-GLUON_BWD_SWITCH = os.environ.get("FLASHLITE_GLUON_BWD", "auto")
-GLUON_BWD_ENABLED, GLUON_BWD_VARIANT, GLUON_BWD_DKDV = gluon_bwd_setting(GLUON_BWD_SWITCH)
-# With the switch at "auto", the Gluon backward runs only where ``measured_faster`` says; with an explicit schedule,
+# The module globals a value of FLASHLITE_GLUON_BWD sets, in the order of ``switch_values``; GLUON_BWD_MEASURED_ONLY:
+# with the switch at "auto", the Gluon backward runs only where ``measured_faster`` says; with an explicit schedule,
 # wherever the kernels can run.
-GLUON_BWD_MEASURED_ONLY = GLUON_BWD_SWITCH == "auto"
+SWITCH_GLOBALS = ("GLUON_BWD_SWITCH", "GLUON_BWD_ENABLED", "GLUON_BWD_VARIANT", "GLUON_BWD_DKDV",
+                  "GLUON_BWD_MEASURED_ONLY")
+
+
+def switch_values(value: str) -> tuple[str, bool, str, bool, bool]:
+    """The values of ``SWITCH_GLOBALS`` for FLASHLITE_GLUON_BWD=``value`` (what the module sets at import, and what
+    a test or an A/B side sets to stand for that value); ValueError as ``gluon_bwd_setting``.
+
+    Example:
+        >>> switch_values("auto")
+        ('auto', True, 'mixed', True, True)
+        >>> switch_values("ws_dq")
+        ('ws_dq', True, 'ws', False, False)
+    """
+    return (value, *gluon_bwd_setting(value), value == "auto")
+
+
+(GLUON_BWD_SWITCH, GLUON_BWD_ENABLED, GLUON_BWD_VARIANT, GLUON_BWD_DKDV,
+ GLUON_BWD_MEASURED_ONLY) = switch_values(os.environ.get("FLASHLITE_GLUON_BWD", "auto"))
 # measured_faster's rule. Run N5 (H100, 7de8265; benchmarks/results/h100-2026-12-05-c/), forward+backward of
 # flashlite.attention, bf16, causal, H=16, "mixed" against the pointer backward: at D=128 1.101x, 1.162x, 1.119x
 # (cases 3, 6, 12: B=1 S=8192, B=8 S=4096, B=16 S=8192; wins); at D=64 0.874x, 0.865x, 0.905x (losses). Shorter

@@ -140,8 +140,7 @@ def test_the_default_switch_end_to_end(S, D, runs_gluon, monkeypatch):
     # runs "mixed" on the Gluon kernels where measured_faster says (bf16, D=128, causal, S_q == S_k >= 4,096) and the
     # pointer kernels elsewhere; explain_dispatch says which; the gradients are right in float64 either way.
     from flashlite.attention import explain_dispatch
-    for name, value in zip(("GLUON_BWD_SWITCH", "GLUON_BWD_ENABLED", "GLUON_BWD_VARIANT", "GLUON_BWD_DKDV",
-                            "GLUON_BWD_MEASURED_ONLY"), ("auto", *launch_gluon_bwd.gluon_bwd_setting("auto"), True)):
+    for name, value in zip(launch_gluon_bwd.SWITCH_GLOBALS, launch_gluon_bwd.switch_values("auto")):
         monkeypatch.setattr(launch_gluon_bwd, name, value)
     launched = []
     for name in ("launch_dkdv", "launch_dq"):

@@ -131,10 +131,8 @@ def test_the_default_switch_runs_the_gluon_backward_only_where_it_measured_faste
     # GPU).
     assert launch_gluon_bwd.gluon_bwd_setting("auto") == (True, "mixed", True)
     monkeypatch.setattr(launch_gluon_bwd, "gluon_supported", lambda *a, **kw: None)
-    for name, value in zip(("GLUON_BWD_ENABLED", "GLUON_BWD_VARIANT", "GLUON_BWD_DKDV"),
-                           launch_gluon_bwd.gluon_bwd_setting("auto")):
+    for name, value in zip(launch_gluon_bwd.SWITCH_GLOBALS, launch_gluon_bwd.switch_values("auto")):
         monkeypatch.setattr(launch_gluon_bwd, name, value)
-    monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_MEASURED_ONLY", True)
 
     def decided(S_q, S_k, D, causal, H_kv=4, dtype=torch.bfloat16):
         q = torch.empty(1, 4, S_q, D, dtype=dtype)
@@ -160,8 +158,7 @@ def test_explain_dispatch_names_the_backward_kernels(monkeypatch):
     from flashlite.attention import explain_dispatch
     monkeypatch.setattr(importlib.import_module("flashlite._attention.plans"), "_PLANS", {})
     monkeypatch.setattr(launch_gluon_bwd, "gluon_supported", lambda *a, **kw: None)
-    for name, value in zip(("GLUON_BWD_SWITCH", "GLUON_BWD_ENABLED", "GLUON_BWD_VARIANT", "GLUON_BWD_DKDV",
-                            "GLUON_BWD_MEASURED_ONLY"), ("auto", *launch_gluon_bwd.gluon_bwd_setting("auto"), True)):
+    for name, value in zip(launch_gluon_bwd.SWITCH_GLOBALS, launch_gluon_bwd.switch_values("auto")):
         monkeypatch.setattr(launch_gluon_bwd, name, value)
     q = torch.randn(1, 2, 4096, 128, dtype=torch.bfloat16)
     with torch.no_grad():
@@ -172,8 +169,7 @@ def test_explain_dispatch_names_the_backward_kernels(monkeypatch):
             and "FLASHLITE_GLUON_BWD=auto: where it measured faster" in reason), reason
     short = torch.randn(1, 2, 333, 128, dtype=torch.bfloat16, requires_grad=True)
     assert "backward" not in explain_dispatch(short, short, short, causal=True, backend="triton").reason
-    for name, value in zip(("GLUON_BWD_SWITCH", "GLUON_BWD_ENABLED", "GLUON_BWD_VARIANT", "GLUON_BWD_DKDV",
-                            "GLUON_BWD_MEASURED_ONLY"), ("ws_dq", *launch_gluon_bwd.gluon_bwd_setting("ws_dq"), False)):
+    for name, value in zip(launch_gluon_bwd.SWITCH_GLOBALS, launch_gluon_bwd.switch_values("ws_dq")):
         monkeypatch.setattr(launch_gluon_bwd, name, value)
     reason = explain_dispatch(short, short, short, causal=True, backend="triton").reason
     assert ("backward: dK/dV on the pointer kernel, dQ on the Gluon kernel (ws)" in reason

@@ -177,12 +177,10 @@ def test_gluon_step4_ab(shape, kernel_ab):
 # before its call; the plan keeps a decision per switch value, so flipping costs a lookup.
 def _forward_backward(q, k, v, grad_out, *, gluon_bwd: str):
     """``gluon_bwd``: a value of FLASHLITE_GLUON_BWD ("0" the pointer backward, "1", "ws", "ws_dq", "mixed")."""
-    setting = launch_gluon_bwd.gluon_bwd_setting(gluon_bwd)
+    values = launch_gluon_bwd.switch_values(gluon_bwd)
 
     def run():
-        (launch_gluon_bwd.GLUON_BWD_ENABLED, launch_gluon_bwd.GLUON_BWD_VARIANT,
-         launch_gluon_bwd.GLUON_BWD_DKDV) = setting
-        launch_gluon_bwd.GLUON_BWD_MEASURED_ONLY = gluon_bwd == "auto"
+        _switch_set(values)
         q.grad = k.grad = v.grad = None
         attention(q, k, v, causal=True, backend="triton").backward(grad_out)
         return q.grad, k.grad, v.grad
@@ -190,13 +188,12 @@ def _forward_backward(q, k, v, grad_out, *, gluon_bwd: str):
 
 
 def _switch_saved():
-    return (launch_gluon_bwd.GLUON_BWD_ENABLED, launch_gluon_bwd.GLUON_BWD_VARIANT, launch_gluon_bwd.GLUON_BWD_DKDV,
-            launch_gluon_bwd.GLUON_BWD_MEASURED_ONLY)
+    return tuple(getattr(launch_gluon_bwd, name) for name in launch_gluon_bwd.SWITCH_GLOBALS)
 
 
-def _switch_restore(saved) -> None:
-    (launch_gluon_bwd.GLUON_BWD_ENABLED, launch_gluon_bwd.GLUON_BWD_VARIANT, launch_gluon_bwd.GLUON_BWD_DKDV,
-     launch_gluon_bwd.GLUON_BWD_MEASURED_ONLY) = saved
+def _switch_set(values) -> None:
+    for name, value in zip(launch_gluon_bwd.SWITCH_GLOBALS, values):
+        setattr(launch_gluon_bwd, name, value)
 
 
 def _sdpa_forward_backward(q, k, v, grad_out):
@@ -240,7 +237,7 @@ def _backward_ab(shape, kernel_ab, candidate: str, gluon_baselines: tuple[str, .
             kernel_ab.compare(sides[candidate], baseline, check_output=False, **work,
                               name=f"fwd+bwd D{shape.D} gluon {_SCHEDULE_NAMES[candidate]} backward vs {name}")
     finally:
-        _switch_restore(saved)
+        _switch_set(saved)
 
 
 @pytest.mark.shape(*SHAPES, dtype=[torch.bfloat16])
