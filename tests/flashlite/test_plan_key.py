@@ -16,6 +16,9 @@ import flashlite._attention.plans as plans_module
 from flashlite import _native
 from flashlite.attention import attention
 
+# Where the launchers run: a GPU, or this CPU through the Triton interpreter (they refuse CPU tensors otherwise).
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
 ARGUMENT_NAMES = ("q", "k", "v", "key_padding_mask", "key_lengths", "causal", "scale", "backend", "precision",
                   "window", "softcap", "alibi_slopes")
 
@@ -247,11 +250,11 @@ def test_an_attention_call_never_replays_a_launcher_plan(monkeypatch):
     # for the launcher keys' prefix, find that plan and run it (launcher plans have no run). It must be validated
     # and refused instead.
     monkeypatch.setattr(plans_module, "_PLANS", {})
-    q, k, v = (torch.randn(1, 2, 8, 16) for _ in range(3))
+    q, k, v = (torch.randn(1, 2, 8, 16, device=DEVICE) for _ in range(3))
     plan = launch_module._launcher_plan(q, k, v, None, None, 1, 0.25, "ieee", -1, -1, 0.0, None, {})
     (key,) = plans_module._PLANS
     assert isinstance(key, bytes) and key.startswith(launch_module._LAUNCHER_KEY_PREFIX)
-    fresh = (torch.randn(1, 2, 8, 16) for _ in range(3))
+    fresh = (torch.randn(1, 2, 8, 16, device=DEVICE) for _ in range(3))
     assert launch_module._launcher_plan(*fresh, None, None, 1, 0.25, "ieee", -1, -1, 0.0, None, {}) is plan
     with pytest.raises(ValueError):
         attention(q, k, v, causal=True, scale=0.25, backend="launcher", precision="ieee", window=(-1, -1),
