@@ -3,7 +3,8 @@
 # Usage: scripts/gpu_check.sh [tests|ab|scaling|all] [extra pytest args for the test and A/B stages, e.g. -k "fp16"]
 #   tests    tests/flashlite and tests/kernelcheck on the GPU (one config per kernel: FLASHLITE_AUTOTUNE=0 unless the
 #            caller sets FLASHLITE_AUTOTUNE=1, which autotunes every shape class the tests touch);
-#            TEST_PATHS="a.py b/" runs those paths instead (extra arguments are for options such as -k)
+#            TEST_PATHS="a.py b/" runs those paths instead (extra arguments are for options such as -k); a pass
+#            stopped by its time limit lists the selected tests it did not reach (<pass>_not_reached.txt)
 #   ab       the A/B suite, tests/perf --kernel-ab: report JSON (every sample), markdown, plots (speedup, roofline,
 #            trend over saved runs); with "all", the dispatch table flashlite/dispatch_tables/<gpu>.json is
 #            regenerated from that report. Every A/B run is saved (--kernel-ab-autosave: named by commit and time)
@@ -67,6 +68,16 @@ if (( has_xdist )); then
 fi
 echo "GPUs visible: $gpu_count${spread:+ (workers spread with ${spread[*]})}" | tee -a "$R/env.txt"
 
+# A pass its time limit stopped (timeout's status 124, or 137 after SIGKILL): the selected tests it did not reach,
+# one node id a line in $R/<pass>_not_reached.txt and counted per file in <pass>_not_reached_summary.txt, since the
+# log's counts name only the tests that ran. Arguments: timeout's status, the pass's name, its paths and selection.
+list_not_reached() {
+  local status=$1 name=$2; shift 2
+  (( status == 124 || status == 137 )) || return 0
+  timeout 180 python3 scripts/not_reached.py "$R/$name.xml" "$R/${name}_not_reached.txt" -- "$@" \
+    > "$R/${name}_not_reached_summary.txt" 2>&1
+}
+
 if [[ $stage == tests || $stage == all ]]; then
   # One config per kernel instead of autotuning every shape class the tests touch: the tests check results, and
   # tuning each of their tiny shapes would cost minutes of compile and benchmark time. Kernel compiles dominate
@@ -91,15 +102,18 @@ if [[ $stage == tests || $stage == all ]]; then
   FLASHLITE_AUTOTUNE=${FLASHLITE_AUTOTUNE:-0} timeout -s INT -k 20 "${TESTS_LIMIT:-$(remote 240)}" python3 -m pytest "${test_paths[@]}" \
     --deselect "$timing_tests" "${ignore_large[@]}" -q --maxfail=20 --durations=15 -p no:cacheprovider \
     --junitxml="$R/gpu_tests.xml" "${test_workers[@]}" "$@" > "$R/gpu_tests.log" 2>&1
+  list_not_reached $? gpu_tests "${test_paths[@]}" --deselect "$timing_tests" "${ignore_large[@]}" "$@"
   if (( ${#ignore_large[@]} )); then
     FLASHLITE_AUTOTUNE=${FLASHLITE_AUTOTUNE:-0} timeout -s INT -k 20 "${LARGE_TESTS_LIMIT:-$(remote 300)}" python3 -m pytest \
       "${large_tests[@]}" -q --maxfail=20 --durations=15 -p no:cacheprovider --junitxml="$R/gpu_tests_large.xml" \
       -n "${LARGE_WORKERS:-$(( gpu_count > 1 ? gpu_count : 4 ))}" "${spread[@]}" "$@" \
       > "$R/gpu_tests_large.log" 2>&1
+    list_not_reached $? gpu_tests_large "${large_tests[@]}" "$@"
   fi
   if (( run_timing )); then
     timeout -s INT -k 20 "${TIMING_TESTS_LIMIT:-$(remote 50)}" python3 -m pytest "$timing_tests" -q -p no:cacheprovider \
-      "$@" > "$R/gpu_timing_tests.log" 2>&1
+      --junitxml="$R/gpu_timing_tests.xml" "$@" > "$R/gpu_timing_tests.log" 2>&1
+    list_not_reached $? gpu_timing_tests "$timing_tests" "$@"
   fi
 fi
 if [[ $stage == ab || $stage == all ]]; then
@@ -146,6 +160,7 @@ echo "===== summary ($stage) ====="
 [[ -f $R/gpu_tests.log ]] && { echo "--- gpu tests"; grep -E "^(FAILED|ERROR)|passed|failed|KeyboardInterrupt" "$R/gpu_tests.log" | tail -25; }
 [[ -f $R/gpu_tests_large.log ]] && { echo "--- gpu tests, real sizes"; grep -E "^(FAILED|ERROR)|passed|failed|KeyboardInterrupt" "$R/gpu_tests_large.log" | tail -25; }
 [[ -f $R/gpu_timing_tests.log ]] && { echo "--- timing tests (alone on the GPU)"; grep -E "^(FAILED|ERROR)|passed|failed" "$R/gpu_timing_tests.log" | tail -10; }
+for f in "$R"/*_not_reached_summary.txt; do [[ -f $f ]] && { echo "--- $(basename "$f" _not_reached_summary.txt), stopped by its limit:"; head -4 "$f"; }; done
 [[ -f $R/ab.log ]] && { echo "--- A/B"; sed -n '/kernel A\/B comparisons/,$p' "$R/ab.log" | tail -60; }
 [[ -f $R/scaling.log ]] && { echo "--- scaling"; tail -30 "$R/scaling.log"; }
 [[ -f $R/dispatch.log ]] && { echo "--- dispatch table"; cat "$R/dispatch.log"; }
