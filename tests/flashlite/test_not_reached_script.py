@@ -25,7 +25,7 @@ class TestGroup:
     def test_inside(self):
         assert [1, 2][::-1] == [2, 1]
 
-    @pytest.mark.parametrize("x", [0.5, 7])
+    @pytest.mark.parametrize("x", [0.5, 7], ids=["half", "a::b"])  # an id may hold "::"
     def test_inside_param(self, x):
         assert x > 0
 ''',
@@ -73,6 +73,7 @@ def test_lists_exactly_the_tests_the_pass_did_not_run(tmp_path, monkeypatch, cap
     missing = out.read_text().splitlines()
     assert sorted(missing) == ["pkg/deeper/test_beta.py::test_last", "pkg/test_alpha.py::TestGroup::test_inside",
                                "pkg/test_alpha.py::test_odd[5-c]"]
+    assert ("pkg.test_alpha.TestGroup", "test_inside_param[a::b]") in not_reached.ran_tests(xml.read_text())
     printed = capsys.readouterr().out.splitlines()
     assert printed[0] == "3 of 9 selected tests not reached"
     assert printed[1].split() == ["2", "pkg/test_alpha.py"] and printed[2].split() == ["1", "pkg/deeper/test_beta.py"]
