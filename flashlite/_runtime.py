@@ -19,9 +19,23 @@ if not torch.cuda.is_available():
 # flattened 1-D grid past it.
 GRID_AXIS1_LIMIT = 65535
 
+
+
+def _triton_interprets() -> bool:
+    """Whether Triton runs kernels through its interpreter, as Triton itself reads TRITON_INTERPRET: its knobs where
+    it has them (Triton 3.4 and later: "1", "true", "yes", "on" or "y", any case), else the older rule, "1" only.
+    flashlite must agree with Triton here: it sends CPU tensors to the kernels only when they are interpreted, so
+    a value such as "false", read as "on" by a test for "not 0", would hand CPU tensors to compiled kernels."""
+    try:
+        from triton import knobs
+    except ImportError:  # Triton before 3.4, or no Triton at all (then no kernel runs either way)
+        return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    return bool(knobs.runtime.interpret)
+
+
 # Read once: Triton decides between compiling and interpreting when a kernel is defined, at import, so a later
 # change of the variable would not change how the kernels run (and launch code asks on every call).
-_INTERPRETING = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+_INTERPRETING = _triton_interprets()
 
 
 def interpreting() -> bool:

@@ -7,7 +7,6 @@ torch.compile traces, outside the trace. Imports every module of the package but
 """
 import functools
 import logging
-import os
 from typing import Callable, Optional, Union
 
 import torch
@@ -15,7 +14,7 @@ import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import has_static_value
 
-from flashlite import _runtime
+from flashlite import _env, _runtime
 from flashlite._attention import launch_gluon, launch_gluon_bwd
 from flashlite._attention.ops import needs_gradient, run_triton, run_triton_compiled
 from flashlite._attention.plans import Plan
@@ -59,7 +58,7 @@ def decide(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: 
 
 
 def log_decision(decision: Decision, q: torch.Tensor, k: torch.Tensor) -> None:
-    if os.environ.get("FLASHLITE_DEBUG_DISPATCH", "0") not in ("", "0"):
+    if _env.flag("FLASHLITE_DEBUG_DISPATCH", False):
         _log.debug("flashlite.attention q %s k %s %s -> %s: %s", tuple(q.shape), tuple(k.shape), q.dtype,
                    decision.backend, decision.reason)
 

@@ -12,13 +12,12 @@ faster, with ws_dq only dQ).
 Imports ``validation``, ``plans``, ``launch_gluon`` and ``launch_gluon_bwd``.
 """
 import math
-import os
 from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
 
-from flashlite import _direct_launch, _native, _runtime
+from flashlite import _direct_launch, _env, _native, _runtime
 from flashlite._attention import launch_gluon, launch_gluon_bwd, plans
 from flashlite._attention.plans import Plan
 from flashlite._attention.validation import (_CAUSAL_ARGUMENT, _TRITON_ERROR, CAUSAL_KEY_LENGTH, Problem,
@@ -181,7 +180,7 @@ def _forced_config(config: BlockConfig, kernel: "_Kernel") -> dict:
 
 
 def _autotuning() -> bool:
-    return _runtime.interpreting() or os.environ.get("FLASHLITE_AUTOTUNE", "1") not in ("0", "")
+    return _runtime.interpreting() or _env.flag("FLASHLITE_AUTOTUNE", True)
 
 
 def _replayed(plan: Plan, site: Any, tensors: tuple) -> bool:

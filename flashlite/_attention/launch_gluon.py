@@ -22,13 +22,12 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
 import torch
 
-from flashlite import _direct_launch
+from flashlite import _direct_launch, _env
 from flashlite._attention.plans import Plan
 from flashlite._attention.validation import CAUSAL_TOP_LEFT, Problem, validate
 
@@ -79,13 +78,13 @@ GLUON_MIN_ROWS = 2 ** 17
 GLUON_MIN_SEQ = {64: 512, 128: 2048}
 GLUON_FP16_MIN_SEQ = 4096
 GLUON_WINDOW_MIN_SEQ = 16384
-GLUON_ENABLED = os.environ.get("FLASHLITE_GLUON", "1") not in ("", "0")
+GLUON_ENABLED = _env.flag("FLASHLITE_GLUON", True)
 # A plan's Gluon launches replayed (flashlite._direct_launch: the compiled kernel kept from the plan's first
 # launch, each later call passing its own TMA descriptors and lse, Triton's per-call argument binding skipped), as
 # the pointer kernel's launches are. On the H200 (benchmarks/results/h200-2026-12-04/run1_key_replay_auto) it tied
 # the ordinary launch at 8 of 10 shapes and won at the host-bound two (D=64, B=64 S=256 and B=128 S=128: 1.30x),
 # and its bit-for-bit GPU test passed; FLASHLITE_GLUON_REPLAY=0 turns it off.
-GLUON_REPLAY = os.environ.get("FLASHLITE_GLUON_REPLAY", "1") not in ("", "0")
+GLUON_REPLAY = _env.flag("FLASHLITE_GLUON_REPLAY", True)
 # What changes from call to call of one plan, the leading arguments of every Gluon forward: the TMA descriptors of
 # q, k, v and out, then lse.
 _CALL_ARGUMENTS = 5

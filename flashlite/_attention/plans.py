@@ -8,17 +8,16 @@ Both ``attention()`` and the custom ops (which torch.compile'd graphs call) keep
 """
 from __future__ import annotations
 
-import os
 from typing import Any, Callable, Optional
 
 import torch
 
-from flashlite import _native
+from flashlite import _env, _native
 from flashlite._attention.validation import Problem
 
 # Launch recording (replaying the compiled kernel with new tensors, ``flashlite._direct_launch``) is on unless
 # FLASHLITE_LAUNCH_CACHE=0, which makes every launch an ordinary Triton launch.
-RECORD_LAUNCHES = os.environ.get("FLASHLITE_LAUNCH_CACHE", "1") not in ("", "0")
+RECORD_LAUNCHES = _env.flag("FLASHLITE_LAUNCH_CACHE", True)
 
 
 class Plan:

@@ -5,13 +5,12 @@ precisions and the backends. Imports nothing from the package.
 """
 import math
 import numbers
-import os
 from dataclasses import dataclass, field
 from typing import Literal, Optional, Union
 
 import torch
 
-from flashlite import _runtime
+from flashlite import _env, _runtime
 
 try:  # Triton has wheels for Linux x86_64 only; elsewhere every call goes to SDPA.
     import triton  # noqa: F401
@@ -209,7 +208,7 @@ def value_checks_wanted(check_values: Optional[bool], like: torch.Tensor) -> boo
         return False
     if check_values is not None:
         return bool(check_values)
-    return like.device.type == "cpu" or os.environ.get("FLASHLITE_CHECK_VALUES", "0") not in ("", "0")
+    return like.device.type == "cpu" or _env.flag("FLASHLITE_CHECK_VALUES", False)
 
 
 def _check_window(window: object) -> tuple[int, int]:

@@ -34,6 +34,8 @@ from typing import Callable, Optional
 
 import torch
 
+from flashlite import _env
+
 _SOURCE = Path(__file__).with_name("plan_key.cpp")
 _MODULE_NAME = "flashlite_plan_key"
 _log = logging.getLogger("flashlite")
@@ -106,8 +108,8 @@ def build() -> ModuleType:
 
 
 def _build_or_none() -> tuple[Optional[ModuleType], Optional[str]]:
-    if os.environ.get("FLASHLITE_NATIVE", "1") in ("", "0"):
-        return None, "off: FLASHLITE_NATIVE=0"
+    if not _env.flag("FLASHLITE_NATIVE", True):
+        return None, f"off: FLASHLITE_NATIVE={os.environ['FLASHLITE_NATIVE']!r}"
     try:
         return build(), None
     except Exception as error:  # any failure leaves the Python key, which is always right, only slower

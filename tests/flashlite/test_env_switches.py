@@ -1,0 +1,114 @@
+"""flashlite's on/off environment switches are read one way (flashlite._env.flag): "false", "off" and "no" turn a
+switch off, a value it cannot read is refused by name, and TRITON_INTERPRET means to flashlite what it means to
+Triton. Before, every switch tested for "not 0", so FLASHLITE_GLUON=false turned the Gluon kernel on, and
+TRITON_INTERPRET=false made flashlite hand CPU tensors to compiled kernels."""
+import logging
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from flashlite import _env, _native, _runtime
+from flashlite._attention import decide, launch, validation
+from flashlite.dispatch import Decision
+
+SWITCH = "FLASHLITE_TEST_SWITCH"
+
+
+@pytest.mark.parametrize("value, expected", [("1", True), ("true", True), ("YES", True), (" On ", True),
+                                             ("0", False), ("false", False), ("No", False), ("OFF", False),
+                                             ("", False), ("  ", False)])
+def test_flag_reads_on_and_off_words(monkeypatch, value, expected):
+    monkeypatch.setenv(SWITCH, value)
+    assert _env.flag(SWITCH, not expected) is expected
+
+
+@pytest.mark.parametrize("default", [True, False])
+def test_flag_unset_takes_its_default(monkeypatch, default):
+    monkeypatch.delenv(SWITCH, raising=False)
+    assert _env.flag(SWITCH, default) is default
+
+
+@pytest.mark.parametrize("value", ["2", "maybe", "enabled", "0.0", "truee"])
+def test_flag_refuses_other_values_by_name(monkeypatch, value):
+    monkeypatch.setenv(SWITCH, value)
+    with pytest.raises(ValueError, match=f"{SWITCH}={value!r} is not an on/off value: use one of 1, true"):
+        _env.flag(SWITCH, True)
+
+
+def _run(code: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **env})
+
+
+def test_import_time_switches_read_false_as_off():
+    done = _run("from flashlite._attention import launch_gluon, plans; "
+                "print(launch_gluon.GLUON_ENABLED, launch_gluon.GLUON_REPLAY, plans.RECORD_LAUNCHES)",
+                FLASHLITE_GLUON="false", FLASHLITE_GLUON_REPLAY="off", FLASHLITE_LAUNCH_CACHE="no")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "False", "False"]
+
+
+def test_an_unreadable_import_time_switch_stops_the_import_by_name():
+    done = _run("import flashlite", FLASHLITE_GLUON="maybe")
+    assert done.returncode != 0
+    assert "FLASHLITE_GLUON='maybe' is not an on/off value" in done.stderr
+
+
+def test_check_values_switch(monkeypatch):
+    on_a_device = torch.empty(2, device="meta")  # any tensor off the CPU asks the switch
+    monkeypatch.setenv("FLASHLITE_CHECK_VALUES", "false")
+    assert validation.value_checks_wanted(None, on_a_device) is False
+    monkeypatch.setenv("FLASHLITE_CHECK_VALUES", "True")
+    assert validation.value_checks_wanted(None, on_a_device) is True
+    monkeypatch.setenv("FLASHLITE_CHECK_VALUES", "sometimes")
+    with pytest.raises(ValueError, match="FLASHLITE_CHECK_VALUES"):
+        validation.value_checks_wanted(None, on_a_device)
+
+
+def test_autotune_switch(monkeypatch):
+    monkeypatch.setattr(_runtime, "_INTERPRETING", False)  # interpreted kernels always take their one config
+    monkeypatch.setenv("FLASHLITE_AUTOTUNE", "off")
+    assert launch._autotuning() is False
+    monkeypatch.setenv("FLASHLITE_AUTOTUNE", "1")
+    assert launch._autotuning() is True
+
+
+def test_debug_dispatch_switch(monkeypatch, caplog):
+    q = torch.empty(1, 2, 3, 4)
+    caplog.set_level(logging.DEBUG, logger="flashlite.attention")
+    monkeypatch.setenv("FLASHLITE_DEBUG_DISPATCH", "false")
+    decide.log_decision(Decision("sdpa", "a reason"), q, q)
+    assert not caplog.records
+    monkeypatch.setenv("FLASHLITE_DEBUG_DISPATCH", "yes")
+    decide.log_decision(Decision("sdpa", "a reason"), q, q)
+    assert [r.getMessage().endswith("-> sdpa: a reason") for r in caplog.records] == [True]
+
+
+def test_native_switch(monkeypatch):
+    monkeypatch.setenv("FLASHLITE_NATIVE", "off")
+    assert _native._build_or_none() == (None, "off: FLASHLITE_NATIVE='off'")
+
+
+def test_flashlite_reads_triton_interpret_as_triton_does():
+    knobs = pytest.importorskip("triton.knobs", reason="Triton before 3.4 has no knobs to compare with")
+    del knobs
+    code = ("import torch, flashlite\n"
+            "from flashlite import _runtime\n"
+            "from triton import knobs\n"
+            "print(_runtime.interpreting(), knobs.runtime.interpret)\n"
+            "q = torch.randn(1, 2, 8, 16)\n"
+            "try:\n"
+            "    flashlite.attention(q, q, q, causal=True, backend='triton')\n"
+            "except ValueError as error:\n"
+            "    print(error)\n")
+    for value, interprets in (("false", False), ("off", False), ("true", True), ("1", True)):
+        done = _run(code, TRITON_INTERPRET=value)
+        assert done.returncode == 0, done.stderr
+        lines = done.stdout.splitlines()
+        assert lines[0].split() == [str(interprets), str(interprets)], value
+        if not interprets and not torch.cuda.is_available():
+            # Not interpreted and no GPU: flashlite's own error, not a compiled launch on CPU tensors.
+            assert "cannot run this call: tensors on cpu" in lines[1], done.stdout
