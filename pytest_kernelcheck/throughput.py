@@ -166,7 +166,8 @@ def _median_seconds(timer: Any, fn: Callable[[], Any], samples: int, warmup: int
     """Median seconds of one call of ``fn``, each sample timed alone by ``timer`` after ``warmup`` calls."""
     if warmup:
         timer.time_calls([fn] * warmup, 1)
-    return statistics.median(timer.time_calls([fn] * samples, 1))
+    return statistics.median(timing.checked_durations(timer, timer.time_calls([fn] * samples, 1),
+                                                      ["a ceiling measurement"] * samples))
 
 
 def matmul_tflops(timer: Any, device: Any, dtype: str, *, n: int = MATMUL_N, samples: int = CEILING_SAMPLES,

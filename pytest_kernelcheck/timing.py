@@ -374,6 +374,38 @@ class RoundSamples:
         return RoundSamples([[times[i] for i in rounds] for times in self.times], [self.orders[i] for i in rounds])
 
 
+def checked_durations(timer: Any, durations: Any, sides: Sequence[str]) -> list[float]:
+    """``durations``, as ``timer.time_calls`` returned them for callables of ``sides`` (one side per call, in
+    order), after checking that there is one per call and each is a finite, non-negative number of seconds.
+
+    A timer of the user's own (any object with ``time_calls`` and ``now``) could return NaN, an infinity or a
+    negative duration; a NaN sorts past every number, so a median over it would still read as a time, and a
+    comparison made of such samples would have no meaning. A zero duration passes here: the A/B engine refuses it
+    with its own advice (raise calls_per_sample).
+
+    >>> checked_durations(CpuTimer(), [0.002, 0.0], ["candidate", "baseline"])
+    [0.002, 0.0]
+    >>> checked_durations(CpuTimer(), [float("nan")], ["baseline"])
+    Traceback (most recent call last):
+    ...
+    ValueError: timer 'cpu-clock' returned nan seconds for a call of baseline: a duration must be a finite number of seconds, 0 or more
+    """
+    name = getattr(timer, "name", type(timer).__name__)
+    try:
+        values = [float(d) for d in durations]
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"timer {name!r} returned {durations!r} from time_calls: expected a list of seconds, one "
+                         f"per call") from exc
+    if len(values) != len(sides):
+        raise ValueError(f"timer {name!r} returned {len(values)} durations for {len(sides)} calls: time_calls must "
+                         f"return one per call")
+    for value, side in zip(values, sides):
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(f"timer {name!r} returned {value} seconds for a call of {side}: a duration must be a "
+                             f"finite number of seconds, 0 or more")
+    return values
+
+
 def sample_rounds(
     timer: Timer,
     fns: Sequence[Callable[[], Any]],
@@ -406,6 +438,7 @@ def sample_rounds(
         durations = timer.time_calls([fns[i] for i in sequence], repeat)
     except TimedCallError as exc:
         raise CallableFailed(sides[sequence[exc.index]], exc.error, "timing") from exc.error
+    durations = checked_durations(timer, durations, [sides[i] for i in sequence])
     divisor = calls_per_sample or repeat
     for position, variant in enumerate(sequence):
         into.times[variant].append(durations[position] / divisor)

@@ -90,6 +90,50 @@ def test_zero_durations_are_refused_with_a_hint():
         run_comparison(a, b, QUICK.replace(calls_per_sample=1), timer=timer)
 
 
+class _Every:
+    """A duration model that returns ``bad`` on every ``period``-th call and ``good`` otherwise."""
+
+    def __init__(self, bad: float, period: int, good: float = 1e-3) -> None:
+        self.bad, self.period, self.good, self.calls = bad, period, good, 0
+
+    def __call__(self, rng, now):
+        self.calls += 1
+        return self.bad if self.calls % self.period == 0 else self.good
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -1e-3])
+@pytest.mark.parametrize("period", [1, 5])
+def test_non_finite_and_negative_durations_are_refused_by_side(bad, period):
+    # A NaN sample once passed as a "precise" measurement with a NaN median (it sorts past every number).
+    from pytest_kernelcheck.ab import run_measurement
+    a, b = (lambda: None), (lambda: None)
+    budget = QUICK.replace(calls_per_sample=1)
+    message = rf"timer 'simulated' returned {bad} seconds for a call of {{side}}: a duration must be a finite"
+    with pytest.raises(ValueError, match=message.format(side="candidate")):
+        run_comparison(a, b, budget, timer=timing.SimulatedTimer({a: _Every(bad, period), b: constant(1e-3)}))
+    with pytest.raises(ValueError, match=message.format(side="baseline")):
+        run_comparison(a, b, budget, timer=timing.SimulatedTimer({a: constant(1e-3), b: _Every(bad, period)}))
+    with pytest.raises(ValueError, match=message.format(side="variant 'second'")):
+        run_tournament({"first": a, "second": b}, budget,
+                       timer=timing.SimulatedTimer({a: constant(1e-3), b: _Every(bad, period)}))
+    with pytest.raises(ValueError, match=message.format(side="the measured function")):
+        run_measurement(a, budget, timer=timing.SimulatedTimer({a: _Every(bad, period)}))
+
+
+def test_a_timer_must_return_one_duration_per_call():
+    class Short:
+        name, lock_key = "short", "short"
+
+        def time_calls(self, fns, repeat):
+            return [1e-3] * (len(fns) - 1)
+
+        def now(self):
+            return time.perf_counter()
+
+    with pytest.raises(ValueError, match="timer 'short' returned 1 durations for 2 calls"):
+        run_comparison(lambda: None, lambda: None, QUICK, timer=Short())
+
+
 @pytest.mark.parametrize("single_call_s, calls", [(1e-3, 1), (50e-6, 1), (49e-6, 5), (2e-6, 100), (0.0, 1000)])
 def test_calls_per_sample_batches_only_tiny_calls(single_call_s, calls):
     assert timing.choose_calls_per_sample(single_call_s) == calls
