@@ -261,3 +261,28 @@ def test_launcher_keeps_the_layout_of_q_with_split_keys_too(splits):
     assert out.stride() == q.stride()
     assert_close(out, reference_attention(q.double(), k.double(), v.double()),
                  baseline=torch.nn.functional.scaled_dot_product_attention(q, k, v))
+
+
+BACKWARD_TENSOR_CASES = {
+    # name: (which argument, how it is made wrong, the error's words)
+    "lse short": ("lse", lambda t: t[:, :1].clone(), r"lse must have shape \[1, 2, 8\], dtype torch.float32"),
+    "lse float16": ("lse", lambda t: t.half(), r"lse must have shape .*got shape \[1, 2, 8\], dtype torch.float16"),
+    "grad_out short": ("grad_out", lambda t: t[:, :1].clone(), r"grad_out must have shape \[1, 2, 8, 16\]"),
+    "out short": ("out", lambda t: t[:, :1].clone(), r"out must have shape \[1, 2, 8, 16\]"),
+    "out int32": ("out", lambda t: t.to(torch.int32), r"out must have .*dtype torch.float32.*got .*torch.int32"),
+    "out on meta": ("out", lambda t: torch.empty_like(t, device="meta"), r"out must have .*got .*device meta"),
+    "lse not a tensor": ("lse", lambda t: t.tolist(), r"lse must be a tensor of shape \[1, 2, 8\]"),
+}
+
+
+@pytest.mark.parametrize("case", BACKWARD_TENSOR_CASES)
+def test_backward_launcher_checks_grad_out_out_and_lse(case):
+    # The kernels index all three with q's sizes: a shorter tensor was read and written out of bounds (heap
+    # corruption), another dtype read as raw bits, so a direct call must refuse them before any launch.
+    name, spoil, words = BACKWARD_TENSOR_CASES[case]
+    q, k, v = (torch.randn(1, 2, 8, 16, device=DEVICE) for _ in range(3))
+    out, lse = attention_forward(q, k, v, None, None, 0, 0.25, "ieee")
+    tensors = {"grad_out": torch.randn_like(q), "out": out, "lse": lse}
+    tensors[name] = spoil(tensors[name])
+    with pytest.raises((ValueError, TypeError), match=words):
+        attention_backward(tensors["grad_out"], q, k, v, tensors["out"], tensors["lse"], None, None, 0, 0.25, "ieee")
