@@ -148,6 +148,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: Unio
         log_decision(decide_with_mask(q, k, problem, backend, attn_mask), q, k)
         return sdpa_attention(q, k, v, key_padding_mask if key_lengths is None else key_lengths, problem,
                               attn_mask=attn_mask, alibi_slopes=alibi_slopes)
+    if window.__class__ is list:  # validation takes [left, right] too; plan keys and the trace cache hash a tuple
+        window = tuple(window)
     key = None
     if not _is_compiling():  # under torch.compile the plan is made at trace time, not kept
         out = _replay(plans._PLANS, _replay_by_python_key, q, k, v, key_padding_mask, key_lengths, causal, scale,

@@ -6,7 +6,7 @@ precisions and the backends. Imports nothing from the package.
 import math
 import numbers
 from dataclasses import dataclass, field
-from typing import Literal, Optional, Union
+from typing import Any, Literal, Optional, Union
 
 import torch
 
@@ -164,13 +164,7 @@ def validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: Union[bo
     if min(batch, heads, seq_q, seq_k, head_dim) == 0:
         raise ValueError(f"empty input: q {tuple(q.shape)}, k {tuple(k.shape)}")
     causal_mode = _causal_mode(causal)
-    if scale is None:
-        scale = 1.0 / math.sqrt(head_dim)
-    elif isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not -math.inf < scale < math.inf:
-        # numbers.Real takes numpy's float and integer scalars too; bools (Python's and numpy's) are refused. The
-        # comparisons (NaN fails both) instead of math.isfinite: under torch.compile with dynamic=True a float
-        # argument is symbolic, which math.isfinite cannot take.
-        raise TypeError(f"scale must be a finite real number or None, got {scale!r}")
+    scale = check_scale(scale, head_dim)
     if key_padding_mask is not None and key_lengths is not None:
         raise ValueError("pass key_padding_mask or key_lengths, not both")
     if key_padding_mask is not None:
@@ -211,6 +205,29 @@ def value_checks_wanted(check_values: Optional[bool], like: torch.Tensor) -> boo
     return like.device.type == "cpu" or _env.flag("FLASHLITE_CHECK_VALUES", False)
 
 
+# The kernels and SDPA scale and cap scores in float32: a scale or softcap beyond its range is an infinity there.
+_FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+
+
+def check_scale(scale: object, head_dim: int) -> Any:
+    """The softmax scale of a call: ``scale``, or 1 / sqrt(head_dim) for None; TypeError for anything but a real
+    number within float32's range.
+
+    Example:
+        >>> check_scale(None, 64), check_scale(2, 64)
+        (0.125, 2)
+    """
+    if scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    # numbers.Real takes numpy's float and integer scalars too; bools (Python's and numpy's) are refused. The
+    # comparisons (NaN fails both) instead of math.isfinite: under torch.compile with dynamic=True a float argument
+    # is symbolic, which math.isfinite cannot take.
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not -_FLOAT32_MAX <= scale <= _FLOAT32_MAX:
+        raise TypeError(f"scale must be a finite real number within float32's range (|scale| <= 3.4e38) or None, "
+                        f"got {scale!r}")
+    return scale
+
+
 def _check_window(window: object) -> tuple[int, int]:
     if window is None:
         return -1, -1
@@ -231,9 +248,9 @@ def _check_softcap(softcap: object) -> float:
         return 0.0
     if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
         raise TypeError(f"softcap must be a real number > 0 or None, got {softcap!r}")
-    if not 0 < softcap < math.inf:  # NaN fails; comparisons take a symbolic float too (see the scale's check)
-        raise ValueError(f"softcap must be finite and > 0 (scores become softcap * tanh(scores / softcap)), got "
-                         f"{softcap!r}")
+    if not 0 < softcap <= _FLOAT32_MAX:  # NaN fails; comparisons take a symbolic float too (see check_scale)
+        raise ValueError(f"softcap must be finite and > 0, within float32's range (<= 3.4e38) (scores become "
+                         f"softcap * tanh(scores / softcap)), got {softcap!r}")
     return float(softcap)
 
 

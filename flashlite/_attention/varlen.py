@@ -19,9 +19,10 @@ from flashlite._attention.decide import decide
 from flashlite._attention.launch import launch_backward, launch_forward, packed_view
 from flashlite._attention.plans import Plan
 from flashlite._attention.sdpa import sdpa_attention
-from flashlite._attention.validation import (CAUSAL_BOTTOM_RIGHT, Problem, _causal_mode, _check_alibi,
-                                             _check_softcap, _check_window, _resolve_precision,
-                                             check_dtypes_and_devices, value_checks_wanted)
+from flashlite._attention.validation import (_CAUSAL_ARGUMENT, CAUSAL_BOTTOM_RIGHT, Problem, _causal_mode,
+                                             _check_alibi, _check_softcap, _check_window, _resolve_precision,
+                                             check_dtypes_and_devices, check_scale, kernel_unsupported,
+                                             value_checks_wanted)
 from flashlite.dispatch import Decision
 
 
@@ -78,10 +79,7 @@ def validate_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlen
         _check_offsets("cu_seqlens_q", cu_seqlens_q, total_q, int(max_seqlen_q), "max_seqlen_q")
         _check_offsets("cu_seqlens_k", cu_seqlens_k, total_k, int(max_seqlen_k), "max_seqlen_k")
     batch = cu_seqlens_q.shape[0] - 1
-    if scale is None:
-        scale = head_dim ** -0.5
-    elif isinstance(scale, bool) or not isinstance(scale, numbers.Real):
-        raise TypeError(f"scale must be a finite real number or None, got {scale!r}")
+    scale = check_scale(scale, head_dim)
     window_left, window_right = _check_window(window)
     return Problem(batch, heads, kv_heads, int(max_seqlen_q), int(max_seqlen_k), head_dim, q.dtype,
                    _causal_mode(causal), float(scale), _resolve_precision(q.dtype, precision), "none", window_left,
@@ -128,14 +126,38 @@ _EagerVarlenAttention = _ops.eager_function("_EagerVarlenAttention", _varlen_for
 
 
 # torch.compile sees the kernel path as two opaque custom ops with fake implementations, as for attention().
-def _op_plan(cu_seqlens_q: torch.Tensor, q: torch.Tensor, k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int,
-             causal_mode: int, scale: float, precision: str, window_left: int, window_right: int, softcap: float,
+def _op_plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+             cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal_mode: int, scale: float,
+             precision: str, window_left: int, window_right: int, softcap: float,
              alibi_slopes: Optional[torch.Tensor]) -> Plan:
-    alibi = "none" if alibi_slopes is None else "heads" if alibi_slopes.dim() == 1 else "batch_heads"
-    problem = Problem(cu_seqlens_q.shape[0] - 1, q.shape[1], k.shape[1], max_seqlen_q, max_seqlen_k, q.shape[2],
-                      q.dtype, causal_mode, scale, precision, "none", window_left, window_right, softcap, alibi,
-                      varlen=True)
+    """The plan of an op call, its flat arguments checked as ``attention_varlen`` checks them: the ops are public
+    through torch.ops, and a too small ``max_seqlen_q`` sizes the log-sum-exp below what the kernels write."""
+    if causal_mode not in _CAUSAL_ARGUMENT:
+        raise ValueError(f"causal_mode must be 0, 1 or 2, got {causal_mode!r}")
+    window = None if (window_left, window_right) == (-1, -1) else (window_left, window_right)
+    problem = validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                              _CAUSAL_ARGUMENT[causal_mode], scale, window, None if softcap == 0.0 else softcap,
+                              alibi_slopes, precision if q.dtype == torch.float32 else None, None)
+    if precision != problem.precision:
+        raise ValueError(f"precision {precision!r} does not fit {q.dtype} inputs (expected {problem.precision!r})")
+    reason = kernel_unsupported(*(packed_view(t, problem.batch) for t in (q, k, v)), None)
+    if reason is not None:
+        raise ValueError(f"the Triton kernel cannot run this call: {reason}")
     return Plan(problem, Decision("triton", "a torch.compile'd graph"))
+
+
+def _check_gradient_inputs(grad_out: object, out: object, lse: object, q: torch.Tensor, problem) -> None:
+    """grad_out and out shaped, typed and placed like q, lse float32 [batch, H, max_seqlen_q]: what the backward
+    kernels index with those sizes."""
+    expected = {"grad_out": (tuple(q.shape), q.dtype), "out": (tuple(q.shape), q.dtype),
+                "lse": ((problem.batch, problem.heads, problem.seq_q), torch.float32)}
+    for name, tensor in (("grad_out", grad_out), ("out", out), ("lse", lse)):
+        shape, dtype = expected[name]
+        if (not isinstance(tensor, torch.Tensor) or tuple(tensor.shape) != shape or tensor.dtype != dtype
+                or tensor.device != q.device):
+            got = (f"shape {list(tensor.shape)}, dtype {tensor.dtype}, device {tensor.device}"
+                   if isinstance(tensor, torch.Tensor) else type(tensor).__name__)
+            raise ValueError(f"{name} must have shape {list(shape)}, dtype {dtype} and device {q.device}, got {got}")
 
 
 @torch.library.custom_op("flashlite::attention_varlen_forward", mutates_args=())
@@ -143,10 +165,10 @@ def attention_varlen_forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
                                 cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal_mode: int,
                                 scale: float, precision: str, window_left: int, window_right: int, softcap: float,
                                 alibi_slopes: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """The packed forward as an opaque op (arguments validated by ``attention_varlen`` at trace time): (out
+    """The packed forward as an opaque op (arguments checked as ``attention_varlen`` checks them): (out
     [total_q, H, D], padded base-2 lse [B, H, max_seqlen_q] float32)."""
-    plan = _op_plan(cu_seqlens_q, q, k, max_seqlen_q, max_seqlen_k, causal_mode, scale, precision, window_left,
-                    window_right, softcap, alibi_slopes)
+    plan = _op_plan(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal_mode, scale, precision,
+                    window_left, window_right, softcap, alibi_slopes)
     out, lse = _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, plan)
     return out, lse
 
@@ -166,8 +188,9 @@ def attention_varlen_backward_op(grad_out: torch.Tensor, q: torch.Tensor, k: tor
                                  window_right: int, softcap: float, alibi_slopes: Optional[torch.Tensor]
                                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The packed backward as an opaque op: (dq, dk, dv), contiguous, shaped like q, k, v."""
-    plan = _op_plan(cu_seqlens_q, q, k, max_seqlen_q, max_seqlen_k, causal_mode, scale, precision, window_left,
-                    window_right, softcap, alibi_slopes)
+    plan = _op_plan(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal_mode, scale, precision,
+                    window_left, window_right, softcap, alibi_slopes)
+    _check_gradient_inputs(grad_out, out, lse, q, plan.problem)
     return _varlen_backward(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, plan)
 
 

@@ -136,10 +136,16 @@ LOG2E = tl.constexpr(1.4426950408889634)
 def tanh(x):
     """tanh(x) from exp2, so that one definition runs under the interpreter and compiles for sm_90 alike:
     tanh(|x|) = (1 - t) / (1 + t) with t = e^(-2|x|) = 2^(-2|x| log2 e) in (0, 1], which never overflows (large
-    |x| gives t = 0 and exactly 1), and the sign is restored afterwards."""
+    |x| gives t = 0 and exactly 1), and the sign is restored afterwards.
+
+    Below |x| = 1/8 the odd series x - x^3/3 + 2x^5/15 - 17x^7/315 is used instead: there 1 - t cancels, and its
+    relative error grows as 1/|x| (with softcap 1e5 the scores came out 2.6e-3 off in float32). The series'
+    first omitted term, 62x^9/2835, is below 2e-10 there; the exp2 form's error at 1/8 is a few float32 ulps."""
     t = tl.math.exp2(-2.0 * LOG2E * tl.abs(x))
     r = (1.0 - t) / (1.0 + t)
-    return tl.where(x < 0, -r, r)
+    x2 = x * x
+    series = x * (1.0 + x2 * (-1.0 / 3.0 + x2 * (2.0 / 15.0 + x2 * (-17.0 / 315.0))))
+    return tl.where(tl.abs(x) < 0.125, series, tl.where(x < 0, -r, r))
 
 
 @triton.jit

@@ -32,6 +32,10 @@ CASES = {
     "empty": (lambda: qkv(seq=0), {}, ValueError, r"empty input"),
     "causal": (lambda: qkv(), {"causal": "upper"}, ValueError, r"causal must be False, True .* 'lower_right'"),
     "scale": (lambda: qkv(), {"scale": "big"}, TypeError, r"scale must be a finite real number"),
+    # The kernels and SDPA scale in float32, where 1e39 is an infinity (all-NaN output before).
+    "scale beyond float32": (lambda: qkv(), {"scale": 1e39}, TypeError, r"scale must be .* within float32's range"),
+    "softcap beyond float32": (lambda: qkv(), {"softcap": 1e39}, ValueError,
+                               r"softcap must be finite and > 0, within float32's range"),
     "backend": (lambda: qkv(), {"backend": "cudnn"}, ValueError, r"backend must be one of"),
     "precision for fp16": (lambda: qkv(), {"precision": "tf32"}, ValueError,
                            r"precision applies to float32 inputs only"),
@@ -122,3 +126,12 @@ def test_custom_op_checks_its_own_arguments():
         torch.ops.flashlite.attention_forward(q, k, v, None, None, 0, 0.1, "tf32")
     with pytest.raises(ValueError, match=r"batch size differs"):
         torch.ops.flashlite.attention_forward(q, *qkv(batch=1)[1:], None, None, 0, 0.1, "fp16")
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "triton"])
+def test_a_list_window_works_as_the_tuple(backend):
+    # Validation takes [left, right]; the plan cache keyed the list itself and failed on hashing it.
+    q, k, v = qkv(seq=12, dtype=torch.float32)
+    expected = attention(q, k, v, window=(3, 1), backend=backend)
+    for _ in range(2):  # the first call keeps a plan, the second replays it
+        torch.testing.assert_close(attention(q, k, v, window=[3, 1], backend=backend), expected, rtol=0, atol=0)

@@ -197,6 +197,8 @@ def test_public_name():
     (lambda a: {**a, "alibi_slopes": torch.rand(5, 4, device=DEVICE)}, ValueError, "alibi_slopes must have shape"),
     (lambda a: {**a, "window": (-2, 0)}, ValueError, "window sides"),
     (lambda a: {**a, "backend": "cudnn"}, ValueError, "backend must be one of"),
+    (lambda a: {**a, "scale": float("nan")}, TypeError, "scale must be a finite real number"),
+    (lambda a: {**a, "scale": float("-inf")}, TypeError, "scale must be a finite real number"),
 ])
 def test_bad_input_is_named(change, error, match):
     q, k, v, cu_q, cu_k, max_q, max_k = packed(torch.float32, seed=7, lengths=[(20, 20), (44, 30)])
@@ -334,3 +336,44 @@ def test_peak_memory_is_the_output_and_statistics_only():
         allowed = out.numel() * out.element_size() + (len(lengths) * 16 * max(lengths) * 4 if needs_grad else 0)
         assert extra <= 1.05 * allowed, f"grad={needs_grad}: {extra} bytes beyond the inputs; allowed {allowed}"
         del out
+
+
+OP_CASES = {
+    # A direct torch.ops call skips attention_varlen: the op checks its flat arguments itself (a too small
+    # max_seqlen_q sized the log-sum-exp below what the kernel writes: heap corruption).
+    "max_seqlen_q": (dict(max_seqlen_q=3), "max_seqlen_q=3 is below the longest sequence"),
+    "scale": (dict(scale=float("nan")), "scale must be a finite real number"),
+    "softcap": (dict(softcap=-1.0), "softcap must be finite and > 0"),
+    "causal_mode": (dict(causal_mode=7), "causal_mode must be 0, 1 or 2"),
+    "precision": (dict(precision="fp8"), "precision for float32 inputs must be one of"),
+}
+
+
+@pytest.mark.parametrize("case", OP_CASES)
+def test_the_ops_check_their_arguments(case):
+    q, k, v, cu_q, cu_k, max_q, max_k = packed(torch.float32, seed=8, lengths=[(20, 20), (44, 30)])
+    args = dict(q=q, k=k, v=v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q, max_seqlen_k=max_k,
+                causal_mode=1, scale=0.25, precision="ieee", window_left=-1, window_right=-1, softcap=0.0,
+                alibi_slopes=None)
+    change, words = OP_CASES[case]
+    out, lse = torch.ops.flashlite.attention_varlen_forward(*args.values())
+    with pytest.raises((ValueError, TypeError), match=words):
+        torch.ops.flashlite.attention_varlen_forward(*{**args, **change}.values())
+    grad_out = torch.randn_like(out)
+    backward_args = dict(grad_out=grad_out, q=q, k=k, v=v, out=out, lse=lse, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                         **{name: args[name] for name in list(args)[5:]})
+    with pytest.raises((ValueError, TypeError), match=words):
+        torch.ops.flashlite.attention_varlen_backward(*{**backward_args, **change}.values())
+
+
+@pytest.mark.parametrize("name, spoil", [("grad_out", lambda t: t[:1].clone()), ("out", lambda t: t.half()),
+                                         ("lse", lambda t: t[:, :1].clone())])
+def test_the_backward_op_checks_grad_out_out_and_lse(name, spoil):
+    q, k, v, cu_q, cu_k, max_q, max_k = packed(torch.float32, seed=9, lengths=[(20, 20), (44, 30)])
+    flat = (1, 0.25, "ieee", -1, -1, 0.0, None)
+    out, lse = torch.ops.flashlite.attention_varlen_forward(q, k, v, cu_q, cu_k, max_q, max_k, *flat)
+    tensors = {"grad_out": torch.randn_like(out), "out": out, "lse": lse}
+    tensors[name] = spoil(tensors[name])
+    with pytest.raises(ValueError, match=f"{name} must have shape"):
+        torch.ops.flashlite.attention_varlen_backward(tensors["grad_out"], q, k, v, tensors["out"], tensors["lse"],
+                                                      cu_q, cu_k, max_q, max_k, *flat)
