@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from fractions import Fraction
 
 from .memory import human_bytes
 
@@ -37,7 +38,8 @@ _SIZE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*")
 
 def parse_size(text: str) -> int:
     """Bytes from a size: plain bytes, or a number with a binary (KiB..TiB) or decimal (KB..TB) unit; the unit's
-    case does not matter. Sizes must be at least one byte.
+    case does not matter. Sizes must be a whole number of bytes, at least one: a fraction with a unit is
+    accepted when it comes to whole bytes (1.5GiB), not otherwise (1.5, 0.1KiB).
 
     >>> parse_size("512MiB"), parse_size("4GB"), parse_size("1.5 gib"), parse_size("4096")
     (536870912, 4000000000, 1610612736, 4096)
@@ -45,12 +47,23 @@ def parse_size(text: str) -> int:
     Traceback (most recent call last):
     ...
     ValueError: not a size: '4 gigs'; give plain bytes (4294967296) or a number and a unit: binary KiB, ...
+    >>> parse_size("1.5")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: not a size in whole bytes: '1.5' does not come to a whole number of bytes; give plain bytes ...
     """
     match = _SIZE.fullmatch(str(text))
     unit = match.group(2).lower() if match else None
     if match is None or unit not in _UNITS:
         raise ValueError(f"not a size: {text!r}; give {ACCEPTED_SIZES}")
-    size = int(float(match.group(1)) * _UNITS[unit])
+    # Exact arithmetic, not float: 1.001KB is 1001 bytes, where float arithmetic gives 1000.9999999999999.
+    exact = Fraction(match.group(1)) * _UNITS[unit]
+    if exact.denominator != 1:
+        # Truncating would turn "1.5" into a cap of 1 byte without a word; a fraction of a byte is a typo.
+        raise ValueError(
+            f"not a size in whole bytes: {text!r} does not come to a whole number of bytes; give {ACCEPTED_SIZES}"
+        )
+    size = int(exact)
     if size < 1:
         raise ValueError(f"not a size of at least one byte: {text!r}; give {ACCEPTED_SIZES}")
     return size

@@ -236,29 +236,36 @@ def validate_check(check: Any) -> None:
     raise TypeError(f"{CHECK_HELP}; got {type(check).__name__}: {check!r}")
 
 
-def _assert_close_nested(candidate: Any, baseline: Any, policy: Any, path: str = "output") -> None:
-    """assert_close on every tensor or number of two outputs of the same structure."""
+def _assert_close_nested(
+    candidate: Any, baseline: Any, policy: Any, path: str = "output", empty: list[str] | None = None
+) -> int:
+    """assert_close on every tensor or number of two outputs of the same structure; returns how many elements
+    were compared. Empty tensors and arrays of equal shape are passed over (assert_close refuses them, having
+    nothing to compare) and named in ``empty``."""
     from .tolerance import assert_close
 
     if isinstance(baseline, (list, tuple)):
         if not isinstance(candidate, (list, tuple)) or len(candidate) != len(baseline):
             raise AssertionError(f"{path}: the candidate returned {outputs._brief(candidate)}, the baseline "
                                  f"{len(baseline)} items")
-        for index, (c, b) in enumerate(zip(candidate, baseline)):
-            _assert_close_nested(c, b, policy, f"{path}[{index}]")
-        return
+        return sum(_assert_close_nested(c, b, policy, f"{path}[{index}]", empty)
+                   for index, (c, b) in enumerate(zip(candidate, baseline)))
     if isinstance(baseline, dict):
         if not isinstance(candidate, dict) or set(candidate) != set(baseline):
             raise AssertionError(f"{path}: keys differ from the baseline's")
-        for key in baseline:
-            _assert_close_nested(candidate[key], baseline[key], policy, f"{path}[{key!r}]")
-        return
+        return sum(_assert_close_nested(candidate[key], baseline[key], policy, f"{path}[{key!r}]", empty)
+                   for key in baseline)
     if baseline is None or isinstance(baseline, (str, bytes)):
         if candidate != baseline:
             raise AssertionError(f"{path}: {candidate!r} != {baseline!r}")
-        return
+        return 0
+    shape = getattr(baseline, "shape", None)
+    if shape is not None and math.prod(shape) == 0 and tuple(getattr(candidate, "shape", ())) == tuple(shape):
+        if empty is not None:
+            empty.append(f"{path} of shape {tuple(shape)}")
+        return 0
     try:
-        assert_close(candidate, baseline, policy=None if policy is True else policy)
+        return assert_close(candidate, baseline, policy=None if policy is True else policy).numel
     except AssertionError as exc:
         raise AssertionError(f"{path}: {exc}") from None
 
@@ -277,7 +284,8 @@ def check_fresh_outputs(
     First the reuse check: when the baseline's outputs on the two sets differ and the candidate's are
     identical, the candidate returns a cached result (or one it computed on other inputs). Then ``check`` on
     each set: ``assert_close`` under a policy (None/True: the policy of the output's dtype) or a callable that
-    raises; ``False`` skips both checks.
+    raises; ``False`` skips both checks. Under a policy, outputs whose tensors all hold no elements are refused
+    with a ValueError: comparing them would check nothing.
 
     >>> import numpy as np
     >>> rng = np.random.default_rng(0)
@@ -310,16 +318,24 @@ def check_fresh_outputs(
             "differ): it returns a cached result or skips work on inputs it has seen"
         )
     for index, (cand, base) in enumerate(results, 1):
+        empty: list[str] = []
+        compared = 0
         try:
             if callable(check) and not isinstance(check, bool):
                 check(cand, base)
             else:
-                _assert_close_nested(cand, base, check)
+                compared = _assert_close_nested(cand, base, check, empty=empty)
         except AssertionError as exc:
             raise FreshOutputMismatch(
                 f"{candidate_side} output on fresh inputs differs from the {baseline_side}'s "
                 f"(fresh set {index} of 2): {exc}"
             ) from None
+        if empty and not compared:
+            raise ValueError(
+                f"the check on fresh inputs compared no elements: the {baseline_side}'s {', '.join(empty)} holds "
+                "none, so a wrong candidate would match it too; make inputs= give outputs with elements, or pass "
+                "check=False to skip the check"
+            )
 
 
 def _differs(first: Any, again: Any) -> bool:

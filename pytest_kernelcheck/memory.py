@@ -86,22 +86,38 @@ def evaluate_estimate(estimate: Any, shape: Any) -> int:
 def resolve_device(requested: Any = None, shape: Any = None, params: dict[str, Any] | None = None) -> str:
     """The device whose memory a test needs, as text: explicit, else shape's or params' ``device``, else default.
 
+    A device is "cpu", "cuda" or "cuda:N" (N an integer >= 0), as a string or a torch.device, or the CUDA index N
+    as an int.
+
     Example::
 
-        >>> resolve_device("cpu"), resolve_device(None, {"device": "cuda:1"})
-        ('cpu', 'cuda:1')
+        >>> resolve_device("cpu"), resolve_device(None, {"device": "cuda:1"}), resolve_device(2)
+        ('cpu', 'cuda:1', 'cuda:2')
     """
     sources = ("device=", "the shape's `device`", "the test's `device` parameter")
     for where, candidate in zip(sources, (requested, _lookup(shape, "device"), (params or {}).get("device"))):
         if candidate is not None:
-            text = str(candidate)
-            if not (text == "cpu" or text.startswith("cuda")):
-                raise ValueError(
-                    f"memory marker: {where} is {candidate!r}; memory checks know the devices 'cpu' and 'cuda[:N]' "
-                    "(a string or torch.device)"
-                )
-            return text
+            return _device_text(where, candidate)
     return "cuda" if _cuda_available() else "cpu"
+
+
+def _device_text(where: str, device: Any) -> str:
+    """``device`` as "cpu", "cuda" or "cuda:N", or the error that names ``where`` it came from."""
+    # bool is an int to Python, but device=True is surely a mistake, not CUDA device 1.
+    if isinstance(device, numbers.Integral) and not isinstance(device, bool) and device >= 0:
+        return f"cuda:{int(device)}"
+    torch = sys.modules.get("torch")  # a torch.device exists only once torch is imported
+    is_device = torch is not None and isinstance(device, torch.device)
+    text = str(device) if isinstance(device, str) or is_device else None
+    if text == "cpu" or text == "cuda":
+        return text
+    # Only ASCII digits: "cuda:-1", "cuda:abc" or "cudafoo" would otherwise reach torch.cuda.mem_get_info.
+    if text is not None and text.startswith("cuda:") and text[5:].isascii() and text[5:].isdigit():
+        return f"cuda:{int(text[5:])}"
+    raise ValueError(
+        f"memory marker: {where} is {device!r}; memory checks know the devices 'cpu' and 'cuda' or 'cuda:N' with N "
+        "an integer >= 0 (as a string or a torch.device), or a CUDA index N as an int"
+    )
 
 
 def free_memory(device: str) -> int | None:

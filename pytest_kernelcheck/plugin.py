@@ -62,7 +62,8 @@ MARKERS = (
     "B4-S2048-H16-D64-bfloat16, booleans as causal/nocausal.",
     "tolerance(policy=None, **fields): override the tolerance of assert_close calls in this test that pass no "
     "policy: a name ('tf32'), a dtype, a TolerancePolicy, fields (atol=, rtol=, baseline_factor=, baseline_floor=) "
-    "or a per-dtype mapping {torch.float16: dict(atol=2e-3)}.",
+    "or a per-dtype mapping {torch.float16: dict(atol=2e-3)}; the policy may be given positionally or as policy=. "
+    "It applies to floating-point results: integer and bool results stay exact.",
     "memory(estimate, device=None): bytes the test needs (or a callable of the shape returning them). The test is "
     "skipped when the device's free memory is smaller. device None means the shape's or params' `device`, else "
     "CUDA when available, else the host.",

@@ -130,9 +130,9 @@ def describe_problem(
     Raises:
         TypeError: a non-tensor input, an integer or complex tensor, a mask of an unsupported dtype, a window
             that is not a pair of ints, a softcap that is not a number, slopes that are not a floating tensor.
-        ValueError: wrong ranks, sizes that do not agree, a bad ``causal`` value, heads that need
-            ``enable_gqa``, tensors on different devices, a window side below -1, a softcap that is not finite
-            and > 0, slopes of a shape other than [H] or [B, H].
+        ValueError: wrong ranks, sizes that do not agree, an empty dimension (B, H, H_kv, S_q, S_k, D or D_v
+            of 0), a bad ``causal`` value, heads that need ``enable_gqa``, tensors on different devices, a window
+            side below -1, a softcap that is not finite and > 0, slopes of a shape other than [H] or [B, H].
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
@@ -152,6 +152,16 @@ def describe_problem(
         raise ValueError(f"k and v sequence lengths differ: {k.shape[2]} vs {v.shape[2]}")
     if k.shape[1] != v.shape[1]:
         raise ValueError(f"k and v head counts differ: {k.shape[1]} vs {v.shape[1]}")
+    sizes = {"B": batch, "H": heads, "H_kv": k.shape[1], "S_q": q_len, "S_k": k.shape[2], "D": head_dim,
+             "D_v": v.shape[3]}
+    empty = [f"{name}={size}" for name, size in sizes.items() if size == 0]
+    if empty:
+        # An empty problem has no output element to check, and a check that compares nothing would pass whatever
+        # the kernel returned; refused here, before the planning and the reference divide or loop by these sizes.
+        raise ValueError(
+            f"the attention problem is empty ({', '.join(empty)}; q {tuple(q.shape)}, k {tuple(k.shape)}, v "
+            f"{tuple(v.shape)}): there is nothing to compute or check; every size of q, k and v must be at least 1"
+        )
     kv_heads = k.shape[1]
     if kv_heads != heads:
         if not enable_gqa:

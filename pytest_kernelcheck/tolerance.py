@@ -12,8 +12,13 @@ In both rules NaN never passes (in ``actual`` or in ``expected``: a reference th
 an infinity passes only where the other tensor holds the same infinity. Integer and bool tensors compared with
 each other are compared in exact integer arithmetic, not through float64 (which rounds integers beyond 2**53).
 
-A ``tolerance`` marker on a test overrides the default policy for every ``assert_close`` call made inside that
-test without an explicit ``policy=``; :func:`use_override` is the context manager the plugin wraps the call in.
+A ``tolerance`` marker on a test overrides the default policy of floating-point results for every
+``assert_close`` call made inside that test without an explicit ``policy=``; integer and bool results keep the
+exact comparison (only a call's own ``policy=`` gives them a tolerance). :func:`use_override` is the context
+manager the plugin wraps the call in.
+
+A comparison that cannot fail is refused with a ValueError: tensors with no elements, and an ``expected`` (or
+``baseline``) that is ``actual`` itself.
 """
 from __future__ import annotations
 
@@ -157,14 +162,15 @@ def policy_for(what: PolicyLike) -> TolerancePolicy:
 class ToleranceOverride:
     """A test's replacement for the default policies, built from a ``tolerance`` marker.
 
-    ``base`` replaces the per-dtype default for every dtype; ``per_dtype`` maps a dtype to a policy or to field
-    changes; ``fields`` (atol=..., rtol=...) are applied last, to whatever policy results.
+    ``base`` replaces the per-dtype default for every floating-point dtype; ``per_dtype`` maps a floating-point
+    dtype to a policy or to field changes; ``fields`` (atol=..., rtol=...) are applied last, to whatever policy
+    results. Integer and bool dtypes resolve to "exact" whatever the override says.
 
     Example::
 
         >>> ov = parse_tolerance_marker((), {"atol": 1e-2})
-        >>> ov.resolve(torch.float16).atol
-        0.01
+        >>> ov.resolve(torch.float16).atol, ov.resolve(torch.int64).name
+        (0.01, 'exact')
     """
 
     base: TolerancePolicy | None = None
@@ -172,6 +178,10 @@ class ToleranceOverride:
     fields: tuple[tuple[str, float], ...] = ()
 
     def resolve(self, dtype: torch.dtype) -> TolerancePolicy:
+        if not dtype.is_floating_point:
+            # A marker loosens the rounding of floating-point results; integers have none, so a count or an
+            # index that is off stays a failure (policy_for also refuses complex dtypes here).
+            return policy_for(dtype)
         policy = self.base if self.base is not None else policy_for(dtype)
         for key, entry in self.per_dtype:
             if key == dtype:
@@ -188,22 +198,35 @@ def parse_tolerance_marker(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> 
     Accepted forms: ``tolerance("tf32")``, ``tolerance(torch.float32)``, ``tolerance(TolerancePolicy(...))``,
     ``tolerance(atol=1e-2, rtol=1e-2)``, ``tolerance(baseline_factor=3)``,
     ``tolerance({torch.float16: dict(atol=2e-3), torch.bfloat16: "tf32"})``, and a positional one with keywords.
+    ``policy=`` is the keyword form of the positional argument: ``tolerance(policy="tf32")``. The override
+    applies to floating-point results only; integer and bool results stay exact.
 
     Example::
 
         >>> parse_tolerance_marker(("tf32",), {"baseline_factor": 3}).resolve(torch.float32).baseline_factor
         3
+        >>> parse_tolerance_marker((), {"policy": "tf32"}).resolve(torch.float32).name
+        'tf32'
     """
+    kwargs = dict(kwargs)
+    policy = kwargs.pop("policy", None)
+    if policy is not None:
+        if args:
+            raise ValueError(
+                f"the tolerance marker got a policy both positionally ({args[0]!r}) and as policy={policy!r}; give "
+                "it once"
+            )
+        args = (policy,)
     if not args and not kwargs:
         raise ValueError(
-            "the tolerance marker is empty; give a policy (tolerance('tf32')), fields (tolerance(atol=1e-2)) or a "
-            "per-dtype mapping"
+            "the tolerance marker is empty; give a policy (tolerance('tf32') or tolerance(policy='tf32')), fields "
+            "(tolerance(atol=1e-2)) or a per-dtype mapping"
         )
     if len(args) > 1:
         raise ValueError(f"the tolerance marker takes at most one positional argument; got {len(args)}")
     unknown = set(kwargs) - set(_FIELDS)
     if unknown:
-        raise ValueError(f"unknown tolerance field(s) {sorted(unknown)}; known: {', '.join(_FIELDS)}")
+        raise ValueError(f"unknown tolerance field(s) {sorted(unknown)}; known: policy, {', '.join(_FIELDS)}")
     fields = tuple((name, _check_field(name, value)) for name, value in kwargs.items())
     base = None
     per_dtype: list[tuple[torch.dtype, Any]] = []
@@ -226,16 +249,25 @@ def _check_field(name: str, value: Any) -> float:
 
 
 def _dtype_key(key: Any) -> torch.dtype:
+    dtype = None
     if isinstance(key, torch.dtype):
-        return key
-    if isinstance(key, str):
+        dtype = key
+    elif isinstance(key, str):
         dtype = getattr(torch, key.strip().removeprefix("torch."), None)
-        if isinstance(dtype, torch.dtype):
-            return dtype
         by_policy = {"fp64": torch.float64, "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-        if key in by_policy:
-            return by_policy[key]
-    raise ValueError(f"per-dtype tolerance keys must name a torch dtype (torch.float16, 'bfloat16'); got {key!r}")
+        if not isinstance(dtype, torch.dtype):
+            dtype = by_policy.get(key)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(
+            f"per-dtype tolerance keys must name a torch dtype (torch.float16, 'bfloat16'); got {key!r}"
+        )
+    if not dtype.is_floating_point:
+        # Such an entry would never be used (integer results stay exact under a marker): refuse it, not ignore it.
+        raise ValueError(
+            f"per-dtype tolerance keys must name a floating-point dtype; got {key!r}: integer and bool "
+            "results are compared exactly under a tolerance marker (pass policy= to assert_close to loosen one)"
+        )
+    return dtype
 
 
 def _per_dtype_entry(key: Any, entry: Any) -> Any:
@@ -272,7 +304,7 @@ def use_override(override: ToleranceOverride | None) -> Iterator[None]:
 def override_sets_policy(dtype: torch.dtype) -> bool:
     """Whether the active ``tolerance`` marker names a whole policy for ``dtype`` (not just changed fields)."""
     override = _active_override.get()
-    if override is None:
+    if override is None or not dtype.is_floating_point:
         return False
     if override.base is not None:
         return True
@@ -280,7 +312,8 @@ def override_sets_policy(dtype: torch.dtype) -> bool:
 
 
 def active_policy(dtype: torch.dtype) -> TolerancePolicy:
-    """The policy ``assert_close`` uses for ``dtype`` when no ``policy=`` is given (override first)."""
+    """The policy ``assert_close`` uses for ``dtype`` when no ``policy=`` is given (override first; integer and bool
+    dtypes always get "exact")."""
     override = _active_override.get()
     return override.resolve(dtype) if override is not None else policy_for(dtype)
 
@@ -428,12 +461,14 @@ def assert_close(
 
     Raises:
         TypeError: an input is not one of the accepted kinds, or is complex, sparse, nested or quantized.
-        ValueError: shapes or devices differ, the tensors are on the meta device, a Python int does not fit in
-            64 bits, or the baseline holds NaN or Inf.
+        ValueError: shapes or devices differ, the tensors are on the meta device or hold no elements, expected
+            or baseline is actual itself (the same memory read the same way), a Python int does not fit in 64
+            bits, or the baseline holds NaN or Inf.
         AssertionError: the tensors are not close; the message gives the error figures.
     """
     __tracebackhide__ = True  # pytest shows the caller's line, not this function's body
     actual, expected, baseline = _checked_inputs(actual, expected, baseline)
+    _refuse_vacuous(actual, expected, baseline)
     resolved = policy_for(policy) if policy is not None else active_policy(actual.dtype)
 
     baseline_error = None
@@ -530,6 +565,36 @@ def _checked_inputs(
     if first.device.type == "meta":
         raise ValueError("assert_close: actual and expected are on the meta device, which holds no values to compare")
     return first, tensors["expected"], tensors.get("baseline")
+
+
+def _same_elements(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` read the very same memory as the same values (one tensor, or a view of it alike)."""
+    return (
+        a.dtype == b.dtype and a.device == b.device and a.shape == b.shape and a.stride() == b.stride()
+        and a.data_ptr() == b.data_ptr()
+    )
+
+
+def _refuse_vacuous(actual: torch.Tensor, expected: torch.Tensor, baseline: torch.Tensor | None) -> None:
+    """Refuse a comparison that cannot fail: no elements, or a tensor checked against itself."""
+    __tracebackhide__ = True
+    # A pass over no elements, or of a tensor against itself, would report "close" whatever the kernel did.
+    if actual.numel() == 0:
+        raise ValueError(
+            f"assert_close: actual and expected hold no elements (shape {tuple(actual.shape)}), so the comparison "
+            "would assert nothing; compare outputs that have at least one element"
+        )
+    if _same_elements(actual, expected):
+        raise ValueError(
+            "assert_close: expected is actual itself (the same memory, dtype, shape and strides), so the comparison "
+            "cannot fail; compare with a reference computed separately (in float64, say)"
+        )
+    if baseline is not None and _same_elements(actual, baseline):
+        raise ValueError(
+            "assert_close: baseline is actual itself (the same memory, dtype, shape and strides); the baseline rule "
+            "would then allow at least actual's own error, so the comparison cannot fail; pass the result PyTorch "
+            "computes in the input precision"
+        )
 
 
 def _is_integral(dtype: torch.dtype) -> bool:

@@ -2,6 +2,7 @@
 and out-of-memory skips that name the cap."""
 from __future__ import annotations
 
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -28,6 +29,21 @@ def test_sizes_in_binary_and_decimal_units_and_plain_bytes(text, size):
 def test_a_bad_size_names_the_accepted_forms(text):
     with pytest.raises(ValueError, match=r"not a size.*plain bytes \(4294967296\).*4GiB.*4GB"):
         parse_size(text)
+
+
+@pytest.mark.parametrize("text", ["1.5", "1.9", "0.5", "0.1KiB", "1.0000001KB"])
+def test_a_fraction_of_a_byte_is_refused_not_truncated(text):
+    # int() truncation made "1.5" a cap of 1 byte, under which every test skips for want of memory.
+    with pytest.raises(ValueError, match=rf"not a size in whole bytes: '{re.escape(text)}' does not come to a whole "
+                                         r"number of bytes; give plain bytes \(4294967296\)"):
+        parse_size(text)
+
+
+def test_fractions_that_come_to_whole_bytes_are_exact():
+    assert parse_size("1.0") == 1
+    assert parse_size("0.25KiB") == 256
+    assert parse_size("1.001KB") == 1001  # float arithmetic gives 1000.9999999999999
+    assert parse_size("2.75TiB") == 11 * 2**38
 
 
 def test_each_visible_device_gets_the_fraction_of_its_own_total(monkeypatch):
@@ -140,6 +156,17 @@ def test_a_bad_size_is_a_usage_error_naming_the_option(pytester, recorded_cap):
     result.stderr.fnmatch_lines([
         "*--kernel-device-memory / kernel_device_memory: not a size: '4 gigs'; give plain bytes (4294967296) or a "
         "number and a unit*",
+    ])
+    assert recorded_cap == []
+
+
+def test_a_fractional_byte_count_is_a_usage_error_naming_the_option(pytester, recorded_cap):
+    pytester.makepyfile(CAPPED_TESTS)
+    result = pytester.runpytest("--kernel-device-memory", "1.5", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([
+        "*--kernel-device-memory / kernel_device_memory: not a size in whole bytes: '1.5' does not come to a whole "
+        "number of bytes*",
     ])
     assert recorded_cap == []
 

@@ -80,6 +80,21 @@ def test_a_buffer_overwritten_in_place_is_not_mistaken_for_reuse():
     run_comparison(lambda x: np.multiply(x, 2, out=buffer), lambda x: x + x, FAST, inputs=_rng_inputs())
 
 
+def test_outputs_without_elements_are_refused_rather_than_matched():
+    # Empty outputs "matched the baseline's": a candidate returning anything empty would have passed.
+    with pytest.raises(ValueError, match=r"the check on fresh inputs compared no elements: the baseline's output of "
+                                         r"shape \(0,\) holds none"):
+        run_comparison(lambda x: x[:0] + 1, lambda x: (x + x)[:0], FAST, inputs=_rng_inputs())
+    with pytest.raises(ValueError, match=r"the baseline's output\[0\] of shape \(0, 3\), output\[1\] of shape "
+                                         r"\(0,\) holds none"):
+        inputs.check_fresh_outputs(lambda x: (np.empty((0, 3)), x[:0]), lambda x: (np.empty((0, 3)), x[:0]),
+                                   _rng_inputs())
+    # An empty part beside one with elements is passed over, and the part with elements is still compared.
+    with pytest.raises(inputs.FreshOutputMismatch, match=r"output\[1\]: Tensors are not close"):
+        inputs.check_fresh_outputs(lambda x: (x[:0], x * 3), lambda x: (x[:0], x + x), _rng_inputs())
+    inputs.check_fresh_outputs(lambda x: (x[:0], x * 2), lambda x: (x[:0], x + x), _rng_inputs())
+
+
 def test_check_policy_callable_and_false():
     loose = lambda x: x * 2 * (1 + 1e-4)  # noqa: E731
     with pytest.raises(inputs.FreshOutputMismatch):

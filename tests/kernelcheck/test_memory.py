@@ -1,5 +1,6 @@
 """The memory marker, free-memory checks, and out-of-memory errors turned into skips (or failures)."""
 import math
+import re
 
 import numpy as np
 import pytest
@@ -72,6 +73,28 @@ def test_device_errors_name_where_the_device_came_from():
         resolve_device(None, {"device": "mps"})
     with pytest.raises(ValueError, match=r"memory marker: the test's `device` parameter is 'xla'; memory checks"):
         resolve_device(None, None, {"device": "xla"})
+
+
+@pytest.mark.parametrize("device", ["cudafoo", "cuda:-1", "cuda:abc", "cuda:", "cuda:1.5", "cuda:²", "CUDA", -1,
+                                    True, 1.0])
+def test_a_device_that_only_starts_like_cuda_is_refused(device):
+    # These passed a startswith("cuda") check and reached torch.cuda.mem_get_info, or named no device at all.
+    with pytest.raises(ValueError, match=rf"memory marker: device= is {re.escape(repr(device))}; memory checks know "
+                                         r"the devices 'cpu' and 'cuda' or 'cuda:N' with N an integer >= 0"):
+        parse_memory_marker((1024,), {"device": device}, has_shape=False)
+    with pytest.raises(ValueError, match=rf"the shape's `device` is {re.escape(repr(device))}"):
+        resolve_device(None, {"device": device})
+
+
+def test_cuda_devices_by_name_torch_device_or_index():
+    index = int(np.random.default_rng().integers(0, 16))
+    assert resolve_device("cuda") == "cuda"
+    assert resolve_device(f"cuda:{index}") == f"cuda:{index}"
+    assert resolve_device(torch.device("cuda", index)) == f"cuda:{index}"
+    assert resolve_device(torch.device("cuda")) == "cuda"
+    assert resolve_device(index) == f"cuda:{index}"  # an int is a CUDA index, as torch.device(index) reads it
+    assert resolve_device(None, None, {"device": np.int64(index)}) == f"cuda:{index}"
+    assert parse_memory_marker((10,), {"device": index}, has_shape=False).device == index
 
 
 def test_numpy_estimates_in_a_test_file(pytester):

@@ -238,6 +238,38 @@ def test_check_and_reference_reject_bad_input():
         reference(q, q, q, attn_mask=torch.ones(8, 8, dtype=torch.int64))
 
 
+@pytest.mark.parametrize(
+    "sizes, named",
+    [
+        (dict(B=0), r"B=0"),
+        (dict(H=0, H_kv=0), r"H=0, H_kv=0"),
+        (dict(S_q=0), r"S_q=0"),
+        (dict(S_k=0), r"S_k=0"),
+        (dict(D=0), r"D=0"),
+        (dict(D_v=0), r"D_v=0"),
+        (dict(B=0, S_k=0), r"B=0, S_k=0"),
+    ],
+)
+@pytest.mark.parametrize("causal", [False, "lower_right"])
+def test_an_empty_problem_is_refused_naming_the_empty_sizes(sizes, named, causal):
+    # Before: B=0 passed comparing no element; H=0 recursed without end in the plan, S_q=0 and S_k=0 broke inside
+    # the reference's loops, D=0 divided by zero for the default scale.
+    size = {"B": 2, "H": 2, "H_kv": 2, "S_q": 5, "S_k": 7, "D": 4, "D_v": 3, **sizes}
+    q = randn(size["B"], size["H"], size["S_q"], size["D"])
+    k = randn(size["B"], size["H_kv"], size["S_k"], size["D"])
+    v = randn(size["B"], size["H_kv"], size["S_k"], size["D_v"])
+    out = randn(size["B"], size["H"], size["S_q"], size["D_v"], dtype=torch.float16)
+    message = rf"the attention problem is empty \({named}; q \({size['B']}, .*\): there is nothing to compute or check"
+    reference = SdpaReference()
+    with pytest.raises(ValueError, match=message):
+        reference.check(out, q.half(), k.half(), v.half(), causal=causal)
+    assert reference.last_check is None
+    with pytest.raises(ValueError, match=message):
+        reference(q, k, v, causal=causal)
+    with pytest.raises(ValueError, match=message):
+        attention_reference(q, k, v, causal=causal, rows=[0] if size["S_q"] else None)
+
+
 def test_case_14_is_checked_on_sampled_rows_within_budgets():
     # B=32, S=100,000, H=16, D=64 on a GPU with 60 GiB to spare: the plan alone (no GPU here).
     problem = AttentionProblem(

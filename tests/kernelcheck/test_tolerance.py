@@ -44,7 +44,7 @@ def test_each_policy_passes_rounding_error_and_fails_a_real_error(name, dtype, e
     torch.manual_seed(1)
     policy = policy_for(name)
     expected = torch.randn(64, 48, dtype=torch.float64)
-    rounded = expected.to(dtype)
+    rounded = expected.to(dtype, copy=True)  # a copy for fp64 too: assert_close refuses a tensor against itself
     if name == "tf32":  # tf32 keeps 10 mantissa bits: round the float32 value to them
         bits = rounded.contiguous().view(torch.int32)
         rounded = ((bits + 0x1000) & ~0x1FFF).view(torch.float32)
@@ -143,6 +143,30 @@ def test_inputs_that_cannot_be_compared_are_named():
         assert_close(torch.zeros(2, dtype=torch.complex64), torch.zeros(2, dtype=torch.complex64))
 
 
+def test_a_tensor_compared_with_itself_is_refused():
+    actual = torch.randn(6, 10, dtype=torch.float16)
+    itself = r"expected is actual itself \(the same memory, dtype, shape and strides\), so the comparison cannot fail"
+    for same in (actual, actual.view(6, 10), actual.detach(), actual.to(torch.float16), actual[:, :]):
+        with pytest.raises(ValueError, match=itself):
+            assert_close(actual, same)
+    with pytest.raises(ValueError, match=itself):
+        assert_close(actual[2:], actual[2:])  # two view objects of the same elements
+    with pytest.raises(ValueError, match=r"baseline is actual itself .* so the comparison cannot fail"):
+        assert_close(actual, actual.double() + 1.0, baseline=actual)
+    # The same memory read as other elements is a real comparison (random rows differ), and a copy is as good.
+    with pytest.raises(AssertionError, match="mismatched elements"):
+        assert_close(actual[1:], actual[:-1])
+    assert assert_close(actual, actual.clone()).passed
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
+def test_tensors_without_elements_are_refused(dtype):
+    shape = (int(torch.randint(1, 9, ())), 0)
+    with pytest.raises(ValueError, match=rf"actual and expected hold no elements \(shape {re.escape(str(shape))}\), "
+                                         "so the comparison would assert nothing"):
+        assert_close(torch.empty(shape, dtype=dtype), torch.empty(shape, dtype=torch.float64))
+
+
 def test_large_tensors_are_streamed_in_blocks(monkeypatch):
     import pytest_kernelcheck.tolerance as tolerance
 
@@ -184,11 +208,40 @@ def test_override_resolution():
         (("fp12",), {}, "unknown tolerance policy name 'fp12'"),
         (({"tf32": dict(atol=1)},), {}, "per-dtype tolerance keys must name a torch dtype"),
         ((1, 2), {}, "at most one positional argument"),
+        (("tf32",), {"policy": "bf16"}, r"a policy both positionally \('tf32'\) and as policy='bf16'; give it once"),
+        (({torch.int64: dict(atol=1)},), {}, "must name a floating-point dtype; got torch.int64: integer and bool"),
     ],
 )
 def test_bad_tolerance_markers_are_named(args, kwargs, message):
     with pytest.raises(ValueError, match=message):
         parse_tolerance_marker(args, kwargs)
+
+
+def test_the_policy_keyword_is_the_positional_policy():
+    # The marker's help reads tolerance(policy=None, **fields); policy= was refused as an unknown field.
+    assert parse_tolerance_marker((), {"policy": "tf32"}) == parse_tolerance_marker(("tf32",), {})
+    keyword = parse_tolerance_marker((), {"policy": torch.bfloat16, "baseline_factor": 3})
+    assert keyword.resolve(torch.float16) == policy_for("bf16").replace(baseline_factor=3)
+    per_dtype = parse_tolerance_marker((), {"policy": {torch.float16: dict(atol=2e-3)}})
+    assert per_dtype.resolve(torch.float16).atol == 2e-3 and per_dtype.resolve(torch.float32) == policy_for("fp32")
+    assert parse_tolerance_marker((), {"policy": None, "atol": 0.5}).resolve(torch.float32).atol == 0.5
+    with pytest.raises(ValueError, match="the tolerance marker is empty"):
+        parse_tolerance_marker((), {"policy": None})
+
+
+def test_a_tolerance_marker_leaves_integer_comparisons_exact():
+    counts = torch.randint(1000, 5000, (37,), dtype=torch.int64)
+    off = counts.clone()
+    off[int(torch.randint(0, 37, ()))] += 15  # within the marker's atol + rtol * |expected| (17 and more here)
+    loosened = torch.randn(37, dtype=torch.float64)
+    with use_override(parse_tolerance_marker(("bf16",), {"atol": 1.0})):
+        with pytest.raises(AssertionError, match=r"policy 'exact'.*compared exactly as integers"):
+            assert_close(off, counts)
+        with pytest.raises(AssertionError, match="policy 'exact'"):
+            assert_close(off.to(torch.int32), counts.to(torch.float64))  # an integer result against floats too
+        # Floating-point results are what the marker loosens, and a call's own policy still applies to integers.
+        assert assert_close(loosened + 0.5, loosened).policy.name == "bf16 (atol=1)"
+        assert assert_close(off, counts, policy="bf16").passed
 
 
 def test_tolerance_marker_applies_inside_the_test_only(pytester):
@@ -208,6 +261,10 @@ def test_tolerance_marker_applies_inside_the_test_only(pytester):
         def test_named():
             assert_close(actual, expected)
 
+        @pytest.mark.tolerance(policy="bf16")
+        def test_named_by_keyword():
+            assert assert_close(actual, expected).policy.name == "bf16"
+
         @pytest.mark.tolerance({torch.float16: dict(rtol=1e-2)})
         def test_per_dtype():
             assert_close(actual, expected)
@@ -221,7 +278,7 @@ def test_tolerance_marker_applies_inside_the_test_only(pytester):
         """
     )
     result = pytester.runpytest("-q")
-    result.assert_outcomes(passed=3, failed=2)
+    result.assert_outcomes(passed=4, failed=2)
     result.stdout.fnmatch_lines(["*test_explicit_policy_wins*", "*Tensors are not close under policy 'fp16'*"])
 
 
