@@ -189,13 +189,20 @@ def _speed(speedup: float | None, ci: Sequence[float | None], verdict: str | Non
     return f"{value}x [{number(low, '0')}, {number(high, 'inf')}] {verdict}"
 
 
-def regression_lines(regressions: Sequence[Regression]) -> list[str]:
-    """Text of the ``kernelcheck: regressions`` section: one line per regression, then the earlier and this run.
+def regression_lines(regressions: Sequence[Regression], machine_differences: Sequence[str] = ()) -> list[str]:
+    """Text of the ``kernelcheck: regressions`` section: one line per regression, then the earlier and this run;
+    last, when the earlier run was measured on another machine (the report's ``machine_differences``), how (not
+    for ``loss`` alone, which judges this run only).
 
     >>> r = Regression("loss", ComparisonRecord(name="a", verdict="loss", nodeid="t.py::a", speedup=0.5,
     ...                                         ci=(0.4, 0.6)), None, "this run's verdict is loss")
     >>> regression_lines([r])
     ["t.py::a / a [loss]: this run's verdict is loss", '  now 0.500x [0.400, 0.600] loss']
+    >>> was = LastRun(speedup=1.2, ci=(1.1, 1.3), verdict="win", ratio=None, regression=True, reason=None)
+    >>> regression_lines([Regression("verdict", r.record, was, "verdict went from win to loss")],
+    ...                  ["GPU NVIDIA H100 then, none now"])[-1]
+    "WARNING: compared with a run of another machine (GPU NVIDIA H100 then, none now): a regression may be the \
+machine's, not the code's"
     """
     lines = []
     for regression in regressions:
@@ -212,4 +219,7 @@ def regression_lines(regressions: Sequence[Regression]) -> list[str]:
                 lines.append(f"  {earlier.baseline_change}: the machine or the baseline changed; compare both "
                              f"commits in one session to tell")
         lines.append(f"  now {_speed(record.speedup, record.ci, record.verdict)}")
+    if machine_differences and any(regression.earlier is not None for regression in regressions):
+        lines.append(f"WARNING: compared with a run of another machine ({'; '.join(machine_differences)}): a "
+                     f"regression may be the machine's, not the code's")
     return lines

@@ -48,7 +48,7 @@ class _ABSession:
     rootpath: Path | None = None  # where autosave asks git for the commit
     history_count: int = 0  # --kernel-ab-history: earlier saved runs shown in the markdown report
     storage_root: Path | None = None
-    machine_folder: Any = None  # () -> Path, see _machine_folder
+    machine_folder: Any = None  # () -> Path, see _ThisMachine
     regressions: tuple[Any, ...] = ()  # gate.Regression: what the rules found, at session finish
     ceilings: Any = None  # throughput.CeilingMeter of this process (--kernel-ab-ceilings)
     cpu_threads: int | None = None  # --kernel-ab-cpu-threads
@@ -170,19 +170,25 @@ def _storage_root(config: pytest.Config) -> Path:
     return Path(option) if option else config.rootpath / (config.getini("kernel_ab_storage") or storage.DEFAULT_FOLDER)
 
 
-def _machine_folder(root: Path) -> Any:
-    """A function giving this machine's folder of saved runs, worked out once and only when first asked for (the
-    machine's slug loads torch)."""
-    from . import storage
+class _ThisMachine:
+    """This machine's environment and, called, its folder of saved runs under ``root``: each worked out once and
+    only when first asked for (both load torch)."""
 
-    found: list[Path] = []
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._environment: dict[str, Any] | None = None
 
-    def folder() -> Path:
-        if not found:
-            found.append(root / storage.machine_slug(storage.current_environment()))
-        return found[0]
+    def environment(self) -> dict[str, Any]:
+        from . import storage
 
-    return folder
+        if self._environment is None:
+            self._environment = storage.current_environment()
+        return self._environment
+
+    def __call__(self) -> Path:
+        from . import storage
+
+        return self.root / storage.machine_slug(self.environment())
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -204,7 +210,8 @@ def pytest_configure(config: pytest.Config) -> None:
         settings["throttle"] = throttle
     calls = str(_setting(config, "calls_per_sample")).strip()
     if calls != "auto":  # as throttle: the default leaves the report's settings as they were
-        if not calls.isdigit():
+        # isascii: str.isdigit() is also true of digits int() refuses, such as superscripts ("²").
+        if not (calls.isascii() and calls.isdigit()):
             raise pytest.UsageError(f"--kernel-ab-calls-per-sample / kernel_ab_calls_per_sample: 'auto' or a whole "
                                     f"number of calls, got {calls!r}")
         settings["calls_per_sample"] = int(calls)
@@ -228,7 +235,7 @@ def pytest_configure(config: pytest.Config) -> None:
     report_path = _setting(config, "report") or None
     compare_spec = _setting(config, "compare") or None
     storage_root = _storage_root(config)
-    machine_folder = _machine_folder(storage_root)
+    machine_folder = _ThisMachine(storage_root)
     raw_history = _setting(config, "history")
     try:
         history_count = int(raw_history)
@@ -237,16 +244,24 @@ def pytest_configure(config: pytest.Config) -> None:
     except (TypeError, ValueError):
         raise pytest.UsageError(f"--kernel-ab-history / kernel_ab_history: not a count >= 0: {raw_history!r}")
     save_name = config.getoption("kernel_ab_save")
-    saving = bool(save_name or config.getoption("kernel_ab_autosave") or config.getini("kernel_ab_autosave"))
+    # None: not given; an empty name is given, and refused by check_name rather than taken for "not saving".
+    saving = save_name is not None or bool(config.getoption("kernel_ab_autosave") or
+                                           config.getini("kernel_ab_autosave"))
     previous = None
     save_folder = None
     try:
         if report_path:
             report.check_writable(report_path)
-        if save_name:
+        if save_name is not None:
             storage.check_name(save_name)
         if compare_spec:
-            previous = report.load_report(storage.resolve_compare(compare_spec, machine_folder))
+            compare_path = storage.resolve_compare(compare_spec, machine_folder)
+            previous = report.load_report(compare_path)
+            # A saved run of another machine is refused; a path is the user's explicit choice, compared with a
+            # warning in the report and the summary (report.machine_lines), which is read at the end.
+            if not storage.names_a_file(compare_spec):
+                storage.check_same_machine(compare_spec, compare_path, previous.get("environment") or {},
+                                           machine_folder.environment())
         if saving and enabled:
             save_folder = machine_folder()
     except (report.ReportError, storage.StorageError) as exc:
@@ -447,7 +462,15 @@ def _environment(session: _ABSession) -> dict[str, Any]:
     """The report's environment block (it asks git for the commit; its date is now)."""
     from . import report
 
-    environment = report.environment_info() if session.report_path or session.save_folder else {}
+    from . import storage
+
+    if session.previous is not None:
+        # Read even without a file to write, since the report says when the earlier run's machine was another; with
+        # the GPU described though no test (or, under pytest-xdist, no test in this process) loaded torch, as in
+        # the saved runs, lest an undescribed GPU read as another machine.
+        environment = storage.current_environment()
+    else:
+        environment = report.environment_info() if session.report_path or session.save_folder else {}
     if session.cpu_threads is not None:
         environment = {**environment, "cpu_threads": session.cpu_threads}
     return environment
@@ -513,7 +536,8 @@ def _summarise(session: _ABSession, terminalreporter: Any) -> None:
         from . import gate
 
         terminalreporter.write_sep("=", "kernelcheck: regressions", red=True, bold=True)
-        for line in gate.regression_lines(session.regressions):
-            terminalreporter.write_line(line, red=not line.startswith(" "))
+        differences = session.built.get("machine_differences") or ()
+        for line in gate.regression_lines(session.regressions, differences):
+            terminalreporter.write_line(line, red=not line.startswith(" "), bold=line.startswith("WARNING"))
         terminalreporter.write_line(f"{len(session.regressions)} regression(s): the session fails "
                                     f"(--kernel-ab-compare-fail)")

@@ -4,9 +4,12 @@ A comparison or tournament leaves one record, made where it ran (from its result
 :class:`ComparisonRecord` or :class:`TournamentRecord`. Records travel as JSON (pytest-xdist carries them to the
 controller as text on the test report) and the report is a JSON file, so each record type has ``to_json()``
 and ``from_json()``; ``from_json`` gives every missing key its default, so reports written by earlier versions
-still load. The report fills in Benjamini-Hochberg columns and the match with an earlier run (:class:`LastRun`);
-:class:`ABReport` is the whole document, :class:`ReportSummary` its totals, :class:`RunEnvironment` where the
-numbers came from; :class:`ClockRecord` is the SM clock of one run (in :class:`RunDetails`).
+still load, and refuses with :class:`DamagedReport` a field no run writes (an unknown or missing verdict, a speedup
+that is not a finite number above 0, an interval that is not two ordered ends), since such a row would be shown but
+never judged, or crash the run that reads it. The report fills in Benjamini-Hochberg columns and the match with
+an earlier run (:class:`LastRun`); :class:`ABReport` is the whole document, :class:`ReportSummary` its totals,
+:class:`RunEnvironment` where the numbers came from; :class:`ClockRecord` is the SM clock of one run (in
+:class:`RunDetails`).
 
 >>> row = ComparisonRecord.from_json({"kind": "comparison", "name": "fused", "verdict": "win", "speedup": 1.2})
 >>> row.speedup, row.ci, row.failed
@@ -38,6 +41,14 @@ class NotAReport(ValueError):
     """The data is not an A/B report: no ``schema`` of ours, or no list of comparisons."""
 
 
+class DamagedReport(ValueError):
+    """A report or record holds a field that no run writes; the message names the field and what is accepted."""
+
+
+# What a comparison's verdict may be: stats.decide's verdicts, and "error" for a comparison that raised.
+OUTCOMES: tuple[str, ...] = ("win", "loss", "tie", "inconclusive", "error")
+
+
 def finite_interval(ci: Sequence[float]) -> Interval:
     """An interval with its infinite ends as None, the form records keep.
 
@@ -48,8 +59,56 @@ def finite_interval(ci: Sequence[float]) -> Interval:
     return (low if math.isfinite(low) else None, high if math.isfinite(high) else None)
 
 
-def _interval_from_json(value: Any) -> Interval:
-    low, high = value or UNBOUNDED
+def _is_number(value: Any) -> bool:
+    # bool is an int to Python, but true/false in a report is no number a run writes.
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _checked_number(data: Mapping[str, Any], key: str, *, positive: bool = False, at_most: float | None = None
+                    ) -> float | None:
+    """``data[key]`` when it is null or a finite number, above 0 (``positive``) or else 0 or more, and at most
+    ``at_most``; ``DamagedReport`` naming the field otherwise.
+
+    >>> _checked_number({"speedup": 1.5}, "speedup", positive=True)
+    1.5
+    >>> _checked_number({"speedup": -3}, "speedup", positive=True)
+    Traceback (most recent call last):
+    ...
+    pytest_kernelcheck.records.DamagedReport: field 'speedup': -3 is refused; accepted: a finite number above 0, or null
+    """
+    value = data.get(key)
+    if value is None:
+        return None
+    bounds = ("above 0" if positive else "0 or more") + (f" and at most {at_most:g}" if at_most is not None else "")
+    if (not _is_number(value) or not math.isfinite(value) or value < 0 or (positive and value == 0)
+            or (at_most is not None and value > at_most)):
+        raise DamagedReport(f"field {key!r}: {value!r} is refused; accepted: a finite number {bounds}, or null")
+    return value
+
+
+def _interval_from_json(value: Any, key: str = "ci") -> Interval:
+    """An interval as JSON holds it: null (unbounded), or two ends, each null (unbounded) or a number 0 or more
+    (speedups and times are never negative), the low end finite and not above the high one. An infinite high end
+    is unbounded too, as intervals are before :func:`finite_interval`.
+
+    >>> _interval_from_json([1.1, None]), _interval_from_json(None)
+    ((1.1, None), (None, None))
+    >>> _interval_from_json([5.0, 1.0])
+    Traceback (most recent call last):
+    ...
+    pytest_kernelcheck.records.DamagedReport: field 'ci': [5.0, 1.0] is refused; accepted: [low, high] with low <= \
+high, each a number 0 or more or null (unbounded)
+    """
+    if value is None:
+        return UNBOUNDED
+    accepted = "accepted: [low, high] with low <= high, each a number 0 or more or null (unbounded)"
+    if not isinstance(value, (list, tuple)) or len(value) != 2:
+        raise DamagedReport(f"field {key!r}: {value!r} is refused; {accepted}")
+    low, high = value
+    # "not end >= 0" is true of NaN as well as of negative numbers.
+    if any(end is not None and (not _is_number(end) or not end >= 0) for end in (low, high)) or (
+            low is not None and (math.isinf(low) or (high is not None and low > high))):
+        raise DamagedReport(f"field {key!r}: {value!r} is refused; {accepted}")
     return (low, high)
 
 
@@ -445,15 +504,29 @@ class ComparisonRecord:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "ComparisonRecord":
+        """The row of a JSON row; ``DamagedReport`` naming the field when it holds what no run writes.
+
+        The verdict is required: every version of the report wrote one, and a row without one (or with one
+        outside :data:`OUTCOMES`, such as "WIN") would be shown but never judged by the gate.
+
+        >>> ComparisonRecord.from_json({"kind": "comparison", "name": "a", "verdict": "WIN"})
+        Traceback (most recent call last):
+        ...
+        pytest_kernelcheck.records.DamagedReport: field 'verdict': 'WIN' is refused; accepted: 'win', 'loss', \
+'tie', 'inconclusive', 'error'
+        """
+        if data.get("verdict") not in OUTCOMES:
+            found = f": {data['verdict']!r} is refused" if "verdict" in data else " is missing"
+            raise DamagedReport(f"field 'verdict'{found}; accepted: {', '.join(map(repr, OUTCOMES))}")
         samples = data.get("samples") or {}
         vs_last = data.get("vs_last")
         throughput = data.get("throughput") or {}
         return cls(
-            name=data.get("name", ""), verdict=data.get("verdict", "inconclusive"), nodeid=data.get("nodeid") or "",
-            shape=data.get("shape"), error=data.get("error"), speedup=data.get("speedup"),
-            ci=_interval_from_json(data.get("ci")), p_value=data.get("p_value"),
+            name=data.get("name", ""), verdict=data["verdict"], nodeid=data.get("nodeid") or "",
+            shape=data.get("shape"), error=data.get("error"), speedup=_checked_number(data, "speedup", positive=True),
+            ci=_interval_from_json(data.get("ci")), p_value=_checked_number(data, "p_value", at_most=1),
             p_value_raw=data.get("p_value_raw"), n_pairs=data.get("n_pairs", 0),
-            candidate_ms=data.get("candidate_ms"), baseline_ms=data.get("baseline_ms"),
+            candidate_ms=_checked_number(data, "candidate_ms"), baseline_ms=_checked_number(data, "baseline_ms"),
             flush_l2=bool(data.get("flush_l2", False)), run=RunDetails.from_json(data),
             candidate_samples_ms=tuple(samples.get("candidate_ms") or ()),
             baseline_samples_ms=tuple(samples.get("baseline_ms") or ()),
@@ -621,7 +694,8 @@ class MeasurementRecord(_FailsByError):
     def from_json(cls, data: Mapping[str, Any]) -> "MeasurementRecord":
         return cls(
             name=data.get("name", ""), nodeid=data.get("nodeid") or "", shape=data.get("shape"),
-            error=data.get("error"), median_ms=data.get("median_ms"), ci_ms=_interval_from_json(data.get("ci_ms")),
+            error=data.get("error"), median_ms=data.get("median_ms"),
+            ci_ms=_interval_from_json(data.get("ci_ms"), "ci_ms"),
             n_samples=data.get("n_samples", 0), run=RunDetails.from_json(data),
             samples_ms=tuple((data.get("samples") or {}).get("ms") or ()),
             throughput=_throughput_from_json(data.get("throughput")), ceiling=_ceiling_from_json(data.get("ceiling")),
@@ -783,6 +857,11 @@ class ABReport:
     Traceback (most recent call last):
     ...
     pytest_kernelcheck.records.NotAReport: expected schema 'pytest-kernelcheck/ab-report' with 'comparisons'
+    >>> ABReport.from_json({"schema": SCHEMA, "version": 99, "comparisons": []})
+    Traceback (most recent call last):
+    ...
+    pytest_kernelcheck.records.DamagedReport: field 'version': 99 is refused; accepted: 1 (the layout this \
+pytest-kernelcheck reads)
     """
 
     created: str
@@ -796,6 +875,9 @@ class ABReport:
     # False in the report a run rewrites while it goes (report.ProgressWriter): what it had finished when it was
     # last written, so a run killed before its end leaves it so marked. Written to JSON only when False.
     finished: bool = True
+    # How the machine of the compared earlier run differs from this run's ("GPU NVIDIA H100 then, none now"; see
+    # storage.machine_differences); empty when they match or nothing was compared. Written to JSON only when set.
+    machine_differences: tuple[str, ...] = ()
 
     @property
     def compared_with_last_run(self) -> bool:
@@ -809,20 +891,53 @@ class ABReport:
             "tournaments": [row.to_json() for row in self.tournaments],
             "measurements": [row.to_json() for row in self.measurements],
             **({} if self.finished else {"finished": False}),
+            **({"machine_differences": list(self.machine_differences)} if self.machine_differences else {}),
         }
 
     @classmethod
     def from_json(cls, data: Any) -> "ABReport":
-        """Read a report dict; raises :class:`NotAReport` unless it has our schema and a list of comparisons."""
+        """Read a report dict; raises :class:`NotAReport` unless it has our schema and a list of comparisons, and
+        :class:`DamagedReport` naming the field (and the row: ``comparisons[0] ('fused')``) when a field holds what
+        no run writes, or the report is of a layout version this one does not read."""
         is_report = isinstance(data, Mapping) and data.get("schema") == SCHEMA
         if not is_report or not isinstance(data.get("comparisons"), list):
             raise NotAReport(f"expected schema {SCHEMA!r} with 'comparisons'")
+        version = data.get("version", SCHEMA_VERSION)
+        # Only the layout this code writes is read: a newer one may mean other things by the same keys.
+        if not _is_number(version) or version != SCHEMA_VERSION:
+            raise DamagedReport(f"field 'version': {version!r} is refused; accepted: {SCHEMA_VERSION} (the layout "
+                                f"this pytest-kernelcheck reads)")
         return cls(
             created=data.get("created", ""), settings=data.get("settings") or {},
             summary=ReportSummary.from_json(data.get("summary") or {}),
-            comparisons=tuple(ComparisonRecord.from_json(row) for row in data["comparisons"]),
-            tournaments=tuple(TournamentRecord.from_json(row) for row in data.get("tournaments") or ()),
-            environment=data.get("environment") or {}, version=data.get("version", SCHEMA_VERSION),
-            measurements=tuple(MeasurementRecord.from_json(row) for row in data.get("measurements") or ()),
+            comparisons=_rows_from_json(ComparisonRecord, data, "comparisons"),
+            tournaments=_rows_from_json(TournamentRecord, data, "tournaments"),
+            environment=data.get("environment") or {}, version=SCHEMA_VERSION,
+            measurements=_rows_from_json(MeasurementRecord, data, "measurements"),
             finished=data.get("finished", True) is not False,
+            machine_differences=tuple(data.get("machine_differences") or ()),
         )
+
+
+_Record = TypeVar("_Record", ComparisonRecord, TournamentRecord, MeasurementRecord)
+
+
+def _rows_from_json(kind: type[_Record], data: Mapping[str, Any], key: str) -> tuple[_Record, ...]:
+    """The typed rows of ``data[key]``; a damaged one is named by its place and name in the report.
+
+    >>> _rows_from_json(ComparisonRecord, {"comparisons": [{"name": "fused", "verdict": "win", "ci": [1.1]}]},
+    ...                 "comparisons")
+    Traceback (most recent call last):
+    ...
+    pytest_kernelcheck.records.DamagedReport: comparisons[0] ('fused'): field 'ci': [1.1] is refused; accepted: \
+[low, high] with low <= high, each a number 0 or more or null (unbounded)
+    """
+    rows = []
+    for index, row in enumerate(data.get(key) or ()):
+        if not isinstance(row, Mapping):
+            raise DamagedReport(f"{key}[{index}]: {row!r} is refused; accepted: a JSON object (one row)")
+        try:
+            rows.append(kind.from_json(row))
+        except DamagedReport as exc:
+            raise DamagedReport(f"{key}[{index}] ({row.get('name')!r}): {exc}") from None
+    return tuple(rows)

@@ -26,6 +26,7 @@ from .records import (  # SCHEMA and SCHEMA_VERSION are re-exported: readers of 
     ABReport,
     CeilingRecord,
     ComparisonRecord,
+    DamagedReport,
     GpuInfo,
     LastRun,
     MeasurementRecord,
@@ -60,7 +61,9 @@ def build_report(
     finished: bool = True,
 ) -> dict[str, Any]:
     """Assemble the report from JSON records: comparisons with Benjamini-Hochberg columns, tournaments, totals,
-    and regressions against ``previous`` (an earlier report, as :func:`load_report` returns it).
+    and regressions against ``previous`` (an earlier report, as :func:`load_report` returns it); where
+    ``previous`` was measured on another machine than ``environment`` says (:func:`storage.machine_differences`),
+    the report's ``machine_differences`` says how, and :func:`machine_lines` warns of it.
     ``finished=False`` marks the report of a run still going (see :class:`ProgressWriter`).
 
     >>> r = build_report([{"kind": "comparison", "nodeid": "t.py::a", "name": "a", "verdict": "win",
@@ -75,8 +78,13 @@ def build_report(
     measurements = sorted((r for r in typed if isinstance(r, MeasurementRecord)), key=lambda r: r.nodeid)
     comparisons = _with_benjamini_hochberg(comparisons, alpha)
     regressions = None
+    machine_differences: tuple[str, ...] = ()
     if previous is not None:
-        comparisons, regressions = _mark_against_previous(comparisons, ABReport.from_json(previous).comparisons)
+        from .storage import machine_differences as differences
+
+        earlier = ABReport.from_json(previous)
+        comparisons, regressions = _mark_against_previous(comparisons, earlier.comparisons)
+        machine_differences = differences(earlier.environment, environment or {})
     tested = [r for r in comparisons if _tested(r)]
     speedups = [float(r.speedup) for r in tested if r.speedup]
     count = collections.Counter(r.verdict for r in comparisons)
@@ -105,6 +113,7 @@ def build_report(
         tournaments=tuple(tournaments),
         measurements=tuple(measurements),
         finished=finished,
+        machine_differences=machine_differences,
     )
     return report.to_json()
 
@@ -357,6 +366,10 @@ def load_report(path: str | Path) -> dict[str, Any]:
     Traceback (most recent call last):
     ...
     pytest_kernelcheck.report.ReportError: earlier report '/nonexistent/ab.json' does not exist
+
+    A report holding a field no run writes is refused, naming the file, the row and the field (such a row would be
+    shown but never judged, or crash the run at its end): ``earlier report 'ab.json': comparisons[0]
+    ('fused'): field 'verdict': 'WIN' is refused; accepted: 'win', 'loss', 'tie', 'inconclusive', 'error'``.
     """
     try:
         data = json.loads(Path(path).read_text())
@@ -368,6 +381,8 @@ def load_report(path: str | Path) -> dict[str, Any]:
         ABReport.from_json(data)  # the check every reader of a report makes
     except NotAReport as exc:
         raise ReportError(f"{str(path)!r} is not a kernel A/B report ({exc})") from None
+    except DamagedReport as exc:
+        raise ReportError(f"earlier report {str(path)!r}: {exc}") from None
     return data
 
 
@@ -491,6 +506,8 @@ def write_markdown(report: Mapping[str, Any], path: str | Path, history: Sequenc
     lines = ["# Kernel A/B comparisons", ""]
     lines += _markdown_table(*table_rows(typed))
     lines += [""] + error_lines(typed) + ["", summary_line(typed), ""]
+    if machine_lines(typed):
+        lines += machine_lines(typed) + [""]
     if gpu_lines(typed):
         lines += [line if line.startswith(("Per GPU", "WARNING")) else f"- {line}" for line in gpu_lines(typed)]
         lines.append("")
@@ -779,6 +796,20 @@ def gpu_lines(report: ABReport | Mapping[str, Any]) -> list[str]:
     return per_gpu.summary_lines(rows) + per_gpu.disagreement_lines(typed.comparisons)
 
 
+def machine_lines(report: ABReport | Mapping[str, Any]) -> list[str]:
+    """The warning of a report compared with a run measured on another machine; none otherwise.
+
+    >>> machine_lines({"schema": SCHEMA, "comparisons": [], "machine_differences": ["GPU NVIDIA H100 then, none now"]})
+    ['WARNING: the earlier run was measured on another machine (GPU NVIDIA H100 then, none now): its speedups may \
+differ for the machine, not the code']
+    """
+    differences = _as_report(report).machine_differences
+    if not differences:
+        return []
+    return [f"WARNING: the earlier run was measured on another machine ({'; '.join(differences)}): its speedups "
+            f"may differ for the machine, not the code"]
+
+
 def summary_line(report: ABReport | Mapping[str, Any]) -> str:
     """The totals in one line: verdicts, geometric-mean speedup, what survives Benjamini-Hochberg, regressions.
 
@@ -855,6 +886,8 @@ def write_terminal(
         for line in error_lines(typed):
             terminal.write_line(line, red=True)
         terminal.write_line(summary_line(typed))
+    for line in machine_lines(typed):
+        terminal.write_line(line, yellow=True, bold=True)
     for line in gpu_lines(typed):
         terminal.write_line(line, **({"yellow": True, "bold": True} if line.startswith("WARNING") else {}))
     for tournament in typed.tournaments:

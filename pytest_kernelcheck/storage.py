@@ -68,6 +68,50 @@ def machine_slug(environment: Mapping[str, Any]) -> str:
     return "_".join(["cpu", _slug(typed.cpu_model or "unknown")] + ([_slug(architecture)] if architecture else []))
 
 
+def machine_differences(earlier: Mapping[str, Any], now: Mapping[str, Any]) -> tuple[str, ...]:
+    """How the machine of an earlier report's ``environment`` differs from this run's, in what makes a machine's
+    slug (:func:`machine_slug`): for GPU runs the GPU models, driver, CUDA, cuDNN, torch and triton versions; for CPU
+    runs the CPU model and architecture. One text per field that differs; none when they match.
+
+    An earlier report without an environment block (written by hand) cannot be placed on any machine: that is said
+    too, rather than taken for a match. ``now`` empty (no environment was read) compares nothing.
+
+    >>> gpu = {"gpu": {"available": True, "devices": ["NVIDIA H100"], "driver": "550.54", "cuda": "12.4"},
+    ...        "packages": {"torch": "2.4.0"}}
+    >>> machine_differences(gpu, {"gpu": {"available": False}, "packages": {"torch": "2.5.1"}, "cpu_model": "EPYC"})
+    ('GPU NVIDIA H100 then, none now', 'driver 550.54 then, none now', 'CUDA 12.4 then, none now', \
+'torch 2.4.0 then, 2.5.1 now')
+    >>> machine_differences(gpu, gpu)
+    ()
+    """
+    if not now:
+        return ()
+    if not earlier:
+        return ("the earlier report records no environment, so its machine is unknown",)
+    then_fields, now_fields = _machine_fields(earlier), _machine_fields(now)
+    # A GPU run on either side: compare the GPU fields (a CPU run's are "none"); two CPU runs: the processor's.
+    keys = _GPU_FIELDS if then_fields["GPU"] or now_fields["GPU"] else _CPU_FIELDS
+    return tuple(f"{key} {then_fields[key] or 'none'} then, {now_fields[key] or 'none'} now"
+                 for key in keys if then_fields[key] != now_fields[key])
+
+
+_GPU_FIELDS = ("GPU", "driver", "CUDA", "cuDNN", "torch", "triton")
+_CPU_FIELDS = ("GPU", "CPU", "architecture")
+
+
+def _machine_fields(environment: Mapping[str, Any]) -> dict[str, str | None]:
+    typed = RunEnvironment.from_json(environment)
+    on_gpu = typed.gpu.available and typed.gpu.devices
+    return {
+        # As in the slug, the set of models: a run spread over more GPUs of one model is the same machine.
+        "GPU": " + ".join(sorted(set(typed.gpu.devices))) if on_gpu else None,
+        "driver": typed.gpu.driver if on_gpu else None, "CUDA": typed.gpu.cuda if on_gpu else None,
+        "cuDNN": typed.gpu.cudnn if on_gpu else None,
+        "torch": typed.packages.get("torch"), "triton": typed.packages.get("triton"),
+        "CPU": typed.cpu_model, "architecture": (typed.machine_info or {}).get("machine"),
+    }
+
+
 def current_environment() -> dict[str, Any]:
     """This machine's environment for its slug, with the GPU described even before any test imported torch.
 
@@ -133,6 +177,28 @@ def history(folder: str | Path, count: int) -> tuple[RunSpeedups, ...]:
     return tuple(found)
 
 
+def check_same_machine(spec: str, path: Path, earlier: Mapping[str, Any], now: Mapping[str, Any]) -> None:
+    """``StorageError`` when the saved run ``--kernel-ab-compare SPEC`` found (``path``, whose report's environment
+    is ``earlier``) was measured on another machine than ``now`` (this machine's, :func:`current_environment`).
+
+    A saved run picked by number, name or ``latest`` is meant to be this machine's: one of another machine in its
+    folder (copied there, or of another torch on a CPU) would let the gate pass or fail this run on another
+    machine's speeds, so it is refused; a report named by its path is compared on purpose, and only warned of.
+
+    >>> check_same_machine("latest", Path("runs/0001_a.json"), {"cpu_model": "Xeon"}, {"cpu_model": "EPYC"})
+    Traceback (most recent call last):
+    ...
+    pytest_kernelcheck.storage.StorageError: --kernel-ab-compare latest: runs/0001_a.json was measured on another \
+machine (CPU Xeon then, EPYC now); compare with a run saved on this machine, or give the file's path to compare \
+with it anyway (the report then warns of it)
+    """
+    differences = machine_differences(earlier, now)
+    if differences:
+        raise StorageError(f"--kernel-ab-compare {spec}: {path} was measured on another machine "
+                           f"({'; '.join(differences)}); compare with a run saved on this machine, or give the file's "
+                           f"path to compare with it anyway (the report then warns of it)")
+
+
 def check_name(name: str) -> str:
     """The name, when it can be a saved run's: letters, digits, ``.``, ``_``, ``-``; not all digits (those are
     numbers to --kernel-ab-compare), and not ``latest``.
@@ -145,6 +211,9 @@ def check_name(name: str) -> str:
     pytest_kernelcheck.storage.StorageError: --kernel-ab-save: name '0003' is all digits, which --kernel-ab-compare \
 reads as a run number; add a letter
     """
+    if not name:  # an empty value on the command line, most often a variable that was never set
+        raise StorageError("--kernel-ab-save: name '' is empty; give a name of letters, digits, '.', '_' and '-', or "
+                           "use --kernel-ab-autosave to name the run by commit and time")
     if name.isdigit():
         raise StorageError(f"--kernel-ab-save: name {name!r} is all digits, which --kernel-ab-compare reads as a run "
                            f"number; add a letter")
@@ -205,17 +274,27 @@ def autosave_name(commit: str | None, dirty: bool, when: _datetime.datetime) -> 
     return f"{label}_{when.astimezone(_datetime.timezone.utc).strftime('%Y%m%dT%H%M%SZ')}"
 
 
+def names_a_file(spec: str) -> bool:
+    """Whether ``--kernel-ab-compare SPEC`` names a report file by its path, rather than one of this machine's saved
+    runs (``latest``, a number or a saved name): anything that exists, holds a slash or ends in ``.json``.
+
+    >>> names_a_file("out/ab.json"), names_a_file("0003"), names_a_file("before-fusion")
+    (True, False, False)
+    """
+    return spec != LATEST and not spec.isdigit() and (Path(spec).exists() or "/" in spec or spec.endswith(".json"))
+
+
 def resolve_compare(spec: str, machine_folder: Callable[[], Path]) -> Path:
     """The report file ``--kernel-ab-compare SPEC`` means: ``latest`` (the option without a value), a number
     (``0003`` or ``3``) or a saved name in this machine's folder, else a path as given.
 
     ``machine_folder`` is called only for the saved forms, so that comparing with a path never needs the
-    machine's slug (which loads torch). A path is anything that exists, holds a slash or ends in ``.json``.
+    machine's slug (which loads torch). A path is what :func:`names_a_file` says is one.
 
     >>> resolve_compare("out/ab.json", lambda: Path("unused"))
     PosixPath('out/ab.json')
     """
-    if spec != LATEST and not spec.isdigit() and (Path(spec).exists() or "/" in spec or spec.endswith(".json")):
+    if names_a_file(spec):
         return Path(spec)
     folder = machine_folder()
     runs = saved_runs(folder)

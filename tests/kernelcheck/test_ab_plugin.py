@@ -227,6 +227,11 @@ def test_changing_output(kernel_ab):
         (["--kernel-ab-calls-per-sample", "many"],
          "--kernel-ab-calls-per-sample / kernel_ab_calls_per_sample: 'auto' or a whole number of calls, got 'many'"),
         (["--kernel-ab-calls-per-sample", "0"], "kernel A/B settings: budget calls_per_sample must be*"),
+        # str.isdigit() is true of a superscript two, which int() refuses: it once crashed pytest.
+        (["--kernel-ab-calls-per-sample", "\u00b2"],
+         "--kernel-ab-calls-per-sample / kernel_ab_calls_per_sample: 'auto' or a whole number of calls, got '\u00b2'"),
+        (["-o", "kernel_ab_calls_per_sample=\u00b2"],
+         "--kernel-ab-calls-per-sample / kernel_ab_calls_per_sample: 'auto' or a whole number of calls, got '\u00b2'"),
     ],
 )
 def test_bad_options_are_usage_errors(pytester, args, message):
@@ -635,6 +640,8 @@ def test_autosave_names_runs_by_commit_and_time_in_the_storage_folder(pytester):
          "(latest saved: 0001_base.json)"),
         (False, ["--kernel-ab-save", "12"], "kernel A/B: --kernel-ab-save: name '12' is all digits*"),
         (False, ["--kernel-ab-save", "a/b"], "kernel A/B: --kernel-ab-save: name 'a/b' must start with*"),
+        # An empty name (an unset variable in a CI script) once saved nothing and said nothing.
+        (False, ["--kernel-ab-save", ""], "kernel A/B: --kernel-ab-save: name '' is empty; give a name of *"),
     ],
 )
 def test_saved_runs_that_do_not_match_are_usage_errors_naming_the_option(pytester, save_first, args, message):
@@ -644,6 +651,93 @@ def test_saved_runs_that_do_not_match_are_usage_errors_naming_the_option(pyteste
     result = pytester.runpytest(*FAST, *args)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"*{message}*"])
+
+
+ANOTHER_GPU = {"available": True, "devices": ["NVIDIA H100 80GB HBM3"], "driver": "550.54", "cuda": "12.4",
+               "cudnn": "90100"}
+
+
+def _as_if_measured_on_another_gpu(path):
+    """Rewrite the report at ``path`` as if its run had been on an H100 (this machine has no such GPU)."""
+    data = json.loads(path.read_text())
+    data["environment"]["gpu"] = ANOTHER_GPU
+    path.write_text(json.dumps(data))
+
+
+def test_comparing_with_a_report_of_another_machine_warns_in_the_summary_the_report_and_the_gate(pytester):
+    # A report named by its path is compared on purpose: the gate still decides, and every output says the
+    # earlier run was on another machine, so that a regression is not taken for the code's without thought.
+    pytester.makepyfile(test_sim=SIMULATED.format(candidate_ms=1.0))
+    pytester.runpytest(*FAST, "--kernel-ab-report", "first.json").assert_outcomes(passed=1)
+    same = pytester.runpytest(*FAST, "--kernel-ab-compare", "first.json", "--kernel-ab-report", "same.json")
+    assert "WARNING" not in same.stdout.str()
+    assert "machine_differences" not in json.loads((pytester.path / "same.json").read_text())
+    _as_if_measured_on_another_gpu(pytester.path / "first.json")
+    pytester.makepyfile(test_sim=SIMULATED.format(candidate_ms=3.0))
+    result = pytester.runpytest(*FAST, "--kernel-ab-compare", "first.json", "--kernel-ab-compare-fail", "verdict",
+                                "--kernel-ab-report", "second.json")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines([
+        "WARNING: the earlier run was measured on another machine (GPU NVIDIA H100 80GB HBM3 then, none now; "
+        "driver 550.54 then, none now; CUDA 12.4 then, none now; cuDNN 90100 then, none now): its speedups may "
+        "differ for the machine, not the code",
+        "*= kernelcheck: regressions =*",
+        "test_sim.py::test_fused / fused [[]verdict[]]: verdict went from win to loss",
+        "WARNING: compared with a run of another machine (GPU NVIDIA H100 80GB HBM3 then, none now; *): a "
+        "regression may be the machine's, not the code's",
+    ])
+    second = json.loads((pytester.path / "second.json").read_text())
+    assert second["machine_differences"][0] == "GPU NVIDIA H100 80GB HBM3 then, none now"
+    assert "WARNING: the earlier run was measured on another machine" in (pytester.path / "second.md").read_text()
+
+
+def test_a_saved_run_of_another_machine_is_refused_before_the_tests_run(pytester):
+    # A saved run picked by number, name or latest is meant to be this machine's: one of another machine (here
+    # copied into this machine's folder) would let the gate judge this run by another machine's speeds.
+    pytester.makepyfile(test_sim=SIMULATED.format(candidate_ms=1.0))
+    pytester.runpytest(*FAST, "--kernel-ab-save", "base").assert_outcomes(passed=1)
+    saved = _machine_folder(pytester.path / ".kernelcheck") / "0001_base.json"
+    _as_if_measured_on_another_gpu(saved)
+    result = pytester.runpytest(*FAST, "--kernel-ab-compare-fail", "verdict", "--kernel-ab-compare")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*kernel A/B: --kernel-ab-compare latest: {saved} was measured on another machine "
+                                 f"(GPU NVIDIA H100 80GB HBM3 then, none now; *); compare with a run saved on this "
+                                 f"machine, or give the file's path to compare with it anyway*"])
+    assert "passed" not in result.stdout.str()  # refused at start-up: no test ran
+    by_path = pytester.runpytest(*FAST, "--kernel-ab-compare", str(saved))
+    by_path.assert_outcomes(passed=1)
+    by_path.stdout.fnmatch_lines(["WARNING: the earlier run was measured on another machine (GPU NVIDIA H100*"])
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda data: data["comparisons"][0].update(verdict="WIN"),
+         "comparisons[[]0[]] ('fused'): field 'verdict': 'WIN' is refused; accepted: 'win', 'loss', 'tie', "
+         "'inconclusive', 'error'"),
+        (lambda data: data["comparisons"][0].pop("verdict"), "comparisons[[]0[]] ('fused'): field 'verdict' is missing*"),
+        (lambda data: data.update(version=99), "field 'version': 99 is refused; accepted: 1*"),
+        (lambda data: data["comparisons"][0].update(speedup=-3.0, ci=[5.0, 1.0]),
+         "comparisons[[]0[]] ('fused'): field 'speedup': -3.0 is refused; accepted: a finite number above 0, or null"),
+        (lambda data: data["comparisons"][0].update(ci=[5.0, 1.0]), "*field 'ci': [[]5.0, 1.0[]] is refused*"),
+        (lambda data: data["comparisons"][0].update(ci=[1.1]), "*field 'ci': [[]1.1[]] is refused*"),
+        (lambda data: data["comparisons"][0].update(speedup="fast"), "*field 'speedup': 'fast' is refused*"),
+        (lambda data: data["comparisons"].__setitem__(0, {"kind": "comparison", "name": "fused"}),
+         "*field 'verdict' is missing*"),
+    ],
+)
+def test_a_damaged_earlier_report_is_a_usage_error_naming_the_file_and_the_field(pytester, damage, message):
+    # Each of these once loaded: shown but never judged by the gate, taken for a new row, or crashing pytest
+    # (a speedup "fast" only at the end, after every test had run).
+    pytester.makepyfile(test_sim=SIMULATED.format(candidate_ms=1.0))
+    pytester.runpytest(*FAST, "--kernel-ab-report", "first.json").assert_outcomes(passed=1)
+    data = json.loads((pytester.path / "first.json").read_text())
+    damage(data)
+    (pytester.path / "first.json").write_text(json.dumps(data))
+    result = pytester.runpytest(*FAST, "--kernel-ab-compare", "first.json", "--kernel-ab-compare-fail", "verdict")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: kernel A/B: earlier report 'first.json': {message}"])
+    assert "passed" not in result.stdout.str()  # refused at start-up: no test ran
 
 
 def test_the_markdown_report_shows_the_speedups_of_the_last_saved_runs(pytester):

@@ -155,3 +155,17 @@ def test_a_baseline_whose_time_moved_says_so_beside_the_earlier_run_and_in_the_r
     assert rows[0][-1] == ("REGRESSION: was 1.400x win (baseline 0.3292 ms a call then, 0.6128 ms now (1.86x)); "
                            "interval now below the last run's (1.150 < 1.300)")
     assert rows[2][-1] == "was 1.500x win (baseline 0.6 ms a call then, 0.5 ms now (0.83x))"
+
+
+def test_regression_lines_warn_when_the_earlier_run_was_of_another_machine():
+    # A regression against another machine's run may be the machine's, so the gate's message says how it differs;
+    # the loss rule judges this run alone and needs no such warning.
+    now, earlier = [row("a", "loss", 0.5, (0.4, 0.6))], [row("a", "win", 2.0, (1.9, 2.1))]
+    differences = ["GPU NVIDIA H100 then, NVIDIA H200 now", "torch 2.4.0 then, 2.5.0 now"]
+    found = gate.evaluate([gate.VerdictRule()], built(now, earlier))
+    assert gate.regression_lines(found, differences)[-1] == (
+        "WARNING: compared with a run of another machine (GPU NVIDIA H100 then, NVIDIA H200 now; torch 2.4.0 then, "
+        "2.5.0 now): a regression may be the machine's, not the code's")
+    assert not any(line.startswith("WARNING") for line in gate.regression_lines(found))
+    lost = gate.evaluate([gate.LossRule()], built(now))
+    assert not any(line.startswith("WARNING") for line in gate.regression_lines(lost, differences))

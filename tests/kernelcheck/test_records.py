@@ -135,3 +135,69 @@ def test_a_mapping_without_our_schema_is_not_a_report():
         ABReport.from_json({"schema": records.SCHEMA, "comparisons": "none"})
     with pytest.raises(records.NotAReport):
         ABReport.from_json([])
+
+
+def _comparison_row(**fields):
+    row = {"kind": "comparison", "nodeid": "t.py::test_fused", "name": "fused", "verdict": "win", "speedup": 1.2,
+           "ci": [1.1, 1.3], "p_value": 0.001, "candidate_ms": 1.0, "baseline_ms": 1.2}
+    row.update(fields)
+    return row
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"verdict": "WIN"}, "field 'verdict': 'WIN' is refused; accepted: 'win', 'loss', 'tie', 'inconclusive', "
+                             "'error'"),
+        ({"verdict": None}, "field 'verdict': None is refused"),
+        ({"speedup": -3.0}, "field 'speedup': -3.0 is refused; accepted: a finite number above 0, or null"),
+        ({"speedup": 0}, "field 'speedup': 0 is refused"),
+        ({"speedup": "fast"}, "field 'speedup': 'fast' is refused"),
+        ({"speedup": math.nan}, "field 'speedup': nan is refused"),
+        ({"speedup": True}, "field 'speedup': True is refused"),
+        ({"ci": [5.0, 1.0]}, r"field 'ci': \[5.0, 1.0\] is refused; accepted: \[low, high\] with low <= high"),
+        ({"ci": [1.1]}, r"field 'ci': \[1.1\] is refused"),
+        ({"ci": [-1.0, 1.0]}, r"field 'ci': \[-1.0, 1.0\] is refused"),
+        ({"ci": [math.nan, 1.0]}, r"field 'ci': \[nan, 1.0\] is refused"),
+        ({"ci": "1.1-1.3"}, "field 'ci': '1.1-1.3' is refused"),
+        ({"p_value": 2.0}, "field 'p_value': 2.0 is refused; accepted: a finite number 0 or more and at most 1"),
+        ({"baseline_ms": "slow"}, "field 'baseline_ms': 'slow' is refused"),
+    ],
+)
+def test_a_comparison_field_no_run_writes_is_refused_naming_the_field(fields, message):
+    with pytest.raises(records.DamagedReport, match=message):
+        ComparisonRecord.from_json(_comparison_row(**fields))
+
+
+def test_a_comparison_without_a_verdict_is_refused_not_read_as_inconclusive():
+    # A row with only a name used to read as an inconclusive comparison that the gate never judged.
+    with pytest.raises(records.DamagedReport, match="field 'verdict' is missing; accepted: 'win', "):
+        ComparisonRecord.from_json({"kind": "comparison", "name": "fused"})
+
+
+def test_unbounded_and_zero_interval_ends_still_read():
+    # What runs do write: null ends (unbounded), a low end of 0 (exp of an unbounded log interval), an infinite
+    # high end before finite_interval, and an error row's empty columns.
+    assert ComparisonRecord.from_json(_comparison_row(ci=[0.0, None])).ci == (0.0, None)
+    assert ComparisonRecord.from_json(_comparison_row(ci=[1.0, math.inf])).ci == (1.0, math.inf)
+    assert ComparisonRecord.from_json(_comparison_row(ci=None, speedup=None)).ci == (None, None)
+    failed = ComparisonRecord.from_json({"kind": "comparison", "name": "x", "verdict": "error", "error": "boom",
+                                         "speedup": None, "ci": [None, None], "p_value": None})
+    assert failed.failed and failed.speedup is None
+
+
+def test_a_damaged_row_is_named_by_its_place_and_name_in_the_report():
+    data = {"schema": records.SCHEMA, "version": 1,
+            "comparisons": [_comparison_row(name="fine"), _comparison_row(name="fused", ci=[5.0, 1.0])]}
+    with pytest.raises(records.DamagedReport, match=r"^comparisons\[1\] \('fused'\): field 'ci': \[5.0, 1.0\]"):
+        ABReport.from_json(data)
+    with pytest.raises(records.DamagedReport, match=r"^comparisons\[0\]: 'fused' is refused; accepted: a JSON "):
+        ABReport.from_json({"schema": records.SCHEMA, "comparisons": ["fused"]})
+
+
+@pytest.mark.parametrize("version", [99, 0, "1", None, True])
+def test_a_report_of_another_layout_version_is_refused(version):
+    with pytest.raises(records.DamagedReport, match=f"field 'version': {version!r} is refused; accepted: 1"):
+        ABReport.from_json({"schema": records.SCHEMA, "version": version, "comparisons": []})
+    # A report without the key predates it, and is of the first layout.
+    assert ABReport.from_json({"schema": records.SCHEMA, "comparisons": []}).version == 1

@@ -6,6 +6,7 @@ import errno
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -123,6 +124,55 @@ def test_load_report_errors_name_the_problem(tmp_path, content, message):
         path.write_text(content)
     with pytest.raises(report.ReportError, match=message):
         report.load_report(path)
+
+
+ROW = r"comparisons\[0\] \('fast'\): "  # how the message names the damaged row
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda data: data["comparisons"][0].update(verdict="WIN"),
+         ROW + "field 'verdict': 'WIN' is refused; accepted: 'win', 'loss', 'tie', 'inconclusive', 'error'"),
+        (lambda data: data["comparisons"][0].pop("verdict"), ROW + "field 'verdict' is missing"),
+        (lambda data: data.update(version=99), "field 'version': 99 is refused; accepted: 1"),
+        (lambda data: data["comparisons"][0].update(speedup=-3.0), ROW + "field 'speedup': -3.0 is refused"),
+        (lambda data: data["comparisons"][0].update(ci=[5.0, 1.0]), ROW + r"field 'ci': \[5.0, 1.0\] is refused"),
+        (lambda data: data["comparisons"][0].update(ci=[1.1]), ROW + r"field 'ci': \[1.1\] is refused"),
+        (lambda data: data["comparisons"][0].update(speedup="fast"), ROW + "field 'speedup': 'fast' is refused"),
+    ],
+)
+def test_load_report_refuses_a_damaged_report_naming_the_file_the_row_and_the_field(tmp_path, damage, message):
+    data = report.build_report(RECORDS[:1], settings=SETTINGS)
+    damage(data)
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(report.ReportError, match=f"^earlier report '{re.escape(str(path))}': {message}"):
+        report.load_report(path)
+
+
+H100 = {"gpu": {"available": True, "devices": ["NVIDIA H100 80GB HBM3"], "driver": "550.54", "cuda": "12.4"},
+        "packages": {"torch": "2.4.0"}, "hostname": "gpu-node-7"}
+H200 = {"gpu": {"available": True, "devices": ["NVIDIA H200"], "driver": "550.54", "cuda": "12.4"},
+        "packages": {"torch": "2.4.0"}, "hostname": "gpu-node-8"}
+
+
+def test_a_report_compared_with_a_run_of_another_machine_says_how_in_every_form(tmp_path):
+    earlier = report.build_report(RECORDS[:1], settings=SETTINGS, environment=H100)
+    built = report.build_report(RECORDS[:1], settings=SETTINGS, environment=H200, previous=earlier)
+    assert built["machine_differences"] == ["GPU NVIDIA H100 80GB HBM3 then, NVIDIA H200 now"]
+    warning = ("WARNING: the earlier run was measured on another machine (GPU NVIDIA H100 80GB HBM3 then, NVIDIA "
+               "H200 now): its speedups may differ for the machine, not the code")
+    assert report.machine_lines(built) == [warning]
+    terminal = RecordingTerminal()
+    report.write_terminal(terminal, built)
+    assert (warning + "\n", {"yellow": True, "bold": True}) in terminal.pieces
+    report.write_markdown(built, tmp_path / "ab.md")
+    assert warning in (tmp_path / "ab.md").read_text().splitlines()
+    # The same machine on another host (two machines alike): nothing to say, and no key in the report.
+    same = report.build_report(RECORDS[:1], settings=SETTINGS, environment={**H100, "hostname": "gpu-node-9"},
+                               previous=earlier)
+    assert "machine_differences" not in same and report.machine_lines(same) == []
 
 
 def test_check_writable(tmp_path):

@@ -106,3 +106,43 @@ def test_history_reads_the_last_runs_speedups_and_skips_damaged_files(tmp_path):
     found = storage.history(tmp_path, 3)
     assert [(r.label, r.speedups[("t.py::a", "a")]) for r in found] == [("0002_two", 1.2), ("0003_three", 1.3)]
     assert storage.history(tmp_path, 0) == ()
+
+
+def test_an_empty_save_name_is_refused_as_empty():
+    with pytest.raises(storage.StorageError, match="--kernel-ab-save: name '' is empty; give a name of letters"):
+        storage.check_name("")
+
+
+def test_machine_differences_name_each_field_of_the_slug_that_differs():
+    assert storage.machine_differences(GPU, GPU) == ()
+    # More GPUs of the same model, or another host or CPU on a GPU run, is the same machine (as its slug says).
+    assert storage.machine_differences(GPU, {**GPU, "gpu": {**GPU["gpu"], "devices": ["NVIDIA H200"]},
+                                             "hostname": "other", "cpu_model": "Intel Xeon"}) == ()
+    newer = {**GPU, "gpu": {**GPU["gpu"], "driver": "560.1"}, "packages": {"torch": "2.5.0", "triton": "3.0.0"}}
+    assert storage.machine_differences(GPU, newer) == ("driver 550.54.15 then, 560.1 now",
+                                                       "torch 2.4.0+cu124 then, 2.5.0 now")
+    cpu = {"gpu": {"available": False}, "cpu_model": "AMD EPYC 9654", "machine_info": {"machine": "x86_64"},
+           "packages": {"torch": "2.4.0+cu124", "triton": "3.0.0"}}
+    assert storage.machine_differences(GPU, cpu) == (
+        "GPU NVIDIA H200 then, none now", "driver 550.54.15 then, none now", "CUDA 12.4 then, none now",
+        "cuDNN 90100 then, none now")
+    assert storage.machine_differences(cpu, {**cpu, "cpu_model": "Intel Xeon"}) == (
+        "CPU AMD EPYC 9654 then, Intel Xeon now",)
+    assert storage.machine_differences({}, cpu) == (
+        "the earlier report records no environment, so its machine is unknown",)
+    assert storage.machine_differences(GPU, {}) == ()  # no environment read now: nothing to compare
+
+
+def test_a_saved_run_of_another_machine_is_refused_naming_the_run_and_the_differences(tmp_path):
+    cpu = {"gpu": {"available": False}, "cpu_model": "AMD EPYC 9654", "machine_info": {"machine": "x86_64"}}
+    storage.check_same_machine("latest", tmp_path / "0001_a.json", cpu, cpu)
+    with pytest.raises(storage.StorageError, match=r"^--kernel-ab-compare 0001: .*0001_a.json was measured on "
+                                                   r"another machine \(GPU NVIDIA H200 then, none now; driver "):
+        storage.check_same_machine("0001", tmp_path / "0001_a.json", GPU, cpu)
+
+
+def test_a_compare_spec_names_a_file_by_a_path_and_a_saved_run_otherwise(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "before").write_text("{}")
+    assert [storage.names_a_file(spec) for spec in ("a/b", "ab.json", "before", "latest", "0003", "fused")] == [
+        True, True, True, False, False, False]
