@@ -460,9 +460,7 @@ def _finish(session: _ABSession) -> None:
 
 def _environment(session: _ABSession) -> dict[str, Any]:
     """The report's environment block (it asks git for the commit; its date is now)."""
-    from . import report
-
-    from . import storage
+    from . import report, storage
 
     if session.previous is not None:
         # Read even without a file to write, since the report says when the earlier run's machine was another; with
