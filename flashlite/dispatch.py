@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,11 +98,59 @@ def load_table(slug: str) -> dict[str, Any] | None:
     path = TABLE_DIR / f"{slug}.json"
     if not path.is_file():
         return None
-    with path.open() as f:
-        table = json.load(f)
-    if "entries" not in table or "origin" not in table:
-        raise ValueError(f"{path}: a dispatch table needs 'origin' and 'entries'")
+    try:
+        with path.open() as f:
+            table = json.load(f, object_pairs_hook=_refuse_duplicate_keys)
+    except (json.JSONDecodeError, _DuplicateKey) as exc:
+        raise ValueError(f"{path}: not a readable dispatch table ({exc})") from None
+    _check_table(table, slug, path)
     return table
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _refuse_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # json keeps the last of repeated keys: two entries for one call would be decided by their order in the file.
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise _DuplicateKey(f"key {key!r} appears twice")
+        seen[key] = value
+    return seen
+
+
+# What table_key writes: dtype, head dim, causal mode, batch, sequence bucket, then an optional variant and
+# forward+backward suffix.
+_KEY = re.compile(r"(float16|bfloat16|float32)/D[1-9][0-9]*/(causal|lower_right|full)/B[1-9][0-9]*/S[1-9][0-9]*"
+                  r"(/[a-z_]+)?(/fwd\+bwd)?")
+BACKENDS = ("triton", "sdpa")
+
+
+def _check_table(table: Any, slug: str, path: Path) -> None:
+    """ValueError naming ``path`` and the field for a table ``_decide`` would misread: every entry's backend is
+    one of ``BACKENDS`` (another word would be reported by explain_dispatch while SDPA ran), its key has
+    ``table_key``'s form (another is never looked up), its speedup a finite number above 0 or null, and the GPU of
+    its origin is the one the file is named for (a table measured on another GPU decides nothing here)."""
+    if not isinstance(table, dict) or not isinstance(table.get("entries"), dict) or not isinstance(
+            table.get("origin"), dict):
+        raise ValueError(f"{path}: a dispatch table needs 'origin' and 'entries', each a JSON object")
+    measured_on = table["origin"].get("gpu")
+    if not isinstance(measured_on, str) or gpu_slug(measured_on) != slug:
+        raise ValueError(f"{path}: origin.gpu is {measured_on!r}, but the table is for {slug!r}: a table decides only "
+                         f"for the GPU model it was measured on")
+    for key, entry in table["entries"].items():
+        if not _KEY.fullmatch(key):
+            raise ValueError(f"{path}: entry key {key!r} is not of table_key's form "
+                             f"(dtype/D<head dim>/causal|lower_right|full/B<batch>/S<bucket>[/variant][/fwd+bwd])")
+        if not isinstance(entry, dict) or entry.get("backend") not in BACKENDS:
+            backend = entry.get("backend") if isinstance(entry, dict) else entry
+            raise ValueError(f"{path}: entry {key!r}: backend {backend!r} is not one of {', '.join(BACKENDS)}")
+        speedup = entry.get("speedup")
+        if speedup is not None and (isinstance(speedup, bool) or not isinstance(speedup, (int, float))
+                                    or not 0 < speedup < math.inf):
+            raise ValueError(f"{path}: entry {key!r}: speedup {speedup!r} is not a finite number above 0 (or null)")
 
 
 _DEVICE_SLUGS: dict[int, str] = {}

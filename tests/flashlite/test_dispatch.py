@@ -132,6 +132,45 @@ def test_a_table_missing_its_origin_is_rejected(tmp_path, monkeypatch):
         dispatch.load_table.cache_clear()
 
 
+GOOD_ENTRY = {"backend": "triton", "why": "Triton 1.20x SDPA, win", "speedup": 1.2}
+DAMAGED_TABLES = {
+    # name: (text of nvidia-h200.json, words of the error). Each was read before, and misread: the backend word
+    # reported by explain_dispatch while SDPA ran, a key never looked up, a repeated key decided by file order, a
+    # table of another GPU deciding this one's calls, a bare KeyError or JSONDecodeError at the first call.
+    "backend word": ({"entries": {"float32/D16/causal/B1/S64": {**GOOD_ENTRY, "backend": "Triton"}}},
+                     r"entry 'float32/D16/causal/B1/S64': backend 'Triton' is not one of triton, sdpa"),
+    "no backend": ({"entries": {"float32/D16/causal/B1/S64": {"why": "?"}}}, r"backend None is not one of"),
+    "entry not an object": ({"entries": {"float32/D16/causal/B1/S64": "triton"}}, r"backend 'triton' is not one"),
+    "key form": ({"entries": {"bf16/D64/causal/B1/S64": GOOD_ENTRY}}, r"entry key 'bf16/D64/causal/B1/S64' is not"),
+    "negative batch": ({"entries": {"float32/D16/causal/B-8/S64": GOOD_ENTRY}}, r"is not of table_key's form"),
+    "nan speedup": ({"entries": {"float32/D16/causal/B1/S64": {**GOOD_ENTRY, "speedup": float("nan")}}},
+                    r"speedup nan is not a finite number above 0"),
+    "another gpu": ({"origin": {"gpu": "NVIDIA A100-SXM4-80GB"}, "entries": {}},
+                    r"origin.gpu is 'NVIDIA A100-SXM4-80GB', but the table is for 'nvidia-h200'"),
+    "entries a list": ({"entries": []}, r"needs 'origin' and 'entries', each a JSON object"),
+    "repeated key": ('{"origin": {"gpu": "NVIDIA H200"}, "entries": {"float32/D16/causal/B1/S64": '
+                     '{"backend": "triton"}, "float32/D16/causal/B1/S64": {"backend": "sdpa"}}}',
+                     r"key 'float32/D16/causal/B1/S64' appears twice"),
+    "not json": ('{"origin": {"gpu": "NVIDIA H200"}, "entries": {"float32', r"not a readable dispatch table"),
+}
+
+
+@pytest.mark.parametrize("case", DAMAGED_TABLES)
+def test_a_damaged_or_foreign_table_is_refused_naming_the_file_and_field(tmp_path, monkeypatch, case):
+    content, words = DAMAGED_TABLES[case]
+    if isinstance(content, dict):
+        content = json.dumps({"origin": {"gpu": "NVIDIA H200", "date": "2026-01-02", "commit": "abc"}, **content})
+    (tmp_path / "nvidia-h200.json").write_text(content)
+    monkeypatch.setattr(dispatch, "TABLE_DIR", tmp_path)
+    dispatch.load_table.cache_clear()
+    try:
+        with pytest.raises(ValueError, match=words) as raised:
+            dispatch.load_table("nvidia-h200")
+        assert str(tmp_path / "nvidia-h200.json") in str(raised.value)
+    finally:
+        dispatch.load_table.cache_clear()
+
+
 def _generate(tmp_path, report: dict):
     """(the finished run, its output folder) of scripts/make_dispatch_table.py on ``report``, as commit abc123."""
     path = tmp_path / "report.json"
