@@ -16,8 +16,10 @@ forward only, so their forward+backward comparisons are not read. Comparisons ag
 are read last: a loss there makes the entry SDPA (small, host-bound calls can win a kernel-against-SDPA
 comparison and still lose through ``auto``, as forward+backward did at B=128, S=128 on the H200).
 
-Several reports (of the same GPU model) may be given, oldest first: a later report's entry replaces an earlier one
-for the same key, and every entry records the report, commit and date it came from.
+Several reports (of the same GPU model) may be given: a later report's entry (by the report's date; reports of one
+day in the order given) replaces an earlier one for the same key, and every entry records the report, commit and
+date it came from. A report that cannot support a table (a damaged row, rows of another GPU, two rows that give
+one key different backends, no comparison against SDPA) stops the script with a message naming it and the row.
 
 Usage: python scripts/make_dispatch_table.py REPORT.json [REPORT.json ...] [--commit SHA [SHA ...]]
        [--out flashlite/dispatch_tables]
@@ -33,6 +35,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from flashlite.dispatch import gpu_slug, table_key  # noqa: E402
+from pytest_kernelcheck.records import OUTCOMES, ComparisonRecord, DamagedReport  # noqa: E402
 
 FORWARD_PREFIXES = ("fwd triton vs sdpa", "fwd fp32 triton vs sdpa", "fwd D128 triton vs sdpa")
 # A variant's forward against the SDPA path: the kernel (or auto, which the rule sends to it) on the left.
@@ -92,8 +95,40 @@ def _key(shape: dict, backward: bool) -> str:
                      backward)
 
 
-def _entry(rec: dict, backend: str, who: str, note: str = "") -> dict:
-    """A table entry for ``backend`` from a finished comparison of ``who`` (the kernel or auto) against SDPA."""
+def _refuse(source: str, rec: dict, why: str) -> SystemExit:
+    return SystemExit(f"{source}: comparison {rec.get('name')!r} ({rec.get('nodeid') or 'no nodeid'}): {why}")
+
+
+def _checked_row(rec: dict, gpu: str, source: str) -> None:
+    """Exit naming the report and the row when a row the table reads holds what no run writes, or what would make
+    its entry wrong: a damaged field (pytest_kernelcheck's own check of a report row), a missing or unknown
+    Benjamini-Hochberg verdict, sizes that are not whole numbers >= 1, a causal mode ``table_key`` does not know,
+    or a row measured on another GPU model than the table's."""
+    try:
+        ComparisonRecord.from_json(rec)
+    except DamagedReport as exc:
+        raise _refuse(source, rec, str(exc)) from None
+    if rec.get("verdict") != "error" and rec.get("verdict_bh") not in OUTCOMES:
+        raise _refuse(source, rec, f"verdict_bh {rec.get('verdict_bh')!r} is not one of {', '.join(OUTCOMES)}: a "
+                                   f"table is made from a report with its Benjamini-Hochberg verdicts")
+    shape = rec["shape"]
+    for size in ("B", "S", "D"):
+        value = shape.get(size)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise _refuse(source, rec, f"shape {size}={value!r} is not a whole number >= 1")
+    if shape.get("causal", True) not in (True, False, "lower_right"):
+        raise _refuse(source, rec, f"shape causal={shape.get('causal')!r} is not true, false or 'lower_right'")
+    row_gpu = (rec.get("gpu") or {}).get("name")
+    if row_gpu is not None and row_gpu != gpu:
+        raise _refuse(source, rec, f"measured on {row_gpu!r}, not on the table's {gpu!r}")
+
+
+def _entry(rec: dict, backend: str, who: str, source: str, note: str = "") -> dict:
+    """A table entry for ``backend`` from a finished comparison of ``who`` (the kernel or auto) against SDPA; a
+    kernel entry only from a row whose verdicts both say win with a speedup above 1."""
+    if backend == "triton" and not (rec.get("verdict") == "win" and rec["speedup"] > 1):
+        raise _refuse(source, rec, f"Benjamini-Hochberg says win but the verdict is {rec.get('verdict')!r} at "
+                                   f"{rec['speedup']}x: the row contradicts itself")
     lo, hi = rec["ci"]
     hi_text = "inf" if hi is None else f"{hi:.2f}"
     return {"backend": backend,
@@ -106,46 +141,72 @@ def build_table(report: dict, commit: str | None = None, source: str | None = No
     """The dispatch table (origin + entries) for the GPU a report was measured on.
 
     ``commit`` names the code that was measured when the report could not read it (no git on the GPU machine).
+    Exits naming the report (and the row) when it cannot support a table: no GPU or several GPU models, a damaged
+    row, two rows that give one key different backends, or no comparison against SDPA at all.
     """
+    source = source or "pytest tests/perf --kernel-ab"
     env = report.get("environment", {})
     devices = (env.get("gpu") or {}).get("devices") or []
     if not devices:
         raise SystemExit("the report records no GPU: dispatch tables come from GPU runs only")
-    gpu = devices[0]["name"] if isinstance(devices[0], dict) else str(devices[0])
+    models = sorted({device["name"] if isinstance(device, dict) else str(device) for device in devices})
+    if len(models) != 1:
+        raise SystemExit(f"{source}: the report ran on several GPU models {models}; a table is for one model")
+    gpu = models[0]
+    created = report.get("created")
+    if not isinstance(created, str) or len(created) < 10:
+        raise SystemExit(f"{source}: 'created' is {created!r}, not the report's ISO date and time")
     commit = commit or (env.get("commit_info") or {}).get("id") or "unknown"
     entries: dict[str, dict] = {}
+    decided_by: dict[str, dict] = {}  # key -> the kernel row its entry came from
     # auto's rows after the kernel's (a stable sort), so that within one report a loss of auto overrides the
     # kernel's win.
     for rec in sorted(report.get("comparisons", []), key=lambda r: r.get("name") in AUTO_ROWS):
         if not rec.get("shape"):
             continue
         if rec.get("name") in AUTO_ROWS:
+            _checked_row(rec, gpu, source)
             if rec.get("verdict_bh") == "loss":
-                entries[_key(rec["shape"], AUTO_ROWS[rec["name"]])] = _entry(rec, "sdpa", "auto", ": auto's own row")
+                entries[_key(rec["shape"], AUTO_ROWS[rec["name"]])] = _entry(rec, "sdpa", "auto", source,
+                                                                             ": auto's own row")
             continue
         backward = _forward_backward_against_sdpa(rec)
         if not backward and not _forward_against_sdpa(rec):
             continue
+        _checked_row(rec, gpu, source)
         key = _key(rec["shape"], backward)
-        if rec.get("verdict") in (None, "error"):
-            entries[key] = {"backend": "sdpa", "why": f"comparison failed: {rec.get('error')}"}
-            continue
-        entries[key] = _entry(rec, "triton" if rec.get("verdict_bh") == "win" else "sdpa", "Triton")
-    origin = {"gpu": gpu, "date": report.get("created", "unknown")[:10], "commit": str(commit)[:12],
+        if rec.get("verdict") == "error":
+            entry = {"backend": "sdpa", "why": f"comparison failed: {rec.get('error')}"}
+        else:
+            entry = _entry(rec, "triton" if rec.get("verdict_bh") == "win" else "sdpa", "Triton", source)
+        earlier = decided_by.get(key)
+        if earlier is not None and entries[key]["backend"] != entry["backend"]:
+            # Two measurements of one key (sizes that share a sequence bucket, or other head counts) that disagree:
+            # their order in the report would decide.
+            raise _refuse(source, rec, f"gives key {key!r} {entry['backend']}, where comparison "
+                                       f"{earlier.get('name')!r} ({earlier.get('nodeid')}) gives it "
+                                       f"{entries[key]['backend']}")
+        entries[key], decided_by[key] = entry, rec
+    if not entries:
+        raise SystemExit(f"{source}: no comparison of the kernel against SDPA to make a table from")
+    origin = {"gpu": gpu, "date": created[:10], "commit": str(commit)[:12],
               "torch": (env.get("packages") or {}).get("torch"),
               "triton": (env.get("packages") or {}).get("triton"),
-              "source": source or "pytest tests/perf --kernel-ab"}
+              "source": source}
     return {"origin": origin, "entries": dict(sorted(entries.items()))}
 
 
 def merge_tables(tables: list[dict]) -> dict:
-    """One table from several of the same GPU model, oldest first; each entry keeps the origin it came from.
+    """One table from several of the same GPU model; each entry keeps the origin it came from, and a later report's
+    entry replaces an earlier one's. Later means a later date: the tables are put in date order (a stable sort, so
+    reports of one day keep the order given), whatever order they came in.
 
     The merged origin names the newest report and lists all of them under "sources".
     """
     gpus = {t["origin"]["gpu"] for t in tables}
     if len(gpus) != 1:
         raise SystemExit(f"reports from different GPU models cannot share a table: {sorted(gpus)}")
+    tables = sorted(tables, key=lambda t: t["origin"]["date"])
     entries: dict[str, dict] = {}
     for table in tables:
         origin = table["origin"]

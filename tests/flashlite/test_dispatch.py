@@ -1,5 +1,6 @@
 """flashlite.dispatch: table lookups, the fallback rule, and the dispatch-table generator."""
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -350,3 +351,64 @@ def test_decoding_entries_key_on_the_mode_attention_with_kvcache_looks_up(tmp_pa
     with pytest.raises(Decided):
         kvcache.attention_with_kvcache(q, k_cache, v_cache, torch.tensor([5, 80, 41], dtype=torch.int32))
     assert decided[0].backend == "triton" and "test-gpu-x table (kvcache)" in decided[0].reason, decided[0].reason
+
+
+def _row(B=8, S=256, verdict="win", verdict_bh="win", speedup=1.4, **extra):
+    shape = {"B": B, "S": S, "H": 16, "D": 64, "dtype": "torch.bfloat16", **extra.pop("shape", {})}
+    return {"name": "fwd triton vs sdpa torch.bfloat16", "nodeid": f"t::B{B}-S{S}", "verdict": verdict,
+            "verdict_bh": verdict_bh, "speedup": speedup, "ci": [1.1, 1.7], "n_pairs": 40, "shape": shape, **extra}
+
+
+def _report(rows, devices=("Test GPU X",), created="2026-01-02T03:04:05+00:00"):
+    return {"created": created, "environment": {"gpu": {"devices": list(devices)}, "packages": {"torch": "2.11.0"}},
+            "comparisons": rows}
+
+
+BAD_REPORTS = {
+    # name: (report, words of the exit message). Each wrote a table before: a kernel entry from a NaN, negative or
+    # losing speedup, a key with a negative batch, a row of another GPU, an order-dependent key, an empty table.
+    "nan speedup": (_report([_row(speedup=float("nan"))]), r"field 'speedup': nan is refused"),
+    "negative speedup": (_report([_row(speedup=-2.0)]), r"field 'speedup': -2.0 is refused"),
+    "verdicts disagree": (_report([_row(verdict="loss", speedup=0.8, ci=[0.7, 0.9])]), r"the row contradicts itself"),
+    "no bh verdict": (_report([_row(verdict_bh=None)]), r"verdict_bh None is not one of"),
+    "bh verdict word": (_report([_row(verdict_bh="WIN")]), r"verdict_bh 'WIN' is not one of"),
+    "negative batch": (_report([_row(B=-8)]), r"shape B=-8 is not a whole number >= 1"),
+    "bool batch": (_report([_row(B=True)]), r"shape B=True is not a whole number"),
+    "fractional length": (_report([_row(S=256.9)]), r"shape S=256.9 is not a whole number"),
+    "causal word": (_report([_row(shape={"causal": "yes"})]), r"shape causal='yes' is not true, false"),
+    "row of another gpu": (_report([_row(gpu={"name": "Test GPU Y"})]), r"measured on 'Test GPU Y', not on"),
+    "several models": (_report([_row()], devices=("Test GPU X", "Test GPU Y")), r"several GPU models"),
+    "conflicting rows": (_report([_row(S=200), _row(S=256, verdict="loss", verdict_bh="loss", speedup=0.9,
+                                                     ci=[0.8, 0.95])]),
+                         r"gives key 'bfloat16/D64/causal/B8/S256' sdpa, where comparison .* gives it triton"),
+    "nothing measured": (_report([]), r"no comparison of the kernel against SDPA"),
+    "no date": (_report([_row()], created=None), r"'created' is None"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_REPORTS)
+def test_the_generator_refuses_a_report_that_cannot_support_a_table(tmp_path, case):
+    report, words = BAD_REPORTS[case]
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps(report))
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "make_dispatch_table.py"), str(path), "--out",
+                           str(tmp_path / "tables")], capture_output=True, text=True)
+    assert done.returncode != 0 and not (tmp_path / "tables").exists(), done.stdout
+    assert re.search(words, done.stderr), done.stderr
+    assert str(path) in done.stderr  # the report is named
+
+
+def test_merged_reports_take_the_newer_dates_entries_whatever_the_order_given(tmp_path):
+    older = _report([_row()], created="2026-01-01T00:00:00+00:00")
+    newer = _report([_row(verdict="loss", verdict_bh="loss", speedup=0.9, ci=[0.8, 0.95])],
+                    created="2026-02-01T00:00:00+00:00")
+    paths = []
+    for name, report in (("newer.json", newer), ("older.json", older)):  # newest first on the command line
+        paths.append(tmp_path / name)
+        paths[-1].write_text(json.dumps(report))
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "make_dispatch_table.py"), *map(str, paths), "--commit",
+                    "bbb", "aaa", "--out", str(tmp_path / "tables")], check=True, capture_output=True, text=True)
+    table = json.loads((tmp_path / "tables" / "test-gpu-x.json").read_text())
+    entry = table["entries"]["bfloat16/D64/causal/B8/S256"]
+    assert entry["backend"] == "sdpa" and entry["date"] == "2026-02-01"
+    assert table["origin"]["date"] == "2026-02-01"
