@@ -149,24 +149,14 @@ def test_the_ini_key_sets_the_cap_and_without_one_nothing_is_said(pytester, reco
     assert recorded_cap == [512 * 2**20]
 
 
-def test_a_bad_size_is_a_usage_error_naming_the_option(pytester, recorded_cap):
+@pytest.mark.parametrize("size, words", [
+    ("4 gigs", "not a size: '4 gigs'; give plain bytes (4294967296) or a number and a unit"),
+    ("1.5", "not a size in whole bytes: '1.5' does not come to a whole number of bytes"),  # was a 1-byte cap
+])
+def test_a_bad_size_is_a_usage_error_naming_the_option(pytester, recorded_cap, size, words):
     pytester.makepyfile(CAPPED_TESTS)
-    result = pytester.runpytest("--kernel-device-memory", "4 gigs", "-p", "no:cacheprovider")
+    result = pytester.runpytest("--kernel-device-memory", size, "-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines([
-        "*--kernel-device-memory / kernel_device_memory: not a size: '4 gigs'; give plain bytes (4294967296) or a "
-        "number and a unit*",
-    ])
-    assert recorded_cap == []
-
-
-def test_a_fractional_byte_count_is_a_usage_error_naming_the_option(pytester, recorded_cap):
-    pytester.makepyfile(CAPPED_TESTS)
-    result = pytester.runpytest("--kernel-device-memory", "1.5", "-p", "no:cacheprovider")
-    assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines([
-        "*--kernel-device-memory / kernel_device_memory: not a size in whole bytes: '1.5' does not come to a whole "
-        "number of bytes*",
-    ])
+    result.stderr.fnmatch_lines([f"*--kernel-device-memory / kernel_device_memory: {words}*"])
     assert recorded_cap == []
 
