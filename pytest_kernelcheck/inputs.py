@@ -240,8 +240,8 @@ def _assert_close_nested(
     candidate: Any, baseline: Any, policy: Any, path: str = "output", empty: list[str] | None = None
 ) -> int:
     """assert_close on every tensor or number of two outputs of the same structure; returns how many elements
-    were compared. Empty tensors and arrays of equal shape are passed over (assert_close refuses them, having
-    nothing to compare) and named in ``empty``."""
+    were compared. Empty tensors and arrays of equal shape, and None beside None, are passed over
+    (assert_close refuses them, having nothing to compare) and named in ``empty``."""
     from .tolerance import assert_close
 
     if isinstance(baseline, (list, tuple)):
@@ -258,7 +258,12 @@ def _assert_close_nested(
     if baseline is None or isinstance(baseline, (str, bytes)):
         if candidate != baseline:
             raise AssertionError(f"{path}: {candidate!r} != {baseline!r}")
-        return 0
+        if baseline is None:
+            # None beside None compares nothing: a side that forgot to return its output would match.
+            if empty is not None:
+                empty.append(f"{path} (None)")
+            return 0
+        return 1  # equal text is a comparison that could have failed
     shape = getattr(baseline, "shape", None)
     if shape is not None and math.prod(shape) == 0 and tuple(getattr(candidate, "shape", ())) == tuple(shape):
         if empty is not None:
@@ -284,8 +289,8 @@ def check_fresh_outputs(
     First the reuse check: when the baseline's outputs on the two sets differ and the candidate's are
     identical, the candidate returns a cached result (or one it computed on other inputs). Then ``check`` on
     each set: ``assert_close`` under a policy (None/True: the policy of the output's dtype) or a callable that
-    raises; ``False`` skips both checks. Under a policy, outputs whose tensors all hold no elements are refused
-    with a ValueError: comparing them would check nothing.
+    raises; ``False`` skips both checks. Under a policy, outputs that hold no elements (empty tensors, None) are
+    refused with a ValueError: comparing them would check nothing.
 
     >>> import numpy as np
     >>> rng = np.random.default_rng(0)
@@ -333,8 +338,9 @@ def check_fresh_outputs(
         if empty and not compared:
             raise ValueError(
                 f"the check on fresh inputs compared no elements: the {baseline_side}'s {', '.join(empty)} holds "
-                "none, so a wrong candidate would match it too; make inputs= give outputs with elements, or pass "
-                "check=False to skip the check"
+                "none, so a wrong candidate would match it too; make inputs= give outputs with elements (a side "
+                "that writes into a buffer should return it), pass a callable check=, or check=False to skip the "
+                "check"
             )
 
 

@@ -95,6 +95,29 @@ def test_outputs_without_elements_are_refused_rather_than_matched():
     inputs.check_fresh_outputs(lambda x: (x[:0], x * 2), lambda x: (x[:0], x + x), _rng_inputs())
 
 
+def test_sides_that_return_none_are_refused_rather_than_matched():
+    # Two sides that write into buffers and return None "matched": a candidate writing garbage would have passed.
+    def writes_double(x):
+        np.multiply(x, 2, out=x)
+
+    def writes_garbage(x):
+        x[:] = 7.0
+
+    with pytest.raises(ValueError, match=r"compared no elements: the baseline's output \(None\) holds none.*should "
+                                         r"return it"):
+        run_comparison(writes_garbage, writes_double, FAST, inputs=_rng_inputs())
+    with pytest.raises(ValueError, match=r"output\[1\] \(None\) holds none"):
+        inputs.check_fresh_outputs(lambda x: (x[:0], None), lambda x: (x[:0], None), _rng_inputs())
+    # None beside a part with elements is passed over; the part with elements is still compared.
+    inputs.check_fresh_outputs(lambda x: (None, x * 2), lambda x: (None, x + x), _rng_inputs())
+    with pytest.raises(inputs.FreshOutputMismatch, match=r"output\[1\]: Tensors are not close"):
+        inputs.check_fresh_outputs(lambda x: (None, x * 3), lambda x: (None, x + x), _rng_inputs())
+    # Equal text is a comparison that could fail, so text alone is checked, not refused.
+    inputs.check_fresh_outputs(lambda x: "ok", lambda x: "ok", _rng_inputs())
+    with pytest.raises(inputs.FreshOutputMismatch, match="'no' != 'ok'"):
+        inputs.check_fresh_outputs(lambda x: "no", lambda x: "ok", _rng_inputs())
+
+
 def test_check_policy_callable_and_false():
     loose = lambda x: x * 2 * (1 + 1e-4)  # noqa: E731
     with pytest.raises(inputs.FreshOutputMismatch):
