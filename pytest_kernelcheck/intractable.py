@@ -2,8 +2,9 @@
 
 ``@pytest.mark.intractable(when, reason=None)``: ``when`` is a bool, or a callable of the test's shape returning
 a reason string (or a bool, or None). The plugin checks the arguments at collection
-(:func:`parse_intractable_marker`), skips a case whose :func:`case_reason` is not None (carrying the reason on
-its report) and lists those cases with their reasons in the terminal summary (:func:`listed_cases`).
+(:func:`parse_intractable_marker`), skips a case for which any of its ``intractable`` markers (on the test, its
+class or module) gives a reason (:func:`case_reason`; the reason is carried on its report) and lists those cases
+with their reasons in the terminal summary (:func:`listed_cases`).
 """
 from __future__ import annotations
 
@@ -79,18 +80,29 @@ def intractable_reason(when: Any, reason: str | None, shape: Any) -> str | None:
 REASON_PROPERTY = "kernelcheck_intractable"
 
 
-def case_reason(args: tuple[Any, ...], kwargs: dict[str, Any], shape: Any) -> str | None:
-    """Why the case ``shape`` is not to run under ``@pytest.mark.intractable(*args, **kwargs)``, or None.
+def case_reason(markers: Iterable[tuple[tuple[Any, ...], dict[str, Any]]], shape: Any) -> str | None:
+    """Why the case ``shape`` is not to run under its ``intractable`` markers, given as ``(args, kwargs)`` pairs
+    closest to the test first, or None when none of them gives a reason.
 
-    ``shape`` is None for a test without a shape marker. Raises ``TypeError`` or ``ValueError`` for bad arguments.
+    Every marker counts, as every stacked ``skipif`` does: a module's or class's marker names cases no test of it
+    can run, and a test's own marker adds its own; the closest one only would run the cases the others name. The
+    first marker that gives a reason names it. ``shape`` is None for a test without a shape marker. Raises
+    ``TypeError`` or ``ValueError`` for bad arguments of any marker.
 
     Example::
 
-        >>> case_reason((lambda s: s["S"] > 10**5,), {"reason": "too long"}, {"S": 10**6})
+        >>> case_reason([((lambda s: s["S"] > 10**5,), {"reason": "too long"})], {"S": 10**6})
         'too long'
+        >>> case_reason([((lambda s: s["D"] > 256,), {"reason": "too wide"}), ((True,), {"reason": "module"})],
+        ...             {"D": 64})
+        'module'
     """
-    when, reason = parse_intractable_marker(args, kwargs, shape is not None)
-    return intractable_reason(when, reason, shape)
+    checked = [parse_intractable_marker(args, kwargs, shape is not None) for args, kwargs in markers]
+    for when, reason in checked:
+        found = intractable_reason(when, reason, shape)
+        if found is not None:
+            return found
+    return None
 
 
 def listed_cases(reports: Iterable[Any]) -> list[tuple[str, str]]:

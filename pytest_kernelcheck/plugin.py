@@ -68,7 +68,8 @@ MARKERS = (
     "skipped when the device's free memory is smaller. device None means the shape's or params' `device`, else "
     "CUDA when available, else the host.",
     "intractable(when, reason=None): do not run this case. `when` is a bool or a callable of the shape returning a "
-    "reason string (or True to use `reason`). Skipped cases are listed in the terminal summary.",
+    "reason string (or True to use `reason`). Stacked markers (test, class, module) each count. Skipped cases are "
+    "listed in the terminal summary.",
 )
 
 
@@ -245,8 +246,7 @@ def _check_markers(definition: pytest.Function, has_shape: bool) -> None:
     memory = definition.get_closest_marker("memory")
     if memory is not None:
         parse_memory_marker(memory.args, memory.kwargs, has_shape)
-    intractable = definition.get_closest_marker("intractable")
-    if intractable is not None:
+    for intractable in definition.iter_markers("intractable"):  # every one counts (case_reason), so check each
         parse_intractable_marker(intractable.args, intractable.kwargs, has_shape)
 
 
@@ -266,9 +266,9 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     reason = missing_device(shape)  # the most basic reason first: a case for a device this machine lacks
     if reason is not None:
         raise _skip(reason)
-    marker = item.get_closest_marker("intractable")
-    if marker is not None:
-        reason = _failing_on_bad_marker(lambda: case_reason(marker.args, marker.kwargs, shape))
+    intractable = [(marker.args, marker.kwargs) for marker in item.iter_markers("intractable")]
+    if intractable:
+        reason = _failing_on_bad_marker(lambda: case_reason(intractable, shape))
         if reason is not None:
             item.user_properties.append((REASON_PROPERTY, reason))
             raise _skip(f"intractable: {reason}")

@@ -118,6 +118,57 @@ def test_intractable_cases_are_skipped_and_listed(pytester):
     assert "test_tractable:" not in result.stdout.str()
 
 
+def test_every_stacked_intractable_marker_is_checked(pytester):
+    # Stacked markers (on the test, its class, its module) each name cases not to run, as stacked skipif markers
+    # each name a reason to skip: the one closest to the test must not hide the others.
+    pytester.makepyfile(
+        """
+        import pytest
+
+        pytestmark = pytest.mark.intractable(lambda s: s.H > 32 and "module: too many heads")
+
+        @pytest.mark.intractable(lambda s: s.S > 100 and "class: S too long")
+        class TestStacked:
+            @pytest.mark.shape(S=[8, 1000], D=[16, 512], H=[4, 64])
+            @pytest.mark.intractable(lambda s: s.D > 256 and "test: D too wide")
+            def test_a(self, shape):
+                assert (shape.S, shape.D, shape.H) == (8, 16, 4)
+
+        @pytest.mark.shape(S=[8, 1000], D=[16, 512], H=[4])
+        @pytest.mark.intractable(lambda s: s.D > 256 and "D too wide")
+        @pytest.mark.intractable(lambda s: s.S > 100 and "S too long")
+        def test_b(shape):
+            assert (shape.S, shape.D) == (8, 16)
+        """
+    )
+    result = pytester.runpytest("-ra")
+    result.assert_outcomes(passed=2, skipped=10)
+    # The closest marker that gives a reason names it: the test's own first, then the class's, then the module's.
+    result.stdout.fnmatch_lines_random([
+        "*::TestStacked::test_a[[]S1000-D16-H4[]]: class: S too long",
+        "*::TestStacked::test_a[[]S8-D16-H64[]]: module: too many heads",
+        "*::TestStacked::test_a[[]S1000-D512-H64[]]: test: D too wide",
+        "*::test_b[[]S8-D512-H4[]]: D too wide",
+        "*::test_b[[]S1000-D16-H4[]]: S too long",
+    ])
+
+
+def test_every_stacked_intractable_marker_is_checked_at_collection(pytester):
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.intractable("always")  # the farther of the two: validated too
+        @pytest.mark.intractable(False)
+        def test_a():
+            pass
+        """
+    )
+    result = pytester.runpytest()
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*::test_a: intractable marker: `when` must be a bool*got 'always' (str)"])
+
+
 def test_no_summary_section_without_intractable_cases(pytester):
     pytester.makepyfile("def test_a():\n    pass\n")
     result = pytester.runpytest()
