@@ -491,9 +491,14 @@ def attention_reference(
 def _as_rows(rows: Any, q_len: int) -> torch.Tensor | None:
     if rows is None:
         return None
-    index = torch.as_tensor(rows, dtype=torch.long).reshape(-1).cpu()
+    index = torch.as_tensor(rows).reshape(-1).cpu()
     if index.numel() == 0:
         raise ValueError("rows is empty")
+    # Converting to long would read a bool mask of rows as the indices 0 and 1 and truncate 2.7 to row 2.
+    if index.dtype == torch.bool or index.is_floating_point() or index.is_complex():
+        hint = " (for a bool mask of rows pass mask.nonzero().flatten())" if index.dtype == torch.bool else ""
+        raise TypeError(f"rows must be integer query-row indices (ints or an integer tensor); got {index.dtype}{hint}")
+    index = index.long()
     if int(index.min()) < 0 or int(index.max()) >= q_len:
         raise ValueError(f"rows must lie in [0, {q_len}); got values from {int(index.min())} to {int(index.max())}")
     return index
@@ -750,6 +755,46 @@ def _merge_masks(allowed: torch.Tensor, attn_mask: torch.Tensor | None, dtype: t
     return attn_mask.to(dtype).masked_fill(~allowed, -math.inf)
 
 
+def _non_finite_outside(out: torch.Tensor, v: torch.Tensor, rows: torch.Tensor) -> str | None:
+    """What is wrong with ``out`` [B, H, S_q, D_v] in the query rows outside ``rows`` that no reference is needed
+    to see, or None: NaN anywhere, and Inf when ``v`` is finite.
+
+    Each output row is a convex combination of rows of v (zeros for a row that sees no key), so with finite v it
+    is finite whatever q, k, the masks and the variants are; and NaN is never right (where inputs make the
+    reference NaN, the comparison fails too). One batch entry at a time: the scan of a 100,000-row output holds a
+    bool mask of one entry, never of the whole output.
+    """
+    if not out.dtype.is_floating_point:
+        return None
+
+    def widened(t: torch.Tensor) -> torch.Tensor:
+        return t.float() if t.dtype.itemsize == 1 else t  # isfinite/isinf have no float8_e4m3fn kernel
+
+    v_finite = all(bool(torch.isfinite(widened(v[b])).all()) for b in range(v.shape[0]))
+    index = rows.to(out.device)
+    nan = inf = 0
+    first: tuple[int, ...] | None = None
+    for b in range(out.shape[0]):
+        entry = widened(out[b])
+        bad = torch.isnan(entry)
+        if v_finite:
+            bad |= torch.isinf(entry)
+        bad.index_fill_(1, index, False)  # the compared rows: the comparison reports those itself
+        if not bool(bad.any()):
+            continue
+        nan += int((bad & torch.isnan(entry)).sum())
+        inf += int((bad & ~torch.isnan(entry)).sum())
+        if first is None:
+            first = (b, *(int(i) for i in bad.nonzero()[0]))
+    if first is None:
+        return None
+    counts = [f"{nan} NaN" if nan else "", f"{inf} Inf" if inf else ""]
+    why = ["NaN is never a correct attention output" if nan else "",
+           "with finite v every correct output is finite, within max |v|" if inf else ""]
+    return (f"out holds {' and '.join(c for c in counts if c)} in query rows the sampled check does not compare, the "
+            f"first at index {first}: {'; '.join(w for w in why if w)}")
+
+
 @dataclasses.dataclass
 class ReferenceCheck:
     """The outcome of :meth:`SdpaReference.check`: how the reference was computed and what the comparison found."""
@@ -873,8 +918,19 @@ class SdpaReference:
             problem, memory_budget=self.memory_budget, flop_budget=self.flop_budget, sample_rows=sample_rows,
             seed=self.seed,
         )
-        expected, has_keys = compute_reference(q, k, v, problem, plan, attn_mask, alibi_slopes=alibi_slopes)
         rows = plan.rows
+        if rows is not None:
+            # The sample spares the float64 reference, not the look at the output: a NaN in a row it skips would pass.
+            unsampled = _non_finite_outside(out.detach(), v.detach(), rows)
+            if unsampled is not None:
+                message = (f"{unsampled} (the check compares {rows.numel()} of {problem.q_len} query rows with the "
+                           f"reference, a seeded sample: {plan.reason})")
+                self.last_check = ReferenceCheck(
+                    mode=plan.mode, rows_checked=int(rows.numel()), rows_total=problem.q_len, rows=rows,
+                    baseline_used=False, notes=(), close=None, passed=False, message=message,
+                )
+                raise AssertionError(message)
+        expected, has_keys = compute_reference(q, k, v, problem, plan, attn_mask, alibi_slopes=alibi_slopes)
         actual = out.detach() if rows is None else out.detach().index_select(2, rows.to(out.device))
         notes = []
         if rows is not None:

@@ -11,11 +11,22 @@ with no queries gives nothing.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
 from .reference import Causal, attention_reference
+from .shapes import python_scalar
+
+
+def _offset(name: str, position: int, value: Any) -> int:
+    """One entry of a sequence of offsets as an int; ``int()`` would truncate 5.7 to 5 and read True as 1, moving a
+    sequence boundary without a word."""
+    number = python_scalar(value)  # numpy integers and 0-d integer tensors are integers too
+    if isinstance(number, bool) or not isinstance(number, int):
+        raise TypeError(f"{name}[{position}] is {value!r} ({type(value).__name__}); offsets are integers: ints, numpy "
+                        "integers, or a 1-D int32 or int64 tensor")
+    return number
 
 
 def _offsets(name: str, cu_seqlens: torch.Tensor | Sequence[int], total: int) -> list[int]:
@@ -25,7 +36,7 @@ def _offsets(name: str, cu_seqlens: torch.Tensor | Sequence[int], total: int) ->
                             f"{tuple(cu_seqlens.shape)}")
         offsets = [int(x) for x in cu_seqlens.cpu()]
     else:
-        offsets = [int(x) for x in cu_seqlens]
+        offsets = [_offset(name, position, x) for position, x in enumerate(cu_seqlens)]
     if len(offsets) < 2:
         raise ValueError(f"{name} needs batch + 1 >= 2 entries; got {len(offsets)}")
     if offsets[0] != 0 or offsets[-1] != total:

@@ -152,6 +152,23 @@ def test_rows_argument_and_sampling():
         attention_reference(q, k, v, rows=[0, 50])
 
 
+def test_rows_that_are_not_integer_indices_are_refused_not_converted():
+    # Before: a bool row mask became the indices 0 and 1 (rows [1, 0, 1, ...]) and 2.7 was truncated to row 2.
+    q, k, v = randn(1, 2, 6, 8), randn(1, 2, 6, 8), randn(1, 2, 6, 8)
+    mask = torch.tensor([True, False, True, False, False, True])
+    accepted = r"rows must be integer query-row indices \(ints or an integer tensor\)"
+    with pytest.raises(TypeError, match=rf"{accepted}; got torch\.bool \(for a bool mask of rows pass "
+                                        r"mask\.nonzero\(\)\.flatten\(\)\)"):
+        attention_reference(q, k, v, rows=mask)
+    with pytest.raises(TypeError, match=rf"{accepted}; got torch\.float32"):
+        attention_reference(q, k, v, rows=[0.5, 2.7])
+    full = naive_attention(q, k, v)
+    torch.testing.assert_close(attention_reference(q, k, v, rows=mask.nonzero().flatten()), full[:, :, [0, 2, 5]],
+                               rtol=1e-13, atol=1e-13)
+    with pytest.raises(ValueError, match="rows is empty"):
+        attention_reference(q, k, v, rows=[])
+
+
 def flash_style(q, k, v, *, causal=False):
     """Attention as a fused kernel computes it, in q's dtype: fp32 scores, probabilities rounded before P @ V."""
     scores = (q.float() @ k.float().transpose(-1, -2)) / math.sqrt(q.shape[-1])
@@ -202,6 +219,39 @@ def test_check_on_sampled_rows_says_how_many_it_checked():
         reference.check(wrong, q, k, v, causal=True)
     forced = SdpaReference().check(out, q, k, v, causal=True, sample_rows=5)
     assert forced.rows_checked == 5 and forced.mode == "sampled"
+
+
+def test_sampled_check_never_passes_nan_or_inf_in_rows_it_does_not_compare():
+    # The sample spares the float64 reference of most rows; before, a NaN or Inf in one of those rows passed.
+    q, k, v = (randn(2, 2, 300, 16, dtype=torch.float16) for _ in range(3))
+    out = flash_style(q, k, v, causal=True)
+    reference = SdpaReference(flop_budget=2 * 2 * 2 * 300 * 32 * 20)  # about 20 rows per (batch, head)
+    result = reference.check(out, q, k, v, causal=True)
+    assert result.passed and result.mode == "sampled" and result.rows_checked == 20
+    skipped = [row for row in range(300) if row not in set(result.rows.tolist())]
+    gen = torch.Generator().manual_seed(7)
+    row = skipped[int(torch.randint(len(skipped), (1,), generator=gen))]
+
+    with_nan = out.clone()
+    with_nan[1, 0, row, 5] = math.nan
+    kept = with_nan.clone()
+    with pytest.raises(AssertionError, match=rf"out holds 1 NaN in query rows the sampled check does not compare, the "
+                       rf"first at index \(1, 0, {row}, 5\): NaN is never a correct attention output \(the check "
+                       rf"compares 20 of 300 query rows"):
+        reference.check(with_nan, q, k, v, causal=True)
+    assert not reference.last_check.passed and reference.last_check.rows_checked == 20
+    assert torch.equal(with_nan.isnan(), kept.isnan()) and torch.equal(with_nan.nan_to_num(), kept.nan_to_num())
+
+    with_inf = out.clone()
+    with_inf[0, 1, row, :3] = -math.inf  # v is finite, so every correct output is too
+    with pytest.raises(AssertionError, match=rf"out holds 3 Inf .* first at index \(0, 1, {row}, 0\): with finite v"):
+        reference.check(with_inf, q, k, v, causal=True)
+
+    # In a row it compares, the comparison itself reports them, as before.
+    in_sample = out.clone()
+    in_sample[0, 0, -1, 0] = math.nan
+    with pytest.raises(AssertionError, match="NaN: 1 in actual"):
+        reference.check(in_sample, q, k, v, causal=True)
 
 
 def test_check_never_passes_nan_and_wants_zeros_in_rows_without_keys():

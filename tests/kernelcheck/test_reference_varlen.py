@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -94,6 +95,24 @@ def test_bad_offsets_are_named(cu_q, cu_k, error, match):
     q, k, v = packed([0, 19], [0, 19])
     with pytest.raises(error, match=match):
         attention_reference_varlen(q, k, v, cu_q, cu_k)
+
+
+@pytest.mark.parametrize("cu_q, shown", [
+    ([0, 5.7, 19], r"cu_seqlens_q\[1\] is 5\.7 \(float\)"),
+    (np.array([0.0, 5.0, 19.0]), r"cu_seqlens_q\[0\] is (np\.float64\()?0\.0\)? \(float64\)"),
+    ([False, True], r"cu_seqlens_q\[0\] is False \(bool\)"),
+], ids=["float", "numpy-float", "bool"])
+def test_offsets_that_are_not_integers_are_refused_not_truncated(cu_q, shown):
+    # Before: int() truncated them, so [0, 5.7, 19] split the tokens as [0, 5, 19] and nothing said so.
+    q, k, v = packed([0, 19], [0, 19])
+    accepted = "offsets are integers: ints, numpy integers, or a 1-D int32 or int64 tensor"
+    with pytest.raises(TypeError, match=rf"{shown}; {accepted}"):
+        attention_reference_varlen(q, k, v, cu_q, [0, 6, 19] if len(cu_q) == 3 else [0, 19])
+    # Integers of any of those kinds are read as they are.
+    cu_k = [0, 6, 19]
+    expected = dense_block_diagonal(q, k, v, [0, 5, 19], cu_k)
+    for cu in ([0, 5, 19], np.array([0, 5, 19]), [torch.tensor(0), np.int32(5), 19]):
+        torch.testing.assert_close(attention_reference_varlen(q, k, v, cu, cu_k), expected, rtol=1e-12, atol=1e-12)
 
 
 def test_bad_layouts_and_slopes_are_named():
