@@ -174,9 +174,10 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
             ``cache_seqlens[b] .. cache_seqlens[b] + S_q - 1`` before attending (the caches are modified in place;
             ``cache_seqlens`` is not). The keys of entry b are then its first ``cache_seqlens[b] + S_q``
             positions, else its first ``cache_seqlens[b]``; query i sits at the last S_q of them.
-        block_table: int32 [B, max blocks] for a paged cache: k_cache and v_cache are then [blocks, H_kv,
-            block size, D] (block size a multiple of 16), and position j of entry b lives at row j % block size of
-            block ``block_table[b, j // block size]``. Entries past an entry's length are never read.
+        block_table: int32 [B, max blocks], any strides, for a paged cache: k_cache and v_cache are then
+            [blocks, H_kv, block size, D] (block size a multiple of 16), and position j of entry b lives at row
+            j % block size of block ``block_table[b, j // block size]``. Entries past an entry's length are never
+            read.
         scale, softcap, alibi_slopes: as in ``flashlite.attention``, with i' the query's own position.
         window: (left, right) as in ``flashlite.attention``; the right side is always closed by the causal rule.
         backend: "auto" (``flashlite.dispatch``: the table's entry for "kvcache" or "kvcache_paged", else the
@@ -239,6 +240,10 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
             k_cache, v_cache = _gathered(k_cache, block_table), _gathered(v_cache, block_table)
         return _sdpa_kvcache(q, k_cache, v_cache, lengths, scale, window, softcap, alibi_slopes)
     page_size = 0 if block_table is None else k_cache.shape[2]
+    if block_table is not None and block_table.shape[1] > 1 and block_table.stride(1) != 1:
+        # The kernel takes the table's row stride only and walks a row at unit column stride: a table whose
+        # columns are not adjacent (transposed, or every other column of a wider one) would name other blocks.
+        block_table = block_table.contiguous()  # [B, max blocks] int32: small
     p = problem
     if p.seq_q == 1 and p.group_size > 1 and p.window_left < 0 and p.alibi == "none":
         # One query per entry sees every key up to its length, whichever head it is: the group's query heads go

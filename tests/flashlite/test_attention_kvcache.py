@@ -285,6 +285,33 @@ def test_a_paged_cache_gives_the_contiguous_result(backend, seq_q, options):
     assert_close(out.cpu(), contiguous.cpu().double(), policy="tf32")
 
 
+@pytest.mark.parametrize("backend", ["triton", "sdpa"])
+@pytest.mark.parametrize("layout", ["transposed", "every_other_column"])
+def test_a_block_table_of_any_layout_finds_the_same_blocks(layout, backend):
+    # The kernel walks a row of the table at unit column stride: a table whose columns are not adjacent (a
+    # transposed storage, or every other column of a wider one) must still name the blocks its values name.
+    q, k_cache, v_cache, lengths, k_new, v_new = inputs(torch.float32, seed=12)
+    k_cache, v_cache = k_cache[:, :, :32], v_cache[:, :, :32]
+    lengths = lengths.clamp(max=31)
+    k_blocks, table = paged(k_cache, seed=13)
+    v_blocks, _ = paged(v_cache, seed=13)
+    if layout == "transposed":
+        strided = table.t().contiguous().t()
+    else:
+        wide = torch.full((table.shape[0], 2 * table.shape[1]), k_blocks.shape[0] - 1, dtype=torch.int32,
+                          device=DEVICE)
+        wide[:, ::2] = table
+        strided = wide[:, ::2]
+    assert torch.equal(strided, table) and strided.stride(1) != 1
+    out = attention_with_kvcache(q, k_blocks, v_blocks, lengths, k_new=k_new, v_new=v_new, block_table=strided,
+                                 backend=backend)
+    written_k, written_v = k_cache.clone(), v_cache.clone()
+    for b, n in enumerate(lengths.tolist()):
+        written_k[b, :, n], written_v[b, :, n] = k_new[b, :, 0], v_new[b, :, 0]
+    assert torch.equal(gathered(k_blocks, table), written_k) and torch.equal(gathered(v_blocks, table), written_v)
+    assert_close(out.cpu(), reference(q, written_k, written_v, lengths + 1), policy="tf32")
+
+
 def test_block_table_entries_outside_the_cache_are_named():
     q, k_cache, v_cache, lengths, k_new, v_new = inputs(torch.float32, seed=10)
     k_blocks, table = paged(k_cache[:, :, :32], seed=11)
