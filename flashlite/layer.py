@@ -41,6 +41,9 @@ FUSIONS = frozenset({"triton_layer_norm", "add_layer_norm", "bias_gelu"})
 FUSED_MIN_TOKENS = 4096
 # ``backend`` of flashlite.attention.attention: "auto" is its per-shape dispatch (SDPA for CPU tensors).
 ATTENTION_BACKENDS = ("auto", "triton", "sdpa")
+# Parameter dtypes a forward takes: those of the precision modes, each cast as the layer's mode says (bf16
+# parameters of a "mixed" layer, as FSDP's mixed precision makes them, like its fp32 ones). float64 is refused.
+_PARAM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def _check_fusions(fusions: Union[str, Iterable[str], None]) -> Optional[frozenset[str]]:
@@ -92,12 +95,12 @@ def _check_dropout(dropout: Any) -> float:
     return float(dropout)
 
 
-def _check_causal(causal: Any) -> bool:
+def _check_bool(name: str, value: Any) -> bool:
     # NumPy's bool is no subclass of bool; an int 0/1 is refused, as it is more likely a misplaced argument.
-    numpy_bool = type(causal).__module__ == "numpy" and type(causal).__name__ in ("bool", "bool_")
-    if not (isinstance(causal, bool) or numpy_bool):
-        raise TypeError(f"causal must be a bool (True or False), got {type(causal).__name__} {causal!r}")
-    return bool(causal)
+    numpy_bool = type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_")
+    if not (isinstance(value, bool) or numpy_bool):
+        raise TypeError(f"{name} must be a bool (True or False), got {type(value).__name__} {value!r}")
+    return bool(value)
 
 
 def _check_factory(device: Any, dtype: Any) -> Optional[torch.device]:
@@ -203,7 +206,8 @@ class PlainTransformerBlock(nn.Module):
         d_model, n_heads, n_kv_heads, d_ff = _check_dims(d_model, n_heads, n_kv_heads, d_ff)
         self.d_model, self.n_heads, self.n_kv_heads, self.d_ff = d_model, n_heads, n_kv_heads, d_ff
         self.head_dim = d_model // n_heads
-        self.causal, self.dropout, self.eps = _check_causal(causal), _check_dropout(dropout), _check_eps(None, eps)
+        self.causal, self.dropout = _check_bool("causal", causal), _check_dropout(dropout)
+        self.eps = _check_eps(None, eps)
         factory = {"device": _check_factory(device, dtype), "dtype": dtype}
         kv_width = n_kv_heads * self.head_dim
         self.ln1 = nn.LayerNorm(d_model, eps=eps, **factory)
@@ -279,7 +283,10 @@ class TransformerLayer(nn.Module):
       softmax and GELU math still fp32 inside the kernels.
 
     The output has ``x``'s dtype. Under ``torch.autocast`` the projections follow autocast (which only matters for
-    "fp32" mode: the other modes already cast their operands); the kernels take whatever dtype arrives.
+    "fp32" mode: the other modes already cast their operands); the kernels take whatever dtype arrives. The mode,
+    not the parameters' dtype, sets the dtypes of the computation: float64 parameters (``layer.double()``) are
+    refused, since the result would still have the mode's precision; ``layer.to_plain(torch.float64)`` is the
+    float64 reference.
 
     Weights are cast to the matmul operand dtype on every forward ("mixed": fp32 parameters to bf16/fp16
     operands; the other modes need no cast), in inference as in training: the layer keeps no low-precision copy,
@@ -354,7 +361,7 @@ class TransformerLayer(nn.Module):
         eps = _check_eps(None, eps)
         self.d_model, self.n_heads, self.n_kv_heads, self.d_ff = d_model, n_heads, n_kv_heads, d_ff
         self.head_dim = d_model // n_heads
-        self.causal, self.dropout, self.eps = _check_causal(causal), _check_dropout(dropout), eps
+        self.causal, self.dropout, self.eps = _check_bool("causal", causal), _check_dropout(dropout), eps
         self.fusions = _check_fusions(fusions)
         factory = {"device": device, "dtype": self.policy.param_dtype}
         self.ln1 = _LayerNormParams(d_model, eps, device, self.policy.param_dtype)
@@ -403,6 +410,15 @@ class TransformerLayer(nn.Module):
             torch.Size([1, 8, 32])
         """
         _check_input(x, key_padding_mask, self.d_model, self.qkv.weight)
+        if self.qkv.weight.dtype not in _PARAM_DTYPES:
+            # layer.double() / .to(torch.float64): the policy would still compute in its own dtypes (bf16 matmuls in
+            # "mixed") and hand back float64 numbers of that precision, and the fused kernels take no float64.
+            raise TypeError(
+                f"the layer's parameters are {self.qkv.weight.dtype}, but precision={self.precision!r} computes with "
+                f"{self.policy.param_dtype} parameters (float32, bfloat16 and float16 are accepted); convert back "
+                f"with layer.to({self.policy.param_dtype}), or for a float64 reference of the same weights use "
+                "layer.to_plain(torch.float64)"
+            )
         if x.shape[0] == 0 or x.shape[1] == 0:
             return self._forward_without_tokens(x)
         policy = self.policy
@@ -511,18 +527,20 @@ class TransformerLayer(nn.Module):
             >>> torch.equal(layer.out.weight, plain.out_proj.weight)
             True
         """
-        expected = set(self.plain_state_dict())
-        missing, unexpected = expected - set(state_dict), set(state_dict) - expected
+        expected = {key: tuple(value.shape) for key, value in self.plain_state_dict().items()}
+        missing, unexpected = set(expected) - set(state_dict), set(state_dict) - set(expected)
         if missing or unexpected:
             raise KeyError(
                 f"plain state dict does not match: missing {sorted(missing)}, unexpected {sorted(unexpected)}"
             )
+        # Each plain tensor's own shape, before q, k and v are concatenated: a q_proj short of rows and a k_proj
+        # with as many extra would make a qkv of the right shape, and load rows of k as rows of q.
+        for key, shape in expected.items():
+            if tuple(state_dict[key].shape) != shape:
+                raise ValueError(f"{key}: plain weights have shape {tuple(state_dict[key].shape)}, the layer expects "
+                                 f"{shape}")
         own = plain_to_layer_names(state_dict)
         params = dict(self.named_parameters())
-        for key, value in own.items():
-            if tuple(value.shape) != tuple(params[key].shape):
-                raise ValueError(f"{key}: plain weights have shape {tuple(value.shape)}, the layer expects "
-                                 f"{tuple(params[key].shape)}")
         with torch.no_grad():
             for key, value in own.items():
                 params[key].copy_(value)
@@ -635,9 +653,9 @@ class CudaGraphRunner:
 
     At small shapes (B=1, S=128) the layer's time is mostly kernel-launch overhead; a graph replays all of its
     kernels with one launch. The first call with a new input signature warms the layer up on a side stream
-    (compiling and autotuning Triton kernels outside the capture), captures one forward, and then every call
-    copies its inputs into the graph's static buffers and replays. Inference only: forward runs under
-    ``torch.no_grad()``, and the layer must be in eval mode or have no dropout.
+    (``warmup_calls`` forwards, at least 1: compiling and autotuning Triton kernels outside the capture),
+    captures one forward, and then every call copies its inputs into the graph's static buffers and replays.
+    Inference only: forward runs under ``torch.no_grad()``, and the layer must be in eval mode or have no dropout.
 
     Weight changes: the graph reads the parameters' own memory on every replay (the casts to the matmul dtype are
     kernels inside the graph, not copies made at capture), so any in-place change of a parameter's values is
@@ -665,6 +683,11 @@ class CudaGraphRunner:
     def __init__(self, layer: TransformerLayer, *, warmup_calls: int = 3, clone_output: bool = True) -> None:
         if not isinstance(getattr(layer, "_orig_mod", layer), TransformerLayer):
             raise TypeError(f"layer must be a TransformerLayer or one under torch.compile, got {type(layer).__name__}")
+        # At least one warm-up call: without it the layer's first forward (Triton compiling and autotuning its
+        # kernels, torch.compile tracing) would run inside the capture. And a bool for clone_output: None or a
+        # string would silently hand out the static output, which the next call overwrites.
+        warmup_calls = _positive_int("warmup_calls", warmup_calls)
+        clone_output = _check_bool("clone_output", clone_output)
         device = layer.qkv.weight.device
         if device.type != "cuda":
             raise RuntimeError(

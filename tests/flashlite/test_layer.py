@@ -205,6 +205,23 @@ def test_load_plain_state_dict_rejects_mismatches():
         layer.load_plain_state_dict(state)
 
 
+def test_load_plain_state_dict_checks_each_projection_before_concatenating():
+    # q, k and v are concatenated into qkv: each must have its own shape, not only their concatenation (else rows
+    # of k would load as rows of q), and a wrong width is named rather than left to torch.cat's message.
+    layer = TransformerLayer(32, 2)
+    before = {k: v.clone() for k, v in layer.state_dict().items()}
+    gen = torch.Generator().manual_seed(14)
+    state = PlainTransformerBlock(32, 2).state_dict()
+    shifted = dict(state, **{"q_proj.weight": torch.randn(24, 32, generator=gen),
+                             "k_proj.weight": torch.randn(40, 32, generator=gen)})  # 24 + 40 + 32 = 96 rows
+    with pytest.raises(ValueError, match=r"q_proj.weight: plain weights have shape \(24, 32\), the layer expects "
+                                         r"\(32, 32\)"):
+        layer.load_plain_state_dict(shifted)
+    with pytest.raises(ValueError, match=r"v_proj.weight: plain weights have shape \(32, 16\)"):
+        layer.load_plain_state_dict(dict(state, **{"v_proj.weight": torch.randn(32, 16, generator=gen)}))
+    assert all(torch.equal(v, before[k]) for k, v in layer.state_dict().items())  # nothing loaded
+
+
 def test_inference_follows_optimizer_steps():
     # The "mixed" layer computes with bf16 casts of its fp32 weights; after an optimizer step, an inference forward
     # must use the new weights, exactly as a grad-mode forward does.
@@ -614,6 +631,38 @@ def test_empty_input_gives_an_empty_output_like_the_plain_block(shape, with_mask
         assert layer(x.detach(), mask).shape == x.shape
 
 
+@pytest.mark.parametrize("fusions", ["auto", ()])
+@pytest.mark.parametrize("precision", ["mixed", "fp32"])
+def test_float64_parameters_are_refused_with_the_way_to_a_float64_reference(precision, fusions):
+    # layer.double() does not make a float64 layer: the policy still computes in its own dtypes (bf16 matmuls in
+    # "mixed"), and the LayerNorm and GELU kernels take no float64 parameters. Refused, before any branch runs.
+    torch.manual_seed(12)
+    layer = TransformerLayer(32, 2, precision=precision, fusions=fusions, attention_backend="sdpa", device=DEVICE)
+    x = torch.randn(2, 6, 32, device=DEVICE, dtype=torch.float64)
+    doubled = TransformerLayer(32, 2, precision=precision, fusions=fusions, attention_backend="sdpa",
+                               device=DEVICE).double()
+    doubled.load_state_dict(layer.state_dict())
+    with pytest.raises(TypeError, match=rf"the layer's parameters are torch.float64, .*precision='{precision}' "
+                                        r".*layer.to_plain\(torch.float64\)"):
+        doubled(x)
+    with pytest.raises(TypeError, match="the layer's parameters are torch.float64"):
+        doubled(x[:, :0])
+    # The way the message names: the same weights in a float64 plain block.
+    reference = layer.to_plain(torch.float64)(x)
+    assert_close(layer(x), reference, policy=torch.bfloat16 if precision == "mixed" else torch.float32,
+                 baseline=None if precision == "fp32" else _mixed_layer_reference(layer, x.float())[1].double())
+
+
+def test_bf16_parameters_of_a_mixed_layer_still_run():
+    # What FSDP's mixed precision does to the parameters (bf16 views of the fp32 master weights) stays allowed.
+    torch.manual_seed(13)
+    layer = TransformerLayer(32, 2, precision="mixed", fusions=(), attention_backend="sdpa", device=DEVICE)
+    layer.to(torch.bfloat16)
+    x = torch.randn(2, 6, 32, device=DEVICE)
+    reference, baseline = _mixed_layer_reference(layer, x)
+    assert_close(layer(x), reference, policy=torch.bfloat16, baseline=baseline)
+
+
 def test_bad_forward_inputs_name_the_problem():
     layer = TransformerLayer(32, 2, attention_backend="sdpa", device=DEVICE)
     x = torch.randn(2, 8, 32, device=DEVICE)
@@ -634,6 +683,22 @@ def test_cuda_graph_runner_refuses_modules_that_are_not_the_layer():
         CudaGraphRunner(PlainTransformerBlock(32, 2))
     with pytest.raises(TypeError, match="got OptimizedModule"):
         CudaGraphRunner(torch.compile(PlainTransformerBlock(32, 2)))
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    # No warm-up: the first forward (Triton's compiling and autotuning, torch.compile's tracing) would run inside
+    # the capture.
+    (dict(warmup_calls=0), ValueError, r"warmup_calls must be a positive integer .*, got 0"),
+    (dict(warmup_calls=-2), ValueError, r"warmup_calls must be a positive integer .*, got -2"),
+    (dict(warmup_calls=2.5), TypeError, r"warmup_calls must be a positive integer .*, got float 2.5"),
+    (dict(warmup_calls=True), TypeError, r"warmup_calls must be a positive integer .*, got bool True"),
+    # None or a string would silently choose the static output, overwritten by the next call.
+    (dict(clone_output=None), TypeError, r"clone_output must be a bool \(True or False\), got NoneType None"),
+    (dict(clone_output="no"), TypeError, r"clone_output must be a bool \(True or False\), got str 'no'"),
+])
+def test_cuda_graph_runner_names_bad_arguments(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        CudaGraphRunner(TransformerLayer(32, 2, device=DEVICE).eval(), **kwargs)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU refusal; the GPU path is in test_layer_gpu.py")
