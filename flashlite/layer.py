@@ -250,13 +250,23 @@ class PlainTransformerBlock(nn.Module):
 
 
 class _LayerNormParams(nn.Module):
-    """Holds a LayerNorm's ``weight`` and ``bias`` (the computation is in ``TransformerLayer.forward``)."""
+    """Holds a LayerNorm's ``weight`` and ``bias`` (the computation is in ``TransformerLayer.forward``, with the
+    layer's ``eps``)."""
 
-    def __init__(self, d_model: int, eps: float, device: Any, dtype: torch.dtype) -> None:
+    def __init__(self, d_model: int, device: Any, dtype: torch.dtype) -> None:
         super().__init__()
-        self.eps = eps
         self.weight = nn.Parameter(torch.ones(d_model, device=device, dtype=dtype))
         self.bias = nn.Parameter(torch.zeros(d_model, device=device, dtype=dtype))
+
+    @property
+    def eps(self) -> float:
+        # Both norms use the layer's eps: an eps kept here too would be a second value that nothing reads, and
+        # setting it (as on nn.LayerNorm) would change nothing.
+        raise AttributeError("the layer's norms have no eps of their own: both use TransformerLayer.eps")
+
+    @eps.setter
+    def eps(self, value: Any) -> None:
+        raise AttributeError("the layer's norms have no eps of their own: set TransformerLayer.eps, which both use")
 
 
 class TransformerLayer(nn.Module):
@@ -364,10 +374,10 @@ class TransformerLayer(nn.Module):
         self.causal, self.dropout, self.eps = _check_bool("causal", causal), _check_dropout(dropout), eps
         self.fusions = _check_fusions(fusions)
         factory = {"device": device, "dtype": self.policy.param_dtype}
-        self.ln1 = _LayerNormParams(d_model, eps, device, self.policy.param_dtype)
+        self.ln1 = _LayerNormParams(d_model, device, self.policy.param_dtype)
         self.qkv = nn.Linear(d_model, (n_heads + 2 * n_kv_heads) * self.head_dim, **factory)
         self.out = nn.Linear(d_model, d_model, **factory)
-        self.ln2 = _LayerNormParams(d_model, eps, device, self.policy.param_dtype)
+        self.ln2 = _LayerNormParams(d_model, device, self.policy.param_dtype)
         self.fc1 = nn.Linear(d_model, d_ff, **factory)
         self.fc2 = nn.Linear(d_ff, d_model, **factory)
 
@@ -547,7 +557,9 @@ class TransformerLayer(nn.Module):
 
     @classmethod
     def from_plain(cls, block: PlainTransformerBlock, **kwargs: Any) -> "TransformerLayer":
-        """A layer with ``block``'s configuration and weights; ``kwargs`` (precision, fusions, ...) pass through.
+        """A layer with ``block``'s configuration, weights and training mode; ``kwargs`` (precision, fusions, ...)
+        pass through. The norms' eps is read from the block's LayerNorms, which is what its forward uses; the layer
+        has one eps for both, so norms with different eps are refused.
 
         Example:
             >>> block = PlainTransformerBlock(32, 2, n_kv_heads=1, causal=False)
@@ -555,16 +567,20 @@ class TransformerLayer(nn.Module):
             >>> layer.n_kv_heads, layer.causal
             (1, False)
         """
+        if block.ln1.eps != block.ln2.eps:
+            raise ValueError(f"block's norms have different eps (ln1 {block.ln1.eps}, ln2 {block.ln2.eps}); the layer "
+                             "takes one eps for both")
         config = dict(d_model=block.d_model, n_heads=block.n_heads, d_ff=block.d_ff, n_kv_heads=block.n_kv_heads,
-                      causal=block.causal, dropout=block.dropout, eps=block.eps, device=block.ln1.weight.device)
+                      causal=block.causal, dropout=block.dropout, eps=block.ln1.eps, device=block.ln1.weight.device)
         config.update(kwargs)
         layer = cls(**config)
         layer.load_plain_state_dict(block.state_dict())
-        return layer
+        # The training mode too: an eval block with dropout would otherwise become a layer that drops.
+        return layer.train(block.training)
 
     def to_plain(self, dtype: Optional[torch.dtype] = None) -> PlainTransformerBlock:
-        """The equivalent :class:`PlainTransformerBlock` with this layer's weights (in ``dtype``, default the
-        parameter dtype), e.g. a float64 reference: ``layer.to_plain(torch.float64)``.
+        """The equivalent :class:`PlainTransformerBlock` with this layer's weights and training mode (in ``dtype``,
+        default the parameters' dtype), e.g. a float64 reference: ``layer.to_plain(torch.float64)``.
 
         Example:
             >>> layer = TransformerLayer(32, 2)
@@ -573,9 +589,9 @@ class TransformerLayer(nn.Module):
         """
         block = PlainTransformerBlock(self.d_model, self.n_heads, self.d_ff, n_kv_heads=self.n_kv_heads,
                                       causal=self.causal, dropout=self.dropout, eps=self.eps,
-                                      device=self.qkv.weight.device, dtype=dtype or self.policy.param_dtype)
+                                      device=self.qkv.weight.device, dtype=dtype or self.qkv.weight.dtype)
         block.load_state_dict({k: v.to(block.ln1.weight.dtype) for k, v in self.plain_state_dict().items()})
-        return block
+        return block.train(self.training)
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,

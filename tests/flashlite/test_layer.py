@@ -195,6 +195,47 @@ def test_plain_round_trip_is_exact(precision):
     torch.testing.assert_close(layer.qkv.weight[32:48].float(), plain.k_proj.weight.to(dtype).float(), rtol=0, atol=0)
 
 
+def test_plain_conversions_carry_the_training_mode():
+    torch.manual_seed(7)
+    x = torch.randn(2, 8, 32, device=DEVICE)
+    # An eval block with dropout: the layer made from it must not drop (it came out in training mode).
+    plain = PlainTransformerBlock(32, 2, dropout=0.5, causal=False, device=DEVICE).eval()
+    layer = TransformerLayer.from_plain(plain, precision="fp32", attention_backend="sdpa")
+    assert not layer.training
+    torch.testing.assert_close(layer(x), plain(x), rtol=1e-5, atol=1e-5)
+    back = layer.to_plain()
+    assert not back.training
+    torch.testing.assert_close(back(x), plain(x), rtol=0, atol=0)
+    assert TransformerLayer.from_plain(plain.train(), precision="fp32").training
+
+
+def test_from_plain_takes_the_eps_the_blocks_norms_use():
+    torch.manual_seed(8)
+    # The eps the block's forward uses is its LayerNorms': the layer takes that one, not the block's stored eps.
+    plain = PlainTransformerBlock(32, 2, causal=False, device=DEVICE).eval()
+    with torch.no_grad():
+        for norm in (plain.ln1, plain.ln2):
+            norm.weight.uniform_(0.5, 1.5)
+            norm.bias.uniform_(-0.5, 0.5)
+            norm.eps = 0.3  # large, so that reading 1e-5 instead shows far above the fp32 tolerance
+    small = torch.randn(2, 8, 32, device=DEVICE) * 0.5
+    layer = TransformerLayer.from_plain(plain, precision="fp32", attention_backend="sdpa")
+    assert layer.eps == 0.3
+    reference = plain.double()(small.double())
+    torch.testing.assert_close(layer(small).double(), reference, rtol=1e-5, atol=1e-5)
+    plain.ln2.eps = 0.1
+    with pytest.raises(ValueError, match=r"block's norms have different eps \(ln1 0.3, ln2 0.1\)"):
+        TransformerLayer.from_plain(plain)
+    # The layer's norms have no eps of their own: setting one would change nothing, so it is refused.
+    with pytest.raises(AttributeError, match="set TransformerLayer.eps"):
+        layer.ln1.eps = 1e-3
+
+
+def test_to_plain_defaults_to_the_parameters_dtype():
+    # After a conversion too: a half layer's plain block was float32.
+    assert TransformerLayer(32, 2).half().to_plain().fc1.weight.dtype == torch.float16
+
+
 def test_load_plain_state_dict_rejects_mismatches():
     layer = TransformerLayer(32, 2)
     state = PlainTransformerBlock(32, 2).state_dict()
@@ -266,7 +307,7 @@ def _mixed_layer_reference(layer: TransformerLayer, x: torch.Tensor):
     with torch.no_grad():
         reference = layer.to_plain(torch.float64)(x.double())
         with torch.autocast(x.device.type, dtype=torch.bfloat16):
-            baseline = layer.to_plain()(x)
+            baseline = layer.to_plain(torch.float32)(x)  # the fp32 block autocast expects, whatever the parameters
     return reference, baseline.float()
 
 
