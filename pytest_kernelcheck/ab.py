@@ -450,6 +450,14 @@ def _measure(
         timing.require_zero_arguments(fn, side)
     pinned = pinned if owned is not None else list(fns)
     first_outputs = [outputs.snapshot(timing.call_once(fn, side, "its first call")) for fn, side in zip(pinned, sides)]
+    for output, side in zip(first_outputs, sides):
+        # Whatever check_output says: the time of a lazy output is the time of making it, never of its work.
+        lazy = outputs.lazy_output(output)
+        if lazy:
+            raise outputs.LazyOutput(
+                f"{side} returned {lazy} which does its work only when consumed or awaited, so timing it would time "
+                "making it; return the results instead (list(...), a tensor, asyncio.run(...) inside the callable)"
+            )
     if budget.check_output:
         for output, side in zip(first_outputs, sides):
             # Compared with itself, only NaN can differ; a type the check cannot compare is refused here, before
@@ -768,6 +776,27 @@ def _tournament_look(
     return ranking, results
 
 
+def tournament_variants(variants: Any) -> tuple[list[str], list[Callable[..., Any]]]:
+    """The names (as text, as reports and ranges show them) and callables of a tournament's variants; ``ValueError``
+    unless there are at least two, named apart as text, each its own callable object. Timed and profiled
+    tournaments both take their variants through here, so a profile run refuses what the timed run would.
+
+    >>> tournament_variants({1: len, "1": str})
+    Traceback (most recent call last):
+    ...
+    ValueError: tournament variant names must be distinct as text, got ['1', '1']
+    """
+    if not isinstance(variants, Mapping) or len(variants) < 2:
+        raise ValueError(f"a tournament needs a mapping of at least two named callables, got {variants!r}")
+    names = [str(n) for n in variants]
+    if len(set(names)) != len(names):
+        raise ValueError(f"tournament variant names must be distinct as text, got {names}")
+    fns = list(variants.values())
+    if len({id(f) for f in fns}) != len(fns):
+        raise ValueError("each tournament variant must be its own callable object (wrap repeats in a lambda)")
+    return names, fns
+
+
 def run_tournament(
     variants: Mapping[str, Callable[[], Any]],
     budget: Budget | None = None,
@@ -800,14 +829,7 @@ def run_tournament(
     budget = budget or Budget()
     budget.validate()
     _check_owned_inputs(inputs, check)
-    if not isinstance(variants, Mapping) or len(variants) < 2:
-        raise ValueError(f"a tournament needs a mapping of at least two named callables, got {variants!r}")
-    names = [str(n) for n in variants]
-    if len(set(names)) != len(names):
-        raise ValueError(f"tournament variant names must be distinct as text, got {names}")
-    fns = list(variants.values())
-    if len({id(f) for f in fns}) != len(fns):
-        raise ValueError("each tournament variant must be its own callable object (wrap repeats in a lambda)")
+    names, fns = tournament_variants(variants)
     flops_of = throughput.per_variant(flops, names, "flops")
     bytes_of = throughput.per_variant(bytes, names, "bytes")
     work = {n: throughput.Work.of(flops_of[n], bytes_of[n], what=f"variant {n!r}: ") for n in names}

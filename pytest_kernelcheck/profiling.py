@@ -28,7 +28,7 @@ from typing import Any, Callable, Mapping
 
 from . import inputs as owned_inputs
 from . import timing
-from .ab import KernelAB
+from .ab import KernelAB, tournament_variants
 
 __all__ = ["ProfileMode", "ProfiledRun", "ProfilingKernelAB", "range_name", "trace_file_name"]
 
@@ -331,9 +331,9 @@ class ProfilingKernelAB(KernelAB):
                    inputs: Any = None, timer: Any = None, flops: Any = None, bytes: Any = None,  # noqa: A002
                    dtype: Any = None, check: Any = None, **budget: Any) -> Any:
         """Run every variant once inside its range, named by the variant."""
-        if not isinstance(variants, Mapping) or not variants:
-            raise TypeError(f"tournament takes a non-empty mapping of names to callables, got {variants!r}")
-        return self._profile({str(key): fn for key, fn in variants.items()}, name, inputs, budget)
+        # The timed rules: names as text could collide ({1: f, "1": g}), and a dict of them would keep one silently.
+        names, fns = tournament_variants(variants)
+        return self._profile(dict(zip(names, fns)), name, inputs, budget)
 
     def measure(self, fn: Callable[..., Any], *, flops: Any = None, bytes: Any = None,  # noqa: A002
                 dtype: Any = None, name: str | None = None, timer: Any = None, inputs: Any = None,

@@ -166,3 +166,30 @@ def test_snapshot_protects_the_first_output_from_in_place_reuse():
     kept = outputs.snapshot((buffer, [buffer]))
     buffer.add_(1)
     assert torch.equal(kept[0], torch.arange(4.0)) and torch.equal(kept[1][0], torch.arange(4.0))
+
+
+def _lazy_outputs(data):
+    """Callables whose output does the work only when consumed (or awaited): timing one times almost nothing."""
+    async def later():
+        return np.sort(data)
+
+    return {
+        "generator": lambda: (v * 2 for v in data),
+        "map": lambda: map(float, data),
+        "coroutine": later,
+        "tuple holding a generator": lambda: (np.sort(data), (v for v in data)),
+    }
+
+
+@pytest.mark.parametrize("kind", ["generator", "map", "coroutine", "tuple holding a generator"])
+@pytest.mark.parametrize("side", ["candidate", "baseline"])
+def test_a_lazy_output_is_refused_before_timing_even_without_the_output_check(kind, side):
+    # Timed, a generator's creation read as a 1700x "win" over sorting the same data, and check_output=False (the
+    # way out the refusal of an uncomparable output offers) let it through.
+    data = np.random.default_rng().random(int(np.random.default_rng().integers(1_000, 5_000)))
+    lazy, eager = _lazy_outputs(data)[kind], (lambda: np.sort(data))
+    timer = SimulatedTimer({lazy: constant(1e-6), eager: constant(1e-3)})
+    pair = (lazy, eager) if side == "candidate" else (eager, lazy)
+    for budget in (QUICK, QUICK.replace(check_output=False)):
+        with pytest.raises(outputs.LazyOutput, match=rf"^{side} returned .*only when .*list\(\.\.\.\)"):
+            run_comparison(*pair, budget, timer=timer)

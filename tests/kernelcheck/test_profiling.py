@@ -193,3 +193,23 @@ def test_trace_run_writes_one_chrome_trace_per_comparison_under_xdist(pytester):
     trace = json.loads((pytester.path / "traces" / expected).read_text())
     assert any(str(event.get("name", "")).endswith(":mm:baseline") for event in trace["traceEvents"])
 
+
+
+def test_a_profiled_tournament_refuses_the_variants_a_timed_one_refuses(nvtx_log):
+    # {1: f, "1": g} became {"1": g}: one variant was silently never run inside a range, while the timed run of the
+    # same test refuses it; so were one variant and one callable under two names.
+    import random
+
+    from pytest_kernelcheck.ab import run_tournament
+
+    key = random.randrange(100)
+    shared = lambda: key  # noqa: E731
+    bad = [{key: lambda: 1, str(key): lambda: 2, "b": lambda: 3}, {"only": lambda: 1}, {"a": shared, "b": shared}]
+    ab = ProfilingKernelAB(ProfileMode(), nodeid="t.py::t", test_name="t")
+    for variants in bad:
+        with pytest.raises(ValueError) as timed:
+            run_tournament(variants)
+        with pytest.raises(ValueError) as profiled:
+            ab.tournament(variants)
+        assert str(profiled.value) == str(timed.value)
+    assert nvtx_log == []  # refused before anything ran
