@@ -12,6 +12,7 @@ run's full JSON report, written whole or not at all (:func:`pytest_kernelcheck.r
 from __future__ import annotations
 
 import datetime as _datetime
+import hashlib
 import re
 import subprocess
 from dataclasses import dataclass, field
@@ -235,14 +236,22 @@ def save(report: Mapping[str, Any], folder: str | Path, name: str) -> Path:
     ['0001_a.json', '0002_b.json']
     """
     from . import report as _report
+    from .gpu_lock import device_lock
 
-    runs = saved_runs(folder)
-    number = runs[-1].number + 1 if runs else 1
-    path = Path(folder) / f"{number:04d}_{check_name(name)}.json"
-    try:
-        _report.write_json(dict(report), path)
-    except _report.ReportError as exc:
-        raise StorageError(f"--kernel-ab-save: {exc}") from None
+    name = check_name(name)
+    # The number is the folder's highest plus one: two runs saving at once (parallel pytest invocations in one
+    # checkout) would both read the same highest, then share a number, or with one name the later file would
+    # replace the earlier. Listing and writing are one step under a machine-wide lock keyed by the folder (a lock
+    # file in the temp directory, as for timing, so the folder holds nothing but runs).
+    key = "storage-" + hashlib.sha1(str(Path(folder).resolve()).encode()).hexdigest()[:16]
+    with device_lock(key):
+        runs = saved_runs(folder)
+        number = runs[-1].number + 1 if runs else 1
+        path = Path(folder) / f"{number:04d}_{name}.json"
+        try:
+            _report.write_json(dict(report), path)
+        except _report.ReportError as exc:
+            raise StorageError(f"--kernel-ab-save: {exc}") from None
     return path
 
 

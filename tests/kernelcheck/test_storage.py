@@ -146,3 +146,33 @@ def test_a_compare_spec_names_a_file_by_a_path_and_a_saved_run_otherwise(tmp_pat
     (tmp_path / "before").write_text("{}")
     assert [storage.names_a_file(spec) for spec in ("a/b", "ab.json", "before", "latest", "0003", "fused")] == [
         True, True, True, False, False, False]
+
+
+def _save_after_barrier(barrier, folder: str, name: str, built: dict) -> None:
+    barrier.wait()
+    storage.save(built, folder, name)
+
+
+def test_concurrent_saves_get_a_number_each_and_overwrite_nothing(tmp_path, monkeypatch):
+    # Two runs saving at once (parallel pytest invocations in one checkout) both took the next number after the
+    # same listing: with one name the second file replaced the first, with two names two runs shared a number.
+    import multiprocessing
+    import random
+    import time
+
+    writes = report.write_json
+    monkeypatch.setattr(report, "write_json", lambda *args: (time.sleep(0.3), writes(*args)))  # a slow disk
+    names = [random.choice(["nightly", "nightly", "fused"]) for _ in range(4)]
+    built = report.build_report([], settings={"seed": random.random()})
+    context = multiprocessing.get_context("fork")  # the children keep the slow write
+    barrier = context.Barrier(len(names))
+    children = [context.Process(target=_save_after_barrier, args=(barrier, str(tmp_path), name, built))
+                for name in names]
+    for child in children:
+        child.start()
+    for child in children:
+        child.join(30)
+    assert [child.exitcode for child in children] == [0] * len(names)
+    runs = storage.saved_runs(tmp_path)
+    assert [run.number for run in runs] == [1, 2, 3, 4]
+    assert sorted(run.name for run in runs) == sorted(names)
