@@ -131,9 +131,12 @@ def pytest_configure(config: pytest.Config) -> None:
 def _configure_gpus(config: pytest.Config) -> None:
     """Check --kernel-gpus; on an xdist controller, leave its workers the GPUs to pin to (gpus.pin_instruction);
     in a worker, make sure it is pinned before CUDA is used."""
-    raw = config.getoption("kernel_gpus", None) or str(config.getini(gpus.INI)).strip()
+    # An option given empty (--kernel-gpus "$GPUS", the variable unset) is parsed, and refused, rather than read as
+    # not given; an empty ini value is the default.
+    option = config.getoption("kernel_gpus", None)
+    raw = option if option is not None else str(config.getini(gpus.INI)).strip()  # "": the default, below
     try:
-        spec = gpus.parse_spec(raw or "all")
+        spec = gpus.parse_spec(raw if option is not None else (raw or "all"))
     except gpus.GpuSpecError as exc:
         raise pytest.UsageError(str(exc)) from None
     if hasattr(config, "workerinput"):

@@ -158,6 +158,23 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+# Options that name something, and what they accept. Given empty on the command line (most often a variable that was
+# never set: --kernel-ab-trace "$TRACES") each would read as not given and the run would go on without its report,
+# trace, storage, comparison or thread count, saying nothing; so an empty value is refused, as --kernel-ab-save's is.
+_NAMING_OPTIONS = {
+    "report": "a report path (ab.json)", "trace": "a folder for the traces", "storage": "a folder of saved runs",
+    "compare": "a saved run (number or name) or a report's path", "cpu_threads": "a count >= 1",
+}
+
+
+def _refuse_empty_options(config: pytest.Config) -> None:
+    for name, accepted in _NAMING_OPTIONS.items():
+        value = config.getoption(f"kernel_ab_{name}")
+        if value is not None and not str(value).strip():
+            raise pytest.UsageError(f"--kernel-ab-{name.replace('_', '-')}: the value is empty; give {accepted}, "
+                                    f"or leave the option out")
+
+
 def _setting(config: pytest.Config, name: str) -> Any:
     value = config.getoption(f"kernel_ab_{name}")
     return value if value is not None else config.getini(f"kernel_ab_{name}")
@@ -194,6 +211,7 @@ class _ThisMachine:
 def pytest_configure(config: pytest.Config) -> None:
     from . import gate, report, storage, throughput
 
+    _refuse_empty_options(config)
     settings: dict[str, Any] = {}
     for name, (kind, _, _) in _NUMBER_SETTINGS.items():
         raw = _setting(config, name)

@@ -1001,3 +1001,17 @@ def test_sorts(kernel_ab):
     result = pytester.runpytest(*FAST, "--kernel-ab-compare", "first.json")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["*earlier report is of a run that did not finish (1 comparisons)*"])
+
+
+@pytest.mark.parametrize("option, accepted", [
+    ("--kernel-ab-report", "a report path"), ("--kernel-ab-trace", "a folder"), ("--kernel-ab-storage", "a folder"),
+    ("--kernel-ab-compare", "a saved run"), ("--kernel-ab-cpu-threads", "a count"),
+])
+def test_an_empty_value_on_the_command_line_is_a_usage_error_naming_the_option(pytester, option, accepted):
+    # --kernel-ab-trace "$TRACES" with the variable unset turned profile mode off (and, without --kernel-ab, every
+    # A/B test was skipped); an empty report path wrote no report; both passed without a word.
+    pytester.makepyfile(SORTS + "\ndef test_one(kernel_ab):\n    kernel_ab.compare(sort_small, sort_large)\n")
+    result = pytester.runpytest(*FAST, option, "")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*{option}: the value is empty; give {accepted}*or leave the option out*"])
+    assert "kernel A/B comparisons" not in result.stdout.str()

@@ -203,3 +203,18 @@ def test_one_gpu_or_no_xdist_changes_nothing_and_bad_specs_are_usage_errors(pyte
     result = pytester.runpytest("-n", "2", "--kernel-gpus", "2", "-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--kernel-gpus: 2 GPUs asked for, 1 visible*"])
+
+
+@pytest.mark.parametrize("text", ["²", "0,²", "٣", "1,٣"])
+def test_digits_other_than_ascii_are_refused_naming_the_option(text):
+    # "²".isdigit() is true but int() refuses it (an INTERNALERROR); int("٣") is 3, a count nobody typed.
+    with pytest.raises(gpus.GpuSpecError, match="--kernel-gpus / kernel_gpus: .* is not 'all', a count"):
+        gpus.parse_spec(text)
+
+
+def test_an_empty_kernel_gpus_on_the_command_line_is_a_usage_error(pytester):
+    # An unset variable (--kernel-gpus "$GPUS") read as "not given", so every visible GPU was used.
+    pytester.makepyfile(test_env="def test_env():\n    pass\n")
+    result = pytester.runpytest("--kernel-gpus", "", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--kernel-gpus / kernel_gpus: '' is not 'all', a count of GPUs*"])
