@@ -632,6 +632,10 @@ def sdpa_baseline(
     ``MemoryError``/``torch.OutOfMemoryError`` when the dense mask does not fit.
     """
     _slopes_for(problem, alibi_slopes)  # the same agreement check as the reference's
+    if attn_mask is not None and attn_mask.dim() < 4:
+        # SDPA indexes a mask's last two dimensions: a [S_k] mask, which broadcasts as the reference reads it,
+        # raised IndexError there. As 4-D it broadcasts the same way in both.
+        attn_mask = attn_mask.reshape((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))
     q_in = q if rows is None else q.index_select(2, rows.to(q.device))
     is_causal = False
     whole_causal_bias = False  # torch's CausalBias object: passed through as is

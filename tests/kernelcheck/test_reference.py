@@ -198,6 +198,31 @@ def test_check_passes_a_correct_kernel_with_the_baseline_and_fails_a_wrong_one()
         reference.check(shifted, q, k, v, causal=True)
 
 
+@pytest.mark.parametrize("kind", ["bool", "float"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_check_with_a_key_mask_of_one_dimension_uses_the_sdpa_baseline(kind, causal):
+    # A [S_k] mask broadcasts to [B, H, S_q, S_k]; SDPA raised IndexError on it, which escaped the check.
+    q, k, v = (randn(2, 3, 24, 16, dtype=torch.float16) for _ in range(3))
+    visible = torch.rand(29) > 0.3
+    visible[0] = True  # every causal row sees a key
+    k, v = (randn(2, 3, 29, 16, dtype=torch.float16) for _ in range(2))
+    mask = visible if kind == "bool" else torch.where(visible, torch.rand(29) - 0.5, torch.tensor(-math.inf))
+    allowed = visible.expand(24, 29)
+    bias = None if kind == "bool" else torch.where(visible, mask, 0.0).double()
+    if causal:
+        allowed = allowed & causal_allowed(24, 29)
+    expected = naive_attention(q.double(), k.double(), v.double(), allowed=allowed, bias=bias)
+    # A kernel's rounding: the float64 result in the inputs' precision.
+    out = expected.to(torch.float16)
+    reference = SdpaReference()
+    result = reference.check(out, q, k, v, causal=causal, attn_mask=mask)
+    assert result.passed and result.baseline_used
+    wrong = out.clone()
+    wrong[1, 2, 5, 7] += 0.1
+    with pytest.raises(AssertionError, match=r"at index \(1, 2, 5, 7\)"):
+        reference.check(wrong, q, k, v, causal=causal, attn_mask=mask)
+
+
 def test_check_on_sampled_rows_says_how_many_it_checked():
     q, k, v = (randn(1, 2, 300, 16, dtype=torch.float16) for _ in range(3))
     out = flash_style(q, k, v, causal=True)
