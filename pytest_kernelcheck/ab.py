@@ -664,7 +664,7 @@ def run_comparison(
 
     budget = budget or Budget()
     budget.validate()
-    _check_owned_inputs(inputs, check)
+    check_owned_inputs(inputs, check)
     looks = budget.planned_looks
     alpha_look = budget.alpha / looks
     latest: dict[str, stats.PairedAnalysis] = {}
@@ -718,7 +718,7 @@ def run_comparison(
     )
 
 
-def _check_owned_inputs(inputs: Any, check: Any) -> None:
+def check_owned_inputs(inputs: Any, check: Any) -> None:
     """Refuse bad ``inputs=`` / ``check=`` before anything runs, naming the argument."""
     if inputs is None:
         if check is not None:
@@ -828,7 +828,7 @@ def run_tournament(
 
     budget = budget or Budget()
     budget.validate()
-    _check_owned_inputs(inputs, check)
+    check_owned_inputs(inputs, check)
     names, fns = tournament_variants(variants)
     flops_of = throughput.per_variant(flops, names, "flops")
     bytes_of = throughput.per_variant(bytes, names, "bytes")
@@ -919,7 +919,7 @@ def run_measurement(
 
     budget = budget or Budget()
     budget.validate()
-    _check_owned_inputs(inputs, None)
+    check_owned_inputs(inputs, None)
     work = throughput.Work.of(flops, bytes)
     looks = budget.planned_looks
     alpha_look = budget.alpha / looks
@@ -1065,7 +1065,7 @@ class KernelAB:
         >>> kernel_ab.compare(new, old, inputs=make, check="fp32").input_sets  # doctest: +SKIP
         4
         """
-        _check_owned_inputs(inputs, check)  # before the name is claimed: a refused call records nothing
+        check_owned_inputs(inputs, check)  # before the name is claimed: a refused call records nothing
 
         def work(settings: Budget, label: str, shape: Any) -> ComparisonResult:
             counts = throughput.Work.of(flops, bytes, shape)
@@ -1126,7 +1126,7 @@ class KernelAB:
         >>> t.best, t.indistinguishable_from_best, t.throughput["b"].tflops  # doctest: +SKIP
         ('b', ['b', 'c'], 310.2)
         """
-        _check_owned_inputs(inputs, check)
+        check_owned_inputs(inputs, check)
 
         def work(settings: Budget, label: str, shape: Any) -> TournamentResult:
             names = [str(n) for n in variants] if isinstance(variants, Mapping) else []
@@ -1164,7 +1164,7 @@ class KernelAB:
         >>> m.median_ms, m.ci_ms, m.throughput.tflops, m.throughput.tflops_pct  # doctest: +SKIP
         (1.52, (1.51, 1.53), 723.4, 91.0)
         """
-        _check_owned_inputs(inputs, None)
+        check_owned_inputs(inputs, None)
 
         def work(settings: Budget, label: str, shape: Any) -> MeasureResult:
             counts = throughput.Work.of(flops, bytes, shape)

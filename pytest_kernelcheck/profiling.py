@@ -28,7 +28,7 @@ from typing import Any, Callable, Mapping
 
 from . import inputs as owned_inputs
 from . import timing
-from .ab import KernelAB, tournament_variants
+from .ab import KernelAB, check_owned_inputs, tournament_variants
 
 __all__ = ["ProfileMode", "ProfiledRun", "ProfilingKernelAB", "range_name", "trace_file_name"]
 
@@ -301,8 +301,9 @@ class ProfilingKernelAB(KernelAB):
         self.mode = mode
 
     def _profile(self, fns: Mapping[str, Callable[..., Any]], name: str | None, inputs: Any,
-                 budget: dict[str, Any]) -> ProfiledRun:
+                 budget: dict[str, Any], check: Any = None) -> ProfiledRun:
         self.defaults.replace(**budget)  # a misspelt keyword fails here as it would in a timed run
+        check_owned_inputs(inputs, check)  # and so do inputs= and check= (check= without inputs=, say)
         label = self._name(name)
         self._claim(label)
         run = profile_callables(fns, nodeid=self._nodeid, name=label, trace_dir=self.mode.trace_dir,
@@ -315,7 +316,7 @@ class ProfilingKernelAB(KernelAB):
                 inputs: Any = None, timer: Any = None, flops: Any = None, bytes: Any = None,  # noqa: A002
                 dtype: Any = None, check: Any = None, **budget: Any) -> Any:
         """Run ``candidate`` and ``baseline`` once each inside their ranges (see the class)."""
-        return self._profile({"candidate": candidate, "baseline": baseline}, name, inputs, budget)
+        return self._profile({"candidate": candidate, "baseline": baseline}, name, inputs, budget, check)
 
     def assert_faster(self, candidate: Callable[..., Any], baseline: Callable[..., Any], *,
                       name: str | None = None, **budget: Any) -> Any:
@@ -333,7 +334,7 @@ class ProfilingKernelAB(KernelAB):
         """Run every variant once inside its range, named by the variant."""
         # The timed rules: names as text could collide ({1: f, "1": g}), and a dict of them would keep one silently.
         names, fns = tournament_variants(variants)
-        return self._profile(dict(zip(names, fns)), name, inputs, budget)
+        return self._profile(dict(zip(names, fns)), name, inputs, budget, check)
 
     def measure(self, fn: Callable[..., Any], *, flops: Any = None, bytes: Any = None,  # noqa: A002
                 dtype: Any = None, name: str | None = None, timer: Any = None, inputs: Any = None,

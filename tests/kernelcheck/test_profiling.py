@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 
+import numpy as np
 import pytest
 import torch
 
@@ -212,4 +213,24 @@ def test_a_profiled_tournament_refuses_the_variants_a_timed_one_refuses(nvtx_log
         with pytest.raises(ValueError) as profiled:
             ab.tournament(variants)
         assert str(profiled.value) == str(timed.value)
+    assert nvtx_log == []  # refused before anything ran
+
+
+def test_profiled_comparisons_refuse_the_inputs_and_check_a_timed_one_refuses(nvtx_log):
+    # check= without inputs=, a non-callable inputs= and a check of the wrong type ran in profile mode, while the
+    # timed run of the same test refuses them.
+    from pytest_kernelcheck.ab import run_comparison
+
+    rng = np.random.default_rng()
+    x = rng.random(8)
+    ab = ProfilingKernelAB(ProfileMode(), nodeid="t.py::t", test_name="t")
+    bad = [dict(check="fp16"), dict(inputs=(x,)), dict(inputs=lambda: (x,), check=3)]
+    for arguments in bad:
+        with pytest.raises(TypeError) as timed:
+            run_comparison(lambda *a: x * 2, lambda *a: x + x, **arguments)
+        with pytest.raises(TypeError) as profiled:
+            ab.compare(lambda *a: x * 2, lambda *a: x + x, **arguments)
+        assert str(profiled.value) == str(timed.value)
+        with pytest.raises(TypeError):
+            ab.tournament({"a": lambda *a: x * 2, "b": lambda *a: x + x}, **arguments)
     assert nvtx_log == []  # refused before anything ran
