@@ -383,6 +383,10 @@ def _check_eps(op: Optional[str], eps: float) -> float:
 
 
 def _check_out_dtype(op: str, out_dtype: Optional[torch.dtype]) -> None:
+    if out_dtype is not None and not isinstance(out_dtype, torch.dtype):
+        # A name ("float16") prints as the dtype it names: "not supported" below would name a supported dtype.
+        raise TypeError(f"{op}: out_dtype must be None or a torch.dtype (torch.float32, torch.float16 or "
+                        f"torch.bfloat16), got {type(out_dtype).__name__} {out_dtype!r}")
     if out_dtype is not None and out_dtype not in SUPPORTED_DTYPES:
         raise TypeError(f"{op}: out_dtype {out_dtype} is not supported; use float32, float16 or bfloat16")
 

@@ -443,6 +443,21 @@ def test_bad_inputs_name_the_problem():
         bias_gelu(x, b[:3])
 
 
+@pytest.mark.parametrize("out_dtype", ["float16", "torch.bfloat16", np.float32, 16])
+def test_an_out_dtype_that_is_not_a_torch_dtype_is_named_as_such(out_dtype):
+    # A dtype's name was refused with "out_dtype float16 is not supported; use float32, float16 or bfloat16":
+    # it named the very dtype it refused. The error now says what kind of value is accepted, and what came.
+    x = _rows((2, 8), torch.float32)
+    w, b = _affine(8, torch.float32)
+    message = (r"out_dtype must be None or a torch\.dtype \(torch\.float32, torch\.float16 or "
+               rf"torch\.bfloat16\), got {type(out_dtype).__name__}")
+    for op, call in (("layer_norm", lambda: layer_norm(x, w, b, out_dtype=out_dtype)),
+                     ("add_layer_norm", lambda: add_layer_norm(x, x.flip(0), w, b, out_dtype=out_dtype)),
+                     ("bias_gelu", lambda: bias_gelu(x, b, out_dtype=out_dtype))):
+        with pytest.raises(TypeError, match=rf"flashlite\.{op}: {message}"):
+            call()
+
+
 BAD_EPS = [("1e-5", TypeError), (True, TypeError), (None, TypeError), (torch.tensor(1e-5), TypeError),
            (float("nan"), ValueError), (float("inf"), ValueError), (-1e-5, ValueError), (np.float32(-1.0), ValueError)]
 
