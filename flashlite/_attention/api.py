@@ -17,7 +17,7 @@ from flashlite._attention.decide import (TRACED_ERRORS, decide_with_mask, log_de
 from flashlite._attention.launch import like_layout
 from flashlite._attention.ops import run_triton_compiled
 from flashlite._attention.sdpa import sdpa_attention
-from flashlite._attention.validation import _CAUSAL_ARGUMENT, validate
+from flashlite._attention.validation import _CAUSAL_ARGUMENT, check_constant_slopes, validate
 from flashlite.dispatch import Decision
 
 # Bound here, a replayed call skips their attribute lookups (it costs about 0.8 us over SDPA alone, and each lookup
@@ -86,10 +86,12 @@ def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causa
     variants = dict(window=window, softcap=softcap, alibi_slopes=alibi_slopes)
     if attn_mask is not None:
         problem = validate(q, k, v, causal, scale, key_padding_mask, key_lengths, backend, precision, **variants)
+        check_constant_slopes(alibi_slopes)  # as every run of the call checks it
         decision = decide_with_mask(q, k, problem, backend, attn_mask)
         log_decision(decision, q, k)
         return decision
     plan = make_plan(q, k, v, causal, scale, key_padding_mask, key_lengths, backend, precision, **variants)
+    check_constant_slopes(alibi_slopes)
     return plan.decision_for(needs_gradient(q, k, v))
 
 
@@ -125,7 +127,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: Unio
             blocks wholly outside the window, so its cost grows as S times the window, not S squared.
         softcap: c > 0: the scaled scores s become c * tanh(s / c) (before ALiBi and the masks).
         alibi_slopes: float32 [H] or [B, H]: adds -slope * |i' - j| to the (capped) scores of head h.
-            Order of operations: scale * q.k, then softcap, then ALiBi, then every mask.
+            Order of operations: scale * q.k, then softcap, then ALiBi, then every mask. The slopes are
+            constants: no backend computes their gradient, and slopes that require grad are refused while grad
+            mode is on (pass ``alibi_slopes.detach()``).
         backend: "auto" (per-shape choice from ``flashlite.dispatch``, by forward measurements for calls
             without a gradient and by forward+backward ones for calls whose gradient autograd computes; see
             ``explain_dispatch``), "triton" or "sdpa". Calls without ``attn_mask`` are validated and decided

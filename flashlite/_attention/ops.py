@@ -14,7 +14,7 @@ import torch
 from flashlite import _ops
 from flashlite._attention.launch import attention_backward, attention_forward, launch_backward, launch_forward
 from flashlite._attention.plans import Plan
-from flashlite._attention.validation import Problem
+from flashlite._attention.validation import Problem, check_constant_slopes
 
 
 @torch.library.custom_op("flashlite::attention_forward", mutates_args=())
@@ -135,6 +135,8 @@ def run_triton(plan: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ke
                alibi_slopes: Optional[torch.Tensor] = None) -> torch.Tensor:
     """An eager call of a Triton plan: the autograd Function when a gradient is needed, else the forward without
     its log-sum-exp."""
+    if alibi_slopes is not None:  # the kernels compute no gradient for the slopes
+        check_constant_slopes(alibi_slopes)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):  # needs_gradient, inline
         return _EagerTritonAttention.apply(q, k, v, key_mask, alibi_slopes, plan)[0]
     return launch_forward(q, k, v, key_mask, alibi_slopes, plan, need_lse=False, like_q=True)[0]
@@ -146,6 +148,7 @@ def run_triton_compiled(problem: Problem, q: torch.Tensor, k: torch.Tensor, v: t
     """A Triton call of ``problem`` inside torch.compile: an opaque op with its fake; the custom op with its autograd
     where a gradient can flow, else the inference op (grad mode and ``requires_grad`` are known, and guarded, at
     trace time)."""
+    check_constant_slopes(alibi_slopes)  # the kernels compute no gradient for the slopes
     p = problem
     masks = (key_mask, None) if p.key_masking == "bool" else (None, key_mask)
     arguments = (*masks, p.causal_mode, p.scale, p.precision, p.window_left, p.window_right, p.softcap, alibi_slopes)

@@ -11,7 +11,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from flashlite._attention.validation import CAUSAL_BOTTOM_RIGHT, CAUSAL_NONE, CAUSAL_TOP_LEFT, Problem
+from flashlite._attention.validation import (CAUSAL_BOTTOM_RIGHT, CAUSAL_NONE, CAUSAL_TOP_LEFT, Problem,
+                                             check_constant_slopes)
 
 def _visibility_mask(q: torch.Tensor, k: torch.Tensor, key_mask: Optional[torch.Tensor],
                      problem: Problem) -> torch.Tensor:
@@ -100,6 +101,8 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: 
                    problem: Problem, attn_mask: Optional[torch.Tensor] = None,
                    alibi_slopes: Optional[torch.Tensor] = None) -> torch.Tensor:
     """A validated call on SDPA (``key_mask``: the call's key_padding_mask or key_lengths, as ``problem`` says)."""
+    if alibi_slopes is not None:  # the slopes' bias would carry a gradient here, which the kernels' path cannot
+        check_constant_slopes(alibi_slopes)
     gqa = {"enable_gqa": True} if problem.heads != problem.kv_heads else {}
     if attn_mask is None and problem.variant == "dense" and problem.causal_mode != CAUSAL_BOTTOM_RIGHT:
         if problem.causal_mode == CAUSAL_TOP_LEFT and problem.seq_k > problem.seq_q:
@@ -132,9 +135,13 @@ def _softcapped(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Prob
     scores = torch.matmul(q.float(), k.float().transpose(-2, -1)) * problem.scale
     scores = problem.softcap * torch.tanh(scores / problem.softcap)
     if bias is not None:
-        scores = scores + bias
+        # A -inf bias (a float attn_mask's) hides its key as the masks do: a row it hides whole sees no key.
+        visible = visible & ~torch.isneginf(bias)
     empty_rows = ~visible.any(dim=-1, keepdim=True)
-    # Rows that see no key see every key instead (finite), and are zeroed after, as in _sdpa_masked.
+    if bias is not None:
+        scores = scores + bias.masked_fill(empty_rows, 0.0)
+    # Rows that see no key see every key instead (finite, so that neither they nor their gradients are NaN), and
+    # are zeroed after, as in _sdpa_masked.
     weights = torch.softmax(scores.masked_fill(~(visible | empty_rows), float("-inf")), dim=-1)
     return torch.matmul(weights, v.float()).to(q.dtype).masked_fill(empty_rows, 0.0)
 
@@ -146,6 +153,12 @@ def _sdpa_masked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Pro
         # Positions the masks hide get -inf; rows are empty where nothing finite is left.
         bias = torch.where(visible, bias, float("-inf"))
         empty_rows = torch.isneginf(bias).all(dim=-1, keepdim=True)
+        # SDPA takes the bias in q's dtype, and float16 ends at 65504: a float32 bias of -1e9 on a whole row, or
+        # +1e5 on one key, would round to an infinity there (zeros or NaN where the math has a plain softmax).
+        # Softmax is unchanged by a shift along a row, so each row's largest bias becomes 0 first; a bias still
+        # below -65504 after that rounds to -inf, a weight of exp(-65504) or less, already 0 in float32.
+        if q.dtype == torch.float16:  # bfloat16 has float32's range
+            bias = bias - bias.amax(dim=-1, keepdim=True).masked_fill(empty_rows, 0.0)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.masked_fill(empty_rows, 0.0).to(q.dtype),
                                              scale=problem.scale, **gqa)
         return out.masked_fill(empty_rows, 0.0)

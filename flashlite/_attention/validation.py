@@ -270,6 +270,20 @@ def _check_alibi(alibi_slopes: object, q: torch.Tensor, batch: int, heads: int) 
     return "heads" if alibi_slopes.dim() == 1 else "batch_heads"
 
 
+def check_constant_slopes(alibi_slopes: Optional[torch.Tensor]) -> None:
+    """ValueError for ALiBi slopes that autograd would differentiate (they require grad, and grad mode is on).
+
+    The slopes are constants of a call: the Triton kernels compute no gradient for them, so every backend refuses
+    such slopes alike, rather than one leaving them without a gradient and another (SDPA, which adds them as a
+    bias) giving them one. Checked on every call, not once per plan: ``requires_grad`` is not part of a call's
+    signature.
+    """
+    if alibi_slopes is not None and alibi_slopes.requires_grad and torch.is_grad_enabled():
+        raise ValueError("alibi_slopes requires grad, but attention() takes the slopes as constants and computes "
+                         "no gradient for them on any backend; pass alibi_slopes.detach() (or call under "
+                         "torch.no_grad())")
+
+
 def _slice_span(t: torch.Tensor) -> int:
     """Elements spanned by one [S, D] slice (the kernels index inside a slice with 32-bit offsets)."""
     return (t.shape[-2] - 1) * t.stride(-2) + (t.shape[-1] - 1) * t.stride(-1) + 1

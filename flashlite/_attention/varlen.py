@@ -21,8 +21,8 @@ from flashlite._attention.plans import Plan
 from flashlite._attention.sdpa import sdpa_attention
 from flashlite._attention.validation import (_CAUSAL_ARGUMENT, CAUSAL_BOTTOM_RIGHT, Problem, _causal_mode,
                                              _check_alibi, _check_softcap, _check_window, _resolve_precision,
-                                             check_dtypes_and_devices, check_scale, kernel_unsupported,
-                                             value_checks_wanted)
+                                             check_constant_slopes, check_dtypes_and_devices, check_scale,
+                                             kernel_unsupported, value_checks_wanted)
 from flashlite.dispatch import Decision
 
 
@@ -294,6 +294,8 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
                               window, softcap, alibi_slopes, precision, check_values)
     if backend not in ("auto", "triton", "sdpa"):
         raise ValueError(f"backend must be one of ('auto', 'triton', 'sdpa'), got {backend!r}")
+    if alibi_slopes is not None:  # as attention(): constants on every backend (the kernels give them no gradient)
+        check_constant_slopes(alibi_slopes)
     p = problem
     # The table keys on (sequences, heads, the longest sequence, head dim): a stride-0 stand-in of those sizes.
     table_q = q[:1].transpose(0, 1)[None, :, :1].expand(p.batch, p.heads, p.seq_q, p.head_dim)

@@ -523,6 +523,28 @@ def test_explicit_attn_mask_runs_on_sdpa_and_matches_the_reference(shape, sdpa_r
         attention(q, k, v, causal=shape.causal, attn_mask=attn_mask, backend="triton")
 
 
+@pytest.mark.parametrize("causal", [False, "lower_right"])
+def test_a_float32_bias_beyond_float16s_range_reaches_sdpa_as_the_same_softmax(causal):
+    # A float16 call's bias reaches SDPA in float16, whose range ends at 65504. Rounded there as given, a row
+    # biased by -1e9 on every key became -inf on every key (zeros, as if it saw no key) and a key biased by +1e5
+    # became +inf (NaN). In the math the first row is softmax(scores) (a bias equal along a row cancels) and the
+    # second row's weight all goes to that key; float32 SDPA gives both.
+    gen = torch.Generator().manual_seed(12)
+    q, k, v = (torch.randn(2, 2, 9, 16, generator=gen).to(device=DEVICE, dtype=torch.float16) for _ in range(3))
+    bias = torch.randn(2, 1, 9, 9, generator=gen)
+    bias[:, :, 2] = -1e9
+    bias[:, :, 4] -= 3e5  # large and uneven along the row: only the differences count
+    bias[1, :, 6, 3] = 1e5
+    bias = bias.to(DEVICE)
+    out = attention(q, k, v, causal=causal, attn_mask=bias)
+    q64, k64, v64 = (t.double() for t in (q, k, v))
+    scores = q64 @ k64.transpose(-2, -1) / 4.0 + bias.double()
+    if causal:
+        scores = scores.masked_fill(~torch.ones(9, 9, dtype=torch.bool, device=DEVICE).tril(), float("-inf"))
+    expected = torch.softmax(scores, dim=-1) @ v64
+    assert_close(out, expected, policy="fp16")
+
+
 def test_attn_mask_bad_input_is_named():
     q = k = v = torch.randn(1, 2, 8, 16, device=DEVICE)
     with pytest.raises(ValueError, match=r"does not broadcast to \[B, H, S_q, S_k\]"):

@@ -22,8 +22,9 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def reference(q, k, v, *, causal=False, scale=None, window=None, softcap=None, alibi_slopes=None,
-              key_lengths=None):
-    """float64 attention with the documented order: scale * q.k, softcap, ALiBi, then every mask."""
+              key_lengths=None, bias=None):
+    """float64 attention with the documented order: scale * q.k, softcap, ALiBi, then every mask (``bias``: a
+    float attn_mask, added, its -inf hiding a key as a mask does)."""
     q, k, v = (t.double() for t in (q, k, v))
     batch, heads, seq_q, head_dim = q.shape
     group = heads // k.shape[1]
@@ -49,6 +50,9 @@ def reference(q, k, v, *, causal=False, scale=None, window=None, softcap=None, a
             visible = visible & (cols <= rows + right)
     if key_lengths is not None:
         visible = visible & (cols < key_lengths.to(q.device)[:, None, None, None])
+    if bias is not None:
+        scores = scores + bias.double()
+        visible = visible & ~torch.isneginf(bias)
     empty = ~visible.any(dim=-1, keepdim=True)
     weights = torch.softmax(scores.masked_fill(~visible, float("-inf")).masked_fill(empty, 0.0), dim=-1)
     return (weights @ v).masked_fill(empty, 0.0)
@@ -116,6 +120,32 @@ def test_a_window_that_hides_every_key_of_a_row_gives_zeros_and_hidden_nan_never
     assert torch.equal(k.grad[:, :, :11], torch.zeros_like(k.grad[:, :, :11]))
 
 
+@pytest.mark.parametrize("alibi", [False, True])
+def test_a_softcapped_call_with_a_bias_that_hides_a_whole_row_gives_zeros_there(alibi):
+    # A float attn_mask's -inf hides a key as a False entry does, so a row it hides whole sees no key and gives
+    # zeros, with zero gradients (attention's docstring). SDPA cannot softcap: flashlite computes such calls from
+    # explicit scores, where that row was a softmax over -inf only (NaN).
+    q, k, v = (t.requires_grad_() for t in make(seq_q=11, seq_k=13, seed=5))
+    bias = torch.randn(2, 4, 11, 13, generator=torch.Generator().manual_seed(6))
+    bias[0, :, 4] = float("-inf")
+    bias[1, 2, 7] = float("-inf")
+    bias[:, :, 9, ::2] = float("-inf")
+    bias = bias.to(DEVICE)
+    slopes = torch.tensor([0.5, 0.25, 0.125, 0.0625], device=DEVICE) if alibi else None
+    options = dict(softcap=2.5, alibi_slopes=slopes)
+    out = attention(q, k, v, causal="lower_right", key_lengths=torch.tensor([13, 10], device=DEVICE),
+                    attn_mask=bias, **options)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    expected = reference(q64, k64, v64, causal="lower_right", key_lengths=torch.tensor([13, 10]), bias=bias,
+                         **options)
+    assert_close(out.detach(), expected.detach(), policy="fp32")
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(7)).to(DEVICE)
+    out.backward(grad)
+    expected.backward(grad.double())
+    for name, got, want in (("dq", q.grad, q64.grad), ("dk", k.grad, k64.grad), ("dv", v.grad, v64.grad)):
+        assert_close(got, want, policy="fp32", notes=(name,))
+
+
 def test_bad_variant_arguments_are_refused_by_name():
     q, k, v = make()
     cases = [
@@ -138,6 +168,32 @@ def test_bad_variant_arguments_are_refused_by_name():
                 attention(q, k, v, backend=backend, **options)
             with pytest.raises(error, match=message):
                 explain_dispatch(q, k, v, backend=backend, **options)
+
+
+@pytest.mark.parametrize("backend", ["auto", "sdpa", "triton"])
+@pytest.mark.parametrize("q_needs_grad", [False, True])
+def test_slopes_that_require_grad_are_refused_on_every_call_of_every_backend(backend, q_needs_grad, monkeypatch):
+    # The kernel computes no gradient for the slopes: on the Triton backend a slopes tensor that required grad got
+    # none (.grad None beside q's gradient, or an output without a gradient at all), while the SDPA path, which
+    # adds the slopes as a bias, gave it one. Refused alike now, the replay of a kept plan included (requires_grad
+    # is not part of the plan key); detached, or under no_grad, the slopes are the constants they always were.
+    monkeypatch.setattr(plans_module, "_PLANS", {})
+    q, k, v = make(seed=13)
+    q.requires_grad_(q_needs_grad)
+    slopes = torch.rand(4, generator=torch.Generator().manual_seed(14)).to(DEVICE)
+    options = dict(causal=True, backend=backend, precision="ieee")
+    expected = reference(q.detach(), k, v, causal=True, alibi_slopes=slopes)
+    assert_close(attention(q, k, v, alibi_slopes=slopes, **options).detach(), expected, policy="fp32")  # kept plan
+    learned = slopes.clone().requires_grad_()
+    for call in (attention, explain_dispatch):
+        with pytest.raises(ValueError, match=r"alibi_slopes requires grad.*alibi_slopes\.detach\(\)"):
+            call(q, k, v, alibi_slopes=learned, **options)
+    with pytest.raises(ValueError, match="alibi_slopes requires grad"):  # with an attn_mask too: always SDPA
+        attention(q, k, v, alibi_slopes=learned, attn_mask=torch.ones(19, 23, dtype=torch.bool, device=DEVICE),
+                  causal=True, backend="auto" if backend == "triton" else backend)
+    with torch.no_grad():
+        assert_close(attention(q, k, v, alibi_slopes=learned, **options), expected, policy="fp32")
+    assert_close(attention(q, k, v, alibi_slopes=learned.detach(), **options).detach(), expected, policy="fp32")
 
 
 def test_the_dispatch_names_the_variant_and_sends_it_to_the_kernel_where_no_entry_says_otherwise(monkeypatch):

@@ -118,6 +118,22 @@ def test_forward_and_backward_match_the_float64_reference(case, backend):
     torch.testing.assert_close(plugin, expected.detach(), rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize("backend", ["triton", "sdpa"])
+def test_slopes_that_require_grad_are_refused_on_both_backends(backend):
+    # The packed kernels compute no gradient for the slopes: the Triton path left a slopes tensor that required
+    # grad without one, silently, while the SDPA path refused it; both refuse it now, as attention() does.
+    q, k, v, cu_q, cu_k, max_q, max_k = packed(torch.float32, seed=31, grad=True)
+    learned = _slopes("heads").clone().requires_grad_()
+    with pytest.raises(ValueError, match=r"alibi_slopes requires grad.*alibi_slopes\.detach\(\)"):
+        attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=True, alibi_slopes=learned, backend=backend,
+                         precision="ieee")
+    out = attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=True, alibi_slopes=learned.detach(),
+                           backend=backend, precision="ieee")
+    expected = reference(q.detach(), k.detach(), v.detach(), cu_q, cu_k, causal=True,
+                         alibi_slopes=learned.detach())[3]
+    assert_close(out.detach().cpu(), expected, policy=POLICY[torch.float32])
+
+
 def test_rows_of_a_sequence_without_keys_are_zeros_with_zero_gradients():
     q, k, v, cu_q, cu_k, max_q, max_k = packed(torch.float32, seed=3, grad=True)
     out = attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=True, precision="ieee", backend="triton")
