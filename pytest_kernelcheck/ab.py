@@ -978,7 +978,12 @@ class KernelAB:
     def _name(self, name: str | None) -> str:
         """The given name, or the test's name (``test_x``, ``test_x #2``, ...) stepping over names already used."""
         if name is not None:
-            return str(name)
+            label = str(name)
+            # An empty or blank name made an unlabelled report row, matched to the earlier report by nothing
+            # visible; a line break split the row of the markdown report and the summary line.
+            if not label.strip() or any(c in label for c in "\r\n"):
+                raise ValueError(f"name must be a non-empty, one-line label for the comparison, got {name!r}")
+            return label
         while True:
             self._unnamed += 1
             label = self._test_name if self._unnamed == 1 else f"{self._test_name} #{self._unnamed}"

@@ -416,6 +416,25 @@ def test_a_name_used_twice_in_one_test_is_refused_naming_it_and_the_test():
     assert [r["name"] for r in records] == ["fused", "broken", "test_x", "test_x #2", "test_x #3"]
 
 
+@pytest.mark.parametrize("name", ["", "   ", "fused\nkernel"])
+def test_a_blank_or_multiline_name_is_refused_before_anything_runs(name):
+    # "" made an unlabelled report row; a line break split the markdown row and the summary line.
+    from pytest_kernelcheck.ab import Budget, KernelAB
+    from pytest_kernelcheck.timing import SimulatedTimer
+
+    records, calls = [], []
+    ab = KernelAB(Budget(max_time=0.1), nodeid="t.py::test_x", test_name="test_x", record=records.append)
+    a, b = (lambda: calls.append("a")), (lambda: calls.append("b"))
+    timer = SimulatedTimer({a: lambda rng, now: 1e-3, b: lambda rng, now: 2e-3})
+    for run in (lambda: ab.compare(a, b, name=name, timer=timer),
+                lambda: ab.tournament({"a": a, "b": b}, name=name, timer=timer),
+                lambda: ab.measure(a, name=name, timer=timer)):
+        with pytest.raises(ValueError, match="name must be a non-empty, one-line label"):
+            run()
+    assert records == [] and calls == []
+    assert ab.compare(a, b, name=7, timer=timer).name == "7"  # any other value stands as its text, as before
+
+
 def test_two_comparisons_with_one_name_fail_the_test_and_only_the_first_is_reported(pytester):
     pytester.makepyfile(
         SORTS
