@@ -79,6 +79,16 @@ def _on_device(options):
     return {name: value.to(DEVICE) if isinstance(value, torch.Tensor) else value for name, value in options.items()}
 
 
+def _assert_close_with_gradients(out, expected, inputs, inputs64, seed):
+    """out against its float64 expectation, then dq, dk, dv against the float64 ones for one random gradient."""
+    assert_close(out.detach(), expected.detach(), policy="fp32")
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed)).to(DEVICE)
+    out.backward(grad)
+    expected.backward(grad.double())
+    for name, got, want in zip(("dq", "dk", "dv"), inputs, inputs64):
+        assert_close(got.grad, want.grad, policy="fp32", notes=(name,))
+
+
 @pytest.mark.parametrize("backend", ["sdpa", "triton"])
 @pytest.mark.parametrize("causal", [False, True, "lower_right"])
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
@@ -89,12 +99,7 @@ def test_variants_match_the_float64_reference_forward_and_backward(variant, caus
     out = attention(q, k, v, causal=causal, key_lengths=lengths, backend=backend, precision="ieee", **options)
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
     expected = reference(q64, k64, v64, causal=causal, key_lengths=lengths, **options)
-    assert_close(out.detach(), expected.detach(), policy="fp32")
-    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(3)).to(DEVICE)
-    out.backward(grad)
-    expected.backward(grad.double())
-    for name, got, want in (("dq", q.grad, q64.grad), ("dk", k.grad, k64.grad), ("dv", v.grad, v64.grad)):
-        assert_close(got, want, policy="fp32", notes=(name,))
+    _assert_close_with_gradients(out, expected, (q, k, v), (q64, k64, v64), seed=3)
 
 
 @pytest.mark.parametrize("backend", ["sdpa", "triton"])
@@ -138,12 +143,7 @@ def test_a_softcapped_call_with_a_bias_that_hides_a_whole_row_gives_zeros_there(
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
     expected = reference(q64, k64, v64, causal="lower_right", key_lengths=torch.tensor([13, 10]), bias=bias,
                          **options)
-    assert_close(out.detach(), expected.detach(), policy="fp32")
-    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(7)).to(DEVICE)
-    out.backward(grad)
-    expected.backward(grad.double())
-    for name, got, want in (("dq", q.grad, q64.grad), ("dk", k.grad, k64.grad), ("dv", v.grad, v64.grad)):
-        assert_close(got, want, policy="fp32", notes=(name,))
+    _assert_close_with_gradients(out, expected, (q, k, v), (q64, k64, v64), seed=7)
 
 
 def test_bad_variant_arguments_are_refused_by_name():
