@@ -185,6 +185,7 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         check_values: check cache_seqlens (>= 0, no overflow of S_max) and the block table's used entries (within
             [0, blocks)). Default: on for CPU tensors; on CUDA off, since reading them synchronises the device,
             unless FLASHLITE_CHECK_VALUES=1. An overflowing write is otherwise an out-of-range index on the device.
+            Under torch.compile the graph's op checks them by the same rule each time it runs.
         num_splits: split-KV for the kernel, 1 to 64: each entry's keys are shared out over this many programs
             (whole key blocks each), whose float32 partial results a second kernel merges. More programs fill
             the GPU when B * H_kv is small against its SMs and each cache is short; the partials cost
@@ -229,9 +230,12 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     decision = decide(q, keys, values, None, problem, backend,
                       variant="kvcache" if block_table is None else "kvcache_paged")
     if torch.compiler.is_compiling():  # validated and decided at trace time; the graph holds the opaque op
+        # check_values goes into the op, which checks the values when it runs: traced tensors have none to read, and
+        # without the check a negative length silently wrote the new tokens at the cache's last position and an
+        # overflow became an IndexError, where the eager call names both (CPU tensors, or check_values=True).
         return attention_with_kvcache_op(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, alibi_slopes,
                                          problem.scale, problem.window_left, problem.window_right, problem.softcap,
-                                         decision.backend == "triton", num_splits)
+                                         decision.backend == "triton", num_splits, check_values)
     if k_new is not None:
         _append(k_cache, k_new, cache_seqlens, block_table)
         _append(v_cache, v_new, cache_seqlens, block_table)
@@ -266,18 +270,20 @@ def attention_with_kvcache_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
                               cache_seqlens: torch.Tensor, k_new: Optional[torch.Tensor],
                               v_new: Optional[torch.Tensor], block_table: Optional[torch.Tensor],
                               alibi_slopes: Optional[torch.Tensor], scale: float, window_left: int,
-                              window_right: int, softcap: float, use_kernel: bool, num_splits: int = 1
-                              ) -> torch.Tensor:
+                              window_right: int, softcap: float, use_kernel: bool, num_splits: int = 1,
+                              check_values: Optional[bool] = None) -> torch.Tensor:
     """A KV-cache call as one opaque op for torch.compile'd graphs, the caches declared as mutated (the new tokens
-    are written into them). Its arguments were validated when the graph was traced; ``softcap`` 0.0 is off."""
+    are written into them). Its arguments were validated when the graph was traced, but not the values of
+    cache_seqlens and the block table: they are checked here, per call, as ``check_values`` says (the eager call's
+    rule: None checks CPU tensors); ``softcap`` 0.0 is off."""
     window = None if (window_left, window_right) == (-1, -1) else (window_left, window_right)
     return attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, k_new=k_new, v_new=v_new,
                                   block_table=block_table, scale=scale, window=window, softcap=softcap or None,
                                   alibi_slopes=alibi_slopes, backend="triton" if use_kernel else "sdpa",
-                                  check_values=False, num_splits=num_splits)
+                                  check_values=check_values, num_splits=num_splits)
 
 
 @attention_with_kvcache_op.register_fake
 def _kvcache_fake(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, alibi_slopes, scale, window_left,
-                  window_right, softcap, use_kernel, num_splits=1):
+                  window_right, softcap, use_kernel, num_splits=1, check_values=None):
     return q.new_empty(q.shape)

@@ -461,6 +461,35 @@ def test_compiles_into_one_graph_with_the_custom_op_and_matches_eager(backend):
     assert not torch.equal(caches[1][0], k_cache)  # the compiled call did write the new tokens
 
 
+@pytest.mark.parametrize("backend", ["triton", "sdpa"])
+@pytest.mark.parametrize("filled, match", [([0, -1, 17, 3], "must be >= 0"),
+                                           ([0, 1, 17, 44], "overflows the cache of S_max = 45")])
+def test_compiled_call_checks_the_lengths_as_eager_does(backend, filled, match):
+    # Traced tensors have no values, so the graph's op checks cache_seqlens when it runs, by the eager rule (CPU
+    # tensors always, else check_values=True). Unchecked, a length of -1 wrote the new tokens at the cache's last
+    # position and returned an output, and an overflow raised an IndexError. A good call after the bad one, through
+    # the same graph, still matches float64.
+    torch._dynamo.reset()
+    q, k_cache, v_cache, good, k_new, v_new = inputs(torch.float32, seed=17, seq_q=2)
+    bad = torch.tensor(filled, dtype=torch.int32, device=DEVICE)
+    check = None if DEVICE == "cpu" else True
+
+    def step(q, k_cache, v_cache, lengths, k_new, v_new):
+        return attention_with_kvcache(q, k_cache, v_cache, lengths, k_new=k_new, v_new=v_new, backend=backend,
+                                      check_values=check)
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    with pytest.raises(ValueError, match=match):
+        step(q, k_cache.clone(), v_cache.clone(), bad, k_new, v_new)
+    caches = (k_cache.clone(), v_cache.clone())
+    with pytest.raises(ValueError, match=match):
+        compiled(q, *caches, bad, k_new, v_new)
+    assert torch.equal(caches[0], k_cache) and torch.equal(caches[1], v_cache)  # nothing written
+    out = compiled(q, *caches, good, k_new, v_new)
+    torch._dynamo.reset()
+    assert_close(out.cpu(), reference(q, *caches, good + 2), policy=POLICY[torch.float32])
+
+
 def test_the_custom_op_passes_opcheck():
     import flashlite._attention.kvcache as kvcache_module
     q, k_cache, v_cache, lengths, k_new, v_new = inputs(torch.float32, seed=16)
