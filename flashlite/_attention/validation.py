@@ -193,16 +193,21 @@ def validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: Union[bo
                    _check_softcap(softcap), _check_alibi(alibi_slopes, q, batch, heads))
 
 
-def value_checks_wanted(check_values: Optional[bool], like: torch.Tensor) -> bool:
-    """Whether to read index tensors (sequence offsets, cache lengths, block tables) back and check their values:
-    ``check_values`` when given; else always for CPU tensors, and on a GPU only with FLASHLITE_CHECK_VALUES=1,
-    since reading them synchronises the device and breaks CUDA-graph capture. Never while torch.compile traces:
-    traced tensors have no values to read."""
-    if torch.compiler.is_compiling():
-        return False
+def value_checks_asked(check_values: Optional[bool], like: torch.Tensor) -> bool:
+    """Whether a call's index tensors (sequence offsets, cache lengths, block tables) are to be read back and their
+    values checked: ``check_values`` when given; else always for CPU tensors, and on a GPU only with
+    FLASHLITE_CHECK_VALUES=1, since reading them synchronises the device and breaks CUDA-graph capture."""
     if check_values is not None:
         return bool(check_values)
     return like.device.type == "cpu" or _env.flag("FLASHLITE_CHECK_VALUES", False)
+
+
+def value_checks_wanted(check_values: Optional[bool], like: torch.Tensor) -> bool:
+    """``value_checks_asked``, and never while torch.compile traces: traced tensors have no values to read. (A
+    compiled graph checks them when it runs, in an op: ``varlen.checked_offsets_op``, the KV-cache op.)"""
+    if torch.compiler.is_compiling():
+        return False
+    return value_checks_asked(check_values, like)
 
 
 # The kernels and SDPA scale and cap scores in float32: a scale or softcap beyond its range is an infinity there.

@@ -22,7 +22,7 @@ from flashlite._attention.sdpa import sdpa_attention
 from flashlite._attention.validation import (_CAUSAL_ARGUMENT, CAUSAL_BOTTOM_RIGHT, Problem, _causal_mode,
                                              _check_alibi, _check_softcap, _check_window, _resolve_precision,
                                              check_constant_slopes, check_dtypes_and_devices, check_scale,
-                                             kernel_unsupported, value_checks_wanted)
+                                             kernel_unsupported, value_checks_asked, value_checks_wanted)
 from flashlite.dispatch import Decision
 
 
@@ -84,6 +84,23 @@ def validate_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlen
     return Problem(batch, heads, kv_heads, int(max_seqlen_q), int(max_seqlen_k), head_dim, q.dtype,
                    _causal_mode(causal), float(scale), _resolve_precision(q.dtype, precision), "none", window_left,
                    window_right, _check_softcap(softcap), _check_alibi(alibi_slopes, q, batch, heads), varlen=True)
+
+
+@torch.library.custom_op("flashlite::varlen_checked_offsets", mutates_args=())
+def checked_offsets_op(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, total_q: int, total_k: int,
+                       max_seqlen_q: int, max_seqlen_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The offsets' value checks in a torch.compile'd graph, where the traced call cannot read them: checks both
+    as an eager call does and returns copies, which the rest of the graph reads, so that the check runs first and
+    is never dropped as unused. Without it a compiled call on the SDPA path (every CPU call of backend="auto") gave
+    an output for decreasing offsets, or an IndexError, where the eager call names the offsets' fault."""
+    _check_offsets("cu_seqlens_q", cu_seqlens_q, total_q, max_seqlen_q, "max_seqlen_q")
+    _check_offsets("cu_seqlens_k", cu_seqlens_k, total_k, max_seqlen_k, "max_seqlen_k")
+    return cu_seqlens_q.clone(), cu_seqlens_k.clone()
+
+
+@checked_offsets_op.register_fake
+def _checked_offsets_fake(cu_seqlens_q, cu_seqlens_k, total_q, total_k, max_seqlen_q, max_seqlen_k):
+    return torch.empty_like(cu_seqlens_q), torch.empty_like(cu_seqlens_k)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -279,7 +296,8 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
         check_values: read the offsets back and check them (start 0, end the total, never decreasing, no
             sequence longer than the maxima). Default: on for CPU tensors; on CUDA off, since reading them
             synchronises the device and breaks CUDA-graph capture, unless FLASHLITE_CHECK_VALUES=1. Offsets
-            that break these rules give wrong results without the check.
+            that break these rules give wrong results without the check. Under torch.compile the graph checks
+            them by the same rule each time it runs.
 
     Returns:
         [total_q, H, D] in q's dtype. Differentiable with respect to q, k and v.
@@ -297,6 +315,10 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     if alibi_slopes is not None:  # as attention(): constants on every backend (the kernels give them no gradient)
         check_constant_slopes(alibi_slopes)
     p = problem
+    if torch.compiler.is_compiling() and value_checks_asked(check_values, cu_seqlens_q):
+        # validate_varlen could not read traced offsets: the graph checks them when it runs, by the eager rule.
+        cu_seqlens_q, cu_seqlens_k = checked_offsets_op(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], p.seq_q,
+                                                        p.seq_k)
     # The table keys on (sequences, heads, the longest sequence, head dim): a stride-0 stand-in of those sizes.
     table_q = q[:1].transpose(0, 1)[None, :, :1].expand(p.batch, p.heads, p.seq_q, p.head_dim)
     decision = decide(*(packed_view(t, p.batch) for t in (q, k, v)), None, p, backend, table_q=table_q)

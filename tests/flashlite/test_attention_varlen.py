@@ -273,6 +273,40 @@ def test_compiles_into_one_graph_with_the_custom_op_and_matches_eager():
         assert torch.equal(eager, compiled)
 
 
+@pytest.mark.parametrize("backend", ["sdpa", "triton"])
+@pytest.mark.parametrize("offsets_q, match", [([0, 60, 52], "never decrease"),
+                                              ([0, 8, 52], "max_seqlen_q=30 is below the longest sequence"),
+                                              ([4, 30, 52], "must start at 0")])
+def test_compiled_call_checks_the_offsets_as_eager_does(backend, offsets_q, match):
+    # Traced offsets have no values: the graph checks them when it runs, by the eager rule (CPU offsets always,
+    # else check_values=True). Unchecked, the SDPA path (every CPU call of backend="auto") returned an output for
+    # decreasing offsets or offsets not starting at 0, and raised an IndexError for a sequence past max_seqlen_q.
+    # Good offsets through the same graph still give the float64 result, forward and backward.
+    torch._dynamo.reset()
+    q, k, v, cu_q, cu_k, max_q, max_k = packed(torch.float32, seed=19, lengths=[(30, 20), (22, 30)], grad=True)
+    bad = torch.tensor(offsets_q, dtype=torch.int32, device=DEVICE)
+    check = None if DEVICE == "cpu" else True
+
+    def block(q, k, v, cu_q, cu_k):
+        return attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=True, precision="ieee", backend=backend,
+                                check_values=check)
+
+    compiled = torch.compile(block, fullgraph=True, backend="aot_eager")
+    with pytest.raises(ValueError, match=match):
+        block(q, k, v, bad, cu_k)
+    with pytest.raises(ValueError, match=match):
+        compiled(q, k, v, bad, cu_k)
+    out = compiled(q, k, v, cu_q, cu_k)
+    torch._dynamo.reset()
+    grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(20)).to(out)
+    out.backward(grad_out)
+    q64, k64, v64, expected = reference(q, k, v, cu_q, cu_k, causal=True)
+    expected.backward(grad_out.cpu().double())
+    assert_close(out.detach().cpu(), expected.detach(), policy="fp32")
+    for leaf, ref in zip((q, k, v), (q64, k64, v64)):
+        assert_close(leaf.grad.cpu(), ref.grad, policy="fp32")
+
+
 def test_custom_ops_pass_opcheck():
     import flashlite._attention.varlen as varlen_module
     q, k, v, cu_q, cu_k, max_q, max_k = packed(torch.float32, seed=13, lengths=[(5, 7), (19, 11)])
