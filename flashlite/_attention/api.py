@@ -65,6 +65,13 @@ def _constants(*arguments: object) -> bool:
                or (isinstance(a, tuple) and all(isinstance(side, int) for side in a)) for a in arguments)
 
 
+def _tensors_where_expected(q: object, k: object, v: object, *optional: object) -> bool:
+    """Whether q, k and v are tensors and each of ``optional`` a tensor or None: what traced_call_plan's layouts
+    (shapes, strides) are read from."""
+    return (all(isinstance(t, torch.Tensor) for t in (q, k, v))
+            and all(t is None or isinstance(t, torch.Tensor) for t in optional))
+
+
 def explain_dispatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: Union[bool, str] = False,
                      scale: Optional[float] = None, key_padding_mask: Optional[torch.Tensor] = None,
                      key_lengths: Optional[torch.Tensor] = None, attn_mask: Optional[torch.Tensor] = None,
@@ -162,6 +169,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: Unio
             return out
         key = plans.key_of(q, k, v, key_padding_mask, key_lengths, causal, scale, backend, precision, window,
                            softcap, alibi_slopes)
+    elif not _tensors_where_expected(q, k, v, key_padding_mask, key_lengths, alibi_slopes):
+        # Traced, reading a list's layout (its .stride) for the plan below failed with Dynamo's own error under
+        # fullgraph=True: validation names the argument instead, as in the eager call.
+        validate(q, k, v, causal, scale, key_padding_mask, key_lengths, backend, precision, window, softcap,
+                 alibi_slopes)
     elif static_sizes(q) and static_sizes(k):
         if _constants(causal, scale, backend, precision, window, softcap):
             # Compiled with static sizes: validated and decided outside the trace, so that none of it becomes a

@@ -213,6 +213,24 @@ def test_static_compiled_call_refuses_what_eager_refuses(fullgraph):
         compiled(q)
 
 
+@pytest.mark.parametrize("argument, match", [("key_padding_mask", "key_padding_mask must be a bool tensor"),
+                                             ("key_lengths", "key_lengths must be an int32 or int64 tensor"),
+                                             ("alibi_slopes", "alibi_slopes must be a float32 tensor")])
+@pytest.mark.parametrize("fullgraph", [False, True])
+def test_static_compiled_call_names_a_list_where_a_tensor_belongs(argument, match, fullgraph):
+    # A list for a tensor argument: the eager call's TypeError names it. Compiled, reading the list's layout for
+    # traced_call_plan failed inside dynamo ("does not know how to trace method `stride` of class `list`") under
+    # fullgraph; validation's error must come instead (with fullgraph, as dynamo reports a raised error).
+    q = torch.randn(1, 2, 8, 16)
+    value = [[True] * 8] if argument == "key_padding_mask" else [8] if argument == "key_lengths" else [0.5, 0.25]
+    with torch.no_grad(), pytest.raises(TypeError, match=match):
+        attention(q, q, q, **{argument: value})
+    compiled = torch.compile(lambda q: attention(q, q, q, **{argument: value}), backend="aot_eager",
+                             fullgraph=fullgraph)
+    with torch.no_grad(), pytest.raises(TypeError if not fullgraph else Exception, match=match):
+        compiled(q)
+
+
 def test_fake_tensors_give_shapes_and_dtypes():
     from torch._subclasses.fake_tensor import FakeTensorMode
 
