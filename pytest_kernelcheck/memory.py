@@ -14,7 +14,7 @@ import math
 import numbers
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from .shapes import marker_values, python_scalar, short_repr
@@ -324,3 +324,31 @@ def required_memory(
     """
     request = parse_memory_marker(args, kwargs, shape is not None)
     return evaluate_estimate(request.estimate, shape), resolve_device(request.device, shape, params)
+
+
+def memory_skip_reason(
+    markers: Iterable[tuple[tuple[Any, ...], dict[str, Any]]], shape: Any, params: dict[str, Any],
+    cap: int | None = None,
+) -> str | None:
+    """Why a test does not fit, under its ``memory`` markers given as ``(args, kwargs)`` pairs closest to the test
+    first (on the test, its class, its module), or None when every estimate fits on its device.
+
+    Every marker counts, as every stacked ``skipif`` does: reading the closest one only dropped a module's or
+    class's estimate under a test's own smaller one, and ran the test anyway. Each estimate is the test's whole
+    need on its device, so estimates are not added up; the first marker that does not fit names the reason.
+    Every marker's estimate is computed first, so a bad one is an error whether or not another one skips.
+
+    Example::
+
+        >>> memory_skip_reason([((16,), {"device": "cpu"}), ((2**70,), {"device": "cpu"})], None, {})
+        'needs 1 ZiB, ... free on cpu'
+
+    Raises:
+        TypeError / ValueError: bad arguments of any marker, or an estimate that is not a byte count.
+    """
+    needs = [required_memory(args, kwargs, shape, params) for args, kwargs in markers]
+    for needed, device in needs:
+        reason = memory_shortfall(needed, device, cap)
+        if reason is not None:
+            return reason
+    return None

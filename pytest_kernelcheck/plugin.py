@@ -20,11 +20,10 @@ from .intractable import REASON_PROPERTY, case_reason, listed_cases, parse_intra
 from .memory import (
     forget_frames,
     is_out_of_memory,
-    memory_shortfall,
+    memory_skip_reason,
     oom_skip_reason,
     parse_memory_marker,
     release_memory,
-    required_memory,
 )
 from .shapes import Shape, expand_shape_markers, missing_device
 
@@ -66,7 +65,7 @@ MARKERS = (
     "It applies to floating-point results: integer and bool results stay exact.",
     "memory(estimate, device=None): bytes the test needs (or a callable of the shape returning them). The test is "
     "skipped when the device's free memory is smaller. device None means the shape's or params' `device`, else "
-    "CUDA when available, else the host.",
+    "CUDA when available, else the host. Stacked markers (test, class, module) each count; they are not added up.",
     "intractable(when, reason=None): do not run this case. `when` is a bool or a callable of the shape returning a "
     "reason string (or True to use `reason`). Stacked markers (test, class, module) each count. Skipped cases are "
     "listed in the terminal summary.",
@@ -246,8 +245,7 @@ def _check_markers(definition: pytest.Function, has_shape: bool) -> None:
         from .tolerance import parse_tolerance_marker
 
         parse_tolerance_marker(tolerance.args, tolerance.kwargs)
-    memory = definition.get_closest_marker("memory")
-    if memory is not None:
+    for memory in definition.iter_markers("memory"):  # every one counts (memory_skip_reason), so check each
         parse_memory_marker(memory.args, memory.kwargs, has_shape)
     for intractable in definition.iter_markers("intractable"):  # every one counts (case_reason), so check each
         parse_intractable_marker(intractable.args, intractable.kwargs, has_shape)
@@ -275,11 +273,11 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         if reason is not None:
             item.user_properties.append((REASON_PROPERTY, reason))
             raise _skip(f"intractable: {reason}")
-    marker = item.get_closest_marker("memory")
-    if marker is not None:
+    memory = [(marker.args, marker.kwargs) for marker in item.iter_markers("memory")]
+    if memory:
         params = dict(item.callspec.params) if hasattr(item, "callspec") else {}
-        needed, device = _failing_on_bad_marker(lambda: required_memory(marker.args, marker.kwargs, shape, params))
-        reason = memory_shortfall(needed, device, item.config.stash.get(_memory_cap, None))
+        cap = item.config.stash.get(_memory_cap, None)
+        reason = _failing_on_bad_marker(lambda: memory_skip_reason(memory, shape, params, cap))
         if reason is not None:
             raise _skip(reason)
 

@@ -276,6 +276,58 @@ def test_bad_memory_marker_is_a_collection_error(pytester):
     result.stdout.fnmatch_lines(["*::test_negative: memory estimate must be a finite number of bytes >= 0; got -3"])
 
 
+def test_stacked_memory_markers_each_count(pytester):
+    # Only the closest marker was read: a module's estimate more than any host holds was dropped under a test's
+    # own small one, and of two markers on one function the other was never even checked.
+    rng = np.random.default_rng()
+    huge, huger = (int(k) * 2**60 for k in rng.integers(2, 1000, size=2))
+    small = int(rng.integers(1, 4096))
+    pytester.makepyfile(
+        test_module_marker=f"""
+        import pytest
+
+        pytestmark = pytest.mark.memory({huge}, device="cpu")
+
+        @pytest.mark.memory({small}, device="cpu")
+        def test_small_own_marker():
+            raise AssertionError("must not run")
+        """,
+        test_function_markers=f"""
+        import pytest
+
+        @pytest.mark.memory({huger}, device="cpu")
+        @pytest.mark.memory({small}, device="cpu")
+        def test_two_markers_one_too_big():
+            raise AssertionError("must not run")
+
+        class TestFits:
+            pytestmark = pytest.mark.memory({small})
+
+            @pytest.mark.memory({small}, device="cpu")
+            def test_every_marker_fits(self):
+                pass
+        """,
+        test_bad_stacked=f"""
+        import pytest
+
+        @pytest.mark.memory(-{small})
+        @pytest.mark.memory({small})
+        def test_bad_marker_under_a_good_one():
+            pass
+        """,
+    )
+    result = pytester.runpytest("-ra", "--continue-on-collection-errors")
+    result.assert_outcomes(passed=1, skipped=2, errors=1)
+    result.stdout.fnmatch_lines_random(
+        [
+            f"SKIPPED [[]1[]] test_module_marker.py:5: needs {human_bytes(huge)}, * free on cpu",
+            f"SKIPPED [[]1[]] test_function_markers.py:3: needs {human_bytes(huger)}, * free on cpu",
+            f"*::test_bad_marker_under_a_good_one: memory estimate must be a finite number of bytes >= 0; "
+            f"got -{small}",
+        ]
+    )
+
+
 OOM_TESTS = """
 import gc, weakref
 import pytest, torch
