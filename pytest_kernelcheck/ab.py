@@ -175,8 +175,9 @@ class ComparisonResult:
         'verdict win: speedup 1.100x, 99.5% CI [1.050, 1.150], p=0.0001, n=80 pairs, candidate 1 ms, baseline 1.1 ms (cpu-clock)'
         """
         return (
-            f"verdict {self.verdict}: speedup {self.speedup:.3f}x, {_percent(self.ci_level)} CI "
-            f"[{self.ci[0]:.3f}, {self.ci[1]:.3f}], p={self.p_value:.2g}, n={self.n_pairs} pairs, "
+            f"verdict {self.verdict}: speedup {stats.decimals(self.speedup)}x, {_percent(self.ci_level)} CI "
+            f"[{stats.decimals(self.ci[0])}, {stats.decimals(self.ci[1])}], p={self.p_value:.2g}, "
+            f"n={self.n_pairs} pairs, "
             f"candidate {self.candidate_ms:.4g} ms, baseline {self.baseline_ms:.4g} ms ({self.method})"
             + _rates_text(self.candidate_throughput, "candidate")
         )
@@ -258,7 +259,8 @@ class TournamentResult:
             text = f"{variant} {self.median_ms[variant]:.4g} ms"
             if variant != self.best:
                 pair = self.versus(self.best, variant)
-                text += f" ({pair.speedup:.3f}x [{pair.ci[0]:.3f}, {pair.ci[1]:.3f}] vs best, {pair.verdict})"
+                text += (f" ({stats.decimals(pair.speedup)}x [{stats.decimals(pair.ci[0])}, "
+                         f"{stats.decimals(pair.ci[1])}] vs best, {pair.verdict})")
             parts.append(text)
         return (
             f"best {self.best}; indistinguishable from best: {', '.join(self.indistinguishable_from_best)}; "

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 from .records import ABReport, ComparisonRecord, LastRun
+from .stats import decimals, decimals_apart
 
 OPTION = "--kernel-ab-compare-fail"
 ACCEPTED_FORMS = "'verdict', 'speedup:X%' (X a percentage such as 5 or 2.5) or 'loss'"
@@ -156,8 +157,8 @@ def _finding(rule: Rule, record: ComparisonRecord) -> str | None:
         return None
     line = float(earlier.speedup) * (1 - rule.percent / 100)
     if float(high) < line:
-        return (f"interval wholly more than {rule.percent:g}% below the earlier speedup "
-                f"({float(high):.3f} < {line:.3f})")
+        below, above = decimals_apart(float(high), line)  # "(1.175 < 1.175)" would contradict itself
+        return f"interval wholly more than {rule.percent:g}% below the earlier speedup ({below} < {above})"
     return None
 
 
@@ -181,11 +182,12 @@ def evaluate(rules: Sequence[Rule], report: ABReport | Mapping[str, Any]) -> tup
 
 
 def _speed(speedup: float | None, ci: Sequence[float | None], verdict: str | None) -> str:
+    # Enough decimals that no number reads as on or across 1 when it is not (stats.decimals): "[1.000, ...] win".
     def number(value: float | None, missing: str) -> str:
-        return missing if value is None else f"{float(value):.3f}"
+        return missing if value is None else decimals(float(value))
 
     low, high = ci
-    value = "-" if speedup is None else f"{float(speedup):.3f}"
+    value = "-" if speedup is None else decimals(float(speedup))
     return f"{value}x [{number(low, '0')}, {number(high, 'inf')}] {verdict}"
 
 

@@ -170,8 +170,9 @@ def write_trend(report: ABReport | Mapping[str, Any], history: Sequence[Any], pa
         axes.set_xticks(xs)
         axes.set_xticklabels([p[0].split("_")[0] for p in points], rotation=45, ha="right", fontsize=6)
         axes.tick_params(axis="y", labelsize=7)
+        # parse_math off: names and shapes are drawn as written, never as TeX (see report.write_plot).
         axes.set_title("\n".join(line if len(line) <= 48 else line[:45] + "..." for line in label.split("\n")),
-                       fontsize=7)
+                       fontsize=7, parse_math=False)
     for axes in list(grid.flat)[len(series):]:
         axes.set_visible(False)
     figure.suptitle("Speedup (baseline / candidate) with its interval, per saved run of this machine", fontsize=9)

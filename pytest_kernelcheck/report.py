@@ -13,6 +13,7 @@ import json
 import math
 import os
 import platform
+import re
 import secrets
 import sys
 from pathlib import Path
@@ -194,7 +195,8 @@ def _last_run(record: ComparisonRecord, old: ComparisonRecord) -> LastRun:
     old_low, new_high = old.ci[0], record.ci[1]
     reasons = []
     if old_low is not None and new_high is not None and new_high < old_low:
-        reasons.append(f"interval now below the last run's ({new_high:.3f} < {old_low:.3f})")
+        below, above = stats.decimals_apart(float(new_high), float(old_low))  # never "(1.050 < 1.050)"
+        reasons.append(f"interval now below the last run's ({below} < {above})")
     if old.verdict == "win" and record.verdict == "loss":
         reasons.append("verdict went from win to loss")
     ratio = float(record.speedup) / float(old.speedup) if old.speedup and record.speedup else None
@@ -492,9 +494,23 @@ def write_json(report: dict[str, Any], path: str | Path) -> None:
     _write(path, json.dumps(_finite(report), indent=1, default=str, allow_nan=False) + "\n")
 
 
+def _markdown_cell(cell: str) -> str:
+    """A table cell's text: ``|`` escaped, and line breaks (which would end the row mid-cell) as spaces."""
+    return _one_line(cell).replace("|", "\\|")
+
+
 def _markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     return (["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-            + ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows])
+            + ["| " + " | ".join(_markdown_cell(cell) for cell in row) + " |" for row in rows])
+
+
+def _fenced(lines: Sequence[str]) -> list[str]:
+    """``lines`` as a markdown code block, shown as written: an error's own lines starting with ``-``, ``#`` or
+    ``|`` would otherwise become a list, a heading or a table. The fence is longer than any run of backticks in
+    them, so none closes it early."""
+    longest = max((len(run) for line in lines for run in re.findall(r"`+", line)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return [fence, *lines, fence]
 
 
 def write_markdown(report: Mapping[str, Any], path: str | Path, history: Sequence[Any] = (),
@@ -505,7 +521,8 @@ def write_markdown(report: Mapping[str, Any], path: str | Path, history: Sequenc
     images = images or {}
     lines = ["# Kernel A/B comparisons", ""]
     lines += _markdown_table(*table_rows(typed))
-    lines += [""] + error_lines(typed) + ["", summary_line(typed), ""]
+    errors = [line for error in error_lines(typed) for line in error.splitlines()]
+    lines += [""] + (_fenced(errors) if errors else []) + ["", summary_line(typed), ""]
     if machine_lines(typed):
         lines += machine_lines(typed) + [""]
     if gpu_lines(typed):
@@ -553,9 +570,9 @@ def history_lines(report: ABReport | Mapping[str, Any], history: Sequence[Any]) 
     for record in typed.comparisons:
         earlier = [run.speedups.get((record.nodeid, record.name)) for run in history]
         cells = [str(record.name), format_shape(record.shape),
-                 *(f"{_number(value, '.3f')}x" if value is not None else "-" for value in earlier),
-                 f"{_number(record.speedup, '.3f')}x" if record.speedup is not None else "-"]
-        lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+                 *(f"{_speedup(value)}x" if value is not None else "-" for value in earlier),
+                 f"{_speedup(record.speedup)}x" if record.speedup is not None else "-"]
+        lines.append("| " + " | ".join(_markdown_cell(cell) for cell in cells) + " |")
     return lines
 
 
@@ -589,7 +606,9 @@ def write_plot(report: Mapping[str, Any], path: str | Path) -> str | None:
             color=colours.get(record.verdict, "black"),
         )
     axes.set_xticks(range(len(comparisons)))
-    axes.set_xticklabels([_label(r) for r in comparisons], rotation=60, ha="right", fontsize=7)
+    # parse_math off: matplotlib reads text between two $ as TeX, so a name such as "cost $\\foo$" raised out of the
+    # plot (and the run's end), and "$5 vs $6" was drawn as math; names are drawn as written.
+    axes.set_xticklabels([_label(r) for r in comparisons], rotation=60, ha="right", fontsize=7, parse_math=False)
     axes.set_yscale("log")
     axes.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:.3g}x"))
     axes.yaxis.set_minor_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:.3g}x"))
@@ -635,9 +654,17 @@ def _number(value: Any, spec: str) -> str:
     return "-" if value is None or (isinstance(value, float) and not math.isfinite(value)) else format(value, spec)
 
 
+def _speedup(value: Any) -> str:
+    """A speedup or interval end: 3 decimals, or more where 3 would print it on 1 or across it
+    (:func:`stats.decimals`), so that no printed number contradicts the verdict beside it."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    return stats.decimals(float(value))
+
+
 def _interval(ci: Any) -> str:
     low, high = ci or (None, None)
-    return f"[{_number(low, '.3f') if low is not None else '0'}, {_number(high, '.3f') if high is not None else 'inf'}]"
+    return f"[{_speedup(low) if low is not None else '0'}, {_speedup(high) if high is not None else 'inf'}]"
 
 
 def table_rows(report: ABReport | Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
@@ -662,9 +689,9 @@ def table_rows(report: ABReport | Mapping[str, Any]) -> tuple[list[str], list[li
         if record.verdict_bh and record.verdict_bh != record.verdict:
             verdict += " (not after BH)"
         if record.failed:
-            speed = _shorten(str(record.error), 40)
+            speed = _shorten(_one_line(str(record.error)), 40)
         else:
-            speed = f"{_number(record.speedup, '.3f')}x {_interval(record.ci)}"
+            speed = f"{_speedup(record.speedup)}x {_interval(record.ci)}"
         row = [
             str(record.name),
             format_shape(record.shape),
@@ -713,7 +740,7 @@ def measurement_rows(report: ABReport | Mapping[str, Any]) -> tuple[list[str], l
     rows = []
     for record in _as_report(report).measurements:
         if record.failed:
-            rows.append([str(record.name), format_shape(record.shape), _shorten(str(record.error), 40),
+            rows.append([str(record.name), format_shape(record.shape), _shorten(_one_line(str(record.error)), 40),
                          "-", "-", "-", "-", "-"])
             continue
         rates = record.throughput or ThroughputRecord()
@@ -761,11 +788,17 @@ def ceiling_lines(report: ABReport | Mapping[str, Any]) -> list[str]:
 def _vs_last(vs_last: LastRun | None) -> str:
     if vs_last is None:
         return "new"
-    text = f"was {_number(vs_last.speedup, '.3f')}x {vs_last.verdict}"
+    text = f"was {_speedup(vs_last.speedup)}x {vs_last.verdict}"
     notes = [note for note in (vs_last.timing_change, vs_last.baseline_change) if note]
     if notes:
         text += f" ({'; '.join(notes)})"
     return f"REGRESSION: {text}; {vs_last.reason}" if vs_last.regression else text
+
+
+def _one_line(text: str) -> str:
+    """``text`` with its line breaks as spaces: a table row is one line, and errors often span several (the full
+    message follows the table)."""
+    return " ".join(text.splitlines())
 
 
 def _shorten(text: str, width: int) -> str:
@@ -851,7 +884,7 @@ def tournament_lines(record: TournamentRecord | Mapping[str, Any]) -> list[str]:
                 (rates.tflops, rates.tflops_pct, "TFLOP/s"), (rates.gbps, rates.gbps_pct, "GB/s")) if value is not None)
         pair = record.versus_best(variant)
         if pair is not None:
-            speed = f"{_number(pair.speedup, '.3f')}x {_interval(pair.ci)}"
+            speed = f"{_speedup(pair.speedup)}x {_interval(pair.ci)}"
             text += f" ({speed} slower, {pair.verdict} for {best})"
         ranking.append(text)
     return [

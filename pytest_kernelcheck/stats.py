@@ -127,6 +127,44 @@ def decide(p_value: float, ci: tuple[float, float], alpha: float, margin: float)
     return "inconclusive"
 
 
+def decimals(value: float, against: float = 1.0, digits: int = 3) -> str:
+    """``value`` with ``digits`` decimals, or as many more as it takes for the printed number to sit on the same side
+    of ``against`` as ``value`` does (and not on it, unless ``value`` is ``against``).
+
+    A verdict compares interval ends with 1 strictly (:func:`decide`), so a win whose interval starts at 1.0004,
+    rounded to 3 decimals, read ``[1.000, 1.040] win``: an interval touching 1 beside a verdict that says it does
+    not. Rounding outward would not help (1.0004 rounds down to 1.000 too); more digits do.
+
+    >>> decimals(1.0004), decimals(0.99996), decimals(1.2), decimals(1.0), decimals(0.94996, against=0.95)
+    ('1.0004', '0.99996', '1.200', '1.000', '0.94996')
+    """
+    text = f"{value:.{digits}f}"
+    if not math.isfinite(value) or value == against:
+        return text
+    for more in range(digits + 1, 18):  # 17 decimals tell any two floats near 1 apart
+        printed = float(text)
+        if printed != against and (printed > against) == (value > against):
+            break
+        text = f"{value:.{more}f}"
+    return text
+
+
+def decimals_apart(a: float, b: float, digits: int = 3) -> tuple[str, str]:
+    """``a`` and ``b`` with the same number of decimals, ``digits`` or as many more as it takes to print them apart
+    (rounding is monotonic, so their order shows too): a finding "1.175 < 1.175" contradicts itself.
+
+    >>> decimals_apart(1.17496, 1.17502), decimals_apart(1.5, 2.0)
+    (('1.17496', '1.17502'), ('1.500', '2.000'))
+    """
+    if not (math.isfinite(a) and math.isfinite(b)) or a == b:
+        return f"{a:.{digits}f}", f"{b:.{digits}f}"
+    for more in range(digits, 18):
+        texts = f"{a:.{more}f}", f"{b:.{more}f}"
+        if texts[0] != texts[1]:
+            break
+    return texts
+
+
 def analyse_log_ratios(log_ratios: Sequence[float], *, alpha: float, margin: float) -> PairedAnalysis:
     """Test, interval and verdict for one look at the paired log ratios, at level ``alpha`` (already corrected).
 

@@ -1,6 +1,9 @@
 """The A/B gate's rules: parsing expressions, and each rule judged against built reports."""
 from __future__ import annotations
 
+import re
+
+import numpy as np
 import pytest
 
 from pytest_kernelcheck import gate, report
@@ -169,3 +172,28 @@ def test_regression_lines_warn_when_the_earlier_run_was_of_another_machine():
     assert not any(line.startswith("WARNING") for line in gate.regression_lines(found))
     lost = gate.evaluate([gate.LossRule()], built(now))
     assert not any(line.startswith("WARNING") for line in gate.regression_lines(lost, differences))
+
+
+def test_regression_lines_never_print_a_number_that_contradicts_the_finding():
+    # Rounded to 3 decimals, a loss whose interval ends at 0.9996 read "now 1.000x [0.98, 1.000] loss", a win from
+    # 1.0004 read "[1.000, ...] win", and an interval end a hair below the speedup rule's line read "(1.900 < 1.900)".
+    rng = np.random.default_rng()
+    for _ in range(50):
+        gap, spread = float(rng.uniform(1e-7, 4.9e-4)), float(rng.uniform(1e-5, 0.05))
+        earlier_speedup = float(rng.uniform(1.1, 3.0))
+        line = earlier_speedup * 0.95
+        now = [row("a", "loss", 1 - gap * 1.01, (1 - gap - spread, 1 - gap)),
+               row("b", "win", line * (1 - gap * 1.01), (line * (1 - gap) - spread, line * (1 - gap)))]
+        earlier = [row("a", "win", 1 + gap * 1.01, (1 + gap, 1 + gap + spread)),
+                   row("b", "win", earlier_speedup, (earlier_speedup - spread, earlier_speedup + spread))]
+        found = gate.evaluate([gate.VerdictRule(), gate.parse_rule("speedup:5%")], built(now, earlier))
+        lines = gate.regression_lines(found)
+        was = [line for line in lines if line.startswith("  was") and line.endswith("win")][0]
+        now_line = [line for line in lines if line.startswith("  now") and line.endswith("loss")][0]
+        speedup, low, _high = (float(n) for n in re.findall(r"\d+\.\d+", was))
+        assert speedup > 1 and low > 1, was
+        speedup, _low, high = (float(n) for n in re.findall(r"\d+\.\d+", now_line))
+        assert speedup < 1 and high < 1, now_line
+        reason = [r.reason for r in found if r.record.name == "b"][0]
+        below, above = (float(n) for n in re.findall(r"\((\S+) < (\S+)\)", reason)[0])
+        assert below < above, reason

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from pytest_kernelcheck import report
@@ -502,3 +503,112 @@ def test_a_progress_build_that_raises_stops_the_rewrites_not_the_run(tmp_path):
     writer = report.ProgressWriter(tmp_path / "ab.json", min_interval=0.0, clock=_Clock())
     assert not writer.maybe_write(broken)
     assert writer.error == "KeyError: 'cpu_threads'" and not (tmp_path / "ab.json").exists()
+
+
+def _printed_numbers(text):
+    return [float(number) for number in re.findall(r"\d+\.\d+", text)]
+
+
+def test_printed_speedups_and_intervals_never_contradict_the_verdict():
+    # A win's interval lies wholly above 1 and a loss's wholly below (stats.decide), but rounding to 3 decimals
+    # printed a win whose lower end is 1.0004 as "1.000x [1.000, 1.040] win", and a loss ending at 0.9996 as
+    # reaching 1.000, in the table, the history, the tournament lines and the markdown.
+    rng = np.random.default_rng()
+    for _ in range(50):
+        gap, spread = float(rng.uniform(1e-7, 4.9e-4)), float(rng.uniform(1e-5, 0.05))
+        win = comparison("win", "win", 1 + gap * 1.01, (1 + gap, 1 + gap + spread), 0.001)
+        loss = comparison("loss", "loss", 1 - gap * 1.01, (1 - gap - spread, 1 - gap), 0.001)
+        header, rows = report.table_rows(report.build_report([win, loss], settings=SETTINGS))
+        column = header.index("speedup [CI]")
+        cells = {row[0]: row[column] for row in rows}
+        speedup, low, high = _printed_numbers(cells["win"])
+        assert speedup > 1 and low > 1, cells["win"]
+        speedup, low, high = _printed_numbers(cells["loss"])
+        assert speedup < 1 and high < 1, cells["loss"]
+        tournament = {
+            "kind": "tournament", "name": "t", "best": "b", "ranking": ["b", "a"], "indistinguishable_from_best": [],
+            "median_ms": {"a": 1.0, "b": 1.0}, "n_rounds": 80, "method": "events",
+            "pairwise": [{"faster": "b", "slower": "a", "speedup": 1 + gap * 1.01, "ci": [1 + gap, 1 + gap + spread],
+                          "verdict": "win"}],
+        }
+        printed = report.tournament_lines(tournament)[1].split("(")[1]
+        speedup, low, _high = _printed_numbers(printed)
+        assert speedup > 1 and low > 1, printed
+        earlier_low = float(rng.uniform(1.1, 3.0))
+        earlier = report.build_report([comparison("r", "win", earlier_low + spread, (earlier_low, 4.0), 0.001)],
+                                      settings=SETTINGS)
+        now_high = earlier_low * (1 - gap)
+        now = report.build_report([comparison("r", "win", now_high - spread / 2, (now_high - spread, now_high),
+                                              0.001)], settings=SETTINGS, previous=earlier)
+        reason = ABReport.from_json(now).comparisons[0].vs_last.reason
+        below, above = (float(n) for n in re.findall(r"\((\S+) < (\S+)\)", reason)[0])
+        assert below < above, reason
+
+
+def test_a_speedup_or_interval_end_of_exactly_one_or_far_from_it_keeps_three_decimals():
+    assert report.table_rows(report.build_report(
+        [comparison("a", "inconclusive", 1.0, (0.99, 1.0), 0.3)], settings=SETTINGS))[1][0][4] == \
+        "1.000x [0.990, 1.000]"
+    assert report.table_rows(report.build_report(
+        [comparison("b", "win", 1.2, (1.15, 1.25), 0.001)], settings=SETTINGS))[1][0][4] == "1.200x [1.150, 1.250]"
+
+
+def _table_rows_of(markdown_text, header_start):
+    lines = markdown_text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header_start))
+    end = next((i for i in range(start, len(lines)) if not lines[i].strip()), len(lines))
+    return lines[start:end]
+
+
+def test_a_multi_line_error_keeps_each_table_row_on_one_line(tmp_path):
+    # Error messages often span lines (assert_close's, a traceback's); the table cell kept the line breaks, so the
+    # markdown row ended mid-cell and the rest of the error became a stray paragraph, and the terminal row split.
+    rng = np.random.default_rng()
+    words = ["shape", "mismatch", "at", "row", str(int(rng.integers(10**6))), "|", "x"]
+    error = f"AssertionError: {int(rng.integers(10**4))}\n" + "\n".join(
+        " ".join(rng.permutation(words)) for _ in range(int(rng.integers(1, 5))))
+    records = [
+        comparison("fast", "win", 1.2, (1.1, 1.3), 0.001),
+        {"kind": "comparison", "nodeid": "test_x.py::bad", "name": "bad", "verdict": "error", "error": error},
+        {"kind": "measurement", "nodeid": "test_x.py::m", "name": "m", "error": "ValueError: one\r\ntwo"},
+    ]
+    built = report.build_report(records, settings=SETTINGS)
+    for _header, rows in (report.table_rows(built), report.measurement_rows(built)):
+        assert all("\n" not in cell and "\r" not in cell for row in rows for cell in row), rows
+    markdown = tmp_path / "ab.md"
+    report.write_markdown(built, markdown)
+    text = markdown.read_text()
+    for header in ("| comparison |", "| measurement |"):
+        table = _table_rows_of(text, header)
+        cells = [len(re.split(r"(?<!\\)\|", line)) for line in table]
+        assert len(table) >= 3 and len(set(cells)) == 1, table
+    assert error in text  # the full message is still there, below the table
+
+
+def test_names_with_dollar_signs_are_plotted_as_written(tmp_path, monkeypatch):
+    # matplotlib reads text between two $ as TeX: a comparison named "cost $\foo$" (any unknown command) raised a
+    # ValueError out of the plot at the end of the run, so the run ended in a traceback with no markdown written,
+    # and a name such as "$5 vs $6" was drawn as italic math instead of as written.
+    import matplotlib.text
+
+    from pytest_kernelcheck.storage import RunSpeedups
+
+    rng = np.random.default_rng()
+    word = "".join(rng.choice(list("qwzxjk"), size=5))
+    name = f"cost {int(rng.integers(100))} $\\{word}$ | `{word}`"  # with the shape's, 4 dollar signs
+    records = [comparison(name, "win", 1.2, (1.1, 1.3), 0.001, shape={"mode": f"${word}$"})]
+    built = report.build_report(records, settings=SETTINGS)
+    key = (f"test_x.py::{name}", name)
+    drawn = []
+    real_draw = matplotlib.text.Text.draw
+
+    def recording_draw(self, renderer):
+        drawn.append((self.get_text(), self.get_parse_math()))
+        return real_draw(self, renderer)
+
+    monkeypatch.setattr(matplotlib.text.Text, "draw", recording_draw)
+    written = report.write_all(built, tmp_path / "ab.json", [RunSpeedups("0001_old", {key: 1.1})])
+    assert {path.name for path in written.paths} >= {"ab.json", "ab.md", "ab.png", "ab_trend.png"}
+    assert name in (tmp_path / "ab.md").read_text().replace("\\|", "|")
+    with_name = [parse_math for text, parse_math in drawn if word in text]
+    assert with_name and not any(with_name), drawn
