@@ -122,9 +122,11 @@ def _refuse_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 # What table_key writes: dtype, head dim, causal mode, batch, sequence bucket, then an optional variant and
-# forward+backward suffix.
+# forward+backward suffix. A variant is one part or several joined by "+" (validation's Problem.variant, e.g.
+# "key_padding+window"): a form of one part only refused every table holding a measured combined variant, which the
+# generator writes from such a comparison, and a refused table fails every call on its GPU.
 _KEY = re.compile(r"(float16|bfloat16|float32)/D[1-9][0-9]*/(causal|lower_right|full)/B[1-9][0-9]*/S[1-9][0-9]*"
-                  r"(/[a-z_]+)?(/fwd\+bwd)?")
+                  r"(/[a-z_]+(\+[a-z_]+)*)?(/fwd\+bwd)?")
 BACKENDS = ("triton", "sdpa")
 
 
@@ -142,8 +144,8 @@ def _check_table(table: Any, slug: str, path: Path) -> None:
                          f"for the GPU model it was measured on")
     for key, entry in table["entries"].items():
         if not _KEY.fullmatch(key):
-            raise ValueError(f"{path}: entry key {key!r} is not of table_key's form "
-                             f"(dtype/D<head dim>/causal|lower_right|full/B<batch>/S<bucket>[/variant][/fwd+bwd])")
+            raise ValueError(f"{path}: entry key {key!r} is not of table_key's form (dtype/D<head dim>/"
+                             f"causal|lower_right|full/B<batch>/S<bucket>[/variant[+...]][/fwd+bwd])")
         if not isinstance(entry, dict) or entry.get("backend") not in BACKENDS:
             backend = entry.get("backend") if isinstance(entry, dict) else entry
             raise ValueError(f"{path}: entry {key!r}: backend {backend!r} is not one of {', '.join(BACKENDS)}")

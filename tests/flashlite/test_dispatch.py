@@ -233,6 +233,36 @@ def test_generator_reads_variant_comparisons_against_the_sdpa_path_only(tmp_path
     assert dispatch.table_key(torch.bfloat16, 64, True, 1, 8192, "window") == "bfloat16/D64/causal/B1/S8192/window"
 
 
+def test_a_measured_combined_variant_loads_and_decides_its_calls(tmp_path, monkeypatch):
+    # A call with several variants (key padding and a window, here) is keyed by validation's parts joined by "+";
+    # the generator writes that key, and the table holding it must load on the GPU it was measured on, and decide.
+    from flashlite._attention.validation import validate
+
+    q = torch.randn(2, 4, 64, 16)
+    problem = validate(q, q, q, True, None, torch.rand(2, 64) > 0.2, None, "auto", None, window=(32, 0))
+    assert problem.variant == "key_padding+window"
+    report = {"created": "2026-01-02T03:04:05+00:00", "environment": {"gpu": {"devices": ["Test GPU X"]}},
+              "comparisons": [{"name": name, "nodeid": "t", "verdict": "loss", "verdict_bh": "loss",
+                               "speedup": 0.8, "ci": [0.75, 0.85], "n_pairs": 20,
+                               "shape": {"variant": problem.variant, "B": 2, "S": 64, "H": 4, "D": 16,
+                                         "dtype": "torch.float32"}}
+                              for name in ("padded window vs sdpa+mask", "fwd+bwd padded window vs sdpa+mask")]}
+    _, out = _generate(tmp_path, report)
+    monkeypatch.setattr(dispatch, "TABLE_DIR", out)
+    dispatch.load_table.cache_clear()
+    try:
+        table = dispatch.load_table("test-gpu-x")
+    finally:
+        dispatch.load_table.cache_clear()
+    for backward in (False, True):
+        key = dispatch.table_key(torch.float32, 16, True, 2, 64, problem.variant, backward)
+        assert table["entries"][key]["backend"] == "sdpa"
+    monkeypatch.setitem(dispatch._TABLES, "test-gpu-x", table)
+    monkeypatch.setattr(dispatch, "_table_loaded", lambda name: True)
+    decision = dispatch._decide("test-gpu-x", torch.float32, 16, True, 2, 64, problem.variant)
+    assert decision.backend == "sdpa" and "test-gpu-x table (key_padding+window)" in decision.reason
+
+
 def test_generator_keys_forward_backward_comparisons_apart_from_forward_ones(tmp_path):
     def record(name, B, verdict, speedup):
         return {"name": name, "nodeid": "t", "verdict": verdict, "verdict_bh": verdict, "speedup": speedup,
