@@ -6,7 +6,8 @@ forward, dK/dV and dQ kernels, every kept config at each tile width the head dim
 64, 128, 256) with 2-byte (bf16) and 4-byte (float32) operands, in the variant with the most code (causal, boolean
 key mask), and checks the compiled kernel's shared memory against the limit and against the estimate. The window,
 softcap and ALiBi add no tiles (scalars and masks only), so the same estimate must hold with all three on: checked at
-one tile width, the 256-wide one where the limit binds.
+one tile width, the 256-wide one where the limit binds. The forward's decoding tiles (16 query rows, kept only for
+queries of at most 16 rows) are compiled by a test of their own.
 """
 import json
 
@@ -99,3 +100,37 @@ def test_every_kept_config_fits_hopper_shared_memory_at_every_head_dim(tmp_path)
     assert not any(row["kernel"] == "dkdv" and row["head_dim"] == 160 and row["meta"] == {"BLOCK_M": 64,
                                                                                           "BLOCK_N": 128}
                    and row["stages"] == 2 for row in rows)
+
+
+# Decoding tiles (16 query rows: FWD_DECODE_BLOCKS, the forward's only candidates where SEQ_Q_BUCKET <= 16) are
+# kept by the same estimate; the test above passes a 128-row bucket, so they need a compile of their own. Head dims
+# 96 and 160: where the 128- and 256-wide tiles leave fewest of them.
+_COMPILE_DECODE = SM90_COMPILER + r'''
+import json
+import torch
+from flashlite.kernels import tuning
+
+for head_dim in (96, 160):
+    block_d = max(16, 1 << (head_dim - 1).bit_length())
+    for elem, dtype, operand, dot in ((2, torch.bfloat16, "*bf16", "bf16"), (4, torch.float32, "*fp32", "tf32")):
+        named = {"Q": torch.empty(0, dtype=dtype), "SEQ_Q_BUCKET": 16}
+        for config in attention_fwd.prune_fwd_configs(tuning.make_configs(attention_fwd.FWD_DECODE_BLOCKS
+                                                                          + attention_fwd.FWD_GPU_BLOCKS),
+                                                      named, BLOCK_D=block_d):
+            shared = shared_memory_for_sm90(attention_fwd._attn_fwd, dict(config.kwargs), head_dim=head_dim,
+                                            block_d=block_d, causal=1, key_mask="bool", warps=config.num_warps,
+                                            stages=config.num_stages, operand=operand, dot=dot)
+            print(json.dumps({"kernel": "fwd", "head_dim": head_dim, "elem": elem, "meta": dict(config.kwargs),
+                              "warps": config.num_warps, "stages": config.num_stages, "shared": shared}))
+'''
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU suite compiles the kernels for real")
+def test_decoding_tiles_fit_hopper_shared_memory_as_estimated(tmp_path, monkeypatch):
+    pytest.importorskip("triton.backends.nvidia")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton-cache"))  # a cached kernel skips the stages
+    rows = [json.loads(line) for line in run_script(_COMPILE_DECODE).splitlines()]
+    assert rows and all(row["meta"]["BLOCK_M"] == 16 for row in rows), rows
+    assert {(row["head_dim"], row["elem"]) for row in rows} == {(d, e) for d in (96, 160) for e in (2, 4)}
+    assert not [row for row in rows if not 0 < row["shared"] <= HOPPER_SHARED_MEMORY]
+    assert not [(row, _estimate(row)) for row in rows if _estimate(row) < row["shared"]]
