@@ -26,7 +26,7 @@ from flashlite import _runtime
 from flashlite.kernels.attention_common import (cast_out, key_range, load_cols, load_cols_where, load_rows,
                                                 load_rows_where, mma, program_ids, tanh, variant_scalars,
                                                 varlen_sequence, window_shift_and_right)
-from flashlite.kernels.tuning import AUTOTUNE_KEY, SCRATCH_BYTES, even_m, make_configs, prune_by_resources
+from flashlite.kernels.tuning import AUTOTUNE_KEY_BACKWARD, SCRATCH_BYTES, even_m, make_configs, prune_by_resources
 
 
 @triton.jit
@@ -497,7 +497,7 @@ def prune_dq_configs(configs, named_args, **kwargs):
 attn_bwd_delta = _attn_bwd_delta
 attn_bwd_dkdv_fixed = even_m(_attn_bwd_dkdv)
 attn_bwd_dq_fixed = even_m(_attn_bwd_dq)
-attn_bwd_dkdv = triton.autotune(configs=dkdv_configs(), key=AUTOTUNE_KEY,
+attn_bwd_dkdv = triton.autotune(configs=dkdv_configs(), key=AUTOTUNE_KEY_BACKWARD,
                                 prune_configs_by={"early_config_prune": prune_dkdv_configs})(attn_bwd_dkdv_fixed)
-attn_bwd_dq = triton.autotune(configs=dq_configs(), key=AUTOTUNE_KEY,
+attn_bwd_dq = triton.autotune(configs=dq_configs(), key=AUTOTUNE_KEY_BACKWARD,
                               prune_configs_by={"early_config_prune": prune_dq_configs})(attn_bwd_dq_fixed)
