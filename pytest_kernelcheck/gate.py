@@ -98,8 +98,11 @@ accepted: 'verdict', 'speedup:X%' (X a percentage such as 5 or 2.5) or 'loss'
     match = _SPEEDUP.fullmatch(expression)
     if match:
         percent = float(match.group(1))
-        if percent < 100:  # 100% or more would ask for an interval below zero: never true, so surely a typo
-            return SpeedupRule(percent=percent, expression=expression)
+        if percent >= 100:  # the line would sit at or below zero, where no interval lies: the rule could never fire
+            raise GateError(f"{OPTION} / kernel_ab_compare_fail: {text!r}: X must be below 100, since no speedup "
+                            f"falls by {percent:g}% or more (speedups are above 0), so the rule could never fire")
+        # Written one way (5.0% and 05% are 5%), so that one rule given twice is kept, and reported, once.
+        return SpeedupRule(percent=percent, expression=f"speedup:{percent:g}%")
     raise GateError(f"{OPTION} / kernel_ab_compare_fail: {text!r} is not a rule; accepted: {ACCEPTED_FORMS}")
 
 
