@@ -20,7 +20,6 @@ if not torch.cuda.is_available():
 GRID_AXIS1_LIMIT = 65535
 
 
-
 def _triton_interprets() -> bool:
     """Whether Triton runs kernels through its interpreter, as Triton itself reads TRITON_INTERPRET: its knobs where
     it has them (Triton 3.4 and later: "1", "true", "yes", "on" or "y", any case), else the older rule, "1" only.

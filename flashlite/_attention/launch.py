@@ -432,17 +432,19 @@ def attention_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
         configs["dq"] = _forced_config(dq_config, _DQ)
     plan = _launcher_plan(q, k, v, key_padding_mask, key_lengths, causal_mode, scale, precision, window_left,
                           window_right, softcap, alibi_slopes, configs)
-    _check_backward_tensors(grad_out, out, lse, q)
+    check_backward_tensors(grad_out, out, lse, q)
     return launch_backward(grad_out, q, k, v, out, lse, key_padding_mask if key_lengths is None else key_lengths,
                            alibi_slopes, plan)
 
 
-def _check_backward_tensors(grad_out: Any, out: Any, lse: Any, q: torch.Tensor) -> None:
+def check_backward_tensors(grad_out: Any, out: Any, lse: Any, q: torch.Tensor,
+                           lse_shape: Optional[tuple[int, ...]] = None) -> None:
     """What the backward kernels take on trust from a direct call: ``grad_out`` and ``out`` shaped, typed and placed
-    like q, ``lse`` float32 [B, H, S_q] beside them. The kernels index all three with q's sizes, so a shorter
-    tensor is read and written out of bounds, and another dtype is read as raw bits of the wrong type."""
+    like q, ``lse`` float32 ``lse_shape`` (default [B, H, S_q]; packed sequences: [batch, H, max_seqlen_q]) beside
+    them. The kernels index all three with these sizes, so a shorter tensor is read and written out of bounds, and
+    another dtype is read as raw bits of the wrong type."""
     expected = {"grad_out": (tuple(q.shape), q.dtype), "out": (tuple(q.shape), q.dtype),
-                "lse": (tuple(q.shape[:3]), torch.float32)}
+                "lse": (tuple(q.shape[:3]) if lse_shape is None else lse_shape, torch.float32)}
     for name, tensor in (("grad_out", grad_out), ("out", out), ("lse", lse)):
         shape, dtype = expected[name]
         if not isinstance(tensor, torch.Tensor):
@@ -450,7 +452,7 @@ def _check_backward_tensors(grad_out: Any, out: Any, lse: Any, q: torch.Tensor) 
                             f"{type(tensor).__name__}")
         if tuple(tensor.shape) != shape or tensor.dtype != dtype or tensor.device != q.device:
             raise ValueError(f"{name} must have shape {list(shape)}, dtype {dtype} and device {q.device} (from q "
-                             f"[B, H, S_q, D] and the forward's outputs), got shape {list(tensor.shape)}, dtype "
+                             f"and the forward's outputs), got shape {list(tensor.shape)}, dtype "
                              f"{tensor.dtype} and device {tensor.device}")
 
 

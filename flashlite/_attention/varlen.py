@@ -16,7 +16,7 @@ import torch
 
 from flashlite import _ops
 from flashlite._attention.decide import decide
-from flashlite._attention.launch import launch_backward, launch_forward, packed_view
+from flashlite._attention.launch import check_backward_tensors, launch_backward, launch_forward, packed_view
 from flashlite._attention.plans import Plan
 from flashlite._attention.sdpa import sdpa_attention
 from flashlite._attention.validation import (_CAUSAL_ARGUMENT, CAUSAL_BOTTOM_RIGHT, Problem, _causal_mode,
@@ -163,20 +163,6 @@ def _op_plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: to
     return Plan(problem, Decision("triton", "a torch.compile'd graph"))
 
 
-def _check_gradient_inputs(grad_out: object, out: object, lse: object, q: torch.Tensor, problem) -> None:
-    """grad_out and out shaped, typed and placed like q, lse float32 [batch, H, max_seqlen_q]: what the backward
-    kernels index with those sizes."""
-    expected = {"grad_out": (tuple(q.shape), q.dtype), "out": (tuple(q.shape), q.dtype),
-                "lse": ((problem.batch, problem.heads, problem.seq_q), torch.float32)}
-    for name, tensor in (("grad_out", grad_out), ("out", out), ("lse", lse)):
-        shape, dtype = expected[name]
-        if (not isinstance(tensor, torch.Tensor) or tuple(tensor.shape) != shape or tensor.dtype != dtype
-                or tensor.device != q.device):
-            got = (f"shape {list(tensor.shape)}, dtype {tensor.dtype}, device {tensor.device}"
-                   if isinstance(tensor, torch.Tensor) else type(tensor).__name__)
-            raise ValueError(f"{name} must have shape {list(shape)}, dtype {dtype} and device {q.device}, got {got}")
-
-
 @torch.library.custom_op("flashlite::attention_varlen_forward", mutates_args=())
 def attention_varlen_forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                                 cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal_mode: int,
@@ -207,7 +193,8 @@ def attention_varlen_backward_op(grad_out: torch.Tensor, q: torch.Tensor, k: tor
     """The packed backward as an opaque op: (dq, dk, dv), contiguous, shaped like q, k, v."""
     plan = _op_plan(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal_mode, scale, precision,
                     window_left, window_right, softcap, alibi_slopes)
-    _check_gradient_inputs(grad_out, out, lse, q, plan.problem)
+    p = plan.problem
+    check_backward_tensors(grad_out, out, lse, q, lse_shape=(p.batch, p.heads, p.seq_q))
     return _varlen_backward(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, plan)
 
 
