@@ -50,8 +50,9 @@ def shared_memory_estimate(config: triton.Config, block_d: int, elem: int, *, st
     checks): the tiles account for all of it but ``SCRATCH_BYTES``; the backward kernels keep two resident tiles
     (k and v, or q and dO), and dQ's float32 product dS K^T one transposed copy of the key tile. Float32 operands
     with ``precision="ieee"`` (FMA dots, no tensor cores) ask for more at 16- and 32-wide tiles, layout-conversion
-    scratch (about twice the estimate for the forward's 128 x 128 tiles at D=16), still far below the budget; from 64-wide tiles the estimate covers them too (every kept config compiled for sm_90 on the
-    CPU with bf16, fp16, tf32, ieee and fp32-operand bf16 dots, head dims 16 to 256, decoding tiles included).
+    scratch (about twice the estimate for the forward's 128 x 128 tiles at D=16), still far below the budget;
+    from 64-wide tiles the estimate covers them too (every kept config compiled for sm_90 on the CPU with bf16,
+    fp16, tf32, ieee and fp32-operand bf16 dots, head dims 16 to 256, decoding tiles included).
 
     Example:
         >>> shared_memory_estimate(make_configs([(128, 64, 4, 3)])[0], 128, 2, streamed="BLOCK_N", resident="BLOCK_M")
