@@ -15,6 +15,8 @@ Modules, each importing only those above it:
   plan, made outside dynamo's trace);
 * ``api``: ``attention()`` and ``explain_dispatch()``;
 * ``varlen``: ``attention_varlen()``, packed variable-length sequences, and its custom ops;
+* ``kvcache_writes`` (imports nothing from the package): what writing new tokens into a KV cache needs (caches
+  that do not overlap in memory, block tables whose written blocks are not shared);
 * ``kvcache``: ``attention_with_kvcache()``, decoding against a contiguous or paged cache, and its custom op.
 
 Each module-level setting (``_GRID_AXIS1_LIMIT`` in ``launch``; ``_PLANS``, ``MAX_PLANS`` and ``RECORD_LAUNCHES``

@@ -8,7 +8,7 @@ lengths: no mask is built, the cache is read in place and nothing past an entry'
 builds the equivalent [B, 1, S_q, S_max] mask or bias. A paged cache ([blocks, H_kv, block size, D] with a block
 table) is read by the kernel through the table (``PAGE_SIZE``); the SDPA path gathers it first. Forward only.
 Under torch.compile the call is one custom op that declares the caches mutated. Imports ``validation``,
-``plans``, ``launch``, ``api`` and ``flashlite.dispatch``.
+``plans``, ``launch``, ``api``, ``kvcache_writes`` (what a write into a cache needs) and ``flashlite.dispatch``.
 """
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from flashlite._attention.api import attention
 from flashlite._attention.launch import launch_forward
 from flashlite._attention.plans import Plan
 from flashlite._attention.decide import decide
+from flashlite._attention.kvcache_writes import check_table_values, check_writable_caches, detached_sources
 from flashlite._attention.validation import CAUSAL_KEY_LENGTH, CAUSAL_NONE, validate, value_checks_wanted
 
 
@@ -63,14 +64,6 @@ def _check_block_table(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
     if k_cache.shape[2] % 16:
         raise ValueError(f"the block size (k_cache.shape[2]) must be a multiple of 16, got {k_cache.shape[2]}")
     return block_table.shape[1] * k_cache.shape[2]
-
-
-def _check_table_values(block_table: torch.Tensor, lengths: torch.Tensor, blocks: int, block_size: int) -> None:
-    for b, (row, n) in enumerate(zip(block_table.tolist(), lengths.tolist())):
-        used = row[:-(-n // block_size)]  # the blocks that hold the entry's first n positions
-        if used and (min(used) < 0 or max(used) >= blocks):
-            raise ValueError(f"block_table[{b}] names blocks outside [0, {blocks}) among the {len(used)} that hold "
-                             f"its {n} positions: {used}")
 
 
 def _virtual_cache(cache: torch.Tensor, batch: int, capacity: int) -> torch.Tensor:
@@ -168,23 +161,35 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     """Attention of the newest S_q positions of each batch entry against its KV cache (decoding: S_q = 1).
 
     Args:
-        q: [B, H, S_q, D]; k_cache, v_cache: [B, H_kv, S_max, D] (H a multiple of H_kv), any strides.
+        q: [B, H, S_q, D]; k_cache, v_cache: [B, H_kv, S_max, D] (H a multiple of H_kv), any strides. A cache
+            that is read only may share memory between entries (an expanded shared prefix, ``expand(B, ...)``) or
+            be one tensor for both; one that k_new/v_new are written into may not: ValueError for a cache whose
+            elements overlap in memory (a stride 0, a self-overlapping view) or for k_cache and v_cache that
+            overlap each other, since a write would change other positions. (Under torch.compile the graph's op
+            checks this when it runs; an expanded cache is refused first by torch's own RuntimeError, "more than
+            one element of the written-to tensor refers to a single memory location".)
         cache_seqlens: int32 [B], the tokens already in each entry's cache.
         k_new, v_new: [B, H_kv, S_q, D], or None. When given they are written into the caches at positions
             ``cache_seqlens[b] .. cache_seqlens[b] + S_q - 1`` before attending (the caches are modified in place;
             ``cache_seqlens`` is not). The keys of entry b are then its first ``cache_seqlens[b] + S_q``
-            positions, else its first ``cache_seqlens[b]``; query i sits at the last S_q of them.
+            positions, else its first ``cache_seqlens[b]``; query i sits at the last S_q of them. q, k_new and
+            v_new may be views of the caches: they are read as they were before the write (copied when they
+            share memory with a cache).
         block_table: int32 [B, max blocks], any strides, for a paged cache: k_cache and v_cache are then
             [blocks, H_kv, block size, D] (block size a multiple of 16), and position j of entry b lives at row
             j % block size of block ``block_table[b, j // block size]``. Entries past an entry's length are never
-            read.
+            read. Entries may share blocks that no write lands in (a read-only prefix); a block that k_new/v_new
+            are written into must belong to one entry at one column (see check_values).
         scale, softcap, alibi_slopes: as in ``flashlite.attention``, with i' the query's own position.
         window: (left, right) as in ``flashlite.attention``; the right side is always closed by the causal rule.
         backend: "auto" (``flashlite.dispatch``: the table's entry for "kvcache" or "kvcache_paged", else the
             kernel where it can run on CUDA; SDPA with the equivalent mask otherwise), "triton" or "sdpa".
         check_values: check cache_seqlens (>= 0, no overflow of S_max) and the block table's used entries (within
-            [0, blocks)). Default: on for CPU tensors; on CUDA off, since reading them synchronises the device,
-            unless FLASHLITE_CHECK_VALUES=1. An overflowing write is otherwise an out-of-range index on the device.
+            [0, blocks); with k_new/v_new, every block a write lands in used by no other entry and by no other
+            column of its own entry, else the write would change what that position reads). Default: on for CPU
+            tensors; on CUDA off, since reading them synchronises the device, unless FLASHLITE_CHECK_VALUES=1.
+            Unchecked, these values are the caller's responsibility: an overflowing write is an out-of-range
+            index on the device, and a write into a shared block silently changes what the other entries read.
             Under torch.compile the graph's op checks them by the same rule each time it runs.
         num_splits: split-KV for the kernel, 1 to 64: each entry's keys are shared out over this many programs
             (whole key blocks each), whose float32 partial results a second kernel merges. More programs fill
@@ -222,10 +227,13 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         _virtual_cache(k_cache, q.shape[0], capacity), _virtual_cache(v_cache, q.shape[0], capacity))
     problem = validate(q, keys, values, "lower_right", scale, None, lengths, backend, None, window, softcap,
                        alibi_slopes)
+    if k_new is not None and not torch.compiler.is_compiling():
+        # Traced tensors have no addresses (and symbolic strides): the graph's op checks the real ones when it runs.
+        check_writable_caches(k_cache, v_cache)
     if value_checks_wanted(check_values, cache_seqlens):
         _check_lengths(cache_seqlens, appended, capacity)
         if block_table is not None:
-            _check_table_values(block_table, lengths, k_cache.shape[0], k_cache.shape[2])
+            check_table_values(block_table, cache_seqlens, appended, k_cache.shape[0], k_cache.shape[2])
     # "auto": the table's entry for the cache's kind at (B, S_max), else the kernel where it can run on CUDA.
     decision = decide(q, keys, values, None, problem, backend,
                       variant="kvcache" if block_table is None else "kvcache_paged")
@@ -237,6 +245,9 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                                          problem.scale, problem.window_left, problem.window_right, problem.softcap,
                                          decision.backend == "triton", num_splits, check_values)
     if k_new is not None:
+        # Read before anything is written: a source that is a view of a cache (v_new of k_cache's positions, q of
+        # the positions the write lands on) would otherwise be read after the write changed it.
+        q, k_new, v_new = detached_sources((q, k_new, v_new), (k_cache, v_cache))
         _append(k_cache, k_new, cache_seqlens, block_table)
         _append(v_cache, v_new, cache_seqlens, block_table)
     if decision.backend == "sdpa":
