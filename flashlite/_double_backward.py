@@ -30,9 +30,9 @@ def _math_dtype(t: torch.Tensor) -> torch.dtype:
 
 def recomputed_gradients(compute: Callable[..., torch.Tensor], inputs: Sequence[torch.Tensor],
                          needs: Sequence[bool], grad_out: torch.Tensor) -> tuple[Optional[torch.Tensor], ...]:
-    """The gradients of ``compute(*inputs)`` (run on float32 casts of ``inputs``, float64 ones stay) against ``grad_out``, one per
-    input (None where ``needs`` is False), as functions of ``inputs`` and ``grad_out`` that autograd can
-    differentiate again. Each has its input's dtype (the gradient flows back through the cast).
+    """The gradients of ``compute(*inputs)`` (run on float32 casts of ``inputs``; float64 ones stay) against
+    ``grad_out``, one per input (None where ``needs`` is False), as functions of ``inputs`` and ``grad_out`` that
+    autograd can differentiate again. Each has its input's dtype (the gradient flows back through the cast).
 
     Example:
         >>> x = torch.randn(3, dtype=torch.float16, requires_grad=True)

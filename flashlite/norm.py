@@ -412,7 +412,8 @@ def layer_norm(
     *,
     out_dtype: Optional[torch.dtype] = None,
 ) -> torch.Tensor:
-    """LayerNorm over the last dimension of ``x`` with a Triton kernel; differentiable in x, weight and bias.
+    """LayerNorm over the last dimension of ``x`` with a Triton kernel; differentiable in x, weight and bias (twice
+    too: a backward with ``create_graph=True`` computes its gradients with PyTorch operations in float32).
 
     Statistics are computed in float32 whatever ``x``'s dtype, with a two-pass variance (stable when the mean is
     large against the spread). The output has ``x``'s dtype unless ``out_dtype`` asks for another (for example the
@@ -474,7 +475,8 @@ def add_layer_norm(
 
 
 def bias_gelu(x: torch.Tensor, bias: torch.Tensor, *, out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
-    """``gelu(x + bias)`` with the exact (erf) GELU, computed in float32, in one pass; differentiable in both.
+    """``gelu(x + bias)`` with the exact (erf) GELU, computed in float32, in one pass; differentiable in both (twice
+    too, as ``layer_norm``).
 
     Meant for the first MLP matmul's output: the bias add, the GELU and the cast to the second matmul's operand
     dtype (``out_dtype``, default ``x``'s dtype) happen in one read and one write.

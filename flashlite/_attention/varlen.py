@@ -307,7 +307,8 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
             them by the same rule each time it runs.
 
     Returns:
-        [total_q, H, D] in q's dtype. Differentiable with respect to q, k and v.
+        [total_q, H, D] in q's dtype. Differentiable with respect to q, k and v, twice too (``create_graph=True``),
+        as ``flashlite.attention``.
 
     Example:
         >>> q, k, v = (torch.randn(9, 4, 16) for _ in range(3))
