@@ -16,6 +16,7 @@ from typing import Optional
 
 import torch
 
+from flashlite._double_backward import bias_gelu_gradients, layer_norm_gradients
 from flashlite._intmath import cdiv, next_power_of_2
 from flashlite._ops import eager_function, run
 from flashlite._runtime import interpreting, kernel_device_ok
@@ -264,13 +265,16 @@ def _(dy, x, weight, rstd, dsum):
 
 
 def _layer_norm_setup(ctx, inputs, output) -> None:
-    x, weight, _bias, _eps, _out_dtype = inputs
+    x, weight, _bias, eps, _out_dtype = inputs
     _y, rstd = output
     ctx.save_for_backward(x, weight, rstd)
+    ctx.eps = eps  # for a backward that autograd records, which recomputes the statistics from x
 
 
 def _layer_norm_grad(ctx, dy, _drstd):
     x, weight, rstd = ctx.saved_tensors
+    if torch.is_grad_enabled():  # create_graph=True: gradients autograd can differentiate again (the kernel's
+        return (*layer_norm_gradients(dy, x, weight, ctx.eps), None, None)  # are constants to it)
     dx, dw, db = _layer_norm_backward_op(dy, x, weight, rstd, None)
     return dx, dw, db, None, None
 
@@ -279,14 +283,21 @@ _layer_norm_op.register_autograd(_layer_norm_grad, setup_context=_layer_norm_set
 
 
 def _add_layer_norm_setup(ctx, inputs, output) -> None:
-    _x, residual, weight, _bias, _eps, _out_dtype = inputs
+    _x, residual, weight, _bias, eps, _out_dtype = inputs
     _y, summed, rstd = output
     ctx.residual_dtype = residual.dtype
     ctx.save_for_backward(summed, weight, rstd)
+    ctx.eps = eps
 
 
 def _add_layer_norm_grad(ctx, dy, dsum, _drstd):
     summed, weight, rstd = ctx.saved_tensors
+    if torch.is_grad_enabled():
+        # create_graph=True: gradients autograd can differentiate again, as functions of the sum, a saved output:
+        # autograd differentiates it back through this function's own backward to x and residual, so neither
+        # needs saving.
+        dx, dw, db = layer_norm_gradients(dy, summed, weight, ctx.eps, dsum)
+        return dx, dx.to(ctx.residual_dtype), dw, db, None, None
     # The sum feeds both the normalization and (typically) the next residual add: its gradient is the sum of both.
     dx, dw, db = _layer_norm_backward_op(dy, summed, weight, rstd, dsum)
     return dx, dx.to(ctx.residual_dtype), dw, db, None, None
@@ -322,6 +333,8 @@ def _bias_gelu_setup(ctx, inputs, output) -> None:
 
 def _bias_gelu_grad(ctx, dy):
     x, bias = ctx.saved_tensors
+    if torch.is_grad_enabled():  # create_graph=True: gradients autograd can differentiate again
+        return (*bias_gelu_gradients(dy, x, bias), None)
     dx = _bias_gelu_backward_op(dy, x, bias)
     # Reduced in float32 over all rows, rounded once to the bias dtype.
     dbias = dx.reshape(-1, x.shape[-1]).sum(0, dtype=torch.float32).to(bias.dtype)
@@ -399,7 +412,8 @@ def layer_norm(
     *,
     out_dtype: Optional[torch.dtype] = None,
 ) -> torch.Tensor:
-    """LayerNorm over the last dimension of ``x`` with a Triton kernel; differentiable in x, weight and bias.
+    """LayerNorm over the last dimension of ``x`` with a Triton kernel; differentiable in x, weight and bias (twice
+    too: a backward with ``create_graph=True`` computes its gradients with PyTorch operations in float32).
 
     Statistics are computed in float32 whatever ``x``'s dtype, with a two-pass variance (stable when the mean is
     large against the spread). The output has ``x``'s dtype unless ``out_dtype`` asks for another (for example the
@@ -461,7 +475,8 @@ def add_layer_norm(
 
 
 def bias_gelu(x: torch.Tensor, bias: torch.Tensor, *, out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
-    """``gelu(x + bias)`` with the exact (erf) GELU, computed in float32, in one pass; differentiable in both.
+    """``gelu(x + bias)`` with the exact (erf) GELU, computed in float32, in one pass; differentiable in both (twice
+    too, as ``layer_norm``).
 
     Meant for the first MLP matmul's output: the bias add, the GELU and the cast to the second matmul's operand
     dtype (``out_dtype``, default ``x``'s dtype) happen in one read and one write.

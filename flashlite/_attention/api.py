@@ -146,7 +146,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: Unio
         precision: float32 inputs only: "tf32" (default), "ieee" or "bf16" dot products in the Triton kernel.
 
     Returns:
-        [B, H, S_q, D] in q's dtype.
+        [B, H, S_q, D] in q's dtype. Differentiable with respect to q, k and v, twice too: a backward with
+        ``create_graph=True`` (a gradient penalty) on the Triton kernel computes its gradients from a float32
+        recompute on SDPA's math backend instead of the backward kernels (O(S_q * S_k) memory, as the SDPA
+        path). On the SDPA path PyTorch's fused SDPA kernels have no second derivative and PyTorch raises; run
+        such calls under ``torch.nn.attention.sdpa_kernel(SDPBackend.MATH)``. Under torch.compile, AOTAutograd
+        refuses a double backward.
 
     Example:
         >>> q, k, v = (torch.randn(2, 4, 10, 16) for _ in range(3))

@@ -12,9 +12,12 @@ from typing import Optional
 import torch
 
 from flashlite import _ops
-from flashlite._attention.launch import attention_backward, attention_forward, launch_backward, launch_forward
+from flashlite._attention.launch import (_launcher_plan, attention_backward, attention_forward, launch_backward,
+                                         launch_forward)
 from flashlite._attention.plans import Plan
+from flashlite._attention.sdpa import sdpa_attention
 from flashlite._attention.validation import Problem, check_constant_slopes
+from flashlite._double_backward import recomputed_gradients
 
 
 @torch.library.custom_op("flashlite::attention_forward", mutates_args=())
@@ -95,8 +98,24 @@ def _setup_op_context(ctx, inputs, output):
     ctx.arguments = (causal_mode, scale, precision, window_left, window_right, softcap)
 
 
+def differentiable_gradients(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                             key_mask: Optional[torch.Tensor], alibi_slopes: Optional[torch.Tensor], problem: Problem,
+                             needs: tuple[bool, ...]) -> tuple[Optional[torch.Tensor], ...]:
+    """(dq, dk, dv) for a backward that autograd records (``create_graph=True``): the call recomputed in float32 by
+    the SDPA path of the same variant, differentiated with a graph (``flashlite._double_backward``); the kernels'
+    gradients are constants to autograd. ``needs``: which of q, k, v need a gradient."""
+    return recomputed_gradients(
+        lambda qf, kf, vf: sdpa_attention(qf, kf, vf, key_mask, problem, alibi_slopes=alibi_slopes), (q, k, v),
+        needs, grad_out)
+
+
 def _op_gradient(ctx, grad_out, _grad_lse):
     q, k, v, out, lse, key_padding_mask, key_lengths, alibi_slopes = ctx.saved_tensors
+    if torch.is_grad_enabled():  # create_graph=True: gradients autograd can differentiate again
+        problem = _launcher_plan(q, k, v, key_padding_mask, key_lengths, *ctx.arguments, alibi_slopes, {}).problem
+        key_mask = key_padding_mask if key_lengths is None else key_lengths
+        return differentiable_gradients(grad_out, q, k, v, key_mask, alibi_slopes, problem,
+                                        ctx.needs_input_grad[:3]) + (None,) * 9
     dq, dk, dv = attention_backward_op(grad_out, q, k, v, out, lse, key_padding_mask, key_lengths, *ctx.arguments,
                                        alibi_slopes)
     return (dq, dk, dv) + (None,) * 9
@@ -115,6 +134,9 @@ def _setup_eager_context(ctx, inputs, output):
 
 def _eager_gradient(ctx, grad_out, _grad_lse):
     q, k, v, out, lse, key_mask, alibi_slopes = ctx.saved_tensors
+    if torch.is_grad_enabled():  # create_graph=True: gradients autograd can differentiate again
+        return differentiable_gradients(grad_out, q, k, v, key_mask, alibi_slopes, ctx.plan.problem,
+                                        ctx.needs_input_grad[:3]) + (None,) * 3
     dq, dk, dv = launch_backward(grad_out, q, k, v, out, lse, key_mask, alibi_slopes, ctx.plan)
     return dq, dk, dv, None, None, None
 

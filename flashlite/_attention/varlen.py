@@ -23,6 +23,7 @@ from flashlite._attention.validation import (_CAUSAL_ARGUMENT, CAUSAL_BOTTOM_RIG
                                              _check_alibi, _check_softcap, _check_window, _resolve_precision,
                                              check_constant_slopes, check_dtypes_and_devices, check_scale,
                                              kernel_unsupported, value_checks_asked, value_checks_wanted)
+from flashlite._double_backward import recomputed_gradients
 from flashlite.dispatch import Decision
 
 
@@ -132,8 +133,23 @@ def _setup(ctx, inputs, output):
     ctx.plan = plan
 
 
+def _differentiable_gradients(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                              cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+                              alibi_slopes: Optional[torch.Tensor], problem: Problem,
+                              needs: tuple[bool, ...]) -> tuple[Optional[torch.Tensor], ...]:
+    """(dq, dk, dv) for a backward that autograd records (``create_graph=True``): the packed call recomputed in
+    float32 by the SDPA path (``_sdpa_varlen``), differentiated with a graph (``flashlite._double_backward``); the
+    kernels' gradients are constants to autograd."""
+    return recomputed_gradients(
+        lambda qf, kf, vf: _sdpa_varlen(qf, kf, vf, cu_seqlens_q, cu_seqlens_k, alibi_slopes, problem), (q, k, v),
+        needs, grad_out)
+
+
 def _gradient(ctx, grad_out, _grad_lse):
     q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes = ctx.saved_tensors
+    if torch.is_grad_enabled():  # create_graph=True: gradients autograd can differentiate again
+        return (*_differentiable_gradients(grad_out, q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes,
+                                           ctx.plan.problem, ctx.needs_input_grad[:3]), None, None, None, None)
     return (*_varlen_backward(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, ctx.plan),
             None, None, None, None)
 
@@ -213,6 +229,10 @@ def _setup_op(ctx, inputs, output):
 
 def _op_gradient(ctx, grad_out, _grad_lse):
     q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes = ctx.saved_tensors
+    if torch.is_grad_enabled():  # create_graph=True: gradients autograd can differentiate again
+        problem = _op_plan(q, k, v, cu_seqlens_q, cu_seqlens_k, *ctx.arguments, alibi_slopes).problem
+        return _differentiable_gradients(grad_out, q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, problem,
+                                         ctx.needs_input_grad[:3]) + (None,) * 11
     dq, dk, dv = attention_varlen_backward_op(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
                                               *ctx.arguments, alibi_slopes)
     return (dq, dk, dv) + (None,) * 11
@@ -287,7 +307,8 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
             them by the same rule each time it runs.
 
     Returns:
-        [total_q, H, D] in q's dtype. Differentiable with respect to q, k and v.
+        [total_q, H, D] in q's dtype. Differentiable with respect to q, k and v, twice too (``create_graph=True``),
+        as ``flashlite.attention``.
 
     Example:
         >>> q, k, v = (torch.randn(9, 4, 16) for _ in range(3))
