@@ -134,13 +134,22 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: 
         visible = visible & ~torch.isneginf(bias)
     empty_rows = ~visible.any(dim=-1, keepdim=True)
     q, k, v, not_finite = _without_hidden_inputs(q, k, v, problem, visible, empty_rows)
+    # A float attn_mask of q's half dtype (without ALiBi) is exact there and goes to SDPA as given; any other bias
+    # is float32 (ALiBi's -slope * |i' - j|, a mask of another dtype) and is computed in float32 (_sdpa_masked).
+    as_given = (problem.softcap == 0 and q.dtype != torch.float32 and alibi_slopes is None and bias is not None
+                and attn_mask.dtype == q.dtype)
+    if bias is not None:
+        bias = torch.where(visible, bias, float("-inf"))
+        if not as_given:
+            # Softmax is unchanged by a shift along a row: each row's largest bias becomes 0, so that a large
+            # offset (-1e9 on a whole row, -3e5 plus small differences) does not swallow the scores in float32,
+            # whose grid at 1e9 is 64 wide.
+            bias = bias - bias.amax(dim=-1, keepdim=True).masked_fill(empty_rows, 0.0)
+        bias = bias.masked_fill(empty_rows, 0.0)  # rows that see no key see every key, then are zeroed
     if problem.softcap > 0:
         out = _softcapped(q, k, v, problem, bias, visible, empty_rows)
     else:
-        # The bias is exact in q's dtype only when it is a float attn_mask of that dtype (or q is float32); ALiBi's
-        # -slope * |i' - j| and a mask of another dtype are not (and float16 ends at 65504).
-        exact = q.dtype == torch.float32 or (alibi_slopes is None and (bias is None or attn_mask.dtype == q.dtype))
-        out = _sdpa_masked(q, k, v, problem, bias, visible, empty_rows, exact, gqa)
+        out = _sdpa_masked(q, k, v, problem, bias, visible, empty_rows, as_given, gqa)
     return out.masked_fill(not_finite, float("nan"))
 
 
@@ -152,8 +161,8 @@ def _softcapped(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Prob
         k, v = (t.repeat_interleave(problem.group_size, dim=1) for t in (k, v))
     scores = torch.matmul(q.float(), k.float().transpose(-2, -1)) * problem.scale
     scores = problem.softcap * torch.tanh(scores / problem.softcap)
-    if bias is not None:
-        scores = scores + bias.masked_fill(empty_rows, 0.0)
+    if bias is not None:  # shifted along each row by the caller, 0 on rows that see no key
+        scores = scores + bias
     # Rows that see no key see every key instead (finite, so that neither they nor their gradients are NaN), and
     # are zeroed after, as in _sdpa_masked.
     weights = torch.softmax(scores.masked_fill(~(visible | empty_rows), float("-inf")), dim=-1)
@@ -161,17 +170,17 @@ def _softcapped(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Prob
 
 
 def _sdpa_masked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem,
-                 bias: Optional[torch.Tensor], visible: torch.Tensor, empty_rows: torch.Tensor, exact: bool,
+                 bias: Optional[torch.Tensor], visible: torch.Tensor, empty_rows: torch.Tensor, as_given: bool,
                  gqa: dict) -> torch.Tensor:
-    """SDPA under ``visible`` (bool), plus the float32 ``bias`` (ALiBi and a float attn_mask) when there is one.
+    """SDPA under ``visible`` (bool), or with ``bias`` (-inf where hidden, 0 on rows that see no key) when there is
+    one: in q's dtype where ``as_given`` or q is float32, else in float32.
 
     SDPA returns NaN for a row that sees no key; such rows see every key (finite), then are zeroed, so that the
     output and its gradients match the kernel's zeros."""
     if bias is None:
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=visible | empty_rows, scale=problem.scale, **gqa)
         return out.masked_fill(empty_rows, 0.0)
-    bias = torch.where(visible, bias, float("-inf")).masked_fill(empty_rows, 0.0)
-    if exact:
+    if as_given or q.dtype == torch.float32:
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), scale=problem.scale, **gqa)
         return out.masked_fill(empty_rows, 0.0)
     # SDPA takes a bias in q's dtype: rounded to bfloat16, ALiBi's -slope * |i' - j| and a float32 mask move the

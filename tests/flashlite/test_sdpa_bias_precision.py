@@ -128,3 +128,15 @@ def test_varlen_and_kvcache_sdpa_fallbacks_with_alibi_are_as_accurate_as_roundin
         exact = attention_reference(q[b:b + 1], k_cache[b:b + 1, :, :n], v_cache[b:b + 1, :, :n],
                                     causal="lower_right", alibi_slopes=slopes)
         assert_rounding_accurate(out[b:b + 1], exact)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_large_offset_along_a_row_does_not_swallow_the_scores(dtype):
+    # float32's grid at 1e9 is 64 wide: -1e9 on every key of a row, added to the scores as given, left a uniform
+    # softmax. Softmax cancels an offset equal along a row, and only the differences count.
+    q, k, v = (rand(2, 2, 11, 16, seed=s, dtype=dtype) for s in (41, 42, 43))
+    mask = rand(2, 1, 11, 11, seed=44)
+    mask[:, :, 2] = -1e9
+    mask[:, :, 5] -= 3e5
+    out = attention(q, k, v, attn_mask=mask, backend="sdpa")
+    assert_accurate(out, q, k, v, attn_mask=mask)
