@@ -32,13 +32,17 @@ The baseline (:func:`sdpa_baseline`, PyTorch's own error in the input precision,
 compares the kernel's error with) is what a user without a fused kernel would write:
 
 - no variant: ``scaled_dot_product_attention`` as is (``is_causal``, the lower-right bias or the merged mask).
-- window and ALiBi: SDPA with the equivalent dense mask over the rows checked, built in the input dtype: a float
+- window and ALiBi: SDPA with the equivalent dense mask over the rows checked, in the input dtype: a float
   bias [B or 1, H, rows, S_k] of ``-slope * |i' - j|`` with -inf outside the visible keys (a bool mask for a
   window alone). It costs rows x S_k per head; when it cannot be allocated the check says so and falls back to the
   per-dtype policy.
 - softcap: SDPA cannot apply tanh to its scores, so the baseline is the same math written out, one batch entry at a
-  time: ``q k^T * scale``, the softcap and the bias in the input dtype, softmax in float32 (in the input dtype when
-  that is wider), the probabilities rounded to the input dtype before ``P V``.
+  time: ``q k^T * scale`` and the softcap in the input dtype, the bias added and the softmax in float32 (in the
+  input dtype when that is wider), the probabilities rounded to the input dtype before ``P V``.
+- A float bias (ALiBi, a float ``attn_mask`` of another dtype than q's) is built in float32 or wider and rounded to
+  the input dtype once, after a shift that makes each row's largest bias 0 (softmax does not change): rounded as it
+  comes, the bias alone would cost up to 20 times the output's rounding error in bfloat16, and the baseline would
+  allow a kernel with that defect to pass. An ``attn_mask`` of the input dtype is passed as is.
 """
 from __future__ import annotations
 
@@ -665,7 +669,7 @@ def sdpa_baseline(
     elif attn_mask is not None and rows is not None:
         mask = _mask_rows(attn_mask, rows, problem.q_len)
     if mask is not None and not whole_causal_bias and mask.dtype != torch.bool:
-        mask = mask.to(q.dtype)  # SDPA wants a float mask in the query's dtype
+        mask = _rounded_bias(mask, q.dtype)  # SDPA wants a float mask in the query's dtype
     return _run_sdpa(q_in, k, v, problem, mask, is_causal)
 
 
@@ -701,7 +705,8 @@ def _dense_variant_mask(
     dtype: torch.dtype,
 ) -> torch.Tensor | None:
     """The mask a user would hand SDPA for causal + window + ALiBi + attn_mask on ``query_rows``: bool when
-    nothing is added to the scores, else a float bias in ``dtype`` with -inf where a key is hidden."""
+    nothing is added to the scores, else a float bias with -inf where a key is hidden, in float32 (or the input
+    dtype or attn_mask's when wider); the caller rounds it (:func:`_rounded_bias`) or adds it in float32."""
     keys = torch.arange(problem.k_len, device=query_rows.device)
     aligned = query_rows + problem.diagonal_offset
     allowed = _visible_keys(problem, aligned, keys)  # [r, S_k] or None
@@ -709,17 +714,35 @@ def _dense_variant_mask(
         if allowed is None:
             return attn_mask
         return _merge_masks(allowed, attn_mask, dtype)
-    # Built in float32 (or the input dtype when wider) and rounded once, as a user would; [H] slopes give a bias
-    # shared by the batch.
+    # Built in float32 (or the input dtype when wider), never in a narrower dtype: rounding happens once, in
+    # _rounded_bias. [H] slopes give a bias shared by the batch.
     build = torch.promote_types(dtype, torch.float32)
+    if attn_mask is not None and attn_mask.dtype != torch.bool:
+        build = torch.promote_types(build, attn_mask.dtype)
     slopes = alibi_slopes.to(build).reshape(-1, problem.heads)[:, :, None, None]  # [B or 1, H, 1, 1]
     distance = (aligned[:, None] - keys[None, :]).abs_().to(build)  # [r, S_k]
-    bias = (slopes * -distance).to(dtype)
+    bias = slopes * -distance
     if attn_mask is not None and attn_mask.dtype != torch.bool:
-        bias = bias + attn_mask.to(dtype)
+        bias = bias + attn_mask
     elif attn_mask is not None:
         allowed = attn_mask if allowed is None else allowed & attn_mask
     return bias if allowed is None else bias.masked_fill(~allowed, -math.inf)
+
+
+def _rounded_bias(bias: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A float bias (-inf where hidden) in ``dtype``, as a correct implementation rounds it: exactly when
+    ``dtype`` holds its values, else shifted first so that each row's largest value is 0.
+
+    Softmax is unchanged by a shift along a row, and the keys that carry the weight are those near the row's
+    largest bias: after the shift their bias is small and keeps nearly all its bits in ``dtype``. Rounded as it
+    comes, ALiBi's -slope * |i' - j| at a distance of 60 lands on bfloat16's grid of 0.25: errors of up to 20 times
+    the output's own rounding, which a baseline computed that way would have allowed a kernel too. A bias already
+    of ``dtype`` (an attn_mask in the input dtype) is passed as is: the shift could only round it."""
+    if bias.dtype == dtype or torch.promote_types(bias.dtype, dtype) == dtype:
+        return bias.to(dtype)
+    peak = bias.amax(dim=-1, keepdim=True)
+    peak = torch.where(torch.isfinite(peak), peak, 0.0)  # rows that see no key stay -inf (the check zeroes them)
+    return (bias - peak).to(dtype)
 
 
 def _softcapped_attention(
@@ -736,10 +759,14 @@ def _softcapped_attention(
         for b in range(q_in.shape[0]):
             scores = torch.matmul(q_in[b], k[b].transpose(-1, -2)) * problem.scale  # [H, r, S_k], input dtype
             scores = torch.tanh(scores / problem.softcap) * problem.softcap
+            scores = scores.to(softmax_dtype)
             if mask4 is not None:
+                # The bias is added unrounded, in the softmax's precision: rounded to bfloat16 it would move the
+                # scores by more than a correct kernel's whole error (_rounded_bias says how much).
                 piece = mask4[b if mask4.shape[0] > 1 else 0]
-                scores = scores.masked_fill(~piece, -math.inf) if piece.dtype == torch.bool else scores + piece
-            weights = torch.softmax(scores.to(softmax_dtype), dim=-1).to(q_in.dtype)
+                scores = (scores.masked_fill(~piece, -math.inf) if piece.dtype == torch.bool
+                          else scores + piece.to(torch.promote_types(piece.dtype, softmax_dtype)))
+            weights = torch.softmax(scores, dim=-1).to(q_in.dtype)
             outs.append(torch.matmul(weights, v[b]))
     return torch.stack(outs)
 
@@ -756,7 +783,8 @@ def _merge_masks(allowed: torch.Tensor, attn_mask: torch.Tensor | None, dtype: t
         return allowed
     if attn_mask.dtype == torch.bool:
         return allowed & attn_mask
-    return attn_mask.to(dtype).masked_fill(~allowed, -math.inf)
+    # Unrounded: sdpa_baseline rounds the merged bias once (_rounded_bias).
+    return torch.where(allowed, attn_mask, -math.inf)
 
 
 def _non_finite_outside(out: torch.Tensor, v: torch.Tensor, rows: torch.Tensor) -> str | None:

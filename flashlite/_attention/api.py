@@ -118,8 +118,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: Unio
         scale: defaults to 1 / sqrt(D).
         key_padding_mask: bool [B, S_k], True = attend. Or key_lengths: int [B], keys j >= length masked
             (lengths are clamped to [0, S_k]). Rows that see no key return zeros, with zero gradients. What the
-            masks hide from every query row (padding, key lengths, keys past the last row's causal frontier)
-            may hold anything, NaN and inf included: it never reaches the output or the gradients. A
+            masks hide from every query row (padding, key lengths, keys past the last row's causal frontier,
+            keys outside every row's window, keys an ``attn_mask`` hides) may hold anything, NaN and inf
+            included: it never reaches the output or the gradients. A
             non-finite key or value a row does see makes that row non-finite; the Triton kernel, which sums
             over tiles of up to 128 query rows, may then turn the other rows of that tile NaN too, and SDPA's
             own causal kernel (calls without key masks) every row. Pass ``key_lengths`` for a cache filled
@@ -127,7 +128,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: Unio
         attn_mask: an arbitrary mask or additive bias broadcastable to [B, H, S_q, S_k]: bool (True = attend) or
             floating (added to the scaled scores), combined with ``causal`` and key padding. The Triton kernel
             has no such input, so these calls run on SDPA (``backend="triton"`` refuses them); rows that see no
-            key still give zeros.
+            key still give zeros, and a non-finite key a row does not see never reaches it. On SDPA, a float
+            mask of another dtype than q's, or ALiBi, makes a float16/bfloat16 call compute in float32, rounded
+            once at the end: SDPA takes a bias in q's dtype, and rounding it there cost many times the output's
+            own rounding error.
         window: (left, right): query i sees only keys i' - left <= j <= i' + right, -1 meaning unbounded on that
             side, where i' is row i aligned to the diagonal ``causal`` names (i for False and True,
             i + S_k - S_q for "lower_right"); ``causal`` still hides keys j > i'. The Triton kernel skips key

@@ -133,19 +133,21 @@ def _append(cache: torch.Tensor, new: torch.Tensor, cache_seqlens: torch.Tensor,
 def _sdpa_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor,
                   scale: Optional[float], window: Optional[tuple[int, int]], softcap: Optional[float],
                   alibi_slopes: Optional[torch.Tensor]) -> torch.Tensor:
-    """The same call on SDPA: a float bias [B, H or 1, S_q, S_max] with -inf where a key is hidden (past the
-    entry's length, past the query's own position, outside the window) and the ALiBi distances per entry."""
+    """The same call on SDPA: a bool mask [B, 1, S_q, S_max] of the visible keys (not past the entry's length,
+    nor past the query's own position, nor outside the window), or with ALiBi a float bias [B or 1, H, S_q, S_max]
+    of the distances per entry with -inf where a key is hidden."""
     seq_q, capacity = q.shape[2], k_cache.shape[2]
     rows = (lengths.long()[:, None] - seq_q + torch.arange(seq_q, device=q.device)[None, :])[:, :, None]  # i'
     keys = torch.arange(capacity, device=q.device)[None, None, :]
     visible = (keys <= rows) & (keys < lengths.long()[:, None, None])
     if window is not None and window[0] >= 0:  # the right side: closed by the causal rule
         visible &= keys >= rows - window[0]
-    bias = torch.zeros(visible.shape, dtype=torch.float32, device=q.device)[:, None]
-    if alibi_slopes is not None:
+    if alibi_slopes is None:  # a bool mask: a float32 one would make a half-precision call run in float32
+        bias = visible[:, None]
+    else:
         slopes = alibi_slopes if alibi_slopes.dim() == 2 else alibi_slopes[None]
-        bias = bias - slopes[:, :, None, None] * (rows - keys).abs()[:, None].to(torch.float32)
-    bias = bias.masked_fill(~visible[:, None], float("-inf"))
+        bias = -slopes[:, :, None, None] * (rows - keys).abs()[:, None].to(torch.float32)
+        bias = bias.masked_fill(~visible[:, None], float("-inf"))
     # The lengths again as key_lengths: what lies past them (a cache filled past its end) never reaches the output.
     return attention(q, k_cache, v_cache, attn_mask=bias, key_lengths=lengths, scale=scale, softcap=softcap,
                      backend="sdpa")

@@ -3,8 +3,9 @@
 Builds the visibility mask from causal mode, window and key padding and the ALiBi bias, checks an explicit
 ``attn_mask``, keeps hidden keys and values out of the output, and zeros the rows that see no key. SDPA takes a
 window and ALiBi only as a dense mask and bias, and softcapping not at all: a softcapped call is computed here in
-float32 from explicit scores. Each of these paths holds O(S_q * S_k) memory; they are the fallback for calls the
-kernel cannot run. Imports ``validation`` only.
+float32 from explicit scores, and a float16/bfloat16 call with a bias its dtype does not hold exactly (ALiBi, a
+float attn_mask of another dtype) in float32 too. Each of these paths holds O(S_q * S_k) memory; they are the
+fallback for calls the kernel cannot run. Imports ``validation`` only.
 """
 from typing import Optional
 
@@ -75,26 +76,37 @@ def _padded_keys(k: torch.Tensor, key_mask: Optional[torch.Tensor], problem: Pro
     return None
 
 
-def _without_hidden_values(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: Optional[torch.Tensor],
-                           problem: Problem, visible: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
-    """(k, v, rows that see a non-finite key or value) for a masked SDPA call, so that what the masks hide never
-    reaches the output, as in the kernel: SDPA multiplies its zero weights by every value, and 0 * NaN is NaN.
+def _without_hidden_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem,
+                           visible: torch.Tensor, empty_rows: torch.Tensor
+                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(q, k, v, where the output must be NaN) for a masked SDPA call, so that what the masks hide never reaches
+    the output or the gradients, as in the kernel: SDPA multiplies its zero weights by every value, and 0 * NaN is
+    NaN; a NaN key makes its hidden score NaN, and NaN + -inf is NaN.
 
-    Padded keys become zeros (their gradients are zero either way). Keys the causal mask hides from some rows and
-    shows to others become zeros when they are not finite, and the rows that see them are returned so that the
-    caller sets them to NaN, as the exact sum would be. The copies cost O(S * D); the masked path already builds
-    an [S_q, S_k] mask."""
-    padded = _padded_keys(k, key_mask, problem)
-    if padded is not None:
-        k = k.masked_fill(padded[:, None, :, None], 0.0)
-        v = v.masked_fill(padded[:, None, :, None], 0.0)
-    if problem.causal_mode == CAUSAL_NONE and problem.window_left < 0 and problem.window_right < 0:
-        return k, v, None
-    bad = ~(torch.isfinite(k).all(dim=-1) & torch.isfinite(v).all(dim=-1))  # [B, H_kv, S_k]
-    k = k.masked_fill(bad[..., None], 0.0)
-    v = v.masked_fill(bad[..., None], 0.0)
-    bad = bad.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
-    return k, v, (visible & bad[:, :, None, :]).any(dim=-1, keepdim=True)
+    Copies, never the caller's tensors: keys and values that no row of their group sees (whichever mask hides
+    them: key padding, causal, window, attn_mask) and non-finite ones become zeros, and so do the queries of rows
+    that see no key (they attend to every key, then are zeroed: see _sdpa_masked). Zeroed inputs get zero
+    gradients, which is what hidden inputs have. A non-finite key or value a row does see still shows, as in the
+    exact sum: the returned bool [B, H, S_q, D or 1] is True in the rows that see a non-finite key (all of the
+    row) and in the columns of a non-finite value of a key they see. The copies cost O(S * D); the masked path
+    already builds an [S_q, S_k] mask."""
+    seen = visible.any(dim=2)  # [B or 1, H or 1, S_k]: keys some row of that head sees
+    if seen.shape[1] > 1:  # a kv head's key is seen if some row of some query head of its group sees it
+        seen = seen.unflatten(1, (problem.kv_heads, problem.group_size)).any(dim=2)
+    bad_k, bad_v = ~torch.isfinite(k), ~torch.isfinite(v)
+    bad_k_rows, bad_v_rows = bad_k.any(dim=-1), bad_v.any(dim=-1)  # [B, H_kv, S_k]
+    drop = (bad_k_rows | bad_v_rows | ~seen)[..., None]
+    k, v = k.masked_fill(drop, 0.0), v.masked_fill(drop, 0.0)
+    q = q.masked_fill(empty_rows, 0.0)
+
+    def rows_seeing(keys: torch.Tensor) -> torch.Tensor:  # [B, H_kv, S_k] -> bool [B, H, S_q, 1]
+        keys = keys.repeat_interleave(problem.group_size, dim=1)[:, :, None, :]
+        return (visible & keys).any(dim=-1, keepdim=True)
+
+    # Columns of non-finite values, per (batch, kv head): a row that sees one such key gets NaN in the bad columns
+    # of every such key of its head, a small over-reach in a row that is not finite anyway.
+    bad_columns = bad_v.any(dim=2).repeat_interleave(problem.group_size, dim=1)[:, :, None, :]  # [B, H, 1, D]
+    return q, k, v, rows_seeing(bad_k_rows) | (rows_seeing(bad_v_rows) & bad_columns)
 
 
 def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: Optional[torch.Tensor],
@@ -118,28 +130,39 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: 
     bias = _alibi_bias(q, problem, alibi_slopes)
     if attn_mask is not None and attn_mask.dtype != torch.bool:
         bias = attn_mask.to(torch.float32) if bias is None else bias + attn_mask.to(torch.float32)
-    k, v, sees_bad = _without_hidden_values(q, k, v, key_mask, problem, visible)
+        # A -inf bias (a float attn_mask's) hides its key as the masks do: a row it hides whole sees no key.
+        visible = visible & ~torch.isneginf(bias)
+    empty_rows = ~visible.any(dim=-1, keepdim=True)
+    q, k, v, not_finite = _without_hidden_inputs(q, k, v, problem, visible, empty_rows)
+    # A float attn_mask of q's half dtype (without ALiBi) is exact there and goes to SDPA as given; any other bias
+    # is float32 (ALiBi's -slope * |i' - j|, a mask of another dtype) and is computed in float32 (_sdpa_masked).
+    as_given = (problem.softcap == 0 and q.dtype != torch.float32 and alibi_slopes is None and bias is not None
+                and attn_mask.dtype == q.dtype)
+    if bias is not None:
+        bias = torch.where(visible, bias, float("-inf"))
+        if not as_given:
+            # Softmax is unchanged by a shift along a row: each row's largest bias becomes 0, so that a large
+            # offset (-1e9 on a whole row, -3e5 plus small differences) does not swallow the scores in float32,
+            # whose grid at 1e9 is 64 wide.
+            bias = bias - bias.amax(dim=-1, keepdim=True).masked_fill(empty_rows, 0.0)
+        bias = bias.masked_fill(empty_rows, 0.0)  # rows that see no key see every key, then are zeroed
     if problem.softcap > 0:
-        out = _softcapped(q, k, v, problem, bias, visible)
+        out = _softcapped(q, k, v, problem, bias, visible, empty_rows)
     else:
-        out = _sdpa_masked(q, k, v, problem, bias, visible, gqa)
-    return out if sees_bad is None else out.masked_fill(sees_bad, float("nan"))
+        out = _sdpa_masked(q, k, v, problem, bias, visible, empty_rows, as_given, gqa)
+    return out.masked_fill(not_finite, float("nan"))
 
 
 def _softcapped(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem, bias: Optional[torch.Tensor],
-                visible: torch.Tensor) -> torch.Tensor:
+                visible: torch.Tensor, empty_rows: torch.Tensor) -> torch.Tensor:
     """softmax(mask(c * tanh(scale * q.k / c) + bias)) v from explicit float32 scores (SDPA has no score
     function); rows that see no key give zeros."""
     if problem.group_size > 1:
         k, v = (t.repeat_interleave(problem.group_size, dim=1) for t in (k, v))
     scores = torch.matmul(q.float(), k.float().transpose(-2, -1)) * problem.scale
     scores = problem.softcap * torch.tanh(scores / problem.softcap)
-    if bias is not None:
-        # A -inf bias (a float attn_mask's) hides its key as the masks do: a row it hides whole sees no key.
-        visible = visible & ~torch.isneginf(bias)
-    empty_rows = ~visible.any(dim=-1, keepdim=True)
-    if bias is not None:
-        scores = scores + bias.masked_fill(empty_rows, 0.0)
+    if bias is not None:  # shifted along each row by the caller, 0 on rows that see no key
+        scores = scores + bias
     # Rows that see no key see every key instead (finite, so that neither they nor their gradients are NaN), and
     # are zeroed after, as in _sdpa_masked.
     weights = torch.softmax(scores.masked_fill(~(visible | empty_rows), float("-inf")), dim=-1)
@@ -147,23 +170,23 @@ def _softcapped(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Prob
 
 
 def _sdpa_masked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Problem,
-                 bias: Optional[torch.Tensor], visible: torch.Tensor, gqa: dict) -> torch.Tensor:
-    """SDPA under ``visible`` (bool), plus the float32 ``bias`` (ALiBi and a float attn_mask) when there is one."""
-    if bias is not None:
-        # Positions the masks hide get -inf; rows are empty where nothing finite is left.
-        bias = torch.where(visible, bias, float("-inf"))
-        empty_rows = torch.isneginf(bias).all(dim=-1, keepdim=True)
-        # SDPA takes the bias in q's dtype, and float16 ends at 65504: a float32 bias of -1e9 on a whole row, or
-        # +1e5 on one key, would round to an infinity there (zeros or NaN where the math has a plain softmax).
-        # Softmax is unchanged by a shift along a row, so each row's largest bias becomes 0 first; a bias still
-        # below -65504 after that rounds to -inf, a weight of exp(-65504) or less, already 0 in float32.
-        if q.dtype == torch.float16:  # bfloat16 has float32's range
-            bias = bias - bias.amax(dim=-1, keepdim=True).masked_fill(empty_rows, 0.0)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.masked_fill(empty_rows, 0.0).to(q.dtype),
-                                             scale=problem.scale, **gqa)
+                 bias: Optional[torch.Tensor], visible: torch.Tensor, empty_rows: torch.Tensor, as_given: bool,
+                 gqa: dict) -> torch.Tensor:
+    """SDPA under ``visible`` (bool), or with ``bias`` (-inf where hidden, 0 on rows that see no key) when there is
+    one: in q's dtype where ``as_given`` or q is float32, else in float32.
+
+    SDPA returns NaN for a row that sees no key; such rows see every key (finite), then are zeroed, so that the
+    output and its gradients match the kernel's zeros."""
+    if bias is None:
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=visible | empty_rows, scale=problem.scale, **gqa)
         return out.masked_fill(empty_rows, 0.0)
-    # SDPA returns NaN for a row that sees no key; let such rows see every key (finite), then zero them, so the
-    # output and its gradients match the kernel's zeros.
-    empty_rows = ~visible.any(dim=-1, keepdim=True)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=visible | empty_rows, scale=problem.scale, **gqa)
-    return out.masked_fill(empty_rows, 0.0)
+    if as_given or q.dtype == torch.float32:
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), scale=problem.scale, **gqa)
+        return out.masked_fill(empty_rows, 0.0)
+    # SDPA takes a bias in q's dtype: rounded to bfloat16, ALiBi's -slope * |i' - j| and a float32 mask move the
+    # scores by up to 2^-9 of their size (0.06 at a distance of 32), many times the output's own rounding error,
+    # and float16 ends at 65504. Half-precision inputs with such a bias run in float32 (exact for their values)
+    # and are rounded once, at the end: the result is as close to the exact one as the output dtype allows.
+    out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=bias, scale=problem.scale,
+                                         **gqa)
+    return out.to(q.dtype).masked_fill(empty_rows, 0.0)
