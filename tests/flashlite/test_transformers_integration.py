@@ -1,0 +1,198 @@
+"""flashlite inside Hugging Face transformers models, against each model's own eager attention.
+
+Tiny random-weight models from configs (no downloads), float32 on the CPU: logits, greedy generation and gradients
+must match the model's eager implementation, on padded batches, with sliding windows and logit softcapping.
+"""
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import flashlite.transformers as flite  # noqa: E402  (registers "flite")
+from transformers import AutoModelForCausalLM, Gemma2Config, LlamaConfig, MistralConfig  # noqa: E402
+
+VOCAB = 101
+
+
+def llama_config(**extra):
+    return LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
+                       **extra)
+
+
+def mistral_config():
+    # A window shorter than the prompt, so the window hides keys in prefill and in generation.
+    return MistralConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=1, head_dim=16, max_position_embeddings=256,
+                         sliding_window=7)
+
+
+def gemma2_config():
+    # Softcap small enough that tanh bends the scores of these random weights (a large cap would be the identity).
+    return Gemma2Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=256,
+                        sliding_window=6, attn_logit_softcapping=0.5, final_logit_softcapping=None,
+                        query_pre_attn_scalar=24)
+
+
+CONFIGS = {"llama": llama_config, "mistral": mistral_config, "gemma2": gemma2_config}
+
+
+def twin_models(make_config, implementation="flite", seed=0):
+    """The same random weights under eager attention and under ``implementation``."""
+    torch.manual_seed(seed)
+    eager = AutoModelForCausalLM.from_config(make_config(), attn_implementation="eager").eval()
+    other = AutoModelForCausalLM.from_config(make_config(), attn_implementation=implementation).eval()
+    other.load_state_dict(eager.state_dict())
+    return eager, other
+
+
+def left_padded_batch(lengths, total, seed=1):
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, VOCAB, (len(lengths), total), generator=generator)
+    mask = torch.zeros(len(lengths), total, dtype=torch.long)
+    for row, length in enumerate(lengths):
+        mask[row, total - length:] = 1
+    return ids, mask
+
+
+@pytest.fixture
+def spy(monkeypatch):
+    """Records the keyword arguments of every flashlite.attention call the integration makes."""
+    calls = []
+    real = flite.attention
+
+    def recording(q, k, v, **arguments):
+        calls.append(arguments)
+        return real(q, k, v, **arguments)
+
+    monkeypatch.setattr(flite, "attention", recording)
+    return calls
+
+
+@pytest.mark.parametrize("family", sorted(CONFIGS))
+def test_padded_prefill_logits_match_eager(family, spy):
+    eager, fl = twin_models(CONFIGS[family])
+    ids, mask = left_padded_batch([13, 9, 5], 13)
+    with torch.no_grad():
+        expected = eager(ids, attention_mask=mask).logits
+        actual = fl(ids, attention_mask=mask).logits
+    real = mask.bool()  # padded query positions hold no token: nothing reads their output
+    torch.testing.assert_close(actual[real], expected[real], rtol=2e-5, atol=2e-5)
+    assert spy and all(call.get("key_padding_mask") is not None for call in spy), "padding must reach the kernel"
+    assert all("attn_mask" not in call for call in spy)
+
+
+@pytest.mark.parametrize("family", sorted(CONFIGS))
+def test_unpadded_prefill_runs_without_a_mask(family, spy):
+    eager, fl = twin_models(CONFIGS[family])
+    ids = torch.randint(1, VOCAB, (2, 17))
+    with torch.no_grad():
+        torch.testing.assert_close(fl(ids).logits, eager(ids).logits, rtol=2e-5, atol=2e-5)
+    assert all(call.get("causal") == "lower_right" and "key_padding_mask" not in call for call in spy)
+    if family != "llama":
+        assert any(call.get("window") is not None for call in spy), "the sliding window must reach the kernel"
+
+
+@pytest.mark.parametrize("family", sorted(CONFIGS))
+def test_greedy_generation_gives_eager_tokens(family):
+    eager, fl = twin_models(CONFIGS[family])
+    ids, mask = left_padded_batch([10, 6], 10, seed=3)
+    settings = dict(attention_mask=mask, max_new_tokens=64, do_sample=False, pad_token_id=0)
+    assert torch.equal(fl.generate(ids, **settings), eager.generate(ids, **settings))
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2"])
+def test_training_gradients_match_eager(family):
+    eager, fl = twin_models(CONFIGS[family])
+    eager.train(), fl.train()
+    ids, mask = left_padded_batch([12, 8], 12, seed=5)
+    # The loss predicts token t from position t - 1; a padded position holds no token, and what attention returns
+    # there differs between implementations (eager averages every key, SDPA and flashlite return zeros), so the
+    # first real token of each row, predicted from padding, is left out of the loss.
+    first_real = mask.cumsum(1) == 1
+    labels = ids.masked_fill((mask == 0) | first_real, -100)
+    eager(ids, attention_mask=mask, labels=labels).loss.backward()
+    fl(ids, attention_mask=mask, labels=labels).loss.backward()
+    for (name, p_e), (_, p_f) in zip(eager.named_parameters(), fl.named_parameters()):
+        torch.testing.assert_close(p_f.grad, p_e.grad, rtol=1e-4, atol=1e-5, msg=lambda m: f"{name}: {m}")
+
+
+def test_triton_backend_in_a_model_matches_eager(spy):
+    name = flite.register("flite_triton_test", backend="triton")
+    eager, fl = twin_models(llama_config, implementation=name)
+    ids, mask = left_padded_batch([9, 5], 9, seed=7)
+    with torch.no_grad():
+        expected = eager(ids, attention_mask=mask).logits
+        actual = fl(ids, attention_mask=mask).logits
+    real = mask.bool()
+    torch.testing.assert_close(actual[real], expected[real], rtol=1e-4, atol=1e-4)
+    assert spy and all(call["backend"] == "triton" for call in spy)
+
+
+def test_set_attn_implementation_switches_to_and_from_flite(spy):
+    eager, fl = twin_models(llama_config, implementation="sdpa")
+    fl.set_attn_implementation("flite")
+    assert fl.config._attn_implementation == "flite"
+    ids = torch.randint(1, VOCAB, (1, 8))
+    with torch.no_grad():
+        torch.testing.assert_close(fl(ids).logits, eager(ids).logits, rtol=2e-5, atol=2e-5)
+    assert spy
+    fl.set_attn_implementation("sdpa")
+    spy.clear()
+    with torch.no_grad():
+        fl(ids)
+    assert not spy
+
+
+def test_packed_sequences_take_the_dense_mask_and_stay_exact(spy):
+    # Two documents packed in one row, told apart by restarting position ids (transformers looks for packing only
+    # without a cache): the mask is not a plain pattern.
+    eager, fl = twin_models(llama_config)
+    ids = torch.randint(1, VOCAB, (1, 12))
+    positions = torch.cat([torch.arange(5), torch.arange(7)])[None]
+    with torch.no_grad():
+        expected = eager(ids, position_ids=positions, use_cache=False).logits
+        actual = fl(ids, position_ids=positions, use_cache=False).logits
+    torch.testing.assert_close(actual, expected, rtol=2e-5, atol=2e-5)
+    assert spy and all(call.get("attn_mask") is not None for call in spy)
+
+
+def test_attention_dropout_in_training_is_refused():
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(llama_config(attention_dropout=0.1), attn_implementation="flite")
+    model.train()
+    with pytest.raises(ValueError, match="dropout=0.1"):
+        model(torch.randint(1, VOCAB, (1, 6)))
+    model.eval()  # the model passes dropout 0 in eval mode
+    model(torch.randint(1, VOCAB, (1, 6)))
+
+
+@pytest.mark.parametrize("name, message", [("flashlite", "contains 'flash'"), ("my-attn", "identifier"),
+                                           ("sdpa", "transformers' own"), ("", "identifier")])
+def test_register_refuses_names_transformers_would_misread(name, message):
+    with pytest.raises(ValueError, match=message):
+        flite.register(name)
+
+
+def test_register_refuses_an_unknown_backend():
+    with pytest.raises(ValueError, match="backend: expected one of"):
+        flite.register("flite_bad", backend="cuda")
+
+
+def test_explain_call_names_the_route_and_the_reason_for_sdpa():
+    q = torch.randn(2, 4, 5, 16)
+    k = v = torch.randn(2, 2, 5, 16)
+    module = torch.nn.Module()
+    route, decision = flite.explain_call(module, q, k, v, torch.ones(2, 5, dtype=torch.bool), scaling=0.25)
+    assert route.served_by == "flashlite" and route.mask == "key padding [B, S_k]"
+    assert route.arguments["causal"] == "lower_right" and decision.backend in ("sdpa", "triton")
+    route, decision = flite.explain_call(module, q, k, v, None, position_bias=torch.zeros(1, 4, 5, 5))
+    assert route.served_by == "transformers-sdpa" and "position_bias" in route.reason and decision is None
+
+
+def test_a_mask_of_the_wrong_shape_is_refused_by_name():
+    q = torch.randn(2, 4, 5, 16)
+    k = v = torch.randn(2, 2, 5, 16)
+    with pytest.raises(ValueError, match="attention_mask: expected the 2-D key padding"):
+        flite.explain_call(torch.nn.Module(), q, k, v, torch.ones(2, 4, dtype=torch.bool))
