@@ -196,3 +196,28 @@ def test_a_mask_of_the_wrong_shape_is_refused_by_name():
     k = v = torch.randn(2, 2, 5, 16)
     with pytest.raises(ValueError, match="attention_mask: expected the 2-D key padding"):
         flite.explain_call(torch.nn.Module(), q, k, v, torch.ones(2, 4, dtype=torch.bool))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 kernels in a model need a CUDA GPU")
+@pytest.mark.parametrize("family", sorted(CONFIGS))
+def test_bf16_model_on_the_gpu_is_as_close_to_float32_as_its_own_baseline(family):
+    """The model in bf16 on flashlite against the same weights in float32 eager attention, judged by the error of
+    the model's own bf16 implementation (SDPA; eager for Gemma-2, whose softcap SDPA refuses)."""
+    from pytest_kernelcheck import assert_close
+
+    torch.manual_seed(0)
+    reference = AutoModelForCausalLM.from_config(CONFIGS[family](), attn_implementation="eager").cuda().eval()
+    own = "eager" if family == "gemma2" else "sdpa"
+    models = {}
+    for implementation in ("flite", own):
+        model = AutoModelForCausalLM.from_config(CONFIGS[family](), attn_implementation=implementation)
+        model.load_state_dict(reference.state_dict())
+        models[implementation] = model.to("cuda", torch.bfloat16).eval()
+    ids, mask = left_padded_batch([200, 150, 77], 200, seed=11)
+    ids, mask = ids.cuda(), mask.cuda()
+    real = mask.bool()
+    with torch.no_grad():
+        expected = reference(ids, attention_mask=mask).logits[real]
+        actual = models["flite"](ids, attention_mask=mask).logits[real]
+        baseline = models[own](ids, attention_mask=mask).logits[real]
+    assert_close(actual, expected, baseline=baseline)
