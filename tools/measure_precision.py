@@ -6,7 +6,7 @@ PyTorch's own block run in that precision (autocast for "mixed", the block cast 
 Fixed seed, small size, CPU; attention forced onto flashlite's Triton kernel (through the interpreter on a CPU).
 
 Usage:
-    python scripts/measure_precision.py > docs/precision_measurements.txt
+    python tools/measure_precision.py > docs/precision_measurements.txt
 """
 from __future__ import annotations
 

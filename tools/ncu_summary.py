@@ -14,7 +14,7 @@ terms:
   instruction, the largest first (their sum is about the warp cycles per issued instruction).
 A metric the report lacks is left out of the summary.
 
-Usage: python scripts/ncu_summary.py RAW.csv [--top 6]
+Usage: python tools/ncu_summary.py RAW.csv [--top 6]
 """
 from __future__ import annotations
 

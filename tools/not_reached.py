@@ -6,7 +6,7 @@ file. The XML names each test that ran by a class name (its file's path with dot
 name (the function with its parameters), as pytest's junitxml plugin writes them; a collected node id is turned into
 the same pair to compare.
 
-Usage: python scripts/not_reached.py RESULTS.xml OUT.txt -- PYTEST_ARGS...
+Usage: python tools/not_reached.py RESULTS.xml OUT.txt -- PYTEST_ARGS...
   PYTEST_ARGS: the paths and selection options (-k, -m, --ignore, --deselect) the pass ran with, without its
   worker or output options. Written: OUT.txt, one node id a line. Printed: "N of M selected tests not reached",
   then a count per file, largest first.
@@ -23,7 +23,7 @@ import xml.etree.ElementTree as ET
 from collections import Counter
 from typing import Iterable, Sequence
 
-USAGE = "usage: python scripts/not_reached.py RESULTS.xml OUT.txt -- PYTEST_ARGS..."
+USAGE = "usage: python tools/not_reached.py RESULTS.xml OUT.txt -- PYTEST_ARGS..."
 
 
 def junit_key(node_id: str) -> tuple[str, str]:

@@ -21,7 +21,7 @@ day in the order given) replaces an earlier one for the same key, and every entr
 date it came from. A report that cannot support a table (a damaged row, rows of another GPU, two rows that give
 one key different backends, no comparison against SDPA) stops the script with a message naming it and the row.
 
-Usage: python scripts/make_dispatch_table.py REPORT.json [REPORT.json ...] [--commit SHA [SHA ...]]
+Usage: python tools/make_dispatch_table.py REPORT.json [REPORT.json ...] [--commit SHA [SHA ...]]
        [--out flashlite/dispatch_tables]
 """
 from __future__ import annotations

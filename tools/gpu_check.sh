@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU side of the project in one command: environment record, then the stages asked for.
-# Usage: scripts/gpu_check.sh [tests|ab|scaling|all] [extra pytest args for the test and A/B stages, e.g. -k "fp16"]
+# Usage: tools/gpu_check.sh [tests|ab|scaling|all] [extra pytest args for the test and A/B stages, e.g. -k "fp16"]
 #   tests    tests/flashlite and tests/kernelcheck on the GPU (one config per kernel: FLASHLITE_AUTOTUNE=0 unless the
 #            caller sets FLASHLITE_AUTOTUNE=1, which autotunes every shape class the tests touch);
 #            TEST_PATHS="a.py b/" runs those paths instead (extra arguments are for options such as -k); a pass
@@ -74,7 +74,7 @@ echo "GPUs visible: $gpu_count${spread:+ (workers spread with ${spread[*]})}" | 
 list_not_reached() {
   local status=$1 name=$2; shift 2
   (( status == 124 || status == 137 )) || return 0
-  timeout 180 python3 scripts/not_reached.py "$R/$name.xml" "$R/${name}_not_reached.txt" -- "$@" \
+  timeout 180 python3 tools/not_reached.py "$R/$name.xml" "$R/${name}_not_reached.txt" -- "$@" \
     > "$R/${name}_not_reached_summary.txt" 2>&1
 }
 
@@ -151,7 +151,7 @@ if [[ $stage == scaling || $stage == all ]]; then
     > "$R/scaling.log" 2>&1
 fi
 if [[ $stage == all && -f $R/ab_report.json ]]; then
-  python3 scripts/make_dispatch_table.py "$R/ab_report.json" --commit "$(sed -n 's/^commit: //p' "$R/env.txt")" \
+  python3 tools/make_dispatch_table.py "$R/ab_report.json" --commit "$(sed -n 's/^commit: //p' "$R/env.txt")" \
     > "$R/dispatch.log" 2>&1 && cp flashlite/dispatch_tables/*.json "$R/"
 fi
 [[ -n ${OUT:-} ]] && tar -czf "$OUT/results.tar.gz" -C "$OUT" results

@@ -6,9 +6,9 @@ Sides: "flashlite" (``attention(backend="triton")``: the Gluon forward where the
 that ``FLASHLITE_GLUON_BWD`` selects) and "sdpa" (``F.scaled_dot_product_attention``'s default, cuDNN on an H200).
 bf16, causal, H=16, one case of ``flashlite.cases``; ``--backward``: forward and backward in one call.
 
-Usage, on a GPU (``scripts/ncu_summary.py`` reads the report):
+Usage, on a GPU (``tools/ncu_summary.py`` reads the report):
     ncu --profile-from-start off --clock-control none --section SpeedOfLight --section WarpStateStats \
-        -o REPORT python3 scripts/ncu_attention.py --D 128 --case 6 [--backward] [--sides flashlite,sdpa]
+        -o REPORT python3 tools/ncu_attention.py --D 128 --case 6 [--backward] [--sides flashlite,sdpa]
 """
 from __future__ import annotations
 
