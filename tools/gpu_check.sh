@@ -8,13 +8,14 @@
 #   ab       the A/B suite, tests/perf --kernel-ab: report JSON (every sample), markdown, plots (speedup, roofline,
 #            trend over saved runs); with "all", the dispatch table flashlite/dispatch_tables/<gpu>.json is
 #            regenerated from that report. Every A/B run is saved (--kernel-ab-autosave: named by commit and time)
-#            in the run storage AB_STORAGE (default benchmarks/kernelcheck, tracked, so earlier runs travel with
-#            the checkout and the report shows their history); when OUT is set the storage folder is copied to
-#            $OUT/results/kernelcheck/, to be copied back over benchmarks/kernelcheck/ and committed
+#            in the run storage AB_STORAGE (default .kernelcheck, git-ignored: saved runs are this machine's
+#            history, not repository content); when OUT is set the storage folder is copied to
+#            $OUT/results/kernelcheck/, to be copied back into .kernelcheck/ for the next run's history
 #   scaling  benchmarks/scaling.py (time and memory as S and B grow; SCALING_ARGS, default --quick for a single
 #            stage and the full sweep for "all")
 #   all      all of the above (about 30-40 minutes on an H200)
-# Results go to benchmarks/results/<gpu>-<date>/ (RESULTS_DIR overrides). When OUT is set (a remote runner that
+# Results go to benchmarks/results/<gpu>-<date>/ (RESULTS_DIR overrides); commit only the files a document cites,
+# in a folder renamed <gpu>-<date>-<what ran>. When OUT is set (a remote runner that
 # returns files from $OUT), they go to $OUT/results and are also packed into $OUT/results.tar.gz. A short summary
 # is printed last.
 set -uo pipefail
@@ -124,7 +125,7 @@ if [[ $stage == ab || $stage == all ]]; then
   # the 20 s before SIGKILL still leaves its finished comparisons in $R/ab_report.json.
   # One GPU: one process, comparisons one after another. Several: one worker per GPU (--kernel-gpus all), the
   # comparisons of different GPUs in parallel (each GPU's lock keeps its own timing alone), one merged report.
-  ab_storage=${AB_STORAGE:-benchmarks/kernelcheck}
+  ab_storage=${AB_STORAGE:-.kernelcheck}
   # Autosave names a run after git's HEAD. A remote copy of the tree can carry stale git metadata, so where .commit
   # (written before such a run) names a commit this git does not know, or one HEAD is an ancestor of, the run is
   # saved under that commit and the UTC time instead; a .commit older than HEAD (left from an earlier run) is
