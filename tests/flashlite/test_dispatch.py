@@ -173,11 +173,11 @@ def test_a_damaged_or_foreign_table_is_refused_naming_the_file_and_field(tmp_pat
 
 
 def _generate(tmp_path, report: dict):
-    """(the finished run, its output folder) of scripts/make_dispatch_table.py on ``report``, as commit abc123."""
+    """(the finished run, its output folder) of tools/make_dispatch_table.py on ``report``, as commit abc123."""
     path = tmp_path / "report.json"
     path.write_text(json.dumps(report))
     out = tmp_path / "tables"
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "make_dispatch_table.py"), str(path),
+    done = subprocess.run([sys.executable, str(ROOT / "tools" / "make_dispatch_table.py"), str(path),
                            "--commit", "abc123", "--out", str(out)], capture_output=True, text=True, check=True)
     return done, out
 
@@ -326,7 +326,7 @@ def test_generator_merges_reports_newest_last(tmp_path):
                                                             ("torch.float16", "loss", 0.8)])))
     new.write_text(json.dumps(report("2026-02-01T00:00:00", [("torch.float16", "win", 1.4)])))
     out = tmp_path / "tables"
-    script = str(ROOT / "scripts" / "make_dispatch_table.py")
+    script = str(ROOT / "tools" / "make_dispatch_table.py")
     done = subprocess.run([sys.executable, script, str(old), str(new), "--commit", "aaa", "bbb", "--out", str(out)],
                           capture_output=True, text=True, check=True)
     assert "2 entries, 2 use the Triton kernel" in done.stdout
@@ -421,7 +421,7 @@ def test_the_generator_refuses_a_report_that_cannot_support_a_table(tmp_path, ca
     report, words = BAD_REPORTS[case]
     path = tmp_path / "report.json"
     path.write_text(json.dumps(report))
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "make_dispatch_table.py"), str(path), "--out",
+    done = subprocess.run([sys.executable, str(ROOT / "tools" / "make_dispatch_table.py"), str(path), "--out",
                            str(tmp_path / "tables")], capture_output=True, text=True)
     assert done.returncode != 0 and not (tmp_path / "tables").exists(), done.stdout
     assert re.search(words, done.stderr), done.stderr
@@ -436,7 +436,7 @@ def test_merged_reports_take_the_newer_dates_entries_whatever_the_order_given(tm
     for name, report in (("newer.json", newer), ("older.json", older)):  # newest first on the command line
         paths.append(tmp_path / name)
         paths[-1].write_text(json.dumps(report))
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "make_dispatch_table.py"), *map(str, paths), "--commit",
+    subprocess.run([sys.executable, str(ROOT / "tools" / "make_dispatch_table.py"), *map(str, paths), "--commit",
                     "bbb", "aaa", "--out", str(tmp_path / "tables")], check=True, capture_output=True, text=True)
     table = json.loads((tmp_path / "tables" / "test-gpu-x.json").read_text())
     entry = table["entries"]["bfloat16/D64/causal/B8/S256"]

@@ -1,4 +1,4 @@
-"""The Nsight Compute scripts a GPU session runs as they are (scripts/ncu_attention.py, scripts/ncu_summary.py):
+"""The Nsight Compute scripts a GPU session runs as they are (tools/ncu_attention.py, tools/ncu_summary.py):
 the summary reads ncu's raw CSV page, and the driver refuses bad arguments by name before it touches a GPU."""
 import subprocess
 import sys
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+SCRIPTS = Path(__file__).resolve().parents[2] / "tools"
 sys.path.insert(0, str(SCRIPTS))
 import ncu_summary  # noqa: E402
 

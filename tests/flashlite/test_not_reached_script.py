@@ -1,4 +1,4 @@
-"""scripts/not_reached.py, which names the tests a GPU pass stopped by its time limit never ran: against the JUnit XML
+"""tools/not_reached.py, which names the tests a GPU pass stopped by its time limit never ran: against the JUnit XML
 pytest itself writes, for tests in classes, parametrized tests and nested folders."""
 import subprocess
 import sys
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+SCRIPTS = Path(__file__).resolve().parents[2] / "tools"
 sys.path.insert(0, str(SCRIPTS))
 import not_reached  # noqa: E402
 

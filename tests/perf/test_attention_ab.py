@@ -76,7 +76,7 @@ def test_forward_d128_triton_vs_sdpa(shape, kernel_ab):
 
 
 # Cases 1-13 at D=64 and D=128 (a shape names no case, so that the five shapes measured before keep their history):
-# backend="auto" decides calls with a gradient by these comparisons (scripts/make_dispatch_table.py).
+# backend="auto" decides calls with a gradient by these comparisons (tools/make_dispatch_table.py).
 BACKWARD_SHAPES = [dict(B=c.B, S=c.S, H=c.H, D=D) for D in (64, 128) for c in CASES if c.number != 14]
 
 

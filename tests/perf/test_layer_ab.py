@@ -231,10 +231,10 @@ def _first_gradients(model, x: torch.Tensor, projection: torch.Tensor) -> dict[s
 
 # Bound on ||compiled - eager|| / ||eager|| for each first-step gradient above 8,192 tokens: a coarse check that
 # catches a wrong or missing gradient (a zero gradient gives 1.0, a sign flip 2.0, half a gradient 0.5), not a
-# precision test. Two correct backwards in different precisions altogether, the "mixed" layer and the plain bf16
-# block, differed by at most 0.073 (ln1.bias, whose gradient sums over tokens with cancellation; the others at
-# most 0.028) on the CPU (benchmarks/results/cpu-host-2026-12-04/gradient_agreement_probe.txt); the compiled and
-# the eager layer share one precision, so 0.25 is over 3x that.
+# precision test. Two correct backwards in different precisions altogether, the "mixed" layer and the plain bf16 block,
+# differed by at most 0.073 (ln1.bias, whose gradient sums over tokens with cancellation; the others at most 0.028) on
+# the CPU (benchmarks/results/cpu-host-2026-12-04/gradient_agreement_probe.txt at commit 8ca4529); the compiled and the
+# eager layer share one precision, so 0.25 is over 3x that.
 GRADIENT_AGREEMENT = 0.25
 
 
@@ -326,7 +326,8 @@ GRAPH_SHAPES = [dict(case=1, B=1, S=128), dict(case=2, B=1, S=1024), dict(case=5
 @torch.no_grad()
 def test_cuda_graph_compiled_layer_vs_compiled_plain_block(shape, kernel_ab, blocks):
     # CudaGraphRunner over the layer under torch.compile: the graph replays Inductor's kernels (fewer launches and
-    # less GPU time than the eager layer's at cases 1, 2, 5 in layer_profile.py, run N1).
+    # less GPU time than the eager layer's at cases 1, 2, 5: scripts/layer_profile.py's output in
+    # benchmarks/results/h200-2026-12-04-d/ at commit 8ca4529).
     _, compiled, layer, plain_fp32 = blocks
     x = _inputs(shape)
     runner = CudaGraphRunner(_compile_layer(layer))

@@ -7,7 +7,7 @@ FlexAttention, compiled, with the equivalent block mask or score function, where
 checks that both sides agree on fresh inputs; the forward+backward ones ("fwd+bwd ..." comparisons) time a forward
 and a backward with one random incoming gradient and leave the gradients to tests/flashlite (SDPA's backward
 accumulates with atomics, so its own repeats differ by rounding). Every shape names its variant
-(``shape["variant"]``), which ``scripts/make_dispatch_table.py`` keys the dispatch table on. bf16, H=16, causal.
+(``shape["variant"]``), which ``tools/make_dispatch_table.py`` keys the dispatch table on. bf16, H=16, causal.
 """
 from __future__ import annotations
 
