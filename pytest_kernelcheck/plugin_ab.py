@@ -548,12 +548,13 @@ def _summarise(session: _ABSession, terminalreporter: Any) -> None:
         terminalreporter.write_line("no A/B comparisons ran")
         return
     report.write_terminal(terminalreporter, session.built, session.notes, errors=session.errors)
-    if session.regressions:
-        from . import gate
+    from . import gate
 
+    for line in gate.unchecked_lines(session.rules, session.built):
+        terminalreporter.write_line(line, yellow=True)
+    if session.regressions:
         terminalreporter.write_sep("=", "kernelcheck: regressions", red=True, bold=True)
         differences = session.built.get("machine_differences") or ()
         for line in gate.regression_lines(session.regressions, differences):
             terminalreporter.write_line(line, red=not line.startswith(" "), bold=line.startswith("WARNING"))
-        terminalreporter.write_line(f"{len(session.regressions)} regression(s): the session fails "
-                                    f"(--kernel-ab-compare-fail)")
+        terminalreporter.write_line(gate.failing_line(session.regressions))

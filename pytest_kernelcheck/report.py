@@ -80,11 +80,14 @@ def build_report(
     comparisons = _with_benjamini_hochberg(comparisons, alpha)
     regressions = None
     machine_differences: tuple[str, ...] = ()
+    vanished: tuple[ComparisonRecord, ...] = ()
     if previous is not None:
         from .storage import machine_differences as differences
+        from .unmatched import vanished_rows
 
         earlier = ABReport.from_json(previous)
         comparisons, regressions = _mark_against_previous(comparisons, earlier.comparisons)
+        vanished = vanished_rows(earlier.comparisons, comparisons)
         machine_differences = differences(earlier.environment, environment or {})
     tested = [r for r in comparisons if _tested(r)]
     speedups = [float(r.speedup) for r in tested if r.speedup]
@@ -115,6 +118,7 @@ def build_report(
         measurements=tuple(measurements),
         finished=finished,
         machine_differences=machine_differences,
+        vanished=vanished,
     )
     return report.to_json()
 
@@ -523,6 +527,11 @@ def write_markdown(report: Mapping[str, Any], path: str | Path, history: Sequenc
     lines += _markdown_table(*table_rows(typed))
     errors = [line for error in error_lines(typed) for line in error.splitlines()]
     lines += [""] + (_fenced(errors) if errors else []) + ["", summary_line(typed), ""]
+    if typed.vanished:  # the earlier run's rows this run lacks: a list whose names are shown as written
+        from .unmatched import vanished_lines
+
+        heading, *rows = vanished_lines(typed.vanished)
+        lines += [heading, ""] + _fenced([row.strip() for row in rows]) + [""]
     if machine_lines(typed):
         lines += machine_lines(typed) + [""]
     if gpu_lines(typed):
@@ -787,7 +796,9 @@ def ceiling_lines(report: ABReport | Mapping[str, Any]) -> list[str]:
 
 def _vs_last(vs_last: LastRun | None) -> str:
     if vs_last is None:
-        return "new"
+        from .unmatched import NEW_ROW
+
+        return NEW_ROW
     text = f"was {_speedup(vs_last.speedup)}x {vs_last.verdict}"
     notes = [note for note in (vs_last.timing_change, vs_last.baseline_change) if note]
     if notes:
@@ -860,6 +871,9 @@ def summary_line(report: ABReport | Mapping[str, Any]) -> str:
         parts.append(f"{s.throttled} ran while the SM clock dropped below 90% (see clock in the JSON)")
     if s.regressions is not None:
         parts.append(f"{len(s.regressions)} regression(s) vs last run")
+        missing = len(_as_report(report).vanished)
+        if missing:
+            parts.append(f"{missing} missing from this run")
     return "; ".join(parts)
 
 
@@ -919,6 +933,11 @@ def write_terminal(
         for line in error_lines(typed):
             terminal.write_line(line, red=True)
         terminal.write_line(summary_line(typed))
+    if typed.vanished:
+        from .unmatched import vanished_lines
+
+        for line in vanished_lines(typed.vanished):
+            terminal.write_line(line, yellow=True, bold=not line.startswith(" "))
     for line in machine_lines(typed):
         terminal.write_line(line, yellow=True, bold=True)
     for line in gpu_lines(typed):
