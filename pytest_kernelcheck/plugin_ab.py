@@ -209,7 +209,7 @@ class _ThisMachine:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    from . import gate, report, storage, throughput
+    from . import gate, option_rules, report, storage, throughput
 
     _refuse_empty_options(config)
     settings: dict[str, Any] = {}
@@ -265,6 +265,8 @@ def pytest_configure(config: pytest.Config) -> None:
     # None: not given; an empty name is given, and refused by check_name rather than taken for "not saving".
     saving = save_name is not None or bool(config.getoption("kernel_ab_autosave") or
                                            config.getini("kernel_ab_autosave"))
+    option_rules.check(config, ab=enabled, profiling=profile is not None, saving=saving,
+                       comparing=compare_spec is not None, reporting=report_path is not None, history=history_count)
     previous = None
     save_folder = None
     try:
