@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from . import clocks, escape, outputs, stats, throughput, timing
+from . import clocks, escape, outputs, stats, throughput, timer_resolution, timing
 from . import inputs as owned_inputs
 from .gpu_lock import device_lock
 from .records import (
@@ -389,6 +389,7 @@ class _Measurement:
     notes: list[str]
     ceiling: CeilingRecord | None = None
     input_sets: int | None = None
+    unresolved: str | None = None  # why the timer cannot resolve the samples (timer_resolution); None when it can
 
 
 # What a run asks for a ceiling: given the timer that timed it, the ceiling of that device (or None).
@@ -483,7 +484,9 @@ def _measure(
         if is_cuda and timer.hold_gpu:
             timer.holds = timer.short_holds = 0  # the hold adapts during warm-up; count sampling rounds only
         if budget.calls_per_sample == "auto":
-            calls = timing.choose_calls_per_sample(timing.calibrated_single_call(warm))
+            single = timing.calibrated_single_call(warm)
+            calls = timer_resolution.calls_for(timer, single, timing.choose_calls_per_sample(single),
+                                               timing.MAX_CALLS_PER_SAMPLE)
         else:
             calls = int(budget.calls_per_sample)
         timed_fns, repeat, method = _timed_callables(timer, fns, calls, budget, notes)
@@ -500,6 +503,8 @@ def _measure(
         throttle_note = monitor.note(taken)
         if throttle_note:
             notes.append(throttle_note)
+        # Per sample as the timer read it: per-call times times the calls a sample held (one graph replay of them).
+        unresolved = timer_resolution.unresolved(timer, [[t * calls for t in times] for times in samples.times])
         if not is_cuda:  # on a GPU the spread is the clock's and the throttling flag's business
             notes.extend(n for n in (stats.spread_note(times, side) for times, side in zip(samples.times, sides)) if n)
         if is_cuda and timer.hold_gpu and timer.short_holds:
@@ -519,7 +524,7 @@ def _measure(
     device = f"{timer.device} ({timer.device_name})" if is_cuda else timer.name
     return _Measurement(
         samples, method, calls, monitor.summary(), monitor.throttled, elapsed, stop_reason, looks_done, device, notes,
-        found_ceiling, len(owned) if owned is not None else None,
+        found_ceiling, len(owned) if owned is not None else None, unresolved,
     )
 
 
@@ -683,6 +688,9 @@ def run_comparison(
         owned_inputs.check_fresh_outputs(candidate, baseline, inputs, check)
         measured.notes.append(_fresh_note(check, "the baseline's"))
     analysis = latest["analysis"]
+    if measured.unresolved:  # samples within a few ticks: no verdict the timer could not have seen
+        analysis = dataclasses.replace(analysis, verdict="inconclusive")
+        measured.notes.append(measured.unresolved)
     candidate_ms = float(np.median(measured.samples.times[0])) * 1e3
     baseline_ms = float(np.median(measured.samples.times[1])) * 1e3
 
@@ -855,6 +863,9 @@ def run_tournament(
         measured.notes.append(_fresh_note(check, f"variant {names[0]!r}'s"))
 
     ranking, pairwise = latest["ranking"], latest["pairwise"]
+    if measured.unresolved:  # as for a comparison: no pair is told apart on samples within a few ticks
+        pairwise = [dataclasses.replace(pair, verdict="inconclusive") for pair in pairwise]
+        measured.notes.append(measured.unresolved)
     best = ranking[0]
     separated = {p.slower for p in pairwise if p.faster == best and p.verdict == "win"}
     median_ms = {n: float(np.median(t)) * 1e3 for n, t in zip(names, measured.samples.times)}
