@@ -993,8 +993,9 @@ class KernelAB:
         if name is not None:
             label = str(name)
             # An empty or blank name made an unlabelled report row, matched to the earlier report by nothing
-            # visible; a line break split the row of the markdown report and the summary line.
-            if not label.strip() or any(c in label for c in "\r\n"):
+            # visible; a line break split the row of the markdown report and the summary line. splitlines knows
+            # every line break (\v, \f, \x1c-\x1e, \x85, \u2028, \u2029 too), as every reader of the text does.
+            if not label.strip() or label.splitlines() != [label]:
                 raise ValueError(f"name must be a non-empty, one-line label for the comparison, got {name!r}")
             return label
         while True:

@@ -30,6 +30,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from .records import ABReport, ComparisonRecord, LastRun
 from .stats import decimals, decimals_apart
+from .visible_text import visible
 
 OPTION = "--kernel-ab-compare-fail"
 ACCEPTED_FORMS = "'verdict', 'speedup:X%' (X a percentage such as 5 or 2.5) or 'loss'"
@@ -218,7 +219,7 @@ def unchecked_lines(rules: Sequence[Rule], report: ABReport | Mapping[str, Any])
     fresh = new_rows(typed.comparisons) if typed.compared_with_last_run else ()
     if not judging or not fresh:
         return []
-    names = "; ".join(f"{row.nodeid or '-'} / {row.name}" for row in fresh)
+    names = "; ".join(f"{visible(row.nodeid or '-')} / {visible(row.name)}" for row in fresh)
     return [f"{len(fresh)} comparison(s) new in this run, not checked by {', '.join(judging)} (no earlier row): "
             f"{names}"]
 
@@ -263,7 +264,7 @@ machine's, not the code's"
     for regression in regressions:
         record = regression.record
         shape = " ".join(f"{k}={v}" for k, v in (record.shape or {}).items())
-        title = f"{record.nodeid or '-'} / {record.name}" + (f" ({shape})" if shape else "")
+        title = f"{visible(record.nodeid or '-')} / {visible(record.name)}" + (f" ({visible(shape)})" if shape else "")
         lines.append(f"{title} [{regression.rule}]: {regression.reason}")
         if regression.missing:
             lines += [f"  was {_speed(record.speedup, record.ci, record.verdict)}", "  now not in this run"]

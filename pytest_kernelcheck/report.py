@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterable, Mapping, Sequence
 
 from . import per_gpu, stats
+from .visible_text import visible
 from .records import (  # SCHEMA and SCHEMA_VERSION are re-exported: readers of reports know them from here
     BASELINE_MOVE,
     SCHEMA,
@@ -578,7 +579,7 @@ def history_lines(report: ABReport | Mapping[str, Any], history: Sequence[Any]) 
              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for record in typed.comparisons:
         earlier = [run.speedups.get((record.nodeid, record.name)) for run in history]
-        cells = [str(record.name), format_shape(record.shape),
+        cells = [visible(record.name), format_shape(record.shape),
                  *(f"{_speedup(value)}x" if value is not None else "-" for value in earlier),
                  f"{_speedup(record.speedup)}x" if record.speedup is not None else "-"]
         lines.append("| " + " | ".join(_markdown_cell(cell) for cell in cells) + " |")
@@ -642,8 +643,8 @@ def _as_report(report: ABReport | Mapping[str, Any]) -> ABReport:
 
 
 def _label(record: ComparisonRecord) -> str:
-    shape = format_shape(record.shape)
-    return f"{record.name}" + (f" ({shape})" if shape and shape not in str(record.name) else "")
+    shape, name = format_shape(record.shape), visible(record.name)  # matplotlib cannot draw a lone surrogate
+    return name + (f" ({shape})" if shape and shape not in name else "")
 
 
 def format_shape(shape: Any) -> str:
@@ -655,8 +656,8 @@ def format_shape(shape: Any) -> str:
     if not shape:
         return ""
     if isinstance(shape, dict):
-        return " ".join(f"{k}={v}" for k, v in shape.items())
-    return str(shape)
+        return visible(" ".join(f"{k}={v}" for k, v in shape.items()))
+    return visible(shape)
 
 
 def _number(value: Any, spec: str) -> str:
@@ -702,7 +703,7 @@ def table_rows(report: ABReport | Mapping[str, Any]) -> tuple[list[str], list[li
         else:
             speed = f"{_speedup(record.speedup)}x {_interval(record.ci)}"
         row = [
-            str(record.name),
+            visible(record.name),
             format_shape(record.shape),
             _number(record.candidate_ms, ".4g"),
             _number(record.baseline_ms, ".4g"),
@@ -749,7 +750,7 @@ def measurement_rows(report: ABReport | Mapping[str, Any]) -> tuple[list[str], l
     rows = []
     for record in _as_report(report).measurements:
         if record.failed:
-            rows.append([str(record.name), format_shape(record.shape), _shorten(_one_line(str(record.error)), 40),
+            rows.append([visible(record.name), format_shape(record.shape), _shorten(_one_line(str(record.error)), 40),
                          "-", "-", "-", "-", "-"])
             continue
         rates = record.throughput or ThroughputRecord()
@@ -757,7 +758,7 @@ def measurement_rows(report: ABReport | Mapping[str, Any]) -> tuple[list[str], l
         interval = f"[{_number(low, '.4g') if low is not None else '0'}, " \
                    f"{_number(high, '.4g') if high is not None else 'inf'}]"
         rows.append([
-            str(record.name), format_shape(record.shape), _number(record.median_ms, ".4g"), interval,
+            visible(record.name), format_shape(record.shape), _number(record.median_ms, ".4g"), interval,
             str(record.n_samples), _rate(rates.tflops, rates.tflops_pct), _rate(rates.gbps, rates.gbps_pct),
             str(record.run.method or "-"),
         ])
@@ -823,7 +824,7 @@ def error_lines(report: ABReport | Mapping[str, Any]) -> list[str]:
     ...                          settings={}))
     ['error in a: boom']
     """
-    return [f"error in {r.name}: {r.error}" for r in _as_report(report).comparisons if r.failed]
+    return [f"error in {visible(r.name)}: {r.error}" for r in _as_report(report).comparisons if r.failed]
 
 
 def gpu_lines(report: ABReport | Mapping[str, Any]) -> list[str]:
@@ -885,13 +886,13 @@ def tournament_lines(record: TournamentRecord | Mapping[str, Any]) -> list[str]:
     """
     if not isinstance(record, TournamentRecord):
         record = TournamentRecord.from_json(record)
-    title = f"tournament {record.name}" + (f" ({format_shape(record.shape)})" if record.shape else "")
+    title = f"tournament {visible(record.name)}" + (f" ({format_shape(record.shape)})" if record.shape else "")
     if record.failed:
         return [f"{title}: error: {record.error}"]
     best = record.best
     ranking = []
     for variant in record.ranking:
-        text = f"{variant} {_number(record.median_ms[variant], '.4g')} ms"
+        text = f"{visible(variant)} {_number(record.median_ms[variant], '.4g')} ms"
         rates = record.throughput.get(variant)
         if rates is not None:
             text += "".join(f", {_rate(value, share)} {unit}" for value, share, unit in (
@@ -899,10 +900,11 @@ def tournament_lines(record: TournamentRecord | Mapping[str, Any]) -> list[str]:
         pair = record.versus_best(variant)
         if pair is not None:
             speed = f"{_speedup(pair.speedup)}x {_interval(pair.ci)}"
-            text += f" ({speed} slower, {pair.verdict} for {best})"
+            text += f" ({speed} slower, {pair.verdict} for {visible(best)})"
         ranking.append(text)
     return [
-        f"{title}: best {best}; indistinguishable from best: {', '.join(record.indistinguishable_from_best)}",
+        f"{title}: best {visible(best)}; indistinguishable from best: "
+        f"{', '.join(map(visible, record.indistinguishable_from_best))}",
         "  ranking: " + " > ".join(ranking),
         f"  {record.n_rounds} rounds, {record.run.method}",
     ]

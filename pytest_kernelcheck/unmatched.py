@@ -17,6 +17,7 @@ from typing import Sequence
 
 from .records import ComparisonRecord
 from .stats import decimals
+from .visible_text import visible
 
 NEW_ROW = "new (not checked)"  # the "vs last run" cell of a row the earlier run did not have
 
@@ -45,7 +46,7 @@ def describe(row: ComparisonRecord) -> str:
         low_text = "0" if low is None else decimals(float(low))
         high_text = "inf" if high is None else decimals(float(high))
         was = f"was {number}x [{low_text}, {high_text}] {row.verdict}"
-    return f"{row.nodeid or '-'} / {row.name}: {was}"
+    return f"{visible(row.nodeid or '-')} / {visible(row.name)}: {visible(was)}"
 
 
 def vanished_lines(vanished: Sequence[ComparisonRecord]) -> list[str]:
