@@ -118,3 +118,15 @@ def test_end_to_end_a_run_with_such_names_reports_them_escaped(pytester):
         "A/B report: out/ab.json, out/ab.md, out/ab.png",
     ])
     assert "\x1b[31mred" not in result.stdout.str()
+
+
+def test_the_per_gpu_disagreement_warning_shows_names_escaped():
+    def on_gpu(name, verdict, index):
+        return {"kind": "comparison", "nodeid": "t.py::a", "name": name, "verdict": verdict, "speedup": 1.1,
+                "ci": [1.05, 1.15], "p_value": 0.01, "gpu": {"index": index, "name": "NVIDIA H200", "uuid": f"GPU-{index}"}}
+
+    built = report.build_report([on_gpu(NAMES["control"], "win", 0), on_gpu(NAMES["control"], "loss", 1)],
+                                settings={})
+    warnings = [line for line in report.gpu_lines(built) if line.startswith("WARNING")]
+    assert warnings == ["WARNING: t.py::a esc\\x1b[31mred\\x07\\x00: verdicts differ across NVIDIA H200 GPUs: win on "
+                        "GPU 0, loss on GPU 1"]
