@@ -191,8 +191,9 @@ class ComparisonResult:
         ((0.0, None), 'comparison')
         """
         return ComparisonRecord(
-            self.name, self.verdict, nodeid=self.nodeid, shape=self.shape, speedup=self.speedup,
-            ci=finite_interval(self.ci), p_value=self.p_value, p_value_raw=self.p_value_raw, n_pairs=self.n_pairs,
+            # A speedup the timer could not read (samples of 0 s, timer_resolution) is NaN here and null in the row.
+            self.name, self.verdict, nodeid=self.nodeid, shape=self.shape,
+            speedup=self.speedup if math.isfinite(self.speedup) else None, ci=finite_interval(self.ci), p_value=self.p_value, p_value_raw=self.p_value_raw, n_pairs=self.n_pairs,
             candidate_ms=self.candidate_ms, baseline_ms=self.baseline_ms, flush_l2=self.flush_l2,
             run=_run_details(self), candidate_samples_ms=tuple(self.candidate_samples_ms),
             baseline_samples_ms=tuple(self.baseline_samples_ms), candidate_first=tuple(self.candidate_first),
@@ -677,6 +678,13 @@ def run_comparison(
     latest: dict[str, stats.PairedAnalysis] = {}
 
     def on_look(samples: timing.RoundSamples) -> bool:
+        if not all(t > 0 for times in samples.times for t in times):
+            # A sample read as 0 s: the calls took less than one tick. More samples cannot help; after sampling,
+            # a coarse timer makes this inconclusive (timer_resolution) and an exact one an error.
+            latest["below_a_tick"] = samples
+            latest["analysis"] = stats.PairedAnalysis(samples.n_rounds, math.nan, (0.0, math.inf), 1.0,
+                                                      1 - alpha_look, "inconclusive")
+            return True
         d = _log_ratios(samples.times[1], samples.times[0], ("baseline", "candidate"))
         latest["analysis"] = stats.analyse_log_ratios(d, alpha=alpha_look, margin=budget.margin)
         return latest["analysis"].verdict != "inconclusive"
@@ -688,6 +696,9 @@ def run_comparison(
         owned_inputs.check_fresh_outputs(candidate, baseline, inputs, check)
         measured.notes.append(_fresh_note(check, "the baseline's"))
     analysis = latest["analysis"]
+    if "below_a_tick" in latest and not measured.unresolved:  # an exact clock read 0 s: the timer is wrong
+        zero = latest["below_a_tick"]
+        _log_ratios(zero.times[1], zero.times[0], ("baseline", "candidate"))  # raises, naming the side
     if measured.unresolved:  # samples within a few ticks: no verdict the timer could not have seen
         analysis = dataclasses.replace(analysis, verdict="inconclusive")
         measured.notes.append(measured.unresolved)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterable, Mapping, Sequence
 
 from . import per_gpu, stats
+from .timer_resolution import UNRESOLVED_PREFIX
 from .visible_text import visible
 from .records import (  # SCHEMA and SCHEMA_VERSION are re-exported: readers of reports know them from here
     BASELINE_MOVE,
@@ -698,6 +699,8 @@ def table_rows(report: ABReport | Mapping[str, Any]) -> tuple[list[str], list[li
             verdict += " (throttled)"
         if record.verdict_bh and record.verdict_bh != record.verdict:
             verdict += " (not after BH)"
+        if any(note.startswith(UNRESOLVED_PREFIX) for note in record.run.notes):  # the note says which timer
+            verdict += " (below timer resolution)"
         if record.failed:
             speed = _shorten(_one_line(str(record.error)), 40)
         else:

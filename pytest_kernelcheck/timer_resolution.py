@@ -28,6 +28,7 @@ import statistics
 from typing import Any, Sequence
 
 TICKS_PER_SAMPLE = 100
+UNRESOLVED_PREFIX = "inconclusive: "  # how the note of a comparison the timer could not resolve begins
 # cudaEventElapsedTime: "this value has a resolution of around 0.5 microseconds" (CUDA runtime API reference).
 CUDA_EVENT_RESOLUTION_S = 0.5e-6
 
@@ -83,7 +84,7 @@ def unresolved(timer: Any, raw_samples: Sequence[Sequence[float]]) -> str | None
         return None
     step = observed_step(readings)
     if step is None and resolution is None:  # every sample read the same: the clock showed no step at all
-        return (f"inconclusive: every sample of timer {name!r} read {readings[0]:.3g} s, so its resolution may be "
+        return (f"{UNRESOLVED_PREFIX}every sample of timer {name!r} read {readings[0]:.3g} s, so its resolution may be "
                 f"as coarse as the samples and no difference could show; time more calls per sample "
                 f"(calls_per_sample)")
     if resolution is None:  # a timer that declares none: the smallest step between its readings bounds its tick
@@ -92,6 +93,6 @@ def unresolved(timer: Any, raw_samples: Sequence[Sequence[float]]) -> str | None
     # The relative slack keeps a sample of exactly 100 ticks, read through floating point, on the right side.
     if shortest >= TICKS_PER_SAMPLE * resolution * (1 - 1e-9):
         return None
-    return (f"inconclusive: the samples (median {shortest:.3g} s) span fewer than {TICKS_PER_SAMPLE} ticks of timer "
+    return (f"{UNRESOLVED_PREFIX}the samples (median {shortest:.3g} s) span fewer than {TICKS_PER_SAMPLE} ticks of timer "
             f"{name!r}, whose resolution is {resolution:.3g} s: a difference below it cannot be told from rounding; "
             f"time more calls per sample (calls_per_sample)")

@@ -11,6 +11,8 @@ from pytest_kernelcheck.ab import Budget, run_comparison
 
 QUICK = Budget(max_time=0.5, warmup=0.01)
 
+pytest_plugins = ["pytester"]
+
 
 class TickTimer:
     """A clock that reads whole ticks: every duration of an exact simulation, rounded to the nearest tick.
@@ -98,3 +100,56 @@ def test_a_tournament_on_samples_within_a_few_ticks_separates_no_variant():
     assert [pair.verdict for pair in result.pairwise] == ["inconclusive"]
     assert result.indistinguishable_from_best == ["fast", "slow"]
     assert any("whose resolution is 0.001 s" in note for note in result.notes)
+
+
+@pytest.mark.parametrize("declare", [True, False])
+def test_calls_shorter_than_a_tick_even_batched_are_inconclusive_not_an_error(declare):
+    # 0.3 us calls on a 1 ms clock: even 1000 calls read 0 ticks. An error failed the test; nothing was wrong with
+    # the code, only with what the clock can see.
+    candidate, baseline = (lambda: None), (lambda: None)
+    timer = TickTimer(1e-3, {candidate: _jittered(0.3e-6), baseline: _jittered(0.4e-6)}, declare=declare)
+    result = run_comparison(candidate, baseline, QUICK, timer=timer)
+    assert result.verdict == "inconclusive" and result.calls_per_sample == 1000
+    assert any(note.startswith("inconclusive:") and "timer 'ticks'" in note for note in result.notes)
+    assert result.to_record().to_json()["verdict"] == "inconclusive"
+
+
+COARSE_CLOCK_TEST = """
+from pytest_kernelcheck.timing import SimulatedTimer
+
+class TickTimer:
+    name, lock_key, resolution_s = "ticks", "ticks", 1e-3
+
+    def __init__(self, models):
+        self._exact = SimulatedTimer(models)
+
+    def time_calls(self, fns, repeat):
+        return [round(d / 1e-3) * 1e-3 for d in self._exact.time_calls(fns, repeat)]
+
+    def now(self):
+        return self._exact.now()
+
+def candidate():
+    pass
+
+def baseline():
+    pass
+
+def test_coarse(kernel_ab):
+    timer = TickTimer({candidate: lambda rng, now: 1.0e-3, baseline: lambda rng, now: 1.4e-3})
+    assert kernel_ab.compare(candidate, baseline, name="hidden by the tick", timer=timer,
+                             calls_per_sample=1).verdict == "inconclusive"
+"""
+
+
+def test_end_to_end_the_report_row_says_the_timer_could_not_resolve_it(pytester):
+    import json
+
+    pytester.makepyfile(test_coarse=COARSE_CLOCK_TEST)
+    result = pytester.runpytest("--kernel-ab", "--kernel-ab-max-time", "0.2", "-p", "no:cacheprovider",
+                                "--kernel-ab-report", "ab.json")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["hidden by the tick *inconclusive (below timer resolution)*"])
+    row = json.loads((pytester.path / "ab.json").read_text())["comparisons"][0]
+    assert row["verdict"] == "inconclusive"
+    assert any("whose resolution is 0.001 s" in note for note in row["notes"])
