@@ -954,6 +954,8 @@ def run_measurement(
 
     measured = _measure([fn], ["the measured function"], budget, timer, on_look,
                         _ceiling_source(work.given, dtype, ceilings), make_inputs=inputs)
+    if measured.unresolved:  # the interval of samples within a few ticks is the clock's rounding, not the call's
+        measured.notes.append(measured.unresolved)
     seconds = measured.samples.times[0]
     median_s = float(np.median(seconds))
     low, high = stats.median_interval(seconds, alpha_look)

@@ -153,3 +153,13 @@ def test_end_to_end_the_report_row_says_the_timer_could_not_resolve_it(pytester)
     row = json.loads((pytester.path / "ab.json").read_text())["comparisons"][0]
     assert row["verdict"] == "inconclusive"
     assert any("whose resolution is 0.001 s" in note for note in row["notes"])
+
+
+def test_a_measurement_within_a_few_ticks_says_its_interval_is_the_clocks_rounding():
+    from pytest_kernelcheck.ab import run_measurement
+
+    fn = lambda: None  # noqa: E731
+    timer = TickTimer(1e-3, {fn: _jittered(2e-3)})
+    result = run_measurement(fn, QUICK.replace(calls_per_sample=1), timer=timer)
+    assert result.ci_ms == (2.0, 2.0)  # every sample read two ticks: an interval of no width
+    assert any("whose resolution is 0.001 s" in note for note in result.notes)
