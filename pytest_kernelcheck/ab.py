@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from . import clocks, escape, outputs, stats, throughput, timing
+from . import clocks, escape, outputs, stats, throughput, timer_resolution, timing
 from . import inputs as owned_inputs
 from .gpu_lock import device_lock
 from .records import (
@@ -191,8 +191,9 @@ class ComparisonResult:
         ((0.0, None), 'comparison')
         """
         return ComparisonRecord(
-            self.name, self.verdict, nodeid=self.nodeid, shape=self.shape, speedup=self.speedup,
-            ci=finite_interval(self.ci), p_value=self.p_value, p_value_raw=self.p_value_raw, n_pairs=self.n_pairs,
+            # A speedup the timer could not read (samples of 0 s, timer_resolution) is NaN here and null in the row.
+            self.name, self.verdict, nodeid=self.nodeid, shape=self.shape,
+            speedup=self.speedup if math.isfinite(self.speedup) else None, ci=finite_interval(self.ci), p_value=self.p_value, p_value_raw=self.p_value_raw, n_pairs=self.n_pairs,
             candidate_ms=self.candidate_ms, baseline_ms=self.baseline_ms, flush_l2=self.flush_l2,
             run=_run_details(self), candidate_samples_ms=tuple(self.candidate_samples_ms),
             baseline_samples_ms=tuple(self.baseline_samples_ms), candidate_first=tuple(self.candidate_first),
@@ -389,6 +390,7 @@ class _Measurement:
     notes: list[str]
     ceiling: CeilingRecord | None = None
     input_sets: int | None = None
+    unresolved: str | None = None  # why the timer cannot resolve the samples (timer_resolution); None when it can
 
 
 # What a run asks for a ceiling: given the timer that timed it, the ceiling of that device (or None).
@@ -483,7 +485,9 @@ def _measure(
         if is_cuda and timer.hold_gpu:
             timer.holds = timer.short_holds = 0  # the hold adapts during warm-up; count sampling rounds only
         if budget.calls_per_sample == "auto":
-            calls = timing.choose_calls_per_sample(timing.calibrated_single_call(warm))
+            single = timing.calibrated_single_call(warm)
+            calls = timer_resolution.calls_for(timer, single, timing.choose_calls_per_sample(single),
+                                               timing.MAX_CALLS_PER_SAMPLE)
         else:
             calls = int(budget.calls_per_sample)
         timed_fns, repeat, method = _timed_callables(timer, fns, calls, budget, notes)
@@ -500,6 +504,8 @@ def _measure(
         throttle_note = monitor.note(taken)
         if throttle_note:
             notes.append(throttle_note)
+        # Per sample as the timer read it: per-call times times the calls a sample held (one graph replay of them).
+        unresolved = timer_resolution.unresolved(timer, [[t * calls for t in times] for times in samples.times])
         if not is_cuda:  # on a GPU the spread is the clock's and the throttling flag's business
             notes.extend(n for n in (stats.spread_note(times, side) for times, side in zip(samples.times, sides)) if n)
         if is_cuda and timer.hold_gpu and timer.short_holds:
@@ -519,7 +525,7 @@ def _measure(
     device = f"{timer.device} ({timer.device_name})" if is_cuda else timer.name
     return _Measurement(
         samples, method, calls, monitor.summary(), monitor.throttled, elapsed, stop_reason, looks_done, device, notes,
-        found_ceiling, len(owned) if owned is not None else None,
+        found_ceiling, len(owned) if owned is not None else None, unresolved,
     )
 
 
@@ -672,6 +678,13 @@ def run_comparison(
     latest: dict[str, stats.PairedAnalysis] = {}
 
     def on_look(samples: timing.RoundSamples) -> bool:
+        if not all(t > 0 for times in samples.times for t in times):
+            # A sample read as 0 s: the calls took less than one tick. More samples cannot help; after sampling,
+            # a coarse timer makes this inconclusive (timer_resolution) and an exact one an error.
+            latest["below_a_tick"] = samples
+            latest["analysis"] = stats.PairedAnalysis(samples.n_rounds, math.nan, (0.0, math.inf), 1.0,
+                                                      1 - alpha_look, "inconclusive")
+            return True
         d = _log_ratios(samples.times[1], samples.times[0], ("baseline", "candidate"))
         latest["analysis"] = stats.analyse_log_ratios(d, alpha=alpha_look, margin=budget.margin)
         return latest["analysis"].verdict != "inconclusive"
@@ -683,6 +696,12 @@ def run_comparison(
         owned_inputs.check_fresh_outputs(candidate, baseline, inputs, check)
         measured.notes.append(_fresh_note(check, "the baseline's"))
     analysis = latest["analysis"]
+    if "below_a_tick" in latest and not measured.unresolved:  # an exact clock read 0 s: the timer is wrong
+        zero = latest["below_a_tick"]
+        _log_ratios(zero.times[1], zero.times[0], ("baseline", "candidate"))  # raises, naming the side
+    if measured.unresolved:  # samples within a few ticks: no verdict the timer could not have seen
+        analysis = dataclasses.replace(analysis, verdict="inconclusive")
+        measured.notes.append(measured.unresolved)
     candidate_ms = float(np.median(measured.samples.times[0])) * 1e3
     baseline_ms = float(np.median(measured.samples.times[1])) * 1e3
 
@@ -855,6 +874,9 @@ def run_tournament(
         measured.notes.append(_fresh_note(check, f"variant {names[0]!r}'s"))
 
     ranking, pairwise = latest["ranking"], latest["pairwise"]
+    if measured.unresolved:  # as for a comparison: no pair is told apart on samples within a few ticks
+        pairwise = [dataclasses.replace(pair, verdict="inconclusive") for pair in pairwise]
+        measured.notes.append(measured.unresolved)
     best = ranking[0]
     separated = {p.slower for p in pairwise if p.faster == best and p.verdict == "win"}
     median_ms = {n: float(np.median(t)) * 1e3 for n, t in zip(names, measured.samples.times)}
@@ -932,6 +954,8 @@ def run_measurement(
 
     measured = _measure([fn], ["the measured function"], budget, timer, on_look,
                         _ceiling_source(work.given, dtype, ceilings), make_inputs=inputs)
+    if measured.unresolved:  # the interval of samples within a few ticks is the clock's rounding, not the call's
+        measured.notes.append(measured.unresolved)
     seconds = measured.samples.times[0]
     median_s = float(np.median(seconds))
     low, high = stats.median_interval(seconds, alpha_look)
@@ -982,8 +1006,9 @@ class KernelAB:
         if name is not None:
             label = str(name)
             # An empty or blank name made an unlabelled report row, matched to the earlier report by nothing
-            # visible; a line break split the row of the markdown report and the summary line.
-            if not label.strip() or any(c in label for c in "\r\n"):
+            # visible; a line break split the row of the markdown report and the summary line. splitlines knows
+            # every line break (\v, \f, \x1c-\x1e, \x85, \u2028, \u2029 too), as every reader of the text does.
+            if not label.strip() or label.splitlines() != [label]:
                 raise ValueError(f"name must be a non-empty, one-line label for the comparison, got {name!r}")
             return label
         while True:

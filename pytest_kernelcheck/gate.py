@@ -11,8 +11,11 @@ Three rules, each written as one expression:
 - ``loss``: any comparison of this run lost (needs no earlier run).
 
 ``verdict`` and ``speedup`` read each row's ``vs_last`` (the earlier row that :mod:`.report` matched by test and
-name), so they need ``--kernel-ab-compare``; rows new in this run, and rows that raised (their test fails on its
-own), are not judged. Everything here is a pure function of the built report.
+name), so they need ``--kernel-ab-compare``; rows that raised (their test fails on its own) are not judged. What
+the rules cannot pair is never passed in silence (:mod:`.unmatched`): a row of the compared run that this run lacks
+(renamed, removed, deselected, skipped) and that had a verdict fails the gate as *missing* whenever a rule needs the
+earlier run, and rows new in this run are listed as not checked. Everything here is a pure function of the built
+report.
 
 >>> rules = parse_rules(["verdict", "speedup:5%"])
 >>> [rule.expression for rule in rules]
@@ -27,6 +30,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from .records import ABReport, ComparisonRecord, LastRun
 from .stats import decimals, decimals_apart
+from .visible_text import visible
 
 OPTION = "--kernel-ab-compare-fail"
 ACCEPTED_FORMS = "'verdict', 'speedup:X%' (X a percentage such as 5 or 2.5) or 'loss'"
@@ -73,10 +77,11 @@ Rule = VerdictRule | SpeedupRule | LossRule
 class Regression:
     """One comparison that a rule failed: the row now, its earlier row (None for ``loss``) and why."""
 
-    rule: str  # the expression as written
-    record: ComparisonRecord
+    rule: str  # the expression as written; "missing" for an earlier row this run lacks
+    record: ComparisonRecord  # for "missing": the earlier run's row
     earlier: LastRun | None
     reason: str
+    missing: bool = False  # the compared run's row has no row in this run: the rules could not check it
 
 
 def parse_rule(text: str) -> Rule:
@@ -181,7 +186,53 @@ def evaluate(rules: Sequence[Rule], report: ABReport | Mapping[str, Any]) -> tup
             reason = _finding(rule, record)
             if reason is not None:
                 found.append(Regression(rule=rule.expression, record=record, earlier=record.vs_last, reason=reason))
-    return tuple(found)
+    return tuple(found) + _missing(rules, typed)
+
+
+def _missing(rules: Sequence[Rule], typed: ABReport) -> tuple[Regression, ...]:
+    """A finding for each earlier row with a verdict that this run lacks, when a rule needed the earlier run.
+
+    An earlier row that raised had no verdict to keep, so its absence is listed in the report but not failed.
+    """
+    judging = [rule.expression for rule in rules if rule.needs_previous]
+    if not judging:
+        return ()
+    reason = (f"in the compared run but not in this run (renamed, removed, deselected or skipped), so "
+              f"{', '.join(judging)} could not check it; rerun it, or save a new run to compare with")
+    return tuple(Regression(rule="missing", record=row, earlier=None, reason=reason, missing=True)
+                 for row in typed.vanished if row.verdict in VERDICT_RANK)
+
+
+def unchecked_lines(rules: Sequence[Rule], report: ABReport | Mapping[str, Any]) -> list[str]:
+    """The line naming this run's rows that rules needing the earlier run could not check (no earlier row).
+
+    >>> from .report import build_report
+    >>> row = {"kind": "comparison", "nodeid": "t.py::a", "name": "a", "verdict": "tie", "speedup": 1.0,
+    ...        "ci": [0.99, 1.01], "p_value": 0.5}
+    >>> unchecked_lines([VerdictRule()], build_report([row], settings={}, previous=build_report([], settings={})))
+    ['1 comparison(s) new in this run, not checked by verdict (no earlier row): t.py::a / a']
+    """
+    from .unmatched import new_rows
+
+    typed = report if isinstance(report, ABReport) else ABReport.from_json(report)
+    judging = [rule.expression for rule in rules if rule.needs_previous]
+    fresh = new_rows(typed.comparisons) if typed.compared_with_last_run else ()
+    if not judging or not fresh:
+        return []
+    names = "; ".join(f"{visible(row.nodeid or '-')} / {visible(row.name)}" for row in fresh)
+    return [f"{len(fresh)} comparison(s) new in this run, not checked by {', '.join(judging)} (no earlier row): "
+            f"{names}"]
+
+
+def failing_line(regressions: Sequence[Regression]) -> str:
+    """The gate's last line: how many regressions and missing comparisons fail the session.
+
+    >>> failing_line([])
+    '0 regression(s): the session fails (--kernel-ab-compare-fail)'
+    """
+    missing = sum(regression.missing for regression in regressions)
+    counts = f"{len(regressions) - missing} regression(s)" + (f", {missing} missing comparison(s)" if missing else "")
+    return f"{counts}: the session fails ({OPTION})"
 
 
 def _speed(speedup: float | None, ci: Sequence[float | None], verdict: str | None) -> str:
@@ -213,8 +264,11 @@ machine's, not the code's"
     for regression in regressions:
         record = regression.record
         shape = " ".join(f"{k}={v}" for k, v in (record.shape or {}).items())
-        title = f"{record.nodeid or '-'} / {record.name}" + (f" ({shape})" if shape else "")
+        title = f"{visible(record.nodeid or '-')} / {visible(record.name)}" + (f" ({visible(shape)})" if shape else "")
         lines.append(f"{title} [{regression.rule}]: {regression.reason}")
+        if regression.missing:
+            lines += [f"  was {_speed(record.speedup, record.ci, record.verdict)}", "  now not in this run"]
+            continue
         if regression.earlier is not None:
             earlier = regression.earlier
             lines.append(f"  was {_speed(earlier.speedup, earlier.ci, earlier.verdict)}")

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from .records import ComparisonRecord, GpuIdentity
+from .visible_text import visible
 
 VERDICT_ORDER = ("win", "loss", "tie", "inconclusive", "error")
 
@@ -99,5 +100,5 @@ def disagreement_lines(comparisons: Sequence[ComparisonRecord]) -> list[str]:
         if len({verdict for _, verdict in seen.values()}) > 1:
             listed = ", ".join(f"{verdict} on GPU {gpu.index if gpu.index is not None else gpu.key}"
                                for gpu, verdict in sorted(seen.values(), key=lambda s: (s[0].index or 0, s[0].key)))
-            lines.append(f"WARNING: {nodeid} {name}: verdicts differ across {model} GPUs: {listed}")
+            lines.append(f"WARNING: {visible(nodeid)} {visible(name)}: verdicts differ across {model} GPUs: {listed}")
     return lines

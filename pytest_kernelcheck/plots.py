@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from .records import ABReport, CeilingRecord, RunEnvironment
+from .visible_text import shortened, visible
 
 TREND_PANELS = 48  # small multiples beyond this make an unreadable figure; the rest are in the markdown table
 
@@ -54,11 +55,11 @@ def roofline_points(report: ABReport | Mapping[str, Any]) -> list[tuple[str, flo
             points.append((label, rates.intensity, rates.tflops))
 
     for record in typed.comparisons:
-        add(f"{record.name} (candidate)", record.candidate_throughput)
-        add(f"{record.name} (baseline)", record.baseline_throughput)
+        add(f"{visible(record.name)} (candidate)", record.candidate_throughput)
+        add(f"{visible(record.name)} (baseline)", record.baseline_throughput)
     for tournament in typed.tournaments:
         for variant, rates in tournament.throughput.items():
-            add(f"{tournament.name}: {variant}", rates)
+            add(f"{visible(tournament.name)}: {visible(variant)}", rates)
     for measurement in typed.measurements:
         add(measurement.name, measurement.throughput)
     return points
@@ -135,7 +136,8 @@ def trend_series(report: ABReport | Mapping[str, Any], history: Sequence[Any]) -
                 earlier.append((run.label, speedup, low, high))
         if earlier and record.speedup is not None:
             # The shape on a second line: a parametrized test gives every panel the same name otherwise.
-            label = str(record.name) + (f"\n{_shape_text(record.shape)}" if record.shape else "")
+            # Escaped (visible_text): matplotlib cannot draw a lone surrogate, and a line break would split a name.
+            label = visible(record.name) + (f"\n{visible(_shape_text(record.shape))}" if record.shape else "")
             series.append((label, earlier + [("this run", record.speedup, *record.ci)]))
     return series
 
@@ -171,7 +173,8 @@ def write_trend(report: ABReport | Mapping[str, Any], history: Sequence[Any], pa
         axes.set_xticklabels([p[0].split("_")[0] for p in points], rotation=45, ha="right", fontsize=6)
         axes.tick_params(axis="y", labelsize=7)
         # parse_math off: names and shapes are drawn as written, never as TeX (see report.write_plot).
-        axes.set_title("\n".join(line if len(line) <= 48 else line[:45] + "..." for line in label.split("\n")),
+        # Cut with a digest of the whole line: two names that differ only after the cut keep titles of their own.
+        axes.set_title("\n".join(shortened(line, 48) for line in label.split("\n")),
                        fontsize=7, parse_math=False)
     for axes in list(grid.flat)[len(series):]:
         axes.set_visible(False)

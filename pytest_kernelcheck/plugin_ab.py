@@ -209,7 +209,7 @@ class _ThisMachine:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    from . import gate, report, storage, throughput
+    from . import gate, option_rules, report, storage, throughput
 
     _refuse_empty_options(config)
     settings: dict[str, Any] = {}
@@ -265,6 +265,8 @@ def pytest_configure(config: pytest.Config) -> None:
     # None: not given; an empty name is given, and refused by check_name rather than taken for "not saving".
     saving = save_name is not None or bool(config.getoption("kernel_ab_autosave") or
                                            config.getini("kernel_ab_autosave"))
+    option_rules.check(config, ab=enabled, profiling=profile is not None, saving=saving,
+                       comparing=compare_spec is not None, reporting=report_path is not None, history=history_count)
     previous = None
     save_folder = None
     try:
@@ -548,12 +550,13 @@ def _summarise(session: _ABSession, terminalreporter: Any) -> None:
         terminalreporter.write_line("no A/B comparisons ran")
         return
     report.write_terminal(terminalreporter, session.built, session.notes, errors=session.errors)
-    if session.regressions:
-        from . import gate
+    from . import gate
 
+    for line in gate.unchecked_lines(session.rules, session.built):
+        terminalreporter.write_line(line, yellow=True)
+    if session.regressions:
         terminalreporter.write_sep("=", "kernelcheck: regressions", red=True, bold=True)
         differences = session.built.get("machine_differences") or ()
         for line in gate.regression_lines(session.regressions, differences):
             terminalreporter.write_line(line, red=not line.startswith(" "), bold=line.startswith("WARNING"))
-        terminalreporter.write_line(f"{len(session.regressions)} regression(s): the session fails "
-                                    f"(--kernel-ab-compare-fail)")
+        terminalreporter.write_line(gate.failing_line(session.regressions))

@@ -29,6 +29,7 @@ from typing import Any, Callable, Mapping
 from . import inputs as owned_inputs
 from . import timing
 from .ab import KernelAB, check_owned_inputs, tournament_variants
+from .visible_text import visible
 
 __all__ = ["ProfileMode", "ProfiledRun", "ProfilingKernelAB", "range_name", "trace_file_name"]
 
@@ -47,7 +48,8 @@ def range_name(nodeid: str, name: str, side: str) -> str:
     >>> range_name("tests/perf/test_a.py::test_fwd[S128]", "fwd triton vs sdpa", "candidate")
     'kernelcheck:tests/perf/test_a.py::test_fwd[S128]:fwd triton vs sdpa:candidate'
     """
-    return f"{RANGE_PREFIX}:{nodeid}:{name}:{side}"
+    # Escaped (visible_text): NVTX takes UTF-8, which a lone surrogate cannot be, and nsys shows control characters raw.
+    return f"{RANGE_PREFIX}:{visible(nodeid)}:{visible(name)}:{visible(side)}"
 
 
 def trace_file_name(nodeid: str, name: str) -> str:
@@ -59,7 +61,8 @@ def trace_file_name(nodeid: str, name: str) -> str:
     'tests_test_a.py_test_fwd_S128-causal_--fwd_vs_sdpa-3780ba09.json'
     """
     stem = f"{_UNSAFE.sub('_', nodeid)}--{_UNSAFE.sub('_', name)}"[:_MAX_STEM]
-    digest = hashlib.sha1(f"{nodeid}\0{name}".encode()).hexdigest()[:8]
+    # surrogatepass: a name holding a lone surrogate still has bytes to hash (plain UTF-8 refuses it).
+    digest = hashlib.sha1(f"{nodeid}\0{name}".encode("utf-8", "surrogatepass")).hexdigest()[:8]
     return f"{stem}-{digest}.json"
 
 
@@ -138,7 +141,7 @@ class ProfiledRun:
         'add: profiled candidate, baseline once each after 3 warm-up calls inside NVTX ranges; nothing timed'
         """
         where = "inside NVTX ranges" if self.nvtx else f"(NVTX ranges not emitted: {self.nvtx_note})"
-        text = f"{self.name}: profiled {', '.join(self.sides)} once each after {WARMUP_CALLS} warm-up calls {where}"
+        text = f"{visible(self.name)}: profiled {', '.join(map(visible, self.sides))} once each after {WARMUP_CALLS} warm-up calls {where}"
         return text + (f"; trace {self.trace}" if self.trace else "") + "; nothing timed"
 
     def to_json(self) -> dict[str, Any]:

@@ -878,6 +878,9 @@ pytest-kernelcheck reads)
     # How the machine of the compared earlier run differs from this run's ("GPU NVIDIA H100 then, none now"; see
     # storage.machine_differences); empty when they match or nothing was compared. Written to JSON only when set.
     machine_differences: tuple[str, ...] = ()
+    # The compared earlier run's rows that no row of this run matched (renamed, removed, deselected, skipped):
+    # listed so that the gate says what it could not check (see .unmatched). Written to JSON when compared.
+    vanished: tuple[ComparisonRecord, ...] = ()
 
     @property
     def compared_with_last_run(self) -> bool:
@@ -892,6 +895,7 @@ pytest-kernelcheck reads)
             "measurements": [row.to_json() for row in self.measurements],
             **({} if self.finished else {"finished": False}),
             **({"machine_differences": list(self.machine_differences)} if self.machine_differences else {}),
+            **({"vanished": [row.to_json() for row in self.vanished]} if self.compared_with_last_run else {}),
         }
 
     @classmethod
@@ -916,6 +920,7 @@ pytest-kernelcheck reads)
             measurements=_rows_from_json(MeasurementRecord, data, "measurements"),
             finished=data.get("finished", True) is not False,
             machine_differences=tuple(data.get("machine_differences") or ()),
+            vanished=_rows_from_json(ComparisonRecord, data, "vanished"),
         )
 
 

@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterable, Mapping, Sequence
 
 from . import per_gpu, stats
+from .timer_resolution import UNRESOLVED_PREFIX
+from .visible_text import visible
 from .records import (  # SCHEMA and SCHEMA_VERSION are re-exported: readers of reports know them from here
     BASELINE_MOVE,
     SCHEMA,
@@ -80,11 +82,14 @@ def build_report(
     comparisons = _with_benjamini_hochberg(comparisons, alpha)
     regressions = None
     machine_differences: tuple[str, ...] = ()
+    vanished: tuple[ComparisonRecord, ...] = ()
     if previous is not None:
         from .storage import machine_differences as differences
+        from .unmatched import vanished_rows
 
         earlier = ABReport.from_json(previous)
         comparisons, regressions = _mark_against_previous(comparisons, earlier.comparisons)
+        vanished = vanished_rows(earlier.comparisons, comparisons)
         machine_differences = differences(earlier.environment, environment or {})
     tested = [r for r in comparisons if _tested(r)]
     speedups = [float(r.speedup) for r in tested if r.speedup]
@@ -115,6 +120,7 @@ def build_report(
         measurements=tuple(measurements),
         finished=finished,
         machine_differences=machine_differences,
+        vanished=vanished,
     )
     return report.to_json()
 
@@ -523,6 +529,11 @@ def write_markdown(report: Mapping[str, Any], path: str | Path, history: Sequenc
     lines += _markdown_table(*table_rows(typed))
     errors = [line for error in error_lines(typed) for line in error.splitlines()]
     lines += [""] + (_fenced(errors) if errors else []) + ["", summary_line(typed), ""]
+    if typed.vanished:  # the earlier run's rows this run lacks: a list whose names are shown as written
+        from .unmatched import vanished_lines
+
+        heading, *rows = vanished_lines(typed.vanished)
+        lines += [heading, ""] + _fenced([row.strip() for row in rows]) + [""]
     if machine_lines(typed):
         lines += machine_lines(typed) + [""]
     if gpu_lines(typed):
@@ -569,7 +580,7 @@ def history_lines(report: ABReport | Mapping[str, Any], history: Sequence[Any]) 
              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for record in typed.comparisons:
         earlier = [run.speedups.get((record.nodeid, record.name)) for run in history]
-        cells = [str(record.name), format_shape(record.shape),
+        cells = [visible(record.name), format_shape(record.shape),
                  *(f"{_speedup(value)}x" if value is not None else "-" for value in earlier),
                  f"{_speedup(record.speedup)}x" if record.speedup is not None else "-"]
         lines.append("| " + " | ".join(_markdown_cell(cell) for cell in cells) + " |")
@@ -633,8 +644,8 @@ def _as_report(report: ABReport | Mapping[str, Any]) -> ABReport:
 
 
 def _label(record: ComparisonRecord) -> str:
-    shape = format_shape(record.shape)
-    return f"{record.name}" + (f" ({shape})" if shape and shape not in str(record.name) else "")
+    shape, name = format_shape(record.shape), visible(record.name)  # matplotlib cannot draw a lone surrogate
+    return name + (f" ({shape})" if shape and shape not in name else "")
 
 
 def format_shape(shape: Any) -> str:
@@ -646,8 +657,8 @@ def format_shape(shape: Any) -> str:
     if not shape:
         return ""
     if isinstance(shape, dict):
-        return " ".join(f"{k}={v}" for k, v in shape.items())
-    return str(shape)
+        return visible(" ".join(f"{k}={v}" for k, v in shape.items()))
+    return visible(shape)
 
 
 def _number(value: Any, spec: str) -> str:
@@ -688,12 +699,14 @@ def table_rows(report: ABReport | Mapping[str, Any]) -> tuple[list[str], list[li
             verdict += " (throttled)"
         if record.verdict_bh and record.verdict_bh != record.verdict:
             verdict += " (not after BH)"
+        if any(note.startswith(UNRESOLVED_PREFIX) for note in record.run.notes):  # the note says which timer
+            verdict += " (below timer resolution)"
         if record.failed:
             speed = _shorten(_one_line(str(record.error)), 40)
         else:
             speed = f"{_speedup(record.speedup)}x {_interval(record.ci)}"
         row = [
-            str(record.name),
+            visible(record.name),
             format_shape(record.shape),
             _number(record.candidate_ms, ".4g"),
             _number(record.baseline_ms, ".4g"),
@@ -740,7 +753,7 @@ def measurement_rows(report: ABReport | Mapping[str, Any]) -> tuple[list[str], l
     rows = []
     for record in _as_report(report).measurements:
         if record.failed:
-            rows.append([str(record.name), format_shape(record.shape), _shorten(_one_line(str(record.error)), 40),
+            rows.append([visible(record.name), format_shape(record.shape), _shorten(_one_line(str(record.error)), 40),
                          "-", "-", "-", "-", "-"])
             continue
         rates = record.throughput or ThroughputRecord()
@@ -748,7 +761,7 @@ def measurement_rows(report: ABReport | Mapping[str, Any]) -> tuple[list[str], l
         interval = f"[{_number(low, '.4g') if low is not None else '0'}, " \
                    f"{_number(high, '.4g') if high is not None else 'inf'}]"
         rows.append([
-            str(record.name), format_shape(record.shape), _number(record.median_ms, ".4g"), interval,
+            visible(record.name), format_shape(record.shape), _number(record.median_ms, ".4g"), interval,
             str(record.n_samples), _rate(rates.tflops, rates.tflops_pct), _rate(rates.gbps, rates.gbps_pct),
             str(record.run.method or "-"),
         ])
@@ -787,7 +800,9 @@ def ceiling_lines(report: ABReport | Mapping[str, Any]) -> list[str]:
 
 def _vs_last(vs_last: LastRun | None) -> str:
     if vs_last is None:
-        return "new"
+        from .unmatched import NEW_ROW
+
+        return NEW_ROW
     text = f"was {_speedup(vs_last.speedup)}x {vs_last.verdict}"
     notes = [note for note in (vs_last.timing_change, vs_last.baseline_change) if note]
     if notes:
@@ -812,7 +827,7 @@ def error_lines(report: ABReport | Mapping[str, Any]) -> list[str]:
     ...                          settings={}))
     ['error in a: boom']
     """
-    return [f"error in {r.name}: {r.error}" for r in _as_report(report).comparisons if r.failed]
+    return [f"error in {visible(r.name)}: {r.error}" for r in _as_report(report).comparisons if r.failed]
 
 
 def gpu_lines(report: ABReport | Mapping[str, Any]) -> list[str]:
@@ -860,6 +875,9 @@ def summary_line(report: ABReport | Mapping[str, Any]) -> str:
         parts.append(f"{s.throttled} ran while the SM clock dropped below 90% (see clock in the JSON)")
     if s.regressions is not None:
         parts.append(f"{len(s.regressions)} regression(s) vs last run")
+        missing = len(_as_report(report).vanished)
+        if missing:
+            parts.append(f"{missing} missing from this run")
     return "; ".join(parts)
 
 
@@ -871,13 +889,13 @@ def tournament_lines(record: TournamentRecord | Mapping[str, Any]) -> list[str]:
     """
     if not isinstance(record, TournamentRecord):
         record = TournamentRecord.from_json(record)
-    title = f"tournament {record.name}" + (f" ({format_shape(record.shape)})" if record.shape else "")
+    title = f"tournament {visible(record.name)}" + (f" ({format_shape(record.shape)})" if record.shape else "")
     if record.failed:
         return [f"{title}: error: {record.error}"]
     best = record.best
     ranking = []
     for variant in record.ranking:
-        text = f"{variant} {_number(record.median_ms[variant], '.4g')} ms"
+        text = f"{visible(variant)} {_number(record.median_ms[variant], '.4g')} ms"
         rates = record.throughput.get(variant)
         if rates is not None:
             text += "".join(f", {_rate(value, share)} {unit}" for value, share, unit in (
@@ -885,10 +903,11 @@ def tournament_lines(record: TournamentRecord | Mapping[str, Any]) -> list[str]:
         pair = record.versus_best(variant)
         if pair is not None:
             speed = f"{_speedup(pair.speedup)}x {_interval(pair.ci)}"
-            text += f" ({speed} slower, {pair.verdict} for {best})"
+            text += f" ({speed} slower, {pair.verdict} for {visible(best)})"
         ranking.append(text)
     return [
-        f"{title}: best {best}; indistinguishable from best: {', '.join(record.indistinguishable_from_best)}",
+        f"{title}: best {visible(best)}; indistinguishable from best: "
+        f"{', '.join(map(visible, record.indistinguishable_from_best))}",
         "  ranking: " + " > ".join(ranking),
         f"  {record.n_rounds} rounds, {record.run.method}",
     ]
@@ -919,6 +938,11 @@ def write_terminal(
         for line in error_lines(typed):
             terminal.write_line(line, red=True)
         terminal.write_line(summary_line(typed))
+    if typed.vanished:
+        from .unmatched import vanished_lines
+
+        for line in vanished_lines(typed.vanished):
+            terminal.write_line(line, yellow=True, bold=not line.startswith(" "))
     for line in machine_lines(typed):
         terminal.write_line(line, yellow=True, bold=True)
     for line in gpu_lines(typed):

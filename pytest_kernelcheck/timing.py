@@ -110,6 +110,7 @@ class CpuTimer:
     name = "cpu-clock"
     # One lock for the host: two pytest-xdist workers timing at once would share (and disturb) the same cores.
     lock_key = "cpu"
+    resolution_s = time.get_clock_info("perf_counter").resolution  # see timer_resolution
 
     def time_calls(self, fns: Sequence[Callable[[], Any]], repeat: int) -> list[float]:
         clock = time.perf_counter_ns
@@ -145,7 +146,10 @@ class CudaEventTimer:
                  hold_gpu: bool = False) -> None:
         import torch
 
+        from .timer_resolution import CUDA_EVENT_RESOLUTION_S
+
         self._torch = torch
+        self.resolution_s = CUDA_EVENT_RESOLUTION_S
         self.name = "events-held" if hold_gpu else "events"
         self.hold_gpu = hold_gpu
         self.holds = self.short_holds = 0
@@ -260,6 +264,7 @@ class SimulatedTimer:
 
     name = "simulated"
     lock_key = "simulated"
+    resolution_s = 0.0  # a virtual clock adds exact durations: nothing is rounded
 
     def __init__(
         self,

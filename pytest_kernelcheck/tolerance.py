@@ -467,8 +467,9 @@ def assert_close(
         AssertionError: the tensors are not close; the message gives the error figures.
     """
     __tracebackhide__ = True  # pytest shows the caller's line, not this function's body
+    given = (actual, expected, baseline)  # as passed: a numpy array's memory is known only before it is copied
     actual, expected, baseline = _checked_inputs(actual, expected, baseline)
-    _refuse_vacuous(actual, expected, baseline)
+    _refuse_vacuous(actual, expected, baseline, given)
     resolved = policy_for(policy) if policy is not None else active_policy(actual.dtype)
 
     baseline_error = None
@@ -567,29 +568,27 @@ def _checked_inputs(
     return first, tensors["expected"], tensors.get("baseline")
 
 
-def _same_elements(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether ``a`` and ``b`` read the very same memory as the same values (one tensor, or a view of it alike)."""
-    return (
-        a.dtype == b.dtype and a.device == b.device and a.shape == b.shape and a.stride() == b.stride()
-        and a.data_ptr() == b.data_ptr()
-    )
-
-
-def _refuse_vacuous(actual: torch.Tensor, expected: torch.Tensor, baseline: torch.Tensor | None) -> None:
-    """Refuse a comparison that cannot fail: no elements, or a tensor checked against itself."""
+def _refuse_vacuous(actual: torch.Tensor, expected: torch.Tensor, baseline: torch.Tensor | None,
+                    given: tuple[Any, Any, Any]) -> None:
+    """Refuse a comparison that cannot fail: no elements, or a result checked against itself: ``given`` (the
+    arguments as passed) read the same memory as the same values, whether tensors, numpy arrays or a mix
+    (:func:`.aliasing.same_elements`)."""
     __tracebackhide__ = True
+    from .aliasing import same_elements
+
+    given_actual, given_expected, given_baseline = given
     # A pass over no elements, or of a tensor against itself, would report "close" whatever the kernel did.
     if actual.numel() == 0:
         raise ValueError(
             f"assert_close: actual and expected hold no elements (shape {tuple(actual.shape)}), so the comparison "
             "would assert nothing; compare outputs that have at least one element"
         )
-    if _same_elements(actual, expected):
+    if same_elements(given_actual, given_expected):
         raise ValueError(
             "assert_close: expected is actual itself (the same memory, dtype, shape and strides), so the comparison "
             "cannot fail; compare with a reference computed separately (in float64, say)"
         )
-    if baseline is not None and _same_elements(actual, baseline):
+    if baseline is not None and same_elements(given_actual, given_baseline):
         raise ValueError(
             "assert_close: baseline is actual itself (the same memory, dtype, shape and strides); the baseline rule "
             "would then allow at least actual's own error, so the comparison cannot fail; pass the result PyTorch "
