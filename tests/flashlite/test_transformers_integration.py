@@ -118,6 +118,8 @@ def test_training_gradients_match_eager(family):
         torch.testing.assert_close(p_f.grad, p_e.grad, rtol=1e-4, atol=1e-5, msg=lambda m: f"{name}: {m}")
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the Triton kernel on CPU tensors runs only in the interpreter; "
+                    "on a GPU the bf16 test below runs it")
 def test_triton_backend_in_a_model_matches_eager(spy):
     name = flite.register("flite_triton_test", backend="triton")
     eager, fl = twin_models(llama_config, implementation=name)
@@ -199,8 +201,9 @@ def test_a_mask_of_the_wrong_shape_is_refused_by_name():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 kernels in a model need a CUDA GPU")
+@pytest.mark.parametrize("backend", ["auto", "triton"])
 @pytest.mark.parametrize("family", sorted(CONFIGS))
-def test_bf16_model_on_the_gpu_is_as_close_to_float32_as_its_own_baseline(family):
+def test_bf16_model_on_the_gpu_is_as_close_to_float32_as_its_own_baseline(family, backend):
     """The model in bf16 on flashlite against the same weights in float32 eager attention, judged by the error of
     the model's own bf16 implementation (SDPA; eager for Gemma-2, whose softcap SDPA refuses)."""
     from pytest_kernelcheck import assert_close
@@ -208,8 +211,9 @@ def test_bf16_model_on_the_gpu_is_as_close_to_float32_as_its_own_baseline(family
     torch.manual_seed(0)
     reference = AutoModelForCausalLM.from_config(CONFIGS[family](), attn_implementation="eager").cuda().eval()
     own = "eager" if family == "gemma2" else "sdpa"
+    name = flite.register(f"flite_{backend}_gpu", backend=backend)
     models = {}
-    for implementation in ("flite", own):
+    for implementation in (name, own):
         model = AutoModelForCausalLM.from_config(CONFIGS[family](), attn_implementation=implementation)
         model.load_state_dict(reference.state_dict())
         models[implementation] = model.to("cuda", torch.bfloat16).eval()
@@ -218,6 +222,6 @@ def test_bf16_model_on_the_gpu_is_as_close_to_float32_as_its_own_baseline(family
     real = mask.bool()
     with torch.no_grad():
         expected = reference(ids, attention_mask=mask).logits[real]
-        actual = models["flite"](ids, attention_mask=mask).logits[real]
+        actual = models[name](ids, attention_mask=mask).logits[real]
         baseline = models[own](ids, attention_mask=mask).logits[real]
     assert_close(actual, expected, baseline=baseline)

@@ -6,7 +6,8 @@ a training step with AdamW, against "sdpa". Mistral-like (the same with a 4,096-
 S=16,384 against "sdpa" (which builds the window's mask) and "flex_attention". Gemma-2-like (logit softcapping 50,
 a 4,096-token window on alternating layers, head dims 128 and 256): prefill at S=8,192 against "flex_attention" and
 "eager", the implementations of transformers that compute the softcap. Each pair is timed end to end (the model's
-forward, generate or training step), so host cost per call, masks and dispatch are in the numbers.
+forward, generate or training step), so host cost per call, masks and dispatch are in the numbers. The time
+budget per comparison is the run's (``--kernel-ab-max-time``).
 """
 from __future__ import annotations
 
@@ -79,8 +80,7 @@ def test_llama_prefill(B, S, padded, kernel_ab):
     same_prediction(candidate(ids, attention_mask=mask).logits[:, -64:], base(ids, attention_mask=mask).logits[:, -64:])
     kernel_ab.compare(lambda: candidate(ids, attention_mask=mask, logits_to_keep=1),
                       lambda: base(ids, attention_mask=mask, logits_to_keep=1),
-                      name=f"llama prefill B={B} S={S}{' left-padded' if padded else ''}: flite vs sdpa",
-                      max_time=8.0)
+                      name=f"llama prefill B={B} S={S}{' left-padded' if padded else ''}: flite vs sdpa")
 
 
 @torch.no_grad()
@@ -89,7 +89,7 @@ def test_llama_generation(kernel_ab):
     ids = tokens(4, 256)
     settings = dict(max_new_tokens=64, min_new_tokens=64, do_sample=False, pad_token_id=0)
     result = kernel_ab.compare(lambda: candidate.generate(ids, **settings), lambda: base.generate(ids, **settings),
-                               name="llama greedy generation 4 x (256 + 64 tokens): flite vs sdpa", max_time=15.0)
+                               name="llama greedy generation 4 x (256 + 64 tokens): flite vs sdpa")
     print(f"\ntokens/s flite {4 * 64e3 / result.candidate_ms:.0f}, sdpa {4 * 64e3 / result.baseline_ms:.0f}")
 
 
@@ -106,7 +106,7 @@ def test_llama_training_step(kernel_ab):
         return run
     kernel_ab.compare(step(candidate, torch.optim.AdamW(candidate.parameters(), lr=1e-6)),
                       step(base, torch.optim.AdamW(base.parameters(), lr=1e-6)),
-                      name="llama training step B=2 S=4096 AdamW: flite vs sdpa", max_time=10.0)
+                      name="llama training step B=2 S=4096 AdamW: flite vs sdpa")
 
 
 @pytest.mark.parametrize("baseline", ["sdpa", "flex_attention"])
@@ -116,7 +116,7 @@ def test_mistral_prefill_sliding_window(baseline, kernel_ab):
     ids = tokens(1, 16384)
     same_prediction(candidate(ids).logits[:, -64:], base(ids).logits[:, -64:])
     kernel_ab.compare(lambda: candidate(ids, logits_to_keep=1), lambda: base(ids, logits_to_keep=1),
-                      name=f"mistral prefill S=16384 window 4096: flite vs {baseline}", max_time=10.0)
+                      name=f"mistral prefill S=16384 window 4096: flite vs {baseline}")
 
 
 @pytest.mark.parametrize("head_dim", [128, 256])
@@ -127,4 +127,4 @@ def test_gemma2_prefill_softcap(head_dim, baseline, kernel_ab):
     ids = tokens(1, 8192)
     same_prediction(candidate(ids).logits[:, -64:], base(ids).logits[:, -64:])
     kernel_ab.compare(lambda: candidate(ids, logits_to_keep=1), lambda: base(ids, logits_to_keep=1),
-                      name=f"gemma2 prefill S=8192 D={head_dim} softcap 50: flite vs {baseline}", max_time=10.0)
+                      name=f"gemma2 prefill S=8192 D={head_dim} softcap 50: flite vs {baseline}")
