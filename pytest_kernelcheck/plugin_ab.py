@@ -514,7 +514,10 @@ def _history(session: _ABSession) -> tuple[Any, ...]:
     # Without a storage folder there is nothing to show, and no reason to load torch for the machine's slug.
     if session.history_count <= 0 or session.storage_root is None or not session.storage_root.is_dir():
         return ()
-    return storage.history(session.machine_folder(), session.history_count)
+    skipped: list[str] = []
+    found = storage.history(session.machine_folder(), session.history_count, skipped)
+    session.notes.extend(f"WARNING: A/B history: a damaged saved run left out: {reason}" for reason in skipped)
+    return found
 
 
 def _save(session: _ABSession) -> None:

@@ -156,21 +156,24 @@ class RunSpeedups:
     intervals: Mapping[tuple[str, str], tuple[float | None, float | None]] = field(default_factory=dict)
 
 
-def history(folder: str | Path, count: int) -> tuple[RunSpeedups, ...]:
+def history(folder: str | Path, count: int, skipped: list[str] | None = None) -> tuple[RunSpeedups, ...]:
     """The speedups of the last ``count`` saved runs in ``folder``, oldest first; files that cannot be read as
-    reports are left out (history is a view, and a damaged file must not cost the run its report).
+    reports are left out (history is a view, and a damaged file must not cost the run its report), each with a
+    line in ``skipped`` naming the file and the field.
 
     >>> history("/nonexistent", 5)
     ()
     """
     from . import report as _report
-    from .records import ABReport
+    from .report_schema import checked_report
 
     found = []
     for run in saved_runs(folder)[-count:] if count > 0 else []:
         try:
-            typed = ABReport.from_json(_report.load_report(run.path))
-        except _report.ReportError:
+            typed = checked_report(_report.load_report(run.path))
+        except _report.ReportError as exc:
+            if skipped is not None:
+                skipped.append(str(exc))
             continue
         speedups = {(row.nodeid, row.name): row.speedup for row in typed.comparisons}
         intervals = {(row.nodeid, row.name): row.ci for row in typed.comparisons}
