@@ -1,0 +1,87 @@
+"""End to end with pytester: saved A/B runs that are damaged, saved at once, stored where they cannot be, or named
+alike; and the numeric options' values."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+FAST = ["--kernel-ab", "--kernel-ab-max-time", "0.2", "-p", "no:cacheprovider"]
+
+# A simulated timer of known effect: the candidate takes 1 ms, the baseline 2 ms (a 2x win).
+SIMULATED = """
+from pytest_kernelcheck.timing import SimulatedTimer
+
+def candidate():
+    pass
+
+def baseline():
+    pass
+
+def test_fused(kernel_ab):
+    timer = SimulatedTimer({candidate: lambda rng, now: 1e-3 * (1 + 0.01 * rng.random()),
+                            baseline: lambda rng, now: 2e-3 * (1 + 0.01 * rng.random())})
+    kernel_ab.compare(candidate, baseline, name="fused", timer=timer)
+"""
+
+
+def _machine_folder(storage_root):
+    """The one machine folder runs made under ``storage_root``."""
+    folders = [p for p in storage_root.iterdir() if p.is_dir()]
+    assert len(folders) == 1, folders
+    return folders[0]
+
+
+def _damage(path, change):
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data))
+
+
+DAMAGES = {
+    "gpu index": (lambda data: data["comparisons"][0].update(gpu={"index": "x"}),
+                  "comparisons[[]0[]] ('fused'): field 'gpu.index': 'x' is refused; accepted: a whole number, or null"),
+    "name": (lambda data: data["comparisons"][0].update(name=["a"]),
+             "comparisons[[]0[]] ([[]'a'[]]): field 'name': [[]'a'[]] is refused; accepted: a string"),
+    "samples": (lambda data: data["comparisons"][0].update(samples="x"),
+                "comparisons[[]0[]] ('fused'): field 'samples': 'x' is refused; accepted: a JSON object, or null"),
+    "environment": (lambda data: data.update(environment="x"),
+                    "field 'environment': 'x' is refused; accepted: a JSON object, or null"),
+}
+
+
+@pytest.mark.parametrize("damage", ["gpu index", "name"])
+def test_a_damaged_older_saved_run_is_left_out_of_history_and_the_run_still_reports_and_saves(pytester, damage):
+    # Once: ValueError (int("x")) or TypeError (unhashable list) at the end of the run, exit 1, no markdown report,
+    # and the run never saved.
+    change, field = DAMAGES[damage]
+    pytester.makepyfile(test_sim=SIMULATED)
+    for name in ("first", "second"):
+        pytester.runpytest(*FAST, "--kernel-ab-save", name).assert_outcomes(passed=1)
+    folder = _machine_folder(pytester.path / ".kernelcheck")
+    _damage(folder / "0001_first.json", change)
+    result = pytester.runpytest(*FAST, "--kernel-ab-report", "r.json", "--kernel-ab-save", "third")
+    assert result.ret == pytest.ExitCode.OK
+    result.stdout.fnmatch_lines([f"WARNING: A/B history: a damaged saved run left out: earlier report "
+                                 f"'{folder / '0001_first.json'}': {field}",
+                                 f"A/B run saved: {folder / '0003_third.json'}", "A/B report: r.json, r.md*"])
+    markdown = (pytester.path / "r.md").read_text()
+    assert "| comparison | shape | 0002_second | this run |" in markdown
+    assert json.loads((folder / "0003_third.json").read_text())["comparisons"][0]["verdict"] == "win"
+
+
+@pytest.mark.parametrize("damage, spec", [("samples", "--kernel-ab-compare=base"), ("environment", "--kernel-ab-compare=1"),
+                                          ("name", "--kernel-ab-compare"), ("gpu index", "--kernel-ab-compare=0001")])
+def test_comparing_with_a_damaged_saved_run_is_a_usage_error_naming_the_file_and_the_field(pytester, damage, spec):
+    # Once an INTERNALERROR ("samples": "x" -> 'str' object has no attribute 'get'; a list name -> unhashable).
+    change, field = DAMAGES[damage]
+    pytester.makepyfile(test_sim=SIMULATED)
+    pytester.runpytest(*FAST, "--kernel-ab-save", "base").assert_outcomes(passed=1)
+    saved = _machine_folder(pytester.path / ".kernelcheck") / "0001_base.json"
+    _damage(saved, change)
+    result = pytester.runpytest(*FAST, "--kernel-ab-compare-fail", "verdict", spec)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: kernel A/B: earlier report '{saved}': {field}"])
+    assert "passed" not in result.stdout.str()  # refused at start-up: no test ran
