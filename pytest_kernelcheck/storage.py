@@ -12,8 +12,9 @@ run's full JSON report, written whole or not at all (:func:`pytest_kernelcheck.r
 from __future__ import annotations
 
 import datetime as _datetime
-import hashlib
+import os
 import re
+import secrets
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +24,8 @@ from .records import RunEnvironment
 
 LATEST = "latest"  # what --kernel-ab-compare without a value stands for
 DEFAULT_FOLDER = ".kernelcheck"
-_FILE = re.compile(r"(\d{4,})_(.+)\.json")
+# ASCII digits: \d also matches other scripts' digits ("٠٠٠٣"); and at most 18, so int() always reads them.
+_FILE = re.compile(r"([0-9]{4,18})_(.+)\.json")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
@@ -232,6 +234,10 @@ reads as a run number; add a letter
 def save(report: Mapping[str, Any], folder: str | Path, name: str) -> Path:
     """Write ``report`` as the next numbered run in ``folder``; returns its path.
 
+    Every save gets a number of its own and replaces no file, whoever else saves into the folder at once (parallel
+    pytest invocations, CI jobs or users sharing it, each with its own temp directory): the number is claimed in
+    the folder itself (:func:`_publish`), so no lock elsewhere is needed.
+
     >>> import tempfile
     >>> from pytest_kernelcheck.report import build_report
     >>> folder = tempfile.mkdtemp()
@@ -239,23 +245,61 @@ def save(report: Mapping[str, Any], folder: str | Path, name: str) -> Path:
     ['0001_a.json', '0002_b.json']
     """
     from . import report as _report
-    from .gpu_lock import device_lock
 
     name = check_name(name)
-    # The number is the folder's highest plus one: two runs saving at once (parallel pytest invocations in one
-    # checkout) would both read the same highest, then share a number, or with one name the later file would
-    # replace the earlier. Listing and writing are one step under a machine-wide lock keyed by the folder (a lock
-    # file in the temp directory, as for timing, so the folder holds nothing but runs).
-    key = "storage-" + hashlib.sha1(str(Path(folder).resolve()).encode()).hexdigest()[:16]
-    with device_lock(key):
-        runs = saved_runs(folder)
-        number = runs[-1].number + 1 if runs else 1
-        path = Path(folder) / f"{number:04d}_{name}.json"
+    folder = Path(folder)
+    # Written whole first, under a name no listing takes for a run; only then given its number, in one step.
+    staged = folder / f".{name}.{os.getpid()}.{secrets.token_hex(4)}.staged"
+    try:
+        _report.write_json(dict(report), staged)
+        return _publish(staged, folder, name)
+    except _report.ReportError as exc:
+        raise StorageError(f"--kernel-ab-save: {exc}") from None
+    except OSError as exc:
+        raise StorageError(f"--kernel-ab-save: cannot save the run in {str(folder)!r}: {exc}") from None
+    finally:
+        staged.unlink(missing_ok=True)
+
+
+def _publish(staged: Path, folder: Path, name: str) -> Path:
+    """Give the written file ``staged`` the folder's next free number: ``folder/NNNN_NAME.json``.
+
+    A number is claimed by creating ``.NNNN.claim`` with ``O_EXCL`` (which exactly one process can do) and is
+    taken only if no run holds it yet, checked while it is claimed; the claim is removed once the run's file has
+    its name. Two savers that listed the folder at once both try the same number and one moves on to the next.
+    The file gets its name by a hard link, which fails rather than replace a file of that name. A saver killed
+    while holding a claim leaves the number unused (a gap), never a run lost.
+    """
+    number = max((run.number for run in saved_runs(folder)), default=0) + 1
+    while True:
+        claim = folder / f".{number:04d}.claim"
         try:
-            _report.write_json(dict(report), path)
-        except _report.ReportError as exc:
-            raise StorageError(f"--kernel-ab-save: {exc}") from None
-    return path
+            os.close(os.open(claim, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+        except FileExistsError:  # another save holds this number now
+            number += 1
+            continue
+        try:
+            target = folder / f"{number:04d}_{name}.json"
+            if not any(run.number == number for run in saved_runs(folder)) and _link(staged, target):
+                return target
+        finally:
+            claim.unlink(missing_ok=True)
+        number += 1
+
+
+def _link(staged: Path, target: Path) -> bool:
+    """Give ``staged`` the name ``target`` unless a file has it (a case-insensitive file system counts ``A`` and
+    ``a`` as one); whether it did."""
+    try:
+        os.link(staged, target)
+        return True
+    except FileExistsError:
+        return False
+    except OSError:  # a file system without hard links: the claimed number keeps other savers away
+        if target.exists():
+            return False
+        os.replace(staged, target)
+        return True
 
 
 def git_state(root: str | Path) -> tuple[str | None, bool]:

@@ -176,3 +176,56 @@ def test_concurrent_saves_get_a_number_each_and_overwrite_nothing(tmp_path, monk
     runs = storage.saved_runs(tmp_path)
     assert [run.number for run in runs] == [1, 2, 3, 4]
     assert sorted(run.name for run in runs) == sorted(names)
+
+
+def _save_with_own_temp_dir(barrier, temp_dir: str, folder: str, name: str, built: dict) -> None:
+    import os
+    import tempfile
+
+    os.environ["TMPDIR"] = temp_dir  # a CI job or user of its own: nothing in the temp directory is shared
+    tempfile.tempdir = None  # read TMPDIR again
+    barrier.wait()
+    storage.save(built, folder, name)
+
+
+def test_saves_from_processes_with_different_temp_dirs_each_get_a_number_and_lose_nothing(tmp_path, monkeypatch):
+    # 40 saves into one folder from processes whose TMPDIR differed (separate CI jobs sharing the storage folder)
+    # once left 24 files while each said "A/B run saved": the lock that kept them apart lived in the temp directory.
+    import multiprocessing
+    import random
+    import time
+
+    writes = report.write_json
+    monkeypatch.setattr(report, "write_json", lambda *args: (time.sleep(0.2), writes(*args)))  # a slow disk
+    rng = random.Random(11)
+    names = [rng.choice(["nightly", "nightly", "Nightly", "fused"]) for _ in range(40)]
+    built = report.build_report([], settings={"seed": rng.random()})
+    folder = tmp_path / "runs"
+    context = multiprocessing.get_context("fork")  # the children keep the slow write
+    barrier = context.Barrier(len(names))
+    children = []
+    for index, name in enumerate(names):
+        temp_dir = tmp_path / f"tmp{index}"
+        temp_dir.mkdir()
+        children.append(context.Process(target=_save_with_own_temp_dir,
+                                        args=(barrier, str(temp_dir), str(folder), name, built)))
+    for child in children:
+        child.start()
+    for child in children:
+        child.join(60)
+    assert [child.exitcode for child in children] == [0] * len(names)
+    runs = storage.saved_runs(folder)
+    assert [run.number for run in runs] == list(range(1, len(names) + 1))
+    assert sorted(run.name for run in runs) == sorted(names)
+    assert sorted(path.name for path in folder.iterdir()) == sorted(run.path.name for run in runs)  # no claim left
+    assert all(report.load_report(run.path)["settings"] == built["settings"] for run in runs)
+
+
+def test_a_save_skips_a_number_another_save_has_claimed_and_never_replaces_a_file(tmp_path):
+    built = report.build_report([], settings={})
+    (tmp_path / "0002_a.json").write_text("{}")
+    (tmp_path / ".0003.claim").write_text("")  # a save that holds number 3 now (or was killed holding it)
+    path = storage.save(built, tmp_path, "a")
+    assert path.name == "0004_a.json"
+    assert (tmp_path / "0002_a.json").read_text() == "{}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".0003.claim", "0002_a.json", "0004_a.json"]
