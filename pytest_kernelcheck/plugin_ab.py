@@ -270,6 +270,10 @@ def pytest_configure(config: pytest.Config) -> None:
     try:
         if report_path:
             report.check_writable(report_path)
+        # A storage folder that is a file, or cannot be written, is found now: at the end every result would be lost.
+        if enabled and (saving or compare_spec and not storage.names_a_file(compare_spec) or
+                        report_path and history_count):
+            storage.check_folder(storage_root, writing=False)
         if save_name is not None:
             storage.check_name(save_name)
         if compare_spec:
@@ -282,6 +286,7 @@ def pytest_configure(config: pytest.Config) -> None:
                                            machine_folder.environment())
         if saving and enabled:
             save_folder = machine_folder()
+            storage.check_folder(save_folder, writing=True)
     except (report.ReportError, storage.StorageError) as exc:
         raise pytest.UsageError(f"kernel A/B: {exc}") from None
     try:

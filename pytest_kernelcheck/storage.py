@@ -231,6 +231,37 @@ reads as a run number; add a letter
     return name
 
 
+STORAGE_OPTION = "--kernel-ab-storage / kernel_ab_storage"
+
+
+def check_folder(folder: str | Path, *, writing: bool) -> None:
+    """``StorageError`` naming the option when ``folder`` (the storage folder, or a machine's folder in it) is a
+    file, or, ``writing``, cannot be created or written: found at start-up, before any comparison is timed, rather
+    than when the run is saved at its end.
+
+    >>> check_folder("/dev/null", writing=False)
+    Traceback (most recent call last):
+    ...
+    pytest_kernelcheck.storage.StorageError: --kernel-ab-storage / kernel_ab_storage: '/dev/null' is not a folder; \
+give a folder of saved runs (it is created when a run is saved)
+    """
+    path = Path(folder)
+    accepted = "give a folder of saved runs (it is created when a run is saved)"
+    if path.exists() and not path.is_dir():
+        raise StorageError(f"{STORAGE_OPTION}: {str(path)!r} is not a folder; {accepted}")
+    if not writing:
+        return
+    ancestor = path
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise StorageError(f"{STORAGE_OPTION}: cannot create {str(path)!r}: {str(ancestor)!r} is not a folder; "
+                           f"{accepted}")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise StorageError(f"{STORAGE_OPTION}: cannot save runs in {str(path)!r}: {str(ancestor)!r} is not "
+                           f"writable; {accepted}")
+
+
 def save(report: Mapping[str, Any], folder: str | Path, name: str) -> Path:
     """Write ``report`` as the next numbered run in ``folder``; returns its path.
 
@@ -258,7 +289,10 @@ def save(report: Mapping[str, Any], folder: str | Path, name: str) -> Path:
     except OSError as exc:
         raise StorageError(f"--kernel-ab-save: cannot save the run in {str(folder)!r}: {exc}") from None
     finally:
-        staged.unlink(missing_ok=True)
+        try:
+            staged.unlink(missing_ok=True)
+        except OSError:  # never written (the folder cannot be made): nothing to remove
+            pass
 
 
 def _publish(staged: Path, folder: Path, name: str) -> Path:

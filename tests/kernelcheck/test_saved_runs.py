@@ -85,3 +85,44 @@ def test_comparing_with_a_damaged_saved_run_is_a_usage_error_naming_the_file_and
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"ERROR: kernel A/B: earlier report '{saved}': {field}"])
     assert "passed" not in result.stdout.str()  # refused at start-up: no test ran
+
+
+def _this_machine_slug():
+    from pytest_kernelcheck import storage
+
+    return storage.machine_slug(storage.current_environment())
+
+
+@pytest.mark.parametrize("layout, args, message", [
+    ("afile", ["--kernel-ab-storage", "afile", "--kernel-ab-save", "x"],
+     "--kernel-ab-storage / kernel_ab_storage: 'afile' is not a folder; give a folder of saved runs*"),
+    ("afile", ["--kernel-ab-storage", "afile", "--kernel-ab-compare"],
+     "--kernel-ab-storage / kernel_ab_storage: 'afile' is not a folder; give a folder of saved runs*"),
+    ("afile", ["--kernel-ab-storage", "afile", "--kernel-ab-report", "r.json"],
+     "--kernel-ab-storage / kernel_ab_storage: 'afile' is not a folder; give a folder of saved runs*"),
+    ("afile", ["--kernel-ab-storage", "afile/runs", "--kernel-ab-autosave"],
+     "--kernel-ab-storage / kernel_ab_storage: cannot create 'afile/runs/*': 'afile' is not a folder; give a folder*"),
+    ("machine file", ["--kernel-ab-storage", "runs", "--kernel-ab-save", "x"],
+     "--kernel-ab-storage / kernel_ab_storage: 'runs/*' is not a folder; give a folder of saved runs*"),
+])
+def test_a_storage_folder_that_cannot_hold_runs_is_refused_before_any_comparison_is_timed(pytester, layout, args,
+                                                                                           message):
+    # Once found only at the end, after every comparison had been timed: the run's results were lost.
+    pytester.makepyfile(test_sim=SIMULATED)
+    if layout == "afile":
+        (pytester.path / "afile").write_text("not a folder")
+    else:  # the storage folder exists, but this machine's folder in it is a file
+        (pytester.path / "runs").mkdir()
+        (pytester.path / "runs" / _this_machine_slug()).write_text("not a folder")
+    result = pytester.runpytest(*FAST, *args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: kernel A/B: {message}"])
+    assert "passed" not in result.stdout.str()  # refused at start-up: no test ran
+
+
+def test_a_storage_file_is_left_alone_by_a_run_that_uses_no_saved_run(pytester):
+    pytester.makepyfile(test_sim=SIMULATED)
+    (pytester.path / "afile").write_text("not a folder")
+    pytester.runpytest(*FAST, "--kernel-ab-storage", "afile").assert_outcomes(passed=1)
+    pytester.runpytest(*FAST, "--kernel-ab-storage", "afile", "--kernel-ab-report", "r.json",
+                       "--kernel-ab-history", "0").assert_outcomes(passed=1)

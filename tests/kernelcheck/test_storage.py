@@ -229,3 +229,9 @@ def test_a_save_skips_a_number_another_save_has_claimed_and_never_replaces_a_fil
     assert path.name == "0004_a.json"
     assert (tmp_path / "0002_a.json").read_text() == "{}"
     assert sorted(p.name for p in tmp_path.iterdir()) == [".0003.claim", "0002_a.json", "0004_a.json"]
+
+
+def test_a_run_that_cannot_be_saved_is_a_storage_error_naming_the_option(tmp_path):
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(storage.StorageError, match=r"^--kernel-ab-save: cannot write report .*Not a directory"):
+        storage.save(report.build_report([], settings={}), tmp_path / "afile" / "machine", "a")
