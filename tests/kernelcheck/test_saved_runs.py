@@ -126,3 +126,35 @@ def test_a_storage_file_is_left_alone_by_a_run_that_uses_no_saved_run(pytester):
     pytester.runpytest(*FAST, "--kernel-ab-storage", "afile").assert_outcomes(passed=1)
     pytester.runpytest(*FAST, "--kernel-ab-storage", "afile", "--kernel-ab-report", "r.json",
                        "--kernel-ab-history", "0").assert_outcomes(passed=1)
+
+
+HUGE = "9" * 5000  # past int()'s 4300-digit limit, whose ValueError once ended in INTERNALERROR
+NOT_NUMBERS = ["\u00b3", "\u0663", "\uff11", "1_0", "nan", "inf", "1e309", HUGE]  # ³, Arabic-Indic 3, full-width 1
+NUMERIC_OPTIONS = {
+    "--kernel-ab-alpha": (NOT_NUMBERS + ["-3", "1e20"], "accepted: a finite number|budget alpha must be"),
+    "--kernel-ab-margin": (NOT_NUMBERS + ["-3"], "accepted: a finite number|budget margin must be"),
+    "--kernel-ab-max-time": (NOT_NUMBERS + ["-3", "0"], "accepted: a finite number|budget max_time must be"),
+    "--kernel-ab-calls-per-sample": (NOT_NUMBERS + ["+3", "-3", "0.5", "99999999999999999999"],
+                                     "accepted: 'auto', or a whole number from 1 to 2147483647, in ASCII digits"),
+    "--kernel-ab-history": (NOT_NUMBERS + ["+3", "-3", "0.5", "99999999999999999999"],
+                            "accepted: a whole number from 0 to 2147483647, in ASCII digits"),
+    "--kernel-ab-cpu-threads": (NOT_NUMBERS + ["+3", "-3", "0", "0.5", "99999999999999999999"],
+                                "accepted: a whole number from 1 to 2147483647, in ASCII digits"),
+    "--kernel-device-memory": (["\u0663GiB", "\uff11", "-3", "nan", HUGE, "0"], "give plain bytes"),
+    "--kernel-gpus": (["\u0663", "-3", "0.5", HUGE, "1,\u0663"], "is not 'all', a count of GPUs"),
+}
+
+
+@pytest.mark.parametrize("option, value", [(option, value) for option, (values, _) in NUMERIC_OPTIONS.items()
+                                           for value in values])
+def test_every_numeric_option_refuses_what_is_not_its_number_naming_itself_and_what_it_accepts(pytester, option,
+                                                                                              value):
+    # Once: "٣" and "１" were read as 3 and 1, "1_0" as 10, and 5000 digits ended in INTERNALERROR.
+    pytester.makepyfile("def test_nothing():\n    pass\n")
+    result = pytester.runpytest("--kernel-ab", "-p", "no:cacheprovider", f"{option}={value}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str()[-2000:]
+    error = [line for line in result.stderr.lines if line.startswith("ERROR:")]
+    assert len(error) == 1 and "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+    assert option in error[0] or option.replace("--kernel-ab-", "kernel_ab_").replace("-", "_") in error[0], error
+    assert any(accepted in error[0] for accepted in NUMERIC_OPTIONS[option][1].split("|")), error
+    assert len(error[0]) < 400 or not option.startswith("--kernel-ab")  # a 5000-digit value is not echoed whole
