@@ -207,7 +207,7 @@ with it anyway (the report then warns of it)
 
 def check_name(name: str) -> str:
     """The name, when it can be a saved run's: letters, digits, ``.``, ``_``, ``-``; not all digits (those are
-    numbers to --kernel-ab-compare), and not ``latest``.
+    numbers to --kernel-ab-compare), not ``latest``, and not ending in ``.json`` (a path to --kernel-ab-compare).
 
     >>> check_name("before-fusion")
     'before-fusion'
@@ -225,6 +225,9 @@ reads as a run number; add a letter
                            f"number; add a letter")
     if name == LATEST:
         raise StorageError(f"--kernel-ab-save: name {LATEST!r} is what --kernel-ab-compare without a value means")
+    if name.endswith(".json"):
+        raise StorageError(f"--kernel-ab-save: name {name!r} ends in .json, which --kernel-ab-compare reads as a "
+                           f"report's path; leave out the .json")
     if not _NAME.fullmatch(name):
         raise StorageError(f"--kernel-ab-save: name {name!r} must start with a letter or digit and hold only "
                            f"letters, digits, '.', '_' and '-'")
@@ -366,41 +369,27 @@ def autosave_name(commit: str | None, dirty: bool, when: _datetime.datetime) -> 
 
 def names_a_file(spec: str) -> bool:
     """Whether ``--kernel-ab-compare SPEC`` names a report file by its path, rather than one of this machine's saved
-    runs (``latest``, a number or a saved name): anything that exists, holds a slash or ends in ``.json``.
+    runs (``latest``, a number or a saved name): anything that exists, holds a slash or ends in ``.json``
+    (:mod:`.run_lookup` refuses a bare spec that exists and also names a saved run).
 
     >>> names_a_file("out/ab.json"), names_a_file("0003"), names_a_file("before-fusion")
     (True, False, False)
     """
-    return spec != LATEST and not spec.isdigit() and (Path(spec).exists() or "/" in spec or spec.endswith(".json"))
+    number = spec.isascii() and spec.isdigit()  # "³".isdigit() is true too, and no run number
+    return spec != LATEST and not number and (Path(spec).exists() or "/" in spec or spec.endswith(".json"))
 
 
 def resolve_compare(spec: str, machine_folder: Callable[[], Path]) -> Path:
-    """The report file ``--kernel-ab-compare SPEC`` means: ``latest`` (the option without a value), a number
-    (``0003`` or ``3``) or a saved name in this machine's folder, else a path as given.
+    """The report file ``--kernel-ab-compare SPEC`` means: ``latest`` (the option alone), a number (``0003`` or
+    ``3``), a saved run's file stem or name in this machine's folder, else a path; ambiguity is refused naming the
+    candidates (:mod:`.run_lookup` says how each form is read).
 
-    ``machine_folder`` is called only for the saved forms, so that comparing with a path never needs the
-    machine's slug (which loads torch). A path is what :func:`names_a_file` says is one.
+    ``machine_folder`` is called only when saved runs must be looked at, so that comparing with a path never needs
+    the machine's slug (which loads torch).
 
     >>> resolve_compare("out/ab.json", lambda: Path("unused"))
     PosixPath('out/ab.json')
     """
-    if names_a_file(spec):
-        return Path(spec)
-    folder = machine_folder()
-    runs = saved_runs(folder)
-    if not runs:
-        raise StorageError(f"--kernel-ab-compare {spec}: no saved runs for this machine in '{folder}'; save one "
-                           f"with --kernel-ab-save NAME or --kernel-ab-autosave")
-    if spec == LATEST:
-        return runs[-1].path
-    saved = ", ".join(run.path.name for run in runs[-5:])
-    if spec.isdigit():
-        matches = [run for run in runs if run.number == int(spec)]
-        what = f"no saved run number {int(spec):04d}"
-    else:
-        matches = [run for run in runs if run.name == spec]
-        what = f"no saved run named {spec!r}"
-    if not matches:
-        raise StorageError(f"--kernel-ab-compare {spec}: {what} for this machine in '{folder}' "
-                           f"(latest saved: {saved})")
-    return matches[-1].path  # a name saved twice: its latest run
+    from .run_lookup import resolve
+
+    return resolve(spec, machine_folder)

@@ -158,3 +158,37 @@ def test_every_numeric_option_refuses_what_is_not_its_number_naming_itself_and_w
     assert option in error[0] or option.replace("--kernel-ab-", "kernel_ab_").replace("-", "_") in error[0], error
     assert any(accepted in error[0] for accepted in NUMERIC_OPTIONS[option][1].split("|")), error
     assert len(error[0]) < 400 or not option.startswith("--kernel-ab")  # a 5000-digit value is not echoed whole
+
+
+def test_compare_specs_that_collide_or_are_no_run_are_usage_errors_before_any_test_runs(pytester):
+    pytester.makepyfile(test_sim=SIMULATED)
+    for name in ("base", "0001_base", "base"):  # a name saved twice, and a name that is another run's file stem
+        pytester.runpytest(*FAST, "--kernel-ab-save", name).assert_outcomes(passed=1)
+    folder = _machine_folder(pytester.path / ".kernelcheck")
+    assert sorted(p.name for p in folder.iterdir()) == ["0001_base.json", "0002_0001_base.json", "0003_base.json"]
+    for spec, message in [
+        # str.isdigit() is true of "³", which int() refuses: once an INTERNALERROR.
+        ("\u00b3", "--kernel-ab-compare \u00b3: no saved run named '\u00b3' for this machine in * (latest saved: "
+                   "0001_base.json, 0002_0001_base.json, 0003_base.json); accepted: 'latest', a run number in ASCII "
+                   "digits (0003), a saved run's name or file stem (0003_NAME), or a report's path*"),
+        ("0001_base", "--kernel-ab-compare 0001_base: ambiguous: it is the file stem of 0001_base.json and the name "
+                      "of 0002_0001_base.json; give the run's number (0001 or 0002)"),
+    ]:
+        result = pytester.runpytest(*FAST, f"--kernel-ab-compare={spec}")
+        assert result.ret == pytest.ExitCode.USAGE_ERROR, spec
+        result.stderr.fnmatch_lines([f"ERROR: kernel A/B: {message}"])
+        assert "passed" not in result.stdout.str()
+    # A name saved twice means its latest run; a file stem means that file.
+    by_name = pytester.runpytest(*FAST, "--kernel-ab-compare=base", "--kernel-ab-report", "by_name.json")
+    by_name.assert_outcomes(passed=1)
+    by_stem = pytester.runpytest(*FAST, "--kernel-ab-compare=0002_0001_base", "--kernel-ab-report", "by_stem.json")
+    by_stem.assert_outcomes(passed=1)
+    saved_by = {name: json.loads((folder / name).read_text())["comparisons"][0]["speedup"]
+                for name in ("0002_0001_base.json", "0003_base.json")}
+    for report, expected in (("by_name.json", "0003_base.json"), ("by_stem.json", "0002_0001_base.json")):
+        vs_last = json.loads((pytester.path / report).read_text())["comparisons"][0]["vs_last"]
+        assert vs_last["speedup"] == saved_by[expected], report
+    saving = pytester.runpytest(*FAST, "--kernel-ab-save", "base.json")
+    assert saving.ret == pytest.ExitCode.USAGE_ERROR
+    saving.stderr.fnmatch_lines(["ERROR: kernel A/B: --kernel-ab-save: name 'base.json' ends in .json, which "
+                                 "--kernel-ab-compare reads as a report's path; leave out the .json"])
