@@ -59,8 +59,8 @@ def parse_count(raw: Any, option: str, *, minimum: int, maximum: int = MAX_COUNT
     ``OptionValueError`` naming ``option`` and the accepted range otherwise (``problem`` starts the message)."""
     value = count_text(str(raw).strip())
     if value is None or not minimum <= value <= maximum:
-        raise OptionValueError(f"{option}: {problem}: {shown(raw)}; accepted: a whole number from {minimum} to {maximum}, "
-                               f"in ASCII digits")
+        raise OptionValueError(f"{option}: {problem}: {shown(raw)}; accepted: a whole number from {minimum} to "
+                               f"{maximum}, in ASCII digits")
     return value
 
 

@@ -234,9 +234,9 @@ def pytest_configure(config: pytest.Config) -> None:
     if calls != "auto":  # as throttle: the default leaves the report's settings as they were
         count = option_values.count_text(calls)  # 0 is left to the budget, which says why it is refused
         if count is None or count > option_values.MAX_COUNT:
-            raise pytest.UsageError(f"{_option('calls_per_sample')}: 'auto' or a whole number of calls, got {option_values.shown(calls)}; "
-                                    f"accepted: 'auto', or a whole number from 1 to {option_values.MAX_COUNT}, in "
-                                    f"ASCII digits")
+            raise pytest.UsageError(f"{_option('calls_per_sample')}: 'auto' or a whole number of calls, got "
+                                    f"{option_values.shown(calls)}; accepted: 'auto', or a whole number from 1 to "
+                                    f"{option_values.MAX_COUNT}, in ASCII digits")
         settings["calls_per_sample"] = count
     try:
         _budget_from(settings)

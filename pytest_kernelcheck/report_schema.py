@@ -153,7 +153,8 @@ ENVIRONMENT = Fields({
     "gpu": Fields({"available": BOOL, "devices": ListOf(TEXT, nullable=True), "cuda": TEXT_OR_NULL,
                    "driver": TEXT_OR_NULL, "cudnn": TEXT_OR_NULL}, nullable=True),
     "cpu_model": TEXT_OR_NULL, "cpu_threads": WHOLE_OR_NULL,
-    "ceilings": Fields({"enabled": Scalar("bool", True), "measured": ListOf(_required(CEILING), nullable=True)}, nullable=True),
+    "ceilings": Fields({"enabled": Scalar("bool", True), "measured": ListOf(_required(CEILING), nullable=True)},
+                       nullable=True),
 }, nullable=True)
 REPORT = Fields({
     "created": TEXT_OR_NULL, "settings": MapOf(ANY, nullable=True), "environment": ENVIRONMENT, "summary": SUMMARY,

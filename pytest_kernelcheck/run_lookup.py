@@ -48,8 +48,9 @@ def resolve(spec: str, machine_folder: Callable[[], Path]) -> Path:
         matches = [run for run in runs if run.number == wanted]
         what = "the latest number" if spec == LATEST else "run number"
         if not matches:
-            raise StorageError(f"--kernel-ab-compare {shown(spec)}: no saved run number "
-                               f"{shown(spec) if wanted is None else format(wanted, '04d')} for this machine in "
+            short = spec if len(spec) <= 60 else shown(spec)  # thousands of digits are not echoed whole
+            raise StorageError(f"--kernel-ab-compare {short}: no saved run number "
+                               f"{short if wanted is None else format(wanted, '04d')} for this machine in "
                                f"'{folder}' (latest saved: {saved})")
         if len(matches) > 1:
             raise StorageError(f"--kernel-ab-compare {spec}: ambiguous: {what} {wanted:04d} is held by "

@@ -167,12 +167,12 @@ def history(folder: str | Path, count: int, skipped: list[str] | None = None) ->
     ()
     """
     from . import report as _report
-    from .report_schema import checked_report
+    from .records import ABReport
 
     found = []
     for run in saved_runs(folder)[-count:] if count > 0 else []:
         try:
-            typed = checked_report(_report.load_report(run.path))
+            typed = ABReport.from_json(_report.load_report(run.path))  # load_report checked every field
         except _report.ReportError as exc:
             if skipped is not None:
                 skipped.append(str(exc))

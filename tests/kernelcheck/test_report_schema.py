@@ -16,7 +16,8 @@ from pytest_kernelcheck.report_schema import checked_report
 GPU_ENVIRONMENT = {
     "date": "2026-12-07T10:00:00+00:00", "hostname": "h", "python": "3.12.0",
     "packages": {"torch": "2.4.0", "triton": "3.0.0"},
-    "machine_info": {"machine": "x86_64", "node": "h", "cpu_count": 16}, "commit_info": {"id": "abc123", "dirty": False},
+    "machine_info": {"machine": "x86_64", "node": "h", "cpu_count": 16},
+    "commit_info": {"id": "abc123", "dirty": False},
     "gpu": {"available": True, "devices": ["NVIDIA H200"], "driver": "550.54", "cuda": "12.4", "cudnn": "90100"},
     "cpu_model": "AMD EPYC", "cpu_threads": 1,
 }

@@ -72,8 +72,9 @@ def test_a_damaged_older_saved_run_is_left_out_of_history_and_the_run_still_repo
     assert json.loads((folder / "0003_third.json").read_text())["comparisons"][0]["verdict"] == "win"
 
 
-@pytest.mark.parametrize("damage, spec", [("samples", "--kernel-ab-compare=base"), ("environment", "--kernel-ab-compare=1"),
-                                          ("name", "--kernel-ab-compare"), ("gpu index", "--kernel-ab-compare=0001")])
+@pytest.mark.parametrize("damage, spec", [("samples", "--kernel-ab-compare=base"),
+                                          ("environment", "--kernel-ab-compare=1"), ("name", "--kernel-ab-compare"),
+                                          ("gpu index", "--kernel-ab-compare=0001")])
 def test_comparing_with_a_damaged_saved_run_is_a_usage_error_naming_the_file_and_the_field(pytester, damage, spec):
     # Once an INTERNALERROR ("samples": "x" -> 'str' object has no attribute 'get'; a list name -> unhashable).
     change, field = DAMAGES[damage]
