@@ -99,8 +99,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         # nargs="?": the option alone means the latest saved run ("latest", storage.LATEST).
         "--kernel-ab-compare", dest="kernel_ab_compare", default=None, metavar="RUN", nargs="?", const="latest",
-        help="compare with an earlier run: alone, this machine's latest saved run; a number (0003) or name of a "
-             "saved run; or the path of an A/B JSON report. Adds a 'vs last run' column and flags regressions",
+        help="compare with an earlier run: alone, this machine's latest saved run; a saved run's number (0003), "
+             "file stem (0003_NAME) or name (its latest run); or the path of an A/B JSON report. Adds a 'vs last "
+             "run' column and flags regressions",
     )
     parser.addini("kernel_ab_compare", "earlier run to compare with: latest, a saved number or name, or a path",
                   default="")
