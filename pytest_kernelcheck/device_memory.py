@@ -33,7 +33,9 @@ _UNITS = {
     "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
     "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
 }
-_SIZE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*")
+# ASCII digits ([0-9], not \d, which also matches "٣"), at most 30 of them: more is no size, and Fraction() of
+# thousands of digits fails with an error of its own.
+_SIZE = re.compile(r"\s*([0-9]{1,30}(?:\.[0-9]{0,30})?|\.[0-9]{1,30})\s*([A-Za-z]*)\s*")
 
 
 def parse_size(text: str) -> int:

@@ -38,7 +38,7 @@ ACCEPTED_FORMS = "'verdict', 'speedup:X%' (X a percentage such as 5 or 2.5) or '
 # Higher is better. tie and inconclusive rank alike: both say "no difference shown".
 VERDICT_RANK: Mapping[str, int] = {"win": 2, "tie": 1, "inconclusive": 1, "loss": 0}
 
-_SPEEDUP = re.compile(r"speedup:(\d+(?:\.\d*)?|\.\d+)%")
+_SPEEDUP = re.compile(r"speedup:([0-9]+(?:\.[0-9]*)?|\.[0-9]+)%")
 
 
 class GateError(ValueError):

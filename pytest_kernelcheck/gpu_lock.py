@@ -4,7 +4,7 @@ Two workers timing on the same GPU at once would each measure the other's load, 
 ``fcntl.flock`` on a file in the temp directory named after the device. The key names the physical GPU
 (:func:`cuda_lock_key`), so workers pinned to different GPUs (``--kernel-gpus``) time in parallel and workers
 sharing one take turns. Where ``fcntl`` does not exist (Windows) the lock is a no-op and the comparison records
-that it ran unlocked. Saving a run takes the same kind of lock, keyed by its storage folder (:func:`.storage.save`).
+that it ran unlocked.
 """
 from __future__ import annotations
 

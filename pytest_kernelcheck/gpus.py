@@ -83,8 +83,9 @@ or a comma list of CUDA device indices (0,2,3; one device: 3,)
     problem = f"{OPTION} / {INI}: {text!r} is not {ACCEPTED}"
     if value.lower() == "all":
         return GpuSpec()
-    # ASCII digits only: str.isdigit() is also true of "²", which int() refuses, and of "٣", which int() reads as 3.
-    if not value.isascii():
+    # ASCII digits only: str.isdigit() is also true of "²", which int() refuses, and of "٣", which int() reads as 3;
+    # and no more than a device index or count can have (int() refuses thousands of digits with its own error).
+    if not value.isascii() or any(len(part.strip()) > 9 for part in value.split(",")):
         raise GpuSpecError(problem)
     if "," in value:
         parts = [part.strip() for part in value.removesuffix(",").split(",")]  # "3," is the list of device 3

@@ -99,8 +99,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         # nargs="?": the option alone means the latest saved run ("latest", storage.LATEST).
         "--kernel-ab-compare", dest="kernel_ab_compare", default=None, metavar="RUN", nargs="?", const="latest",
-        help="compare with an earlier run: alone, this machine's latest saved run; a number (0003) or name of a "
-             "saved run; or the path of an A/B JSON report. Adds a 'vs last run' column and flags regressions",
+        help="compare with an earlier run: alone, this machine's latest saved run; a saved run's number (0003), "
+             "file stem (0003_NAME) or name (its latest run); or the path of an A/B JSON report. Adds a 'vs last "
+             "run' column and flags regressions",
     )
     parser.addini("kernel_ab_compare", "earlier run to compare with: latest, a saved number or name, or a path",
                   default="")
@@ -175,6 +176,11 @@ def _refuse_empty_options(config: pytest.Config) -> None:
                                     f"or leave the option out")
 
 
+def _option(name: str) -> str:
+    """How a message names a setting: its option and its ini key."""
+    return f"--kernel-ab-{name.replace('_', '-')} / kernel_ab_{name}"
+
+
 def _setting(config: pytest.Config, name: str) -> Any:
     value = config.getoption(f"kernel_ab_{name}")
     return value if value is not None else config.getini(f"kernel_ab_{name}")
@@ -209,16 +215,15 @@ class _ThisMachine:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    from . import gate, option_rules, report, storage, throughput
+    from . import gate, option_rules, option_values, report, storage, throughput
 
     _refuse_empty_options(config)
     settings: dict[str, Any] = {}
-    for name, (kind, _, _) in _NUMBER_SETTINGS.items():
-        raw = _setting(config, name)
+    for name in _NUMBER_SETTINGS:
         try:
-            settings[name] = kind(raw)
-        except (TypeError, ValueError):
-            raise pytest.UsageError(f"--kernel-ab-{name.replace('_', '-')} / kernel_ab_{name}: not a number: {raw!r}")
+            settings[name] = option_values.parse_decimal(_setting(config, name), _option(name))
+        except option_values.OptionValueError as exc:
+            raise pytest.UsageError(str(exc)) from None
     settings["hold_gpu"] = bool(config.getoption("kernel_ab_hold_gpu") or config.getini("kernel_ab_hold_gpu"))
     throttle = _setting(config, "throttle")
     if throttle not in ("flag", "discard", "fail"):
@@ -228,15 +233,18 @@ def pytest_configure(config: pytest.Config) -> None:
         settings["throttle"] = throttle
     calls = str(_setting(config, "calls_per_sample")).strip()
     if calls != "auto":  # as throttle: the default leaves the report's settings as they were
-        # isascii: str.isdigit() is also true of digits int() refuses, such as superscripts ("²").
-        if not (calls.isascii() and calls.isdigit()):
-            raise pytest.UsageError(f"--kernel-ab-calls-per-sample / kernel_ab_calls_per_sample: 'auto' or a whole "
-                                    f"number of calls, got {calls!r}")
-        settings["calls_per_sample"] = int(calls)
+        count = option_values.count_text(calls)  # 0 is left to the budget, which says why it is refused
+        if count is None or count > option_values.MAX_COUNT:
+            raise pytest.UsageError(f"{_option('calls_per_sample')}: 'auto' or a whole number of calls, got "
+                                    f"{option_values.shown(calls)}; accepted: 'auto', or a whole number from 1 to "
+                                    f"{option_values.MAX_COUNT}, in ASCII digits")
+        settings["calls_per_sample"] = count
     try:
         _budget_from(settings)
     except ValueError as exc:
-        raise pytest.UsageError(f"kernel A/B settings: {exc}") from None
+        # The budget names its field ("budget alpha must be ..."): say which option set it.
+        options = [_option(name) for name in settings if f"budget {name} " in str(exc)]
+        raise pytest.UsageError(f"kernel A/B settings: {exc}" + (f" ({options[0]})" if options else "")) from None
     enabled = bool(config.getoption("kernel_ab") or config.getini("kernel_ab"))
     profile = None
     if config.getoption("kernel_ab_profile") or config.getoption("kernel_ab_trace"):
@@ -254,13 +262,11 @@ def pytest_configure(config: pytest.Config) -> None:
     compare_spec = _setting(config, "compare") or None
     storage_root = _storage_root(config)
     machine_folder = _ThisMachine(storage_root)
-    raw_history = _setting(config, "history")
     try:
-        history_count = int(raw_history)
-        if history_count < 0:
-            raise ValueError
-    except (TypeError, ValueError):
-        raise pytest.UsageError(f"--kernel-ab-history / kernel_ab_history: not a count >= 0: {raw_history!r}")
+        history_count = option_values.parse_count(_setting(config, "history"), _option("history"), minimum=0,
+                                                  problem="not a count >= 0")
+    except option_values.OptionValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
     save_name = config.getoption("kernel_ab_save")
     # None: not given; an empty name is given, and refused by check_name rather than taken for "not saving".
     saving = save_name is not None or bool(config.getoption("kernel_ab_autosave") or
@@ -272,6 +278,10 @@ def pytest_configure(config: pytest.Config) -> None:
     try:
         if report_path:
             report.check_writable(report_path)
+        # A storage folder that is a file, or cannot be written, is found now: at the end every result would be lost.
+        if enabled and (saving or compare_spec and not storage.names_a_file(compare_spec) or
+                        report_path and history_count):
+            storage.check_folder(storage_root, writing=False)
         if save_name is not None:
             storage.check_name(save_name)
         if compare_spec:
@@ -284,6 +294,7 @@ def pytest_configure(config: pytest.Config) -> None:
                                            machine_folder.environment())
         if saving and enabled:
             save_folder = machine_folder()
+            storage.check_folder(save_folder, writing=True)
     except (report.ReportError, storage.StorageError) as exc:
         raise pytest.UsageError(f"kernel A/B: {exc}") from None
     try:
@@ -294,11 +305,10 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"kernel A/B: {exc}") from None
     raw_threads = _setting(config, "cpu_threads")
     try:
-        cpu_threads = int(raw_threads) if raw_threads not in (None, "") else None
-        if cpu_threads is not None and cpu_threads < 1:
-            raise ValueError
-    except (TypeError, ValueError):
-        raise pytest.UsageError(f"--kernel-ab-cpu-threads / kernel_ab_cpu_threads: not a count >= 1: {raw_threads!r}")
+        cpu_threads = option_values.parse_count(raw_threads, _option("cpu_threads"), minimum=1,
+                                                problem="not a count >= 1") if raw_threads not in (None, "") else None
+    except option_values.OptionValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
     session = _ABSession(enabled, settings, report_path, previous, rules=rules, save_folder=save_folder,
                          save_name=save_name, rootpath=config.rootpath, history_count=history_count,
                          storage_root=storage_root, machine_folder=machine_folder,
@@ -516,7 +526,10 @@ def _history(session: _ABSession) -> tuple[Any, ...]:
     # Without a storage folder there is nothing to show, and no reason to load torch for the machine's slug.
     if session.history_count <= 0 or session.storage_root is None or not session.storage_root.is_dir():
         return ()
-    return storage.history(session.machine_folder(), session.history_count)
+    skipped: list[str] = []
+    found = storage.history(session.machine_folder(), session.history_count, skipped)
+    session.notes.extend(f"WARNING: A/B history: a damaged saved run left out: {reason}" for reason in skipped)
+    return found
 
 
 def _save(session: _ABSession) -> None:

@@ -12,8 +12,9 @@ run's full JSON report, written whole or not at all (:func:`pytest_kernelcheck.r
 from __future__ import annotations
 
 import datetime as _datetime
-import hashlib
+import os
 import re
+import secrets
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +24,8 @@ from .records import RunEnvironment
 
 LATEST = "latest"  # what --kernel-ab-compare without a value stands for
 DEFAULT_FOLDER = ".kernelcheck"
-_FILE = re.compile(r"(\d{4,})_(.+)\.json")
+# ASCII digits: \d also matches other scripts' digits ("٠٠٠٣"); and at most 18, so int() always reads them.
+_FILE = re.compile(r"([0-9]{4,18})_(.+)\.json")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
@@ -156,9 +158,10 @@ class RunSpeedups:
     intervals: Mapping[tuple[str, str], tuple[float | None, float | None]] = field(default_factory=dict)
 
 
-def history(folder: str | Path, count: int) -> tuple[RunSpeedups, ...]:
+def history(folder: str | Path, count: int, skipped: list[str] | None = None) -> tuple[RunSpeedups, ...]:
     """The speedups of the last ``count`` saved runs in ``folder``, oldest first; files that cannot be read as
-    reports are left out (history is a view, and a damaged file must not cost the run its report).
+    reports are left out (history is a view, and a damaged file must not cost the run its report), each with a
+    line in ``skipped`` naming the file and the field.
 
     >>> history("/nonexistent", 5)
     ()
@@ -169,8 +172,10 @@ def history(folder: str | Path, count: int) -> tuple[RunSpeedups, ...]:
     found = []
     for run in saved_runs(folder)[-count:] if count > 0 else []:
         try:
-            typed = ABReport.from_json(_report.load_report(run.path))
-        except _report.ReportError:
+            typed = ABReport.from_json(_report.load_report(run.path))  # load_report checked every field
+        except _report.ReportError as exc:
+            if skipped is not None:
+                skipped.append(str(exc))
             continue
         speedups = {(row.nodeid, row.name): row.speedup for row in typed.comparisons}
         intervals = {(row.nodeid, row.name): row.ci for row in typed.comparisons}
@@ -202,7 +207,7 @@ with it anyway (the report then warns of it)
 
 def check_name(name: str) -> str:
     """The name, when it can be a saved run's: letters, digits, ``.``, ``_``, ``-``; not all digits (those are
-    numbers to --kernel-ab-compare), and not ``latest``.
+    numbers to --kernel-ab-compare), not ``latest``, and not ending in ``.json`` (a path to --kernel-ab-compare).
 
     >>> check_name("before-fusion")
     'before-fusion'
@@ -220,14 +225,52 @@ reads as a run number; add a letter
                            f"number; add a letter")
     if name == LATEST:
         raise StorageError(f"--kernel-ab-save: name {LATEST!r} is what --kernel-ab-compare without a value means")
+    if name.endswith(".json"):
+        raise StorageError(f"--kernel-ab-save: name {name!r} ends in .json, which --kernel-ab-compare reads as a "
+                           f"report's path; leave out the .json")
     if not _NAME.fullmatch(name):
         raise StorageError(f"--kernel-ab-save: name {name!r} must start with a letter or digit and hold only "
                            f"letters, digits, '.', '_' and '-'")
     return name
 
 
+STORAGE_OPTION = "--kernel-ab-storage / kernel_ab_storage"
+
+
+def check_folder(folder: str | Path, *, writing: bool) -> None:
+    """``StorageError`` naming the option when ``folder`` (the storage folder, or a machine's folder in it) is a
+    file, or, ``writing``, cannot be created or written: found at start-up, before any comparison is timed, rather
+    than when the run is saved at its end.
+
+    >>> check_folder("/dev/null", writing=False)
+    Traceback (most recent call last):
+    ...
+    pytest_kernelcheck.storage.StorageError: --kernel-ab-storage / kernel_ab_storage: '/dev/null' is not a folder; \
+give a folder of saved runs (it is created when a run is saved)
+    """
+    path = Path(folder)
+    accepted = "give a folder of saved runs (it is created when a run is saved)"
+    if path.exists() and not path.is_dir():
+        raise StorageError(f"{STORAGE_OPTION}: {str(path)!r} is not a folder; {accepted}")
+    if not writing:
+        return
+    ancestor = path
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise StorageError(f"{STORAGE_OPTION}: cannot create {str(path)!r}: {str(ancestor)!r} is not a folder; "
+                           f"{accepted}")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise StorageError(f"{STORAGE_OPTION}: cannot save runs in {str(path)!r}: {str(ancestor)!r} is not "
+                           f"writable; {accepted}")
+
+
 def save(report: Mapping[str, Any], folder: str | Path, name: str) -> Path:
     """Write ``report`` as the next numbered run in ``folder``; returns its path.
+
+    Every save gets a number of its own and replaces no file, whoever else saves into the folder at once (parallel
+    pytest invocations, CI jobs or users sharing it, each with its own temp directory): the number is claimed in
+    the folder itself (:func:`_publish`), so no lock elsewhere is needed.
 
     >>> import tempfile
     >>> from pytest_kernelcheck.report import build_report
@@ -236,23 +279,64 @@ def save(report: Mapping[str, Any], folder: str | Path, name: str) -> Path:
     ['0001_a.json', '0002_b.json']
     """
     from . import report as _report
-    from .gpu_lock import device_lock
 
     name = check_name(name)
-    # The number is the folder's highest plus one: two runs saving at once (parallel pytest invocations in one
-    # checkout) would both read the same highest, then share a number, or with one name the later file would
-    # replace the earlier. Listing and writing are one step under a machine-wide lock keyed by the folder (a lock
-    # file in the temp directory, as for timing, so the folder holds nothing but runs).
-    key = "storage-" + hashlib.sha1(str(Path(folder).resolve()).encode()).hexdigest()[:16]
-    with device_lock(key):
-        runs = saved_runs(folder)
-        number = runs[-1].number + 1 if runs else 1
-        path = Path(folder) / f"{number:04d}_{name}.json"
+    folder = Path(folder)
+    # Written whole first, under a name no listing takes for a run; only then given its number, in one step.
+    staged = folder / f".{name}.{os.getpid()}.{secrets.token_hex(4)}.staged"
+    try:
+        _report.write_json(dict(report), staged)
+        return _publish(staged, folder, name)
+    except _report.ReportError as exc:
+        raise StorageError(f"--kernel-ab-save: {exc}") from None
+    except OSError as exc:
+        raise StorageError(f"--kernel-ab-save: cannot save the run in {str(folder)!r}: {exc}") from None
+    finally:
         try:
-            _report.write_json(dict(report), path)
-        except _report.ReportError as exc:
-            raise StorageError(f"--kernel-ab-save: {exc}") from None
-    return path
+            staged.unlink(missing_ok=True)
+        except OSError:  # never written (the folder cannot be made): nothing to remove
+            pass
+
+
+def _publish(staged: Path, folder: Path, name: str) -> Path:
+    """Give the written file ``staged`` the folder's next free number: ``folder/NNNN_NAME.json``.
+
+    A number is claimed by creating ``.NNNN.claim`` with ``O_EXCL`` (which exactly one process can do) and is
+    taken only if no run holds it yet, checked while it is claimed; the claim is removed once the run's file has
+    its name. Two savers that listed the folder at once both try the same number and one moves on to the next.
+    The file gets its name by a hard link, which fails rather than replace a file of that name. A saver killed
+    while holding a claim leaves the number unused (a gap), never a run lost.
+    """
+    number = max((run.number for run in saved_runs(folder)), default=0) + 1
+    while True:
+        claim = folder / f".{number:04d}.claim"
+        try:
+            os.close(os.open(claim, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+        except FileExistsError:  # another save holds this number now
+            number += 1
+            continue
+        try:
+            target = folder / f"{number:04d}_{name}.json"
+            if not any(run.number == number for run in saved_runs(folder)) and _link(staged, target):
+                return target
+        finally:
+            claim.unlink(missing_ok=True)
+        number += 1
+
+
+def _link(staged: Path, target: Path) -> bool:
+    """Give ``staged`` the name ``target`` unless a file has it (a case-insensitive file system counts ``A`` and
+    ``a`` as one); whether it did."""
+    try:
+        os.link(staged, target)
+        return True
+    except FileExistsError:
+        return False
+    except OSError:  # a file system without hard links: the claimed number keeps other savers away
+        if target.exists():
+            return False
+        os.replace(staged, target)
+        return True
 
 
 def git_state(root: str | Path) -> tuple[str | None, bool]:
@@ -285,41 +369,27 @@ def autosave_name(commit: str | None, dirty: bool, when: _datetime.datetime) -> 
 
 def names_a_file(spec: str) -> bool:
     """Whether ``--kernel-ab-compare SPEC`` names a report file by its path, rather than one of this machine's saved
-    runs (``latest``, a number or a saved name): anything that exists, holds a slash or ends in ``.json``.
+    runs (``latest``, a number or a saved name): anything that exists, holds a slash or ends in ``.json``
+    (:mod:`.run_lookup` refuses a bare spec that exists and also names a saved run).
 
     >>> names_a_file("out/ab.json"), names_a_file("0003"), names_a_file("before-fusion")
     (True, False, False)
     """
-    return spec != LATEST and not spec.isdigit() and (Path(spec).exists() or "/" in spec or spec.endswith(".json"))
+    number = spec.isascii() and spec.isdigit()  # "³".isdigit() is true too, and no run number
+    return spec != LATEST and not number and (Path(spec).exists() or "/" in spec or spec.endswith(".json"))
 
 
 def resolve_compare(spec: str, machine_folder: Callable[[], Path]) -> Path:
-    """The report file ``--kernel-ab-compare SPEC`` means: ``latest`` (the option without a value), a number
-    (``0003`` or ``3``) or a saved name in this machine's folder, else a path as given.
+    """The report file ``--kernel-ab-compare SPEC`` means: ``latest`` (the option alone), a number (``0003`` or
+    ``3``), a saved run's file stem or name in this machine's folder, else a path; ambiguity is refused naming the
+    candidates (:mod:`.run_lookup` says how each form is read).
 
-    ``machine_folder`` is called only for the saved forms, so that comparing with a path never needs the
-    machine's slug (which loads torch). A path is what :func:`names_a_file` says is one.
+    ``machine_folder`` is called only when saved runs must be looked at, so that comparing with a path never needs
+    the machine's slug (which loads torch).
 
     >>> resolve_compare("out/ab.json", lambda: Path("unused"))
     PosixPath('out/ab.json')
     """
-    if names_a_file(spec):
-        return Path(spec)
-    folder = machine_folder()
-    runs = saved_runs(folder)
-    if not runs:
-        raise StorageError(f"--kernel-ab-compare {spec}: no saved runs for this machine in '{folder}'; save one "
-                           f"with --kernel-ab-save NAME or --kernel-ab-autosave")
-    if spec == LATEST:
-        return runs[-1].path
-    saved = ", ".join(run.path.name for run in runs[-5:])
-    if spec.isdigit():
-        matches = [run for run in runs if run.number == int(spec)]
-        what = f"no saved run number {int(spec):04d}"
-    else:
-        matches = [run for run in runs if run.name == spec]
-        what = f"no saved run named {spec!r}"
-    if not matches:
-        raise StorageError(f"--kernel-ab-compare {spec}: {what} for this machine in '{folder}' "
-                           f"(latest saved: {saved})")
-    return matches[-1].path  # a name saved twice: its latest run
+    from .run_lookup import resolve
+
+    return resolve(spec, machine_folder)

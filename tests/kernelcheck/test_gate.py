@@ -205,3 +205,10 @@ def test_regression_lines_never_print_a_number_that_contradicts_the_finding():
         reason = [r.reason for r in found if r.record.name == "b"][0]
         below, above = (float(n) for n in re.findall(r"\((\S+) < (\S+)\)", reason)[0])
         assert below < above, reason
+
+
+@pytest.mark.parametrize("expression", ["speedup:٣%", "speedup:３%", "speedup:³%", "speedup:1٫5%"])
+def test_a_speedup_rule_takes_ascii_digits_only(expression):
+    # Python's \d matches every script's digits: "speedup:٣%" was read as a 3% rule.
+    with pytest.raises(gate.GateError, match="speedup:X%"):
+        gate.parse_rule(expression)

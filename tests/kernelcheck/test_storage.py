@@ -176,3 +176,123 @@ def test_concurrent_saves_get_a_number_each_and_overwrite_nothing(tmp_path, monk
     runs = storage.saved_runs(tmp_path)
     assert [run.number for run in runs] == [1, 2, 3, 4]
     assert sorted(run.name for run in runs) == sorted(names)
+
+
+def _save_with_own_temp_dir(barrier, temp_dir: str, folder: str, name: str, built: dict) -> None:
+    import os
+    import tempfile
+
+    os.environ["TMPDIR"] = temp_dir  # a CI job or user of its own: nothing in the temp directory is shared
+    tempfile.tempdir = None  # read TMPDIR again
+    barrier.wait()
+    storage.save(built, folder, name)
+
+
+def test_saves_from_processes_with_different_temp_dirs_each_get_a_number_and_lose_nothing(tmp_path, monkeypatch):
+    # 40 saves into one folder from processes whose TMPDIR differed (separate CI jobs sharing the storage folder)
+    # once left 24 files while each said "A/B run saved": the lock that kept them apart lived in the temp directory.
+    import multiprocessing
+    import random
+    import time
+
+    writes = report.write_json
+    monkeypatch.setattr(report, "write_json", lambda *args: (time.sleep(0.2), writes(*args)))  # a slow disk
+    rng = random.Random(11)
+    names = [rng.choice(["nightly", "nightly", "Nightly", "fused"]) for _ in range(40)]
+    built = report.build_report([], settings={"seed": rng.random()})
+    folder = tmp_path / "runs"
+    context = multiprocessing.get_context("fork")  # the children keep the slow write
+    barrier = context.Barrier(len(names))
+    children = []
+    for index, name in enumerate(names):
+        temp_dir = tmp_path / f"tmp{index}"
+        temp_dir.mkdir()
+        children.append(context.Process(target=_save_with_own_temp_dir,
+                                        args=(barrier, str(temp_dir), str(folder), name, built)))
+    for child in children:
+        child.start()
+    for child in children:
+        child.join(60)
+    assert [child.exitcode for child in children] == [0] * len(names)
+    runs = storage.saved_runs(folder)
+    assert [run.number for run in runs] == list(range(1, len(names) + 1))
+    assert sorted(run.name for run in runs) == sorted(names)
+    assert sorted(path.name for path in folder.iterdir()) == sorted(run.path.name for run in runs)  # no claim left
+    assert all(report.load_report(run.path)["settings"] == built["settings"] for run in runs)
+
+
+def test_a_save_skips_a_number_another_save_has_claimed_and_never_replaces_a_file(tmp_path):
+    built = report.build_report([], settings={})
+    (tmp_path / "0002_a.json").write_text("{}")
+    (tmp_path / ".0003.claim").write_text("")  # a save that holds number 3 now (or was killed holding it)
+    path = storage.save(built, tmp_path, "a")
+    assert path.name == "0004_a.json"
+    assert (tmp_path / "0002_a.json").read_text() == "{}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".0003.claim", "0002_a.json", "0004_a.json"]
+
+
+def test_a_run_that_cannot_be_saved_is_a_storage_error_naming_the_option(tmp_path):
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(storage.StorageError, match=r"^--kernel-ab-save: cannot write report .*Not a directory"):
+        storage.save(report.build_report([], settings={}), tmp_path / "afile" / "machine", "a")
+
+
+def _run_file(folder: Path, stem: str) -> Path:
+    path = folder / f"{stem}.json"
+    path.write_text("{}")
+    return path
+
+
+def test_a_compare_spec_that_means_several_saved_runs_is_refused_listing_them(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    folder = tmp_path / "machine"
+    folder.mkdir()
+    for stem in ("0001_base", "0002_nightly", "0003_0001_base", "0004_Nightly", "0005_a", "0005_b"):
+        _run_file(folder, stem)
+    runs = lambda: folder  # noqa: E731
+    # Several files of one number (copied in, or saved by an older version racing another save): once one of them
+    # was taken without a word, by the order of the names.
+    with pytest.raises(storage.StorageError, match=r"^--kernel-ab-compare latest: ambiguous: the latest number 0005 "
+                                                   r"is held by 2 saved runs \(0005_a.json, 0005_b.json\); give the "
+                                                   r"path"):
+        storage.resolve_compare("latest", runs)
+    with pytest.raises(storage.StorageError, match=r"^--kernel-ab-compare 5: ambiguous: run number 0005 is held by 2"):
+        storage.resolve_compare("5", runs)
+    # One run's file stem and another's name: once the name won, though the history table labels runs by stem.
+    with pytest.raises(storage.StorageError, match=r"^--kernel-ab-compare 0001_base: ambiguous: it is the file stem "
+                                                   r"of 0001_base.json and the name of 0003_0001_base.json; give the "
+                                                   r"run's number \(0001 or 0003\)"):
+        storage.resolve_compare("0001_base", runs)
+    assert storage.resolve_compare("0002_nightly", runs).name == "0002_nightly.json"  # a stem alone
+    assert storage.resolve_compare("base", runs).name == "0001_base.json"
+    # Names are matched exactly, case included, on every file system.
+    assert storage.resolve_compare("nightly", runs).name == "0002_nightly.json"
+    assert storage.resolve_compare("Nightly", runs).name == "0004_Nightly.json"
+    with pytest.raises(storage.StorageError, match=r"no saved run named 'NIGHTLY' .*; names are matched exactly, "
+                                                   r"case included, and these differ only in case: "
+                                                   r"0002_nightly.json, 0004_Nightly.json$"):
+        storage.resolve_compare("NIGHTLY", runs)
+    # A saved run's name that is also a file here: once the file was compared with, without a word.
+    (tmp_path / "base").write_text("{}")
+    with pytest.raises(storage.StorageError, match=r"^--kernel-ab-compare base: ambiguous: both a saved run "
+                                                   r"\(0001_base.json\) and a file or folder here \('base'\); give "
+                                                   r"the run's number \(0001\) for the saved run, or ./base for the "
+                                                   r"file$"):
+        storage.resolve_compare("base", runs)
+    assert storage.resolve_compare("./base", runs) == Path("./base")
+    (tmp_path / "other").write_text("{}")
+    assert storage.resolve_compare("other", runs) == Path("other")  # a file that names no saved run
+
+
+@pytest.mark.parametrize("spec", ["\u00b3", "\u0663", "+1", "9" * 5000])
+def test_a_compare_spec_in_no_accepted_form_is_refused_saying_what_is_accepted(tmp_path, spec):
+    # "³" once ended in INTERNALERROR (str.isdigit() is true of it, int() refuses it); "٣" was read as run 3.
+    _run_file(tmp_path, "0003_base")
+    with pytest.raises(storage.StorageError, match=r"no saved run (named|number) .*latest saved: 0003_base.json"):
+        storage.resolve_compare(spec, lambda: tmp_path)
+
+
+def test_a_name_ending_in_json_is_refused_since_compare_reads_it_as_a_path():
+    with pytest.raises(storage.StorageError, match=r"^--kernel-ab-save: name 'base.json' ends in .json, which "
+                                                   r"--kernel-ab-compare reads as a report's path"):
+        storage.check_name("base.json")
