@@ -158,7 +158,8 @@ ENVIRONMENT = Fields({
 }, nullable=True)
 REPORT = Fields({
     "created": TEXT_OR_NULL, "settings": MapOf(ANY, nullable=True), "environment": ENVIRONMENT, "summary": SUMMARY,
-    "comparisons": ListOf(COMPARISON), "tournaments": ListOf(TOURNAMENT, nullable=True),
+    "comparisons": ListOf(COMPARISON), "vanished": ListOf(COMPARISON, nullable=True),
+    "tournaments": ListOf(TOURNAMENT, nullable=True),
     "measurements": ListOf(MEASUREMENT, nullable=True), "finished": BOOL,
     "machine_differences": ListOf(TEXT, nullable=True),
 })

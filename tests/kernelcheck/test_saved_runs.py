@@ -124,9 +124,12 @@ def test_a_storage_folder_that_cannot_hold_runs_is_refused_before_any_comparison
 def test_a_storage_file_is_left_alone_by_a_run_that_uses_no_saved_run(pytester):
     pytester.makepyfile(test_sim=SIMULATED)
     (pytester.path / "afile").write_text("not a folder")
-    pytester.runpytest(*FAST, "--kernel-ab-storage", "afile").assert_outcomes(passed=1)
-    pytester.runpytest(*FAST, "--kernel-ab-storage", "afile", "--kernel-ab-report", "r.json",
-                       "--kernel-ab-history", "0").assert_outcomes(passed=1)
+    # The folder set as a project default (an ini setting, which never stops a run): on the command line without
+    # a save, a compare or history, --kernel-ab-storage is refused as an option that would do nothing.
+    pytester.makeini("[pytest]\nkernel_ab_storage = afile\n")
+    pytester.runpytest(*FAST).assert_outcomes(passed=1)
+    pytester.runpytest(*FAST, "--kernel-ab-report", "r.json", "--kernel-ab-history", "0").assert_outcomes(passed=1)
+    assert (pytester.path / "afile").read_text() == "not a folder"
 
 
 HUGE = "9" * 5000  # past int()'s 4300-digit limit, whose ValueError once ended in INTERNALERROR
