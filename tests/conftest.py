@@ -17,22 +17,25 @@ from __future__ import annotations
 
 import os
 
-from hypothesis import HealthCheck, settings
+try:
+    from hypothesis import HealthCheck, settings
+except ImportError:  # hypothesis is in the dev extras; without it the sweep modules skip and the rest runs
+    settings = None
 
-# Health checks that misfire here: examples are slow by nature (the interpreter), and pytester / tmp_path are
-# function-scoped fixtures on purpose (every example writes into its own subfolder of them).
-_SUPPRESSED = [HealthCheck.too_slow, HealthCheck.function_scoped_fixture, HealthCheck.data_too_large]
+if settings is not None:
+    # Health checks that misfire here: examples are slow by nature (the interpreter), and pytester / tmp_path are
+    # function-scoped fixtures on purpose (every example writes into its own subfolder of them).
+    _SUPPRESSED = [HealthCheck.too_slow, HealthCheck.function_scoped_fixture, HealthCheck.data_too_large]
+    settings.register_profile("ci", derandomize=True, deadline=None, max_examples=10,
+                              suppress_health_check=_SUPPRESSED, print_blob=True)
+    settings.register_profile("sweep", derandomize=True, deadline=None, max_examples=100,
+                              suppress_health_check=_SUPPRESSED, print_blob=True)
+    settings.register_profile("sweep-random", derandomize=False, deadline=None, max_examples=100, database=None,
+                              suppress_health_check=_SUPPRESSED, print_blob=True)
+    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
-settings.register_profile("ci", derandomize=True, deadline=None, max_examples=10, suppress_health_check=_SUPPRESSED,
-                          print_blob=True)
-settings.register_profile("sweep", derandomize=True, deadline=None, max_examples=100,
-                          suppress_health_check=_SUPPRESSED, print_blob=True)
-settings.register_profile("sweep-random", derandomize=False, deadline=None, max_examples=100, database=None,
-                          suppress_health_check=_SUPPRESSED, print_blob=True)
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
-
-def examples(ci_count: int) -> settings:
+def examples(ci_count: int) -> "settings":
     """Settings of the loaded profile with ``ci_count`` examples under ``ci`` and ten times as many under the
     sweep profiles (their max_examples over ci's)."""
     factor = settings.default.max_examples / settings.get_profile("ci").max_examples

@@ -16,7 +16,11 @@ import math
 from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
+import pytest
 import torch
+
+pytest.importorskip("hypothesis")  # in the dev extras
+
 from hypothesis import given, note
 from hypothesis.control import currently_in_test_context
 from hypothesis import strategies as st

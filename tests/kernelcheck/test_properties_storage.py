@@ -22,13 +22,15 @@ from __future__ import annotations
 import json
 import math
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+pytest.importorskip("hypothesis")  # in the dev extras
+
 from hypothesis import Phase, given, note, settings
 from hypothesis import strategies as st
 
