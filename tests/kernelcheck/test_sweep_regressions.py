@@ -70,6 +70,16 @@ WRONG_FIELDS = [
                  marks=_xfail("LastRun.from_json: data.get on a str raises AttributeError")),
     pytest.param(ROW + ("throughput",), "x", id="throughput-not-an-object",
                  marks=_xfail("ComparisonRecord.from_json: throughput.get on a str raises AttributeError")),
+    pytest.param(ROW + ("throughput",), {"candidate": "x"}, id="throughput-candidate-not-an-object",
+                 marks=_xfail("ThroughputRecord.from_json: data.get on a str raises AttributeError")),
+    pytest.param(ROW + ("ceiling",), {"tflops": "x"}, id="ceiling-tflops-not-a-number",
+                 marks=_xfail("CeilingRecord.from_json: float('x') raises ValueError")),
+    pytest.param(ROW + ("clock",), {"sm_clock_mhz": "x"}, id="clock-sm-clock-not-an-object",
+                 marks=_xfail("ClockRecord.from_json: data.get on a str raises AttributeError")),
+    pytest.param(ROW + ("gpu",), {"index": [1]}, id="gpu-index-a-list",
+                 marks=_xfail("GpuIdentity.from_json: int([1]) raises TypeError")),
+    pytest.param(("summary",), {"regressions": 5}, id="summary-regressions-not-a-list",
+                 marks=_xfail("ReportSummary.from_json: tuple(5) raises TypeError")),
     pytest.param(ROW + ("speedup",), 10 ** 400, id="speedup-beyond-float",
                  marks=_xfail("_checked_number: math.isfinite(10**400) raises OverflowError")),
     pytest.param(ROW + ("ci",), [10 ** 400, None], id="ci-end-beyond-float",
@@ -80,8 +90,6 @@ WRONG_FIELDS = [
                  marks=_xfail("ABReport.from_json: tuple(1) raises TypeError")),
     pytest.param(("tournaments",), 1, id="tournaments-not-a-list",
                  marks=_xfail("_rows_from_json: iterating 1 raises TypeError")),
-    pytest.param(("environment", "ceilings"), "x", id="environment-ceilings-not-an-object",
-                 marks=_xfail("RunEnvironment.from_json: ceilings.get on a str raises AttributeError")),
 ]
 
 
@@ -130,12 +138,19 @@ def test_comparing_with_a_row_whose_name_is_not_text_refuses_it_or_goes_through(
 
 
 @_xfail("load_report keeps an environment block of the wrong type; storage.check_same_machine (what a bare "
-        "--kernel-ab-compare runs) then raises AttributeError in RunEnvironment.from_json / _machine_fields")
-@pytest.mark.parametrize("place", [("environment",), ("environment", "gpu"), ("environment", "packages"),
-                                   ("environment", "machine_info")], ids=lambda p: "-".join(p))
-def test_comparing_with_a_run_of_a_wrong_typed_environment_refuses_it_naming_the_field(tmp_path, place):
+        "--kernel-ab-compare runs) then raises AttributeError or TypeError in RunEnvironment.from_json, "
+        "GpuInfo.from_json, CeilingRecord.from_json or storage._machine_fields (sorted devices)")
+@pytest.mark.parametrize("place, value", [
+    (("environment",), "x"), (("environment", "gpu"), "x"), (("environment", "packages"), "x"),
+    (("environment", "machine_info"), "x"), (("environment", "ceilings"), "x"),
+    (("environment", "ceilings"), {"measured": [5]}),
+    (("environment", "gpu"), {"available": True, "devices": 5}),
+    (("environment", "gpu"), {"available": True, "devices": ["NVIDIA H200", 5]})],
+    ids=["environment", "gpu", "packages", "machine-info", "ceilings", "ceilings-measured", "gpu-devices-a-number",
+         "gpu-devices-a-number-among-names"])
+def test_comparing_with_a_run_of_a_wrong_typed_environment_refuses_it_naming_the_field(tmp_path, place, value):
     environment = storage.current_environment()
-    path = _damage(_saved_run(tmp_path, environment=environment), place, "x")
+    path = _damage(_saved_run(tmp_path, environment=environment), place, value)
     try:
         previous = report.load_report(path)
         storage.check_same_machine("latest", path, previous.get("environment") or {}, environment)
