@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import os
 
+PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
+
 try:
     from hypothesis import HealthCheck, settings
 except ImportError:  # hypothesis is in the dev extras; without it the sweep modules skip and the rest runs
@@ -32,7 +34,7 @@ if settings is not None:
                               suppress_health_check=_SUPPRESSED, print_blob=True)
     settings.register_profile("sweep-random", derandomize=False, deadline=None, max_examples=100, database=None,
                               suppress_health_check=_SUPPRESSED, print_blob=True)
-    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+    settings.load_profile(PROFILE)
 
 
 def examples(ci_count: int) -> "settings":

@@ -15,7 +15,10 @@ short, bytes that are not UTF-8. The damaged file is put in the machine's storag
   or completes with its report.
 
 Profiles and example counts: tests/conftest.py. Known defects found by this sweep have explicit xfail tests in
-test_sweep_regressions.py; the strategies below leave out what those tests cover (each place says so).
+test_sweep_regressions.py; the strategies of the ci profile leave out what those tests cover (values of another
+JSON type than the field's, integers beyond float's range, extra fields named as readers read them), and the sweep
+of that region runs under the sweep profiles only. Examples are derandomized, but drawn from a run the plugin
+saves afresh (its timings, and whether it carries notes, vary), so two runs may draw different damage.
 """
 from __future__ import annotations
 
@@ -35,7 +38,7 @@ from hypothesis import Phase, given, note, settings
 from hypothesis import strategies as st
 
 from pytest_kernelcheck import gate, report, storage
-from tests.conftest import examples
+from tests.conftest import PROFILE, examples
 
 pytest_plugins = ["pytester"]
 
@@ -224,11 +227,13 @@ def check_comparison(saved_run: str, damaged: Path, environment_now: dict[str, A
     assert report.write_all(built, out / "ab.json").paths
 
 
-# Every field given values of any type, and extra fields of the names readers look for: today's readers crash on
-# many (test_sweep_regressions.py lists them one by one). No shrinking: the regression tests hold the small cases.
-@pytest.mark.xfail(strict=True, reason="readers of saved runs crash (AttributeError, TypeError, ValueError, "
-                                       "OverflowError) on fields of the wrong JSON type; see test_sweep_regressions.py")
-@settings(settings.default, max_examples=settings.default.max_examples * 8, phases=[Phase.explicit, Phase.generate])
+# Every field given values of any type, and extra fields of the names readers look for: a known-failing region
+# (today's readers crash on many such fields; test_sweep_regressions.py holds each case found, as a strict xfail).
+# So it runs under the sweep profiles only, to find more; once the readers are fixed it belongs in ci too. No
+# shrinking: the regression tests hold the small cases.
+@pytest.mark.skipif(PROFILE == "ci", reason="known-failing region (wrong-typed fields crash the "
+                    "readers; see test_sweep_regressions.py); run with HYPOTHESIS_PROFILE=sweep")
+@settings(settings.default, max_examples=settings.default.max_examples * 4, phases=[Phase.explicit, Phase.generate])
 @given(data=st.data())
 def test_comparing_with_a_run_of_wrong_typed_fields_refuses_it_by_name_or_goes_through(saved_run, environment_now,
                                                                                         tmp_path_factory, data):
