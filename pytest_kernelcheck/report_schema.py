@@ -21,6 +21,7 @@ a whole number, or null
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
@@ -45,7 +46,9 @@ class Scalar:
             return False
         if self.kind == "whole":
             return isinstance(value, int)
-        return isinstance(value, (int, float)) and math.isfinite(value)
+        if isinstance(value, int):  # compared exactly: an integer past float's range is no number a run writes
+            return abs(value) <= sys.float_info.max
+        return isinstance(value, float) and math.isfinite(value)
 
     @property
     def accepted(self) -> str:

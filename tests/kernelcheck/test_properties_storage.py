@@ -227,12 +227,9 @@ def check_comparison(saved_run: str, damaged: Path, environment_now: dict[str, A
     assert report.write_all(built, out / "ab.json").paths
 
 
-# Every field given values of any type, and extra fields of the names readers look for: a known-failing region
-# (today's readers crash on many such fields; test_sweep_regressions.py holds each case found, as a strict xfail).
-# So it runs under the sweep profiles only, to find more; once the readers are fixed it belongs in ci too. No
-# shrinking: the regression tests hold the small cases.
-@pytest.mark.skipif(PROFILE == "ci", reason="known-failing region (wrong-typed fields crash the "
-                    "readers; see test_sweep_regressions.py); run with HYPOTHESIS_PROFILE=sweep")
+# Every field given values of any type, and extra fields of the names readers look for: each case this found once
+# crashed the readers and is kept in test_sweep_regressions.py. No shrinking: the regression tests hold the small
+# cases.
 @settings(settings.default, max_examples=settings.default.max_examples * 4, phases=[Phase.explicit, Phase.generate])
 @given(data=st.data())
 def test_comparing_with_a_run_of_wrong_typed_fields_refuses_it_by_name_or_goes_through(saved_run, environment_now,
