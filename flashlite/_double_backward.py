@@ -45,10 +45,13 @@ def recomputed_gradients(compute: Callable[..., torch.Tensor], inputs: Sequence[
     if not wanted:
         return tuple(gradients)
     with torch.enable_grad(), sdpa_kernel(SDPBackend.MATH):
-        out = compute(*(t.to(_math_dtype(t)) for t in inputs))
+        # One distinct graph node per argument slot: one tensor passed as k and v (or q, k and v) would otherwise
+        # receive, in each slot, the gradient of all its uses, and autograd would sum those again.
+        slots = [t.view_as(t) for t in inputs]
+        out = compute(*(t.to(_math_dtype(t)) for t in slots))
     # Zeros, not None, for an input the recompute does not reach (a key every mask hides): autograd expects a
     # gradient for each input that requires one.
-    found = torch.autograd.grad(out, [inputs[i] for i in wanted], grad_out.to(out.dtype), create_graph=True,
+    found = torch.autograd.grad(out, [slots[i] for i in wanted], grad_out.to(out.dtype), create_graph=True,
                                 materialize_grads=True)
     for i, gradient in zip(wanted, found):
         gradients[i] = gradient

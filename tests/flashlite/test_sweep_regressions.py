@@ -1,6 +1,5 @@
 """Defects the property sweep of attention calls found (test_properties_attention.py), each shrunk to one explicit
-case against the float64 reference written there. Marked ``xfail(strict=True)`` until flashlite is fixed: a fix
-turns them into passes, which strict mode reports, so that the mark is then removed.
+case against the float64 reference written there, so each stays fixed.
 """
 from __future__ import annotations
 
@@ -15,10 +14,8 @@ def _random(*shape, seed):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
 
 
-@pytest.mark.xfail(strict=True, reason="the Triton path's create_graph=True backward (flashlite/_double_backward.py "
-                                       "recomputed_gradients) takes torch.autograd.grad against q, k and v as given: "
-                                       "a tensor passed as two or three of them gets the sum of its gradients in "
-                                       "each place, so autograd counts it twice or three times")
+# The create_graph=True backward once took torch.autograd.grad against q, k and v as given: a tensor passed as two or
+# three of them got the sum of its gradients in each place, so autograd counted it twice or three times.
 @pytest.mark.parametrize("aliases", ["k_is_v", "q_is_k_is_v"])
 def test_triton_second_order_gradients_of_aliased_inputs_count_each_use_once(aliases):
     # Self-attention on one tensor (q is k is v), or one tensor for keys and values: first gradients taken with
@@ -35,11 +32,15 @@ def test_triton_second_order_gradients_of_aliased_inputs_count_each_use_once(ali
     (plain,) = torch.autograd.grad((plain_out.double() * weight).sum(), x)
     torch.testing.assert_close(plain.double(), expected, rtol=1e-5, atol=1e-5)  # without create_graph: right
     torch.testing.assert_close(first.double(), expected, rtol=1e-5, atol=1e-5)
+    # The gradient penalty's own gradient, second order through the aliased tensor.
+    (second,) = torch.autograd.grad(first.double().pow(2).sum(), x)
+    (expected_first,) = torch.autograd.grad((reference(x64 if aliases == "q_is_k_is_v" else q.double(), x64, x64)
+                                             * weight).sum(), x64, create_graph=True)
+    (expected_second,) = torch.autograd.grad(expected_first.pow(2).sum(), x64)
+    torch.testing.assert_close(second.double(), expected_second, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.xfail(strict=True, reason="attention_varlen's create_graph=True backward (flashlite/_attention/varlen.py "
-                                       "through _double_backward.recomputed_gradients) doubles the gradient of a "
-                                       "tensor passed as both k and v, as attention() does")
+# attention_varlen's create_graph=True backward shares that recompute, and once doubled the same way.
 def test_varlen_second_order_gradients_of_one_tensor_for_keys_and_values_count_each_use_once():
     q = _random(7, 1, 16, seed=3).float().to(DEVICE)
     x = _random(7, 1, 16, seed=4).float().to(DEVICE).requires_grad_()
