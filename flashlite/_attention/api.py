@@ -170,12 +170,20 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: Unio
                               attn_mask=attn_mask, alibi_slopes=alibi_slopes)
     if window.__class__ is list:  # validation takes [left, right] too; plan keys and the trace cache hash a tuple
         window = tuple(window)
-    key = None
+    key = any_length_key = None
     if not _is_compiling():  # under torch.compile the plan is made at trace time, not kept
         out = _replay(plans._PLANS, _replay_by_python_key, q, k, v, key_padding_mask, key_lengths, causal, scale,
                       backend, precision, window, softcap, alibi_slopes)
         if out is not None:
             return out
+        # A call whose key length no kept plan has seen (a decoding step): a plan that serves every key length
+        # answers it without validating and deciding again.
+        any_length_key = plans.sizes_key(q, k, v, key_padding_mask, key_lengths, causal, scale, backend, precision,
+                                         window, softcap, alibi_slopes)
+        plan = plans._PLANS.get(any_length_key)
+        if plan is not None and plans.fits_any_length_plan(k, v, key_padding_mask):
+            key_mask = key_padding_mask if key_lengths is None else key_lengths
+            return plan.run(q, k, v, key_mask) if alibi_slopes is None else plan.run(q, k, v, key_mask, alibi_slopes)
         key = plans.key_of(q, k, v, key_padding_mask, key_lengths, causal, scale, backend, precision, window,
                            softcap, alibi_slopes)
     elif not _tensors_where_expected(q, k, v, key_padding_mask, key_lengths, alibi_slopes):
@@ -206,6 +214,6 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: Unio
             q, k, v, key_padding_mask, key_lengths, problem.causal_mode, scale, precision,
             None if window is None else list(window), softcap, alibi_slopes)
     plan = plans.keep(key, make_plan(q, k, v, causal, scale, key_padding_mask, key_lengths, backend, precision,
-                                     window, softcap, alibi_slopes))
+                                     window, softcap, alibi_slopes), any_length_key)
     key_mask = key_padding_mask if key_lengths is None else key_lengths
     return plan.run(q, k, v, key_mask) if alibi_slopes is None else plan.run(q, k, v, key_mask, alibi_slopes)

@@ -18,9 +18,9 @@ from flashlite import _env, _runtime
 from flashlite._attention import launch_gluon, launch_gluon_bwd
 from flashlite._attention.ops import needs_gradient, run_triton, run_triton_compiled
 from flashlite._attention.plans import Plan
-from flashlite._attention.sdpa import check_attn_mask, sdpa_attention
-from flashlite._attention.validation import (_CAUSAL_ARGUMENT, CAUSAL_BOTTOM_RIGHT, CAUSAL_TOP_LEFT, Problem,
-                                             kernel_unsupported, validate)
+from flashlite._attention.sdpa import check_attn_mask, plain_sdpa_causal, sdpa_attention
+from flashlite._attention.validation import (_CAUSAL_ARGUMENT, Problem, kernel_size_limit, kernel_unsupported,
+                                             validate)
 from flashlite.dispatch import Decision, choose_backend
 
 # The public module's name, as the documentation of FLASHLITE_DEBUG_DISPATCH gives it.
@@ -83,12 +83,12 @@ def _run_sdpa(problem: Problem, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
 
 def _sdpa_run(problem: Problem, scale: Optional[float]) -> Callable[..., torch.Tensor]:
     """How a plan runs its calls on SDPA: ``run(q, k, v, key_mask[, alibi_slopes])``."""
-    if (problem.variant == "dense" and problem.causal_mode != CAUSAL_BOTTOM_RIGHT
-            and not (problem.causal_mode == CAUSAL_TOP_LEFT and problem.seq_k > problem.seq_q)):
+    is_causal = plain_sdpa_causal(problem, problem.seq_q)
+    if is_causal is not None and not (is_causal and problem.seq_k > problem.seq_q):
         # SDPA itself, bound in a partial so that a replay costs one C-level call, with only the arguments the call
         # needs (SDPA parses every keyword it is given, on every call). Its fourth positional parameter is
         # attn_mask, which receives the call's key mask: None here.
-        sdpa_kwargs = {"is_causal": problem.causal_mode == CAUSAL_TOP_LEFT}
+        sdpa_kwargs = {"is_causal": is_causal}
         if scale is not None:
             sdpa_kwargs["scale"] = problem.scale
         if problem.heads != problem.kv_heads:
@@ -115,6 +115,19 @@ def _run_by_gradient(no_gradient_run: Callable[..., torch.Tensor], gradient_run:
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return gradient_run(q, k, v, *rest)
     return no_gradient_run(q, k, v, *rest)
+
+
+def _serves_any_key_length(problem: Problem, backend: str, decision: Decision, gradient_decision: Decision,
+                           q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                           key_padding_mask: Optional[torch.Tensor]) -> bool:
+    """Whether a plan's run is right, and its decisions those the call would get, for calls of any key length
+    (``plans.sizes_key``): SDPA plans whose run reads the sizes from the call's tensors."""
+    if decision.backend != "sdpa" or gradient_decision.backend != "sdpa":
+        return False  # the Triton launches take the problem's sizes, and their recordings keep them
+    if plain_sdpa_causal(problem, problem.seq_q) and problem.seq_k <= problem.seq_q:
+        return False  # SDPA's is_causal bound as it is (_sdpa_run): a longer key axis must be cut to S_q first
+    # A kernel refused for the length of its tensors alone might take a shorter call of the same key.
+    return backend != "auto" or kernel_size_limit(q, k, v, key_padding_mask) is None
 
 
 def make_plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: Union[bool, str], scale: Optional[float],
@@ -147,6 +160,8 @@ def make_plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: Union[b
     plan.gradient_decision = gradient_decision
     plan.gluon = on_gluon is not None
     plan.run = _run_for(decision.backend, plan, scale)
+    plan.any_key_length = _serves_any_key_length(problem, backend, decision, gradient_decision, q, k, v,
+                                                 key_padding_mask)
     if gradient_decision.backend != decision.backend:
         plan.run = functools.partial(_run_by_gradient, plan.run, _run_for(gradient_decision.backend, plan, scale))
     return plan

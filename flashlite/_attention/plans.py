@@ -14,6 +14,7 @@ import torch
 
 from flashlite import _env, _native
 from flashlite._attention.validation import Problem
+from flashlite._intmath import seq_bucket
 
 # Launch recording (replaying the compiled kernel with new tensors, ``flashlite._direct_launch``) is on unless
 # FLASHLITE_LAUNCH_CACHE=0, which makes every launch an ordinary Triton launch.
@@ -44,7 +45,7 @@ class Plan:
     """
 
     __slots__ = ("problem", "decision", "gradient_decision", "run", "configs", "recorded", "record", "gluon",
-                 "gluon_bwd")
+                 "gluon_bwd", "any_key_length")
 
     def __init__(self, problem: Problem, decision: Any, run: Optional[Callable[..., torch.Tensor]] = None,
                  configs: Optional[dict[str, dict]] = None, record: bool = False) -> None:
@@ -62,6 +63,9 @@ class Plan:
         # value of its switch (``launch_gluon_bwd.GLUON_BWD_ENABLED``, ``GLUON_BWD_MEASURED_ONLY``), decided at the
         # first backward under each.
         self.gluon_bwd: dict[tuple[bool, bool], bool] = {}
+        # Whether ``run`` serves calls of every key length (decided by make_plan): then the plan is also kept under
+        # its ``sizes_key``, and its problem's seq_k is that of the call it was made for.
+        self.any_key_length = False
 
     def decision_for(self, gradient: bool) -> Any:
         """The decision a call of this signature runs by: ``gradient``, whether autograd records the call."""
@@ -149,16 +153,67 @@ def _replay_in_python(plans: dict, fallback: Callable[..., Optional[torch.Tensor
 replay: Callable[..., Optional[torch.Tensor]] = _native.replay or _replay_in_python
 
 
-# Plans by signature (a ``signature`` tuple or a ``fast_signature`` bytes key). Past MAX_PLANS distinct signatures,
+class SizesKey(tuple):
+    """``sizes_key``'s key: a tuple of its own class, so that it never equals a ``signature``."""
+
+    __slots__ = ()
+
+
+def sizes_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: Optional[torch.Tensor],
+              key_lengths: Optional[torch.Tensor], causal: Any, scale: Any, backend: str, precision: Any,
+              window: Any = None, softcap: Any = None, alibi_slopes: Optional[torch.Tensor] = None
+              ) -> Optional[SizesKey]:
+    """The key of a call without its key length: calls that differ only in S_k (and so in the strides of k, v and
+    key_padding_mask, as a cache grown by ``torch.cat`` has) share it. A decoding loop's key length grows by one
+    per call; a plan whose run reads the key length from the tensors (``Plan.any_key_length``) serves all of its
+    calls once made, where a key with S_k in it would validate and plan every step anew. The key length's bucket
+    in the dispatch table (``seq_bucket``) stays in the key, so that a call is decided by its own table entry.
+    None for arguments that cannot be keyed so (not tensors, not hashable, an empty key axis): the full path then
+    validates them.
+
+    Example:
+        >>> q, k = torch.randn(1, 2, 1, 16), torch.randn(1, 2, 100, 16)
+        >>> sizes_key(q, k, k, None, None, "lower_right", None, "auto", None) == sizes_key(
+        ...     q, k[:, :, :99], k[:, :, :99], None, None, "lower_right", None, "auto", None)
+        True
+    """
+    try:
+        k_shape, v_shape = k.shape, v.shape
+        key = (q.shape, q.stride(), q.dtype, q.device, k_shape[:2], k_shape[3:], k.dtype, k.device, v_shape[:2],
+               v_shape[3:], v.dtype, v.device, seq_bucket(max(q.shape[2], k_shape[2])), causal, causal.__class__,
+               scale, scale.__class__, backend, precision, _mask_signature(key_lengths),
+               _mask_signature(alibi_slopes), window, None if window is None else tuple(map(type, window)),
+               softcap, softcap.__class__)
+        if key_padding_mask is not None:
+            key += (key_padding_mask.shape[:1], key_padding_mask.shape[2:], key_padding_mask.dtype,
+                    key_padding_mask.device)
+        hash(key)
+    except (AttributeError, TypeError, IndexError, ValueError):
+        return None
+    return SizesKey(key)
+
+
+def fits_any_length_plan(k: torch.Tensor, v: torch.Tensor, key_padding_mask: Optional[torch.Tensor]) -> bool:
+    """What validation checks of a call's key length beyond ``sizes_key``: k and v of one length, and a
+    key_padding_mask [B, S_k] of it."""
+    seq_k = k.shape[2]
+    return v.shape[2] == seq_k and (key_padding_mask is None or key_padding_mask.shape[1] == seq_k)
+
+
+# Plans by signature (a ``signature`` tuple or a ``fast_signature`` bytes key), and plans that serve every key
+# length also by ``sizes_key``. Past MAX_PLANS distinct signatures,
 # new ones are validated and decided on every call.
 _PLANS: dict[Any, Plan] = {}
 MAX_PLANS = 4096
 
 
-def keep(key: Optional[tuple], plan: Plan) -> Plan:
-    """Keep ``plan`` for ``key`` while there is room (and say so in ``plan.record``); returns the plan."""
+def keep(key: Optional[tuple], plan: Plan, any_length_key: Optional[SizesKey] = None) -> Plan:
+    """Keep ``plan`` for ``key`` while there is room (and say so in ``plan.record``), and for ``any_length_key``
+    too where the plan serves every key length; returns the plan."""
     if key is not None and len(_PLANS) < MAX_PLANS:
         _PLANS[key] = plan
+        if any_length_key is not None and plan.any_key_length:
+            _PLANS[any_length_key] = plan
     else:
         plan.record = False
     return plan

@@ -21,7 +21,7 @@ def _visibility_mask(q: torch.Tensor, k: torch.Tensor, key_mask: Optional[torch.
     padding."""
     seq_q, seq_k = q.shape[2], k.shape[2]
     mask = torch.ones((1, 1, seq_q, seq_k), dtype=torch.bool, device=q.device)
-    shift = _diagonal_shift(problem)
+    shift = _diagonal_shift(problem, seq_q, seq_k)
     if problem.causal_mode != CAUSAL_NONE:
         mask = mask.tril(diagonal=shift)
     if problem.window_left >= 0:
@@ -34,17 +34,40 @@ def _visibility_mask(q: torch.Tensor, k: torch.Tensor, key_mask: Optional[torch.
     return mask
 
 
-def _diagonal_shift(problem: Problem) -> int:
-    """i' - i: how far query row i's diagonal sits from key i (S_k - S_q for bottom-right causal, else 0)."""
-    return problem.seq_k - problem.seq_q if problem.causal_mode == CAUSAL_BOTTOM_RIGHT else 0
+def _diagonal_shift(problem: Problem, seq_q: int, seq_k: int) -> int:
+    """i' - i: how far query row i's diagonal sits from key i (S_k - S_q for bottom-right causal, else 0). The sizes
+    are the call's own: a plan serves calls of every key length (``plans.sizes_key``), so its problem's may be
+    another call's."""
+    return seq_k - seq_q if problem.causal_mode == CAUSAL_BOTTOM_RIGHT else 0
 
 
-def _alibi_bias(q: torch.Tensor, problem: Problem, alibi_slopes: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+def plain_sdpa_causal(problem: Problem, seq_q: int) -> Optional[bool]:
+    """SDPA's ``is_causal`` for a call that SDPA computes alone, without a mask built here, or None where it cannot.
+
+    Dense calls without causal masking, and top-left causal ones (SDPA's ``is_causal``), need none. Neither does
+    one query row aligned bottom-right (decoding): it sits at the last key's position and sees every key.
+
+    Example:
+        >>> q = torch.randn(1, 2, 1, 16)
+        >>> from flashlite._attention.validation import validate
+        >>> plain_sdpa_causal(validate(q, q, q, "lower_right", None, None, None, "sdpa", None), 1)
+        False
+    """
+    if problem.variant != "dense":
+        return None
+    if problem.causal_mode == CAUSAL_BOTTOM_RIGHT:
+        return False if seq_q == 1 else None
+    return problem.causal_mode == CAUSAL_TOP_LEFT
+
+
+def _alibi_bias(q: torch.Tensor, k: torch.Tensor, problem: Problem,
+                alibi_slopes: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     """Float32 [B or 1, H, S_q, S_k]: -slope * |i' - j|, or None without slopes."""
     if alibi_slopes is None:
         return None
-    rows = torch.arange(problem.seq_q, device=q.device)[:, None] + _diagonal_shift(problem)
-    distance = (rows - torch.arange(problem.seq_k, device=q.device)[None, :]).abs().to(torch.float32)
+    seq_q, seq_k = q.shape[2], k.shape[2]
+    rows = torch.arange(seq_q, device=q.device)[:, None] + _diagonal_shift(problem, seq_q, seq_k)
+    distance = (rows - torch.arange(seq_k, device=q.device)[None, :]).abs().to(torch.float32)
     slopes = alibi_slopes if alibi_slopes.dim() == 2 else alibi_slopes[None]
     return -slopes[:, :, None, None] * distance
 
@@ -116,18 +139,19 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: 
     if alibi_slopes is not None:  # the slopes' bias would carry a gradient here, which the kernels' path cannot
         check_constant_slopes(alibi_slopes)
     gqa = {"enable_gqa": True} if problem.heads != problem.kv_heads else {}
-    if attn_mask is None and problem.variant == "dense" and problem.causal_mode != CAUSAL_BOTTOM_RIGHT:
-        if problem.causal_mode == CAUSAL_TOP_LEFT and problem.seq_k > problem.seq_q:
+    seq_q = q.shape[2]
+    is_causal = None if attn_mask is not None else plain_sdpa_causal(problem, seq_q)
+    if is_causal is not None:
+        if is_causal and k.shape[2] > seq_q:
             # Keys past the last query row are hidden from every row: SDPA never sees them (a view, no copy).
-            k, v = k[:, :, :problem.seq_q], v[:, :, :problem.seq_q]
+            k, v = k[:, :, :seq_q], v[:, :, :seq_q]
         # SDPA's own causal kernels: a NaN in a key that later rows see may turn earlier rows NaN too (see
         # ``attention``).
-        return F.scaled_dot_product_attention(q, k, v, is_causal=problem.causal_mode == CAUSAL_TOP_LEFT,
-                                              scale=problem.scale, **gqa)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=problem.scale, **gqa)
     visible = _visibility_mask(q, k, key_mask, problem)
     if attn_mask is not None and attn_mask.dtype == torch.bool:
         visible = visible & attn_mask
-    bias = _alibi_bias(q, problem, alibi_slopes)
+    bias = _alibi_bias(q, k, problem, alibi_slopes)
     if attn_mask is not None and attn_mask.dtype != torch.bool:
         bias = attn_mask.to(torch.float32) if bias is None else bias + attn_mask.to(torch.float32)
         # A -inf bias (a float attn_mask's) hides its key as the masks do: a row it hides whole sees no key.

@@ -305,6 +305,13 @@ def kernel_unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     head_dim = q.shape[-1]
     if not MIN_HEAD_DIM <= head_dim <= MAX_HEAD_DIM:
         return f"head dim {head_dim} is outside the kernel's range {MIN_HEAD_DIM}..{MAX_HEAD_DIM}"
+    return kernel_size_limit(q, k, v, key_padding_mask)
+
+
+def kernel_size_limit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      key_padding_mask: Optional[torch.Tensor]) -> Optional[str]:
+    """Why the Triton kernel cannot index this call's tensors (too long for 32-bit offsets), or None: the reasons
+    of ``kernel_unsupported`` that depend on the sequence lengths."""
     if max(_slice_span(q), _slice_span(k), _slice_span(v)) >= _INT32_LIMIT:
         return "one (batch, head) slice spans 2**31 elements or more (the kernel indexes slices with 32 bits)"
     if key_padding_mask is not None and (key_padding_mask.shape[1] - 1) * key_padding_mask.stride(1) >= _INT32_LIMIT:
