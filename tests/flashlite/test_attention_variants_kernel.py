@@ -273,6 +273,21 @@ def renumbered(lines, keep):
     order = {}
     return [re.sub(r"%v\d+_\d+", lambda m: order.setdefault(m.group(0), f"%v{len(order)}"), line) for line in out]
 
+def by_value(lines):
+    # Constants have no order of their own: Triton 3.9 hoists them in another order than 3.6 did, so a use names
+    # a constant by its value and type, and the definitions become one sorted list.
+    named, values, out = {}, set(), []
+    for line in lines:
+        defined = re.match(r"\s*(%[\w$.\-]+) = arith\.constant (.*)$", line)
+        if defined:  # a name the printer reuses in a sibling region is defined again: the latest value holds
+            named[defined.group(1)] = "const(" + defined.group(2) + ")"
+            values.add(defined.group(2))
+            continue
+        for name, value in named.items():
+            line = re.sub(re.escape(name) + r"(?![\w$.\-])", value, line)
+        out.append(line)
+    return out, ["arith.constant " + value for value in sorted(values)]
+
 def normalised(ttgir):
     # The function's arguments keep their parameter names in the IR; every other value's name is a hint from the
     # Python variable it came from, or a counter (block arguments are numbered on after the function's, so inserted
@@ -282,7 +297,8 @@ def normalised(ttgir):
     lines = [line for line in ttgir.splitlines() if not line.startswith("#loc")]
     start = next(i for i, line in enumerate(lines) if "tt.func public" in line)
     params = re.findall(r"%([\w$.\-]+): ([^,{)]+)", lines[start])
-    body = renumbered(lines[:start] + lines[start + 1:], {name for name, _ in params})
+    lines, constants = by_value(lines[:start] + lines[start + 1:])
+    body = constants + renumbered(lines, {name for name, _ in params})
     return {"params": [[name, kind.strip()] for name, kind in params], "body": body}
 
 KINDS = set(os.environ["DENSE_KINDS"].split(","))
