@@ -47,7 +47,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from flashlite.kernels.attention_fwd_gluon import PRODUCER_REGS
 from flashlite.kernels.gluon_tiles import (as_tma_tile, consumer_key_blocks, key_blocks, mma_layout, tile_layout,
-                                           tma_load, tma_store)
+                                           thread_barrier, tma_load, tma_store)
 
 # dK/dV: (BLOCK_N, BLOCK_M, STAGES, num_warps) per head dim; the first is the launcher's. num_warps warps stack
 # along the keys (each warpgroup 64 key rows), so per thread: dK and dV hold 2 x HEAD_DIM / 2 float32, S^T and dP^T
@@ -268,7 +268,7 @@ def _attn_bwd_dkdv(q_desc,  # [B, H, S_q, D] 16-bit, tiles [1, 1, BLOCK_M, D]
                              m_full, seq_q, diag_shift, qk_scale, BLOCK_N, BLOCK_M, CAUSAL, num_warps)
         # Every wgmma of this iteration has completed in this warpgroup; once all warpgroups are past theirs, the
         # slot takes iteration t + STAGES.
-        gl.thread_barrier()
+        thread_barrier()
         _issue_q_do(q_desc, do_desc, q_bufs, do_bufs, ready, t + STAGES, n_iters, n_m, lo_m, b, kv_h, group_size,
                     BLOCK_M, HEAD_DIM, STAGES)
 
@@ -379,7 +379,7 @@ def _invalidate_consumer_barriers(own_ready, ready, empty, STAGES: gl.constexpr)
 def _hand_back(empty, C: gl.constexpr, t, STAGES: gl.constexpr):
     """Consumer C is done with iteration t's slot: its empty barrier, once every warp of the warpgroup is past its
     wgmma waits (the partition's own barrier; each warp waits for its own wgmma groups, and one thread arrives)."""
-    gl.thread_barrier()
+    thread_barrier()
     mbarrier.arrive(empty.index(C * STAGES + t % STAGES))
 
 
@@ -638,7 +638,7 @@ def _attn_bwd_dq(q_desc,  # [B, H, S_q, D] 16-bit, tiles [1, 1, BLOCK_M, D]
         dq = _dq_block(dq, q_smem, do_smem, k_bufs.index(slot), v_bufs.index(slot), lse, delta, rows, j, n_full,
                        seq_k, diag_shift, qk_scale, BLOCK_M, BLOCK_N, CAUSAL, num_warps)
         # Every wgmma of block j has completed in this warpgroup; once all are past theirs, the slot takes j + STAGES.
-        gl.thread_barrier()
+        thread_barrier()
         refill = j + STAGES
         _issue_pair(k_desc, v_desc, k_bufs, v_bufs, ready, slot, b, kv_h, refill * BLOCK_N, refill < n_blocks,
                     BLOCK_N, HEAD_DIM)

@@ -66,7 +66,7 @@ from flashlite.kernels.gluon_tiles import consumer_key_blocks as _consumer_key_b
 from flashlite.kernels.gluon_tiles import key_blocks as _key_blocks
 from flashlite.kernels.gluon_tiles import mma_layout as _mma_layout
 from flashlite.kernels.gluon_tiles import tile_layout as _tile_layout
-from flashlite.kernels.gluon_tiles import tma_load, tma_store
+from flashlite.kernels.gluon_tiles import thread_barrier, tma_load, tma_store
 
 # ----------------------------------------------------------------------------------------------------------------
 # Configs: (BLOCK_M, BLOCK_N, STAGES, num_warps, OVERLAP[, NAMED_BARRIERS]) per head dim and kernel variant (the
@@ -228,7 +228,7 @@ def _free_slot(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, kv_empty, b, kv
     its wait first: the compiler puts a CTA barrier before the copies (it orders the wgmma's reads of the slot
     before the copy's write; checked in the PTX), and the hand-back gets an explicit one."""
     if PRODUCER:
-        gl.thread_barrier()
+        thread_barrier()
         mbarrier.arrive(kv_empty.index((j - kv_lo + STAGES - 1) % STAGES), pred=j > kv_lo)
     else:
         _issue_kv(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, b, kv_h, j + STAGES - 1, kv_lo, n_blocks,
@@ -536,7 +536,7 @@ def _attn_fwd_persistent(q_desc,  # [B, H, S_q, D] 16-bit, tiles [1, 1, BLOCK_M,
                     WINDOW, num_warps)
         # Every warp past this tile (its wgmmas waited for, its output stored) before one thread issues the next
         # tile's copies into Q's tile and the ring's slots.
-        gl.thread_barrier()
+        thread_barrier()
         ring_base += gl.maximum(n_blocks - kv_lo, 0)
         done += 1
     _invalidate_ring(q_ready, k_ready, v_ready, kv_empty, STAGES)
@@ -696,7 +696,7 @@ def _release(kv_empty, C: gl.constexpr, j, other_turns, n_blocks, STAGES: gl.con
         _named_barrier(False, SLOT_BARRIER + j % STAGES, 32 + 128 * readers,
                        j + STAGES < gl.maximum(n_blocks, n_other), CONSUMER_WARPS)
     else:
-        gl.thread_barrier()
+        thread_barrier()
         mbarrier.arrive(kv_empty.index(C * STAGES + j % STAGES))
 
 
