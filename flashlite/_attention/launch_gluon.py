@@ -20,6 +20,7 @@ with the plan's problem, unchecked but for the base addresses (not part of a pla
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass
@@ -366,10 +367,18 @@ def tile_descriptor(t: torch.Tensor, rows: int) -> Any:
     descriptor has other fields fails there."""
     head_dim = t.shape[-1]
     described = object.__new__(TensorDescriptor)
+    described.__dict__.update(_descriptor_defaults())
     described.__dict__.update(base=t, shape=list(t.shape), strides=_tma_strides(t),
                               block_shape=[1, 1, rows, head_dim],
                               layout=_shared_layout(rows, head_dim, t.dtype == torch.bfloat16), padding="zero")
     return described
+
+
+@functools.lru_cache(maxsize=None)
+def _descriptor_defaults() -> dict[str, Any]:
+    # The descriptor's fields that have defaults, at them: Triton 3.9 added ``round_f32_to_tf32``, which its launcher
+    # reads, so a descriptor made without the constructor has to carry every field this Triton's constructor sets.
+    return {f.name: f.default for f in dataclasses.fields(TensorDescriptor) if f.default is not dataclasses.MISSING}
 
 
 def descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,

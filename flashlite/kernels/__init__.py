@@ -10,9 +10,13 @@
 * ``tuning``: config construction, shared-memory estimate and pruning, the autotuning key and its size buckets;
 * ``layer_norm``: LayerNorm (optionally with a residual add) and bias + exact GELU kernels.
 
-These modules import only Triton, each other and the leaf helpers ``flashlite._runtime`` and
-``flashlite._intmath``. Nothing here checks its inputs: the launchers in ``flashlite.attention`` and
-``flashlite.norm`` validate shapes, dtypes and devices, allocate outputs and compute the grid. Import
+These modules import only Triton, each other and the leaf helpers ``flashlite._runtime``, ``flashlite._intmath``
+and ``flashlite._triton_version`` (importing this package warns once under a Triton outside the tested range).
+Nothing here checks its inputs: the launchers in ``flashlite.attention`` and ``flashlite.norm`` validate shapes,
+dtypes and devices, allocate outputs and compute the grid. Import
 ``flashlite`` (which imports ``flashlite._runtime``) before these modules so that Triton's interpreter switch is
 set on CPU-only machines.
 """
+from flashlite._triton_version import warn_if_untested
+
+warn_if_untested()

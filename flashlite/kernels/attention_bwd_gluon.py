@@ -46,7 +46,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from flashlite.kernels.attention_fwd_gluon import PRODUCER_REGS
-from flashlite.kernels.gluon_tiles import as_tma_tile, consumer_key_blocks, key_blocks, mma_layout, tile_layout
+from flashlite.kernels.gluon_tiles import (as_tma_tile, consumer_key_blocks, key_blocks, mma_layout, tile_layout,
+                                           thread_barrier, tma_load, tma_store)
 
 # dK/dV: (BLOCK_N, BLOCK_M, STAGES, num_warps) per head dim; the first is the launcher's. num_warps warps stack
 # along the keys (each warpgroup 64 key rows), so per thread: dK and dV hold 2 x HEAD_DIM / 2 float32, S^T and dP^T
@@ -116,9 +117,9 @@ def _issue_pair(desc_a, desc_b, bufs_a, bufs_b, ready, slot, b, h, row, pred,
     ``bufs_a`` and ``bufs_b``, both completing the slot's ready barrier; nothing unless ``pred``."""
     bar = ready.index(slot)
     mbarrier.expect(bar, desc_a.block_type.nbytes + desc_b.block_type.nbytes, pred=pred)
-    tma.async_copy_global_to_shared(desc_a, [b, h, row, 0], bar, as_tma_tile(bufs_a.index(slot), ROWS, HEAD_DIM),
+    tma_load(desc_a, [b, h, row, 0], bar, as_tma_tile(bufs_a.index(slot), ROWS, HEAD_DIM),
                                     pred=pred)
-    tma.async_copy_global_to_shared(desc_b, [b, h, row, 0], bar, as_tma_tile(bufs_b.index(slot), ROWS, HEAD_DIM),
+    tma_load(desc_b, [b, h, row, 0], bar, as_tma_tile(bufs_b.index(slot), ROWS, HEAD_DIM),
                                     pred=pred)
 
 
@@ -244,8 +245,8 @@ def _attn_bwd_dkdv(q_desc,  # [B, H, S_q, D] 16-bit, tiles [1, 1, BLOCK_M, D]
     k_smem, v_smem, q_bufs, do_bufs, kv_ready, ready = _program_tiles(dtype, BLOCK_N, BLOCK_M, HEAD_DIM, STAGES)
 
     mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(k_desc, [b, kv_h, start_n, 0], kv_ready, as_tma_tile(k_smem, BLOCK_N, HEAD_DIM))
-    tma.async_copy_global_to_shared(v_desc, [b, kv_h, start_n, 0], kv_ready, as_tma_tile(v_smem, BLOCK_N, HEAD_DIM))
+    tma_load(k_desc, [b, kv_h, start_n, 0], kv_ready, as_tma_tile(k_smem, BLOCK_N, HEAD_DIM))
+    tma_load(v_desc, [b, kv_h, start_n, 0], kv_ready, as_tma_tile(v_smem, BLOCK_N, HEAD_DIM))
 
     diag_shift, lo_m, m_full, n_q_blocks = _query_blocks(start_n, seq_q, seq_k, BLOCK_N, BLOCK_M, CAUSAL)
     n_m = n_q_blocks - lo_m
@@ -267,7 +268,7 @@ def _attn_bwd_dkdv(q_desc,  # [B, H, S_q, D] 16-bit, tiles [1, 1, BLOCK_M, D]
                              m_full, seq_q, diag_shift, qk_scale, BLOCK_N, BLOCK_M, CAUSAL, num_warps)
         # Every wgmma of this iteration has completed in this warpgroup; once all warpgroups are past theirs, the
         # slot takes iteration t + STAGES.
-        gl.thread_barrier()
+        thread_barrier()
         _issue_q_do(q_desc, do_desc, q_bufs, do_bufs, ready, t + STAGES, n_iters, n_m, lo_m, b, kv_h, group_size,
                     BLOCK_M, HEAD_DIM, STAGES)
 
@@ -276,8 +277,8 @@ def _attn_bwd_dkdv(q_desc,  # [B, H, S_q, D] 16-bit, tiles [1, 1, BLOCK_M, D]
     k_smem.store((dk * sm_scale).to(dtype))
     v_smem.store(dv.to(dtype))
     fence_async_shared()
-    tma.async_copy_shared_to_global(dk_desc, [b, kv_h, start_n, 0], as_tma_tile(k_smem, BLOCK_N, HEAD_DIM))
-    tma.async_copy_shared_to_global(dv_desc, [b, kv_h, start_n, 0], as_tma_tile(v_smem, BLOCK_N, HEAD_DIM))
+    tma_store(dk_desc, [b, kv_h, start_n, 0], as_tma_tile(k_smem, BLOCK_N, HEAD_DIM))
+    tma_store(dv_desc, [b, kv_h, start_n, 0], as_tma_tile(v_smem, BLOCK_N, HEAD_DIM))
     tma.store_wait(0)
 
 
@@ -378,7 +379,7 @@ def _invalidate_consumer_barriers(own_ready, ready, empty, STAGES: gl.constexpr)
 def _hand_back(empty, C: gl.constexpr, t, STAGES: gl.constexpr):
     """Consumer C is done with iteration t's slot: its empty barrier, once every warp of the warpgroup is past its
     wgmma waits (the partition's own barrier; each warp waits for its own wgmma groups, and one thread arrives)."""
-    gl.thread_barrier()
+    thread_barrier()
     mbarrier.arrive(empty.index(C * STAGES + t % STAGES))
 
 
@@ -391,9 +392,9 @@ def _dkdv_ws_producer(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, d
     for c in gl.static_range(2):
         pred = start_n + c * BLOCK_N < seq_k
         mbarrier.expect(kv_ready.index(c), k_desc.block_type.nbytes + v_desc.block_type.nbytes, pred=pred)
-        tma.async_copy_global_to_shared(k_desc, [b, kv_h, start_n + c * BLOCK_N, 0], kv_ready.index(c),
+        tma_load(k_desc, [b, kv_h, start_n + c * BLOCK_N, 0], kv_ready.index(c),
                                         as_tma_tile(k_smem.index(c), BLOCK_N, HEAD_DIM), pred=pred)
-        tma.async_copy_global_to_shared(v_desc, [b, kv_h, start_n + c * BLOCK_N, 0], kv_ready.index(c),
+        tma_load(v_desc, [b, kv_h, start_n + c * BLOCK_N, 0], kv_ready.index(c),
                                         as_tma_tile(v_smem.index(c), BLOCK_N, HEAD_DIM), pred=pred)
     for t in range(n_iters):
         slot = t % STAGES
@@ -501,8 +502,8 @@ def _dkdv_ws_consumer(C: gl.constexpr, k_smem, v_smem, q_bufs, do_bufs, kv_ready
     k_tile.store((dk * sm_scale).to(dtype))
     v_tile.store(dv.to(dtype))
     fence_async_shared()
-    tma.async_copy_shared_to_global(dk_desc, [b, kv_h, own_start, 0], as_tma_tile(k_tile, BLOCK_N, HEAD_DIM))
-    tma.async_copy_shared_to_global(dv_desc, [b, kv_h, own_start, 0], as_tma_tile(v_tile, BLOCK_N, HEAD_DIM))
+    tma_store(dk_desc, [b, kv_h, own_start, 0], as_tma_tile(k_tile, BLOCK_N, HEAD_DIM))
+    tma_store(dv_desc, [b, kv_h, own_start, 0], as_tma_tile(v_tile, BLOCK_N, HEAD_DIM))
     tma.store_wait(0)
 
 
@@ -621,8 +622,8 @@ def _attn_bwd_dq(q_desc,  # [B, H, S_q, D] 16-bit, tiles [1, 1, BLOCK_M, D]
     q_smem, do_smem, k_bufs, v_bufs, q_ready, ready = _program_tiles(dtype, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES)
 
     mbarrier.expect(q_ready, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [b, h, start_m, 0], q_ready, as_tma_tile(q_smem, BLOCK_M, HEAD_DIM))
-    tma.async_copy_global_to_shared(do_desc, [b, h, start_m, 0], q_ready, as_tma_tile(do_smem, BLOCK_M, HEAD_DIM))
+    tma_load(q_desc, [b, h, start_m, 0], q_ready, as_tma_tile(q_smem, BLOCK_M, HEAD_DIM))
+    tma_load(do_desc, [b, h, start_m, 0], q_ready, as_tma_tile(do_smem, BLOCK_M, HEAD_DIM))
     diag_shift, n_full, n_blocks = key_blocks(start_m, seq_q, seq_k, BLOCK_M, BLOCK_N, CAUSAL)
     for j in gl.static_range(STAGES):  # key/value block j into slot j
         _issue_pair(k_desc, v_desc, k_bufs, v_bufs, ready, j, b, kv_h, j * BLOCK_N, j < n_blocks,
@@ -637,7 +638,7 @@ def _attn_bwd_dq(q_desc,  # [B, H, S_q, D] 16-bit, tiles [1, 1, BLOCK_M, D]
         dq = _dq_block(dq, q_smem, do_smem, k_bufs.index(slot), v_bufs.index(slot), lse, delta, rows, j, n_full,
                        seq_k, diag_shift, qk_scale, BLOCK_M, BLOCK_N, CAUSAL, num_warps)
         # Every wgmma of block j has completed in this warpgroup; once all are past theirs, the slot takes j + STAGES.
-        gl.thread_barrier()
+        thread_barrier()
         refill = j + STAGES
         _issue_pair(k_desc, v_desc, k_bufs, v_bufs, ready, slot, b, kv_h, refill * BLOCK_N, refill < n_blocks,
                     BLOCK_N, HEAD_DIM)
@@ -645,7 +646,7 @@ def _attn_bwd_dq(q_desc,  # [B, H, S_q, D] 16-bit, tiles [1, 1, BLOCK_M, D]
     _invalidate(q_ready, ready, STAGES)
     q_smem.store((dq * sm_scale).to(dtype))  # Q's tile: every wgmma that read it has completed
     fence_async_shared()
-    tma.async_copy_shared_to_global(dq_desc, [b, h, start_m, 0], as_tma_tile(q_smem, BLOCK_M, HEAD_DIM))
+    tma_store(dq_desc, [b, h, start_m, 0], as_tma_tile(q_smem, BLOCK_M, HEAD_DIM))
     tma.store_wait(0)
 
 
@@ -677,9 +678,9 @@ def _dq_ws_producer(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_bufs, v_
         pred = (n_blocks_1 if c == 1 else n_blocks_0) > 0
         row = start_m + c * BLOCK_M
         mbarrier.expect(q_ready.index(c), q_desc.block_type.nbytes + do_desc.block_type.nbytes, pred=pred)
-        tma.async_copy_global_to_shared(q_desc, [b, h, row, 0], q_ready.index(c),
+        tma_load(q_desc, [b, h, row, 0], q_ready.index(c),
                                         as_tma_tile(q_smem.index(c), BLOCK_M, HEAD_DIM), pred=pred)
-        tma.async_copy_global_to_shared(do_desc, [b, h, row, 0], q_ready.index(c),
+        tma_load(do_desc, [b, h, row, 0], q_ready.index(c),
                                         as_tma_tile(do_smem.index(c), BLOCK_M, HEAD_DIM), pred=pred)
     for j in range(gl.maximum(n_blocks_0, n_blocks_1)):
         slot = j % STAGES
@@ -714,7 +715,7 @@ def _dq_ws_consumer(C: gl.constexpr, q_smem, do_smem, k_bufs, v_bufs, q_ready, r
         # Q's tile takes the result: every wgmma that read it has completed (or none was issued).
         q_tile.store((dq * sm_scale).to(q_smem.dtype))
         fence_async_shared()
-        tma.async_copy_shared_to_global(dq_desc, [b, h, start_m, 0], as_tma_tile(q_tile, BLOCK_M, HEAD_DIM))
+        tma_store(dq_desc, [b, h, start_m, 0], as_tma_tile(q_tile, BLOCK_M, HEAD_DIM))
         tma.store_wait(0)
 
 

@@ -141,7 +141,9 @@ def tanh(x):
     Below |x| = 1/8 the odd series x - x^3/3 + 2x^5/15 - 17x^7/315 is used instead: there 1 - t cancels, and its
     relative error grows as 1/|x| (with softcap 1e5 the scores came out 2.6e-3 off in float32). The series'
     first omitted term, 62x^9/2835, is below 2e-10 there; the exp2 form's error at 1/8 is a few float32 ulps."""
-    t = tl.math.exp2(-2.0 * LOG2E * tl.abs(x))
+    # The tensor goes on the left: from Triton 3.9 the interpreter evaluates ``constexpr * tensor`` as a constexpr
+    # holding a tensor, which exp2 then rejects; ``tensor * constexpr`` means the same under every version.
+    t = tl.math.exp2(tl.abs(x) * (-2.0 * LOG2E))
     r = (1.0 - t) / (1.0 + t)
     x2 = x * x
     series = x * (1.0 + x2 * (-1.0 / 3.0 + x2 * (2.0 / 15.0 + x2 * (-17.0 / 315.0))))

@@ -66,6 +66,7 @@ from flashlite.kernels.gluon_tiles import consumer_key_blocks as _consumer_key_b
 from flashlite.kernels.gluon_tiles import key_blocks as _key_blocks
 from flashlite.kernels.gluon_tiles import mma_layout as _mma_layout
 from flashlite.kernels.gluon_tiles import tile_layout as _tile_layout
+from flashlite.kernels.gluon_tiles import thread_barrier, tma_load, tma_store
 
 # ----------------------------------------------------------------------------------------------------------------
 # Configs: (BLOCK_M, BLOCK_N, STAGES, num_warps, OVERLAP[, NAMED_BARRIERS]) per head dim and kernel variant (the
@@ -144,10 +145,10 @@ def _issue_kv(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, b, kv_h, j, kv_l
     k_bar = k_ready.index(slot)
     v_bar = v_ready.index(slot)
     mbarrier.expect(k_bar, k_desc.block_type.nbytes, pred=pred)
-    tma.async_copy_global_to_shared(k_desc, [b, kv_h, j * BLOCK_N, 0], k_bar,
+    tma_load(k_desc, [b, kv_h, j * BLOCK_N, 0], k_bar,
                                     _as_tma_tile(k_bufs.index(slot), BLOCK_N, HEAD_DIM), pred=pred)
     mbarrier.expect(v_bar, v_desc.block_type.nbytes, pred=pred)
-    tma.async_copy_global_to_shared(v_desc, [b, kv_h, j * BLOCK_N, 0], v_bar,
+    tma_load(v_desc, [b, kv_h, j * BLOCK_N, 0], v_bar,
                                     _as_tma_tile(v_bufs.index(slot), BLOCK_N, HEAD_DIM), pred=pred)
 
 
@@ -227,7 +228,7 @@ def _free_slot(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, kv_empty, b, kv
     its wait first: the compiler puts a CTA barrier before the copies (it orders the wgmma's reads of the slot
     before the copy's write; checked in the PTX), and the hand-back gets an explicit one."""
     if PRODUCER:
-        gl.thread_barrier()
+        thread_barrier()
         mbarrier.arrive(kv_empty.index((j - kv_lo + STAGES - 1) % STAGES), pred=j > kv_lo)
     else:
         _issue_kv(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, b, kv_h, j + STAGES - 1, kv_lo, n_blocks,
@@ -363,7 +364,7 @@ def _store_outputs(acc, m_i, l_i, o_smem, o_desc, Lse, b, h, pid_bh, start_m, se
     # o_smem is Q's tile: every wgmma that read Q has completed, so it can take the output.
     o_smem.store(out.to(o_smem.dtype))
     fence_async_shared()
-    tma.async_copy_shared_to_global(o_desc, [b, h, start_m, 0], _as_tma_tile(o_smem, BLOCK_M, HEAD_DIM))
+    tma_store(o_desc, [b, h, start_m, 0], _as_tma_tile(o_smem, BLOCK_M, HEAD_DIM))
     tma.store_wait(0)
 
 
@@ -406,7 +407,7 @@ def _ws_producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, k_read
     """One warp: the Q copy, then key/value blocks kv_lo to n_blocks - 1, block j into slot (j - kv_lo) % STAGES
     once the slot's previous tenant (block j - STAGES) has been handed back by the compute warps."""
     mbarrier.expect(q_ready, q_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [b, h, start_m, 0], q_ready, _as_tma_tile(q_smem, BLOCK_M, HEAD_DIM))
+    tma_load(q_desc, [b, h, start_m, 0], q_ready, _as_tma_tile(q_smem, BLOCK_M, HEAD_DIM))
     for j in range(kv_lo, n_blocks):
         ring = j - kv_lo
         # A fresh mbarrier counts as having completed the phase before its first: round 0 passes at once.
@@ -438,7 +439,7 @@ def _step1_tile(q_desc, k_desc, v_desc, o_desc, Lse, q_smem, k_bufs, v_bufs, q_r
     """Step 1's schedule for one query block (these warps issue the copies too): its Q copy, the ring's first
     STAGES - 1 key blocks, every key block it sees (``_attend``), then its outputs."""
     mbarrier.expect(q_ready, q_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [b, h, start_m, 0], q_ready, _as_tma_tile(q_smem, BLOCK_M, HEAD_DIM))
+    tma_load(q_desc, [b, h, start_m, 0], q_ready, _as_tma_tile(q_smem, BLOCK_M, HEAD_DIM))
     for i in gl.static_range(STAGES - 1):
         _issue_kv(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, b, kv_h, kv_lo + i, ring_origin, n_blocks,
                   BLOCK_N, HEAD_DIM, STAGES)
@@ -535,7 +536,7 @@ def _attn_fwd_persistent(q_desc,  # [B, H, S_q, D] 16-bit, tiles [1, 1, BLOCK_M,
                     WINDOW, num_warps)
         # Every warp past this tile (its wgmmas waited for, its output stored) before one thread issues the next
         # tile's copies into Q's tile and the ring's slots.
-        gl.thread_barrier()
+        thread_barrier()
         ring_base += gl.maximum(n_blocks - kv_lo, 0)
         done += 1
     _invalidate_ring(q_ready, k_ready, v_ready, kv_empty, STAGES)
@@ -695,7 +696,7 @@ def _release(kv_empty, C: gl.constexpr, j, other_turns, n_blocks, STAGES: gl.con
         _named_barrier(False, SLOT_BARRIER + j % STAGES, 32 + 128 * readers,
                        j + STAGES < gl.maximum(n_blocks, n_other), CONSUMER_WARPS)
     else:
-        gl.thread_barrier()
+        thread_barrier()
         mbarrier.arrive(kv_empty.index(C * STAGES + j % STAGES))
 
 
@@ -792,7 +793,7 @@ def _pp_producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, k_read
     for c in gl.static_range(2):
         pred = (n_blocks_1 if c == 1 else n_blocks_0) > 0
         mbarrier.expect(q_ready.index(c), q_desc.block_type.nbytes, pred=pred)
-        tma.async_copy_global_to_shared(q_desc, [b, h, start_m + c * BLOCK_M, 0], q_ready.index(c),
+        tma_load(q_desc, [b, h, start_m + c * BLOCK_M, 0], q_ready.index(c),
                                         _as_tma_tile(q_smem.index(c), BLOCK_M, HEAD_DIM), pred=pred)
     n_blocks = gl.maximum(n_blocks_0, n_blocks_1)
     for j in range(n_blocks):

@@ -6,6 +6,15 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import tma
+
+# TMA copies between global and shared memory. Triton 3.9 renamed them (async_load, async_store) and made the old
+# names (async_copy_global_to_shared, async_copy_shared_to_global, all 3.6 has) raise; both take the same arguments.
+# The kernels call these two names, so the version shows here only.
+tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
+# A barrier of every thread of the block: Triton 3.9 renamed gl.thread_barrier (all 3.6 has) to gl.barrier.
+thread_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 
 
 @gluon.constexpr_function

@@ -126,5 +126,9 @@ def compile_gluon(fn, args, meta, options):
 def run_script(script: str) -> str:
     """stdout of ``script`` run in a fresh interpreter, which must exit cleanly."""
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
+    # Triton 3.9's bindings report objects still alive at exit (nanobind's leak report, hundreds of lines, harmless):
+    # left out, so that a failure shows its traceback rather than the report's tail.
+    errors = "".join(line for line in done.stderr.splitlines(keepends=True)
+                     if not line.startswith(("nanobind:", " - leaked", " - ... skipped", "See https://nanobind")))
+    assert done.returncode == 0, errors[-3000:]
     return done.stdout
