@@ -83,7 +83,7 @@ def _run_sdpa(problem: Problem, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
 
 def _sdpa_run(problem: Problem, scale: Optional[float]) -> Callable[..., torch.Tensor]:
     """How a plan runs its calls on SDPA: ``run(q, k, v, key_mask[, alibi_slopes])``."""
-    is_causal = plain_sdpa_causal(problem, problem.seq_q)
+    is_causal = plain_sdpa_causal(problem, problem.seq_q, problem.seq_k)
     if is_causal is not None and not (is_causal and problem.seq_k > problem.seq_q):
         # SDPA itself, bound in a partial so that a replay costs one C-level call, with only the arguments the call
         # needs (SDPA parses every keyword it is given, on every call). Its fourth positional parameter is
@@ -124,7 +124,7 @@ def _serves_any_key_length(problem: Problem, backend: str, decision: Decision, g
     (``plans.sizes_key``): SDPA plans whose run reads the sizes from the call's tensors."""
     if decision.backend != "sdpa" or gradient_decision.backend != "sdpa":
         return False  # the Triton launches take the problem's sizes, and their recordings keep them
-    if plain_sdpa_causal(problem, problem.seq_q) and problem.seq_k <= problem.seq_q:
+    if plain_sdpa_causal(problem, problem.seq_q, problem.seq_k) and problem.seq_k <= problem.seq_q:
         return False  # SDPA's is_causal bound as it is (_sdpa_run): a longer key axis must be cut to S_q first
     # A kernel refused for the length of its tensors alone might take a shorter call of the same key.
     return backend != "auto" or kernel_size_limit(q, k, v, key_padding_mask) is None

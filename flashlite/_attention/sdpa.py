@@ -41,22 +41,25 @@ def _diagonal_shift(problem: Problem, seq_q: int, seq_k: int) -> int:
     return seq_k - seq_q if problem.causal_mode == CAUSAL_BOTTOM_RIGHT else 0
 
 
-def plain_sdpa_causal(problem: Problem, seq_q: int) -> Optional[bool]:
+def plain_sdpa_causal(problem: Problem, seq_q: int, seq_k: int) -> Optional[bool]:
     """SDPA's ``is_causal`` for a call that SDPA computes alone, without a mask built here, or None where it cannot.
 
     Dense calls without causal masking, and top-left causal ones (SDPA's ``is_causal``), need none. Neither does
-    one query row aligned bottom-right (decoding): it sits at the last key's position and sees every key.
+    one query row aligned bottom-right (decoding): it sits at the last key's position and sees every key; nor a
+    bottom-right call with as many keys as rows, whose diagonal is the top-left one (a model's prefill).
 
     Example:
         >>> q = torch.randn(1, 2, 1, 16)
         >>> from flashlite._attention.validation import validate
-        >>> plain_sdpa_causal(validate(q, q, q, "lower_right", None, None, None, "sdpa", None), 1)
+        >>> plain_sdpa_causal(validate(q, q, q, "lower_right", None, None, None, "sdpa", None), 1, 1)
         False
     """
     if problem.variant != "dense":
         return None
     if problem.causal_mode == CAUSAL_BOTTOM_RIGHT:
-        return False if seq_q == 1 else None
+        if seq_q == 1:
+            return False
+        return True if seq_q == seq_k else None
     return problem.causal_mode == CAUSAL_TOP_LEFT
 
 
@@ -140,7 +143,7 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: 
         check_constant_slopes(alibi_slopes)
     gqa = {"enable_gqa": True} if problem.heads != problem.kv_heads else {}
     seq_q = q.shape[2]
-    is_causal = None if attn_mask is not None else plain_sdpa_causal(problem, seq_q)
+    is_causal = None if attn_mask is not None else plain_sdpa_causal(problem, seq_q, k.shape[2])
     if is_causal is not None:
         if is_causal and k.shape[2] > seq_q:
             # Keys past the last query row are hidden from every row: SDPA never sees them (a view, no copy).

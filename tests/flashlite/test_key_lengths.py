@@ -89,3 +89,25 @@ def test_a_plan_for_every_key_length_still_refuses_what_validation_refuses(valid
         kept = mask[:, :72]
     with pytest.raises(ValueError, match="v must have the same shape" if wrong == "v_length" else "key_padding_mask"):
         attention(q, k, v, causal="lower_right", key_padding_mask=kept, backend="sdpa")
+
+
+@pytest.mark.parametrize("gqa", [False, True])
+def test_bottom_right_causal_with_as_many_keys_as_rows_runs_sdpa_is_causal_without_a_mask(monkeypatch, gqa):
+    # A model's prefill passes causal="lower_right" with S_q == S_k, whose diagonal is SDPA's is_causal one: it
+    # must reach SDPA's own causal kernels, not a mask built here (which took 2-4x longer in a Llama prefill).
+    monkeypatch.setattr(plans_module, "_PLANS", {})
+    seen = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        seen.append((kwargs.get("is_causal"), kwargs.get("attn_mask", args[3] if len(args) > 3 else None)))
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 4, 37, 16, generator=gen).to(DEVICE)
+    k, v = (torch.randn(2, 2 if gqa else 4, 37, 16, generator=gen).to(DEVICE) for _ in range(2))
+    out = attention(q, k, v, causal="lower_right", backend="sdpa")
+    assert seen and all(is_causal is True and mask is None for is_causal, mask in seen), seen
+    expected = reference(q.double(), k.double(), v.double(), causal=True)
+    assert_close(out, expected)
