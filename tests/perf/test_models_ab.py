@@ -78,8 +78,8 @@ def test_llama_prefill(B, S, padded, kernel_ab):
     ids = tokens(B, S)
     mask = left_padding(B, S) if padded else None
     same_prediction(candidate(ids, attention_mask=mask).logits[:, -64:], base(ids, attention_mask=mask).logits[:, -64:])
-    kernel_ab.compare(lambda: candidate(ids, attention_mask=mask, logits_to_keep=1),
-                      lambda: base(ids, attention_mask=mask, logits_to_keep=1),
+    kernel_ab.compare(lambda: candidate(ids, attention_mask=mask, logits_to_keep=1, use_cache=False).logits,
+                      lambda: base(ids, attention_mask=mask, logits_to_keep=1, use_cache=False).logits,
                       name=f"llama prefill B={B} S={S}{' left-padded' if padded else ''}: flite vs sdpa")
 
 
@@ -88,8 +88,12 @@ def test_llama_generation(kernel_ab):
     candidate, base = twins(llama(), "sdpa")
     ids = tokens(4, 256)
     settings = dict(max_new_tokens=64, min_new_tokens=64, do_sample=False, pad_token_id=0)
+    # Greedy tokens of a bf16 model are not bitwise repeatable from call to call on the GPU (SDPA's own generation
+    # changed 4 of 1,280 tokens between calls on an H100), so the plugin's same-output-every-call check is off here;
+    # tests/flashlite/test_transformers_integration.py checks the tokens.
     result = kernel_ab.compare(lambda: candidate.generate(ids, **settings), lambda: base.generate(ids, **settings),
-                               name="llama greedy generation 4 x (256 + 64 tokens): flite vs sdpa")
+                               name="llama greedy generation 4 x (256 + 64 tokens): flite vs sdpa",
+                               check_output=False)
     print(f"\ntokens/s flite {4 * 64e3 / result.candidate_ms:.0f}, sdpa {4 * 64e3 / result.baseline_ms:.0f}")
 
 
@@ -101,7 +105,7 @@ def test_llama_training_step(kernel_ab):
     def step(model, optimizer):
         def run():
             optimizer.zero_grad(set_to_none=True)
-            model(ids, labels=ids).loss.backward()
+            model(ids, labels=ids, use_cache=False).loss.backward()
             optimizer.step()
         return run
     kernel_ab.compare(step(candidate, torch.optim.AdamW(candidate.parameters(), lr=1e-6)),
@@ -115,7 +119,8 @@ def test_mistral_prefill_sliding_window(baseline, kernel_ab):
     candidate, base = twins(mistral(), baseline)
     ids = tokens(1, 16384)
     same_prediction(candidate(ids).logits[:, -64:], base(ids).logits[:, -64:])
-    kernel_ab.compare(lambda: candidate(ids, logits_to_keep=1), lambda: base(ids, logits_to_keep=1),
+    kernel_ab.compare(lambda: candidate(ids, logits_to_keep=1, use_cache=False).logits,
+                      lambda: base(ids, logits_to_keep=1, use_cache=False).logits,
                       name=f"mistral prefill S=16384 window 4096: flite vs {baseline}")
 
 
@@ -126,5 +131,6 @@ def test_gemma2_prefill_softcap(head_dim, baseline, kernel_ab):
     candidate, base = twins(gemma2(head_dim), baseline)
     ids = tokens(1, 8192)
     same_prediction(candidate(ids).logits[:, -64:], base(ids).logits[:, -64:])
-    kernel_ab.compare(lambda: candidate(ids, logits_to_keep=1), lambda: base(ids, logits_to_keep=1),
+    kernel_ab.compare(lambda: candidate(ids, logits_to_keep=1, use_cache=False).logits,
+                      lambda: base(ids, logits_to_keep=1, use_cache=False).logits,
                       name=f"gemma2 prefill S=8192 D={head_dim} softcap 50: flite vs {baseline}")
