@@ -1,6 +1,6 @@
 """pytest wiring for A/B speed comparisons: options, the ``kernel_ab`` fixture, report, pytest-xdist transport.
 
-The work lives in :mod:`pytest_kernelcheck.ab` (comparisons), :mod:`.stats` and :mod:`.report`; this module only
+The work lives in :mod:`pytest_kernelcheck.speed.ab` (comparisons), :mod:`.stats` and :mod:`.report`; this module only
 connects them to pytest. Results travel on the test report as the ``kernel_ab_records`` attribute (a JSON
 string of :mod:`.records` in their JSON form), which pytest-xdist serialises with the report, so the controller's
 summary sees every worker's results.
@@ -187,7 +187,7 @@ def _setting(config: pytest.Config, name: str) -> Any:
 
 
 def _storage_root(config: pytest.Config) -> Path:
-    from . import storage
+    from .results import storage
 
     option = config.getoption("kernel_ab_storage")
     return Path(option) if option else config.rootpath / (config.getini("kernel_ab_storage") or storage.DEFAULT_FOLDER)
@@ -202,20 +202,22 @@ class _ThisMachine:
         self._environment: dict[str, Any] | None = None
 
     def environment(self) -> dict[str, Any]:
-        from . import storage
+        from .results import storage
 
         if self._environment is None:
             self._environment = storage.current_environment()
         return self._environment
 
     def __call__(self) -> Path:
-        from . import storage
+        from .results import storage
 
         return self.root / storage.machine_slug(self.environment())
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    from . import gate, option_rules, option_values, report, storage, throughput
+    from . import option_rules, option_values
+    from .results import gate, report, run_lookup, storage
+    from .speed import throughput
 
     _refuse_empty_options(config)
     settings: dict[str, Any] = {}
@@ -248,7 +250,7 @@ def pytest_configure(config: pytest.Config) -> None:
     enabled = bool(config.getoption("kernel_ab") or config.getini("kernel_ab"))
     profile = None
     if config.getoption("kernel_ab_profile") or config.getoption("kernel_ab_trace"):
-        from . import profiling
+        from .speed import profiling
 
         try:
             profile = profiling.ProfileMode.from_options(True, config.getoption("kernel_ab_trace"))
@@ -285,7 +287,7 @@ def pytest_configure(config: pytest.Config) -> None:
         if save_name is not None:
             storage.check_name(save_name)
         if compare_spec:
-            compare_path = storage.resolve_compare(compare_spec, machine_folder)
+            compare_path = run_lookup.resolve_compare(compare_spec, machine_folder)
             previous = report.load_report(compare_path)
             # A saved run of another machine is refused; a path is the user's explicit choice, compared with a
             # warning in the report and the summary (report.machine_lines), which is read at the end.
@@ -330,14 +332,14 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 def _budget_from(settings: dict[str, Any]) -> Any:
-    from .ab import Budget
+    from .speed.ab import Budget
 
     return Budget().replace(**settings)
 
 
 @pytest.fixture(scope="session")
 def kernel_ab_ceilings(request: pytest.FixtureRequest) -> Any:
-    """This process's :class:`pytest_kernelcheck.throughput.CeilingMeter`: ceilings measured once per device and
+    """This process's :class:`pytest_kernelcheck.speed.throughput.CeilingMeter`: ceilings measured once per device and
     dtype. Override it in a conftest to inject other ceilings (a fake measurement in tests):
 
     >>> @pytest.fixture(scope="session")  # doctest: +SKIP
@@ -357,11 +359,11 @@ def kernel_ab(request: pytest.FixtureRequest) -> Any:
     session = request.config.stash[_SESSION]
     if not session.enabled:
         pytest.skip(ENABLE_HINT)
-    from .ab import KernelAB
+    from .speed.ab import KernelAB
 
     pending = request.node.stash.setdefault(_PENDING, [])
     if session.profile is not None:
-        from .profiling import ProfilingKernelAB
+        from .speed.profiling import ProfilingKernelAB
 
         return ProfilingKernelAB(session.profile, _budget_from(session.settings), nodeid=request.node.nodeid,
                                  test_name=request.node.name, shape=lambda: _shape_value(request),
@@ -410,7 +412,7 @@ def _worker_gpu(session: _ABSession) -> Any:
     if session.gpu == ():
         import os
 
-        from . import gpus
+        from .speed import gpus
 
         pinned = gpus.pinned_gpu(os.environ)
         session.gpu = gpus.describe_gpu(pinned) if pinned is not None else None
@@ -459,7 +461,7 @@ def _reports_here(session: _ABSession, config: pytest.Config) -> bool:
 def _finish(session: _ABSession) -> None:
     """Build the report from every record, judge it by the gate's rules and write its files, once; notes and
     errors wait for the summary."""
-    from . import gate, report
+    from .results import gate, report
 
     if session.finished:
         return
@@ -490,7 +492,7 @@ def _finish(session: _ABSession) -> None:
 
 def _environment(session: _ABSession) -> dict[str, Any]:
     """The report's environment block (it asks git for the commit; its date is now)."""
-    from . import report, storage
+    from .results import report, storage
 
     if session.previous is not None:
         # Read even without a file to write, since the report says when the earlier run's machine was another; with
@@ -511,7 +513,7 @@ def _report_settings(session: _ABSession) -> dict[str, Any]:
 def _report_so_far(session: _ABSession) -> dict[str, Any]:
     """The JSON report of the records so far, marked unfinished (no comparison with an earlier run yet); its
     environment is read once, at the first rewrite."""
-    from . import report
+    from .results import report
 
     if session.environment is None:
         session.environment = _environment(session)
@@ -521,7 +523,7 @@ def _report_so_far(session: _ABSession) -> dict[str, Any]:
 
 def _history(session: _ABSession) -> tuple[Any, ...]:
     """This machine's last saved runs for the markdown report (--kernel-ab-history); none without storage."""
-    from . import storage
+    from .results import storage
 
     # Without a storage folder there is nothing to show, and no reason to load torch for the machine's slug.
     if session.history_count <= 0 or session.storage_root is None or not session.storage_root.is_dir():
@@ -536,7 +538,7 @@ def _save(session: _ABSession) -> None:
     """Save the built report as this machine's next run (--kernel-ab-save / --kernel-ab-autosave)."""
     import datetime
 
-    from . import storage
+    from .results import storage
 
     name = session.save_name
     if name is None:
@@ -551,7 +553,7 @@ def _save(session: _ABSession) -> None:
 
 
 def _summarise(session: _ABSession, terminalreporter: Any) -> None:
-    from . import report
+    from .results import report
 
     if session.profile is not None:  # nothing was timed: no report, only what ran and where its ranges went
         terminalreporter.write_sep("=", "kernel A/B profile")
@@ -563,7 +565,7 @@ def _summarise(session: _ABSession, terminalreporter: Any) -> None:
         terminalreporter.write_line("no A/B comparisons ran")
         return
     report.write_terminal(terminalreporter, session.built, session.notes, errors=session.errors)
-    from . import gate
+    from .results import gate
 
     for line in gate.unchecked_lines(session.rules, session.built):
         terminalreporter.write_line(line, yellow=True)

@@ -15,7 +15,7 @@ import torch
 
 from flashlite.attention import attention, attention_varlen, attention_with_kvcache
 from pytest_kernelcheck import assert_close, attention_reference, attention_reference_varlen
-from pytest_kernelcheck.reference import SdpaReference
+from pytest_kernelcheck.check.reference import SdpaReference
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 
