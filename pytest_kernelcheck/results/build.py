@@ -10,16 +10,14 @@ from ..speed import stats
 from .environment import utc_now
 from .records import (
     BASELINE_MOVE,
-    ABReport,
     CeilingRecord,
     ComparisonRecord,
     LastRun,
     MeasurementRecord,
-    ReportSummary,
-    RunEnvironment,
     TournamentRecord,
     record_from_json,
 )
+from .report_record import ABReport, ReportSummary, RunEnvironment
 from .storage import machine_differences as differences
 from .unmatched import vanished_rows
 

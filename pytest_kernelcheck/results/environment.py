@@ -7,10 +7,7 @@ import platform
 import sys
 from typing import Any
 
-from .records import (
-    GpuInfo,
-    RunEnvironment,
-)
+from .report_record import GpuInfo, RunEnvironment
 
 
 def environment_info() -> dict[str, Any]:

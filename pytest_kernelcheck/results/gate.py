@@ -30,7 +30,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from ..speed.stats import decimals, decimals_apart
 from ..visible_text import visible
-from .records import ABReport, ComparisonRecord, LastRun
+from .records import ComparisonRecord, LastRun
+from .report_record import ABReport
 from .unmatched import new_rows
 
 OPTION = "--kernel-ab-compare-fail"

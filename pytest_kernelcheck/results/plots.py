@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from ..visible_text import shortened, visible
-from .records import ABReport, CeilingRecord, RunEnvironment
+from .records import CeilingRecord
 from .report_files import write_atomically
+from .report_record import ABReport, RunEnvironment
 
 TREND_PANELS = 48  # small multiples beyond this make an unreadable figure; the rest are in the markdown table
 

@@ -20,11 +20,18 @@ True
 from __future__ import annotations
 
 import copy
-import dataclasses
-import math
 from dataclasses import dataclass, field
-from typing import Any, Literal, Mapping, Sequence, TypeVar, get_args
+from typing import Any, Literal, Mapping, TypeVar, get_args
 
+from .fields import (  # re-exported: the errors and intervals every reader of a record meets
+    UNBOUNDED,
+    DamagedReport,
+    Interval,
+    checked_number,
+    interval_from_json,
+)
+from .fields import NotAReport as NotAReport  # re-exported for readers
+from .fields import finite_interval as finite_interval
 from .measured import (  # re-exported: the records a report row carries
     CeilingRecord,
     ClockRecord,
@@ -42,84 +49,10 @@ Verdict = Literal["win", "loss", "tie", "inconclusive"]
 VERDICTS: tuple[Verdict, ...] = get_args(Verdict)
 # A record's verdict: the candidate's (see stats.decide), or "error" when the comparison raised.
 Outcome = Literal["win", "loss", "tie", "inconclusive", "error"]
-# A speedup interval as JSON holds it: None stands for an unbounded end (JSON has no infinity).
-Interval = tuple[float | None, float | None]
-UNBOUNDED: Interval = (None, None)
-
-
-class NotAReport(ValueError):
-    """The data is not an A/B report: no ``schema`` of ours, or no list of comparisons."""
-
-
-class DamagedReport(ValueError):
-    """A report or record holds a field that no run writes; the message names the field and what is accepted."""
 
 
 # What a comparison's verdict may be: stats.decide's verdicts, and "error" for a comparison that raised.
 OUTCOMES: tuple[str, ...] = ("win", "loss", "tie", "inconclusive", "error")
-
-
-def finite_interval(ci: Sequence[float]) -> Interval:
-    """An interval with its infinite ends as None, the form records keep.
-
-    >>> finite_interval((0.0, math.inf))
-    (0.0, None)
-    """
-    low, high = ci
-    return (low if math.isfinite(low) else None, high if math.isfinite(high) else None)
-
-
-def _is_number(value: Any) -> bool:
-    # bool is an int to Python, but true/false in a report is no number a run writes.
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _checked_number(data: Mapping[str, Any], key: str, *, positive: bool = False, at_most: float | None = None
-                    ) -> float | None:
-    """``data[key]`` when it is null or a finite number, above 0 (``positive``) or else 0 or more, and at most
-    ``at_most``; ``DamagedReport`` naming the field otherwise.
-
-    >>> _checked_number({"speedup": 1.5}, "speedup", positive=True)
-    1.5
-    >>> _checked_number({"speedup": -3}, "speedup", positive=True)
-    Traceback (most recent call last):
-    ...
-    pytest_kernelcheck.results.records.DamagedReport: field 'speedup': -3 is refused; accepted: a finite number above 0, or null
-    """
-    value = data.get(key)
-    if value is None:
-        return None
-    bounds = ("above 0" if positive else "0 or more") + (f" and at most {at_most:g}" if at_most is not None else "")
-    if (not _is_number(value) or not math.isfinite(value) or value < 0 or (positive and value == 0)
-            or (at_most is not None and value > at_most)):
-        raise DamagedReport(f"field {key!r}: {value!r} is refused; accepted: a finite number {bounds}, or null")
-    return value
-
-
-def _interval_from_json(value: Any, key: str = "ci") -> Interval:
-    """An interval as JSON holds it: null (unbounded), or two ends, each null (unbounded) or a number 0 or more
-    (speedups and times are never negative), the low end finite and not above the high one. An infinite high end
-    is unbounded too, as intervals are before :func:`finite_interval`.
-
-    >>> _interval_from_json([1.1, None]), _interval_from_json(None)
-    ((1.1, None), (None, None))
-    >>> _interval_from_json([5.0, 1.0])
-    Traceback (most recent call last):
-    ...
-    pytest_kernelcheck.results.records.DamagedReport: field 'ci': [5.0, 1.0] is refused; accepted: [low, high] with low <= \
-high, each a number 0 or more or null (unbounded)
-    """
-    if value is None:
-        return UNBOUNDED
-    accepted = "accepted: [low, high] with low <= high, each a number 0 or more or null (unbounded)"
-    if not isinstance(value, (list, tuple)) or len(value) != 2:
-        raise DamagedReport(f"field {key!r}: {value!r} is refused; {accepted}")
-    low, high = value
-    # "not end >= 0" is true of NaN as well as of negative numbers.
-    if any(end is not None and (not _is_number(end) or not end >= 0) for end in (low, high)) or (
-            low is not None and (math.isinf(low) or (high is not None and low > high))):
-        raise DamagedReport(f"field {key!r}: {value!r} is refused; {accepted}")
-    return (low, high)
 
 
 def _failure_json(
@@ -238,7 +171,7 @@ class LastRun:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "LastRun":
-        return cls(speedup=data.get("speedup"), ci=_interval_from_json(data.get("ci")), verdict=data.get("verdict"),
+        return cls(speedup=data.get("speedup"), ci=interval_from_json(data.get("ci")), verdict=data.get("verdict"),
                    ratio=data.get("ratio"), regression=bool(data.get("regression", False)), reason=data.get("reason"),
                    timing_change=data.get("timing_change"), baseline_change=data.get("baseline_change"))
 
@@ -332,7 +265,7 @@ class ComparisonRecord:
         >>> ComparisonRecord.from_json({"kind": "comparison", "name": "a", "verdict": "WIN"})
         Traceback (most recent call last):
         ...
-        pytest_kernelcheck.results.records.DamagedReport: field 'verdict': 'WIN' is refused; accepted: 'win', 'loss', \
+        pytest_kernelcheck.results.fields.DamagedReport: field 'verdict': 'WIN' is refused; accepted: 'win', 'loss', \
 'tie', 'inconclusive', 'error'
         """
         if data.get("verdict") not in OUTCOMES:
@@ -343,10 +276,10 @@ class ComparisonRecord:
         throughput = data.get("throughput") or {}
         return cls(
             name=data.get("name", ""), verdict=data["verdict"], nodeid=data.get("nodeid") or "",
-            shape=data.get("shape"), error=data.get("error"), speedup=_checked_number(data, "speedup", positive=True),
-            ci=_interval_from_json(data.get("ci")), p_value=_checked_number(data, "p_value", at_most=1),
+            shape=data.get("shape"), error=data.get("error"), speedup=checked_number(data, "speedup", positive=True),
+            ci=interval_from_json(data.get("ci")), p_value=checked_number(data, "p_value", at_most=1),
             p_value_raw=data.get("p_value_raw"), n_pairs=data.get("n_pairs", 0),
-            candidate_ms=_checked_number(data, "candidate_ms"), baseline_ms=_checked_number(data, "baseline_ms"),
+            candidate_ms=checked_number(data, "candidate_ms"), baseline_ms=checked_number(data, "baseline_ms"),
             flush_l2=bool(data.get("flush_l2", False)), run=RunDetails.from_json(data),
             candidate_samples_ms=tuple(samples.get("candidate_ms") or ()),
             baseline_samples_ms=tuple(samples.get("baseline_ms") or ()),
@@ -382,7 +315,7 @@ class PairwiseRecord:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "PairwiseRecord":
         return cls(faster=data.get("faster", ""), slower=data.get("slower", ""), verdict=data.get("verdict"),
-                   speedup=data.get("speedup"), ci=_interval_from_json(data.get("ci")), p_value=data.get("p_value"),
+                   speedup=data.get("speedup"), ci=interval_from_json(data.get("ci")), p_value=data.get("p_value"),
                    p_value_raw=data.get("p_value_raw"))
 
 
@@ -515,7 +448,7 @@ class MeasurementRecord(_FailsByError):
         return cls(
             name=data.get("name", ""), nodeid=data.get("nodeid") or "", shape=data.get("shape"),
             error=data.get("error"), median_ms=data.get("median_ms"),
-            ci_ms=_interval_from_json(data.get("ci_ms"), "ci_ms"),
+            ci_ms=interval_from_json(data.get("ci_ms"), "ci_ms"),
             n_samples=data.get("n_samples", 0), run=RunDetails.from_json(data),
             samples_ms=tuple((data.get("samples") or {}).get("ms") or ()),
             throughput=_throughput_from_json(data.get("throughput")), ceiling=_ceiling_from_json(data.get("ceiling")),
@@ -541,228 +474,3 @@ def record_from_json(data: Mapping[str, Any]) -> ABRecord | None:
     return None
 
 
-@dataclass(frozen=True)
-class ReportSummary:
-    """The totals of a report: comparisons per verdict, the geometric-mean speedup, how many survive
-    Benjamini-Hochberg, and (compared with an earlier report) the names that regressed.
-
-    >>> ReportSummary(comparisons=1, win=1, regressions=()).to_json()["regressions"]
-    []
-    """
-
-    comparisons: int = 0
-    win: int = 0
-    loss: int = 0
-    tie: int = 0
-    inconclusive: int = 0
-    error: int = 0  # comparisons that raised
-    geomean_speedup: float | None = None
-    bh_alpha: float = 0.05
-    bh_win: int = 0
-    bh_loss: int = 0
-    throttled: int = 0  # comparisons that ran while the SM clock dropped
-    tournaments: int = 0
-    measurements: int = 0
-    regressions: tuple[str, ...] | None = None  # None: not compared with an earlier report
-
-    def to_json(self) -> dict[str, Any]:
-        data = {
-            "comparisons": self.comparisons, "win": self.win, "loss": self.loss, "tie": self.tie,
-            "inconclusive": self.inconclusive, "error": self.error, "geomean_speedup": self.geomean_speedup,
-            "bh_alpha": self.bh_alpha, "bh_win": self.bh_win, "bh_loss": self.bh_loss, "throttled": self.throttled,
-            "tournaments": self.tournaments, "measurements": self.measurements,
-        }
-        if self.regressions is not None:
-            data["regressions"] = list(self.regressions)
-        return data
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "ReportSummary":
-        defaults = cls()
-        counts = {f.name: data.get(f.name, getattr(defaults, f.name)) for f in dataclasses.fields(cls)}
-        regressions = data.get("regressions")
-        counts["regressions"] = tuple(regressions) if regressions is not None else None
-        return cls(**counts)
-
-
-@dataclass(frozen=True)
-class GpuInfo:
-    """The GPUs of the run, when torch was used with CUDA: names, CUDA, driver (or why it is unknown) and cuDNN.
-
-    >>> GpuInfo().to_json()
-    {'available': False}
-    """
-
-    available: bool = False
-    devices: tuple[str, ...] = ()
-    cuda: str | None = None
-    driver: str | None = None
-    cudnn: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        if not self.available:
-            return {"available": False}
-        return {"available": True, "devices": list(self.devices), "cuda": self.cuda, "driver": self.driver,
-                "cudnn": self.cudnn}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "GpuInfo":
-        return cls(available=bool(data.get("available", False)), devices=tuple(data.get("devices") or ()),
-                   cuda=data.get("cuda"), driver=data.get("driver"), cudnn=data.get("cudnn"))
-
-
-@dataclass(frozen=True)
-class RunEnvironment:
-    """Where the numbers came from: host, CPU model, Python and package versions, GPU, date and git commit.
-
-    ``machine_info`` and ``commit_info`` are pytest-benchmark's dicts, kept as it writes them; when they could not
-    be had, ``machine_info_error`` says why.
-
-    >>> RunEnvironment.from_json({"hostname": "h", "commit_info": {"id": "abc123"}}).commit_id
-    'abc123'
-    """
-
-    date: str | None = None
-    hostname: str | None = None
-    python: str | None = None
-    packages: Mapping[str, str | None] = field(default_factory=dict)
-    machine_info: Mapping[str, Any] | None = None
-    commit_info: Mapping[str, Any] | None = None
-    machine_info_error: str | None = None
-    gpu: GpuInfo = GpuInfo()
-    cpu_model: str | None = None
-    ceilings_enabled: bool | None = None  # None: the report says nothing about ceilings (no throughput given)
-    ceilings: tuple[CeilingRecord, ...] = ()  # measured in this session, one per device and dtype
-
-    @property
-    def commit_id(self) -> str | None:
-        return (self.commit_info or {}).get("id")  # pytest-benchmark's own mapping, not one of these records
-
-    def to_json(self) -> dict[str, Any]:
-        data: dict[str, Any] = {"date": self.date, "hostname": self.hostname, "python": self.python,
-                                "packages": dict(self.packages)}
-        for name in ("machine_info", "commit_info", "machine_info_error"):
-            if getattr(self, name) is not None:
-                data[name] = getattr(self, name)
-        data["gpu"] = self.gpu.to_json()
-        if self.cpu_model is not None:
-            data["cpu_model"] = self.cpu_model
-        if self.ceilings_enabled is not None:
-            data["ceilings"] = {"enabled": self.ceilings_enabled,
-                                "measured": [ceiling.to_json() for ceiling in self.ceilings]}
-        return data
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "RunEnvironment":
-        return cls(date=data.get("date"), hostname=data.get("hostname"), python=data.get("python"),
-                   packages=data.get("packages") or {}, machine_info=data.get("machine_info"),
-                   commit_info=data.get("commit_info"), machine_info_error=data.get("machine_info_error"),
-                   gpu=GpuInfo.from_json(data.get("gpu") or {}), cpu_model=data.get("cpu_model"),
-                   ceilings_enabled=(data.get("ceilings") or {}).get("enabled"),
-                   ceilings=tuple(CeilingRecord.from_json(c)
-                                  for c in (data.get("ceilings") or {}).get("measured") or ()))
-
-
-@dataclass(frozen=True)
-class ABReport:
-    """A whole A/B report: settings, environment, totals, comparison rows (BH columns filled in) and tournaments.
-
-    ``environment`` stays the mapping the run wrote (empty when no report file was asked for); read it through
-    :class:`RunEnvironment`.
-
-    >>> ABReport.from_json({"schema": SCHEMA, "comparisons": [{"kind": "comparison", "name": "a",
-    ...                     "verdict": "tie"}]}).comparisons[0].verdict
-    'tie'
-    >>> ABReport.from_json({"schema": "other"})
-    Traceback (most recent call last):
-    ...
-    pytest_kernelcheck.results.records.NotAReport: expected schema 'pytest-kernelcheck/ab-report' with 'comparisons'
-    >>> ABReport.from_json({"schema": SCHEMA, "version": 99, "comparisons": []})
-    Traceback (most recent call last):
-    ...
-    pytest_kernelcheck.results.records.DamagedReport: field 'version': 99 is refused; accepted: 1 (the layout this \
-pytest-kernelcheck reads)
-    """
-
-    created: str
-    settings: Mapping[str, Any]
-    summary: ReportSummary
-    comparisons: tuple[ComparisonRecord, ...]
-    tournaments: tuple[TournamentRecord, ...]
-    environment: Mapping[str, Any] = field(default_factory=dict)
-    version: int = SCHEMA_VERSION
-    measurements: tuple[MeasurementRecord, ...] = ()
-    # False in the report a run rewrites while it goes (report.ProgressWriter): what it had finished when it was
-    # last written, so a run killed before its end leaves it so marked. Written to JSON only when False.
-    finished: bool = True
-    # How the machine of the compared earlier run differs from this run's ("GPU NVIDIA H100 then, none now"; see
-    # storage.machine_differences); empty when they match or nothing was compared. Written to JSON only when set.
-    machine_differences: tuple[str, ...] = ()
-    # The compared earlier run's rows that no row of this run matched (renamed, removed, deselected, skipped):
-    # listed so that the gate says what it could not check (see .unmatched). Written to JSON when compared.
-    vanished: tuple[ComparisonRecord, ...] = ()
-
-    @property
-    def compared_with_last_run(self) -> bool:
-        return self.summary.regressions is not None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "schema": SCHEMA, "version": self.version, "created": self.created, "settings": dict(self.settings),
-            "environment": dict(self.environment), "summary": self.summary.to_json(),
-            "comparisons": [row.to_json(with_last_run=self.compared_with_last_run) for row in self.comparisons],
-            "tournaments": [row.to_json() for row in self.tournaments],
-            "measurements": [row.to_json() for row in self.measurements],
-            **({} if self.finished else {"finished": False}),
-            **({"machine_differences": list(self.machine_differences)} if self.machine_differences else {}),
-            **({"vanished": [row.to_json() for row in self.vanished]} if self.compared_with_last_run else {}),
-        }
-
-    @classmethod
-    def from_json(cls, data: Any) -> "ABReport":
-        """Read a report dict; raises :class:`NotAReport` unless it has our schema and a list of comparisons, and
-        :class:`DamagedReport` naming the field (and the row: ``comparisons[0] ('fused')``) when a field holds what
-        no run writes, or the report is of a layout version this one does not read."""
-        is_report = isinstance(data, Mapping) and data.get("schema") == SCHEMA
-        if not is_report or not isinstance(data.get("comparisons"), list):
-            raise NotAReport(f"expected schema {SCHEMA!r} with 'comparisons'")
-        version = data.get("version", SCHEMA_VERSION)
-        # Only the layout this code writes is read: a newer one may mean other things by the same keys.
-        if not _is_number(version) or version != SCHEMA_VERSION:
-            raise DamagedReport(f"field 'version': {version!r} is refused; accepted: {SCHEMA_VERSION} (the layout "
-                                f"this pytest-kernelcheck reads)")
-        return cls(
-            created=data.get("created", ""), settings=data.get("settings") or {},
-            summary=ReportSummary.from_json(data.get("summary") or {}),
-            comparisons=_rows_from_json(ComparisonRecord, data, "comparisons"),
-            tournaments=_rows_from_json(TournamentRecord, data, "tournaments"),
-            environment=data.get("environment") or {}, version=SCHEMA_VERSION,
-            measurements=_rows_from_json(MeasurementRecord, data, "measurements"),
-            finished=data.get("finished", True) is not False,
-            machine_differences=tuple(data.get("machine_differences") or ()),
-            vanished=_rows_from_json(ComparisonRecord, data, "vanished"),
-        )
-
-
-_Record = TypeVar("_Record", ComparisonRecord, TournamentRecord, MeasurementRecord)
-
-
-def _rows_from_json(kind: type[_Record], data: Mapping[str, Any], key: str) -> tuple[_Record, ...]:
-    """The typed rows of ``data[key]``; a damaged one is named by its place and name in the report.
-
-    >>> _rows_from_json(ComparisonRecord, {"comparisons": [{"name": "fused", "verdict": "win", "ci": [1.1]}]},
-    ...                 "comparisons")
-    Traceback (most recent call last):
-    ...
-    pytest_kernelcheck.results.records.DamagedReport: comparisons[0] ('fused'): field 'ci': [1.1] is refused; accepted: \
-[low, high] with low <= high, each a number 0 or more or null (unbounded)
-    """
-    rows = []
-    for index, row in enumerate(data.get(key) or ()):
-        if not isinstance(row, Mapping):
-            raise DamagedReport(f"{key}[{index}]: {row!r} is refused; accepted: a JSON object (one row)")
-        try:
-            rows.append(kind.from_json(row))
-        except DamagedReport as exc:
-            raise DamagedReport(f"{key}[{index}] ({row.get('name')!r}): {exc}") from None
-    return tuple(rows)

@@ -15,7 +15,7 @@ from . import plots
 from .build import build_report
 from .environment import environment_info
 from .plots import PLOT_MISSING_NOTE
-from .records import SCHEMA, SCHEMA_VERSION, RunEnvironment
+from .records import SCHEMA, SCHEMA_VERSION
 from .report_files import (
     ReportError,
     check_writable,
@@ -26,6 +26,7 @@ from .report_files import (
     write_json,
     write_text,
 )
+from .report_record import RunEnvironment
 from .report_text import (
     as_report,
     ceiling_lines,

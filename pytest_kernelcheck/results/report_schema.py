@@ -4,7 +4,7 @@ A report read from disk (``--kernel-ab-compare``, a saved run, the history of sa
 by hand or damaged. One field of another JSON type (``"gpu": {"index": "x"}``, ``"name": ["a"]``,
 ``"samples": "x"``, ``"environment": "x"``) once crashed the run that read it, or was read as something else
 without a word (``"notes": "abc"`` as three notes). :func:`checked_report` walks the document against
-:data:`REPORT` before anything reads it and raises :class:`pytest_kernelcheck.results.records.DamagedReport` naming the
+:data:`REPORT` before anything reads it and raises :class:`pytest_kernelcheck.results.fields.DamagedReport` naming the
 field and what is accepted; every reader of a report file goes through it (:func:`.report.load_report`).
 
 Missing keys are accepted (earlier versions wrote fewer, and ``from_json`` gives each its default), and so are keys
@@ -15,7 +15,7 @@ record is made (:mod:`.records`).
 ...     {"name": "fused", "verdict": "win", "gpu": {"index": "x"}}]})
 Traceback (most recent call last):
 ...
-pytest_kernelcheck.results.records.DamagedReport: comparisons[0] ('fused'): field 'gpu.index': 'x' is refused; accepted: \
+pytest_kernelcheck.results.fields.DamagedReport: comparisons[0] ('fused'): field 'gpu.index': 'x' is refused; accepted: \
 a whole number, or null
 """
 from __future__ import annotations
@@ -24,7 +24,8 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
-from .records import SCHEMA, SCHEMA_VERSION, ABReport, DamagedReport
+from .records import SCHEMA, SCHEMA_VERSION, DamagedReport
+from .report_record import ABReport
 
 
 @dataclass(frozen=True)

@@ -9,14 +9,8 @@ from ..speed import stats
 from ..speed.timer_resolution import UNRESOLVED_PREFIX
 from ..visible_text import visible
 from . import per_gpu
-from .records import (
-    ABReport,
-    ComparisonRecord,
-    LastRun,
-    RunEnvironment,
-    ThroughputRecord,
-    TournamentRecord,
-)
+from .records import ComparisonRecord, LastRun, ThroughputRecord, TournamentRecord
+from .report_record import ABReport, RunEnvironment
 from .unmatched import NEW_ROW
 
 

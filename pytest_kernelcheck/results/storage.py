@@ -22,7 +22,7 @@ from typing import Any, Mapping
 
 from . import report_files
 from .environment import environment_info
-from .records import ABReport, RunEnvironment
+from .report_record import ABReport, RunEnvironment
 
 LATEST = "latest"  # what --kernel-ab-compare without a value stands for
 DEFAULT_FOLDER = ".kernelcheck"

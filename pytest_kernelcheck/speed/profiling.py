@@ -29,7 +29,8 @@ from typing import Any, Callable, Mapping
 from ..visible_text import visible
 from . import inputs as owned_inputs
 from . import timing
-from .ab import KernelAB, check_owned_inputs, tournament_variants
+from .ab import KernelAB
+from .runs import check_owned_inputs, tournament_variants
 
 __all__ = ["ProfileMode", "ProfiledRun", "ProfilingKernelAB", "range_name", "trace_file_name"]
 

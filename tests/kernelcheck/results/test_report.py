@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from pytest_kernelcheck.results import report
-from pytest_kernelcheck.results.records import ABReport
+from pytest_kernelcheck.results.report_record import ABReport
 
 SETTINGS = {"alpha": 0.05, "margin": 0.02, "max_time": 2.0}
 
@@ -284,7 +284,7 @@ def test_report_files_are_written_whole_with_the_usual_permissions_and_no_tempor
 HALF_WRITE = """
 import resource, signal, sys
 from pytest_kernelcheck.results import report
-from pytest_kernelcheck.results.records import ABReport
+from pytest_kernelcheck.results.report_record import ABReport
 
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # past the limit a write then fails with EFBIG instead of killing
 records = [{"kind": "comparison", "nodeid": f"t.py::test_{i}", "name": "n" * 80 + str(i), "verdict": "tie",

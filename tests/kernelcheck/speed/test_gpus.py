@@ -8,7 +8,8 @@ import pytest
 
 from pytest_kernelcheck.speed import gpus
 from pytest_kernelcheck.speed.gpu_lock import cuda_lock_key
-from pytest_kernelcheck.results.records import ABReport, ComparisonRecord, GpuIdentity, RunDetails
+from pytest_kernelcheck.results.records import ComparisonRecord, GpuIdentity, RunDetails
+from pytest_kernelcheck.results.report_record import ABReport
 from pytest_kernelcheck.results.report import build_report, gpu_lines
 from pytest_kernelcheck.results.storage import machine_slug
 
