@@ -20,7 +20,7 @@ _EXPORTS = {
     "format_id": "check.shapes",
     "attention_reference": "check.reference",
     "attention_reference_varlen": "check.reference_varlen",
-    "sample_query_rows": "check.reference",
+    "sample_query_rows": "check.reference_plan",
     "SdpaReference": "check.reference",
     "ReferenceCheck": "check.reference",
     "human_bytes": "check.memory",

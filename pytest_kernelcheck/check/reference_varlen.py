@@ -15,7 +15,8 @@ from typing import Any, Sequence
 
 import torch
 
-from .reference import Causal, attention_reference
+from .attention_problem import Causal
+from .reference import attention_reference
 from .shapes import python_scalar
 
 

@@ -7,14 +7,12 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
-from pytest_kernelcheck.check.reference import (
+from pytest_kernelcheck import SdpaReference, attention_reference, sample_query_rows
+from pytest_kernelcheck.check.attention_problem import (
     AttentionProblem,
-    SdpaReference,
-    attention_reference,
     describe_problem,
-    plan_reference,
-    sample_query_rows,
 )
+from pytest_kernelcheck.check.reference_plan import plan_reference
 
 
 def naive_attention(q, k, v, *, allowed=None, bias=None, scale=None):
