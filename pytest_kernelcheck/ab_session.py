@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 
 @dataclass
 class ABSession:
@@ -33,6 +35,7 @@ class ABSession:
     gpu: Any = ()  # records.GpuIdentity of this worker's GPU (--kernel-gpus), None when not pinned; () not asked yet
     progress: Any = None  # report.ProgressWriter: the JSON report rewritten while the run goes (the reporting process)
     environment: dict[str, Any] | None = None  # the rewrites' environment block, read at the first rewrite
+    options: Any = None  # ab_settings.ABSettings: every option's value and where it came from
 
 
 class ThisMachine:
@@ -173,3 +176,53 @@ def summarise(session: ABSession, terminalreporter: Any) -> None:
         for line in gate.regression_lines(session.regressions, differences):
             terminalreporter.write_line(line, red=not line.startswith(" "), bold=line.startswith("WARNING"))
         terminalreporter.write_line(gate.failing_line(session.regressions))
+
+
+def start(settings: Any, config: pytest.Config) -> ABSession:
+    """This process's A/B session from the resolved options (``ab_settings.ABSettings``): the report path checked
+    writable, the storage folder usable, the earlier run to compare with read and checked against this machine,
+    the gate's rules checked against it, before any test runs (at the end every result would be lost)."""
+    from .results import gate, report, run_lookup, storage
+    from .speed import throughput
+
+    machine_folder = ThisMachine(settings.storage_root)
+    compare_spec, report_path = settings.compare_spec, settings.report_path
+    previous = None
+    save_folder = None
+    try:
+        if report_path:
+            report.check_writable(report_path)
+        # A storage folder that is a file, or cannot be written, is found now: at the end every result would be lost.
+        if settings.enabled and (settings.saving or compare_spec and not storage.names_a_file(compare_spec) or
+                                 report_path and settings.history_count):
+            storage.check_folder(settings.storage_root, writing=False)
+        if settings.save_name is not None:
+            storage.check_name(settings.save_name)
+        if compare_spec:
+            compare_path = run_lookup.resolve_compare(compare_spec, machine_folder)
+            previous = report.load_report(compare_path)
+            # A saved run of another machine is refused; a path is the user's explicit choice, compared with a
+            # warning in the report and the summary (report.machine_lines), which is read at the end.
+            if not storage.names_a_file(compare_spec):
+                storage.check_same_machine(compare_spec, compare_path, previous.get("environment") or {},
+                                           machine_folder.environment())
+        if settings.saving and settings.enabled:
+            save_folder = machine_folder()
+            storage.check_folder(save_folder, writing=True)
+    except (report.ReportError, storage.StorageError) as exc:
+        raise pytest.UsageError(f"kernel A/B: {exc}") from None
+    try:
+        gate.check_rules(settings.rules, comparing=previous is not None)
+    except gate.GateError as exc:
+        raise pytest.UsageError(f"kernel A/B: {exc}") from None
+    session = ABSession(settings.enabled, settings.budget, report_path, previous, rules=settings.rules,
+                        save_folder=save_folder, save_name=settings.save_name, rootpath=config.rootpath,
+                        history_count=settings.history_count, storage_root=settings.storage_root,
+                        machine_folder=machine_folder, ceilings=throughput.CeilingMeter(enabled=settings.ceilings),
+                        cpu_threads=settings.cpu_threads, profile=settings.profile, options=settings)
+    if report_path and settings.profile is None and not hasattr(config, "workerinput"):
+        session.progress = report.ProgressWriter(report_path)
+    if previous is not None and previous.get("finished") is False:
+        session.notes.append(f"--kernel-ab-compare: the earlier report is of a run that did not finish "
+                             f"({len(previous.get('comparisons') or ())} comparisons); only those are compared")
+    return session

@@ -8,7 +8,7 @@ Layers, bottom first (every import is read, at the top of a module or inside a f
   reader of a report reads, so both sides speak through them;
 - ``speed/``: timers, clocks, statistics, the A/B engine;
 - ``results/``: the report, its files, saved runs, the gate, plots;
-- wiring: ``plugin``, ``plugin_ab``, ``ab_session``, ``option_rules`` and the package's ``__init__``; nothing below imports them.
+- wiring: ``plugin``, ``plugin_ab``, ``ab_settings``, ``ab_session``, ``option_rules`` and the package's ``__init__``; nothing below imports them.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ PACKAGE = Path(pytest_kernelcheck.__file__).parent
 NAME = "pytest_kernelcheck"
 COMMON = {"visible_text", "option_values"}
 RECORDS = {"results.records", "results.measured", "results.fields"}
-WIRING = {"", "plugin", "plugin_ab", "ab_session", "option_rules"}
+WIRING = {"", "plugin", "plugin_ab", "ab_session", "ab_settings", "option_rules"}
 LAYERS = ["common", "check", "records", "speed", "results", "wiring"]
 
 
@@ -124,3 +124,8 @@ def test_each_part_imports_only_the_parts_below_it():
 
 def test_every_module_belongs_to_a_known_layer():
     assert {layer_of(module) for module in import_graph()} <= set(LAYERS)
+
+
+def test_no_module_is_over_500_lines():
+    long = {module_name(path): n for path in PACKAGE.rglob("*.py") if (n := len(path.read_text().splitlines())) > 500}
+    assert long == {}
