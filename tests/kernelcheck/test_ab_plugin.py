@@ -361,7 +361,7 @@ def test_cases(kernel_ab, shape):
 
 
 def test_fixture_object_names_records_and_keeps_failures():
-    from pytest_kernelcheck.speed.ab import Budget, KernelAB
+    from pytest_kernelcheck import Budget, KernelAB
     from pytest_kernelcheck.speed.timing import CallableFailed, SimulatedTimer
 
     records = []
@@ -386,7 +386,7 @@ def test_fixture_object_names_records_and_keeps_failures():
 
 
 def test_a_name_used_twice_in_one_test_is_refused_naming_it_and_the_test():
-    from pytest_kernelcheck.speed.ab import Budget, KernelAB
+    from pytest_kernelcheck import Budget, KernelAB
     from pytest_kernelcheck.speed.timing import CallableFailed, SimulatedTimer
 
     records = []
@@ -419,7 +419,7 @@ def test_a_name_used_twice_in_one_test_is_refused_naming_it_and_the_test():
 @pytest.mark.parametrize("name", ["", "   ", "fused\nkernel"])
 def test_a_blank_or_multiline_name_is_refused_before_anything_runs(name):
     # "" made an unlabelled report row; a line break split the markdown row and the summary line.
-    from pytest_kernelcheck.speed.ab import Budget, KernelAB
+    from pytest_kernelcheck import Budget, KernelAB
     from pytest_kernelcheck.speed.timing import SimulatedTimer
 
     records, calls = [], []
@@ -816,7 +816,7 @@ def test_measured(kernel_ab):
 FAKE_CEILINGS = """
 import pytest
 from pytest_kernelcheck.results.records import CeilingRecord
-from pytest_kernelcheck.speed.throughput import CeilingMeter
+from pytest_kernelcheck import CeilingMeter
 
 @pytest.fixture(scope="session")
 def kernel_ab_ceilings():

@@ -5,9 +5,11 @@ import numpy as np
 import pytest
 import torch
 
-from pytest_kernelcheck.check.intractable import intractable_reason, parse_intractable_marker
-from pytest_kernelcheck.check.memory import human_bytes
-from pytest_kernelcheck.check.shapes import Shape
+from pytest_kernelcheck import Shape, human_bytes
+from pytest_kernelcheck.check.intractable import (
+    intractable_reason,
+    parse_intractable_marker,
+)
 
 INTRACTABLE_TESTS = """
 import pytest

@@ -6,10 +6,21 @@ import math
 
 import pytest
 
+from pytest_kernelcheck import Budget, KernelAB
 from pytest_kernelcheck.results import records
-from pytest_kernelcheck.speed.ab import Budget, KernelAB
-from pytest_kernelcheck.results.records import ComparisonRecord, LastRun, PairwiseRecord, RunDetails, TournamentRecord, record_from_json
-from pytest_kernelcheck.results.report_record import ABReport, ReportSummary, RunEnvironment
+from pytest_kernelcheck.results.records import (
+    ComparisonRecord,
+    LastRun,
+    PairwiseRecord,
+    RunDetails,
+    TournamentRecord,
+    record_from_json,
+)
+from pytest_kernelcheck.results.report_record import (
+    ABReport,
+    ReportSummary,
+    RunEnvironment,
+)
 from pytest_kernelcheck.speed.timing import SimulatedTimer
 
 # The keys a comparison's row has had since the first report version (its JSON layout).

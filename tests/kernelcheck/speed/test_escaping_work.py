@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from pytest_kernelcheck import Budget, KernelAB, run_comparison, run_measurement
 from pytest_kernelcheck.speed import escape
-from pytest_kernelcheck.speed.ab import Budget, KernelAB, run_comparison, run_measurement
 from pytest_kernelcheck.speed.timing import CallableFailed, CpuTimer, SimulatedTimer
 
 QUICK = Budget(max_time=0.1, warmup=0.0, seed=0)

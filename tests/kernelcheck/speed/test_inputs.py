@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from pytest_kernelcheck import Budget, run_comparison, run_measurement, run_tournament
 from pytest_kernelcheck.speed import inputs, timing
-from pytest_kernelcheck.speed.ab import Budget, run_comparison, run_measurement, run_tournament
 
 FAST = Budget(max_time=0.05, warmup=0.0)
 

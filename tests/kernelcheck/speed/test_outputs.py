@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
+from pytest_kernelcheck import Budget, run_comparison
 from pytest_kernelcheck.speed import outputs
-from pytest_kernelcheck.speed.ab import Budget, run_comparison
 from pytest_kernelcheck.speed.timing import SimulatedTimer
 
 QUICK = Budget(max_time=0.2, warmup=0.0)

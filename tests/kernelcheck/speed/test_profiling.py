@@ -201,7 +201,7 @@ def test_a_profiled_tournament_refuses_the_variants_a_timed_one_refuses(nvtx_log
     # same test refuses it; so were one variant and one callable under two names.
     import random
 
-    from pytest_kernelcheck.speed.ab import run_tournament
+    from pytest_kernelcheck import run_tournament
 
     key = random.randrange(100)
     shared = lambda: key  # noqa: E731
@@ -219,7 +219,7 @@ def test_a_profiled_tournament_refuses_the_variants_a_timed_one_refuses(nvtx_log
 def test_profiled_comparisons_refuse_the_inputs_and_check_a_timed_one_refuses(nvtx_log):
     # check= without inputs=, a non-callable inputs= and a check of the wrong type ran in profile mode, while the
     # timed run of the same test refuses them.
-    from pytest_kernelcheck.speed.ab import run_comparison
+    from pytest_kernelcheck import run_comparison
 
     rng = np.random.default_rng()
     x = rng.random(8)

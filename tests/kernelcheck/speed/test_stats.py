@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
+from pytest_kernelcheck import Budget, run_comparison, run_tournament
 from pytest_kernelcheck.speed import stats
-from pytest_kernelcheck.speed.ab import Budget, run_comparison, run_tournament
 from pytest_kernelcheck.speed.timing import SimulatedTimer
 
 ALPHA = 0.05

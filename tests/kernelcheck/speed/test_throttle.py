@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from pytest_kernelcheck.speed import clocks
-from pytest_kernelcheck.speed.ab import Budget, KernelAB, run_comparison, run_tournament
+from pytest_kernelcheck import Budget, KernelAB, run_comparison, run_tournament
 from pytest_kernelcheck.results.records import ClockRecord, ComparisonRecord
+from pytest_kernelcheck.speed import clocks
 from pytest_kernelcheck.speed.timing import SimulatedTimer
 
 pytest_plugins = ["pytester"]

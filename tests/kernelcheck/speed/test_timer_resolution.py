@@ -6,8 +6,8 @@ import random
 
 import pytest
 
+from pytest_kernelcheck import Budget, run_comparison
 from pytest_kernelcheck.speed import timer_resolution, timing
-from pytest_kernelcheck.speed.ab import Budget, run_comparison
 
 QUICK = Budget(max_time=0.5, warmup=0.01)
 
@@ -92,7 +92,7 @@ def test_cuda_events_batch_short_kernels_past_a_hundred_half_microsecond_ticks(s
 
 
 def test_a_tournament_on_samples_within_a_few_ticks_separates_no_variant():
-    from pytest_kernelcheck.speed.ab import run_tournament
+    from pytest_kernelcheck import run_tournament
 
     fast, slow = (lambda: None), (lambda: None)
     timer = TickTimer(1e-3, {fast: _jittered(3e-3), slow: _jittered(5e-3)})
@@ -156,7 +156,7 @@ def test_end_to_end_the_report_row_says_the_timer_could_not_resolve_it(pytester)
 
 
 def test_a_measurement_within_a_few_ticks_says_its_interval_is_the_clocks_rounding():
-    from pytest_kernelcheck.speed.ab import run_measurement
+    from pytest_kernelcheck import run_measurement
 
     fn = lambda: None  # noqa: E731
     timer = TickTimer(1e-3, {fn: _jittered(2e-3)})

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
+from pytest_kernelcheck import Budget, run_comparison, run_tournament
 from pytest_kernelcheck.speed import timing
-from pytest_kernelcheck.speed.ab import Budget, run_comparison, run_tournament
 from pytest_kernelcheck.speed.gpu_lock import device_lock, lock_path
 
 QUICK = Budget(max_time=0.2, warmup=0.0)
@@ -105,7 +105,7 @@ class _Every:
 @pytest.mark.parametrize("period", [1, 5])
 def test_non_finite_and_negative_durations_are_refused_by_side(bad, period):
     # A NaN sample once passed as a "precise" measurement with a NaN median (it sorts past every number).
-    from pytest_kernelcheck.speed.ab import run_measurement
+    from pytest_kernelcheck import run_measurement
     a, b = (lambda: None), (lambda: None)
     budget = QUICK.replace(calls_per_sample=1)
     message = rf"timer 'simulated' returned {bad} seconds for a call of {{side}}: a duration must be a finite"
