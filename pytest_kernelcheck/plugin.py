@@ -8,16 +8,19 @@ inside hooks and fixtures, and only for tests that use a marker needing it, so `
 """
 from __future__ import annotations
 
-from typing import Any, Callable, TypeVar
-
 import os
+from typing import Any, Callable, TypeVar
 
 import pytest
 
-from . import gpus
-from .device_memory import apply_cap, header_line, parse_size
-from .intractable import REASON_PROPERTY, case_reason, listed_cases, parse_intractable_marker
-from .memory import (
+from .check.device_memory import apply_cap, header_line, parse_size
+from .check.intractable import (
+    REASON_PROPERTY,
+    case_reason,
+    listed_cases,
+    parse_intractable_marker,
+)
+from .check.memory import (
     forget_frames,
     is_out_of_memory,
     memory_skip_reason,
@@ -25,7 +28,8 @@ from .memory import (
     parse_memory_marker,
     release_memory,
 )
-from .shapes import Shape, expand_shape_markers, missing_device
+from .check.shapes import Shape, expand_shape_markers, missing_device
+from .speed import gpus
 
 pytest_plugins = ["pytest_kernelcheck.plugin_ab"]
 
@@ -46,7 +50,7 @@ class _HookSpecs:
     @pytest.hookspec(firstresult=True)
     def pytest_kernelcheck_visible_gpus(self, config: pytest.Config) -> "list[str] | None":
         """The CUDA devices ``--kernel-gpus`` may spread workers over, as ``CUDA_VISIBLE_DEVICES`` entries; None
-        for the default (:func:`pytest_kernelcheck.gpus.visible_gpus`). Called on the xdist controller only; a
+        for the default (:func:`pytest_kernelcheck.speed.gpus.visible_gpus`). Called on the xdist controller only; a
         conftest can answer it to fake a multi-GPU host in tests:
 
         >>> def pytest_kernelcheck_visible_gpus(config):  # doctest: +SKIP
@@ -214,7 +218,7 @@ def shape(_kernelcheck_shape: Shape | None) -> Shape:
 @pytest.fixture
 def sdpa_reference():
     """A float64 attention reference with SDPA's semantics, and ``.check(out, q, k, v, ...)`` against it."""
-    from .reference import SdpaReference
+    from .check.reference import SdpaReference
 
     return SdpaReference()
 
@@ -242,7 +246,7 @@ def _check_markers(definition: pytest.Function, has_shape: bool) -> None:
     """Surface bad marker arguments at collection rather than when each test runs."""
     tolerance = definition.get_closest_marker("tolerance")
     if tolerance is not None:
-        from .tolerance import parse_tolerance_marker
+        from .check.tolerance import parse_tolerance_marker
 
         parse_tolerance_marker(tolerance.args, tolerance.kwargs)
     for memory in definition.iter_markers("memory"):  # every one counts (memory_skip_reason), so check each
@@ -287,7 +291,7 @@ def pytest_runtest_call(item: pytest.Item):
     marker = item.get_closest_marker("tolerance")
     if marker is None:
         return (yield)
-    from .tolerance import parse_tolerance_marker, use_override
+    from .check.tolerance import parse_tolerance_marker, use_override
 
     with use_override(parse_tolerance_marker(marker.args, marker.kwargs)):
         return (yield)

@@ -1,6 +1,6 @@
 """pytest wiring for A/B speed comparisons: options, the ``kernel_ab`` fixture, report, pytest-xdist transport.
 
-The work lives in :mod:`pytest_kernelcheck.ab` (comparisons), :mod:`.stats` and :mod:`.report`; this module only
+The work lives in :mod:`pytest_kernelcheck.speed.ab` (comparisons), :mod:`.stats` and :mod:`.report`; this module only
 connects them to pytest. Results travel on the test report as the ``kernel_ab_records`` attribute (a JSON
 string of :mod:`.records` in their JSON form), which pytest-xdist serialises with the report, so the controller's
 summary sees every worker's results.
@@ -8,55 +8,22 @@ summary sees every worker's results.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
+
+from .ab_session import ABSession, finish, report_so_far, start, summarise
+from .ab_settings import INI_DEFAULTS, NUMBER_SETTINGS, ABSettings, budget_from
 
 RECORDS_ATTRIBUTE = "kernel_ab_records"
 _PENDING = pytest.StashKey[list]()
 _PROFILED = pytest.StashKey[list]()  # profile mode: profiling.ProfiledRun entries, as RECORDS_ATTRIBUTE's records
 PROFILE_ATTRIBUTE = "kernel_ab_profiled"
-_SESSION = pytest.StashKey["_ABSession"]()
+_SESSION = pytest.StashKey["ABSession"]()
 _COLLECTOR_NAME = "kernelcheck-ab-collector"
 
 ENABLE_HINT = "A/B speed comparisons are off; pass --kernel-ab (or set kernel_ab = true in the ini file) to run them"
 
-# name: (type, default, help); each has a --kernel-ab-NAME option and a kernel_ab_NAME ini key.
-_NUMBER_SETTINGS = {
-    "alpha": (float, 0.05, "false win/loss rate per comparison, over all its looks (default 0.05)"),
-    "margin": (float, 0.02, "equivalence margin: a speedup interval inside [1/(1+m), 1+m] is a tie (default 0.02)"),
-    "max_time": (float, 2.0, "seconds of sampling per comparison after warm-up (default 2.0)"),
-}
-
-
-@dataclass
-class _ABSession:
-    enabled: bool
-    settings: dict[str, Any]
-    report_path: str | None
-    previous: dict[str, Any] | None
-    records: list[dict[str, Any]] = field(default_factory=list)  # JSON records, as every worker sent them
-    finished: bool = False  # the report is built (and written) once, at session finish
-    built: dict[str, Any] | None = None  # None when no comparison ran
-    notes: list[str] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)  # report files that could not be written
-    rules: tuple[Any, ...] = ()  # gate.Rule: --kernel-ab-compare-fail
-    save_folder: Path | None = None  # this machine's folder of saved runs, when this run is saved
-    save_name: str | None = None  # None with save_folder set: --kernel-ab-autosave names it at the end
-    rootpath: Path | None = None  # where autosave asks git for the commit
-    history_count: int = 0  # --kernel-ab-history: earlier saved runs shown in the markdown report
-    storage_root: Path | None = None
-    machine_folder: Any = None  # () -> Path, see _ThisMachine
-    regressions: tuple[Any, ...] = ()  # gate.Regression: what the rules found, at session finish
-    ceilings: Any = None  # throughput.CeilingMeter of this process (--kernel-ab-ceilings)
-    cpu_threads: int | None = None  # --kernel-ab-cpu-threads
-    profile: Any = None  # profiling.ProfileMode: --kernel-ab-profile / --kernel-ab-trace; None: a timed run
-    profiled: list[dict[str, Any]] = field(default_factory=list)  # profile mode: what every process ran
-    gpu: Any = ()  # records.GpuIdentity of this worker's GPU (--kernel-gpus), None when not pinned; () not asked yet
-    progress: Any = None  # report.ProgressWriter: the JSON report rewritten while the run goes (the reporting process)
-    environment: dict[str, Any] | None = None  # the rewrites' environment block, read at the first rewrite
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -65,24 +32,25 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--kernel-ab", action="store_true", default=None, dest="kernel_ab",
         help="run A/B speed comparisons (tests using the kernel_ab fixture); without it they are skipped",
     )
-    parser.addini("kernel_ab", "run A/B speed comparisons without --kernel-ab", type="bool", default=False)
-    for name, (_, default, text) in _NUMBER_SETTINGS.items():
+    parser.addini("kernel_ab", "run A/B speed comparisons without --kernel-ab", type="bool",
+                  default=INI_DEFAULTS[""])
+    for name, (_, _, text) in NUMBER_SETTINGS.items():
         group.addoption(f"--kernel-ab-{name.replace('_', '-')}", dest=f"kernel_ab_{name}", default=None, help=text)
-        parser.addini(f"kernel_ab_{name}", text, default=str(default))
+        parser.addini(f"kernel_ab_{name}", text, default=INI_DEFAULTS[name])
     group.addoption(
         "--kernel-ab-hold-gpu", action="store_true", default=None, dest="kernel_ab_hold_gpu",
         help="hold the GPU with a spin kernel while each round is queued, so CUDA events time device work alone "
              "(host launch cost excluded); default: rounds queued back to back",
     )
     parser.addini("kernel_ab_hold_gpu", "hold the GPU while each A/B round is queued (device time alone)",
-                  type="bool", default=False)
+                  type="bool", default=INI_DEFAULTS["hold_gpu"])
     group.addoption(
         "--kernel-ab-throttle", dest="kernel_ab_throttle", default=None, metavar="flag|discard|fail",
         help="rounds taken with the SM clock more than 10%% below the session's highest: flag (default: keep "
              "them, note it), discard (drop them, decide on the rest) or fail (fail the comparison)",
     )
     parser.addini("kernel_ab_throttle", "throttled A/B rounds: flag, discard or fail (see --kernel-ab-throttle)",
-                  default="flag")
+                  default=INI_DEFAULTS["throttle"])
     group.addoption(
         "--kernel-ab-calls-per-sample", dest="kernel_ab_calls_per_sample", default=None, metavar="N",
         help="calls per timed sample for every comparison: auto (default: batch calls shorter than 50 us, so the "
@@ -90,12 +58,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
              "when runs are compared (--kernel-ab-compare) at sizes near 50 us",
     )
     parser.addini("kernel_ab_calls_per_sample", "calls per timed sample (see --kernel-ab-calls-per-sample)",
-                  default="auto")
+                  default=INI_DEFAULTS["calls_per_sample"])
     group.addoption(
         "--kernel-ab-report", dest="kernel_ab_report", default=None, metavar="PATH",
         help="write the A/B report as JSON to PATH, with a markdown table (.md) and a plot (.png) beside it",
     )
-    parser.addini("kernel_ab_report", "path of the A/B JSON report", default="")
+    parser.addini("kernel_ab_report", "path of the A/B JSON report", default=INI_DEFAULTS["report"])
     group.addoption(
         # nargs="?": the option alone means the latest saved run ("latest", storage.LATEST).
         "--kernel-ab-compare", dest="kernel_ab_compare", default=None, metavar="RUN", nargs="?", const="latest",
@@ -104,7 +72,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
              "run' column and flags regressions",
     )
     parser.addini("kernel_ab_compare", "earlier run to compare with: latest, a saved number or name, or a path",
-                  default="")
+                  default=INI_DEFAULTS["compare"])
     group.addoption(
         "--kernel-ab-save", dest="kernel_ab_save", default=None, metavar="NAME",
         help="save this run's JSON report in the storage folder, as this machine's next numbered run NNNN_NAME.json",
@@ -113,18 +81,21 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--kernel-ab-autosave", action="store_true", default=None, dest="kernel_ab_autosave",
         help="save every run (as --kernel-ab-save), named by short commit hash (-dirty with changes) and UTC time",
     )
-    parser.addini("kernel_ab_autosave", "save every A/B run (see --kernel-ab-autosave)", type="bool", default=False)
+    parser.addini("kernel_ab_autosave", "save every A/B run (see --kernel-ab-autosave)", type="bool",
+                  default=INI_DEFAULTS["autosave"])
     group.addoption(
         "--kernel-ab-storage", dest="kernel_ab_storage", default=None, metavar="PATH",
         help="folder of saved A/B runs, one subfolder per machine (default: .kernelcheck in the rootdir)",
     )
-    parser.addini("kernel_ab_storage", "folder of saved A/B runs (relative to the rootdir)", default="")
+    parser.addini("kernel_ab_storage", "folder of saved A/B runs (relative to the rootdir)",
+                  default=INI_DEFAULTS["storage"])
     group.addoption(
         "--kernel-ab-history", dest="kernel_ab_history", default=None, metavar="N",
         help="the markdown report shows each comparison's speedup in this machine's last N saved runs "
              "(default 5; 0: none)",
     )
-    parser.addini("kernel_ab_history", "saved runs whose speedups the markdown report shows", default="5")
+    parser.addini("kernel_ab_history", "saved runs whose speedups the markdown report shows",
+                  default=INI_DEFAULTS["history"])
     group.addoption(
         "--kernel-ab-compare-fail", dest="kernel_ab_compare_fail", action="append", default=None, metavar="EXPR",
         help="fail the session on A/B regressions (repeatable): 'verdict' (verdict worse than in the compared "
@@ -132,20 +103,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
              "earlier speedup) or 'loss' (any loss in this run)",
     )
     parser.addini("kernel_ab_compare_fail", "A/B gate rules, one a line (see --kernel-ab-compare-fail)",
-                  type="linelist", default=[])
+                  type="linelist", default=INI_DEFAULTS["compare_fail"])
     group.addoption(
         "--kernel-ab-ceilings", dest="kernel_ab_ceilings", default=None, choices=("on", "off"),
         help="on (default): measure this GPU's matmul FLOP/s and copy GB/s once per session, for the share of "
              "the ceiling of comparisons given flops=/bytes=; off: skip the measurement",
     )
     parser.addini("kernel_ab_ceilings", "measure throughput ceilings: on or off (see --kernel-ab-ceilings)",
-                  default="on")
+                  default=INI_DEFAULTS["ceilings"])
     group.addoption(
         "--kernel-ab-cpu-threads", dest="kernel_ab_cpu_threads", default=None, metavar="N",
         help="torch.set_num_threads(N) while each A/B comparison runs (restored after); 1 gives stable CPU times",
     )
     parser.addini("kernel_ab_cpu_threads", "torch threads during A/B comparisons (see --kernel-ab-cpu-threads)",
-                  default="")
+                  default=INI_DEFAULTS["cpu_threads"])
     # Profile runs are asked for one at a time, under a profiler: command-line options only, no ini keys.
     group.addoption(
         "--kernel-ab-profile", action="store_true", default=None, dest="kernel_ab_profile",
@@ -162,163 +133,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 # Options that name something, and what they accept. Given empty on the command line (most often a variable that was
 # never set: --kernel-ab-trace "$TRACES") each would read as not given and the run would go on without its report,
 # trace, storage, comparison or thread count, saying nothing; so an empty value is refused, as --kernel-ab-save's is.
-_NAMING_OPTIONS = {
-    "report": "a report path (ab.json)", "trace": "a folder for the traces", "storage": "a folder of saved runs",
-    "compare": "a saved run (number or name) or a report's path", "cpu_threads": "a count >= 1",
-}
-
-
-def _refuse_empty_options(config: pytest.Config) -> None:
-    for name, accepted in _NAMING_OPTIONS.items():
-        value = config.getoption(f"kernel_ab_{name}")
-        if value is not None and not str(value).strip():
-            raise pytest.UsageError(f"--kernel-ab-{name.replace('_', '-')}: the value is empty; give {accepted}, "
-                                    f"or leave the option out")
-
-
-def _option(name: str) -> str:
-    """How a message names a setting: its option and its ini key."""
-    return f"--kernel-ab-{name.replace('_', '-')} / kernel_ab_{name}"
-
-
-def _setting(config: pytest.Config, name: str) -> Any:
-    value = config.getoption(f"kernel_ab_{name}")
-    return value if value is not None else config.getini(f"kernel_ab_{name}")
-
-
-def _storage_root(config: pytest.Config) -> Path:
-    from . import storage
-
-    option = config.getoption("kernel_ab_storage")
-    return Path(option) if option else config.rootpath / (config.getini("kernel_ab_storage") or storage.DEFAULT_FOLDER)
-
-
-class _ThisMachine:
-    """This machine's environment and, called, its folder of saved runs under ``root``: each worked out once and
-    only when first asked for (both load torch)."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self._environment: dict[str, Any] | None = None
-
-    def environment(self) -> dict[str, Any]:
-        from . import storage
-
-        if self._environment is None:
-            self._environment = storage.current_environment()
-        return self._environment
-
-    def __call__(self) -> Path:
-        from . import storage
-
-        return self.root / storage.machine_slug(self.environment())
-
-
 def pytest_configure(config: pytest.Config) -> None:
-    from . import gate, option_rules, option_values, report, storage, throughput
-
-    _refuse_empty_options(config)
-    settings: dict[str, Any] = {}
-    for name in _NUMBER_SETTINGS:
-        try:
-            settings[name] = option_values.parse_decimal(_setting(config, name), _option(name))
-        except option_values.OptionValueError as exc:
-            raise pytest.UsageError(str(exc)) from None
-    settings["hold_gpu"] = bool(config.getoption("kernel_ab_hold_gpu") or config.getini("kernel_ab_hold_gpu"))
-    throttle = _setting(config, "throttle")
-    if throttle not in ("flag", "discard", "fail"):
-        raise pytest.UsageError(f"--kernel-ab-throttle / kernel_ab_throttle: one of flag, discard, fail; "
-                                f"got {throttle!r}")
-    if throttle != "flag":  # the default leaves the report's settings as they were before the option
-        settings["throttle"] = throttle
-    calls = str(_setting(config, "calls_per_sample")).strip()
-    if calls != "auto":  # as throttle: the default leaves the report's settings as they were
-        count = option_values.count_text(calls)  # 0 is left to the budget, which says why it is refused
-        if count is None or count > option_values.MAX_COUNT:
-            raise pytest.UsageError(f"{_option('calls_per_sample')}: 'auto' or a whole number of calls, got "
-                                    f"{option_values.shown(calls)}; accepted: 'auto', or a whole number from 1 to "
-                                    f"{option_values.MAX_COUNT}, in ASCII digits")
-        settings["calls_per_sample"] = count
-    try:
-        _budget_from(settings)
-    except ValueError as exc:
-        # The budget names its field ("budget alpha must be ..."): say which option set it.
-        options = [_option(name) for name in settings if f"budget {name} " in str(exc)]
-        raise pytest.UsageError(f"kernel A/B settings: {exc}" + (f" ({options[0]})" if options else "")) from None
-    enabled = bool(config.getoption("kernel_ab") or config.getini("kernel_ab"))
-    profile = None
-    if config.getoption("kernel_ab_profile") or config.getoption("kernel_ab_trace"):
-        from . import profiling
-
-        try:
-            profile = profiling.ProfileMode.from_options(True, config.getoption("kernel_ab_trace"))
-        except OSError as exc:
-            raise pytest.UsageError(f"--kernel-ab-trace: cannot create the trace folder: {exc}") from None
-        enabled = True
-    ceilings_mode = _setting(config, "ceilings")
-    if ceilings_mode not in ("on", "off"):
-        raise pytest.UsageError(f"--kernel-ab-ceilings / kernel_ab_ceilings: 'on' or 'off', got {ceilings_mode!r}")
-    report_path = _setting(config, "report") or None
-    compare_spec = _setting(config, "compare") or None
-    storage_root = _storage_root(config)
-    machine_folder = _ThisMachine(storage_root)
-    try:
-        history_count = option_values.parse_count(_setting(config, "history"), _option("history"), minimum=0,
-                                                  problem="not a count >= 0")
-    except option_values.OptionValueError as exc:
-        raise pytest.UsageError(str(exc)) from None
-    save_name = config.getoption("kernel_ab_save")
-    # None: not given; an empty name is given, and refused by check_name rather than taken for "not saving".
-    saving = save_name is not None or bool(config.getoption("kernel_ab_autosave") or
-                                           config.getini("kernel_ab_autosave"))
-    option_rules.check(config, ab=enabled, profiling=profile is not None, saving=saving,
-                       comparing=compare_spec is not None, reporting=report_path is not None, history=history_count)
-    previous = None
-    save_folder = None
-    try:
-        if report_path:
-            report.check_writable(report_path)
-        # A storage folder that is a file, or cannot be written, is found now: at the end every result would be lost.
-        if enabled and (saving or compare_spec and not storage.names_a_file(compare_spec) or
-                        report_path and history_count):
-            storage.check_folder(storage_root, writing=False)
-        if save_name is not None:
-            storage.check_name(save_name)
-        if compare_spec:
-            compare_path = storage.resolve_compare(compare_spec, machine_folder)
-            previous = report.load_report(compare_path)
-            # A saved run of another machine is refused; a path is the user's explicit choice, compared with a
-            # warning in the report and the summary (report.machine_lines), which is read at the end.
-            if not storage.names_a_file(compare_spec):
-                storage.check_same_machine(compare_spec, compare_path, previous.get("environment") or {},
-                                           machine_folder.environment())
-        if saving and enabled:
-            save_folder = machine_folder()
-            storage.check_folder(save_folder, writing=True)
-    except (report.ReportError, storage.StorageError) as exc:
-        raise pytest.UsageError(f"kernel A/B: {exc}") from None
-    try:
-        expressions = config.getoption("kernel_ab_compare_fail") or config.getini("kernel_ab_compare_fail")
-        rules = gate.parse_rules(expressions)
-        gate.check_rules(rules, comparing=previous is not None)
-    except gate.GateError as exc:
-        raise pytest.UsageError(f"kernel A/B: {exc}") from None
-    raw_threads = _setting(config, "cpu_threads")
-    try:
-        cpu_threads = option_values.parse_count(raw_threads, _option("cpu_threads"), minimum=1,
-                                                problem="not a count >= 1") if raw_threads not in (None, "") else None
-    except option_values.OptionValueError as exc:
-        raise pytest.UsageError(str(exc)) from None
-    session = _ABSession(enabled, settings, report_path, previous, rules=rules, save_folder=save_folder,
-                         save_name=save_name, rootpath=config.rootpath, history_count=history_count,
-                         storage_root=storage_root, machine_folder=machine_folder,
-                         ceilings=throughput.CeilingMeter(enabled=ceilings_mode == "on"), cpu_threads=cpu_threads,
-                         profile=profile)
-    if report_path and profile is None and not hasattr(config, "workerinput"):
-        session.progress = report.ProgressWriter(report_path)
-    if previous is not None and previous.get("finished") is False:
-        session.notes.append(f"--kernel-ab-compare: the earlier report is of a run that did not finish "
-                             f"({len(previous.get('comparisons') or ())} comparisons); only those are compared")
+    """Resolve the A/B options once, start this process's A/B session and register its collector."""
+    session = start(ABSettings.from_config(config), config)
     config.stash[_SESSION] = session
     config.pluginmanager.register(_Collector(session), _COLLECTOR_NAME)
 
@@ -329,15 +146,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         config.pluginmanager.unregister(collector)
 
 
-def _budget_from(settings: dict[str, Any]) -> Any:
-    from .ab import Budget
-
-    return Budget().replace(**settings)
-
-
 @pytest.fixture(scope="session")
 def kernel_ab_ceilings(request: pytest.FixtureRequest) -> Any:
-    """This process's :class:`pytest_kernelcheck.throughput.CeilingMeter`: ceilings measured once per device and
+    """This process's :class:`pytest_kernelcheck.speed.throughput.CeilingMeter`: ceilings measured once per device and
     dtype. Override it in a conftest to inject other ceilings (a fake measurement in tests):
 
     >>> @pytest.fixture(scope="session")  # doctest: +SKIP
@@ -357,17 +168,17 @@ def kernel_ab(request: pytest.FixtureRequest) -> Any:
     session = request.config.stash[_SESSION]
     if not session.enabled:
         pytest.skip(ENABLE_HINT)
-    from .ab import KernelAB
+    from .speed.ab import KernelAB
 
     pending = request.node.stash.setdefault(_PENDING, [])
     if session.profile is not None:
-        from .profiling import ProfilingKernelAB
+        from .speed.profiling import ProfilingKernelAB
 
-        return ProfilingKernelAB(session.profile, _budget_from(session.settings), nodeid=request.node.nodeid,
+        return ProfilingKernelAB(session.profile, budget_from(session.settings), nodeid=request.node.nodeid,
                                  test_name=request.node.name, shape=lambda: _shape_value(request),
                                  record=request.node.stash.setdefault(_PROFILED, []).append)
     return KernelAB(
-        _budget_from(session.settings),
+        budget_from(session.settings),
         nodeid=request.node.nodeid,
         test_name=request.node.name,
         shape=lambda: _shape_value(request),
@@ -405,12 +216,12 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
         profiled.clear()
 
 
-def _worker_gpu(session: _ABSession) -> Any:
+def _worker_gpu(session: ABSession) -> Any:
     """This process's GPU under --kernel-gpus (records.GpuIdentity), looked up once; None when not pinned."""
     if session.gpu == ():
         import os
 
-        from . import gpus
+        from .speed import gpus
 
         pinned = gpus.pinned_gpu(os.environ)
         session.gpu = gpus.describe_gpu(pinned) if pinned is not None else None
@@ -420,7 +231,7 @@ def _worker_gpu(session: _ABSession) -> Any:
 class _Collector:
     """Per-run plugin object: gathers records from test reports (local or from xdist workers) and reports them."""
 
-    def __init__(self, session: _ABSession) -> None:
+    def __init__(self, session: ABSession) -> None:
         self.session = session
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
@@ -428,7 +239,7 @@ class _Collector:
         if payload:
             self.session.records.extend(json.loads(payload))
             if self.session.progress is not None and not self.session.finished:
-                self.session.progress.maybe_write(lambda: _report_so_far(self.session))
+                self.session.progress.maybe_write(lambda: report_so_far(self.session))
         profiled = getattr(report, PROFILE_ATTRIBUTE, None)
         if profiled:
             self.session.profiled.extend(json.loads(profiled))
@@ -438,7 +249,7 @@ class _Collector:
         # with the status as it stands after them: the last point where an unwritable report can fail the run.
         if not _reports_here(self.session, session.config):
             return
-        _finish(self.session)
+        finish(self.session)
         if self.session.errors and session.exitstatus == pytest.ExitCode.OK:  # a failed run keeps its own status
             session.exitstatus = pytest.ExitCode.USAGE_ERROR  # as for a report path refused at start-up
             self.session.errors = [f"{error} (exit status {int(session.exitstatus)})" for error in self.session.errors]
@@ -448,128 +259,11 @@ class _Collector:
     def pytest_terminal_summary(self, terminalreporter: Any, config: pytest.Config) -> None:
         if not _reports_here(self.session, config):
             return
-        _finish(self.session)  # done at session finish already; this covers a summary without it
-        _summarise(self.session, terminalreporter)
+        finish(self.session)  # done at session finish already; this covers a summary without it
+        summarise(self.session, terminalreporter)
 
 
-def _reports_here(session: _ABSession, config: pytest.Config) -> bool:
+def _reports_here(session: ABSession, config: pytest.Config) -> bool:
     return session.enabled and not hasattr(config, "workerinput")  # xdist workers send, the controller reports
 
 
-def _finish(session: _ABSession) -> None:
-    """Build the report from every record, judge it by the gate's rules and write its files, once; notes and
-    errors wait for the summary."""
-    from . import gate, report
-
-    if session.finished:
-        return
-    session.finished = True
-    if session.progress is not None and session.progress.error is not None:
-        session.notes.append(f"A/B report not rewritten while the run went: {session.progress.error}")
-    if not session.records:
-        return
-    session.built = report.build_report(
-        session.records, settings=_report_settings(session), environment=_environment(session),
-        previous=session.previous
-    )
-    session.regressions = gate.evaluate(session.rules, session.built)
-    history = _history(session) if session.report_path else ()  # read before this run is saved among them
-    if session.save_folder is not None:
-        _save(session)
-    if not session.report_path:
-        return
-    try:
-        written = report.write_all(session.built, session.report_path, history)
-    except report.ReportError as exc:
-        session.errors.append(f"A/B report not written: {exc}")
-        return
-    session.notes.append(f"A/B report: {', '.join(str(path) for path in written.paths)}")
-    if written.note:
-        session.notes.append(f"A/B plot skipped: {written.note}")
-
-
-def _environment(session: _ABSession) -> dict[str, Any]:
-    """The report's environment block (it asks git for the commit; its date is now)."""
-    from . import report, storage
-
-    if session.previous is not None:
-        # Read even without a file to write, since the report says when the earlier run's machine was another; with
-        # the GPU described though no test (or, under pytest-xdist, no test in this process) loaded torch, as in
-        # the saved runs, lest an undescribed GPU read as another machine.
-        environment = storage.current_environment()
-    else:
-        environment = report.environment_info() if session.report_path or session.save_folder else {}
-    if session.cpu_threads is not None:
-        environment = {**environment, "cpu_threads": session.cpu_threads}
-    return environment
-
-
-def _report_settings(session: _ABSession) -> dict[str, Any]:
-    return {**session.settings, "ceilings": "on" if session.ceilings.enabled else "off"}
-
-
-def _report_so_far(session: _ABSession) -> dict[str, Any]:
-    """The JSON report of the records so far, marked unfinished (no comparison with an earlier run yet); its
-    environment is read once, at the first rewrite."""
-    from . import report
-
-    if session.environment is None:
-        session.environment = _environment(session)
-    return report.build_report(session.records, settings=_report_settings(session),
-                               environment=session.environment, finished=False)
-
-
-def _history(session: _ABSession) -> tuple[Any, ...]:
-    """This machine's last saved runs for the markdown report (--kernel-ab-history); none without storage."""
-    from . import storage
-
-    # Without a storage folder there is nothing to show, and no reason to load torch for the machine's slug.
-    if session.history_count <= 0 or session.storage_root is None or not session.storage_root.is_dir():
-        return ()
-    skipped: list[str] = []
-    found = storage.history(session.machine_folder(), session.history_count, skipped)
-    session.notes.extend(f"WARNING: A/B history: a damaged saved run left out: {reason}" for reason in skipped)
-    return found
-
-
-def _save(session: _ABSession) -> None:
-    """Save the built report as this machine's next run (--kernel-ab-save / --kernel-ab-autosave)."""
-    import datetime
-
-    from . import storage
-
-    name = session.save_name
-    if name is None:
-        commit, dirty = storage.git_state(session.rootpath or Path.cwd())
-        name = storage.autosave_name(commit, dirty, datetime.datetime.now(datetime.timezone.utc))
-    try:
-        path = storage.save(session.built, session.save_folder, name)
-    except storage.StorageError as exc:
-        session.errors.append(f"A/B run not saved: {exc}")
-        return
-    session.notes.append(f"A/B run saved: {path}")
-
-
-def _summarise(session: _ABSession, terminalreporter: Any) -> None:
-    from . import report
-
-    if session.profile is not None:  # nothing was timed: no report, only what ran and where its ranges went
-        terminalreporter.write_sep("=", "kernel A/B profile")
-        for line in session.profile.summary_lines(session.profiled):
-            terminalreporter.write_line(line)
-        return
-    if session.built is None:
-        terminalreporter.write_sep("=", "kernel A/B comparisons")
-        terminalreporter.write_line("no A/B comparisons ran")
-        return
-    report.write_terminal(terminalreporter, session.built, session.notes, errors=session.errors)
-    from . import gate
-
-    for line in gate.unchecked_lines(session.rules, session.built):
-        terminalreporter.write_line(line, yellow=True)
-    if session.regressions:
-        terminalreporter.write_sep("=", "kernelcheck: regressions", red=True, bold=True)
-        differences = session.built.get("machine_differences") or ()
-        for line in gate.regression_lines(session.regressions, differences):
-            terminalreporter.write_line(line, red=not line.startswith(" "), bold=line.startswith("WARNING"))
-        terminalreporter.write_line(gate.failing_line(session.regressions))

@@ -51,7 +51,7 @@ cat "$R/env.txt"
 #   mkdir -p .gpu_deps && cp -r "$sp"/{xdist,execnet,pytest_xdist-*.dist-info,execnet-*.dist-info} .gpu_deps/
 # With several GPUs (counted as the plugin counts them: CUDA_VISIBLE_DEVICES, else NVML), the stages spread their
 # xdist workers over all of them with --kernel-gpus all: each worker is pinned to one GPU, round-robin by worker.
-gpu_count=$(python3 -c "from pytest_kernelcheck.gpus import visible_gpus; print(len(visible_gpus()))" 2>/dev/null || echo 1)
+gpu_count=$(python3 -c "from pytest_kernelcheck.speed.gpus import visible_gpus; print(len(visible_gpus()))" 2>/dev/null || echo 1)
 has_xdist=0
 test_workers=()
 if [[ -d .gpu_deps ]]; then

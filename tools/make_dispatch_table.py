@@ -35,7 +35,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from flashlite.dispatch import gpu_slug, table_key  # noqa: E402
-from pytest_kernelcheck.records import OUTCOMES, ComparisonRecord, DamagedReport  # noqa: E402
+from pytest_kernelcheck.results.records import OUTCOMES, ComparisonRecord, DamagedReport  # noqa: E402
 
 FORWARD_PREFIXES = ("fwd triton vs sdpa", "fwd fp32 triton vs sdpa", "fwd D128 triton vs sdpa")
 # A variant's forward against the SDPA path: the kernel (or auto, which the rule sends to it) on the left.

@@ -14,8 +14,12 @@ import pytest
 import torch
 
 from flashlite.attention import attention, attention_varlen, attention_with_kvcache
-from pytest_kernelcheck import assert_close, attention_reference, attention_reference_varlen
-from pytest_kernelcheck.reference import SdpaReference
+from pytest_kernelcheck import (
+    SdpaReference,
+    assert_close,
+    attention_reference,
+    attention_reference_varlen,
+)
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 

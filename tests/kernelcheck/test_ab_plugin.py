@@ -361,8 +361,8 @@ def test_cases(kernel_ab, shape):
 
 
 def test_fixture_object_names_records_and_keeps_failures():
-    from pytest_kernelcheck.ab import Budget, KernelAB
-    from pytest_kernelcheck.timing import CallableFailed, SimulatedTimer
+    from pytest_kernelcheck import Budget, KernelAB
+    from pytest_kernelcheck.speed.timing import CallableFailed, SimulatedTimer
 
     records = []
     ab = KernelAB(Budget(max_time=0.1), nodeid="t.py::test_x", test_name="test_x",
@@ -386,8 +386,8 @@ def test_fixture_object_names_records_and_keeps_failures():
 
 
 def test_a_name_used_twice_in_one_test_is_refused_naming_it_and_the_test():
-    from pytest_kernelcheck.ab import Budget, KernelAB
-    from pytest_kernelcheck.timing import CallableFailed, SimulatedTimer
+    from pytest_kernelcheck import Budget, KernelAB
+    from pytest_kernelcheck.speed.timing import CallableFailed, SimulatedTimer
 
     records = []
     ab = KernelAB(Budget(max_time=0.1), nodeid="t.py::test_x", test_name="test_x", record=records.append)
@@ -419,8 +419,8 @@ def test_a_name_used_twice_in_one_test_is_refused_naming_it_and_the_test():
 @pytest.mark.parametrize("name", ["", "   ", "fused\nkernel"])
 def test_a_blank_or_multiline_name_is_refused_before_anything_runs(name):
     # "" made an unlabelled report row; a line break split the markdown row and the summary line.
-    from pytest_kernelcheck.ab import Budget, KernelAB
-    from pytest_kernelcheck.timing import SimulatedTimer
+    from pytest_kernelcheck import Budget, KernelAB
+    from pytest_kernelcheck.speed.timing import SimulatedTimer
 
     records, calls = [], []
     ab = KernelAB(Budget(max_time=0.1), nodeid="t.py::test_x", test_name="test_x", record=records.append)
@@ -456,7 +456,7 @@ def test_twice(kernel_ab):
 # Simulated timers of known effect: the candidate takes CANDIDATE_MS, the baseline BASELINE_MS, 2 ms unless a test
 # appends another value (speedup BASELINE_MS / CANDIDATE_MS).
 SIMULATED = """
-from pytest_kernelcheck.timing import SimulatedTimer
+from pytest_kernelcheck.speed.timing import SimulatedTimer
 
 CANDIDATE_MS = {candidate_ms}
 BASELINE_MS = 2.0
@@ -791,7 +791,7 @@ def test_a_bad_history_count_is_a_usage_error(pytester):
 
 RATED = """
 import pytest
-from pytest_kernelcheck.timing import SimulatedTimer
+from pytest_kernelcheck.speed.timing import SimulatedTimer
 
 def candidate():
     pass
@@ -815,8 +815,8 @@ def test_measured(kernel_ab):
 # The conftest a project writes to inject its own ceilings; this one counts what it is asked to measure.
 FAKE_CEILINGS = """
 import pytest
-from pytest_kernelcheck.records import CeilingRecord
-from pytest_kernelcheck.throughput import CeilingMeter
+from pytest_kernelcheck.results.records import CeilingRecord
+from pytest_kernelcheck import CeilingMeter
 
 @pytest.fixture(scope="session")
 def kernel_ab_ceilings():
@@ -1008,7 +1008,7 @@ def test_two(kernel_ab):
 
 
 def test_comparing_with_an_unfinished_report_says_so(pytester):
-    from pytest_kernelcheck.report import build_report, write_json
+    from pytest_kernelcheck.results.report import build_report, write_json
     first = build_report([{"kind": "comparison", "nodeid": "test_compare_unfinished.py::test_sorts", "name": "sorts",
                            "verdict": "win", "speedup": 2.0, "ci": [1.9, 2.1], "p_value": 0.001}],
                          settings={"alpha": 0.05}, finished=False)

@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from pytest_kernelcheck import gate, plots, profiling, report, storage
+from pytest_kernelcheck.results import gate, plots, report, storage
+from pytest_kernelcheck.speed import profiling
 from pytest_kernelcheck.visible_text import visible
 
 pytest_plugins = ["pytester"]
@@ -86,7 +87,7 @@ def test_gate_lines_and_traces_take_any_name():
 
 
 NAMED_TESTS = """
-from pytest_kernelcheck.timing import SimulatedTimer
+from pytest_kernelcheck.speed.timing import SimulatedTimer
 
 def candidate():
     pass

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pytest_kernelcheck import option_rules
-from pytest_kernelcheck.report import build_report, write_json
+from pytest_kernelcheck.results.report import build_report, write_json
 
 pytest_plugins = ["pytester"]
 

@@ -60,8 +60,8 @@ def test_package_exports_and_lazy_torch_import():
         pytest_kernelcheck.nothing
     # Loading the plugin module (what `pytest --help` does) must not import torch.
     code = (
-        "import sys, pytest_kernelcheck, pytest_kernelcheck.plugin, pytest_kernelcheck.shapes, "
-        "pytest_kernelcheck.memory; assert 'torch' not in sys.modules, 'torch was imported'; "
+        "import sys, pytest_kernelcheck, pytest_kernelcheck.plugin, pytest_kernelcheck.check.shapes, "
+        "pytest_kernelcheck.check.memory; assert 'torch' not in sys.modules, 'torch was imported'; "
         "assert 'flashlite' not in sys.modules"
     )
     env = dict(os.environ, PYTHONPATH=REPO_ROOT)

@@ -1,0 +1,1 @@
+"""Is the kernel right: shapes, tolerances, references, memory estimates, intractable cases."""

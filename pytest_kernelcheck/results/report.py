@@ -1,0 +1,310 @@
+"""A/B report: summary statistics, terminal table, JSON, markdown, plot, and comparison with an earlier report.
+
+The report is a plain JSON dict (see :func:`build_report`) so that it can be written, read back and compared
+without the objects that produced it; its input records are the JSON records of comparisons and tournaments.
+Everything here reads both through the typed records of :mod:`pytest_kernelcheck.results.records`.
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+# Re-exported below: report is where readers of a report find building, reading, writing and showing it.
+from . import plots
+from .build import build_report
+from .environment import environment_info
+from .plots import PLOT_MISSING_NOTE
+from .records import SCHEMA, SCHEMA_VERSION
+from .report_files import (
+    ReportError,
+    check_writable,
+    companion_paths,
+    load_report,
+    plot_paths,
+    write_atomically,
+    write_json,
+    write_text,
+)
+from .report_record import RunEnvironment
+from .report_text import (
+    as_report,
+    ceiling_lines,
+    error_lines,
+    fenced,
+    format_shape,
+    gpu_lines,
+    history_lines,
+    machine_lines,
+    markdown_table,
+    measurement_rows,
+    rate_pair,
+    row_label,
+    summary_line,
+    table_rows,
+    tournament_lines,
+)
+from .unmatched import vanished_lines
+
+__all__ = [
+    "PLOT_MISSING_NOTE", "SCHEMA", "SCHEMA_VERSION", "VERDICT_MARKUP", "ProgressWriter", "ReportError", "Written",
+    "build_report", "ceiling_lines", "check_writable", "companion_paths", "environment_info", "error_lines",
+    "format_shape", "gpu_lines", "history_lines", "load_report", "machine_lines", "measurement_rows", "plot_paths",
+    "rate_pair", "summary_line", "table_rows", "tournament_lines", "write_all", "write_json", "write_markdown",
+    "write_plot", "write_terminal",
+]
+
+VERDICT_MARKUP = {
+    "win": {"green": True},
+    "loss": {"red": True},
+    "tie": {"yellow": True},
+    "inconclusive": {"yellow": True},
+    "error": {"red": True, "bold": True},
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Written:
+    """What :func:`write_all` wrote, in order, and a note on what it could not (matplotlib missing)."""
+
+    paths: tuple[Path, ...]
+    note: str | None = None
+
+
+def write_all(report: dict[str, Any], json_path: str | Path, history: Sequence[Any] = ()) -> Written:
+    """Write the JSON report and beside it the speedup plot, the roofline (comparisons and measurements that
+    gave flops and bytes), the trend plot (given ``history``: :class:`pytest_kernelcheck.results.storage.RunSpeedups`,
+    oldest first) and the markdown, which shows the history table and links the roofline and trend plots.
+
+    Each file is replaced whole or not at all (see :func:`write_json`); the first that cannot be written raises
+    ``ReportError`` naming its path and the OS error. Without matplotlib the plots are left out and the note
+    says so.
+
+    >>> write_all(build_report([], settings={}), "/dev/null/ab.json")
+    Traceback (most recent call last):
+    ...
+    pytest_kernelcheck.results.report_files.ReportError: cannot write report '/dev/null/ab.json': [Errno 17] File exists: '/dev/null'
+    """
+    markdown_path, plot_path = companion_paths(json_path)
+    extra = plot_paths(json_path)
+    write_json(report, json_path)
+    written = [Path(json_path)]
+    note = write_plot(report, plot_path)
+    if note is None and plot_path.exists():
+        written.append(plot_path)
+    images: dict[str, str] = {}
+    for kind, write in (("roofline", lambda path: plots.write_roofline(report, path)),
+                        ("trend", lambda path: plots.write_trend(report, history, path))):
+        outcome = write(extra[kind])
+        if outcome is True:
+            images[kind] = extra[kind].name
+            written.append(extra[kind])
+        elif outcome:
+            note = outcome
+    write_markdown(report, markdown_path, history, images)
+    written.insert(1, markdown_path)
+    return Written(tuple(written), note)
+
+
+class ProgressWriter:
+    """Rewrites a run's JSON report while the run goes, so that a run killed before its end (SIGKILL at a CI time
+    limit, a lost machine, a hung interrupt) leaves at the report's path what it had finished, marked
+    ``"finished": false``. The finished report replaces it at the end, as always.
+
+    A rewrite serialises every record so far, so it is done at most every ``min_interval`` seconds and never more
+    often than keeps its own cost under ``max_share`` of the run's time (each write is timed); the first record is
+    written at once. A rewrite that fails, for any reason, stops the rewrites and never the run (``error`` says
+    why, and the run's summary shows it): the report at the end is still tried, and fails the run as it would
+    have. ``clock`` is injectable for tests.
+
+    >>> import json, os, tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), "ab.json")
+    >>> ticks = iter([0.0, 0.0, 1.0, 12.0, 12.0, 12.0])  # what the clock reads at each call
+    >>> writer = ProgressWriter(path, clock=lambda: next(ticks))
+    >>> so_far = lambda: build_report([], settings={}, finished=False)
+    >>> writer.maybe_write(so_far), writer.maybe_write(so_far), writer.maybe_write(so_far)
+    (True, False, True)
+    >>> json.load(open(path))["finished"]
+    False
+    """
+
+    def __init__(self, path: str | Path, *, min_interval: float = 10.0, max_share: float = 0.05,
+                 clock: Callable[[], float] | None = None) -> None:
+        import time
+
+        self.path = Path(path)
+        self.min_interval = min_interval
+        self.max_share = max_share
+        self.clock = clock or time.monotonic
+        self.last_write: float | None = None  # clock() when the last write ended
+        self.last_cost = 0.0  # seconds the last write took
+        self.writes = 0
+        self.error: str | None = None
+
+    def due(self) -> bool:
+        """Whether a rewrite is due now."""
+        if self.error is not None:
+            return False
+        if self.last_write is None:
+            return True
+        wait = max(self.min_interval, self.last_cost / self.max_share)
+        return self.clock() - self.last_write >= wait
+
+    def maybe_write(self, build: Callable[[], dict[str, Any]]) -> bool:
+        """Write ``build()`` (a report with ``finished=False``) when a rewrite is due; whether it wrote."""
+        if not self.due():
+            return False
+        start = self.clock()
+        try:
+            write_json(build(), self.path)
+        except Exception as exc:  # a rewrite must never stop the run it is there to protect
+            self.error = str(exc) if isinstance(exc, ReportError) else f"{type(exc).__name__}: {exc}"
+            return False
+        self.last_write = self.clock()
+        self.last_cost = self.last_write - start
+        self.writes += 1
+        return True
+
+
+def write_markdown(report: Mapping[str, Any], path: str | Path, history: Sequence[Any] = (),
+                   images: Mapping[str, str] | None = None) -> None:
+    """Write the comparison table, totals, tournaments, measurements, ceilings and (given saved runs) the speedup
+    history as markdown; ``images`` (``roofline``, ``trend``: file names beside ``path``) are linked."""
+    typed = as_report(report)
+    images = images or {}
+    lines = ["# Kernel A/B comparisons", ""]
+    lines += markdown_table(*table_rows(typed))
+    errors = [line for error in error_lines(typed) for line in error.splitlines()]
+    lines += [""] + (fenced(errors) if errors else []) + ["", summary_line(typed), ""]
+    if typed.vanished:  # the earlier run's rows this run lacks: a list whose names are shown as written
+        heading, *rows = vanished_lines(typed.vanished)
+        lines += [heading, ""] + fenced([row.strip() for row in rows]) + [""]
+    if machine_lines(typed):
+        lines += machine_lines(typed) + [""]
+    if gpu_lines(typed):
+        lines += [line if line.startswith(("Per GPU", "WARNING")) else f"- {line}" for line in gpu_lines(typed)]
+        lines.append("")
+    for tournament in typed.tournaments:
+        lines += tournament_lines(tournament) + [""]
+    if typed.measurements:
+        lines += ["## Measurements (one function timed alone)", ""] + markdown_table(*measurement_rows(typed))
+        lines.append("")
+    if ceiling_lines(typed):
+        lines += ceiling_lines(typed) + [""]
+    if "roofline" in images:
+        lines += [f"![Roofline: achieved TFLOP/s against arithmetic intensity]({images['roofline']})", ""]
+    if history:
+        lines += history_lines(typed, history) + [""]
+        if "trend" in images:
+            lines += [f"![Speedup with its interval per saved run]({images['trend']})", ""]
+    if typed.environment:
+        environment = RunEnvironment.from_json(typed.environment)
+        commit = environment.commit_id
+        lines.append(
+            f"Run {environment.date} on {environment.hostname}; GPU: "
+            f"{', '.join(environment.gpu.devices) or 'none'}; packages: "
+            + ", ".join(f"{k} {v}" for k, v in environment.packages.items() if v)
+            + (f"; commit {commit}" if commit else "")
+        )
+    write_text(path, "\n".join(lines) + "\n")
+
+
+def write_plot(report: Mapping[str, Any], path: str | Path) -> str | None:
+    """Plot speedup per comparison with its interval; returns a note instead when matplotlib is missing."""
+    typed = as_report(report)
+    comparisons = [r for r in typed.comparisons if r.speedup]
+    if not comparisons:
+        return None
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")  # files only, never a window
+        import matplotlib.patches
+        import matplotlib.pyplot as plt
+        import matplotlib.ticker
+    except ImportError:
+        return PLOT_MISSING_NOTE
+    colours = {"win": "tab:green", "loss": "tab:red", "tie": "tab:olive", "inconclusive": "tab:gray"}
+    figure, axes = plt.subplots(figsize=(max(6.0, 0.45 * len(comparisons) + 2), 4.5))
+    margin = float(typed.settings.get("margin", 0.02))
+    axes.axhspan(1 / (1 + margin), 1 + margin, color="0.9", label=f"tie margin ±{margin:.0%}")
+    axes.axhline(1.0, color="black", linewidth=0.8)
+    for x, record in enumerate(comparisons):
+        speedup = float(record.speedup)
+        low, high = record.ci
+        low = speedup if low is None else float(low)
+        high = speedup if high is None else float(high)
+        axes.errorbar(
+            x, speedup, yerr=[[speedup - low], [high - speedup]], fmt="o", capsize=3,
+            color=colours.get(record.verdict, "black"),
+        )
+    axes.set_xticks(range(len(comparisons)))
+    # parse_math off: matplotlib reads text between two $ as TeX, so a name such as "cost $\\foo$" raised out of the
+    # plot (and the run's end), and "$5 vs $6" was drawn as math; names are drawn as written.
+    axes.set_xticklabels([row_label(r) for r in comparisons], rotation=60, ha="right", fontsize=7, parse_math=False)
+    axes.set_yscale("log")
+    axes.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:.3g}x"))
+    axes.yaxis.set_minor_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:.3g}x"))
+    axes.set_ylabel("speedup (baseline time / candidate time)")
+    axes.set_title("Kernel A/B: speedup with interval, per comparison")
+    handles = [plt.Line2D([], [], marker="o", linestyle="", color=c, label=v) for v, c in colours.items()]
+    handles.append(matplotlib.patches.Patch(color="0.9", label=f"tie margin ±{margin:.0%}"))
+    axes.legend(handles=handles, fontsize=7, loc="best")
+    figure.tight_layout()
+    # The temporary file has no telling suffix, so the format comes from the target's (savefig's own rule).
+    image_format = Path(path).suffix.lstrip(".").lower() or "png"
+    try:
+        write_atomically(path, lambda handle: figure.savefig(handle, format=image_format, dpi=120), "plot")
+    finally:
+        plt.close(figure)
+    return None
+
+
+def write_terminal(
+    terminal: Any, report: Mapping[str, Any], notes: Iterable[str] = (), errors: Iterable[str] = ()
+) -> None:
+    """Write the A/B section to pytest's terminal reporter, verdicts coloured where the terminal allows.
+
+    ``notes`` end the section; ``errors`` (a report file not written, say) follow them in red.
+    """
+    typed = as_report(report)
+    terminal.write_sep("=", "kernel A/B comparisons")
+    header, rows = table_rows(typed)
+    if rows:
+        widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+        terminal.write_line("  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip())
+        verdict_column = header.index("verdict")
+        for record, row in zip(typed.comparisons, rows):
+            for index, (cell, width) in enumerate(zip(row, widths)):
+                text = cell.ljust(width) + ("  " if index < len(row) - 1 else "")
+                markup = VERDICT_MARKUP.get(str(record.verdict), {}) if index == verdict_column else {}
+                if header[index] == "vs last run" and cell.startswith("REGRESSION"):
+                    markup = {"red": True, "bold": True}
+                terminal.write(text, **markup)
+            terminal.write_line("")
+        for line in error_lines(typed):
+            terminal.write_line(line, red=True)
+        terminal.write_line(summary_line(typed))
+    if typed.vanished:
+        for line in vanished_lines(typed.vanished):
+            terminal.write_line(line, yellow=True, bold=not line.startswith(" "))
+    for line in machine_lines(typed):
+        terminal.write_line(line, yellow=True, bold=True)
+    for line in gpu_lines(typed):
+        terminal.write_line(line, **({"yellow": True, "bold": True} if line.startswith("WARNING") else {}))
+    for tournament in typed.tournaments:
+        for line in tournament_lines(tournament):
+            terminal.write_line(line)
+    header, rows = measurement_rows(typed)
+    if rows:
+        widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+        for row in [header, *rows]:
+            terminal.write_line("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+    for line in ceiling_lines(typed):
+        terminal.write_line(line)
+    for note in notes:
+        terminal.write_line(note)
+    for error in errors:
+        terminal.write_line(error, red=True, bold=True)
+
+
