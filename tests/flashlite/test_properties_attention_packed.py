@@ -28,9 +28,7 @@ def packed_calls(draw) -> dict:
     backend = draw(st.sampled_from(["sdpa", "triton"]))
     kv_heads, group = draw(st.integers(1, 2)), draw(st.sampled_from([1, 2]))
     alias = draw(st.sampled_from(["none", "k_is_v"]))
-    # Known defect kept out (see calls()): Triton second-order gradients of a tensor passed as k and v
-    # (test_sweep_regressions.py::test_varlen_second_order_gradients_of_one_tensor_for_keys_and_values...).
-    orders = [0, 1, 2] if not (backend == "triton" and alias == "k_is_v") else [0, 1]
+    orders = [0, 1, 2]
     return dict(backend=backend, dtype=draw(st.sampled_from([torch.float32, torch.float16])),
                 lengths_q=[draw(st.integers(1, 9))] + draw(st.lists(st.integers(0, 9), max_size=2)), kv_heads=kv_heads, group=group,
                 head_dim=draw(st.sampled_from([16, 24])), causal=draw(st.sampled_from([False, True, "lower_right"])),

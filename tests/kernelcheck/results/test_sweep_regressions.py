@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from pytest_kernelcheck import gate, report, storage
+from pytest_kernelcheck.results import gate, report, storage
 
 pytest_plugins = ["pytester"]
 

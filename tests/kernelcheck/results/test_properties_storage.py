@@ -37,7 +37,7 @@ pytest.importorskip("hypothesis")  # in the dev extras
 from hypothesis import Phase, given, note, settings
 from hypothesis import strategies as st
 
-from pytest_kernelcheck import gate, report, storage
+from pytest_kernelcheck.results import gate, report, storage
 from tests.conftest import PROFILE, examples
 
 pytest_plugins = ["pytester"]
