@@ -1,7 +1,8 @@
 """Integer helpers for host code: ceiling division, powers of two, sequence-length buckets (no Triton, no torch).
 
 ``triton.cdiv`` and ``triton.next_power_of_2`` are constexpr functions meant for kernels: called from Python they
-go through Triton's wrapper, several times per launch (benchmarks/results/cpu-host-2026-11-29/ has the launchers'
+go through Triton's wrapper, several times per launch (benchmarks/results/cpu-host-2026-11-29/ at commit 8ca4529 has
+the launchers'
 host time before and after). These plain versions give the same results for the positive sizes launch code passes.
 """
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 A decision is looked up per (GPU model, dtype, head dim, causal, batch, sequence-length bucket) in a table of
 measured A/B verdicts shipped in ``flashlite/dispatch_tables/<gpu>.json``; the table is generated from the JSON
-report that ``pytest --kernel-ab --kernel-ab-report`` writes (``scripts/make_dispatch_table.py``) and records the
+report that ``pytest --kernel-ab --kernel-ab-report`` writes (``tools/make_dispatch_table.py``) and records the
 GPU, date and commit it came from. Where no table or entry applies, a fixed rule decides:
 
 * the kernel cannot run the call (CPU tensors without the interpreter, an arbitrary float bias, ...): SDPA;

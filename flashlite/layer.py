@@ -34,7 +34,8 @@ from flashlite.precision import PrecisionPolicy, resolve_policy
 FUSIONS = frozenset({"triton_layer_norm", "add_layer_norm", "bias_gelu"})
 # fusions="auto" (the default): on a CUDA device, all fusions from FUSED_MIN_TOKENS tokens (B * S) up and none
 # below. The H200 tournament (tests/perf/test_layer_ab.py::test_fusion_tournament,
-# benchmarks/results/h200-2026-11-29-b/run4_ab.md) ranked "no fusions" first at 128, 1,024 and 2,048 tokens (each
+# benchmarks/results/h200-2026-11-29-b/run4_ab.md at commit 8ca4529) ranked "no fusions" first at 128, 1,024 and 2,048
+# tokens (each
 # Triton launch costs more host time than the torch ops it replaces) and "all fusions" first at 4,096 (1.13x over
 # none), 8,192 and 16,384 tokens (1.43x and 1.47x over none). Elsewhere (the CPU interpreter) all fusions run.
 # Under torch.compile on a CUDA device: none (``TransformerLayer._fusions_for`` says why).
@@ -624,7 +625,8 @@ class _ReplayLayout:
     The check runs on every call, so it costs per call what the graph saves: it compares the recorded objects by
     identity and each parameter's fields directly (a few microseconds), where rebuilding a signature through
     ``named_parameters()`` cost 18 us on the development CPU against 9 us for this
-    (benchmarks/results/cpu-host-2026-12-04/replay_check_probe.txt), and 48 us on the H200's host (run N1).
+    (benchmarks/results/cpu-host-2026-12-04/replay_check_probe.txt at commit 8ca4529), and 48 us on the H200's host
+    (run N1).
     """
 
     # (parent, name, child) for every submodule: a replaced submodule carries parameters the graph never read.
@@ -686,7 +688,8 @@ class CudaGraphRunner:
     ``layer`` may also be the layer under ``torch.compile`` (``torch.compile(layer, fullgraph=True)``): the warm-up
     calls compile it, and the graph captures Inductor's kernels instead of the eager layer's. On an H200 (d_model
     1024, "mixed", 128 to 16,384 tokens) that graph measured 1.18-1.24x the eager layer's
-    (benchmarks/results/h200-2026-12-04-d/), so it is the one to use where torch.compile works. Compile it in the
+    (benchmarks/results/h200-2026-12-04-d/ at commit 8ca4529), so it is the one to use where torch.compile works.
+    Compile it in the
     default mode: ``mode="reduce-overhead"`` records CUDA graphs of its own, which this runner does not nest.
 
     Example (needs a CUDA device):

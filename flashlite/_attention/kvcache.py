@@ -29,7 +29,8 @@ from flashlite._attention.validation import CAUSAL_KEY_LENGTH, CAUSAL_NONE, vali
 MAX_SPLITS = 64
 # num_splits=None: SPLITS_LONG shares for caches of at least SPLIT_MIN_KEYS positions, none below. The split-KV
 # tournament (H200, 2026-12-01, B=32 H=32 H_kv=8 D=128 bf16, tests/perf/test_kvcache_ab.py,
-# benchmarks/results/h200-2026-12-01-session5/run2_gluon_step3_split_profile/split) ranked, against 1, 2, 4 and 8
+# benchmarks/results/h200-2026-12-01-session5/run2_gluon_step3_split_profile/split at commit 8ca4529) ranked, against
+# 1, 2, 4 and 8
 # shares: at 131,072 positions 8 first (1.152x over unsplit, contiguous; 1.076x paged); at 16,384 2 first
 # contiguous (8 within 0.6%, a tie) and 8 first paged (unsplit a tie, 0.9% behind); at 4,096 unsplit first
 # (1.05-1.14x ahead). This rule is within 0.6% of the best at every point measured.

@@ -229,7 +229,8 @@ def _launcher_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding
                   alibi_slopes: Optional[torch.Tensor]) -> Any:
     """The plan key of a direct launcher call (what compiled graphs' attention ops call on every call): packed in
     C++ where it covers the call (0.4-0.7 us against 1.2 us for the tuple, whose lookup then hashes it too, on the
-    development CPU: benchmarks/results/cpu-host-2026-12-04/launcher_key_cost/), in attention()'s key layout with
+    development CPU: benchmarks/results/cpu-host-2026-12-04/launcher_key_cost/ at commit 8ca4529), in attention()'s key
+    layout with
     the launcher's arguments in its slots (causal_mode as its causal argument, the window as a pair);
     else the tuple, the variant arguments in its precision slot with their classes. Raises AttributeError or
     TypeError for arguments that are not tensors or not hashable."""

@@ -50,7 +50,8 @@ VARIANTS = ("pipelined", "ws", "pingpong", "persistent")
 # Where the Triton backend runs a call's forward on the Gluon kernel, and on which config: where its A/B against the
 # pointer kernel measured a win (H200, 2026-12-01, causal bf16, H=16, tests/perf/test_gluon_ab.py). Session 4's run
 # 5 measured step 1's first config at D=128: 1.098x at B=8 S=4096 and 1.105x at B=16 S=8192. Session 5's run 2
-# (benchmarks/results/h200-2026-12-01-session5/run2_gluon_step3_split_profile) measured step 1 at 64x128, 2 stages,
+# (benchmarks/results/h200-2026-12-01-session5/run2_gluon_step3_split_profile at commit 8ca4529) measured step 1 at
+# 64x128, 2 stages,
 # 4 warps at D=64: 1.134x, 1.178x and 1.197x the pointer kernel at B=1 S=8192, B=8 S=4096 and B=16 S=8192 (2**17,
 # 2**19 and 2**21 query rows), and step 3's 64x128x2w4 at D=128 1.089x, 0.990x (a tie) and 1.051x (the last two
 # against step 1: that run's pointer side took the Gluon step 1 the rule then ran from 2**19 rows), where its
@@ -61,7 +62,8 @@ VARIANTS = ("pipelined", "ws", "pingpong", "persistent")
 # length floor: wins from S=4096 up at D=64 (1.034-1.108x SDPA), but 0.38-0.63x SDPA at S=64 to 2048 with 2**17 or
 # more rows (cases 5, 7-11), where the Gluon launch's host work (four TMA descriptors built per call) outlasts the
 # kernel; so the rule also needs a length floor per sequence, GLUON_MIN_SEQ.
-# Session 7's run 2 (benchmarks/results/h200-2026-12-02/run2_floor_step4_decoding/floor), after the launch's four
+# Session 7's run 2 (benchmarks/results/h200-2026-12-02/run2_floor_step4_decoding/floor at commit 8ca4529), after the
+# launch's four
 # TMA descriptors stopped re-running the constructor's checks (18.2 us of arguments down to 11.5 on the
 # development CPU), measured the planned launch against the pointer kernel below the old floor of 4,096: at D=64
 # 1.097x (S=2048), 1.061x (1024), 1.035x (512), then 0.574x (256) and 0.584x (128); at D=128 1.108x (2048), 1.010x
@@ -70,7 +72,8 @@ VARIANTS = ("pipelined", "ws", "pingpong", "persistent")
 # step 1 in the dense D=64 config at 1.066x and 1.069x the pointer kernel's window (1,024 keys, B=1, H=16, S=16,384
 # and 65,536), and step 1 at D=128 (128x128x2w8; the ping-pong kernel has no window) at 0.976x and 0.978x, losses:
 # so windows take the Gluon kernel at D=64 only, from the shortest measured length, GLUON_WINDOW_MIN_SEQ.
-# fp16 (benchmarks/results/h200-2026-12-04/run3_fp16_realsize): the dispatched configs measured 1.10-1.20x the
+# fp16 (benchmarks/results/h200-2026-12-04/run3_fp16_realsize at commit 8ca4529): the dispatched configs measured
+# 1.10-1.20x the
 # pointer kernel at D=64 and 1.28-1.34x at D=128, dense causal at B=1 S=8,192, B=8 S=4,096 and B=16 S=8,192; so
 # dense fp16 calls take the Gluon kernel too, from the shortest length measured in fp16, GLUON_FP16_MIN_SEQ (fp16
 # windows were not measured).
@@ -82,7 +85,8 @@ GLUON_WINDOW_MIN_SEQ = 16384
 GLUON_ENABLED = _env.flag("FLASHLITE_GLUON", True)
 # A plan's Gluon launches replayed (flashlite._direct_launch: the compiled kernel kept from the plan's first
 # launch, each later call passing its own TMA descriptors and lse, Triton's per-call argument binding skipped), as
-# the pointer kernel's launches are. On the H200 (benchmarks/results/h200-2026-12-04/run1_key_replay_auto) it tied
+# the pointer kernel's launches are. On the H200 (benchmarks/results/h200-2026-12-04/run1_key_replay_auto at commit
+# 8ca4529) it tied
 # the ordinary launch at 8 of 10 shapes and won at the host-bound two (D=64, B=64 S=256 and B=128 S=128: 1.30x),
 # and its bit-for-bit GPU test passed; FLASHLITE_GLUON_REPLAY=0 turns it off.
 GLUON_REPLAY = _env.flag("FLASHLITE_GLUON_REPLAY", True)
@@ -362,7 +366,7 @@ def tile_descriptor(t: torch.Tensor, rows: int) -> Any:
     last stride, power-of-two tiles, the layout's type) are what ``gluon_supported`` checks of every call that
     gets here, and they were a third of a launch's argument building (18.2 us with them, 11.5 without, for the
     forward's four descriptors on the development CPU:
-    benchmarks/results/cpu-host-2026-12-01/gluon_launch_arguments_host_time.txt). The fields are the
+    benchmarks/results/cpu-host-2026-12-01/gluon_launch_arguments_host_time.txt at commit 8ca4529). The fields are the
     constructor's; a test compares them, field by field, with a descriptor the constructor made, so a Triton whose
     descriptor has other fields fails there."""
     head_dim = t.shape[-1]

@@ -2,7 +2,8 @@
 in C++ (``plan_key.cpp``), built on first import.
 
 The key of a call decides whether its plan can be replayed, so it is built on every call; in Python it costs more
-than the 1 us budget a replayed SDPA call has over SDPA itself (``scripts/host_cost_probe.py``). The C++ version
+than the 1 us budget a replayed SDPA call has over SDPA itself (``scripts/host_cost_probe.py at commit 8ca4529``). The
+C++ version
 reads sizes and strides straight off the tensors, and ``replay`` does the key, the plan lookup and the plan's call
 in one C call. ``launch_recorded`` reads and checks a replayed launch's tensor addresses and calls the compiled
 kernel's launcher with one argument array (``flashlite._direct_launch``).

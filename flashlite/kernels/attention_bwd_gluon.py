@@ -326,7 +326,8 @@ BWD_WS_MAXNREG = 168
 # 64 + 3 x 16 = 112 KB. OVERLAP (the last entry: the first entry's tiles in the overlapped schedule) keeps the last
 # block's dS^T in registers beside this block's S^T and dP^T.
 # First the fastest in run S1 (H200, the kernels alone against the single-partition kernel's first config, cases 3, 6
-# and 12; benchmarks/results/h200-2026-12-05/s1_gluon_ws_backward/): at D=64 64 x 64, 3 stages, dP^T early
+# and 12; benchmarks/results/h200-2026-12-05/s1_gluon_ws_backward/ at commit 8ca4529): at D=64 64 x 64, 3 stages, dP^T
+# early
 # (1.053-1.063x); at D=128 64 x 32, 3 stages, dP^T early (0.879-0.886x, a loss). In that run dP^T issued late lost
 # 0.61-0.68x at both head dims and the first overlapped schedule 0.90-0.91x (D=64) and 0.68x (D=128), but ptxas had
 # serialized every wgmma of those kernels (C7514, C7513: cpu-host-2026-12-05-b/backward_sass_mix/). Both are

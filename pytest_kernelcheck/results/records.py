@@ -136,7 +136,8 @@ class RunDetails:
 # How far a baseline's time per call may move between two runs before the report says so: a baseline (the code a
 # candidate is compared with, usually unchanged) repeats within a few percent from run to run on a quiet GPU; host-
 # bound calls moved by 20-90% between processes on a shared host (flashlite's compiled-layer runs on an H200,
-# benchmarks/results/h200-2026-12-04-c/), and there a speedup's change says little about the candidate's code.
+# benchmarks/results/h200-2026-12-04-c/ at commit 8ca4529), and there a speedup's change says little about the
+# candidate's code.
 BASELINE_MOVE = 0.15
 
 

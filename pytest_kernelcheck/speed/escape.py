@@ -45,7 +45,8 @@ ESCAPE_RATIO = 0.5
 # time plus the latency of the first launch after an idle device and of the final synchronisation's return: a few
 # microseconds each on an idle host, up to about 20 us together when pytest-xdist workers share the CPU. 50 us
 # is well above that, and tiny calls are batched into samples of about 200 us (timing.BATCH_TARGET_S), so work
-# escaping from each of them adds up above the floor. (Measured numbers: scripts/escape_latency.py on a GPU.)
+# escaping from each of them adds up above the floor. (Measured numbers: scripts/escape_latency.py at commit 8ca4529 on
+# a GPU.)
 ESCAPE_FLOOR_S = 50e-6
 # Samples of each callable per timer; the medians shrug off one or two descheduled samples. Past
 # ESCAPE_MIN_ROUNDS, a callable stops once its synchronised samples add up to ESCAPE_MAX_S: a 200 ms call is

@@ -326,8 +326,8 @@ GRAPH_SHAPES = [dict(case=1, B=1, S=128), dict(case=2, B=1, S=1024), dict(case=5
 @torch.no_grad()
 def test_cuda_graph_compiled_layer_vs_compiled_plain_block(shape, kernel_ab, blocks):
     # CudaGraphRunner over the layer under torch.compile: the graph replays Inductor's kernels (fewer launches and
-    # less GPU time than the eager layer's at cases 1, 2, 5: scripts/layer_profile.py's output in
-    # benchmarks/results/h200-2026-12-04-d/ at commit 8ca4529).
+    # less GPU time than the eager layer's at cases 1, 2, 5: the output of scripts/layer_profile.py in
+    # benchmarks/results/h200-2026-12-04-d/, both at commit 8ca4529).
     _, compiled, layer, plain_fp32 = blocks
     x = _inputs(shape)
     runner = CudaGraphRunner(_compile_layer(layer))
