@@ -21,6 +21,8 @@ How a model's call is served (``explain_call`` answers it for one call):
 - Static caches (``cache_implementation="static"``): the keys are the cache's fixed-size tensors, of which the
   first L positions hold tokens. The mask function hands over the 2-D mask of those L keys (``[B, L]``, L < S_k);
   the call attends to the first L keys only (a view, no copy), bottom-right aligned to them, with that padding.
+  Under ``torch.compile`` (``generate`` compiles the decoding step for static caches on GPUs unless
+  ``disable_compile=True``) the dense mask is built instead, so the graph does not change with L.
 - Packed sequences (several documents in one row, told apart by position ids that restart, as
   ``DataCollatorWithFlattening`` produces; transformers detects them when there is no 2-D mask and no cache):
   the mask function hands over the integer document ids ``[B, S]`` and the call runs
@@ -169,7 +171,10 @@ def flashlite_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int
         True
     """
     pattern = _plain_pattern(mask_function)
-    if pattern is not None:
+    # Static caches give q_offset as a tensor so that a compiled decoding step (transformers compiles generate's
+    # forward for static caches on GPUs) never reads it back: under torch.compile they keep the dense mask, whose
+    # shapes do not change from step to step, where the filled length would recompile the graph at every step.
+    if pattern is not None and not (isinstance(q_offset, torch.Tensor) and torch.compiler.is_compiling()):
         # Keys the cache holds tokens in: all of them, except in a static cache, whose tensors are longer than the
         # tokens seen (its positions fill from 0). q_offset is a tensor for static caches: one host read per mask.
         # (Bidirectional layers may attend to another sequence, an encoder's: all of its keys.)
