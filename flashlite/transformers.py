@@ -189,9 +189,11 @@ def flashlite_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int
         return padding[:, :filled]
     document_ids = _packed_documents_ids(mask_function)
     if document_ids is not None and attention_mask is None and q_length == kv_length:
-        # Computed once here and carried on the tensor, so that no layer reads the offsets back again.
-        document_ids.flite_packed = packed_documents(document_ids)
-        return document_ids
+        # Computed once here and carried on a view of the ids (transformers' own tensor stays as it was), so that
+        # no layer reads the offsets back again.
+        handed_over = document_ids.view_as(document_ids)
+        handed_over.flite_packed = packed_documents(document_ids)
+        return handed_over
     return masking_utils.sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length,
                                    q_offset=q_offset, kv_offset=kv_offset, mask_function=mask_function,
                                    attention_mask=attention_mask, **kwargs)
