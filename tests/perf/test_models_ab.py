@@ -78,14 +78,18 @@ def packed_positions(lengths):
 
 
 def same_prediction(candidate_logits, baseline_logits, where=None):
-    """Sanity check before timing (correctness is tested against float32 in tests/flashlite): finite logits, and
-    the next-token argmax of the two sides agrees on at least 95% of positions (bf16 ties move a few)."""
+    """Sanity check before timing (correctness against float32 is tests/flashlite/test_transformers_integration.py's):
+    finite logits within 5% of each other (relative L2; two bf16 models differ by about 1%), and the same next-token
+    argmax at 90% of positions or more (random weights leave near-ties that bf16 rounding moves)."""
     if where is not None:
         candidate_logits, baseline_logits = candidate_logits[where], baseline_logits[where]
     assert torch.isfinite(candidate_logits).all(), "flite gave non-finite logits"
     assert torch.isfinite(baseline_logits).all(), "the baseline gave non-finite logits"
+    candidate_logits, baseline_logits = candidate_logits.float(), baseline_logits.float()
+    relative = ((candidate_logits - baseline_logits).norm() / baseline_logits.norm()).item()
+    assert relative <= 0.05, f"flite's logits differ from the baseline's by {relative:.1%} (relative L2)"
     agree = (candidate_logits.argmax(-1) == baseline_logits.argmax(-1)).float().mean().item()
-    assert agree >= 0.95, f"flite and baseline predict different tokens at {1 - agree:.1%} of positions"
+    assert agree >= 0.9, f"flite and baseline predict different tokens at {1 - agree:.1%} of positions"
 
 
 def check_last_logits(candidate, base, ids, **inputs):
