@@ -1,0 +1,193 @@
+"""Decoding kernels: split-KV attention of a few query rows per (batch entry, kv head) against a KV cache.
+
+Decoding reads the whole cache once per token, so its speed is the speed at which K and V stream from memory. The
+general forward kernel (``attention_fwd``) runs one program per (query block, head): the heads of a grouped-query
+group each re-read their kv head's cache, and one query fills a 16-row tile. Here one program owns one
+(batch entry b, kv head g, share s) triple and loads each K and V tile of its share of the cache ONCE for every
+query row that reads it: the ``GROUP`` query heads of the kv head times the ``SEQ_Q`` queries of the entry
+(speculative decoding, a short chunk of prefill), ``ROWS = GROUP * SEQ_Q`` rows in all, padded to ``BLOCK_R``.
+
+Row r of a program is query head ``g * GROUP + r // SEQ_Q`` and query ``i = r % SEQ_Q``. Entry b holds
+``n_b = KeyLens[b]`` keys (a device tensor: lengths are data, a call with new lengths compiles nothing and reads
+nothing back to the host); query i sits at position ``n_b - SEQ_Q + i`` and sees the keys up to it (causal, aligned
+to the bottom right of each entry), and with ``WINDOW`` only those at most ``window_left`` before it. A query that
+sees no key (``n_b`` below its row, an empty cache) gets 0 and a log-sum-exp of -inf.
+
+The keys ``[lo, n_b)`` (``lo``: the first key-block any row's window reaches, else 0) are cut into ``NUM_SPLITS``
+shares of whole ``BLOCK_N`` blocks, from the length itself, so every share of an entry gets the same work whatever
+its length. With one share the program writes the output; with more it writes its float32 output normalised by its
+own sum and its base-2 log-sum-exp, and ``_decode_merge`` averages the shares weighted by 2 ** lse.
+
+The cache is either contiguous, [B, H_kv, S_max, D] with any strides, or paged (``PAGE_SIZE`` > 0),
+[blocks, H_kv, PAGE_SIZE, D] with any strides and a block table [B, max blocks]: key j of entry b lives at row
+j % PAGE_SIZE of block ``BlockTable[b, j // PAGE_SIZE]``. Pages at least a tile long that the tile divides are read
+one page per tile (one table load, contiguous rows); smaller pages row by row through the table.
+
+Scores are kept in base 2 as in ``attention_fwd``: ``qk_scale = scale * log2(e)``, softcap in base 2
+(``softcap2 = softcap * log2(e)``). ``USE_DOT`` picks the tensor-core product (rows padded to 16) or a
+broadcast-multiply and sum on the CUDA cores (rows padded to a power of two, for groups of a few rows).
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from flashlite.kernels.attention_common import tanh
+
+
+@triton.jit
+def _decode_split(Q,  # [B, H, S_q, D], any strides (H = H_kv * GROUP, S_q = SEQ_Q)
+                  K,  # [B, H_kv, S_max, D], or paged [blocks, H_kv, PAGE_SIZE, D]; any strides
+                  V,  # as K
+                  KeyLens,  # [B] int32: the keys entry b holds (positions 0 .. KeyLens[b] - 1)
+                  BlockTable,  # [B, max blocks] int32, any strides, when PAGE_SIZE > 0 (else unused)
+                  Out,  # [B, H, S_q, D], any strides, q's dtype: written when NUM_SPLITS == 1
+                  Lse,  # [B, H, S_q] float32 contiguous, base 2: written when NUM_SPLITS == 1 and STORE_LSE
+                  OutPart,  # [NUM_SPLITS, B * H_kv * ROWS, D] float32 contiguous: written when NUM_SPLITS > 1
+                  LsePart,  # [NUM_SPLITS, B * H_kv * ROWS] float32 contiguous, base 2: when NUM_SPLITS > 1
+                  stride_qb, stride_qh, stride_qs, stride_qd,
+                  stride_kb, stride_kh, stride_kn, stride_kd,  # stride_kb: per entry, or per block when paged
+                  stride_vb, stride_vh, stride_vn, stride_vd,
+                  stride_ob, stride_oh, stride_os, stride_od,
+                  stride_tb, stride_tn,
+                  kv_heads, qk_scale, softcap2, window_left,
+                  SEQ_Q: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                  BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, NUM_SPLITS: tl.constexpr,
+                  USE_DOT: tl.constexpr, IEEE: tl.constexpr, SOFTCAP: tl.constexpr, WINDOW: tl.constexpr,
+                  STORE_LSE: tl.constexpr):
+    pair = tl.program_id(0)  # b * H_kv + g
+    split = tl.program_id(1)
+    b = pair // kv_heads
+    g = pair % kv_heads
+    ROWS: tl.constexpr = GROUP * SEQ_Q
+    offs_r = tl.arange(0, BLOCK_R)
+    offs_d = tl.arange(0, BLOCK_D)
+    row_ok = offs_r < ROWS
+    d_ok = offs_d < HEAD_DIM
+    head = (g * GROUP + offs_r // SEQ_Q).to(tl.int64)
+    qi = offs_r % SEQ_Q
+    q = tl.load(Q + b.to(tl.int64) * stride_qb + head[:, None] * stride_qh + qi[:, None] * stride_qs
+                + offs_d[None, :] * stride_qd, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    n = tl.load(KeyLens + b)
+    last = n - SEQ_Q + qi  # [BLOCK_R]: the last key each row sees (below 0: none)
+
+    # This share's keys: whole BLOCK_N blocks of [lo, n), the same count for every share but the last.
+    if WINDOW:
+        lo = (tl.maximum(n - SEQ_Q - window_left, 0) // BLOCK_N) * BLOCK_N  # row 0's first key, a block start
+    else:
+        lo = n * 0
+    per_split = tl.cdiv(tl.cdiv(n - lo, BLOCK_N), NUM_SPLITS) * BLOCK_N
+    start = lo + split * per_split
+    end = tl.minimum(start + per_split, n)
+
+    if PAGE_SIZE == 0:
+        k_base = K + b.to(tl.int64) * stride_kb + g.to(tl.int64) * stride_kh
+        v_base = V + b.to(tl.int64) * stride_vb + g.to(tl.int64) * stride_vh
+    else:
+        k_base = K + g.to(tl.int64) * stride_kh
+        v_base = V + g.to(tl.int64) * stride_vh
+    table_row = BlockTable + b.to(tl.int64) * stride_tb
+
+    m_i = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_R], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
+    offs_n0 = tl.arange(0, BLOCK_N)
+    for start_n in range(start, end, BLOCK_N):
+        offs_n = start_n + offs_n0
+        in_range = offs_n < end
+        # Where the tile's rows are: k_rows, v_rows [BLOCK_N] element offsets from k_base, v_base.
+        if PAGE_SIZE == 0:
+            k_rows = offs_n.to(tl.int64) * stride_kn
+            v_rows = offs_n.to(tl.int64) * stride_vn
+        elif PAGE_SIZE % BLOCK_N == 0:  # the tile lies in one page: one table entry, contiguous rows
+            page = tl.load(table_row + (start_n // PAGE_SIZE) * stride_tn).to(tl.int64)
+            within = start_n % PAGE_SIZE + offs_n0
+            k_rows = page * stride_kb + within * stride_kn
+            v_rows = page * stride_vb + within * stride_vn
+        else:  # pages shorter than the tile: one table entry per row (entries past the length never read)
+            page = tl.load(table_row + (offs_n // PAGE_SIZE) * stride_tn, mask=in_range, other=0).to(tl.int64)
+            k_rows = page * stride_kb + (offs_n % PAGE_SIZE) * stride_kn
+            v_rows = page * stride_vb + (offs_n % PAGE_SIZE) * stride_vn
+        # Keys past the length load as zeros: a cache filled past its end may hold NaN, and a value's NaN would
+        # reach every row through p = 0 times it.
+        tile_ok = in_range[:, None] & d_ok[None, :]
+        k = tl.load(k_base + k_rows[:, None] + offs_d[None, :] * stride_kd, mask=tile_ok, other=0.0)
+        if USE_DOT:
+            if IEEE:
+                scores = tl.dot(q, tl.trans(k), input_precision="ieee")
+            else:
+                scores = tl.dot(q, tl.trans(k))
+        else:
+            scores = tl.sum(q[:, None, :].to(tl.float32) * k[None, :, :].to(tl.float32), axis=2)
+        qk = scores * qk_scale  # [BLOCK_R, BLOCK_N], base 2
+        if SOFTCAP:
+            qk = softcap2 * tanh(qk * (1.0 / softcap2))
+        visible = in_range[None, :] & (offs_n[None, :] <= last[:, None])
+        if WINDOW:
+            visible = visible & (offs_n[None, :] >= last[:, None] - window_left)
+        qk = tl.where(visible, qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that saw no key yet: no inf - inf
+        p = tl.math.exp2(qk - m_ref[:, None])
+        alpha = tl.math.exp2(m_i - m_ref)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_base + v_rows[:, None] + offs_d[None, :] * stride_vd, mask=tile_ok, other=0.0)
+        if USE_DOT:
+            if IEEE:
+                acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision="ieee")
+            else:
+                acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        else:
+            acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :].to(tl.float32), axis=1)
+        m_i = m_new
+
+    empty = l_i == 0.0
+    out = acc * (1.0 / tl.where(empty, 1.0, l_i))[:, None]
+    lse = tl.where(empty, float("-inf"), m_i + tl.math.log2(tl.where(empty, 1.0, l_i)))
+    if NUM_SPLITS == 1:
+        tl.store(Out + b.to(tl.int64) * stride_ob + head[:, None] * stride_oh + qi[:, None] * stride_os
+                 + offs_d[None, :] * stride_od, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+        if STORE_LSE:
+            tl.store(Lse + (b.to(tl.int64) * kv_heads * GROUP + head) * SEQ_Q + qi, lse, mask=row_ok)
+    else:
+        part = (split.to(tl.int64) * tl.num_programs(0) + pair) * ROWS + offs_r  # [BLOCK_R]
+        tl.store(OutPart + part[:, None] * HEAD_DIM + offs_d[None, :], out, mask=row_ok[:, None] & d_ok[None, :])
+        tl.store(LsePart + part, lse, mask=row_ok)
+
+
+@triton.jit
+def _decode_merge(OutPart,  # [NUM_SPLITS, B * H_kv * ROWS, D] float32 contiguous: the shares' normalised outputs
+                  LsePart,  # [NUM_SPLITS, B * H_kv * ROWS] float32 contiguous: their base-2 lse (-inf: no key)
+                  Out,  # [B, H, S_q, D], any strides, q's dtype
+                  Lse,  # [B, H, S_q] float32 contiguous, base 2, when STORE_LSE (else unused)
+                  stride_ob, stride_oh, stride_os, stride_od,
+                  kv_heads, rows_total,
+                  SEQ_Q: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                  NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, STORE_LSE: tl.constexpr):
+    """One program per query row: the row's output is the shares' outputs averaged with weights 2 ** lse_s (all
+    shares loaded at once, so the merge is one round trip to memory); a row no share saw stays 0 with lse -inf."""
+    ROWS: tl.constexpr = GROUP * SEQ_Q
+    row = tl.program_id(0)  # (b * H_kv + g) * ROWS + r
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    s_ok = offs_s < NUM_SPLITS
+    d_ok = offs_d < HEAD_DIM
+    lse_s = tl.load(LsePart + offs_s.to(tl.int64) * rows_total + row, mask=s_ok, other=float("-inf"))
+    parts = tl.load(OutPart + (offs_s.to(tl.int64) * rows_total + row)[:, None] * HEAD_DIM + offs_d[None, :],
+                    mask=s_ok[:, None] & d_ok[None, :], other=0.0)
+    m = tl.max(lse_s, 0)
+    m_ref = tl.where(m == float("-inf"), 0.0, m)
+    weights = tl.math.exp2(lse_s - m_ref)  # [BLOCK_S]: 0 for shares that saw no key
+    total = tl.sum(weights, 0)
+    empty = total == 0.0
+    out = tl.sum(weights[:, None] * parts, 0) * (1.0 / tl.where(empty, 1.0, total))
+    pair = row // ROWS
+    r = row % ROWS
+    b = pair // kv_heads
+    head = (pair % kv_heads) * GROUP + r // SEQ_Q
+    qi = r % SEQ_Q
+    tl.store(Out + b.to(tl.int64) * stride_ob + head.to(tl.int64) * stride_oh + qi * stride_os + offs_d * stride_od,
+             out.to(Out.dtype.element_ty), mask=d_ok)
+    if STORE_LSE:
+        tl.store(Lse + (b.to(tl.int64) * kv_heads * GROUP + head) * SEQ_Q + qi,
+                 tl.where(empty, float("-inf"), m_ref + tl.math.log2(tl.where(empty, 1.0, total))))
