@@ -13,10 +13,11 @@ nothing back to the host); query i sits at position ``n_b - SEQ_Q + i`` and sees
 to the bottom right of each entry), and with ``WINDOW`` only those at most ``window_left`` before it. A query that
 sees no key (``n_b`` below its row, an empty cache) gets 0 and a log-sum-exp of -inf.
 
-The keys ``[lo, n_b)`` (``lo``: the first key-block any row's window reaches, else 0) are cut into ``NUM_SPLITS``
-shares of whole ``BLOCK_N`` blocks, from the length itself, so every share of an entry gets the same work whatever
-its length. With one share the program writes the output; with more it writes its float32 output normalised by its
-own sum and its base-2 log-sum-exp, and ``_decode_merge`` averages the shares weighted by 2 ** lse.
+The keys ``[lo, n_b)`` (``lo``: the first key-block any row's window reaches, else 0) are cut into shares
+(``num_splits``, a runtime value: no compile per count) of whole ``BLOCK_N`` blocks, from the length itself, so every
+share of an entry gets the same work whatever its length. With one share the program writes the output; with more
+it writes its float32 output normalised by its own sum and its base-2 log-sum-exp, and ``_decode_merge`` averages
+the shares weighted by 2 ** lse.
 
 The cache is either contiguous, [B, H_kv, S_max, D] with any strides, or paged (``PAGE_SIZE`` > 0),
 [blocks, H_kv, PAGE_SIZE, D] with any strides and a block table [B, max blocks]: key j of entry b lives at row
@@ -41,18 +42,18 @@ def _decode_split(Q,  # [B, H, S_q, D], any strides (H = H_kv * GROUP, S_q = SEQ
                   V,  # as K
                   KeyLens,  # [B] int32: the keys entry b holds (positions 0 .. KeyLens[b] - 1)
                   BlockTable,  # [B, max blocks] int32, any strides, when PAGE_SIZE > 0 (else unused)
-                  Out,  # [B, H, S_q, D], any strides, q's dtype: written when NUM_SPLITS == 1
-                  Lse,  # [B, H, S_q] float32 contiguous, base 2: written when NUM_SPLITS == 1 and STORE_LSE
-                  OutPart,  # [NUM_SPLITS, B * H_kv * ROWS, D] float32 contiguous: written when NUM_SPLITS > 1
-                  LsePart,  # [NUM_SPLITS, B * H_kv * ROWS] float32 contiguous, base 2: when NUM_SPLITS > 1
+                  Out,  # [B, H, S_q, D], any strides, q's dtype: written when not SPLIT (num_splits == 1)
+                  Lse,  # [B, H, S_q] float32 contiguous, base 2: written when not SPLIT and STORE_LSE
+                  OutPart,  # [num_splits, B * H_kv * ROWS, D] float32 contiguous: written when SPLIT
+                  LsePart,  # [num_splits, B * H_kv * ROWS] float32 contiguous, base 2: written when SPLIT
                   stride_qb, stride_qh, stride_qs, stride_qd,
                   stride_kb, stride_kh, stride_kn, stride_kd,  # stride_kb: per entry, or per block when paged
                   stride_vb, stride_vh, stride_vn, stride_vd,
                   stride_ob, stride_oh, stride_os, stride_od,
                   stride_tb, stride_tn,
-                  kv_heads, qk_scale, softcap2, window_left,
+                  kv_heads, num_splits, qk_scale, softcap2, window_left,
                   SEQ_Q: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                  BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, NUM_SPLITS: tl.constexpr,
+                  BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, SPLIT: tl.constexpr,
                   USE_DOT: tl.constexpr, IEEE: tl.constexpr, SOFTCAP: tl.constexpr, WINDOW: tl.constexpr,
                   STORE_LSE: tl.constexpr):
     pair = tl.program_id(0)  # b * H_kv + g
@@ -76,7 +77,7 @@ def _decode_split(Q,  # [B, H, S_q, D], any strides (H = H_kv * GROUP, S_q = SEQ
         lo = (tl.maximum(n - SEQ_Q - window_left, 0) // BLOCK_N) * BLOCK_N  # row 0's first key, a block start
     else:
         lo = n * 0
-    per_split = tl.cdiv(tl.cdiv(n - lo, BLOCK_N), NUM_SPLITS) * BLOCK_N
+    per_split = tl.cdiv(tl.cdiv(n - lo, BLOCK_N), num_splits) * BLOCK_N
     start = lo + split * per_split
     end = tl.minimum(start + per_split, n)
 
@@ -144,7 +145,7 @@ def _decode_split(Q,  # [B, H, S_q, D], any strides (H = H_kv * GROUP, S_q = SEQ
     empty = l_i == 0.0
     out = acc * (1.0 / tl.where(empty, 1.0, l_i))[:, None]
     lse = tl.where(empty, float("-inf"), m_i + tl.math.log2(tl.where(empty, 1.0, l_i)))
-    if NUM_SPLITS == 1:
+    if not SPLIT:
         tl.store(Out + b.to(tl.int64) * stride_ob + head[:, None] * stride_oh + qi[:, None] * stride_os
                  + offs_d[None, :] * stride_od, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
         if STORE_LSE:
@@ -156,21 +157,21 @@ def _decode_split(Q,  # [B, H, S_q, D], any strides (H = H_kv * GROUP, S_q = SEQ
 
 
 @triton.jit
-def _decode_merge(OutPart,  # [NUM_SPLITS, B * H_kv * ROWS, D] float32 contiguous: the shares' normalised outputs
-                  LsePart,  # [NUM_SPLITS, B * H_kv * ROWS] float32 contiguous: their base-2 lse (-inf: no key)
+def _decode_merge(OutPart,  # [num_splits, B * H_kv * ROWS, D] float32 contiguous: the shares' normalised outputs
+                  LsePart,  # [num_splits, B * H_kv * ROWS] float32 contiguous: their base-2 lse (-inf: no key)
                   Out,  # [B, H, S_q, D], any strides, q's dtype
                   Lse,  # [B, H, S_q] float32 contiguous, base 2, when STORE_LSE (else unused)
                   stride_ob, stride_oh, stride_os, stride_od,
-                  kv_heads, rows_total,
+                  kv_heads, rows_total, num_splits,
                   SEQ_Q: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                  NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, STORE_LSE: tl.constexpr):
+                  BLOCK_S: tl.constexpr, STORE_LSE: tl.constexpr):
     """One program per query row: the row's output is the shares' outputs averaged with weights 2 ** lse_s (all
     shares loaded at once, so the merge is one round trip to memory); a row no share saw stays 0 with lse -inf."""
     ROWS: tl.constexpr = GROUP * SEQ_Q
     row = tl.program_id(0)  # (b * H_kv + g) * ROWS + r
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
-    s_ok = offs_s < NUM_SPLITS
+    s_ok = offs_s < num_splits
     d_ok = offs_d < HEAD_DIM
     lse_s = tl.load(LsePart + offs_s.to(tl.int64) * rows_total + row, mask=s_ok, other=float("-inf"))
     parts = tl.load(OutPart + (offs_s.to(tl.int64) * rows_total + row)[:, None] * HEAD_DIM + offs_d[None, :],

@@ -132,16 +132,16 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     _decode_split[(batch * kv_heads, num_splits)](
         q, k_cache, v_cache, cache_seqlens, table, out, lse, out_part, lse_part,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(), *table_strides,
-        kv_heads, scale * LOG2E, (softcap or 1.0) * LOG2E, window_left,
+        kv_heads, num_splits, scale * LOG2E, (softcap or 1.0) * LOG2E, window_left,
         SEQ_Q=seq_q, GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_R=block_r, BLOCK_N=cfg.block_n,
-        PAGE_SIZE=page_size, NUM_SPLITS=num_splits, USE_DOT=cfg.use_dot, IEEE=q.dtype == torch.float32,
+        PAGE_SIZE=page_size, SPLIT=num_splits > 1, USE_DOT=cfg.use_dot, IEEE=q.dtype == torch.float32,
         SOFTCAP=bool(softcap), WINDOW=window_left >= 0, STORE_LSE=return_lse,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if num_splits > 1:
         rows_total = batch * kv_heads * rows
         _decode_merge[(rows_total,)](
-            out_part, lse_part, out, lse, *out.stride(), kv_heads, rows_total,
-            SEQ_Q=seq_q, GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d, NUM_SPLITS=num_splits,
+            out_part, lse_part, out, lse, *out.stride(), kv_heads, rows_total, num_splits,
+            SEQ_Q=seq_q, GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d,
             BLOCK_S=triton.next_power_of_2(num_splits), STORE_LSE=return_lse, num_warps=4)
     if return_lse:
         return out, lse * (1.0 / LOG2E)

@@ -49,16 +49,16 @@ def compile_sm90(fn, meta, warps, stages):
             "registers": [int(n) for n in re.findall(r"Used (\d+) registers", report)],
             "spills": [int(n) for n in re.findall(r"(\d+) bytes spill (?:stores|loads)", report)]}
 
-BASE = dict(SEQ_Q=1, GROUP=4, HEAD_DIM=128, BLOCK_D=128, BLOCK_R=16, BLOCK_N=64, PAGE_SIZE=0, NUM_SPLITS=8,
+BASE = dict(SEQ_Q=1, GROUP=4, HEAD_DIM=128, BLOCK_D=128, BLOCK_R=16, BLOCK_N=64, PAGE_SIZE=0, SPLIT=True,
             USE_DOT=True, IEEE=False, SOFTCAP=False, WINDOW=False, STORE_LSE=False)
 CASES = [({}, 4, 3), (dict(PAGE_SIZE=16), 4, 3), (dict(PAGE_SIZE=256), 4, 3),
          (dict(GROUP=8, SEQ_Q=8, BLOCK_R=64), 4, 3), (dict(HEAD_DIM=256, BLOCK_D=256, BLOCK_N=32), 4, 2),
-         (dict(SOFTCAP=True, WINDOW=True, STORE_LSE=True, NUM_SPLITS=1), 4, 3),
+         (dict(SOFTCAP=True, WINDOW=True, STORE_LSE=True, SPLIT=False), 4, 3),
          (dict(USE_DOT=False, BLOCK_R=4, BLOCK_N=32), 4, 3)]
 for change, warps, stages in CASES:
     row = compile_sm90(attention_decode._decode_split, dict(BASE, **change), warps, stages)
     print(json.dumps(dict(row, case=repr(change))))
-MERGE = dict(SEQ_Q=1, GROUP=4, HEAD_DIM=128, BLOCK_D=128, NUM_SPLITS=64, BLOCK_S=64, STORE_LSE=True)
+MERGE = dict(SEQ_Q=1, GROUP=4, HEAD_DIM=128, BLOCK_D=128, BLOCK_S=64, STORE_LSE=True)
 print(json.dumps(dict(compile_sm90(attention_decode._decode_merge, MERGE, 4, 1), case="merge")))
 '''
 
