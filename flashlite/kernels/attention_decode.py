@@ -37,6 +37,20 @@ from flashlite.kernels.attention_common import tanh
 
 
 @triton.jit
+def _table_entries(table_row, stride_tn, start_n, end, offs_n0, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The blocks holding keys [start_n, start_n + BLOCK_N) of a paged entry (int64): one block (a scalar) when
+    PAGE_SIZE is a multiple of BLOCK_N, else one per key ([BLOCK_N]); 0 where the keys are at or past ``end`` (table
+    entries past the length are never read). Contiguous caches (PAGE_SIZE 0): 0."""
+    if PAGE_SIZE == 0:
+        return 0
+    elif PAGE_SIZE % BLOCK_N == 0:
+        return tl.load(table_row + (start_n // PAGE_SIZE) * stride_tn, mask=start_n < end, other=0).to(tl.int64)
+    else:
+        offs_n = start_n + offs_n0
+        return tl.load(table_row + (offs_n // PAGE_SIZE) * stride_tn, mask=offs_n < end, other=0).to(tl.int64)
+
+
+@triton.jit
 def _decode_split(Q,  # [B, H, S_q, D], any strides (H = H_kv * GROUP, S_q = SEQ_Q)
                   K,  # [B, H_kv, S_max, D], or paged [blocks, H_kv, PAGE_SIZE, D]; any strides
                   V,  # as K
@@ -93,6 +107,10 @@ def _decode_split(Q,  # [B, H, S_q, D], any strides (H = H_kv * GROUP, S_q = SEQ
     l_i = tl.zeros([BLOCK_R], dtype=tl.float32)
     acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
     offs_n0 = tl.arange(0, BLOCK_N)
+    # Paged: the tile's table entries are loaded one tile ahead (``pages``), so that the loads of K and V do not wait
+    # on a table load of their own iteration; the compiler's pipeliner spent one of its stages on that wait, which
+    # left one buffer of K and V where a contiguous cache gets num_stages - 1.
+    pages = _table_entries(table_row, stride_tn, start, end, offs_n0, PAGE_SIZE, BLOCK_N)
     for start_n in range(start, end, BLOCK_N):
         offs_n = start_n + offs_n0
         in_range = offs_n < end
@@ -101,14 +119,14 @@ def _decode_split(Q,  # [B, H, S_q, D], any strides (H = H_kv * GROUP, S_q = SEQ
             k_rows = offs_n.to(tl.int64) * stride_kn
             v_rows = offs_n.to(tl.int64) * stride_vn
         elif PAGE_SIZE % BLOCK_N == 0:  # the tile lies in one page: one table entry, contiguous rows
-            page = tl.load(table_row + (start_n // PAGE_SIZE) * stride_tn).to(tl.int64)
             within = start_n % PAGE_SIZE + offs_n0
-            k_rows = page * stride_kb + within * stride_kn
-            v_rows = page * stride_vb + within * stride_vn
-        else:  # pages shorter than the tile: one table entry per row (entries past the length never read)
-            page = tl.load(table_row + (offs_n // PAGE_SIZE) * stride_tn, mask=in_range, other=0).to(tl.int64)
-            k_rows = page * stride_kb + (offs_n % PAGE_SIZE) * stride_kn
-            v_rows = page * stride_vb + (offs_n % PAGE_SIZE) * stride_vn
+            k_rows = pages * stride_kb + within * stride_kn
+            v_rows = pages * stride_vb + within * stride_vn
+        else:  # pages shorter than the tile: one table entry per row
+            k_rows = pages * stride_kb + (offs_n % PAGE_SIZE) * stride_kn
+            v_rows = pages * stride_vb + (offs_n % PAGE_SIZE) * stride_vn
+        if PAGE_SIZE != 0:
+            pages = _table_entries(table_row, stride_tn, start_n + BLOCK_N, end, offs_n0, PAGE_SIZE, BLOCK_N)
         # Keys past the length load as zeros: a cache filled past its end may hold NaN, and a value's NaN would
         # reach every row through p = 0 times it.
         tile_ok = in_range[:, None] & d_ok[None, :]
