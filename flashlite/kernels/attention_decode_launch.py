@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 import torch
 import triton
@@ -76,6 +76,28 @@ def default_config(head_dim: int, rows: int, dtype: torch.dtype) -> DecodeConfig
     return DecodeConfig(block_n=32 if wide else 64, num_warps=4, num_stages=3 if not wide else 2, use_dot=True)
 
 
+@dataclasses.dataclass(frozen=True)
+class KernelLaunch:
+    """One launch, ``kernel[grid](*args, **kwargs)``; its first ``n_tensors`` arguments are the tensors."""
+    kernel: Any
+    grid: tuple[int, ...]
+    args: tuple
+    kwargs: dict
+    n_tensors: int
+
+    def __call__(self) -> Any:
+        return self.kernel[self.grid](*self.args, **self.kwargs)
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeCall:
+    """A prepared decoding call: the output [B, H, S_q, D], the base-2 lse [B, H, S_q] when asked for, and the
+    launches (the split kernel, then the merge when there are several shares) that fill them."""
+    out: torch.Tensor
+    lse: Optional[torch.Tensor]
+    launches: list[KernelLaunch]
+
+
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor, *,
                      block_table: Optional[torch.Tensor] = None, scale: Optional[float] = None,
                      softcap: Optional[float] = None, window_left: int = -1, num_splits: Optional[int] = None,
@@ -108,6 +130,30 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         >>> decode_attention(q, k, v, torch.tensor([40, 7], dtype=torch.int32), num_splits=2).shape
         torch.Size([2, 8, 1, 64])
     """
+    call = prepare_decode(q, k_cache, v_cache, cache_seqlens, block_table=block_table, scale=scale, softcap=softcap,
+                          window_left=window_left, num_splits=num_splits, return_lse=return_lse, config=config)
+    for launch in call.launches:
+        launch()
+    if return_lse:
+        return call.out, call.lse * (1.0 / LOG2E)
+    return call.out
+
+
+def prepare_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor, *,
+                   block_table: Optional[torch.Tensor] = None, scale: Optional[float] = None,
+                   softcap: Optional[float] = None, window_left: int = -1, num_splits: Optional[int] = None,
+                   return_lse: bool = False, config: Optional[DecodeConfig] = None) -> DecodeCall:
+    """``decode_attention``'s output buffers and kernel launches, allocated and built but not launched (the
+    arguments as there). A caller that replays launches (``flashlite._direct_launch.record`` on each
+    ``KernelLaunch``, then ``launch(*launch.args[:launch.n_tensors])``) or captures them in a CUDA graph keeps
+    ``out`` and the launches; new lengths are written into ``cache_seqlens`` in place.
+
+    Example:
+        >>> q, k = torch.randn(1, 4, 1, 32), torch.randn(1, 2, 64, 32)
+        >>> call = prepare_decode(q, k, k, torch.tensor([50], dtype=torch.int32), num_splits=4)
+        >>> [launch.kernel.__name__ for launch in call.launches], call.out.shape
+        (['_decode_split', '_decode_merge'], torch.Size([1, 4, 1, 32]))
+    """
     batch, heads, seq_q, head_dim = q.shape
     kv_heads = k_cache.shape[1]
     group = heads // kv_heads
@@ -129,20 +175,18 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     table = block_table if block_table is not None else cache_seqlens  # unused when not paged
     table_strides = block_table.stride() if block_table is not None else (0, 0)
     scale = head_dim ** -0.5 if scale is None else scale
-    _decode_split[(batch * kv_heads, num_splits)](
+    launches = [KernelLaunch(_decode_split, (batch * kv_heads, num_splits), (
         q, k_cache, v_cache, cache_seqlens, table, out, lse, out_part, lse_part,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(), *table_strides,
-        kv_heads, num_splits, scale * LOG2E, (softcap or 1.0) * LOG2E, window_left,
+        kv_heads, num_splits, scale * LOG2E, (softcap or 1.0) * LOG2E, window_left), dict(
         SEQ_Q=seq_q, GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_R=block_r, BLOCK_N=cfg.block_n,
         PAGE_SIZE=page_size, SPLIT=num_splits > 1, USE_DOT=cfg.use_dot, IEEE=q.dtype == torch.float32,
         SOFTCAP=bool(softcap), WINDOW=window_left >= 0, STORE_LSE=return_lse,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages), n_tensors=9)]
     if num_splits > 1:
         rows_total = batch * kv_heads * rows
-        _decode_merge[(rows_total,)](
-            out_part, lse_part, out, lse, *out.stride(), kv_heads, rows_total, num_splits,
+        launches.append(KernelLaunch(_decode_merge, (rows_total,), (
+            out_part, lse_part, out, lse, *out.stride(), kv_heads, rows_total, num_splits), dict(
             SEQ_Q=seq_q, GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d,
-            BLOCK_S=triton.next_power_of_2(num_splits), STORE_LSE=return_lse, num_warps=4)
-    if return_lse:
-        return out, lse * (1.0 / LOG2E)
-    return out
+            BLOCK_S=triton.next_power_of_2(num_splits), STORE_LSE=return_lse, num_warps=4), n_tensors=4))
+    return DecodeCall(out, lse if return_lse else None, launches)
