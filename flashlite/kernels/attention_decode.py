@@ -27,6 +27,10 @@ one page per tile (one table load, contiguous rows); smaller pages row by row th
 Scores are kept in base 2 as in ``attention_fwd``: ``qk_scale = scale * log2(e)``, softcap in base 2
 (``softcap2 = softcap * log2(e)``). ``USE_DOT`` picks the tensor-core product (rows padded to 16) or a
 broadcast-multiply and sum on the CUDA cores (rows padded to a power of two, for groups of a few rows).
+
+``DEQUANT``: the cache holds fp8 (e4m3) values with a float32 scale per kv head (``KScale``, ``VScale``): each tile
+is converted to q's dtype after its load (half the bytes read), K's scale multiplies the scores' scale and V's the
+output, so nothing else changes.
 """
 from __future__ import annotations
 
@@ -56,6 +60,8 @@ def _decode_split(Q,  # [B, H, S_q, D], any strides (H = H_kv * GROUP, S_q = SEQ
                   V,  # as K
                   KeyLens,  # [B] int32: the keys entry b holds (positions 0 .. KeyLens[b] - 1)
                   BlockTable,  # [B, max blocks] int32, any strides, when PAGE_SIZE > 0 (else unused)
+                  KScale,  # [H_kv] float32 when DEQUANT: K's stored value times KScale[g] is the key (else unused)
+                  VScale,  # [H_kv] float32 when DEQUANT: as KScale, for V
                   Out,  # [B, H, S_q, D], any strides, q's dtype: written when not SPLIT (num_splits == 1)
                   Lse,  # [B, H, S_q] float32 contiguous, base 2: written when not SPLIT and STORE_LSE
                   OutPart,  # [num_splits, B * H_kv * ROWS, D] float32 contiguous: written when SPLIT
@@ -69,7 +75,7 @@ def _decode_split(Q,  # [B, H, S_q, D], any strides (H = H_kv * GROUP, S_q = SEQ
                   SEQ_Q: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                   BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, SPLIT: tl.constexpr,
                   USE_DOT: tl.constexpr, IEEE: tl.constexpr, SOFTCAP: tl.constexpr, WINDOW: tl.constexpr,
-                  STORE_LSE: tl.constexpr):
+                  STORE_LSE: tl.constexpr, DEQUANT: tl.constexpr):
     pair = tl.program_id(0)  # b * H_kv + g
     split = tl.program_id(1)
     b = pair // kv_heads
@@ -85,6 +91,8 @@ def _decode_split(Q,  # [B, H, S_q, D], any strides (H = H_kv * GROUP, S_q = SEQ
                 + offs_d[None, :] * stride_qd, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
     n = tl.load(KeyLens + b)
     last = n - SEQ_Q + qi  # [BLOCK_R]: the last key each row sees (below 0: none)
+    if DEQUANT:  # a quantized cache (fp8): K's scale folds into the scores', V's into the output
+        qk_scale = qk_scale * tl.load(KScale + g)
 
     # This share's keys: whole BLOCK_N blocks of [lo, n), the same count for every share but the last.
     if WINDOW:
@@ -131,6 +139,8 @@ def _decode_split(Q,  # [B, H, S_q, D], any strides (H = H_kv * GROUP, S_q = SEQ
         # reach every row through p = 0 times it.
         tile_ok = in_range[:, None] & d_ok[None, :]
         k = tl.load(k_base + k_rows[:, None] + offs_d[None, :] * stride_kd, mask=tile_ok, other=0.0)
+        if DEQUANT:
+            k = k.to(Q.dtype.element_ty)
         if USE_DOT:
             if IEEE:
                 scores = tl.dot(q, tl.trans(k), input_precision="ieee")
@@ -151,6 +161,8 @@ def _decode_split(Q,  # [B, H, S_q, D], any strides (H = H_kv * GROUP, S_q = SEQ
         alpha = tl.math.exp2(m_i - m_ref)
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_base + v_rows[:, None] + offs_d[None, :] * stride_vd, mask=tile_ok, other=0.0)
+        if DEQUANT:
+            v = v.to(Q.dtype.element_ty)
         if USE_DOT:
             if IEEE:
                 acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision="ieee")
@@ -162,6 +174,8 @@ def _decode_split(Q,  # [B, H, S_q, D], any strides (H = H_kv * GROUP, S_q = SEQ
 
     empty = l_i == 0.0
     out = acc * (1.0 / tl.where(empty, 1.0, l_i))[:, None]
+    if DEQUANT:
+        out = out * tl.load(VScale + g)
     lse = tl.where(empty, float("-inf"), m_i + tl.math.log2(tl.where(empty, 1.0, l_i)))
     if not SPLIT:
         tl.store(Out + b.to(tl.int64) * stride_ob + head[:, None] * stride_oh + qi[:, None] * stride_os

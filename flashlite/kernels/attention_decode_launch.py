@@ -101,7 +101,8 @@ class DecodeCall:
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor, *,
                      block_table: Optional[torch.Tensor] = None, scale: Optional[float] = None,
                      softcap: Optional[float] = None, window_left: int = -1, num_splits: Optional[int] = None,
-                     return_lse: bool = False, config: Optional[DecodeConfig] = None
+                     return_lse: bool = False, config: Optional[DecodeConfig] = None,
+                     k_scale: Optional[torch.Tensor] = None, v_scale: Optional[torch.Tensor] = None
                      ) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
     """Attention of the last S_q positions of each entry against its cache, one program per (entry, kv head, share).
 
@@ -120,6 +121,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
             block size) and the GPU's SM count.
         return_lse: also return the natural log-sum-exp [B, H, S_q] float32 (-inf for a query that sees no key).
         config: the tile (``DecodeConfig``); None: ``default_config``.
+        k_scale, v_scale: float32 [H_kv] on q's device, for a cache of another dtype than q (fp8 e4m3,
+            ``torch.float8_e4m3fn``): key j of kv head g is ``k_cache[..., g, j, :] * k_scale[g]`` in q's dtype,
+            likewise for values. None for a cache in q's dtype.
 
     Returns:
         out [B, H, S_q, D] contiguous in q's dtype, or (out, lse) with ``return_lse``.
@@ -131,7 +135,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         torch.Size([2, 8, 1, 64])
     """
     call = prepare_decode(q, k_cache, v_cache, cache_seqlens, block_table=block_table, scale=scale, softcap=softcap,
-                          window_left=window_left, num_splits=num_splits, return_lse=return_lse, config=config)
+                          window_left=window_left, num_splits=num_splits, return_lse=return_lse, config=config,
+                          k_scale=k_scale, v_scale=v_scale)
     for launch in call.launches:
         launch()
     if return_lse:
@@ -142,7 +147,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 def prepare_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor, *,
                    block_table: Optional[torch.Tensor] = None, scale: Optional[float] = None,
                    softcap: Optional[float] = None, window_left: int = -1, num_splits: Optional[int] = None,
-                   return_lse: bool = False, config: Optional[DecodeConfig] = None) -> DecodeCall:
+                   return_lse: bool = False, config: Optional[DecodeConfig] = None,
+                   k_scale: Optional[torch.Tensor] = None, v_scale: Optional[torch.Tensor] = None) -> DecodeCall:
     """``decode_attention``'s output buffers and kernel launches, allocated and built but not launched (the
     arguments as there). A caller that replays launches (``flashlite._direct_launch.record`` on each
     ``KernelLaunch``, then ``launch(*launch.args[:launch.n_tensors])``) or captures them in a CUDA graph keeps
@@ -175,14 +181,16 @@ def prepare_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     table = block_table if block_table is not None else cache_seqlens  # unused when not paged
     table_strides = block_table.stride() if block_table is not None else (0, 0)
     scale = head_dim ** -0.5 if scale is None else scale
+    dequant = k_cache.dtype != q.dtype
     launches = [KernelLaunch(_decode_split, (batch * kv_heads, num_splits), (
-        q, k_cache, v_cache, cache_seqlens, table, out, lse, out_part, lse_part,
+        q, k_cache, v_cache, cache_seqlens, table, k_scale if dequant else table, v_scale if dequant else table,
+        out, lse, out_part, lse_part,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(), *table_strides,
         kv_heads, num_splits, scale * LOG2E, (softcap or 1.0) * LOG2E, window_left), dict(
         SEQ_Q=seq_q, GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_R=block_r, BLOCK_N=cfg.block_n,
         PAGE_SIZE=page_size, SPLIT=num_splits > 1, USE_DOT=cfg.use_dot, IEEE=q.dtype == torch.float32,
-        SOFTCAP=bool(softcap), WINDOW=window_left >= 0, STORE_LSE=return_lse,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages), n_tensors=9)]
+        SOFTCAP=bool(softcap), WINDOW=window_left >= 0, STORE_LSE=return_lse, DEQUANT=dequant,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages), n_tensors=11)]
     if num_splits > 1:
         rows_total = batch * kv_heads * rows
         launches.append(KernelLaunch(_decode_merge, (rows_total,), (

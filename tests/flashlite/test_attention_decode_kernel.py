@@ -158,3 +158,25 @@ def test_split_rule_fills_the_gpu_without_short_shares():
     assert choose_splits(64, 8, 2048, 132) == 1  # 512 pairs already fill 132 SMs twice
     assert choose_splits(1, 8, 1024, 132) == 2  # capped: no share under 512 positions
     assert choose_splits(1, 1, 10 ** 6, 132) == 64  # capped at the most the merge takes
+
+
+def quantized(cache, gen):
+    """cache [B, H_kv, S, D] as fp8 e4m3 with a float32 scale per kv head (the largest magnitude to 448, times a
+    random factor so that the scales differ), and the dequantized cache in float64."""
+    scale = cache.abs().amax(dim=(0, 2, 3)).float() / 448 * (1 + torch.rand(cache.shape[1], generator=gen))
+    stored = (cache.float() / scale[None, :, None, None]).to(torch.float8_e4m3fn)
+    return stored, scale, stored.double() * scale.double()[None, :, None, None]
+
+
+@pytest.mark.parametrize("block_size,seq_q,splits", [(0, 1, 3), (16, 3, 2)])
+def test_fp8_cache_with_per_head_scales_matches_float64_on_the_dequantized_cache(block_size, seq_q, splits):
+    q, k_cache, v_cache, lengths = make_inputs(7, torch.float16, 4, seq_q, 64)
+    gen = torch.Generator().manual_seed(70)
+    (k8, k_scale, k_deq), (v8, v_scale, v_deq) = quantized(k_cache, gen), quantized(v_cache, gen)
+    assert not torch.equal(k_scale, v_scale)
+    table = None
+    if block_size:
+        (k8, v8), table = paged((k8, v8), block_size, gen)
+    out = decode_attention(q, k8, v8, lengths, block_table=table, num_splits=splits, k_scale=k_scale,
+                           v_scale=v_scale)
+    check(out, reference(q, k_deq, v_deq, lengths)[0], torch.float16)
