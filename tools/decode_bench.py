@@ -15,6 +15,10 @@ rounds of (SDPA's time / its time) (above 1: faster than SDPA). GB/s counts the 
 visible keys and values (its length x H_kv x D x 2 tensors x 2 bytes) plus q and the output; % of 4.26 TB/s (the
 device-to-device copy bandwidth measured on an H200).
 
+An fp8 (e4m3) copy of each contiguous cache, a float32 scale per kv head, runs the new kernel too (``new/fp8``:
+checked against the dequantized cache, its accuracy cost against the bf16 cache printed; its GB/s counts the fp8
+bytes).
+
 Sweeps for the split rule and the tile: ``num_splits`` 1-32 on every row, and tiles (keys per tile, warps, stages,
 tensor cores or not) on the contiguous and 16-block layouts. Host cost: one call per iteration with new lengths
 each time (eager: host time per call, and a call from an idle GPU minus the kernel's time), and the whole call
@@ -108,6 +112,31 @@ def bytes_read(q, lengths):
     return int(lengths.sum().item()) * KV_HEADS * HEAD_DIM * 2 * 2 + 2 * q.numel() * q.element_size()
 
 
+def fp8_call(q, k, v, lengths, name):
+    """The new kernel on the cache quantized to fp8 e4m3 with a scale per kv head (largest magnitude to 448),
+    checked against float32 on the dequantized cache (fails loudly); prints the accuracy cost against the bf16
+    cache's float32 reference."""
+    quantized = []
+    for cache in (k, v):
+        scale = cache.float().abs().amax(dim=(0, 2, 3)) / 448
+        quantized += [(cache.float() / scale[None, :, None, None]).to(torch.float8_e4m3fn), scale]
+    k8, k_scale, v8, v_scale = quantized
+    call = lambda: decode_attention(q, k8, v8, lengths, k_scale=k_scale, v_scale=v_scale)  # noqa: E731
+    out = call().float()
+    dequantized = reference(q, k8.float() * k_scale[None, :, None, None], v8.float() * v_scale[None, :, None, None],
+                            lengths)
+    error = (out - dequantized).abs().max().item()
+    if not error <= TOLERANCE:
+        raise AssertionError(f"CORRECTNESS FAILURE {name} new/fp8: max |out - float32 ref on the dequantized "
+                             f"cache| = {error}")
+    exact = reference(q, k, v, lengths)
+    cost = (out - exact).abs().max().item()
+    rms = ((out - exact).pow(2).mean().sqrt() / exact.pow(2).mean().sqrt()).item()
+    print(f"  {name} fp8 cache: max |out - bf16-cache reference| {cost:.2e}, relative rms {rms:.2e} (kernel vs "
+          f"dequantized reference {error:.2e})", flush=True)
+    return call
+
+
 def time_interleaved(fns, rounds, flush, seed):
     """{name: [ms per round]}: every function once per round, in a shuffled order, an L2 flush before each."""
     for fn in fns.values():  # warm-up (and compile)
@@ -148,6 +177,7 @@ def run_row(label, batch, capacity, seq_q, full, layouts, args, flush, results, 
     q, k, v, lengths = make_row(batch, capacity, seq_q, full, seed=zlib.crc32(label.encode()))
     expected = reference(q, k, v, lengths)
     work = bytes_read(q, lengths)
+    work_fp8 = (work - 2 * q.numel() * q.element_size()) // 2 + 2 * q.numel() * q.element_size()
     if full:
         sdpa = lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)  # noqa: E731
     else:
@@ -191,6 +221,8 @@ def run_row(label, batch, capacity, seq_q, full, layouts, args, flush, results, 
             api_error = (api().float() - expected).abs().max().item()
             if not api_error <= TOLERANCE:
                 print(f"  note: attention_with_kvcache off by {api_error} on {name}")
+            if page == 0 and not args.quick:
+                fns["new/fp8"] = fp8_call(q, k, v, lengths, name)
             fns["api"], fns["sdpa"] = api, sdpa
             if flex is not None:
                 fns["flex"] = flex
@@ -199,7 +231,7 @@ def run_row(label, batch, capacity, seq_q, full, layouts, args, flush, results, 
             for impl, t in times.items():
                 speedup = statistics.median(s / x for s, x in zip(times["sdpa"], t))
                 us = medians[impl] * 1e3
-                rate = work / (medians[impl] * 1e-3)
+                rate = (work if impl != "new/fp8" else work_fp8) / (medians[impl] * 1e-3)
                 results.append(dict(row=label, layout=page, impl=impl, us=round(us, 2), gbps=round(rate / 1e9),
                                     pct_copy_bw=round(100 * rate / COPY_BANDWIDTH, 1),
                                     vs_sdpa=round(speedup, 3), default_splits=default_splits))
@@ -212,6 +244,9 @@ def run_row(label, batch, capacity, seq_q, full, layouts, args, flush, results, 
                         best_tile_us=medians[best_tile] * 1e3 if tiles else float("nan"),
                         api=medians["api"] * 1e3, sdpa=medians["sdpa"] * 1e3,
                         flex=medians["flex"] * 1e3 if "flex" in medians else float("nan"),
+                        fp8=medians["new/fp8"] * 1e3 if "new/fp8" in medians else float("nan"),
+                        fp8_vs=statistics.median(s / x for s, x in zip(times["sdpa"], times["new/fp8"]))
+                        if "new/fp8" in times else float("nan"),
                         gbps=work / (medians["new"] * 1e-3) / 1e9,
                         new_vs=[r for r in results if r["row"] == label and r["layout"] == page
                                 and r["impl"] == "new"][0]["vs_sdpa"],
@@ -357,7 +392,7 @@ def main():
     print(f"\nSUMMARY ({props.name}; us are medians of {args.rounds} interleaved rounds, L2 flushed; vs SDPA: median "
           f"of SDPA time / time, >1 faster; % of {COPY_BANDWIDTH / 1e12} TB/s)")
     print(f"{'row':<28}{'new us':>8}{'spl':>4}{'GB/s':>7}{'%bw':>5}{'vsSDPA':>7}{'best split':>13}{'best tile':>20}"
-          f"{'api us':>8}{'api vs':>7}{'sdpa us':>8}{'flex us':>8}")
+          f"{'api us':>8}{'api vs':>7}{'sdpa us':>8}{'flex us':>8}{'fp8 us':>8}{'fp8 vs':>7}")
     for line in summary:
         if line.get("failed"):
             print(f"{line['name']:<28} FAILED")
@@ -367,7 +402,8 @@ def main():
         print(f"{line['name']:<28}{line['new']:>8.1f}{line['splits']:>4}{line['gbps']:>7.0f}"
               f"{100 * line['gbps'] * 1e9 / COPY_BANDWIDTH:>5.0f}{line['new_vs']:>7.2f}"
               f" {best:>12} {tile:>19}"
-              f"{line['api']:>8.1f}{line['api_vs']:>7.2f}{line['sdpa']:>8.1f}{line['flex']:>8.1f}")
+              f"{line['api']:>8.1f}{line['api_vs']:>7.2f}{line['sdpa']:>8.1f}{line['flex']:>8.1f}"
+              f"{line['fp8']:>8.1f}{line['fp8_vs']:>7.2f}")
     if os.environ.get("OUT"):
         path = os.path.join(os.environ["OUT"], "decode_bench.csv")
         fields = sorted({key for r in results for key in r})
