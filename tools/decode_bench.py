@@ -362,6 +362,18 @@ def host_probe(batch, capacity, results):
             print(f"  HOST PROBE FAILED {label} {impl} graph:\n" + traceback.format_exc()[-1500:], flush=True)
 
 
+def write_csv(results):
+    """Every timing so far to $OUT/decode_bench.csv (rewritten after each row, so a run cut short keeps its rows)."""
+    if not os.environ.get("OUT") or not results:
+        return
+    path = os.path.join(os.environ["OUT"], "decode_bench.csv")
+    fields = sorted({key for r in results for key in r})
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(results)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=30)
@@ -386,6 +398,7 @@ def main():
             except Exception:
                 print(f"  ROW FAILED {label}:\n" + traceback.format_exc()[-2500:], flush=True)
             torch.cuda.empty_cache()
+            write_csv(results)
     print(f"host cost ({time.time() - started:.0f} s)", flush=True)
     for batch, capacity in ((1, 4096), (8, 8192)):
         host_probe(batch, capacity, results)
@@ -404,14 +417,7 @@ def main():
               f" {best:>12} {tile:>19}"
               f"{line['api']:>8.1f}{line['api_vs']:>7.2f}{line['sdpa']:>8.1f}{line['flex']:>8.1f}"
               f"{line['fp8']:>8.1f}{line['fp8_vs']:>7.2f}")
-    if os.environ.get("OUT"):
-        path = os.path.join(os.environ["OUT"], "decode_bench.csv")
-        fields = sorted({key for r in results for key in r})
-        with open(path, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=fields)
-            writer.writeheader()
-            writer.writerows(results)
-        print(f"CSV: {path}")
+    write_csv(results)
     print(f"total {time.time() - started:.0f} s")
 
 

@@ -2,7 +2,7 @@
 
 Query i of entry b sits at position n_b - S_q + i of its n_b keys and sees the keys up to it (a query that sees none
 gets zeros). Odd sizes on purpose: a cache of 301 positions filled to 1, 17, 300 and 0 keys, so that lengths end
-inside key tiles and shares; grouped-query groups 1, 4 and 8; S_q 1 and 3; share counts above the key tiles an entry
+inside key tiles and shares; grouped-query groups 1, 4 and 8; S_q 1 and 3; head dims 64, 80 and 128; share counts above the key tiles an entry
 has; paged caches of 16- and 32-row blocks through a shuffled block table, read both row by row and a page per tile;
 caches and queries in other memory layouts. fp16 and fp32 only: ``tl.dot`` on bf16 is wrong in the interpreter.
 """
@@ -84,6 +84,7 @@ def check(out, expected, dtype):
     (torch.float32, 4, 3, 128, 3, True),
     (torch.float16, 4, 1, 64, 2, False),
     (torch.float32, 1, 3, 64, 1, False),
+    (torch.float16, 4, 1, 80, 2, True),  # a head dim padded to the 128-wide tile
 ])
 def test_contiguous_cache_matches_float64(dtype, group, seq_q, head_dim, splits, use_dot):
     q, k_cache, v_cache, lengths = make_inputs(1, dtype, group, seq_q, head_dim)
