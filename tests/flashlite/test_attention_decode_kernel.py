@@ -2,9 +2,10 @@
 
 Query i of entry b sits at position n_b - S_q + i of its n_b keys and sees the keys up to it (a query that sees none
 gets zeros). Odd sizes on purpose: a cache of 301 positions filled to 1, 17, 300 and 0 keys, so that lengths end
-inside key tiles and shares; grouped-query groups 1, 4 and 8; S_q 1 and 3; head dims 64, 80 and 128; share counts above the key tiles an entry
-has; paged caches of 16- and 32-row blocks through a shuffled block table, read both row by row and a page per tile;
-caches and queries in other memory layouts. fp16 and fp32 only: ``tl.dot`` on bf16 is wrong in the interpreter.
+inside key tiles and shares; grouped-query groups 1, 4 and 8; S_q 1 and 3; head dims 64, 80 and 128; share counts
+above the key tiles an entry has; paged caches of 16- and 32-row blocks through a shuffled block table, read both row
+by row and a page per tile; caches and queries in other memory layouts; fp8 caches with a scale per kv head. fp16
+and fp32 queries only: ``tl.dot`` on bf16 is wrong in the interpreter.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 import torch
 
 import flashlite
-from flashlite.kernels.attention_decode_launch import DecodeConfig, choose_splits, decode_attention
+from flashlite.kernels.attention_decode_launch import DecodeConfig, choose_splits, decode_attention, prepare_decode
 
 B, H_KV, S_MAX = 4, 2, 301
 FILLED = [1, 17, 300, 0]
@@ -181,3 +182,24 @@ def test_fp8_cache_with_per_head_scales_matches_float64_on_the_dequantized_cache
     out = decode_attention(q, k8, v8, lengths, block_table=table, num_splits=splits, k_scale=k_scale,
                            v_scale=v_scale)
     check(out, reference(q, k_deq, v_deq, lengths)[0], torch.float16)
+
+
+def test_preparing_a_call_reads_no_tensor_value_on_the_host(monkeypatch):
+    """Lengths and block tables are data: building a call (what a CUDA graph captures, or a replay skips) never
+    reads a tensor's values back to the host, which on a GPU would synchronise and break graph capture."""
+    q, k_cache, v_cache, lengths = make_inputs(8, torch.float16, 4, 1, 64)
+    (k_blocks, v_blocks), table = paged((k_cache, v_cache), 16, torch.Generator().manual_seed(8))
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a tensor's value was read on the host")
+    for name in ("item", "tolist", "__bool__", "__int__", "__index__", "numpy"):
+        monkeypatch.setattr(torch.Tensor, name, refuse)
+    calls = [prepare_decode(q, k_cache, v_cache, lengths, num_splits=None),
+             prepare_decode(q, k_blocks, v_blocks, lengths, block_table=table, num_splits=5, return_lse=True)]
+    monkeypatch.undo()
+    assert [len(call.launches) for call in calls] == [1, 2]  # 301 positions: one share; 5 shares and their merge
+    for call in calls:
+        for launch in call.launches:
+            launch()
+    check(calls[0].out, reference(q, k_cache, v_cache, lengths)[0], torch.float16)
+    check(calls[1].out, reference(q, k_cache, v_cache, lengths)[0], torch.float16)
