@@ -41,7 +41,9 @@ SPLIT_RULE = SplitRule()
 @dataclasses.dataclass(frozen=True)
 class DecodeConfig:
     """The kernel's tile and launch options. ``use_dot``: tensor-core products (rows padded to 16) or a broadcast
-    multiply and sum on the CUDA cores (rows padded to a power of two). Also a first guess to re-derive on a GPU."""
+    multiply and sum on the CUDA cores (rows padded to a power of two), which holds a [rows, block_n, D] float32
+    product in registers: meant for at most 8 rows (at D = 128 and 4 warps, block_n 32 compiles without spills
+    for 4 rows, 64 spills). Also a first guess to re-derive on a GPU."""
     block_n: int = 64
     num_warps: int = 4
     num_stages: int = 3
