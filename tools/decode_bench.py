@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import os
 import random
 import statistics
@@ -202,6 +203,10 @@ def run_row(label, batch, capacity, seq_q, full, layouts, args, flush, results, 
                 kc, vc, table = k, v, None
             default_splits = choose_splits(batch, KV_HEADS, capacity, SM_COUNT)
             fns = {"new": lambda: decode_attention(q, kc, vc, lengths, block_table=table)}
+            if default_splits > 1:  # the merge fused into the split kernel (the last share of a pair merges)
+                fused = DecodeConfig(*dataclasses.astuple(default_config(HEAD_DIM, HEADS // KV_HEADS * seq_q,
+                                                                         DTYPE))[:4], fused_merge=True)
+                fns["new/fused"] = lambda: decode_attention(q, kc, vc, lengths, block_table=table, config=fused)
             if not args.quick:
                 for s in SPLITS:
                     fns[f"new/s{s}"] = (lambda s=s: decode_attention(q, kc, vc, lengths, block_table=table,
@@ -246,6 +251,7 @@ def run_row(label, batch, capacity, seq_q, full, layouts, args, flush, results, 
                         api=medians["api"] * 1e3, sdpa=medians["sdpa"] * 1e3,
                         flex=medians["flex"] * 1e3 if "flex" in medians else float("nan"),
                         fp8=medians["new/fp8"] * 1e3 if "new/fp8" in medians else float("nan"),
+                        fused=medians["new/fused"] * 1e3 if "new/fused" in medians else float("nan"),
                         fp8_vs=statistics.median(s / x for s, x in zip(times["sdpa"], times["new/fp8"]))
                         if "new/fp8" in times else float("nan"),
                         gbps=work / (medians["new"] * 1e-3) / 1e9,
@@ -257,7 +263,8 @@ def run_row(label, batch, capacity, seq_q, full, layouts, args, flush, results, 
             print(f"  {name}: new {line['new']:.1f} us ({default_splits} splits, {line['gbps']:.0f} GB/s, "
                   f"{100 * line['gbps'] * 1e9 / COPY_BANDWIDTH:.0f}%), best split {best} {line['best_us']:.1f} us, "
                   f"best tile {best_tile} {line['best_tile_us']:.1f} us, api {line['api']:.1f} us, "
-                  f"sdpa {line['sdpa']:.1f} us, flex {line['flex']:.1f} us; new vs sdpa {line['new_vs']:.2f}x",
+                  f"sdpa {line['sdpa']:.1f} us, flex {line['flex']:.1f} us, fused merge {line['fused']:.1f} us, "
+                  f"fp8 {line['fp8']:.1f} us; new vs sdpa {line['new_vs']:.2f}x",
                   flush=True)
             print("    splits: " + ", ".join(f"{i[5:]}={medians[i] * 1e3:.1f}" for i in sweep)
                   + (" | tiles: " + ", ".join(f"{i[4:]}={medians[i] * 1e3:.1f}" for i in tiles) if tiles else ""),
@@ -411,7 +418,7 @@ def main():
     print(f"\nSUMMARY ({props.name}; us are medians of {args.rounds} interleaved rounds, L2 flushed; vs SDPA: median "
           f"of SDPA time / time, >1 faster; % of {COPY_BANDWIDTH / 1e12} TB/s)")
     print(f"{'row':<28}{'new us':>8}{'spl':>4}{'GB/s':>7}{'%bw':>5}{'vsSDPA':>7}{'best split':>13}{'best tile':>20}"
-          f"{'api us':>8}{'api vs':>7}{'sdpa us':>8}{'flex us':>8}{'fp8 us':>8}{'fp8 vs':>7}")
+          f"{'api us':>8}{'api vs':>7}{'sdpa us':>8}{'flex us':>8}{'fp8 us':>8}{'fp8 vs':>7}{'fused':>8}")
     for line in summary:
         if line.get("failed"):
             print(f"{line['name']:<28} FAILED")
@@ -422,7 +429,7 @@ def main():
               f"{100 * line['gbps'] * 1e9 / COPY_BANDWIDTH:>5.0f}{line['new_vs']:>7.2f}"
               f" {best:>12} {tile:>19}"
               f"{line['api']:>8.1f}{line['api_vs']:>7.2f}{line['sdpa']:>8.1f}{line['flex']:>8.1f}"
-              f"{line['fp8']:>8.1f}{line['fp8_vs']:>7.2f}")
+              f"{line['fp8']:>8.1f}{line['fp8_vs']:>7.2f}{line['fused']:>8.1f}")
     write_csv(results)
     print(f"total {time.time() - started:.0f} s")
 

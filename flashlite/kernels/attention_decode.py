@@ -17,7 +17,8 @@ The keys ``[lo, n_b)`` (``lo``: the first key-block any row's window reaches, el
 (``num_splits``, a runtime value: no compile per count) of whole ``BLOCK_N`` blocks, from the length itself, so every
 share of an entry gets the same work whatever its length. With one share the program writes the output; with more
 it writes its float32 output normalised by its own sum and its base-2 log-sum-exp, and ``_decode_merge`` averages
-the shares weighted by 2 ** lse.
+the shares weighted by 2 ** lse; or, with ``FUSED_MERGE``, the last share of each (entry, kv head) to finish does
+(an arrival counter per pair), which saves the second launch.
 
 The cache is either contiguous, [B, H_kv, S_max, D] with any strides, or paged (``PAGE_SIZE`` > 0),
 [blocks, H_kv, PAGE_SIZE, D] with any strides and a block table [B, max blocks]: key j of entry b lives at row
@@ -66,6 +67,7 @@ def _decode_split(Q,  # [B, H, S_q, D], any strides (H = H_kv * GROUP, S_q = SEQ
                   Lse,  # [B, H, S_q] float32 contiguous, base 2: written when not SPLIT and STORE_LSE
                   OutPart,  # [num_splits, B * H_kv * ROWS, D] float32 contiguous: written when SPLIT
                   LsePart,  # [num_splits, B * H_kv * ROWS] float32 contiguous, base 2: written when SPLIT
+                  Arrivals,  # [B * H_kv] int32, zero before the launch and left zero, when FUSED_MERGE (else unused)
                   stride_qb, stride_qh, stride_qs, stride_qd,
                   stride_kb, stride_kh, stride_kn, stride_kd,  # stride_kb: per entry, or per block when paged
                   stride_vb, stride_vh, stride_vn, stride_vd,
@@ -75,7 +77,7 @@ def _decode_split(Q,  # [B, H, S_q, D], any strides (H = H_kv * GROUP, S_q = SEQ
                   SEQ_Q: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                   BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, SPLIT: tl.constexpr,
                   USE_DOT: tl.constexpr, IEEE: tl.constexpr, SOFTCAP: tl.constexpr, WINDOW: tl.constexpr,
-                  STORE_LSE: tl.constexpr, DEQUANT: tl.constexpr):
+                  STORE_LSE: tl.constexpr, DEQUANT: tl.constexpr, FUSED_MERGE: tl.constexpr):
     pair = tl.program_id(0)  # b * H_kv + g
     split = tl.program_id(1)
     b = pair // kv_heads
@@ -177,15 +179,47 @@ def _decode_split(Q,  # [B, H, S_q, D], any strides (H = H_kv * GROUP, S_q = SEQ
     if DEQUANT:
         out = out * tl.load(VScale + g)
     lse = tl.where(empty, float("-inf"), m_i + tl.math.log2(tl.where(empty, 1.0, l_i)))
+    out_ptrs = (Out + b.to(tl.int64) * stride_ob + head[:, None] * stride_oh + qi[:, None] * stride_os
+                + offs_d[None, :] * stride_od)
+    lse_ptrs = Lse + (b.to(tl.int64) * kv_heads * GROUP + head) * SEQ_Q + qi
     if not SPLIT:
-        tl.store(Out + b.to(tl.int64) * stride_ob + head[:, None] * stride_oh + qi[:, None] * stride_os
-                 + offs_d[None, :] * stride_od, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+        tl.store(out_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
         if STORE_LSE:
-            tl.store(Lse + (b.to(tl.int64) * kv_heads * GROUP + head) * SEQ_Q + qi, lse, mask=row_ok)
+            tl.store(lse_ptrs, lse, mask=row_ok)
     else:
         part = (split.to(tl.int64) * tl.num_programs(0) + pair) * ROWS + offs_r  # [BLOCK_R]
         tl.store(OutPart + part[:, None] * HEAD_DIM + offs_d[None, :], out, mask=row_ok[:, None] & d_ok[None, :])
         tl.store(LsePart + part, lse, mask=row_ok)
+        if FUSED_MERGE:
+            # The pair's last share to finish merges (no second kernel): every thread's stores above happen before
+            # the barrier, the barrier before the counter's release; the last share's acquire makes the other
+            # shares' partials visible, read past L1 (".cg": a line this SM cached in an earlier call is stale).
+            tl.debug_barrier()
+            arrived = tl.atomic_add(Arrivals + pair, 1, sem="acq_rel", scope="gpu")
+            if arrived == num_splits - 1:
+                tl.store(Arrivals + pair, 0)  # zero again for the next call (a replayed graph reuses the buffer)
+                m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
+                total = tl.zeros([BLOCK_R], dtype=tl.float32)
+                merged = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
+                for s in range(num_splits):
+                    part = (s * tl.num_programs(0) + pair).to(tl.int64) * ROWS + offs_r
+                    lse_s = tl.load(LsePart + part, mask=row_ok, other=float("-inf"), cache_modifier=".cg")
+                    out_s = tl.load(OutPart + part[:, None] * HEAD_DIM + offs_d[None, :],
+                                    mask=row_ok[:, None] & d_ok[None, :], other=0.0, cache_modifier=".cg")
+                    m_new = tl.maximum(m, lse_s)
+                    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+                    rescale = tl.math.exp2(m - m_ref)
+                    weight = tl.math.exp2(lse_s - m_ref)
+                    merged = merged * rescale[:, None] + weight[:, None] * out_s
+                    total = total * rescale + weight
+                    m = m_new
+                none = total == 0.0
+                merged = merged * (1.0 / tl.where(none, 1.0, total))[:, None]
+                tl.store(out_ptrs, merged.to(Out.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+                if STORE_LSE:
+                    m_ref = tl.where(m == float("-inf"), 0.0, m)
+                    tl.store(lse_ptrs, tl.where(none, float("-inf"), m_ref + tl.math.log2(tl.where(none, 1.0, total))),
+                             mask=row_ok)
 
 
 @triton.jit

@@ -48,6 +48,7 @@ class DecodeConfig:
     num_warps: int = 4
     num_stages: int = 3
     use_dot: bool = True
+    fused_merge: bool = False  # the last share of each (entry, kv head) merges: no second launch (see _arrivals)
 
 
 @functools.lru_cache(maxsize=None)
@@ -55,6 +56,19 @@ def _sm_count(device: torch.device) -> int:
     if device.type != "cuda":
         return SPLIT_RULE.sm_count_without_gpu
     return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+_ARRIVALS: dict[torch.device, torch.Tensor] = {}
+
+
+def _arrivals(device: torch.device, pairs: int) -> torch.Tensor:
+    """The fused merge's arrival counters, int32 [pairs], zero: one buffer per device, kept (every call leaves it
+    zero again), so a call costs no memset and a captured graph replays with the buffer it was captured with.
+    Calls in flight on two streams at once would share it: the fused merge is for one stream (decoding's case)."""
+    counters = _ARRIVALS.get(device)
+    if counters is None or counters.numel() < pairs:
+        counters = _ARRIVALS[device] = torch.zeros(max(pairs, 1024), dtype=torch.int32, device=device)
+    return counters
 
 
 def choose_splits(batch: int, kv_heads: int, capacity: int, sm_count: int, rule: SplitRule = SPLIT_RULE) -> int:
@@ -184,16 +198,18 @@ def prepare_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     table_strides = block_table.stride() if block_table is not None else (0, 0)
     scale = head_dim ** -0.5 if scale is None else scale
     dequant = k_cache.dtype != q.dtype
+    fused = cfg.fused_merge and num_splits > 1
+    arrivals = _arrivals(q.device, batch * kv_heads) if fused else table
     launches = [KernelLaunch(_decode_split, (batch * kv_heads, num_splits), (
         q, k_cache, v_cache, cache_seqlens, table, k_scale if dequant else table, v_scale if dequant else table,
-        out, lse, out_part, lse_part,
+        out, lse, out_part, lse_part, arrivals,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(), *table_strides,
         kv_heads, num_splits, scale * LOG2E, (softcap or 1.0) * LOG2E, window_left), dict(
         SEQ_Q=seq_q, GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_R=block_r, BLOCK_N=cfg.block_n,
         PAGE_SIZE=page_size, SPLIT=num_splits > 1, USE_DOT=cfg.use_dot, IEEE=q.dtype == torch.float32,
         SOFTCAP=bool(softcap), WINDOW=window_left >= 0, STORE_LSE=return_lse, DEQUANT=dequant,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages), n_tensors=11)]
-    if num_splits > 1:
+        FUSED_MERGE=fused, num_warps=cfg.num_warps, num_stages=cfg.num_stages), n_tensors=12)]
+    if num_splits > 1 and not fused:
         rows_total = batch * kv_heads * rows
         launches.append(KernelLaunch(_decode_merge, (rows_total,), (
             out_part, lse_part, out, lse, *out.stride(), kv_heads, rows_total, num_splits), dict(

@@ -3,9 +3,9 @@
 Each config below is compiled in a fresh interpreter (the interpreter switch is read when kernels are defined) with
 an empty Triton cache, so that ptxas runs and reports the registers and spills of each kernel. The configs are the
 launcher's defaults (D = 128 and 256, contiguous and paged with pages shorter and longer than the tile), the most
-rows a program holds (a group of 8 heads times 8 queries), the variants (softcap, window, lse, an fp8 cache) and the
-CUDA-core path (no ``tl.dot``) at the tile where its [rows, keys, D] product still fits the registers; and the merge
-at 64 shares.
+rows a program holds (a group of 8 heads times 8 queries), the variants (softcap, window, lse, an fp8 cache, the
+fused merge) and the CUDA-core path (no ``tl.dot``) at the tile where its [rows, keys, D] product still fits the
+registers; and the merge at 64 shares.
 A paged cache must get the same shared-memory buffers (pipelining) as a contiguous one.
 """
 import json
@@ -24,7 +24,7 @@ from triton.compiler import ASTSource
 from flashlite.kernels import attention_decode
 
 POINTERS = dict(KeyLens="*i32", BlockTable="*i32", Lse="*fp32", OutPart="*fp32", LsePart="*fp32",
-                KScale="*fp32", VScale="*fp32")
+                KScale="*fp32", VScale="*fp32", Arrivals="*i32")
 
 def compile_sm90(fn, meta, warps, stages, cache="*bf16"):
     # As a launch with bf16 tensors whose last dimension is contiguous: unit strides constant, the rest and the
@@ -53,11 +53,13 @@ def compile_sm90(fn, meta, warps, stages, cache="*bf16"):
             "spills": [int(n) for n in re.findall(r"(\d+) bytes spill (?:stores|loads)", report)]}
 
 BASE = dict(SEQ_Q=1, GROUP=4, HEAD_DIM=128, BLOCK_D=128, BLOCK_R=16, BLOCK_N=64, PAGE_SIZE=0, SPLIT=True,
-            USE_DOT=True, IEEE=False, SOFTCAP=False, WINDOW=False, STORE_LSE=False, DEQUANT=False)
+            USE_DOT=True, IEEE=False, SOFTCAP=False, WINDOW=False, STORE_LSE=False, DEQUANT=False,
+            FUSED_MERGE=False)
 CASES = [({}, 4, 3), (dict(PAGE_SIZE=16), 4, 3), (dict(PAGE_SIZE=256), 4, 3),
          (dict(GROUP=8, SEQ_Q=8, BLOCK_R=64), 4, 3), (dict(HEAD_DIM=256, BLOCK_D=256, BLOCK_N=32), 4, 2),
          (dict(SOFTCAP=True, WINDOW=True, STORE_LSE=True, SPLIT=False), 4, 3),
-         (dict(USE_DOT=False, BLOCK_R=4, BLOCK_N=32), 4, 3), (dict(DEQUANT=True), 4, 3)]
+         (dict(USE_DOT=False, BLOCK_R=4, BLOCK_N=32), 4, 3), (dict(DEQUANT=True), 4, 3),
+         (dict(FUSED_MERGE=True, STORE_LSE=True), 4, 3)]
 for change, warps, stages in CASES:
     cache = "*fp8e4nv" if change.get("DEQUANT") else "*bf16"  # an fp8 cache, bf16 queries
     row = compile_sm90(attention_decode._decode_split, dict(BASE, **change), warps, stages, cache)
@@ -70,7 +72,7 @@ print(json.dumps(dict(compile_sm90(attention_decode._decode_merge, MERGE, 4, 1),
 def test_decoding_kernels_fit_hopper_without_spills(tmp_path, monkeypatch):
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton-cache"))  # empty: ptxas runs and reports
     rows = [json.loads(line) for line in run_script(_COMPILE).splitlines() if line.startswith("{")]
-    assert len(rows) == 9
+    assert len(rows) == 10
     for row in rows:
         assert row["shared"] <= HOPPER_SHARED_MEMORY, row
         assert row["registers"] and max(row["registers"]) <= 255, row

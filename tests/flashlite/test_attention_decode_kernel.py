@@ -203,3 +203,28 @@ def test_preparing_a_call_reads_no_tensor_value_on_the_host(monkeypatch):
             launch()
     check(calls[0].out, reference(q, k_cache, v_cache, lengths)[0], torch.float16)
     check(calls[1].out, reference(q, k_cache, v_cache, lengths)[0], torch.float16)
+
+
+@pytest.mark.parametrize("block_size,seq_q,splits", [(0, 1, 3), (0, 3, 64), (16, 1, 5)])
+def test_fused_merge_matches_float64_and_leaves_its_counters_zero(block_size, seq_q, splits):
+    """The last share of each (entry, kv head) merges: the same output and lse as the separate merge, one launch,
+    and the arrival counters zero again afterwards (the next call, or a replayed graph, starts from them)."""
+    q, k_cache, v_cache, lengths = make_inputs(9, torch.float32, 4, seq_q, 64)
+    expected, expected_lse = reference(q, k_cache, v_cache, lengths)
+    table = None
+    k_in, v_in = k_cache, v_cache
+    if block_size:
+        (k_in, v_in), table = paged((k_cache, v_cache), block_size, torch.Generator().manual_seed(9))
+    config = DecodeConfig(block_n=16, fused_merge=True)
+    call = prepare_decode(q, k_in, v_in, lengths, block_table=table, num_splits=splits, return_lse=True,
+                          config=config)
+    assert len(call.launches) == 1
+    counters = call.launches[0].args[11]
+    for _ in range(2):  # twice: the second call starts from the counters the first left
+        call.launches[0]()
+        assert counters.dtype == torch.int32 and not counters.any()
+        check(call.out, expected, torch.float32)
+        lse = call.lse / math.log2(math.e)
+        assert torch.equal(lse.isinf(), expected_lse.isinf())
+        finite = ~expected_lse.isinf()
+        torch.testing.assert_close(lse.double()[finite], expected_lse[finite], atol=1e-5, rtol=1e-5)
