@@ -387,7 +387,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--flex", action="store_true", help="also time FlexAttention (compiles per row)")
     parser.add_argument("--quick", action="store_true", help="no split, tile or fp8 runs")
-    parser.add_argument("--budget", type=float, default=420,
+    parser.add_argument("--budget", type=float, default=270,
                         help="seconds after which the rows not yet started are skipped (the summary still prints)")
     args = parser.parse_args()
     global SM_COUNT
