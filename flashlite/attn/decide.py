@@ -15,11 +15,11 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import has_static_value
 
 from flashlite import _env, _runtime
-from flashlite._attention import launch_gluon, launch_gluon_bwd
-from flashlite._attention.ops import needs_gradient, run_triton, run_triton_compiled
-from flashlite._attention.plans import Plan
-from flashlite._attention.sdpa import check_attn_mask, plain_sdpa_causal, sdpa_attention
-from flashlite._attention.validation import (_CAUSAL_ARGUMENT, Problem, kernel_size_limit, kernel_unsupported,
+from flashlite.attn import gluon as launch_gluon, gluon_bwd as launch_gluon_bwd
+from flashlite.attn.ops import needs_gradient, run_triton, run_triton_compiled
+from flashlite.attn.plan import Plan
+from flashlite.attn.sdpa import check_attn_mask, plain_sdpa_causal, sdpa_attention
+from flashlite.attn.problem import (_CAUSAL_ARGUMENT, Problem, kernel_size_limit, kernel_unsupported,
                                              validate)
 from flashlite.dispatch import Decision, choose_backend
 

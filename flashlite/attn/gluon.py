@@ -29,8 +29,8 @@ from typing import Any, Optional, Union
 import torch
 
 from flashlite import _direct_launch, _env
-from flashlite._attention.plans import Plan
-from flashlite._attention.validation import CAUSAL_TOP_LEFT, Problem, validate
+from flashlite.attn.plan import Plan
+from flashlite.attn.problem import CAUSAL_TOP_LEFT, Problem, validate
 
 try:
     from triton.experimental.gluon import language as _gl
@@ -430,7 +430,7 @@ def gluon_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
     """(out [B, H, S_q, D] in q's dtype, lse [B, H, S_q] float32) of attention on Hopper, through the Gluon kernel.
 
     ``lse`` is in the pointer kernel's convention (base-2 log-sum-exp of the scaled scores; -inf, with out 0, for
-    rows that see no key), so ``flashlite._attention.launch.attention_backward`` takes it. ``variant``: "pipelined"
+    rows that see no key), so ``flashlite.attn.triton.attention_backward`` takes it. ``variant``: "pipelined"
     (one partition, step 1), "ws" (a TMA producer warp and the compute warps, step 2), "pingpong" (a TMA producer
     warp and two consumer warpgroups taking turns at the tensor cores, step 3) or "persistent" (step 1's schedule
     over a persistent grid, tiles longest first, step 4); ``config`` forces tiles.

@@ -26,8 +26,8 @@ from typing import Optional, Union
 
 import torch
 
-from flashlite._attention.launch_gluon import _CAUSAL, _layout_problem, gluon_supported, tile_descriptor
-from flashlite._attention.validation import _CAUSAL_ARGUMENT, CAUSAL_NONE, Problem
+from flashlite.attn.gluon import _CAUSAL, _layout_problem, gluon_supported, tile_descriptor
+from flashlite.attn.problem import _CAUSAL_ARGUMENT, CAUSAL_NONE, Problem
 
 try:
     from flashlite.kernels import attention_bwd_gluon as _kernels
@@ -235,12 +235,12 @@ def gluon_attention_dkdv(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tenso
     """(dk, dv) of attention(q, k, v) for the output gradient ``grad_out``, through the Gluon kernel.
 
     ``out`` and ``lse`` are the forward's ([B, H, S_q, D] and float32 [B, H, S_q], base-2 log-sum-exp of the scaled
-    scores, as ``flashlite._attention.launch.attention_forward`` and the Gluon forward return them). dk and dv
+    scores, as ``flashlite.attn.triton.attention_forward`` and the Gluon forward return them). dk and dv
     are contiguous, in k's and v's dtype. Raises ValueError with ``gluon_supported``'s reason when the kernel cannot
     run the call, or naming the argument whose shape or dtype does not match q's.
 
     Example:
-        >>> from flashlite._attention.launch_gluon import gluon_attention_forward
+        >>> from flashlite.attn.gluon import gluon_attention_forward
         >>> q = torch.randn(2, 16, 1000, 64, device="cuda", dtype=torch.bfloat16)  # doctest: +SKIP
         >>> out, lse = gluon_attention_forward(q, q, q, causal=True)  # doctest: +SKIP
         >>> dk, dv = gluon_attention_dkdv(torch.randn_like(q), q, q, q, out, lse, causal=True)  # doctest: +SKIP
@@ -306,7 +306,7 @@ def measured_faster(problem: Problem) -> bool:
     Gluon kernels.
 
     Example:
-        >>> from flashlite._attention.validation import validate
+        >>> from flashlite.attn.problem import validate
         >>> q = torch.randn(1, 2, 4096, 128, dtype=torch.bfloat16)
         >>> measured_faster(validate(q, q, q, True, None, None, None, "triton", None))
         True
@@ -323,7 +323,7 @@ def backward_kernel_for(problem: Problem, q: torch.Tensor, k: torch.Tensor, v: t
     pointer kernels: ``backward_on_gluon``'s rule, said in words.
 
     Example:
-        >>> from flashlite._attention.validation import validate
+        >>> from flashlite.attn.problem import validate
         >>> q = torch.randn(1, 2, 16, 64, dtype=torch.bfloat16)
         >>> backward_kernel_for(validate(q, q, q, True, None, None, None, "triton", None), q, q, q) is None
         True
@@ -345,7 +345,7 @@ def backward_on_gluon(problem: Problem, q: torch.Tensor, k: torch.Tensor, v: tor
     sequences, and one the kernels can run (``gluon_supported``).
 
     Example:
-        >>> from flashlite._attention.validation import validate
+        >>> from flashlite.attn.problem import validate
         >>> q = torch.randn(1, 2, 16, 64, dtype=torch.bfloat16)
         >>> backward_on_gluon(validate(q, q, q, True, None, None, None, "triton", None), q, q, q)
         False

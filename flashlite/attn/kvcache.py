@@ -17,12 +17,12 @@ from typing import Optional
 
 import torch
 
-from flashlite._attention.api import attention
-from flashlite._attention.launch import launch_forward
-from flashlite._attention.plans import Plan
-from flashlite._attention.decide import decide
-from flashlite._attention.kvcache_writes import check_table_values, check_writable_caches, detached_sources
-from flashlite._attention.validation import CAUSAL_KEY_LENGTH, CAUSAL_NONE, validate, value_checks_wanted
+from flashlite.attn.api import attention
+from flashlite.attn.triton import launch_forward
+from flashlite.attn.plan import Plan
+from flashlite.attn.decide import decide
+from flashlite.attn.kvcache_writes import check_table_values, check_writable_caches, detached_sources
+from flashlite.attn.problem import CAUSAL_KEY_LENGTH, CAUSAL_NONE, validate, value_checks_wanted
 
 
 # Split-KV shares per query block: the merge unrolls one load per share.

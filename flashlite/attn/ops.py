@@ -12,11 +12,11 @@ from typing import Optional
 import torch
 
 from flashlite import _ops
-from flashlite._attention.launch import (_launcher_plan, attention_backward, attention_forward, launch_backward,
+from flashlite.attn.triton import (_launcher_plan, attention_backward, attention_forward, launch_backward,
                                          launch_forward)
-from flashlite._attention.plans import Plan
-from flashlite._attention.sdpa import sdpa_attention
-from flashlite._attention.validation import Problem, check_constant_slopes
+from flashlite.attn.plan import Plan
+from flashlite.attn.sdpa import sdpa_attention
+from flashlite.attn.problem import Problem, check_constant_slopes
 from flashlite._double_backward import recomputed_gradients
 
 

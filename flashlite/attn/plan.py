@@ -13,7 +13,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from flashlite import _env, _native
-from flashlite._attention.validation import Problem
+from flashlite.attn.problem import Problem
 from flashlite._intmath import seq_bucket
 
 # Launch recording (replaying the compiled kernel with new tensors, ``flashlite._direct_launch``) is on unless
@@ -37,7 +37,7 @@ class Plan:
 
     Example:
         >>> from flashlite.dispatch import Decision
-        >>> from flashlite._attention.validation import validate
+        >>> from flashlite.attn.problem import validate
         >>> q = torch.randn(1, 2, 8, 16)
         >>> plan = Plan(validate(q, q, q, False, None, None, None, "sdpa", None), Decision("sdpa", "forced"))
         >>> plan.decision.backend, plan.configs, plan.recorded

@@ -12,7 +12,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from flashlite._attention.validation import (CAUSAL_BOTTOM_RIGHT, CAUSAL_NONE, CAUSAL_TOP_LEFT, Problem,
+from flashlite.attn.problem import (CAUSAL_BOTTOM_RIGHT, CAUSAL_NONE, CAUSAL_TOP_LEFT, Problem,
                                              check_constant_slopes)
 
 def _visibility_mask(q: torch.Tensor, k: torch.Tensor, key_mask: Optional[torch.Tensor],
@@ -50,7 +50,7 @@ def plain_sdpa_causal(problem: Problem, seq_q: int, seq_k: int) -> Optional[bool
 
     Example:
         >>> q = torch.randn(1, 2, 1, 16)
-        >>> from flashlite._attention.validation import validate
+        >>> from flashlite.attn.problem import validate
         >>> plain_sdpa_causal(validate(q, q, q, "lower_right", None, None, None, "sdpa", None), 1, 1)
         False
     """

@@ -18,9 +18,9 @@ from typing import Any, Optional
 import torch
 
 from flashlite import _direct_launch, _env, _native, _runtime
-from flashlite._attention import launch_gluon, launch_gluon_bwd, plans
-from flashlite._attention.plans import Plan
-from flashlite._attention.validation import (_CAUSAL_ARGUMENT, _TRITON_ERROR, CAUSAL_KEY_LENGTH, Problem,
+from flashlite.attn import gluon as launch_gluon, gluon_bwd as launch_gluon_bwd, plan as plans
+from flashlite.attn.plan import Plan
+from flashlite.attn.problem import (_CAUSAL_ARGUMENT, _TRITON_ERROR, CAUSAL_KEY_LENGTH, Problem,
                                              kernel_unsupported, validate)
 from flashlite._intmath import cdiv, next_power_of_2
 from flashlite.dispatch import Decision

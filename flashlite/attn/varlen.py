@@ -15,11 +15,11 @@ from typing import Optional, Union
 import torch
 
 from flashlite import _ops
-from flashlite._attention.decide import decide
-from flashlite._attention.launch import check_backward_tensors, launch_backward, launch_forward, packed_view
-from flashlite._attention.plans import Plan
-from flashlite._attention.sdpa import sdpa_attention
-from flashlite._attention.validation import (_CAUSAL_ARGUMENT, CAUSAL_BOTTOM_RIGHT, Problem, _causal_mode,
+from flashlite.attn.decide import decide
+from flashlite.attn.triton import check_backward_tensors, launch_backward, launch_forward, packed_view
+from flashlite.attn.plan import Plan
+from flashlite.attn.sdpa import sdpa_attention
+from flashlite.attn.problem import (_CAUSAL_ARGUMENT, CAUSAL_BOTTOM_RIGHT, Problem, _causal_mode,
                                              _check_alibi, _check_softcap, _check_window, _resolve_precision,
                                              check_constant_slopes, check_dtypes_and_devices, check_scale,
                                              kernel_unsupported, value_checks_asked, value_checks_wanted)

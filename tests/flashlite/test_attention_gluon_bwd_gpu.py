@@ -8,9 +8,9 @@ softmax attention on the same 16-bit inputs; the baseline error is SDPA's own gr
 import pytest
 import torch
 
-from flashlite._attention import launch_gluon_bwd
-from flashlite._attention.launch import attention_forward
-from flashlite._attention.launch_gluon import gluon_attention_forward
+from flashlite.attn import gluon_bwd as launch_gluon_bwd
+from flashlite.attn.triton import attention_forward
+from flashlite.attn.gluon import gluon_attention_forward
 from flashlite.attention import attention
 from pytest_kernelcheck import assert_close
 

@@ -11,9 +11,9 @@ import math
 import pytest
 import torch
 
-from flashlite._attention import launch_gluon
-from flashlite._attention.launch import attention_backward
-from flashlite._attention.launch_gluon import GluonConfig, gluon_attention_forward, gluon_supported
+from flashlite.attn import gluon as launch_gluon
+from flashlite.attn.triton import attention_backward
+from flashlite.attn.gluon import GluonConfig, gluon_attention_forward, gluon_supported
 from flashlite import explain_dispatch
 from flashlite.attention import attention
 from pytest_kernelcheck import assert_close, policy_for
@@ -262,8 +262,8 @@ def test_a_replayed_gluon_launch_matches_the_ordinary_one_bit_for_bit(monkeypatc
     # GLUON_REPLAY (FLASHLITE_GLUON_REPLAY=1): a plan's first call records its Gluon launch and a later call with
     # fresh tensors replays it with its own descriptors and lse. The replay must run (not fall back), give the
     # ordinary launch's out and lse bit for bit, and be right in float64 on batch 0, heads 0 and 1.
-    from flashlite._attention.plans import Plan
-    from flashlite._attention.validation import validate
+    from flashlite.attn.plan import Plan
+    from flashlite.attn.problem import validate
     monkeypatch.setattr(launch_gluon, "GLUON_REPLAY", True)
     S = launch_gluon.GLUON_WINDOW_MIN_SEQ if window else max(launch_gluon.GLUON_MIN_SEQ[D], 1024)
     B, H = max(1, launch_gluon.GLUON_MIN_ROWS // (16 * S)), 16

@@ -236,7 +236,7 @@ def test_generator_reads_variant_comparisons_against_the_sdpa_path_only(tmp_path
 def test_a_measured_combined_variant_loads_and_decides_its_calls(tmp_path, monkeypatch):
     # A call with several variants (key padding and a window, here) is keyed by validation's parts joined by "+";
     # the generator writes that key, and the table holding it must load on the GPU it was measured on, and decide.
-    from flashlite._attention.validation import validate
+    from flashlite.attn.problem import validate
 
     q = torch.randn(2, 4, 64, 16)
     problem = validate(q, q, q, True, None, torch.rand(2, 64) > 0.2, None, "auto", None, window=(32, 0))
@@ -344,7 +344,7 @@ def test_decoding_entries_key_on_the_mode_attention_with_kvcache_looks_up(tmp_pa
     # length mask is not what auto would run instead. The generator keys them on causal "lower_right" (the A/B
     # shapes name no causal mode), which is the key attention_with_kvcache's dispatch reads.
     import importlib
-    kvcache = importlib.import_module("flashlite._attention.kvcache")
+    kvcache = importlib.import_module("flashlite.attn.kvcache")
 
     def record(name, variant, verdict, speedup):
         return {"name": name, "nodeid": "t", "verdict": verdict, "verdict_bh": verdict, "speedup": speedup,
@@ -362,7 +362,7 @@ def test_decoding_entries_key_on_the_mode_attention_with_kvcache_looks_up(tmp_pa
     # The decision attention_with_kvcache takes for a call of that shape reads the entry (the kernel is stood in
     # as runnable, and the call stops once it has decided).
     use_table(monkeypatch, table["entries"], slug="test-gpu-x", origin=table["origin"])
-    monkeypatch.setattr(importlib.import_module("flashlite._attention.decide"), "kernel_unsupported",
+    monkeypatch.setattr(importlib.import_module("flashlite.attn.decide"), "kernel_unsupported",
                         lambda *a, **kw: None)
     decided = []
 

@@ -20,8 +20,8 @@ import sys
 import pytest
 import torch
 
-from flashlite._attention import launch_gluon_bwd
-from flashlite._attention.validation import validate
+from flashlite.attn import gluon_bwd as launch_gluon_bwd
+from flashlite.attn.problem import validate
 from tests.flashlite.sm90 import GLUON_COMPILER, run_script
 from tests.flashlite.test_gluon_compile import HOPPER_SHARED_MEMORY, needs_gluon
 from pytest_kernelcheck import assert_close
@@ -29,7 +29,7 @@ from pytest_kernelcheck import assert_close
 _COMPILE = GLUON_COMPILER + r'''
 import json
 import torch
-from flashlite._attention import launch_gluon_bwd
+from flashlite.attn import gluon_bwd as launch_gluon_bwd
 
 def compile_config(config, dtype, head_dim, causal):
     q = torch.empty(2, 4, 300, head_dim, dtype=dtype)
@@ -156,7 +156,7 @@ def test_explain_dispatch_names_the_backward_kernels(monkeypatch):
     # A Triton call whose gradient autograd computes: the reason says where its backward runs, for the default
     # switch (the measured rule) and an explicit schedule; calls without a gradient say nothing of a backward.
     from flashlite.attention import explain_dispatch
-    monkeypatch.setattr(importlib.import_module("flashlite._attention.plans"), "_PLANS", {})
+    monkeypatch.setattr(importlib.import_module("flashlite.attn.plan"), "_PLANS", {})
     monkeypatch.setattr(launch_gluon_bwd, "gluon_supported", lambda *a, **kw: None)
     for name, value in zip(launch_gluon_bwd.SWITCH_GLOBALS, launch_gluon_bwd.switch_values("auto")):
         monkeypatch.setattr(launch_gluon_bwd, name, value)
@@ -178,7 +178,7 @@ def test_explain_dispatch_names_the_backward_kernels(monkeypatch):
 
 def test_an_unset_switch_means_auto():
     # The module's reading of the environment at import, in a fresh interpreter without the variable.
-    code = ("from flashlite._attention import launch_gluon_bwd as m; "
+    code = ("from flashlite.attn import gluon_bwd as m; "
             "print(m.GLUON_BWD_SWITCH, m.GLUON_BWD_ENABLED, m.GLUON_BWD_VARIANT, m.GLUON_BWD_DKDV, "
             "m.GLUON_BWD_MEASURED_ONLY)")
     env = {name: value for name, value in os.environ.items() if name != "FLASHLITE_GLUON_BWD"}
@@ -193,8 +193,8 @@ def test_an_unset_switch_means_auto():
 def test_a_plan_decides_the_backward_again_when_the_switch_changes(monkeypatch):
     # The backward asks backward_on_gluon once per plan and switch value; the Gluon launch is stood in. A fresh plan
     # cache, so that no earlier test's plan of the same signature has decided already.
-    launch_module = importlib.import_module("flashlite._attention.launch")
-    monkeypatch.setattr(importlib.import_module("flashlite._attention.plans"), "_PLANS", {})
+    launch_module = importlib.import_module("flashlite.attn.triton")
+    monkeypatch.setattr(importlib.import_module("flashlite.attn.plan"), "_PLANS", {})
     calls, launched = [], []
     monkeypatch.setattr(launch_gluon_bwd, "backward_on_gluon", lambda *a: calls.append(1) or True)
 
@@ -237,10 +237,10 @@ def test_ws_dq_runs_the_pointer_dkdv_kernel_on_the_delta_kernels_delta(monkeypat
     # kernel (stood in here: it needs an sm_90 GPU; the stand-in checks the delta it is handed and computes dQ in
     # float64). dK and dV are the pointer kernel's, through the interpreter, checked against float64 gradients. Odd
     # sizes and GQA; a fresh plan cache.
-    launch_module = importlib.import_module("flashlite._attention.launch")
+    launch_module = importlib.import_module("flashlite.attn.triton")
     if not launch_module._runtime.interpreting():
         pytest.skip("the pointer kernels need the Triton interpreter (TRITON_INTERPRET=1) here")
-    monkeypatch.setattr(importlib.import_module("flashlite._attention.plans"), "_PLANS", {})
+    monkeypatch.setattr(importlib.import_module("flashlite.attn.plan"), "_PLANS", {})
     monkeypatch.setattr(launch_gluon_bwd, "backward_on_gluon", lambda *a: True)
     monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_ENABLED", True)
     monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_MEASURED_ONLY", False)  # an explicit schedule: every shape

@@ -20,8 +20,8 @@ import json
 import pytest
 import torch
 
-from flashlite._attention import launch_gluon
-from flashlite._attention.launch_gluon import GluonConfig, gluon_attention_forward, gluon_supported
+from flashlite.attn import gluon as launch_gluon
+from flashlite.attn.gluon import GluonConfig, gluon_attention_forward, gluon_supported
 from tests.flashlite.sm90 import GLUON_COMPILER, run_script
 
 HOPPER_SHARED_MEMORY = 232448  # bytes per thread block on an H100/H200, as Triton reports the limit
@@ -30,7 +30,7 @@ _COMPILE = GLUON_COMPILER + r'''
 import json
 import torch
 import flashlite
-from flashlite._attention import launch_gluon
+from flashlite.attn import gluon as launch_gluon
 
 def compile_config(config, dtype, head_dim, causal, window_left=-1):
     # The launcher's own arguments for small CPU tensors (GQA: 4 query heads on 2 key/value heads); tensor
@@ -230,7 +230,7 @@ def _seeded_bf16(batch, heads, seq, dim=128):
     (8, 16, 4096, 128, torch.bfloat16, "lower_right", False),  # not measured
 ])
 def test_the_measured_rule_picks_the_gluon_forward(monkeypatch, batch, heads, seq, dim, dtype, causal, chosen):
-    from flashlite._attention.validation import validate
+    from flashlite.attn.problem import validate
     monkeypatch.setattr(launch_gluon, "gluon_supported", lambda *a, **kw: None)
     q = torch.empty(batch, heads, seq, dim, dtype=dtype)  # the rule reads shapes only: no data is needed
     problem = validate(q, q, q, causal, None, None, None, "triton", None)
@@ -254,7 +254,7 @@ def test_the_measured_rule_picks_the_gluon_forward(monkeypatch, batch, heads, se
     (16384, 64, True, (1024, 0), False, "fp16"),  # fp16 windows: not measured
 ])
 def test_the_measured_rule_takes_causal_windows_at_d64(monkeypatch, seq, dim, causal, window, lengths, chosen):
-    from flashlite._attention.validation import validate
+    from flashlite.attn.problem import validate
     monkeypatch.setattr(launch_gluon, "gluon_supported", lambda *a, **kw: None)
     q = torch.empty(1, 16, seq, dim, dtype=torch.float16 if chosen == "fp16" else torch.bfloat16)
     chosen = chosen is True
@@ -267,7 +267,7 @@ def test_the_measured_rule_takes_causal_windows_at_d64(monkeypatch, seq, dim, ca
 
 
 def test_a_windowed_plan_launches_the_window_config_with_its_left_bound(monkeypatch):
-    from flashlite._attention.validation import validate
+    from flashlite.attn.problem import validate
     # A window config of its own (the shipped one is the dense D=64 config), so that taking the wrong one shows.
     windowed_config = launch_gluon.GluonConfig("pipelined", 128, 128, 3, 8)
     monkeypatch.setattr(launch_gluon, "_DISPATCHED_WINDOW", {64: windowed_config})
@@ -296,7 +296,7 @@ def test_every_dispatched_config_is_one_the_kernel_file_lists():
 
 
 def test_the_rule_needs_a_call_the_kernel_can_run_and_no_mask(monkeypatch):
-    from flashlite._attention.validation import validate
+    from flashlite.attn.problem import validate
     q = torch.empty(8, 16, 4096, 128, dtype=torch.bfloat16)
     problem = validate(q, q, q, True, None, None, None, "triton", None)
     assert launch_gluon.forward_kernel_for(problem, q, q, q) is None  # CPU tensors: gluon_supported refuses
@@ -310,8 +310,8 @@ def test_the_rule_needs_a_call_the_kernel_can_run_and_no_mask(monkeypatch):
 
 def test_a_plan_on_the_gluon_kernel_launches_it_and_says_so(monkeypatch):
     import flashlite
-    decide_module = importlib.import_module("flashlite._attention.decide")
-    launch_module = importlib.import_module("flashlite._attention.launch")
+    decide_module = importlib.import_module("flashlite.attn.decide")
+    launch_module = importlib.import_module("flashlite.attn.triton")
     monkeypatch.setattr(launch_gluon, "gluon_supported", lambda *a, **kw: None)
     # On a GPU machine the tensors go there (without the interpreter the Triton backend refuses CPU tensors); the
     # Gluon launch itself is faked either way.
@@ -341,7 +341,7 @@ def test_a_plan_on_the_gluon_kernel_launches_it_and_says_so(monkeypatch):
 def test_an_unaligned_call_of_a_gluon_plan_takes_the_pointer_kernel():
     storage = torch.randn(1 * 2 * 64 * 128 + 1).to(torch.bfloat16)
     q = storage[1:].view(1, 2, 64, 128)  # 2 bytes past a 16-byte boundary
-    from flashlite._attention.validation import validate
+    from flashlite.attn.problem import validate
     problem = validate(q, q, q, True, None, None, None, "triton", None)
     assert q.data_ptr() % 16 and launch_gluon.launch_planned(q, q, q, problem) is None
 
@@ -373,8 +373,8 @@ def test_the_rule_reads_no_address_so_torch_compile_can_trace_it(monkeypatch):
     # torch.compile traces the plan's decision (dynamo, fullgraph): reading a data pointer there is a graph break,
     # which failed the compiled layer at every shape the Gluon forward covers. The rule decides from shapes and
     # strides alone; each call's addresses are checked at launch (bases_aligned).
-    from flashlite._attention import launch_gluon_bwd
-    from flashlite._attention.validation import validate
+    from flashlite.attn import gluon_bwd as launch_gluon_bwd
+    from flashlite.attn.problem import validate
     monkeypatch.setattr(launch_gluon, "GLUON_MIN_ROWS", 1)  # a small tensor then passes the rule's size floor
     monkeypatch.setattr(launch_gluon, "GLUON_MIN_SEQ", {64: 1, 128: 1})
     monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_ENABLED", True)
@@ -436,8 +436,8 @@ def gluon_stand_ins(monkeypatch):
 
 
 def _gluon_plan(record=True):
-    from flashlite._attention.plans import Plan
-    from flashlite._attention.validation import validate
+    from flashlite.attn.plan import Plan
+    from flashlite.attn.problem import validate
     q = torch.empty(1, 2, 64, 64, dtype=torch.bfloat16)
     problem = validate(q, q, q, True, None, None, None, "triton", None)
     plan = Plan(problem, None, record=True)

@@ -26,8 +26,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from flashlite._attention import launch_gluon, launch_gluon_bwd
-from flashlite._attention.launch_gluon import GluonConfig, configs_for, gluon_attention_forward
+from flashlite.attn import gluon as launch_gluon, gluon_bwd as launch_gluon_bwd
+from flashlite.attn.gluon import GluonConfig, configs_for, gluon_attention_forward
 from flashlite.attention import attention
 from flashlite.cases import case
 from pytest_kernelcheck import assert_close
@@ -369,7 +369,7 @@ SHORT_SHAPES = [dict(case=n, B=case(n).B, S=case(n).S, H=case(n).H, D=D) for D i
 @pytest.mark.shape(*SHORT_SHAPES, dtype=[torch.bfloat16])
 @pytest.mark.memory(lambda shape: attention_bytes(shape, copies=8))
 def test_gluon_below_the_floor_ab(shape, kernel_ab):
-    from flashlite._attention.validation import validate
+    from flashlite.attn.problem import validate
     q, k, v = qkv(shape.B, shape.H, shape.S, shape.D, shape.dtype)
     scale = shape.D ** -0.5
     problem = validate(q, k, v, True, None, None, None, "triton", None)
@@ -393,8 +393,8 @@ def test_gluon_below_the_floor_ab(shape, kernel_ab):
 @pytest.mark.shape(*SHORT_SHAPES, dtype=[torch.bfloat16])
 @pytest.mark.memory(lambda shape: attention_bytes(shape, copies=8))
 def test_gluon_replayed_launch_ab(shape, kernel_ab, monkeypatch):
-    from flashlite._attention.plans import Plan
-    from flashlite._attention.validation import validate
+    from flashlite.attn.plan import Plan
+    from flashlite.attn.problem import validate
     monkeypatch.setattr(launch_gluon, "GLUON_REPLAY", True)
     q, k, v = qkv(shape.B, shape.H, shape.S, shape.D, shape.dtype)
     problem = validate(q, k, v, True, None, None, None, "triton", None)
