@@ -23,7 +23,8 @@ The log-sum-exp saved for the backward pass is in base 2 of the scaled scores (n
 shape [B, H, S_q]; -inf for rows that see no key.
 """
 from flashlite.attn.api import attention, explain_dispatch
-from flashlite.attn.triton import attention_backward, attention_forward
+from flashlite.attn.triton import attention_forward
+from flashlite.attn.triton_bwd import attention_backward
 from flashlite.attn.problem import CAUSAL_MODES
 from flashlite.attn.kvcache import attention_with_kvcache
 from flashlite.attn.varlen import attention_varlen

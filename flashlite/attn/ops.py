@@ -12,8 +12,8 @@ from typing import Optional
 import torch
 
 from flashlite import _ops
-from flashlite.attn.triton import (_launcher_plan, attention_backward, attention_forward, launch_backward,
-                                         launch_forward)
+from flashlite.attn.triton import _launcher_plan, attention_forward, launch_forward
+from flashlite.attn.triton_bwd import attention_backward, launch_backward
 from flashlite.attn.plan import Plan
 from flashlite.attn.sdpa import sdpa_attention
 from flashlite.attn.problem import Problem, check_constant_slopes

@@ -16,7 +16,8 @@ import torch
 
 from flashlite import _ops
 from flashlite.attn.decide import decide
-from flashlite.attn.triton import check_backward_tensors, launch_backward, launch_forward, packed_view
+from flashlite.attn.triton import launch_forward, packed_view
+from flashlite.attn.triton_bwd import check_backward_tensors, launch_backward
 from flashlite.attn.plan import Plan
 from flashlite.attn.sdpa import sdpa_attention
 from flashlite.attn.problem import (_CAUSAL_ARGUMENT, CAUSAL_BOTTOM_RIGHT, Problem, _causal_mode,

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from flashlite.attn import gluon as launch_gluon
-from flashlite.attn.triton import attention_backward
+from flashlite.attention import attention_backward
 from flashlite.attn.gluon import GluonConfig, gluon_attention_forward, gluon_supported
 from flashlite import explain_dispatch
 from flashlite.attention import attention

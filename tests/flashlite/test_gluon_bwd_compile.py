@@ -194,6 +194,7 @@ def test_a_plan_decides_the_backward_again_when_the_switch_changes(monkeypatch):
     # The backward asks backward_on_gluon once per plan and switch value; the Gluon launch is stood in. A fresh plan
     # cache, so that no earlier test's plan of the same signature has decided already.
     launch_module = importlib.import_module("flashlite.attn.triton")
+    launch_bwd_module = importlib.import_module("flashlite.attn.triton_bwd")
     monkeypatch.setattr(importlib.import_module("flashlite.attn.plan"), "_PLANS", {})
     calls, launched = [], []
     monkeypatch.setattr(launch_gluon_bwd, "backward_on_gluon", lambda *a: calls.append(1) or True)
@@ -215,20 +216,20 @@ def test_a_plan_decides_the_backward_again_when_the_switch_changes(monkeypatch):
     grad_out = torch.randn_like(q)
     monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_ENABLED", True)
     monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_MEASURED_ONLY", False)  # an explicit schedule: every shape
-    dq, dk, dv = launch_module.attention_backward(grad_out, q, k, v, out, lse, None, None, 1, 0.25, "ieee")
+    dq, dk, dv = launch_bwd_module.attention_backward(grad_out, q, k, v, out, lse, None, None, 1, 0.25, "ieee")
     assert launched == [1, "dq"] and calls == [1]
     assert torch.all(dq == 7.0) and torch.all(dk == 3.0) and torch.all(dv == 5.0)
-    launch_module.attention_backward(grad_out, q, k, v, out, lse, None, None, 1, 0.25, "ieee")
+    launch_bwd_module.attention_backward(grad_out, q, k, v, out, lse, None, None, 1, 0.25, "ieee")
     assert calls == [1]  # kept on the plan
     # The same signature at a base address 4 bytes past a 16-byte boundary: the plan's choice stands, but this
     # call takes the pointer kernel (TMA needs aligned bases).
     unaligned = torch.empty(q.numel() + 1)[1:].view(q.shape).copy_(q)
-    _, dk_unaligned, _ = launch_module.attention_backward(grad_out, unaligned, k, v, out, lse, None, None, 1, 0.25,
+    _, dk_unaligned, _ = launch_bwd_module.attention_backward(grad_out, unaligned, k, v, out, lse, None, None, 1, 0.25,
                                                           "ieee")
     assert launched == [1, "dq"] * 2 and not torch.all(dk_unaligned == 3.0)
     monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_ENABLED", False)
     monkeypatch.setattr(launch_gluon_bwd, "backward_on_gluon", lambda *a: calls.append(2) or False)
-    _, dk_pointer, _ = launch_module.attention_backward(grad_out, q, k, v, out, lse, None, None, 1, 0.25, "ieee")
+    _, dk_pointer, _ = launch_bwd_module.attention_backward(grad_out, q, k, v, out, lse, None, None, 1, 0.25, "ieee")
     assert calls == [1, 2] and not torch.all(dk_pointer == 3.0)
 
 
@@ -238,6 +239,7 @@ def test_ws_dq_runs_the_pointer_dkdv_kernel_on_the_delta_kernels_delta(monkeypat
     # float64). dK and dV are the pointer kernel's, through the interpreter, checked against float64 gradients. Odd
     # sizes and GQA; a fresh plan cache.
     launch_module = importlib.import_module("flashlite.attn.triton")
+    launch_bwd_module = importlib.import_module("flashlite.attn.triton_bwd")
     if not launch_module._runtime.interpreting():
         pytest.skip("the pointer kernels need the Triton interpreter (TRITON_INTERPRET=1) here")
     monkeypatch.setattr(importlib.import_module("flashlite.attn.plan"), "_PLANS", {})
@@ -262,7 +264,7 @@ def test_ws_dq_runs_the_pointer_dkdv_kernel_on_the_delta_kernels_delta(monkeypat
         handed.append(delta.clone())
         dq.copy_(expected[0])
     monkeypatch.setattr(launch_gluon_bwd, "launch_dq", stand_in_dq)
-    dq, dk, dv = launch_module.attention_backward(grad_out, q, k, v, out, lse, None, None, 1, scale, "ieee")
+    dq, dk, dv = launch_bwd_module.attention_backward(grad_out, q, k, v, out, lse, None, None, 1, scale, "ieee")
     assert len(handed) == 1
     assert_close(handed[0], (grad_out.double() * out.double()).sum(-1), policy="fp32", notes="delta")
     assert_close(dk, expected[1], policy="fp32", notes="dk")
