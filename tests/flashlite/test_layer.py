@@ -776,7 +776,7 @@ LAYOUT_KEEPING_CHANGES = {
 
 @pytest.mark.parametrize("change", sorted(LAYOUT_CHANGES))
 def test_replay_layout_notices_what_a_graph_cannot_see(change):
-    from flashlite.layer import _ReplayLayout
+    from flashlite.cuda_graph import _ReplayLayout
 
     layer = TransformerLayer(32, 2, precision="mixed").eval()
     layout = _ReplayLayout.of(layer)
@@ -788,7 +788,7 @@ def test_replay_layout_notices_what_a_graph_cannot_see(change):
 
 @pytest.mark.parametrize("change", sorted(LAYOUT_KEEPING_CHANGES))
 def test_replay_layout_holds_through_in_place_updates(change):
-    from flashlite.layer import _ReplayLayout
+    from flashlite.cuda_graph import _ReplayLayout
 
     layer = TransformerLayer(32, 2, precision="mixed").eval()
     layout = _ReplayLayout.of(layer)
