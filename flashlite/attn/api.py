@@ -4,7 +4,7 @@ Under torch.compile with static sizes, a call is validated and decided by ``deci
 dynamo's trace, so that none of it becomes a guard of the graph; the graph holds the chosen op.
 Under torch.compile with dynamic sizes, ``backend="auto"`` calls without a gradient become one op,
 ``flashlite::attention_auto``, whose kernel is ``attention()`` itself: the choice is made per call, not at trace time.
-Imports ``plans``, ``decide``, ``sdpa`` and ``launch`` (``like_layout``); ``flashlite.attention`` re-exports the two
+Imports ``plan``, ``decide``, ``sdpa`` and ``triton`` (``like_layout``); ``flashlite.attention`` re-exports the two
 functions.
 """
 from typing import Optional, Union

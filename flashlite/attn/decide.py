@@ -1,8 +1,8 @@
 """Decide which backend runs a validated call, log why, and build the call signature's ``Plan``.
 
 ``decide`` asks ``flashlite.dispatch`` for ``backend="auto"``; ``decide_with_mask`` sends explicit masks to SDPA;
-``make_plan`` validates, decides (for the Triton backend also which forward and backward kernels: ``launch_gluon``,
-``launch_gluon_bwd``) and gives the plan the function that runs its calls; ``traced_call_plan`` does it for a call
+``make_plan`` validates, decides (for the Triton backend also which forward and backward kernels: ``gluon``,
+``gluon_bwd``) and gives the plan the function that runs its calls; ``traced_call_plan`` does it for a call
 torch.compile traces, outside the trace. Imports every module of the package but ``api``.
 """
 import functools
@@ -121,7 +121,7 @@ def _serves_any_key_length(problem: Problem, backend: str, decision: Decision, g
                            q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                            key_padding_mask: Optional[torch.Tensor]) -> bool:
     """Whether a plan's run is right, and its decisions those the call would get, for calls of any key length
-    (``plans.sizes_key``): SDPA plans whose run reads the sizes from the call's tensors."""
+    (``plan.sizes_key``): SDPA plans whose run reads the sizes from the call's tensors."""
     if decision.backend != "sdpa" or gradient_decision.backend != "sdpa":
         return False  # the Triton launches take the problem's sizes, and their recordings keep them
     if plain_sdpa_causal(problem, problem.seq_q, problem.seq_k) and problem.seq_k <= problem.seq_q:

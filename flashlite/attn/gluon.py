@@ -316,7 +316,7 @@ def launch_planned(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: P
     """(out, lse) of a call whose plan chose the Gluon kernel, or None when this call's base addresses are not
     16-byte aligned (a plan keys on shapes and strides, not addresses: such a call takes the pointer kernel).
     With ``plan`` (and ``GLUON_REPLAY``), the plan records its first launch and replays the later ones; out's
-    layout (``like_q``) as in ``launch.launch_forward``."""
+    layout (``like_q``) as in ``triton.launch_forward``."""
     if not bases_aligned(q, k, v):
         return None
     # The rule takes dense calls and causal windows bounded on the left (window_left is -1 for dense ones).

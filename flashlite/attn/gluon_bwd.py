@@ -5,7 +5,7 @@ and base-2 lse, from either forward) and return dK and dV, and dQ. They accept t
 accepts (sm_90, bf16/fp16, head dim 64 or 128, every causal mode, GQA, layouts TMA can describe); an incoming
 gradient whose layout TMA cannot describe is copied to a contiguous one first.
 
-``flashlite.attention``'s backward (``launch.launch_backward``) runs these kernels instead of the pointer dK/dV and
+``flashlite.attention``'s backward (``triton_bwd.launch_backward``) runs these kernels instead of the pointer dK/dV and
 dQ kernels (after the pointer delta kernel) only where ``backward_on_gluon`` says so: dense calls without key masks
 or variants that the kernels can run, with q, k and v on 16-byte boundaries, and where FLASHLITE_GLUON_BWD
 (``GLUON_BWD_ENABLED``) lets them. Unset (or "auto"), it lets them only where the A/B
@@ -262,7 +262,7 @@ def launch_dkdv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: tor
                 config: Optional[GluonBwdConfig] = None) -> None:
     """Write dK and dV of a checked call into ``dk`` and ``dv`` (contiguous, k's and v's shapes): ``grad_out`` as
     ``tma_gradient`` returns it, ``lse`` and ``delta`` contiguous float32 [B, H, S_q]. What
-    ``gluon_attention_dkdv`` and ``launch.launch_backward`` launch; without ``config``, the first listed config of
+    ``gluon_attention_dkdv`` and ``triton_bwd.launch_backward`` launch; without ``config``, the first listed config of
     ``GLUON_BWD_VARIANT``'s variant of the kernel."""
     config = config or bwd_configs_for(q.shape[-1], "dkdv", SCHEDULE_VARIANTS[GLUON_BWD_VARIANT]["dkdv"])[0]
     args, meta = dkdv_kernel_arguments(q, k, v, grad_out, dk, dv, lse, delta, causal_mode, scale, config)

@@ -7,8 +7,8 @@ causal mode aligned to each key length (``CAUSAL == 3``, ``kernels/attention_com
 lengths: no mask is built, the cache is read in place and nothing past an entry's length is touched. The SDPA path
 builds the equivalent [B, 1, S_q, S_max] mask or bias. A paged cache ([blocks, H_kv, block size, D] with a block
 table) is read by the kernel through the table (``PAGE_SIZE``); the SDPA path gathers it first. Forward only.
-Under torch.compile the call is one custom op that declares the caches mutated. Imports ``validation``,
-``plans``, ``launch``, ``api``, ``kvcache_writes`` (what a write into a cache needs) and ``flashlite.dispatch``.
+Under torch.compile the call is one custom op that declares the caches mutated. Imports ``problem``,
+``plan``, ``triton``, ``api``, ``kvcache_writes`` (what a write into a cache needs) and ``flashlite.dispatch``.
 """
 from __future__ import annotations
 

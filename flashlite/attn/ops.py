@@ -4,7 +4,7 @@ call (``run_triton``, ``run_triton_compiled``).
 
 ``torch.compile`` treats the kernel as one opaque node instead of tracing into it; eager calls with gradients skip
 the op's dispatcher through ``_EagerTritonAttention``, built by the same mechanism as the norms' (``_ops``).
-Imports ``validation``, ``plans`` and ``launch``.
+Imports ``problem``, ``plan`` and ``triton``.
 """
 import functools
 from typing import Optional

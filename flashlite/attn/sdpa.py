@@ -5,7 +5,7 @@ Builds the visibility mask from causal mode, window and key padding and the ALiB
 window and ALiBi only as a dense mask and bias, and softcapping not at all: a softcapped call is computed here in
 float32 from explicit scores, and a float16/bfloat16 call with a bias its dtype does not hold exactly (ALiBi, a
 float attn_mask of another dtype) in float32 too. Each of these paths holds O(S_q * S_k) memory; they are the
-fallback for calls the kernel cannot run. Imports ``validation`` only.
+fallback for calls the kernel cannot run. Imports ``problem`` only.
 """
 from typing import Optional
 
@@ -36,7 +36,7 @@ def _visibility_mask(q: torch.Tensor, k: torch.Tensor, key_mask: Optional[torch.
 
 def _diagonal_shift(problem: Problem, seq_q: int, seq_k: int) -> int:
     """i' - i: how far query row i's diagonal sits from key i (S_k - S_q for bottom-right causal, else 0). The sizes
-    are the call's own: a plan serves calls of every key length (``plans.sizes_key``), so its problem's may be
+    are the call's own: a plan serves calls of every key length (``plan.sizes_key``), so its problem's may be
     another call's."""
     return seq_k - seq_q if problem.causal_mode == CAUSAL_BOTTOM_RIGHT else 0
 

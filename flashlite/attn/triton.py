@@ -1,6 +1,6 @@
 """Launch the attention kernels for a plan: check what they assume, allocate, build grids, configs, and launch.
 
-Every launch belongs to a ``Plan`` (``plans``): its config comes from the plan (forced, or the autotuner's choice
+Every launch belongs to a ``Plan`` (``plan``): its config comes from the plan (forced, or the autotuner's choice
 for the plan's tuning key, asked once), and on CUDA its first launch with a known config is recorded in the plan so
 that later calls replay the compiled kernel with their own tensors (``flashlite._direct_launch``). Each launch
 site names its kernel's leading tensors once, in one tuple, for the ordinary launch, the recording and the replay.

@@ -4,7 +4,7 @@ The sequences lie end to end: q [total_q, H, D], k and v [total_k, H_kv, D], ``c
 int32 [batch + 1] starts (the first 0, the last the total). The kernel reads the starts itself (its VARLEN mode,
 ``flashlite.kernels.attention_common``), so a call costs no padding and no device synchronisation. The SDPA path,
 for where the kernel cannot run, pads on the device (scatter and gather, no synchronisation either) and masks the
-padding. Imports ``validation``, ``plans``, ``launch`` and ``sdpa``.
+padding. Imports ``problem``, ``plan``, ``triton`` and ``sdpa``.
 """
 from __future__ import annotations
 
