@@ -1,13 +1,12 @@
 """The Gluon attention forward builds for sm_90 on any machine, within Hopper's resources; its launcher's refusals.
 
 Gluon kernels do not run in Triton's interpreter, but they compile for sm_90 without a GPU. Every config the kernel
-file lists (every variant: "pipelined", step 1, "ws", step 2, "pingpong", step 3; with and without the softmax/P V
-overlap) is compiled for each head dim: for steps 1 and 2 the one the launcher picks in bf16 and fp16 and every
+file lists (every variant: "pipelined", step 1, "pingpong", step 3; with and without the softmax/P V
+overlap) is compiled for each head dim: for step 1 the one the launcher picks in bf16 and fp16 and every
 causal mode, the others (A/B candidates) in bf16, non-causal and bottom-right causal; step 3's kernel takes longer
 to build, so its first config is compiled in bf16 non-causal and bottom-right causal and in fp16 top-left, the
-others in bf16 bottom-right (the most general mask). Steps 1 and 2 also compile their first config with a causal
-window (bf16, bottom-right); step 4 (the persistent grid) its first config in bf16 in every causal mode and with a
-window, the others bottom-right. Each compile runs in a fresh interpreter with TRITON_INTERPRET=0 and a cache in
+others in bf16 bottom-right (the most general mask). Step 1 also compiles its first config with a causal window
+(bf16, bottom-right). Each compile runs in a fresh interpreter with TRITON_INTERPRET=0 and a cache in
 pytest's tmp dir, specialized as ``gluon_attention_forward`` would (descriptors built by the launcher itself over
 CPU tensors). Each compiled kernel must fit the 227 KB of shared memory a Hopper thread block may have and use at
 most 255 registers without spilling or serializing its wgmmas, as ptxas reports them. For step 3 the PTX must also
@@ -68,11 +67,6 @@ if variant == "pingpong":
     # shift) and in fp16 top-left; the others in bf16 bottom-right.
     jobs = [(default, torch.bfloat16, 0, -1), (default, torch.bfloat16, 2, -1), (default, torch.float16, 1, -1)]
     jobs += [(config, torch.bfloat16, 2, -1) for config in others]
-elif variant == "persistent":
-    # Step 1's tile code in a loop over tiles (fp16 differs from bf16 only in the operand type, as step 1's compiles
-    # show): its first config in bf16 in every causal mode and with a window, the others bottom-right.
-    jobs = [(default, torch.bfloat16, causal, -1) for causal in launch_gluon._kernels.CAUSAL_MODES]
-    jobs += [(default, torch.bfloat16, 2, 100)] + [(config, torch.bfloat16, 2, -1) for config in others]
 else:
     # The launcher's pick in both dtypes and every causal mode; the configs listed for A/B in bf16, without and with
     # the bottom-right diagonal (top-left is the same mask with a zero shift).
@@ -113,7 +107,7 @@ def test_every_config_compiles_for_sm90_within_resources(variant, head_dim, tmp_
     script = f"VARIANT, HEAD_DIM = {variant!r}, {head_dim}\n" + _COMPILE
     results = [json.loads(line) for line in run_script(script).splitlines() if line.startswith("{")]
     others = len(launch_gluon.configs_for(head_dim, variant)) - 1
-    expected = {"pingpong": 3 + others, "persistent": 4 + others}.get(variant, 7 + 2 * others)
+    expected = {"pingpong": 3 + others}.get(variant, 7 + 2 * others)
     assert len(results) == expected, results
     for r in results:
         where = (f"{variant} {r['dtype']} D={r['head_dim']} causal={r['causal']} window={r['window_left']} "

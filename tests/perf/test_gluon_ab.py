@@ -1,9 +1,9 @@
-"""A/B of the Gluon attention forward (issue 17) on Hopper: steps 1, 2 and 3 against SDPA's default, against
+"""A/B of the Gluon attention forward (issue 17) on Hopper: steps 1 and 3 against SDPA's default, against
 flashlite's pointer-kernel forward and against each other, with and without the softmax/P V overlap, and the D=64
 block shapes listed beside step 1's default against it (sm_90 only).
 
 Run with ``pytest tests/perf/test_gluon_ab.py --kernel-ab`` (``-k step3``: only step 3 and the D=64 block
-shapes; ``-k forward_ab``: only steps 1 and 2, as run G5 measured them). Causal bf16, H=16, cases 3, 6 and 12 of
+shapes; ``-k forward_ab``: only step 1). Causal bf16, H=16, cases 3, 6 and 12 of
 ``flashlite.cases`` (B=1 S=8192; B=8 S=4096; B=16 S=8192) at D=64 and D=128. Every side computes out and the
 log-sum-exp a backward would need (SDPA's default: its forward without grad, as the other A/B files time it);
 each candidate is first checked against SDPA so that a wrong kernel is never timed. ``-k gluon_backward_ab``: the Gluon
@@ -12,8 +12,7 @@ schedule) against off, against the single-partition schedule and against SDPA; `
 warp-specialized config of dK/dV and dQ against the single-partition kernel, the kernels alone.
 ``-k gluon_window``: the causal sliding window on the Gluon forward against the pointer kernel's and FlexAttention.
 ``-k below_the_floor``: the dispatched Gluon forward at cases 5 and 7-10, under the rule's length floor.
-``-k step4``: step 4 (step 1's schedule over a persistent grid, tiles longest first) against step 1 in the same
-tile, against what the rule dispatches and against SDPA. ``-k replayed``: the planned launch replayed
+``-k replayed``: the planned launch replayed
 (``GLUON_REPLAY``) against the ordinary one, the pointer kernel and SDPA at cases 5 and 7-10. ``-k fp16``: fp16
 on the dispatched configs against the pointer kernel and SDPA. ``-k named_barriers``: step 3 with its turns and
 slot releases through hardware named barriers against the same tiles with mbarriers, the dispatched config and SDPA.
@@ -52,11 +51,6 @@ def _run(q, k, v, config: GluonConfig):
     return lambda: gluon_attention_forward(q, k, v, causal=True, variant=config.variant, config=config)[0]
 
 
-def _same_tile(config: GluonConfig) -> GluonConfig:
-    """Step 1 (one partition, a grid of query blocks) in ``config``'s tile."""
-    return GluonConfig("pipelined", config.block_m, config.block_n, config.stages, config.num_warps)
-
-
 def _shape_name(config: GluonConfig) -> str:
     """"gluon step 1 64x128x2w4": the step, then BLOCK_M x BLOCK_N x stages and warps (pingpong: per consumer)."""
     return (f"gluon {config.step} {config.block_m}x{config.block_n}x{config.stages}w{config.num_warps}"
@@ -77,14 +71,10 @@ def _callables(shape, pairs):
     pointer = pointer_forward(q, k, v, scale=scale, precision=dot)
     sides = {
         "gluon step 1": _gluon(q, k, v, "pipelined", False),
-        "gluon step 2": _gluon(q, k, v, "ws", False),
         "gluon step 1 overlap": _gluon(q, k, v, "pipelined", True),
-        "gluon step 2 overlap": _gluon(q, k, v, "ws", True),
         "gluon step 3": _gluon(q, k, v, "pingpong", False),
         "gluon step 3 overlap": _gluon(q, k, v, "pingpong", True),
-        "gluon step 4": _gluon(q, k, v, "persistent", False),
-        # Step 1 in step 4's tile (its schedule without the persistent grid), and what the rule runs today.
-        "gluon step 1 same tile": _run(q, k, v, _same_tile(configs_for(shape.D, "persistent")[0])),
+        # What the rule runs today.
         "gluon dispatched": _run(q, k, v, launch_gluon.dispatched_config(shape.D)),
         "pointer kernel": lambda: pointer()[0],
         "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
@@ -108,22 +98,14 @@ def _callables(shape, pairs):
     return sides
 
 
-# (candidate, baseline). Steps 1 and 2 (run G5): each step against SDPA, step 1 against the pointer kernel, step 2
-# against step 1, and the softmax/P V overlap against the same schedule without it.
-PAIRS = [("gluon step 1", "sdpa"), ("gluon step 2", "sdpa"), ("gluon step 2 overlap", "sdpa"),
-         ("gluon step 1", "pointer kernel"), ("gluon step 2", "gluon step 1"),
-         ("gluon step 1 overlap", "gluon step 1"), ("gluon step 2 overlap", "gluon step 2")]
+# (candidate, baseline). Step 1 (run G5) against SDPA and the pointer kernel, and the softmax/P V overlap against
+# the same schedule without it. (Steps 2 and 4 lost their A/Bs and were deleted; BENCHMARKS.md keeps their numbers.)
+PAIRS = [("gluon step 1", "sdpa"), ("gluon step 1", "pointer kernel"), ("gluon step 1 overlap", "gluon step 1")]
 # Step 3 against SDPA, the pointer kernel and step 1 (the kept one), its overlap against itself without; at D=64
 # also each D=64 block shape against step 1's default and against the pointer kernel (the kernel D=64 runs on).
 STEP3_PAIRS = [("gluon step 3", "sdpa"), ("gluon step 3 overlap", "sdpa"), ("gluon step 3", "pointer kernel"),
                ("gluon step 3", "gluon step 1"), ("gluon step 3 overlap", "gluon step 3")]
 D64_PAIRS = [(_shape_name(c), baseline) for c in D64_SHAPES for baseline in ("gluon step 1", "pointer kernel")]
-# Step 4 (persistent, longest tiles first) against step 1 in the same tile, against what the rule dispatches today
-# (D=64: that same tile; D=128: step 3) and against SDPA. ``-k step4``.
-STEP4_PAIRS = [("gluon step 4", "gluon step 1 same tile"), ("gluon step 4", "gluon dispatched"),
-               ("gluon step 4", "sdpa")]
-
-
 # Step 3's turns and slot releases through hardware named barriers against the same tiles with mbarriers (at
 # D=128 the dispatched config), against what the rule dispatches and against SDPA; at D=128 also the overlapped
 # schedule with named barriers against the one without overlap. ``-k named_barriers``.
@@ -161,12 +143,6 @@ def test_gluon_named_barriers_ab(shape, kernel_ab):
 @pytest.mark.memory(lambda shape: attention_bytes(shape, copies=9))
 def test_gluon_step3_and_d64_shapes_ab(shape, kernel_ab):
     _compare(shape, kernel_ab, STEP3_PAIRS + (D64_PAIRS if shape.D == 64 else []))
-
-
-@pytest.mark.shape(*SHAPES, dtype=[torch.bfloat16])
-@pytest.mark.memory(lambda shape: attention_bytes(shape, copies=8))
-def test_gluon_step4_ab(shape, kernel_ab):
-    _compare(shape, kernel_ab, STEP4_PAIRS)
 
 
 # The Gluon backward (flashlite/kernels/attention_bwd_gluon.py), measured as users meet it: forward and backward
