@@ -3,8 +3,9 @@ checks and the switch that routes ``flashlite.attention``'s backward to it.
 
 As for the forward (test_gluon_compile.py): each compile runs in a fresh interpreter with TRITON_INTERPRET=0,
 specialized as the launcher would (descriptors built by ``dkdv_kernel_arguments`` over CPU tensors, GQA with 4
-query heads on 2 key/value heads). For each kernel and schedule ("pipelined", "ws"), the first config is compiled in
-bf16 in every causal mode and in fp16 top-left, the others in bf16 bottom-right; each must fit the 227 KB of shared
+query heads on 2 key/value heads). For each kernel and schedule (``BWD_VARIANTS``: "pipelined"; for dQ also "ws"),
+the first config is compiled in bf16 in every causal mode and in fp16 top-left, the others in bf16 bottom-right;
+each must fit the 227 KB of shared
 memory and 255 registers without spilling, and without ptxas serializing its wgmmas (it notes that, and then waits
 out every wgmma of the kernel: the backward configs it happened to lost 0.61-0.91x), as ptxas reports them. The
 warp-specialized kernels' PTX must also show the register split their partitions asked for, a named barrier of its
@@ -283,31 +284,23 @@ class _RecordedLaunch:
 
 @needs_gluon
 def test_each_schedule_launches_its_own_kernel_over_its_own_grid(monkeypatch):
-    # A "ws" program covers two consumers' rows, so its grid has half the programs of a single-partition config
+    # A "ws" dQ program covers two consumers' rows, so its grid has half the programs of a single-partition config
     # with as many rows per warpgroup, and it launches with the register cap its partitions' split needs. Without
     # a config, the launchers take GLUON_BWD_VARIANT's first.
     launches = []
     kernels = launch_gluon_bwd._kernels
-    for name in ("_attn_bwd_dkdv", "_attn_bwd_dkdv_ws", "_attn_bwd_dq", "_attn_bwd_dq_ws"):
+    for name in ("_attn_bwd_dkdv", "_attn_bwd_dq", "_attn_bwd_dq_ws"):
         monkeypatch.setattr(kernels, name, _RecordedLaunch(name, launches))
     q, k = _bf16(2, 4, 333, 64), _bf16(2, 2, 333, 64)
     lse = torch.zeros(2, 4, 333)
-    pipelined = launch_gluon_bwd.bwd_configs_for(64, "dkdv")[0]
-    ws = launch_gluon_bwd.bwd_configs_for(64, "dkdv", "ws")[0]
-    assert pipelined.own_rows == ws.own_rows == 64 and ws.program_rows == 128
-    for config in (pipelined, ws):
-        launch_gluon_bwd.launch_dkdv(q, k, k, q, lse, lse, torch.empty_like(k), torch.empty_like(k), 1, 0.125,
-                                     config)
-    monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_VARIANT", "ws")
-    launch_gluon_bwd.launch_dkdv(q, k, k, q, lse, lse, torch.empty_like(k), torch.empty_like(k), 2, 0.125)
-    launch_gluon_bwd.launch_dq(q, k, k, q, lse, lse, torch.empty_like(q), 2, 0.125)
-    (name_p, grid_p, meta_p), (name_w, grid_w, meta_w), (name_d, _, meta_d), (name_q, grid_q, meta_q) = launches
-    assert (name_p, grid_p) == ("_attn_bwd_dkdv", (6, 4)) and "maxnreg" not in meta_p
-    assert (name_w, grid_w) == ("_attn_bwd_dkdv_ws", (3, 4))
-    assert meta_w["maxnreg"] == kernels.BWD_WS_MAXNREG and meta_w["EARLY_DP"] is ws.early_dp
-    assert meta_w["OVERLAP"] is ws.overlap
-    assert name_d == "_attn_bwd_dkdv_ws" and meta_d["CAUSAL"] == 2 and meta_d["BLOCK_N"] == ws.own_rows
+    pipelined = launch_gluon_bwd.bwd_configs_for(64, "dq")[0]
     dq_ws = launch_gluon_bwd.bwd_configs_for(64, "dq", "ws")[0]
+    assert dq_ws.program_rows == 2 * dq_ws.own_rows
+    for config in (pipelined, dq_ws):
+        launch_gluon_bwd.launch_dq(q, k, k, q, lse, lse, torch.empty_like(q), 2, 0.125, config)
+    (name_p, grid_p, meta_p), (name_q, grid_q, meta_q) = launches
+    assert (name_p, grid_p) == ("_attn_bwd_dq", (math.ceil(333 / pipelined.program_rows), 8))
+    assert "maxnreg" not in meta_p
     assert (name_q, grid_q) == ("_attn_bwd_dq_ws", (math.ceil(333 / dq_ws.program_rows), 8))
     assert meta_q["maxnreg"] == kernels.BWD_WS_MAXNREG and meta_q["BLOCK_M"] == dq_ws.own_rows
     # "mixed": dK/dV on the single-partition kernel's first config, dQ on the warp-specialized one's.
@@ -316,30 +309,29 @@ def test_each_schedule_launches_its_own_kernel_over_its_own_grid(monkeypatch):
     launch_gluon_bwd.launch_dkdv(q, k, k, q, lse, lse, torch.empty_like(k), torch.empty_like(k), 1, 0.125)
     launch_gluon_bwd.launch_dq(q, k, k, q, lse, lse, torch.empty_like(q), 1, 0.125)
     assert [name for name, _, _ in launches] == ["_attn_bwd_dkdv", "_attn_bwd_dq_ws"]
-    assert launches[0][2]["BLOCK_N"] == launch_gluon_bwd.bwd_configs_for(64, "dkdv")[0].own_rows
+    dkdv = launch_gluon_bwd.bwd_configs_for(64, "dkdv")[0]
+    assert launches[0][1] == (math.ceil(333 / dkdv.own_rows), 4) and launches[0][2]["BLOCK_N"] == dkdv.own_rows
+    assert "maxnreg" not in launches[0][2]
 
 
 @needs_gluon
 def test_configs_are_listed_per_schedule_and_refused_across_kernels(monkeypatch):
     with pytest.raises(ValueError, match="variant must be one of"):
         launch_gluon_bwd.bwd_configs_for(64, "dkdv", "pingpong")
+    with pytest.raises(ValueError, match="variant must be one of"):  # dK/dV has one schedule
+        launch_gluon_bwd.bwd_configs_for(64, "dkdv", "ws")
     dq_config = launch_gluon_bwd.bwd_configs_for(128, "dq", "ws")[0]
-    assert dq_config.early_dp is None and dq_config.overlap is None  # the choices exist for dK/dV only
-    for config in launch_gluon_bwd.bwd_configs_for(128, "dkdv", "ws"):
-        assert isinstance(config.early_dp, bool) and isinstance(config.overlap, bool)
-        # The overlapped schedule issues dP^T with S^T (the kernel asserts it too).
-        assert not config.overlap or config.early_dp
     # A config of the other kernel is refused by name (the call's own checks, which CPU tensors fail, stood in).
     q = _bf16(1, 2, 16, 128)
     monkeypatch.setattr(launch_gluon_bwd, "_checked", lambda grad_out, *a: (grad_out, None, 0.125))
     with pytest.raises(ValueError, match="is not listed for the dK/dV kernel at head dim 128"):
         launch_gluon_bwd.gluon_attention_dkdv(q, q, q, q, q, torch.zeros(1, 2, 16), config=dq_config)
-    dkdv_config = launch_gluon_bwd.bwd_configs_for(128, "dkdv", "ws")[0]
+    dkdv_config = launch_gluon_bwd.bwd_configs_for(128, "dkdv")[0]
     with pytest.raises(ValueError, match="is not listed for the dQ kernel at head dim 128"):
         launch_gluon_bwd.gluon_attention_dq(q, q, q, q, q, torch.zeros(1, 2, 16), config=dkdv_config)
 
 
-@pytest.mark.parametrize("value", ["true", "WS", "2", " ws"])
+@pytest.mark.parametrize("value", ["true", "WS", "2", " ws", "ws"])
 def test_the_switch_refuses_a_value_it_does_not_know(value):
     # A mistyped schedule must not run as another one (before, any value but "0" and "" meant the single-partition
     # kernels).
@@ -347,6 +339,6 @@ def test_the_switch_refuses_a_value_it_does_not_know(value):
         launch_gluon_bwd.gluon_bwd_setting(value)
     assert launch_gluon_bwd.gluon_bwd_setting("1") == (True, "pipelined", True)
     assert launch_gluon_bwd.gluon_bwd_setting("") == (False, "pipelined", True)
-    assert launch_gluon_bwd.gluon_bwd_setting("ws_dq") == (True, "ws", False)
+    assert launch_gluon_bwd.gluon_bwd_setting("ws_dq") == (True, "mixed", False)
     assert launch_gluon_bwd.gluon_bwd_setting("mixed") == (True, "mixed", True)
-    assert set(launch_gluon_bwd.SCHEDULE_VARIANTS) == {"pipelined", "ws", "mixed"}
+    assert set(launch_gluon_bwd.SCHEDULE_VARIANTS) == {"pipelined", "mixed"}

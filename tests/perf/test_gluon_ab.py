@@ -7,9 +7,10 @@ shapes; ``-k forward_ab``: only step 1). Causal bf16, H=16, cases 3, 6 and 12 of
 ``flashlite.cases`` (B=1 S=8192; B=8 S=4096; B=16 S=8192) at D=64 and D=128. Every side computes out and the
 log-sum-exp a backward would need (SDPA's default: its forward without grad, as the other A/B files time it);
 each candidate is first checked against SDPA so that a wrong kernel is never timed. ``-k gluon_backward_ab``: the Gluon
-backward (dK/dV and dQ), forward+backward of ``flashlite.attention`` with its switch on (the warp-specialized
+backward (dK/dV and dQ), forward+backward of ``flashlite.attention`` with its switch on (the default "mixed"
 schedule) against off, against the single-partition schedule and against SDPA; ``-k backward_kernels``: each
-warp-specialized config of dK/dV and dQ against the single-partition kernel, the kernels alone.
+warp-specialized dQ config and each further single-partition config against the first single-partition one, the
+kernels alone.
 ``-k gluon_window``: the causal sliding window on the Gluon forward against the pointer kernel's and FlexAttention.
 ``-k below_the_floor``: the dispatched Gluon forward at cases 5 and 7-10, under the rule's length floor.
 ``-k replayed``: the planned launch replayed
@@ -148,11 +149,12 @@ def test_gluon_step3_and_d64_shapes_ab(shape, kernel_ab):
 # The Gluon backward (flashlite/kernels/attention_bwd_gluon.py), measured as users meet it: forward and backward
 # of flashlite.attention(backend="triton") with FLASHLITE_GLUON_BWD's switch on (dK/dV and dQ on the Gluon kernels
 # of one schedule, delta on the pointer kernel) against the same with it off (all pointer kernels), and against
-# SDPA. The warp-specialized schedule ("ws") is the candidate, against the pointer backward, the single-partition
-# Gluon schedule ("pipelined", which lost to the pointer backward in run I1) and SDPA. Each side sets the switch
+# SDPA. The default schedule ("mixed": dK/dV single-partition, dQ warp-specialized) is the candidate, against the
+# pointer backward, the single-partition Gluon schedule ("pipelined", which lost to the pointer backward in run I1)
+# and SDPA. (The all-warp-specialized schedule "ws" was deleted with its dK/dV kernel.) Each side sets the switch
 # before its call; the plan keeps a decision per switch value, so flipping costs a lookup.
 def _forward_backward(q, k, v, grad_out, *, gluon_bwd: str):
-    """``gluon_bwd``: a value of FLASHLITE_GLUON_BWD ("0" the pointer backward, "1", "ws", "ws_dq", "mixed")."""
+    """``gluon_bwd``: a value of FLASHLITE_GLUON_BWD ("0" the pointer backward, "1", "ws_dq", "mixed")."""
     values = launch_gluon_bwd.switch_values(gluon_bwd)
 
     def run():
@@ -190,7 +192,7 @@ def _check_against_pointer(shape, candidates: dict, pointer) -> None:
 
 
 # The schedule each FLASHLITE_GLUON_BWD value runs, as the rows name it.
-_SCHEDULE_NAMES = {"ws": "ws", "1": "pipelined", "ws_dq": "ws_dq", "mixed": "mixed"}
+_SCHEDULE_NAMES = {"1": "pipelined", "ws_dq": "ws_dq", "mixed": "mixed"}
 
 
 def _backward_ab(shape, kernel_ab, candidate: str, gluon_baselines: tuple[str, ...]) -> None:
@@ -219,7 +221,7 @@ def _backward_ab(shape, kernel_ab, candidate: str, gluon_baselines: tuple[str, .
 @pytest.mark.shape(*SHAPES, dtype=[torch.bfloat16])
 @pytest.mark.memory(lambda shape: attention_bytes(shape, copies=14))
 def test_gluon_backward_ab(shape, kernel_ab):
-    _backward_ab(shape, kernel_ab, "ws", ("1",))
+    _backward_ab(shape, kernel_ab, "mixed", ("1",))
 
 
 # FLASHLITE_GLUON_BWD=ws_dq: the warp-specialized Gluon dQ kernel with the pointer dK/dV kernel (after the delta
@@ -247,10 +249,7 @@ def test_gluon_mixed_backward_ab(shape, kernel_ab):
 # are there because their shape differs in kind: at D=128 they fit two programs per SM, where the first config's
 # 8 warps of 255 registers fill it alone (cpu-host-2026-12-05-b/backward_sass_mix/). ``-k backward_kernels``.
 def _bwd_config_name(config) -> str:
-    dp = "" if config.early_dp is None else (" dP early" if config.early_dp else " dP late")
-    overlap = " overlapped" if config.overlap else ""
-    return (f"{config.variant} {config.own_rows}x{config.streamed_rows} s{config.stages} w{config.num_warps}{dp}"
-            f"{overlap}")
+    return f"{config.variant} {config.own_rows}x{config.streamed_rows} s{config.stages} w{config.num_warps}"
 
 
 @pytest.mark.shape(*SHAPES, dtype=[torch.bfloat16])
@@ -282,7 +281,9 @@ def test_gluon_backward_kernels_ab(shape, kernel_ab):
         pipelined, *other_pipelined = launch_gluon_bwd.bwd_configs_for(shape.D, kind)
         baseline = make(pipelined)
         expected = [t.clone() for t in baseline()]
-        for config in other_pipelined + launch_gluon_bwd.bwd_configs_for(shape.D, kind, "ws"):
+        others = [variant for variant in launch_gluon_bwd.BWD_VARIANTS[kind] if variant != "pipelined"]
+        for config in other_pipelined + [c for variant in others
+                                         for c in launch_gluon_bwd.bwd_configs_for(shape.D, kind, variant)]:
             candidate = make(config)
             for got, want in zip(candidate(), expected):
                 # The single-partition kernel in the same precision is the yardstick; the float64 checks of every
