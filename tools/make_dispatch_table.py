@@ -30,7 +30,8 @@ which is right when the table is made in the checkout that ran the measurement (
 
 On a GPU machine, in the checkout to measure, one command measures and writes the table of that GPU:
 
-    python -m pytest tests/perf --kernel-ab --kernel-ab-report ab.json \
+    python -m pytest tests/perf/test_attention_ab.py tests/perf/test_variants_ab.py tests/perf/test_varlen_ab.py \
+        tests/perf/test_kvcache_ab.py --kernel-ab --kernel-ab-report ab.json \
         && python tools/make_dispatch_table.py ab.json
 
 Usage: python tools/make_dispatch_table.py REPORT.json [REPORT.json ...] [--commit SHA [SHA ...]]
