@@ -1,6 +1,6 @@
 """flashlite's attention: the public ``attention()``, its dispatch, launchers and torch.library ops.
 
-This module re-exports the public names; the code lives in ``flashlite._attention``, one job per module (its
+This module re-exports the public names; the code lives in ``flashlite.attn``, one job per module (its
 docstring lists them).
 
 Layers, bottom up:
@@ -22,11 +22,12 @@ Triton kernel only; the SDPA path computes float32 in SDPA's own way.
 The log-sum-exp saved for the backward pass is in base 2 of the scaled scores (natural lse * log2(e)), float32,
 shape [B, H, S_q]; -inf for rows that see no key.
 """
-from flashlite._attention.api import attention, explain_dispatch
-from flashlite._attention.launch import attention_backward, attention_forward
-from flashlite._attention.validation import CAUSAL_MODES
-from flashlite._attention.kvcache import attention_with_kvcache
-from flashlite._attention.varlen import attention_varlen
+from flashlite.attn.api import attention, explain_dispatch
+from flashlite.attn.triton import attention_forward
+from flashlite.attn.triton_bwd import attention_backward
+from flashlite.attn.problem import CAUSAL_MODES
+from flashlite.attn.kvcache import attention_with_kvcache
+from flashlite.attn.varlen import attention_varlen
 
 __all__ = ["attention", "attention_varlen", "attention_with_kvcache", "explain_dispatch", "attention_forward",
            "attention_backward", "CAUSAL_MODES"]

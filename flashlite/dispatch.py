@@ -3,7 +3,10 @@
 A decision is looked up per (GPU model, dtype, head dim, causal, batch, sequence-length bucket) in a table of
 measured A/B verdicts shipped in ``flashlite/dispatch_tables/<gpu>.json``; the table is generated from the JSON
 report that ``pytest --kernel-ab --kernel-ab-report`` writes (``tools/make_dispatch_table.py``) and records the
-GPU, date and commit it came from. Where no table or entry applies, a fixed rule decides:
+GPU, date and commit it came from, and the source hash of the kernels it measured (``kernel_source_hash``). An
+entry measured on other kernel code than this checkout's (another hash, or none recorded) decides nothing: the
+call takes the rule below, and its reason says so (``explain_dispatch``), so that a table can never steer calls
+to kernel code it never timed. Where no table or entry applies, a fixed rule decides:
 
 * the kernel cannot run the call (CPU tensors without the interpreter, an arbitrary float bias, ...): SDPA;
 * float32 inputs on CUDA: the kernel, because SDPA has only its memory-efficient kernel for float32 while the
@@ -20,6 +23,7 @@ Callers decide once per call signature: ``flashlite.attention`` keeps each decis
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import math
 import re
@@ -46,6 +50,53 @@ class Decision:
 
     backend: Backend
     reason: str
+
+
+# The kernel sources a dispatch table's measurements depend on, relative to the flashlite package: the Triton and
+# Gluon attention kernels, their shared helpers and their configs. A table records their hash; an entry measured on
+# other sources is not used. (The launchers are left out: they choose among these kernels by the rules beside them,
+# and a refactoring of host code should not throw a table away; a change of the kernels or configs must.)
+MEASURED_KERNEL_FILES = ("kernels/attention_common.py", "kernels/attention_fwd.py", "kernels/attention_bwd.py",
+                         "kernels/attention_fwd_gluon.py", "kernels/attention_bwd_gluon.py",
+                         "kernels/gluon_tiles.py", "kernels/tuning.py")
+
+
+def source_hash(sources: dict[str, bytes]) -> str:
+    """The hash a dispatch table records for kernel sources ``sources`` (path in ``MEASURED_KERNEL_FILES`` -> the
+    file's bytes): SHA-256 over each path and its bytes, in ``MEASURED_KERNEL_FILES``' order, as 16 hex digits.
+    Raises KeyError for a missing file.
+
+    Example:
+        >>> files = {path: b"" for path in MEASURED_KERNEL_FILES}
+        >>> source_hash(files) == source_hash(dict(reversed(list(files.items()))))
+        True
+        >>> len(source_hash(files))
+        16
+    """
+    digest = hashlib.sha256()
+    for path in MEASURED_KERNEL_FILES:
+        content = sources[path]
+        digest.update(path.encode() + b"\0" + str(len(content)).encode() + b"\0" + content)
+    return digest.hexdigest()[:16]
+
+
+_KERNEL_HASH: list[str] = []
+
+
+# Read once per process (the sources do not change under a running program); marked constant for torch.compile,
+# which would otherwise trace the file reads (the name lookup of ``_device_slug`` says why on a plain function).
+@torch.compiler.assume_constant_result
+def kernel_source_hash() -> str:
+    """``source_hash`` of this checkout's kernel sources: what a table entry must record to decide a call.
+
+    Example:
+        >>> kernel_source_hash() == kernel_source_hash() and len(kernel_source_hash()) == 16
+        True
+    """
+    if not _KERNEL_HASH:
+        package = Path(__file__).parent
+        _KERNEL_HASH.append(source_hash({path: (package / path).read_bytes() for path in MEASURED_KERNEL_FILES}))
+    return _KERNEL_HASH[0]
 
 
 def gpu_slug(name: str) -> str:
@@ -133,8 +184,9 @@ BACKENDS = ("triton", "sdpa")
 def _check_table(table: Any, slug: str, path: Path) -> None:
     """ValueError naming ``path`` and the field for a table ``_decide`` would misread: every entry's backend is
     one of ``BACKENDS`` (another word would be reported by explain_dispatch while SDPA ran), its key has
-    ``table_key``'s form (another is never looked up), its speedup a finite number above 0 or null, and the GPU of
-    its origin is the one the file is named for (a table measured on another GPU decides nothing here)."""
+    ``table_key``'s form (another is never looked up), its speedup a finite number above 0 or null, its kernel hash
+    (the entry's, else the origin's) 16 hex digits or absent, and the GPU of its origin is the one the file is named
+    for (a table measured on another GPU decides nothing here)."""
     if not isinstance(table, dict) or not isinstance(table.get("entries"), dict) or not isinstance(
             table.get("origin"), dict):
         raise ValueError(f"{path}: a dispatch table needs 'origin' and 'entries', each a JSON object")
@@ -149,6 +201,10 @@ def _check_table(table: Any, slug: str, path: Path) -> None:
         if not isinstance(entry, dict) or entry.get("backend") not in BACKENDS:
             backend = entry.get("backend") if isinstance(entry, dict) else entry
             raise ValueError(f"{path}: entry {key!r}: backend {backend!r} is not one of {', '.join(BACKENDS)}")
+        measured = entry.get("kernel_hash", table["origin"].get("kernel_hash"))
+        if measured is not None and not (isinstance(measured, str) and re.fullmatch(r"[0-9a-f]{16}", measured)):
+            raise ValueError(f"{path}: entry {key!r}: kernel_hash {measured!r} is not 16 hex digits "
+                             f"(flashlite.dispatch.source_hash)")
         speedup = entry.get("speedup")
         if speedup is not None and (isinstance(speedup, bool) or not isinstance(speedup, (int, float))
                                     or not 0 < speedup < math.inf):
@@ -202,8 +258,16 @@ def _decide(slug: str | None, dtype: torch.dtype, head_dim: int, causal: bool | 
         entry = table["entries"].get(table_key(dtype, head_dim, causal, batch, seq_len, variant, backward))
         if entry is not None:
             origin = {**table["origin"], **entry}  # an entry merged from an older report names its own origin
-            return Decision(entry["backend"], f"{slug} table{shown} ({origin.get('date', '?')}, commit "
-                                              f"{origin.get('commit', '?')}): {entry.get('why', entry['backend'])}")
+            measured, current = origin.get("kernel_hash"), kernel_source_hash()
+            if measured == current:
+                return Decision(entry["backend"], f"{slug} table{shown} ({origin.get('date', '?')}, commit "
+                                                  f"{origin.get('commit', '?')}): {entry.get('why', entry['backend'])}")
+            # Measured on other kernel code (or before tables recorded it): its verdict is about code that no
+            # longer runs, so the rule decides, and the reason says which entry was set aside and why.
+            on = "no kernel source hash recorded" if measured is None else f"kernel source hash {measured}"
+            return _rule(f"{slug} table entry{shown} not used: measured on other kernel code ({on}; this code "
+                         f"{current}; regenerate the table with tools/make_dispatch_table.py)", dtype, variant,
+                         backward)
     where = f"no {slug} table entry{shown}" if table is not None else f"no dispatch table for {slug}{shown}"
     return _rule(where, dtype, variant, backward)
 

@@ -1,19 +1,18 @@
-"""A pre-LN transformer layer on flashlite's kernels, the plain PyTorch block it is checked against, and a CUDA-graph
-runner for small, launch-bound shapes.
+"""A pre-LN transformer layer on flashlite's kernels (``TransformerLayer``) and its precision and fusion settings.
 
-* :class:`TransformerLayer`: ``x + Attn(LN1(x))`` then ``+ MLP(LN2(.))`` with exact GELU, LayerNorm and attention on
-  flashlite's Triton kernels, under one of the precision policies of ``flashlite.precision``.
-* :class:`PlainTransformerBlock`: the same block written with ``nn.LayerNorm``, ``nn.Linear``,
-  ``F.scaled_dot_product_attention`` and ``F.gelu``: the module a user already has, the float64 reference of the
-  tests and the baseline of the benchmarks. ``TransformerLayer.from_plain`` / ``to_plain`` convert between them.
-* :class:`CudaGraphRunner`: captures the layer's forward once per input signature and replays it (inference).
+``x + Attn(LN1(x))`` then ``+ MLP(LN2(.))`` with exact GELU, LayerNorm and attention on flashlite's Triton kernels,
+under one of the precision policies of ``flashlite.precision``. Its neighbours, re-exported here so that the public
+names stay where they were:
+
+* ``flashlite.plain_block``: :class:`PlainTransformerBlock`, the same block in plain PyTorch (the reference);
+  ``TransformerLayer.from_plain`` / ``to_plain`` convert between them;
+* ``flashlite.cuda_graph``: :class:`CudaGraphRunner`, which captures the layer's forward once per input signature and
+  replays it (inference). It imports this module, so this module names it lazily (``__getattr__``), not at import.
 """
 from __future__ import annotations
 
-import math
-import numbers
+import importlib
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any, Optional, Union
 
 import torch
@@ -23,6 +22,8 @@ from torch import nn
 from flashlite._casts import cast_together
 from flashlite._runtime import kernel_device_ok
 from flashlite.norm import _check_eps, add_layer_norm, bias_gelu, layer_norm
+from flashlite.plain_block import (PlainTransformerBlock, _check_bool, _check_dims, _check_dropout, _check_factory,
+                                   _check_input, plain_to_layer_names)
 from flashlite.precision import PrecisionPolicy, resolve_policy
 
 # Kernel choices that ``TransformerLayer(fusions=...)`` switches, so that an A/B suite can compare variants:
@@ -64,185 +65,6 @@ def _check_fusions(fusions: Union[str, Iterable[str], None]) -> Optional[frozens
         raise ValueError(f"unknown fusions {sorted(unknown, key=repr)}; known: {sorted(FUSIONS)}")
     return chosen
 
-
-def _positive_int(name: str, value: Any) -> int:
-    """``value`` as a Python int: ints and NumPy integers are accepted, bool (an int subclass) is not."""
-    accepted = "a positive integer (a Python or NumPy int, not bool)"
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be {accepted}, got {type(value).__name__} {value!r}")
-    if value <= 0:
-        raise ValueError(f"{name} must be {accepted}, got {value!r}")
-    return int(value)
-
-
-def _check_dims(d_model: Any, n_heads: Any, n_kv_heads: Any, d_ff: Any) -> tuple[int, int, int, int]:
-    """(d_model, n_heads, n_kv_heads, d_ff) as Python ints, with the defaults filled in."""
-    d_model, n_heads = _positive_int("d_model", d_model), _positive_int("n_heads", n_heads)
-    if d_model % n_heads:
-        raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
-    n_kv_heads = n_heads if n_kv_heads is None else _positive_int("n_kv_heads", n_kv_heads)
-    if n_heads % n_kv_heads:
-        raise ValueError(f"n_heads ({n_heads}) must be divisible by n_kv_heads ({n_kv_heads})")
-    d_ff = 4 * d_model if d_ff is None else _positive_int("d_ff", d_ff)
-    return d_model, n_heads, n_kv_heads, d_ff
-
-
-def _check_dropout(dropout: Any) -> float:
-    accepted = "a number in [0, 1) (a Python or NumPy float or int)"
-    if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real):
-        raise TypeError(f"dropout must be {accepted}, got {type(dropout).__name__} {dropout!r}")
-    if not (math.isfinite(dropout) and 0.0 <= dropout < 1.0):
-        raise ValueError(f"dropout must be {accepted}, got {dropout!r}")
-    return float(dropout)
-
-
-def _check_bool(name: str, value: Any) -> bool:
-    # NumPy's bool is no subclass of bool; an int 0/1 is refused, as it is more likely a misplaced argument.
-    numpy_bool = type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_")
-    if not (isinstance(value, bool) or numpy_bool):
-        raise TypeError(f"{name} must be a bool (True or False), got {type(value).__name__} {value!r}")
-    return bool(value)
-
-
-def _check_factory(device: Any, dtype: Any) -> Optional[torch.device]:
-    """``device`` as a torch.device (or None), after checking both factory arguments."""
-    if dtype is not None:
-        if not isinstance(dtype, torch.dtype):
-            raise TypeError(f"dtype must be a torch.dtype or None, got {type(dtype).__name__} {dtype!r}")
-        if not dtype.is_floating_point:
-            raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype}")
-    if device is None:
-        return None
-    try:
-        if isinstance(device, bool):
-            raise TypeError
-        return torch.device(device)
-    except (RuntimeError, TypeError, ValueError):
-        raise ValueError(f"device must be a torch.device, a device string such as 'cpu' or 'cuda:0', or None; "
-                         f"got {device!r}") from None
-
-
-def _check_input(x: torch.Tensor, key_padding_mask: Optional[torch.Tensor], d_model: int,
-                 param: torch.Tensor) -> None:
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-    if x.dim() != 3:
-        raise ValueError(f"x must have shape [batch, seq, d_model], got {tuple(x.shape)}")
-    if x.shape[-1] != d_model:
-        raise ValueError(f"x's last dimension is {x.shape[-1]} but the layer's d_model is {d_model}")
-    if not x.is_floating_point():
-        raise TypeError(f"x must be a floating-point tensor, got {x.dtype}")
-    if x.device != param.device:
-        raise ValueError(f"x is on {x.device} but the layer's parameters are on {param.device}")
-    if key_padding_mask is None:
-        return
-    if not isinstance(key_padding_mask, torch.Tensor) or key_padding_mask.dtype != torch.bool:
-        got = key_padding_mask.dtype if isinstance(key_padding_mask, torch.Tensor) else type(key_padding_mask).__name__
-        raise TypeError(f"key_padding_mask must be a bool tensor (True = attend), got {got}")
-    if tuple(key_padding_mask.shape) != tuple(x.shape[:2]):
-        raise ValueError(
-            f"key_padding_mask must have shape [batch, seq] = {tuple(x.shape[:2])}, got {tuple(key_padding_mask.shape)}"
-        )
-    if key_padding_mask.device != x.device:
-        raise ValueError(f"key_padding_mask is on {key_padding_mask.device} but x is on {x.device}")
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# The plain PyTorch block
-# ----------------------------------------------------------------------------------------------------------------
-
-
-def _attention_mask(key_padding_mask: Optional[torch.Tensor], seq_len: int, causal: bool,
-                    device: torch.device) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
-    """Boolean SDPA mask [B, 1, S, S] (True = attend) and the [B, 1, S, 1] rows that see no key at all.
-
-    Rows with no visible key (left padding under a causal mask) are opened to every key, so that softmax has
-    something to normalize and neither output nor gradient becomes NaN, and their output is zeroed afterwards:
-    the same convention as flashlite's kernel (a fully masked row gives zeros).
-    """
-    if key_padding_mask is None:
-        return None, None
-    mask = key_padding_mask[:, None, None, :]
-    if causal:
-        mask = mask & torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril()
-    empty_rows = ~mask.any(dim=-1, keepdim=True)
-    return mask | empty_rows, empty_rows
-
-
-def plain_to_layer_names(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Tensors keyed like :class:`PlainTransformerBlock`'s parameters (weights, or their gradients) under
-    :class:`TransformerLayer`'s names: ``q_proj``/``k_proj``/``v_proj`` concatenated into ``qkv``, ``out_proj``
-    renamed ``out``.
-
-    Example:
-        >>> block = PlainTransformerBlock(32, 2)
-        >>> plain_to_layer_names(block.state_dict())["qkv.weight"].shape
-        torch.Size([96, 32])
-    """
-    own = {k: v for k, v in tensors.items() if not k.startswith(("q_proj.", "k_proj.", "v_proj.", "out_proj."))}
-    for kind in ("weight", "bias"):
-        own[f"qkv.{kind}"] = torch.cat([tensors[f"{p}.{kind}"] for p in ("q_proj", "k_proj", "v_proj")])
-        own[f"out.{kind}"] = tensors[f"out_proj.{kind}"]
-    return own
-
-
-class PlainTransformerBlock(nn.Module):
-    """The pre-LN transformer block written with plain PyTorch modules: the reference for ``TransformerLayer``.
-
-    ``x + out_proj(SDPA(q_proj, k_proj, v_proj of ln1(x)))`` then ``+ fc2(gelu(fc1(ln2(.))))``, with exact GELU,
-    grouped-query attention when ``n_kv_heads < n_heads`` (query head h reads key/value head
-    ``h // (n_heads // n_kv_heads)``), dropout after each branch, and a boolean ``key_padding_mask`` [B, S]
-    (True = attend). Query rows that see no key give zeros, as in flashlite's kernel.
-
-    Example:
-        >>> block = PlainTransformerBlock(32, 2)
-        >>> block(torch.randn(2, 8, 32)).shape
-        torch.Size([2, 8, 32])
-    """
-
-    def __init__(self, d_model: int, n_heads: int, d_ff: Optional[int] = None, *, n_kv_heads: Optional[int] = None,
-                 causal: bool = True, dropout: float = 0.0, eps: float = 1e-5,
-                 device: Optional[torch.device | str] = None, dtype: Optional[torch.dtype] = None) -> None:
-        super().__init__()
-        d_model, n_heads, n_kv_heads, d_ff = _check_dims(d_model, n_heads, n_kv_heads, d_ff)
-        self.d_model, self.n_heads, self.n_kv_heads, self.d_ff = d_model, n_heads, n_kv_heads, d_ff
-        self.head_dim = d_model // n_heads
-        self.causal, self.dropout = _check_bool("causal", causal), _check_dropout(dropout)
-        self.eps = _check_eps(None, eps)
-        factory = {"device": _check_factory(device, dtype), "dtype": dtype}
-        kv_width = n_kv_heads * self.head_dim
-        self.ln1 = nn.LayerNorm(d_model, eps=eps, **factory)
-        self.q_proj = nn.Linear(d_model, d_model, **factory)
-        self.k_proj = nn.Linear(d_model, kv_width, **factory)
-        self.v_proj = nn.Linear(d_model, kv_width, **factory)
-        self.out_proj = nn.Linear(d_model, d_model, **factory)
-        self.ln2 = nn.LayerNorm(d_model, eps=eps, **factory)
-        self.fc1 = nn.Linear(d_model, d_ff, **factory)
-        self.fc2 = nn.Linear(d_ff, d_model, **factory)
-
-    def forward(self, x: torch.Tensor, key_padding_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        _check_input(x, key_padding_mask, self.d_model, self.ln1.weight)
-        batch, seq, _ = x.shape
-        h = self.ln1(x)
-        q = self.q_proj(h).view(batch, seq, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(h).view(batch, seq, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(h).view(batch, seq, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        mask, empty_rows = _attention_mask(key_padding_mask, seq, self.causal, x.device)
-        if batch == 0 or seq == 0:
-            # No tokens, no attention. (SDPA on CUDA returned None for an empty batch with torch 2.11 on an H200.)
-            # The products keep the projections in the graph, so every parameter gets its zero gradient.
-            o = q * 0.0 + (k.sum() + v.sum()) * 0.0
-        else:
-            o = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, is_causal=self.causal and mask is None,
-                enable_gqa=self.n_kv_heads != self.n_heads,
-            )
-        if empty_rows is not None:
-            o = o.masked_fill(empty_rows, 0.0)
-        o = o.transpose(1, 2).reshape(batch, seq, self.d_model)
-        x = x + F.dropout(self.out_proj(o), self.dropout, self.training)
-        mlp = self.fc2(F.gelu(self.fc1(self.ln2(x))))
-        return x + F.dropout(mlp, self.dropout, self.training)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -605,160 +427,8 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
                      precision=precision)
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# CUDA graphs for launch-bound shapes
-# ----------------------------------------------------------------------------------------------------------------
-
-
-def _layer_settings(layer: "TransformerLayer") -> tuple:
-    # The layer attributes a captured forward bakes in.
-    return (layer.policy, layer.fusions, layer.causal, layer.eps, layer.attention_backend, layer.dropout,
-            layer.training)
-
-
-@dataclass(frozen=True)
-class _ReplayLayout:
-    """What a captured graph's kernels read besides its static buffers, checked before every replay: which module
-    sits under each name, which parameter object under each name with its memory (address, shape, strides, dtype,
-    device), and the layer settings baked into the capture. A replay is valid only while all of it is unchanged.
-
-    The check runs on every call, so it costs per call what the graph saves: it compares the recorded objects by
-    identity and each parameter's fields directly (a few microseconds), where rebuilding a signature through
-    ``named_parameters()`` cost 18 us on the development CPU against 9 us for this
-    (benchmarks/results/cpu-host-2026-12-04/replay_check_probe.txt at commit 8ca4529), and 48 us on the H200's host
-    (run N1).
-    """
-
-    # (parent, name, child) for every submodule: a replaced submodule carries parameters the graph never read.
-    modules: tuple[tuple[nn.Module, str, Optional[nn.Module]], ...]
-    # (module, name, parameter, data_ptr, shape, stride, dtype, device) for every parameter.
-    params: tuple[tuple, ...]
-    settings: tuple
-
-    @classmethod
-    def of(cls, layer: nn.Module) -> "_ReplayLayout":
-        modules = tuple((parent, name, child) for parent in layer.modules() for name, child in parent._modules.items())
-        params = tuple((module, name, p, p.data_ptr(), p.shape, p.stride(), p.dtype, p.device)
-                       for module in layer.modules() for name, p in module._parameters.items() if p is not None)
-        return cls(modules, params, _layer_settings(layer))
-
-    def holds_for(self, layer: nn.Module) -> bool:
-        """Whether ``layer`` still has this layout (so a graph captured with it may replay)."""
-        for parent, name, child in self.modules:
-            if parent._modules.get(name) is not child:
-                return False
-        for module, name, p, ptr, shape, stride, dtype, device in self.params:
-            if (module._parameters.get(name) is not p or p.data_ptr() != ptr or p.shape != shape
-                    or p.stride() != stride or p.dtype != dtype or p.device != device):
-                return False
-        return _layer_settings(layer) == self.settings
-
-
-@dataclass
-class _CapturedCall:
-    graph: "torch.cuda.CUDAGraph"
-    static_x: torch.Tensor
-    static_mask: Optional[torch.Tensor]
-    static_out: torch.Tensor
-    layout: _ReplayLayout
-    # The parameters' tensors at capture, held so that their memory cannot be freed and handed to a new parameter
-    # at the same address, which would make a replaced storage look unchanged.
-    held: tuple[torch.Tensor, ...]
-
-
-class CudaGraphRunner:
-    """Runs a layer's inference forward as a replayed CUDA graph: one capture per (shape, dtype, mask present).
-
-    At small shapes (B=1, S=128) the layer's time is mostly kernel-launch overhead; a graph replays all of its
-    kernels with one launch. The first call with a new input signature warms the layer up on a side stream
-    (``warmup_calls`` forwards, at least 1: compiling and autotuning Triton kernels outside the capture),
-    captures one forward, and then every call copies its inputs into the graph's static buffers and replays.
-    Inference only: forward runs under ``torch.no_grad()``, and the layer must be in eval mode or have no dropout.
-
-    Weight changes: the graph reads the parameters' own memory on every replay (the casts to the matmul dtype are
-    kernels inside the graph, not copies made at capture), so any in-place change of a parameter's values is
-    picked up: optimizer steps, ``load_state_dict``, ``param.copy_``, and writes through ``param.data``. A change
-    of what the graph's kernels point at (``param.data = t``, ``layer.to(...)``, a new layer setting such as
-    ``causal``) is detected before each replay by comparing every parameter's address, shape, strides, dtype and
-    device, and the layer's settings, with those at capture; it triggers a re-capture.
-
-    The returned tensor is a fresh copy unless ``clone_output=False``, in which case it is the graph's static
-    output, overwritten by the next call with the same signature.
-
-    ``layer`` may also be the layer under ``torch.compile`` (``torch.compile(layer, fullgraph=True)``): the warm-up
-    calls compile it, and the graph captures Inductor's kernels instead of the eager layer's. On an H200 (d_model
-    1024, "mixed", 128 to 16,384 tokens) that graph measured 1.18-1.24x the eager layer's
-    (benchmarks/results/h200-2026-12-04-d/ at commit 8ca4529), so it is the one to use where torch.compile works.
-    Compile it in the
-    default mode: ``mode="reduce-overhead"`` records CUDA graphs of its own, which this runner does not nest.
-
-    Example (needs a CUDA device):
-        >>> layer = TransformerLayer(1024, 16, device="cuda").eval()  # doctest: +SKIP
-        >>> run = CudaGraphRunner(layer)  # doctest: +SKIP
-        >>> y = run(torch.randn(1, 128, 1024, device="cuda"))  # doctest: +SKIP
-        >>> run_compiled = CudaGraphRunner(torch.compile(layer, fullgraph=True))  # doctest: +SKIP
-    """
-
-    def __init__(self, layer: TransformerLayer, *, warmup_calls: int = 3, clone_output: bool = True) -> None:
-        if not isinstance(getattr(layer, "_orig_mod", layer), TransformerLayer):
-            raise TypeError(f"layer must be a TransformerLayer or one under torch.compile, got {type(layer).__name__}")
-        # At least one warm-up call: without it the layer's first forward (Triton compiling and autotuning its
-        # kernels, torch.compile tracing) would run inside the capture. And a bool for clone_output: None or a
-        # string would silently hand out the static output, which the next call overwrites.
-        warmup_calls = _positive_int("warmup_calls", warmup_calls)
-        clone_output = _check_bool("clone_output", clone_output)
-        device = layer.qkv.weight.device
-        if device.type != "cuda":
-            raise RuntimeError(
-                f"CUDA graphs need a CUDA device, but the layer's parameters are on {device}; call the layer "
-                "directly (on the CPU there is no launch overhead to save)"
-            )
-        self.layer = layer
-        # The TransformerLayer itself, also under torch.compile: the per-call checks read its attributes directly
-        # (through the compiled wrapper each read is a delegated lookup) and its parameters are what a graph reads.
-        self._inner: TransformerLayer = getattr(layer, "_orig_mod", layer)
-        self.warmup_calls = warmup_calls
-        self.clone_output = clone_output
-        self._captured: dict[tuple, _CapturedCall] = {}
-
-    def __call__(self, x: torch.Tensor, key_padding_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        layer = self._inner
-        _check_input(x, key_padding_mask, layer.d_model, layer.qkv.weight)
-        if x.requires_grad:
-            raise ValueError("CudaGraphRunner is for inference: x requires grad; call the layer directly to train")
-        if layer.training and layer.dropout > 0:
-            raise ValueError("CudaGraphRunner replays a fixed graph: put the layer in eval() mode (dropout > 0)")
-        key = (tuple(x.shape), x.dtype, x.device, key_padding_mask is not None)
-        with torch.no_grad():
-            call = self._captured.get(key)
-            if call is not None and not call.layout.holds_for(layer):
-                # Free the stale graph (and the old parameter memory it holds) before capturing its replacement.
-                del self._captured[key]
-                call = None
-            if call is None:
-                call = self._capture(x, key_padding_mask)
-                self._captured[key] = call
-            call.static_x.copy_(x)
-            if call.static_mask is not None:
-                call.static_mask.copy_(key_padding_mask)
-            call.graph.replay()
-        return call.static_out.clone() if self.clone_output else call.static_out
-
-    def clear(self) -> None:
-        """Drop every captured graph and its buffers."""
-        self._captured.clear()
-
-    def _capture(self, x: torch.Tensor, key_padding_mask: Optional[torch.Tensor]) -> _CapturedCall:
-        static_x = x.clone()
-        static_mask = key_padding_mask.clone() if key_padding_mask is not None else None
-        side = torch.cuda.Stream(device=x.device)
-        side.wait_stream(torch.cuda.current_stream(x.device))
-        with torch.cuda.stream(side):
-            for _ in range(self.warmup_calls):
-                self.layer(static_x, static_mask)
-        torch.cuda.current_stream(x.device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            static_out = self.layer(static_x, static_mask)
-        held = tuple(p.detach() for p in self.layer.parameters())
-        return _CapturedCall(graph, static_x, static_mask, static_out, _ReplayLayout.of(self._inner), held)
+def __getattr__(name: str) -> Any:
+    # CudaGraphRunner lives in flashlite.cuda_graph, which imports this module: named here on first use.
+    if name == "CudaGraphRunner":
+        return importlib.import_module("flashlite.cuda_graph").CudaGraphRunner
+    raise AttributeError(f"module 'flashlite.layer' has no attribute {name!r}")

@@ -21,20 +21,35 @@ day in the order given) replaces an earlier one for the same key, and every entr
 date it came from. A report that cannot support a table (a damaged row, rows of another GPU, two rows that give
 one key different backends, no comparison against SDPA) stops the script with a message naming it and the row.
 
+Every table (and every merged entry) records the source hash of the kernels measured
+(``flashlite.dispatch.kernel_source_hash``); ``flashlite.dispatch`` uses an entry only while the kernels have that
+hash. The hash is of the kernel files at the report's commit (``--commit``, or the commit the report records) where
+this clone has that commit and the report does not say its tree was dirty; else of this checkout's kernel files,
+which is right when the table is made in the checkout that ran the measurement (the script says which it used).
+``--kernel-hash`` gives it outright.
+
+On a GPU machine, in the checkout to measure, one command measures and writes the table of that GPU:
+
+    python -m pytest tests/perf/test_attention_ab.py tests/perf/test_variants_ab.py tests/perf/test_varlen_ab.py \
+        tests/perf/test_kvcache_ab.py --kernel-ab --kernel-ab-report ab.json \
+        && python tools/make_dispatch_table.py ab.json
+
 Usage: python tools/make_dispatch_table.py REPORT.json [REPORT.json ...] [--commit SHA [SHA ...]]
-       [--out flashlite/dispatch_tables]
+       [--kernel-hash HASH [HASH ...]] [--out flashlite/dispatch_tables]
 """
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from flashlite.dispatch import gpu_slug, table_key  # noqa: E402
+from flashlite.dispatch import (MEASURED_KERNEL_FILES, gpu_slug, kernel_source_hash, source_hash,  # noqa: E402
+                                table_key)
 from pytest_kernelcheck.results.records import OUTCOMES, ComparisonRecord, DamagedReport  # noqa: E402
 
 FORWARD_PREFIXES = ("fwd triton vs sdpa", "fwd fp32 triton vs sdpa", "fwd D128 triton vs sdpa")
@@ -137,10 +152,32 @@ def _entry(rec: dict, backend: str, who: str, source: str, note: str = "") -> di
             "speedup": rec["speedup"]}
 
 
-def build_table(report: dict, commit: str | None = None, source: str | None = None) -> dict:
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def measured_kernel_hash(report: dict, commit: str | None) -> tuple[str, str]:
+    """(kernel source hash, where it came from) of the code ``report`` measured: the kernel files at ``commit`` (or
+    the report's own commit) where this clone has it and the report's tree was not dirty, else this checkout's."""
+    info = report.get("environment", {}).get("commit_info") or {}
+    commit = commit or info.get("id")
+    if commit and not info.get("dirty"):
+        try:
+            files = {path: subprocess.run(["git", "-C", str(ROOT), "show", f"{commit}:flashlite/{path}"],
+                                          capture_output=True, check=True).stdout for path in MEASURED_KERNEL_FILES}
+            return source_hash(files), f"the kernels at commit {commit}"
+        except (OSError, subprocess.CalledProcessError):
+            pass
+    why = "its tree was dirty" if info.get("dirty") else f"commit {commit} is not in this clone" if commit else \
+        "it records no commit"
+    return kernel_source_hash(), f"this checkout's kernels ({why})"
+
+
+def build_table(report: dict, commit: str | None = None, source: str | None = None,
+                kernel_hash: str | None = None) -> dict:
     """The dispatch table (origin + entries) for the GPU a report was measured on.
 
-    ``commit`` names the code that was measured when the report could not read it (no git on the GPU machine).
+    ``commit`` names the code that was measured when the report could not read it (no git on the GPU machine);
+    ``kernel_hash`` the source hash of its kernels (``measured_kernel_hash`` where None).
     Exits naming the report (and the row) when it cannot support a table: no GPU or several GPU models, a damaged
     row, two rows that give one key different backends, or no comparison against SDPA at all.
     """
@@ -189,7 +226,9 @@ def build_table(report: dict, commit: str | None = None, source: str | None = No
         entries[key], decided_by[key] = entry, rec
     if not entries:
         raise SystemExit(f"{source}: no comparison of the kernel against SDPA to make a table from")
-    origin = {"gpu": gpu, "date": created[:10], "commit": str(commit)[:12],
+    if kernel_hash is None:
+        kernel_hash, _ = measured_kernel_hash(report, None if commit == "unknown" else commit)
+    origin = {"gpu": gpu, "date": created[:10], "commit": str(commit)[:12], "kernel_hash": kernel_hash,
               "torch": (env.get("packages") or {}).get("torch"),
               "triton": (env.get("packages") or {}).get("triton"),
               "source": source}
@@ -211,9 +250,10 @@ def merge_tables(tables: list[dict]) -> dict:
     for table in tables:
         origin = table["origin"]
         for key, entry in table["entries"].items():
-            entries[key] = {**entry, "date": origin["date"], "commit": origin["commit"], "source": origin["source"]}
+            entries[key] = {**entry, "date": origin["date"], "commit": origin["commit"], "source": origin["source"],
+                            "kernel_hash": origin.get("kernel_hash")}
     origin = {**tables[-1]["origin"], "sources": [
-        {k: t["origin"][k] for k in ("source", "commit", "date")} for t in tables]}
+        {k: t["origin"].get(k) for k in ("source", "commit", "date", "kernel_hash")} for t in tables]}
     return {"origin": origin, "entries": dict(sorted(entries.items()))}
 
 
@@ -224,12 +264,22 @@ def main() -> None:
                         help="commit of the measured code per report, in the same order, when reports do not record it")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "flashlite" /
                         "dispatch_tables")
+    parser.add_argument("--kernel-hash", nargs="+", default=[],
+                        help="source hash of the measured kernels per report (flashlite.dispatch.source_hash), in the "
+                             "same order; default: worked out from the report's commit (see above)")
     args = parser.parse_args()
-    if args.commit and len(args.commit) != len(args.reports):
-        parser.error(f"--commit needs one commit per report: {len(args.reports)} reports, {len(args.commit)} commits")
+    for option, given in (("--commit", args.commit), ("--kernel-hash", args.kernel_hash)):
+        if given and len(given) != len(args.reports):
+            parser.error(f"{option} needs one value per report: {len(args.reports)} reports, {len(given)} values")
     commits = args.commit or [None] * len(args.reports)
-    tables = [build_table(json.loads(path.read_text()), commit=commit, source=str(path))
-              for path, commit in zip(args.reports, commits)]
+    hashes = args.kernel_hash or [None] * len(args.reports)
+    tables = []
+    for path, commit, kernel_hash in zip(args.reports, commits, hashes):
+        report = json.loads(path.read_text())
+        if kernel_hash is None:
+            kernel_hash, where = measured_kernel_hash(report, commit)
+            print(f"{path}: kernel source hash {kernel_hash}, of {where}")
+        tables.append(build_table(report, commit=commit, source=str(path), kernel_hash=kernel_hash))
     table = tables[0] if len(tables) == 1 else merge_tables(tables)
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"{gpu_slug(table['origin']['gpu'])}.json"

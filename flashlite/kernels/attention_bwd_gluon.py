@@ -25,11 +25,11 @@ dO tiles resident and key/value tiles streaming through a ring: S = Q K^T and dP
 P and dS = P * (dP - delta) in registers, dQ += dS K (dS from registers), dQ *= scale at the end, stored through
 Q's tile.
 
-Each kernel has a warp-specialized twin (step 2 of the forward's plan, applied to the backward), ``_attn_bwd_dkdv_ws``
-and ``_attn_bwd_dq_ws``: a one-warp producer partition issues every copy, and two consumer warpgroups, each its own
-partition with its own rows (keys for dK/dV, query rows for dQ), its own tiles and its own hand-back barriers, run
-the same per-block arithmetic (``_dkdv_block``, ``_dq_block``) without meeting at a barrier of the whole program,
-so that one's exponentials can run while the other's wgmmas do. Their protocols are described above them.
+The dQ kernel has a warp-specialized twin (step 2 of the forward's plan, applied to the backward),
+``_attn_bwd_dq_ws``: a one-warp producer partition issues every copy, and two consumer warpgroups, each its own
+partition with its own query rows, its own tiles and its own hand-back barriers, run the same per-block arithmetic
+(``_dq_block``) without meeting at a barrier of the whole program, so that one's exponentials can run while the
+other's wgmmas do. Its protocol is described above it.
 
 Bounds need no masks on the load path: the copy engine clips every [1, 1, rows, D] tile to its own (batch, head),
 so rows past S_q or S_k load as zeros. In dK/dV, their lse is read as +inf, which makes their P^T exactly 0, and
@@ -283,62 +283,15 @@ def _attn_bwd_dkdv(q_desc,  # [B, H, S_q, D] 16-bit, tiles [1, 1, BLOCK_M, D]
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Step 2 of the backward: dK/dV with a TMA producer warp and two consumer warpgroups (``_attn_bwd_dkdv_ws``).
-#
-# A program owns 2 x BLOCK_N keys of one (batch, key/value head); consumer c (a warpgroup, its own partition) holds
-# keys start_n + c * BLOCK_N onwards in its own K and V tiles and its own dK and dV registers. Both read the same
-# stream of Q and dO tiles (every query block that sees consumer 0's keys, for every query head of the group), which
-# a one-warp producer partition copies into a ring of STAGES slots. Each consumer hands a slot back through its own
-# "empty" mbarrier (index c * STAGES + slot) once its wgmmas on it have completed, and the producer refills a slot
-# only when both have. Unlike the single-partition kernel, whose warpgroups meet at a CTA barrier every iteration,
-# the two consumers here run apart (each waits only for its own wgmmas and partition barrier), so one's softmax
-# recomputation can run while the other's wgmmas do.
-#
-# Both consumers take every iteration of the stream, so that the protocol is the same for both (each arrives once
-# per iteration on its slot's barrier, and the producer waits for both). Consumer 1's keys come later: with causal
-# masking the stream's first query block of a head may see none of them, and that iteration computes masked zeros
-# (one block per head with BLOCK_M = BLOCK_N). A consumer whose keys all lie past S_k (the last program of a head)
-# is given no K and V copy, computes on its uninitialised tiles and stores nothing: the copy engine clips its store
-# to the head's S_k rows.
-#
-# Why the parities are unambiguous: a consumer arrives on empty[c, slot] for iteration t only after waiting for
-# ready[slot] of iteration t, which the producer completes after it waited for the release of iteration t - STAGES;
-# so no barrier runs more than one phase ahead of the side that waits on it (as in the forward's step 2).
-#
-# OVERLAP (FlashAttention-3's overlap inside a warpgroup, moved to the backward): a consumer issues block t - 1's
-# dK with block t's S^T and dP^T, so that block t's exponentials run while the tensor cores do dP^T(t) and
-# dK(t - 1). wgmma groups complete in issue order, so one consumer's stream is, per block,
-#     S^T(t), dP^T(t), dK(t - 1) | wait for S^T(t): P^T(t) | dV(t) | wait for dP^T(t): dS^T(t) |
-#     wait for dK(t - 1) and dV(t): hand block t - 1's slot back
-# and it holds two slots at once (t - 1 until dK(t - 1) completes, and t). Nothing is in flight where an iteration
-# ends: dS^T(t) crosses into the next iteration as registers, which at the loop's back-edge are copied into the
-# loop-carried ones. Were dK(t) still reading them there, that copy would define input registers of an in-flight
-# wgmma, and ptxas then serializes every wgmma of the kernel (C7513; the first overlapped schedule, which carried
-# block t + 1's S^T and dP^T and block t's dK across the back-edge, was serialized so, and lost 0.90x and 0.68x
-# in run S1).
+# The warp-specialized backward's shared pieces (``_attn_bwd_dq_ws`` below): a one-warp producer partition and two
+# consumer warpgroups, each with its own rows, tiles and "empty" hand-back mbarriers (index c * STAGES + slot).
+# (A warp-specialized dK/dV kernel on the same pieces, never on by default and slower than the single-partition one
+# at D=128 in run S1, was deleted; BENCHMARKS.md keeps its numbers, git its code.)
 BWD_CONSUMER_WARPS = gl.constexpr(4)
 # Registers per consumer thread (setmaxnreg): 2 x 128 x 240 + 128 x 24 (the producer's warpgroup) fit an SM's 64 K;
 # the kernel is launched with maxnreg BWD_WS_MAXNREG (12 warps x 32 threads x 168 registers).
 BWD_CONSUMER_REGS = gl.constexpr(240)
 BWD_WS_MAXNREG = 168
-# (BLOCK_N keys per consumer, BLOCK_M, STAGES, num_warps = 4, EARLY_DP, OVERLAP) per head dim. Shared memory: K and V
-# 2 x BLOCK_N x D, Q and dO BLOCK_M x D per stage: D=64, 64 x 64 x 3: 32 + 3 x 16 = 80 KB; D=128, 64 x 32 x 3:
-# 64 + 3 x 16 = 112 KB. OVERLAP (the last entry: the first entry's tiles in the overlapped schedule) keeps the last
-# block's dS^T in registers beside this block's S^T and dP^T.
-# First the fastest in run S1 (H200, the kernels alone against the single-partition kernel's first config, cases 3, 6
-# and 12; benchmarks/results/h200-2026-12-05/s1_gluon_ws_backward/ at commit 8ca4529): at D=64 64 x 64, 3 stages, dP^T
-# early
-# (1.053-1.063x); at D=128 64 x 32, 3 stages, dP^T early (0.879-0.886x, a loss). In that run dP^T issued late lost
-# 0.61-0.68x at both head dims and the first overlapped schedule 0.90-0.91x (D=64) and 0.68x (D=128), but ptxas had
-# serialized every wgmma of those kernels (C7514, C7513: cpu-host-2026-12-05-b/backward_sass_mix/). Both are
-# rebuilt so that it does not, and are not yet timed. Unserialized, 64-row query tiles with dP^T late spill at D=128
-# (4-44 bytes) and 128-row ones at D=64 (300-432 bytes), so those two configs are no longer listed; at D=128
-# 64-row tiles in the overlapped schedule spill too (156-296 bytes; backward_sass_mix/unlisted_output.txt).
-GLUON_BWD_WS_CONFIGS = {
-    64: [(64, 64, 3, 4, True, False), (64, 64, 4, 4, True, False), (64, 64, 3, 4, False, False),
-         (64, 64, 3, 4, True, True)],
-    128: [(64, 32, 3, 4, True, False), (64, 32, 4, 4, False, False), (64, 32, 3, 4, True, True)],
-}
 
 
 @gluon.jit
@@ -382,177 +335,6 @@ def _hand_back(empty, C: gl.constexpr, t, STAGES: gl.constexpr):
     wgmma waits (the partition's own barrier; each warp waits for its own wgmma groups, and one thread arrives)."""
     thread_barrier()
     mbarrier.arrive(empty.index(C * STAGES + t % STAGES))
-
-
-@gluon.jit
-def _dkdv_ws_producer(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, do_bufs, kv_ready, ready, empty,
-                      b, kv_h, start_n, seq_k, group_size, lo_m, n_m, n_iters,
-                      BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
-    """One warp: each consumer's K and V tiles (none for a consumer whose keys all lie past S_k), then the stream of
-    Q and dO tiles, iteration t into slot t % STAGES once both consumers have handed back iteration t - STAGES."""
-    for c in gl.static_range(2):
-        pred = start_n + c * BLOCK_N < seq_k
-        mbarrier.expect(kv_ready.index(c), k_desc.block_type.nbytes + v_desc.block_type.nbytes, pred=pred)
-        tma_load(k_desc, [b, kv_h, start_n + c * BLOCK_N, 0], kv_ready.index(c),
-                                        as_tma_tile(k_smem.index(c), BLOCK_N, HEAD_DIM), pred=pred)
-        tma_load(v_desc, [b, kv_h, start_n + c * BLOCK_N, 0], kv_ready.index(c),
-                                        as_tma_tile(v_smem.index(c), BLOCK_N, HEAD_DIM), pred=pred)
-    for t in range(n_iters):
-        slot = t % STAGES
-        # Round 0 passes at once (a fresh mbarrier counts as having completed the phase before its first).
-        phase = ((t // STAGES) & 1) ^ 1
-        mbarrier.wait(empty.index(slot), phase)
-        mbarrier.wait(empty.index(STAGES + slot), phase)
-        _issue_q_do(q_desc, do_desc, q_bufs, do_bufs, ready, t, n_iters, n_m, lo_m, b, kv_h, group_size,
-                    BLOCK_M, HEAD_DIM, STAGES)
-
-
-@gluon.jit
-def _dkdv_overlapped_step(t, dk, dv, dst_prev, k_tile, v_tile, q_bufs, do_bufs, ready, empty, Lse, Delta, keys, b,
-                          kv_h, num_heads, group_size, lo_m, n_m, m_full, seq_q, diag_shift, qk_scale,
-                          C: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr,
-                          STAGES: gl.constexpr, CAUSAL: gl.constexpr, FIRST: gl.constexpr):
-    """Iteration t of a consumer's overlapped schedule (see above ``_attn_bwd_dkdv_ws``): dK and dV with block t's
-    dV and block t - 1's dK added in (FIRST, t = 0: no dK), and block t's dS^T as registers of dK's operand type,
-    which the next iteration (or the consumer, after the last) multiplies by Q. ``dst_prev``: block t - 1's dS^T
-    (ignored when FIRST). Returns with no wgmma in flight, and block t - 1's slot handed back."""
-    dtype: gl.constexpr = k_tile.dtype
-    st_layout: gl.constexpr = mma_layout(BWD_CONSUMER_WARPS, BLOCK_M)
-    pt_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout(BWD_CONSUMER_WARPS, HEAD_DIM),
-                                                  k_width=2)
-    slot = t % STAGES
-    q_tile = q_bufs.index(slot)
-    do_tile = do_bufs.index(slot)
-    mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
-    st_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout)
-    st = warpgroup_mma(k_tile, q_tile.permute((1, 0)), st_zero, use_acc=False, is_async=True)
-    dpt = warpgroup_mma(v_tile, do_tile.permute((1, 0)), st_zero, use_acc=False, is_async=True)
-    if not FIRST:
-        dk = warpgroup_mma(dst_prev, q_bufs.index((t - 1) % STAGES), dk, is_async=True)
-    m_block = lo_m + t % n_m
-    stats = (b * num_heads + kv_h * group_size + t // n_m).to(gl.int64) * seq_q
-    cols, lse, delta = _column_statistics(Lse, Delta, stats, m_block, seq_q, BLOCK_M, st_layout)
-    # In flight, oldest first: S^T(t), dP^T(t), dK(t - 1). Waiting until the last one or two remain completes S^T(t).
-    if FIRST:
-        st = warpgroup_mma_wait(1, deps=(st, ))
-    else:
-        st = warpgroup_mma_wait(2, deps=(st, ))
-    pt = _probabilities_t(st, lse, cols, keys, m_block, m_full, diag_shift, qk_scale, CAUSAL)
-    pt_op = gl.convert_layout(pt.to(dtype), pt_layout)
-    dv = warpgroup_mma(pt_op, do_tile, dv, is_async=True)
-    # In flight: dP^T(t), dK(t - 1), dV(t).
-    if FIRST:
-        dpt = warpgroup_mma_wait(1, deps=(dpt, ))
-    else:
-        dpt = warpgroup_mma_wait(2, deps=(dpt, ))
-    dst = pt * (dpt - gl.expand_dims(delta, 0))
-    dst_op = gl.convert_layout(dst.to(dtype), pt_layout)
-    dk, dv, pt_op, dst_prev = warpgroup_mma_wait(0, deps=(dk, dv, pt_op, dst_prev))
-    if not FIRST:
-        _hand_back(empty, C, t - 1, STAGES)  # dK(t - 1) has completed: block t - 1's Q and dO tiles go back
-    return dk, dv, dst_op
-
-
-@gluon.jit
-def _dkdv_ws_consumer(C: gl.constexpr, k_smem, v_smem, q_bufs, do_bufs, kv_ready, ready, empty, dk_desc, dv_desc,
-                      Lse, Delta, b, kv_h, start_n, num_heads, group_size, seq_q, seq_k, qk_scale, sm_scale,
-                      lo_m, n_m, n_iters,
-                      HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
-                      CAUSAL: gl.constexpr, EARLY_DP: gl.constexpr, OVERLAP: gl.constexpr):
-    """Consumer C: dK and dV of keys start_n + C * BLOCK_N onwards over the whole stream, then their store.
-    OVERLAP: the overlapped schedule (``_dkdv_overlapped_step``), else one block at a time (``_dkdv_block``)."""
-    kv_layout: gl.constexpr = mma_layout(BWD_CONSUMER_WARPS, HEAD_DIM)  # dK, dV: [BLOCK_N, HEAD_DIM]
-    row_layout: gl.constexpr = gl.SliceLayout(1, mma_layout(BWD_CONSUMER_WARPS, BLOCK_M))  # one value per key row
-    own_start = start_n + C * BLOCK_N
-    k_tile = k_smem.index(C)
-    v_tile = v_smem.index(C)
-    diag_shift, _, m_full, _ = _query_blocks(own_start, seq_q, seq_k, BLOCK_N, BLOCK_M, CAUSAL)
-    keys = own_start + gl.arange(0, BLOCK_N, layout=row_layout)
-    dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
-    dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
-    mbarrier.wait(kv_ready.index(C), 0, pred=own_start < seq_k)
-    if OVERLAP:
-        op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
-        dst_op = gl.zeros([BLOCK_N, BLOCK_M], k_smem.dtype, op_layout)
-        if n_iters > 0:
-            dk, dv, dst_op = _dkdv_overlapped_step(
-                0, dk, dv, dst_op, k_tile, v_tile, q_bufs, do_bufs, ready, empty, Lse, Delta, keys, b, kv_h,
-                num_heads, group_size, lo_m, n_m, m_full, seq_q, diag_shift, qk_scale, C, HEAD_DIM, BLOCK_N, BLOCK_M,
-                STAGES, CAUSAL, True)
-        for t in range(1, n_iters):
-            dk, dv, dst_op = _dkdv_overlapped_step(
-                t, dk, dv, dst_op, k_tile, v_tile, q_bufs, do_bufs, ready, empty, Lse, Delta, keys, b, kv_h,
-                num_heads, group_size, lo_m, n_m, m_full, seq_q, diag_shift, qk_scale, C, HEAD_DIM, BLOCK_N, BLOCK_M,
-                STAGES, CAUSAL, False)
-        if n_iters > 0:
-            # The last block's dK, then its slot back.
-            dk = warpgroup_mma(dst_op, q_bufs.index((n_iters - 1) % STAGES), dk, is_async=True)
-            dk, dst_op = warpgroup_mma_wait(0, deps=(dk, dst_op))
-            _hand_back(empty, C, n_iters - 1, STAGES)
-    else:
-        for t in range(n_iters):
-            slot = t % STAGES
-            mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
-            dk, dv = _dkdv_block(dk, dv, k_tile, v_tile, q_bufs.index(slot), do_bufs.index(slot), Lse, Delta, keys,
-                                 (b * num_heads + kv_h * group_size + t // n_m).to(gl.int64) * seq_q,
-                                 lo_m + t % n_m, m_full, seq_q, diag_shift, qk_scale, BLOCK_N, BLOCK_M, CAUSAL,
-                                 BWD_CONSUMER_WARPS, EARLY_DP)
-            _hand_back(empty, C, t, STAGES)
-    # This consumer's K and V tiles take its results: every wgmma that read them has completed.
-    dtype: gl.constexpr = k_smem.dtype
-    k_tile.store((dk * sm_scale).to(dtype))
-    v_tile.store(dv.to(dtype))
-    fence_async_shared()
-    tma_store(dk_desc, [b, kv_h, own_start, 0], as_tma_tile(k_tile, BLOCK_N, HEAD_DIM))
-    tma_store(dv_desc, [b, kv_h, own_start, 0], as_tma_tile(v_tile, BLOCK_N, HEAD_DIM))
-    tma.store_wait(0)
-
-
-@gluon.jit(do_not_specialize=["num_heads", "group_size", "seq_q", "seq_k"])
-def _attn_bwd_dkdv_ws(q_desc,  # [B, H, S_q, D] 16-bit, tiles [1, 1, BLOCK_M, D]
-                      k_desc,  # [B, H_kv, S_k, D], tiles [1, 1, BLOCK_N, D] (one consumer's keys)
-                      v_desc,  # [B, H_kv, S_k, D], tiles [1, 1, BLOCK_N, D]
-                      do_desc,  # [B, H, S_q, D] the output's gradient, q's dtype, tiles [1, 1, BLOCK_M, D]
-                      dk_desc,  # [B, H_kv, S_k, D] k's dtype, tiles [1, 1, BLOCK_N, D]
-                      dv_desc,  # [B, H_kv, S_k, D] v's dtype, tiles [1, 1, BLOCK_N, D]
-                      Lse,  # [B, H, S_q] float32, contiguous: the forward's base-2 log-sum-exp of the scaled scores
-                      Delta,  # [B, H, S_q] float32, contiguous: rowsum(dO * O)
-                      num_heads, group_size, seq_q, seq_k, qk_scale, sm_scale,  # group_size = H // H_kv
-                      HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
-                      CAUSAL: gl.constexpr, EARLY_DP: gl.constexpr, OVERLAP: gl.constexpr, num_warps: gl.constexpr):
-    """dK and dV of 2 x BLOCK_N keys of one (batch, key/value head) over every query head of its group: two consumer
-    warpgroups and a TMA producer warp (launch with num_warps = 4 and maxnreg = BWD_WS_MAXNREG). EARLY_DP as in
-    ``_dkdv_block``.
-
-    Grid: (cdiv(S_k, 2 * BLOCK_N), B * H_kv)."""
-    gl.static_assert(num_warps == BWD_CONSUMER_WARPS, "the default partition is one consumer warpgroup")
-    gl.static_assert(not OVERLAP or EARLY_DP, "the overlapped schedule issues dP^T with S^T")
-    dtype: gl.constexpr = k_desc.dtype
-    pid_bh = gl.program_id(1)
-    kv_heads = num_heads // group_size
-    b = pid_bh // kv_heads
-    kv_h = pid_bh % kv_heads
-    start_n = gl.program_id(0) * 2 * BLOCK_N
-
-    k_smem, v_smem, q_bufs, do_bufs, kv_ready, ready, empty = _two_consumer_tiles(dtype, BLOCK_N, BLOCK_M, HEAD_DIM,
-                                                                                  STAGES)
-
-    # The stream: every query block that sees some key of consumer 0's (the earlier keys: it sees the most).
-    _, lo_m, _, n_q_blocks = _query_blocks(start_n, seq_q, seq_k, BLOCK_N, BLOCK_M, CAUSAL)
-    n_m = n_q_blocks - lo_m
-    n_iters = group_size * n_m
-    gl.warp_specialize([
-        (_dkdv_ws_consumer, (0, k_smem, v_smem, q_bufs, do_bufs, kv_ready, ready, empty, dk_desc, dv_desc, Lse,
-                             Delta, b, kv_h, start_n, num_heads, group_size, seq_q, seq_k, qk_scale, sm_scale,
-                             lo_m, n_m, n_iters, HEAD_DIM, BLOCK_N, BLOCK_M, STAGES, CAUSAL, EARLY_DP, OVERLAP)),
-        (_dkdv_ws_consumer, (1, k_smem, v_smem, q_bufs, do_bufs, kv_ready, ready, empty, dk_desc, dv_desc, Lse,
-                             Delta, b, kv_h, start_n, num_heads, group_size, seq_q, seq_k, qk_scale, sm_scale,
-                             lo_m, n_m, n_iters, HEAD_DIM, BLOCK_N, BLOCK_M, STAGES, CAUSAL, EARLY_DP, OVERLAP)),
-        (_dkdv_ws_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, do_bufs, kv_ready, ready,
-                             empty, b, kv_h, start_n, seq_k, group_size, lo_m, n_m, n_iters,
-                             BLOCK_N, BLOCK_M, HEAD_DIM, STAGES)),
-    ], [BWD_CONSUMER_WARPS, 1], [BWD_CONSUMER_REGS, PRODUCER_REGS])
-    _invalidate_consumer_barriers(kv_ready, ready, empty, STAGES)
 
 
 @gluon.jit

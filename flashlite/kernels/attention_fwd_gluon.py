@@ -13,24 +13,16 @@ backward), scheduled with the pieces ``tl.dot`` loops do not reach:
 * S = Q K^T and O += P V are asynchronous warpgroup MMAs (``wgmma``): Q and K are read straight from shared
   memory, P from registers (as bf16/fp16), V from shared memory.
 
-Two schedules of the same block loop (``_attend_blocks``), one kernel ``_attn_fwd`` with the constexpr
-WARP_SPECIALIZE choosing, so that they can be A/B'd:
+One kernel, ``_attn_fwd`` (step 1 of issue 17), runs the block loop (``_attend_blocks``) in one group of warps that
+does everything. The copies of block j + STAGES - 1 are issued once block j's S is computed (its slot's previous
+tenant, block j - 1, is then finished: waiting for S also retires the P V of block j - 1, since wgmma groups complete
+in order), so STAGES - 1 blocks are in flight while block j's softmax and P V run. Block j's P V stays in flight
+until block j + 1's S has been issued. (Two schedules that lost their A/Bs were deleted: step 2, a warp-specialized
+producer warp, and step 4, a persistent grid; their numbers stay in BENCHMARKS.md's history, their code in git.)
 
-* False (step 1 of issue 17): one group of warps does everything. The copies of block j + STAGES - 1 are issued
-  once block j's S is computed (its slot's previous tenant, block j - 1, is then finished: waiting for S also
-  retires the P V of block j - 1, since wgmma groups complete in order), so STAGES - 1 blocks are in flight while
-  block j's softmax and P V run. Block j's P V stays in flight until block j + 1's S has been issued.
-* True (step 2): ``gl.warp_specialize`` with a one-warp producer partition that only issues TMA copies (waiting
-  on a "kv_empty" mbarrier per slot) and the compute warps as the default partition, which hand a slot back once
-  the wgmmas that read it have completed.
-
-Either schedule takes the constexpr OVERLAP (FlashAttention-3's overlap inside a warpgroup): block j's S and
-block j - 1's P V are issued together and only S is waited for, so that block j's softmax runs on the CUDA cores
-while the tensor cores do block j - 1's P V (one more block of probabilities held in registers).
-
-A third kernel, ``_attn_fwd_persistent`` (step 4), runs step 1's schedule over a persistent grid: as many programs
-as the GPU holds, each taking tiles (query block, batch * head) from one list ordered longest first, its ring and
-Q's barrier carried from tile to tile.
+It takes the constexpr OVERLAP (FlashAttention-3's overlap inside a warpgroup): block j's S and block j - 1's P V
+are issued together and only S is waited for, so that block j's softmax runs on the CUDA cores while the tensor
+cores do block j - 1's P V (one more block of probabilities held in registers).
 
 A second kernel, ``_attn_fwd_pingpong`` (step 3), runs the same arithmetic in three partitions: a TMA producer warp
 and two consumer warpgroups, each on its own BLOCK_M rows of a 2 x BLOCK_M program, which take turns at the tensor
@@ -94,22 +86,14 @@ GLUON_FWD_CONFIGS = {
     "pipelined": {64: [(128, 128, 3, 8, False), (128, 64, 3, 4, False), (128, 128, 3, 8, True),
                        (64, 128, 2, 4, False), (64, 128, 3, 4, False)],
                   128: [(128, 128, 2, 8, False), (128, 64, 3, 8, False), (128, 128, 2, 8, True)]},
-    "ws": {64: [(128, 128, 3, 8, False), (128, 128, 3, 8, True)],
-           128: [(128, 128, 2, 8, False), (128, 128, 2, 8, True)]},
     "pingpong": {64: [(64, 128, 3, 4, False), (64, 128, 3, 4, True), (128, 64, 4, 4, False),
                       (64, 128, 3, 4, False, True)],
                  128: [(64, 128, 2, 4, False), (64, 128, 2, 4, True), (64, 128, 3, 4, False),
                        (64, 128, 3, 4, False, True), (64, 128, 2, 4, True, True)]},
-    # Step 4: step 1's schedule in a persistent grid (no overlap). D=64 first the tile the rule runs for step 1.
-    "persistent": {64: [(64, 128, 2, 4, False), (128, 128, 3, 8, False)],
-                   128: [(128, 128, 2, 8, False), (128, 64, 3, 8, False)]},
 }
 # Registers of the producer partition: it only issues copies and waits on barriers (24 is the minimum a warp can
 # be given; the compute warps receive what the other warps give back).
 PRODUCER_REGS = gl.constexpr(24)
-# maxnreg of the warp-specialized kernel: (8 compute + 4 producer-group) warps x 32 threads x 168 registers fits
-# the 64 K registers of an SM; the compute partition gets the rest after the producer's 24.
-WS_MAXNREG = 168
 # Shared memory per thread block on H100/H200 (what Triton reports as the limit).
 SHARED_MEMORY_LIMIT = 232448
 HEAD_DIMS = (64, 128)
@@ -292,8 +276,8 @@ def _attend(q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, k_desc,
     """(acc, m, l) of one query block after every key block it sees, blocks [kv_lo, n_blocks): with a WINDOW the
     blocks [kv_lo, n_lead) that its left edge cuts (masked), then the unmasked blocks up to n_full, then the masked
     ones (diagonal, key length). Without a window kv_lo = n_lead = 0. Block j sits at position j - ring_origin of
-    the program's stream of key blocks (ring_origin = kv_lo for a program of one query block; the persistent
-    kernel's later tiles continue the stream), and Q's barrier completes its phase ``q_phase`` for this block.
+    the program's stream of key blocks (ring_origin = kv_lo for a program of one query block), and Q's barrier
+    completes its phase ``q_phase`` for this block.
     OVERLAP needs ring_origin = kv_lo (its first block is peeled off at stream position 0)."""
     s_layout: gl.constexpr = _mma_layout(num_warps, BLOCK_N)
     o_layout: gl.constexpr = _mma_layout(num_warps, HEAD_DIM)
@@ -397,39 +381,6 @@ def _program_block(seq_q, num_heads, group_size, BLOCK_M: gl.constexpr, CAUSAL: 
     return pid_m * BLOCK_M, pid_bh, b, h, h // group_size
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Step 2's partitions: a producer warp for the copies, the compute warps as the default partition.
-
-@gluon.jit
-def _ws_producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty,
-                 b, h, kv_h, start_m, kv_lo, n_blocks,
-                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
-    """One warp: the Q copy, then key/value blocks kv_lo to n_blocks - 1, block j into slot (j - kv_lo) % STAGES
-    once the slot's previous tenant (block j - STAGES) has been handed back by the compute warps."""
-    mbarrier.expect(q_ready, q_desc.block_type.nbytes)
-    tma_load(q_desc, [b, h, start_m, 0], q_ready, _as_tma_tile(q_smem, BLOCK_M, HEAD_DIM))
-    for j in range(kv_lo, n_blocks):
-        ring = j - kv_lo
-        # A fresh mbarrier counts as having completed the phase before its first: round 0 passes at once.
-        mbarrier.wait(kv_empty.index(ring % STAGES), ((ring // STAGES) & 1) ^ 1)
-        _issue_kv(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, b, kv_h, j, kv_lo, n_blocks, BLOCK_N, HEAD_DIM,
-                  STAGES)
-
-
-@gluon.jit
-def _ws_consumer(q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, k_desc, v_desc, o_desc, Lse,
-                 b, h, kv_h, pid_bh, start_m, seq_q, seq_k, diag_shift, kv_lo, n_lead, n_full, n_blocks,
-                 qk_scale, window_left,
-                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
-                 CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, WINDOW: gl.constexpr, num_warps: gl.constexpr):
-    """The default partition: softmax and both wgmmas of every block, then the outputs."""
-    acc, m_i, l_i = _attend(q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, k_desc, v_desc, b, kv_h,
-                            start_m, seq_k, diag_shift, kv_lo, n_lead, n_full, n_blocks, qk_scale, window_left,
-                            kv_lo, 0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, True, OVERLAP, WINDOW, num_warps)
-    _store_outputs(acc, m_i, l_i, q_smem, o_desc, Lse, b, h, pid_bh, start_m, seq_q, BLOCK_M, HEAD_DIM)
-
-
-
 @gluon.jit
 def _step1_tile(q_desc, k_desc, v_desc, o_desc, Lse, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty,
                 b, h, kv_h, pid_bh, start_m, seq_q, seq_k, diag_shift, kv_lo, n_lead, n_full, n_blocks, qk_scale,
@@ -461,84 +412,19 @@ def _attn_fwd(q_desc,  # [B, H, S_q, D] 16-bit, tiles [1, 1, BLOCK_M, D]
               num_heads, group_size, seq_q, seq_k, qk_scale,  # group_size = H // H_kv
               window_left,  # WINDOW: row i sees keys from i' - window_left (i' = i + diag_shift), >= 0
               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-              CAUSAL: gl.constexpr, WARP_SPECIALIZE: gl.constexpr, OVERLAP: gl.constexpr, WINDOW: gl.constexpr,
-              num_warps: gl.constexpr):
-    """One query block of one (batch, head). WARP_SPECIALIZE False: step 1, one partition that also issues the
-    copies; True: step 2, the copies in a one-warp producer partition (launch with maxnreg = WS_MAXNREG).
-    OVERLAP: block j's softmax overlaps block j - 1's P V (``_attend_blocks``), in either schedule. WINDOW (with
-    CAUSAL != 0): a causal sliding window, whose key blocks before the window are never loaded."""
+              CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, WINDOW: gl.constexpr, num_warps: gl.constexpr):
+    """One query block of one (batch, head), step 1: one partition that also issues the copies. OVERLAP: block
+    j's softmax overlaps block j - 1's P V (``_attend_blocks``). WINDOW (with CAUSAL != 0): a causal sliding window,
+    whose key blocks before the window are never loaded."""
     gl.static_assert(CAUSAL != 0 or not WINDOW, "the window is a causal one (its right side is the diagonal)")
     start_m, pid_bh, b, h, kv_h = _program_block(seq_q, num_heads, group_size, BLOCK_M, CAUSAL)
     q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty = _ring(q_desc.dtype, BLOCK_M, BLOCK_N, HEAD_DIM,
                                                                         STAGES)
     diag_shift, n_full, n_blocks = _key_blocks(start_m, seq_q, seq_k, BLOCK_M, BLOCK_N, CAUSAL)
     kv_lo, n_lead = _window_blocks(start_m, seq_q, diag_shift, window_left, BLOCK_M, BLOCK_N, WINDOW)
-    if WARP_SPECIALIZE:
-        gl.warp_specialize([
-            (_ws_consumer, (q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, k_desc, v_desc, o_desc,
-                            Lse, b, h, kv_h, pid_bh, start_m, seq_q, seq_k, diag_shift, kv_lo, n_lead, n_full,
-                            n_blocks, qk_scale, window_left,
-                            BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, OVERLAP, WINDOW, num_warps)),
-            (_ws_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty,
-                            b, h, kv_h, start_m, kv_lo, n_blocks, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES)),
-        ], [1], [PRODUCER_REGS])
-    else:
-        _step1_tile(q_desc, k_desc, v_desc, o_desc, Lse, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty,
-                    b, h, kv_h, pid_bh, start_m, seq_q, seq_k, diag_shift, kv_lo, n_lead, n_full, n_blocks, qk_scale,
-                    window_left, kv_lo, 0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, OVERLAP, WINDOW, num_warps)
-    _invalidate_ring(q_ready, k_ready, v_ready, kv_empty, STAGES)
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Step 4: causal-aware persistent scheduling. The grid is as many programs as fit the GPU at once; each takes query
-# tiles (query block, batch * head) in turn from one list ordered longest first (with causal masking a later query
-# block sees more keys: the list starts at the last query block), program p taking tiles p, p + P, p + 2P, ... so
-# that every program's first tiles are the long ones and the short ones fill the tail. Each tile runs step 1's
-# schedule. The ring and Q's barrier live as long as the program: key blocks continue one stream across tiles (a
-# tile's blocks start at stream position ring_base, the count of blocks of the program's earlier tiles), and Q's
-# barrier completes one phase per tile.
-
-@gluon.jit(do_not_specialize=["num_heads", "group_size", "seq_q", "seq_k", "batch_heads"])
-def _attn_fwd_persistent(q_desc,  # [B, H, S_q, D] 16-bit, tiles [1, 1, BLOCK_M, D]
-                         k_desc,  # [B, H_kv, S_k, D], tiles [1, 1, BLOCK_N, D]
-                         v_desc,  # [B, H_kv, S_k, D], tiles [1, 1, BLOCK_N, D]
-                         o_desc,  # [B, H, S_q, D] dtype of q, tiles [1, 1, BLOCK_M, D]
-                         Lse,  # [B, H, S_q] float32, contiguous: base-2 log-sum-exp of the scaled scores
-                         num_heads, group_size, seq_q, seq_k, qk_scale,  # group_size = H // H_kv
-                         window_left,  # WINDOW: row i sees keys from i' - window_left, >= 0
-                         batch_heads,  # B * H: the tiles of one query block
-                         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                         CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, WINDOW: gl.constexpr,
-                         num_warps: gl.constexpr):
-    """Step 4: every (query block, batch * head) tile, longest first, over a grid of ``gl.num_programs(0)``
-    persistent programs (launch with grid (min(tiles, programs the GPU holds at once),))."""
-    gl.static_assert(not OVERLAP, "step 4 runs step 1's schedule without the overlap")
-    gl.static_assert(CAUSAL != 0 or not WINDOW, "the window is a causal one (its right side is the diagonal)")
-    q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty = _ring(q_desc.dtype, BLOCK_M, BLOCK_N, HEAD_DIM,
-                                                                        STAGES)
-    num_m = gl.cdiv(seq_q, BLOCK_M)
-    ring_base = gl.program_id(0) * 0  # key blocks this program has streamed through its ring (an int32 carried)
-    done = gl.program_id(0) * 0  # tiles this program has finished: Q's barrier phase is done & 1
-    for tile in range(gl.program_id(0), num_m * batch_heads, gl.num_programs(0)):
-        pid_m = tile // batch_heads
-        if CAUSAL != 0:
-            pid_m = num_m - 1 - pid_m
-        pid_bh = tile % batch_heads
-        b = pid_bh // num_heads
-        h = pid_bh % num_heads
-        kv_h = h // group_size
-        start_m = pid_m * BLOCK_M
-        diag_shift, n_full, n_blocks = _key_blocks(start_m, seq_q, seq_k, BLOCK_M, BLOCK_N, CAUSAL)
-        kv_lo, n_lead = _window_blocks(start_m, seq_q, diag_shift, window_left, BLOCK_M, BLOCK_N, WINDOW)
-        _step1_tile(q_desc, k_desc, v_desc, o_desc, Lse, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty,
-                    b, h, kv_h, pid_bh, start_m, seq_q, seq_k, diag_shift, kv_lo, n_lead, n_full, n_blocks, qk_scale,
-                    window_left, kv_lo - ring_base, done & 1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, False,
-                    WINDOW, num_warps)
-        # Every warp past this tile (its wgmmas waited for, its output stored) before one thread issues the next
-        # tile's copies into Q's tile and the ring's slots.
-        thread_barrier()
-        ring_base += gl.maximum(n_blocks - kv_lo, 0)
-        done += 1
+    _step1_tile(q_desc, k_desc, v_desc, o_desc, Lse, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty,
+                b, h, kv_h, pid_bh, start_m, seq_q, seq_k, diag_shift, kv_lo, n_lead, n_full, n_blocks, qk_scale,
+                window_left, kv_lo, 0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, OVERLAP, WINDOW, num_warps)
     _invalidate_ring(q_ready, k_ready, v_ready, kv_empty, STAGES)
 
 

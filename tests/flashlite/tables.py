@@ -5,8 +5,11 @@ from flashlite import dispatch
 
 
 def use_table(monkeypatch, entries: dict, slug: str = "test-gpu-y", origin: dict | None = None) -> dict:
-    """Make every call look like it runs on GPU model ``slug``, whose table holds ``entries``; returns the table."""
-    table = {"origin": origin or {"date": "2026-01-02", "commit": "abc123"}, "entries": entries}
+    """Make every call look like it runs on GPU model ``slug``, whose table holds ``entries``, measured on this
+    checkout's kernels (``origin`` may name other ones: its ``kernel_hash``); returns the table."""
+    origin = {"date": "2026-01-02", "commit": "abc123", **(origin or {})}
+    origin.setdefault("kernel_hash", dispatch.kernel_source_hash())
+    table = {"origin": origin, "entries": entries}
     monkeypatch.setattr(dispatch, "_slug_of", lambda q: slug)
     monkeypatch.setattr(dispatch, "_table_loaded", lambda name: True)
     monkeypatch.setitem(dispatch._TABLES, slug, table)

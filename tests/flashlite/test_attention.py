@@ -10,9 +10,9 @@ import torch
 import triton
 
 import flashlite
-import flashlite._attention.launch as launch_module
-import flashlite._attention.plans as plans_module
-import flashlite._attention.validation as validation_module
+import flashlite.attn.triton as launch_module
+import flashlite.attn.plan as plans_module
+import flashlite.attn.problem as validation_module
 from flashlite.attention import attention, attention_forward, explain_dispatch
 from flashlite.kernels import attention_bwd, attention_fwd, tuning
 from pytest_kernelcheck import Shape, assert_close
@@ -432,7 +432,7 @@ def test_auto_runs_calls_with_a_gradient_by_the_forward_backward_measurement(mon
     # A made-up GPU's table: at S=40 the kernel won the forward but lost forward+backward; at S=72 the reverse. One
     # signature serves calls with and without a gradient, so the kept plan (replayed from the second call on) must
     # pick per call, and explain_dispatch must say which.
-    import flashlite._attention.decide as decide_module
+    import flashlite.attn.decide as decide_module
     use_table(monkeypatch, {"float32/D16/causal/B1/S64": {"backend": "triton", "why": "forward win"},
                             "float32/D16/causal/B1/S64/fwd+bwd": {"backend": "sdpa", "why": "forward+backward loss"},
                             "float32/D16/causal/B1/S128": {"backend": "sdpa", "why": "forward loss"},

@@ -252,9 +252,9 @@ def test_launcher_keeps_the_layout_of_q_with_split_keys_too(splits):
     # (attention()'s plans have no key splits today; decoding's plans, which have, ask for contiguous outputs).
     import dataclasses
 
-    from flashlite._attention.launch import launch_forward
-    from flashlite._attention.plans import Plan
-    from flashlite._attention.validation import validate
+    from flashlite.attn.triton import launch_forward
+    from flashlite.attn.plan import Plan
+    from flashlite.attn.problem import validate
     q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in inputs(2, 3, 37, 16, torch.float16, seed=11)[:3])
     problem = dataclasses.replace(validate(q, k, v, False, None, None, None, "triton", None), key_splits=splits)
     out, _ = launch_forward(q, k, v, None, None, Plan(problem, None), like_q=True)

@@ -106,7 +106,7 @@ def test_cpu_without_interpreter_is_unsupported(monkeypatch):
 def test_debug_dispatch_logging(monkeypatch, caplog):
     q, k, v = qkv()
     # Start with no replayable plans, so the first attention() call of this signature decides (and logs).
-    monkeypatch.setattr(importlib.import_module("flashlite._attention.plans"), "_PLANS", {})
+    monkeypatch.setattr(importlib.import_module("flashlite.attn.plan"), "_PLANS", {})
     with caplog.at_level(logging.DEBUG, logger="flashlite.attention"):
         explain_dispatch(q, k, v)
         assert not caplog.records  # silent unless asked

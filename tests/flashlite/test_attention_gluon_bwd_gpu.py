@@ -8,9 +8,9 @@ softmax attention on the same 16-bit inputs; the baseline error is SDPA's own gr
 import pytest
 import torch
 
-from flashlite._attention import launch_gluon_bwd
-from flashlite._attention.launch import attention_forward
-from flashlite._attention.launch_gluon import gluon_attention_forward
+from flashlite.attn import gluon_bwd as launch_gluon_bwd
+from flashlite.attn.triton import attention_forward
+from flashlite.attn.gluon import gluon_attention_forward
 from flashlite.attention import attention
 from pytest_kernelcheck import assert_close
 
@@ -52,12 +52,13 @@ def check_backward(q, k, v, causal, dkdv_config=None, dq_config=None, forward="p
         assert_close(got, r, baseline=b, notes=(name, str(dkdv_config), str(dq_config), f"causal={causal}"))
 
 
-def _first_configs(D, variant):
-    """The first listed dK/dV and dQ configs of a schedule."""
-    return [launch_gluon_bwd.bwd_configs_for(D, kind, variant)[0] for kind in ("dkdv", "dq")]
+def _first_configs(D, schedule):
+    """The first listed dK/dV and dQ configs of a schedule ("pipelined"; "mixed": dQ warp-specialized)."""
+    variants = launch_gluon_bwd.SCHEDULE_VARIANTS[schedule]
+    return [launch_gluon_bwd.bwd_configs_for(D, kind, variants[kind])[0] for kind in ("dkdv", "dq")]
 
 
-@pytest.mark.parametrize("variant", ["pipelined", "ws"])
+@pytest.mark.parametrize("variant", ["pipelined", "mixed"])
 @pytest.mark.parametrize("causal", CAUSAL)
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -66,29 +67,30 @@ def _first_configs(D, variant):
 def test_backward_against_float64(B, H, H_kv, S_q, S_k, D, dtype, causal, variant):
     # Odd and unequal lengths (partial blocks of both kinds, S_q > S_k with rows that see no key bottom-right), GQA
     # (every query head of a group adds into the same dK/dV), one query row; each schedule's first config. For
-    # "ws", 77 keys leave the second consumer 13 and 1000 leave it 104 of 128 in the last program; 300 query rows
-    # leave dQ's second consumer 44 of 64 (and 77, 1 and 1000 none in the last program).
+    # "mixed" (dQ warp-specialized), 300 query rows leave dQ's second consumer 44 of 64 (and 77, 1 and 1000 none in
+    # the last program).
     check_backward(*qkv(B, H, S_q, D, dtype, H_kv=H_kv, S_k=S_k), causal, *_first_configs(D, variant))
 
 
-@pytest.mark.parametrize("variant", ["pipelined", "ws"])
+@pytest.mark.parametrize("variant", ["pipelined", "mixed"])
 @pytest.mark.parametrize("D", [64, 128])
 def test_every_listed_config(D, variant):
-    dkdv_configs = launch_gluon_bwd.bwd_configs_for(D, "dkdv", variant)
-    dq_configs = launch_gluon_bwd.bwd_configs_for(D, "dq", variant)
+    variants = launch_gluon_bwd.SCHEDULE_VARIANTS[variant]
+    dkdv_configs = launch_gluon_bwd.bwd_configs_for(D, "dkdv", variants["dkdv"])
+    dq_configs = launch_gluon_bwd.bwd_configs_for(D, "dq", variants["dq"])
     for i in range(max(len(dkdv_configs), len(dq_configs))):
         dkdv_config, dq_config = dkdv_configs[min(i, len(dkdv_configs) - 1)], dq_configs[min(i, len(dq_configs) - 1)]
         for causal in CAUSAL:
             check_backward(*qkv(2, 4, 333, D, torch.bfloat16, H_kv=2, S_k=333), causal, dkdv_config, dq_config)
 
 
-@pytest.mark.parametrize("variant", ["pipelined", "ws"])
+@pytest.mark.parametrize("variant", ["pipelined", "mixed"])
 @pytest.mark.parametrize("D", [64, 128])
 def test_takes_the_gluon_forwards_out_and_lse(D, variant):
     check_backward(*qkv(2, 4, 1000, D, torch.bfloat16, H_kv=2), True, *_first_configs(D, variant), forward="gluon")
 
 
-@pytest.mark.parametrize("variant", ["pipelined", "ws"])
+@pytest.mark.parametrize("variant", ["pipelined", "mixed"])
 def test_strided_layouts_and_a_transposed_gradient(variant):
     # [B, S, H, D] storage seen as [B, H, S, D], and a gradient whose layout TMA cannot describe (copied first).
     q = torch.randn(2, 300, 4, 64, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
@@ -98,7 +100,7 @@ def test_strided_layouts_and_a_transposed_gradient(variant):
     check_backward(q, k, v, True, *_first_configs(64, variant), grad_out=grad_out)
 
 
-@pytest.mark.parametrize("variant", ["pipelined", "ws", "mixed", "ws_dq"])
+@pytest.mark.parametrize("variant", ["pipelined", "mixed", "ws_dq"])
 @pytest.mark.parametrize("causal", CAUSAL)
 def test_attention_backward_with_the_switch_on(causal, variant, monkeypatch):
     # flashlite.attention end to end with FLASHLITE_GLUON_BWD's switch: dK/dV and dQ on the Gluon kernels of the

@@ -9,9 +9,9 @@ import math
 import pytest
 import torch
 
-import flashlite._attention.launch as launch_module
-import flashlite._attention.plans as plans_module
-import flashlite._attention.validation as validation_module
+import flashlite.attn.triton as launch_module
+import flashlite.attn.plan as plans_module
+import flashlite.attn.problem as validation_module
 from flashlite.attention import attention
 from flashlite.cases import CASES, case
 from pytest_kernelcheck import assert_close, policy_for

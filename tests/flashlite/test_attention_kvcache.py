@@ -117,10 +117,10 @@ def test_garbage_past_each_length_never_reaches_the_output(backend):
 
 
 def test_auto_follows_the_dispatch_and_falls_back_to_sdpa(monkeypatch):
-    import flashlite._attention.kvcache as kvcache_module
+    import flashlite.attn.kvcache as kvcache_module
     from flashlite.dispatch import Decision
     used, asked = [], []
-    decide_module = importlib.import_module("flashlite._attention.decide")  # where the dispatch is asked
+    decide_module = importlib.import_module("flashlite.attn.decide")  # where the dispatch is asked
     real_sdpa, real_choose = kvcache_module._sdpa_kvcache, decide_module.choose_backend
     monkeypatch.setattr(kvcache_module, "_sdpa_kvcache", lambda *a: used.append(1) or real_sdpa(*a))
 
@@ -143,7 +143,7 @@ def test_auto_follows_the_dispatch_and_falls_back_to_sdpa(monkeypatch):
 
 def test_one_query_per_entry_reads_each_kv_head_once(monkeypatch):
     # Decoding with grouped-query heads: the group's queries become rows of one program per kv head.
-    import flashlite._attention.kvcache as kvcache_module
+    import flashlite.attn.kvcache as kvcache_module
     shapes = []
     real = kvcache_module.launch_forward
     monkeypatch.setattr(kvcache_module, "launch_forward", lambda q, *a, **kw: shapes.append(tuple(q.shape))
@@ -159,7 +159,7 @@ def test_one_query_per_entry_reads_each_kv_head_once(monkeypatch):
 def test_split_kv_gives_the_float64_result(case, splits, monkeypatch):
     # Lengths 1, 2, 18 and 45 over 16-key blocks (interpreter): shares of whole blocks, empty shares (7 of them
     # for 1 to 3 blocks), a share ending inside a block; GQA-packed rows (S_q = 1) and the causal chunk (S_q = 3).
-    launch_module = importlib.import_module("flashlite._attention.launch")
+    launch_module = importlib.import_module("flashlite.attn.triton")
     real, split_launches = launch_module._launch_split_forward, []
     monkeypatch.setattr(launch_module, "_launch_split_forward",
                         lambda q, *a: split_launches.append(a[4].problem.key_splits) or real(q, *a))
@@ -189,8 +189,8 @@ def test_split_kv_reads_a_paged_cache_and_leaves_rows_without_keys_zero():
 def test_default_num_splits_follows_the_cache_capacity(monkeypatch):
     # num_splits=None: no split below SPLIT_MIN_KEYS positions, SPLITS_LONG shares from there (the measured
     # rule); the threshold is lowered to this test's cache so that both sides run at interpreter sizes.
-    kvcache_module = importlib.import_module("flashlite._attention.kvcache")
-    launch_module = importlib.import_module("flashlite._attention.launch")
+    kvcache_module = importlib.import_module("flashlite.attn.kvcache")
+    launch_module = importlib.import_module("flashlite.attn.triton")
     assert kvcache_module.default_splits(kvcache_module.SPLIT_MIN_KEYS - 1) == 1
     assert kvcache_module.default_splits(kvcache_module.SPLIT_MIN_KEYS) == kvcache_module.SPLITS_LONG == 8
     real, split_launches = launch_module._launch_split_forward, []
@@ -491,7 +491,7 @@ def test_compiled_call_checks_the_lengths_as_eager_does(backend, filled, match):
 
 
 def test_the_custom_op_passes_opcheck():
-    import flashlite._attention.kvcache as kvcache_module
+    import flashlite.attn.kvcache as kvcache_module
     q, k_cache, v_cache, lengths, k_new, v_new = inputs(torch.float32, seed=16)
     args = (q, k_cache, v_cache, lengths, k_new, v_new, None, None, 0.25, -1, -1, 0.0, False)
     torch.library.opcheck(kvcache_module.attention_with_kvcache_op, args,

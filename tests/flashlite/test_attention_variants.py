@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-import flashlite._attention.plans as plans_module
+import flashlite.attn.plan as plans_module
 from flashlite import dispatch
 from flashlite.attention import attention, explain_dispatch
 from pytest_kernelcheck import assert_close

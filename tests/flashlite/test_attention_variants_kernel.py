@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flashlite._attention.launch import attention_backward, attention_forward
+from flashlite.attention import attention_backward, attention_forward
 from flashlite.kernels import attention_bwd, attention_fwd
 from flashlite.kernels.attention_common import tanh
 from tests.flashlite.sm90 import SM90_COMPILER

@@ -170,12 +170,12 @@ def test_strided_inputs_and_offsets_give_the_contiguous_result_and_nothing_is_mo
 
 
 def test_auto_follows_the_dispatch_and_falls_back_to_sdpa(monkeypatch):
-    import flashlite._attention.varlen as varlen_module
+    import flashlite.attn.varlen as varlen_module
     from flashlite.dispatch import Decision
     q, k, v, cu_q, cu_k, max_q, max_k = packed(torch.float32, seed=6)
     used, asked = [], []
     monkeypatch.setattr(varlen_module, "_sdpa_varlen", lambda *a: used.append("sdpa") or q.new_zeros(q.shape))
-    decide_module = importlib.import_module("flashlite._attention.decide")  # where the dispatch is asked
+    decide_module = importlib.import_module("flashlite.attn.decide")  # where the dispatch is asked
     real = decide_module.choose_backend
 
     def choose(shaped, **keywords):
@@ -225,7 +225,7 @@ def test_bad_input_is_named(change, error, match):
 
 
 def test_offsets_are_checked_on_request_only_on_cuda(monkeypatch):
-    validation_module = importlib.import_module("flashlite._attention.validation")
+    validation_module = importlib.import_module("flashlite.attn.problem")
     cu = torch.tensor([0, 5, 3], dtype=torch.int32)
     assert validation_module.value_checks_wanted(None, cu)  # CPU tensors: always
     fake_cuda = cu.to("meta")  # a tensor off the CPU, without needing a GPU
@@ -308,7 +308,7 @@ def test_compiled_call_checks_the_offsets_as_eager_does(backend, offsets_q, matc
 
 
 def test_custom_ops_pass_opcheck():
-    import flashlite._attention.varlen as varlen_module
+    import flashlite.attn.varlen as varlen_module
     q, k, v, cu_q, cu_k, max_q, max_k = packed(torch.float32, seed=13, lengths=[(5, 7), (19, 11)])
     args = (q, k, v, cu_q, cu_k, max_q, max_k, 2, 0.25, "ieee", -1, -1, 0.0, None)
     torch.library.opcheck(varlen_module.attention_varlen_forward_op, args,

@@ -241,7 +241,7 @@ def recordings(monkeypatch):
 
 
 def _plan(record=True):
-    from flashlite._attention.plans import Plan
+    from flashlite.attn.plan import Plan
     plan = Plan(None, None, record=True)
     plan.record = record  # as a plan on CUDA is, whatever FLASHLITE_LAUNCH_CACHE says here
     return plan
@@ -249,7 +249,7 @@ def _plan(record=True):
 
 def _launch_and_replay(plan, kernel, site, tensors, scalars=(7,)):
     """What every launch site of the attention launchers does: replay the plan's recording, else launch."""
-    from flashlite._attention import launch
+    from flashlite.attn import triton as launch
     if not launch._replayed(plan, site, tensors):
         launch._launch(kernel, site, plan, (4, 2), tensors, scalars, {"BLOCK": 64})
 
@@ -286,7 +286,7 @@ def test_refused_unrecordable_and_unkept_launches_go_the_ordinary_way(recordings
 
 
 def test_attention_grids():
-    from flashlite._attention.launch import _Grid
+    from flashlite.attn.triton import _Grid
     assert _Grid(1000, "BLOCK_M", 32)({"BLOCK_M": 128}) == (8, 32)
     assert _Grid(1000, "BLOCK_M", 32)({"BLOCK_M": 128, "BH_PER_PROGRAM": 4}) == (8, 8)
     assert _Grid(100, "BLOCK_N", 70_000)({"BLOCK_N": 64}) == (2 * 70_000,)  # past axis 1's limit: flattened

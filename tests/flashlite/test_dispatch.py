@@ -11,6 +11,7 @@ import torch
 from flashlite import dispatch
 from flashlite._intmath import seq_bucket
 from pytest_kernelcheck import assert_close
+from flashlite.attention import explain_dispatch as flashlite_explain
 from tests.flashlite.tables import use_table
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -21,20 +22,59 @@ def test_shipped_h200_table_records_its_origin_and_measured_choices():
     assert table is not None
     assert table["origin"]["gpu"] == "NVIDIA H200" and table["origin"]["commit"] != "unknown"
     assert (ROOT / table["origin"]["source"]).is_file(), "the report a table came from is committed"
-    # fp32 case 5 (B=4, S=2048) was a measured win for the kernel; bf16 case 10 (B=128, S=128) a loss (0.861x);
-    # bf16 and fp16 case 3 (B=1, S=8192) wins since their forward runs on the Gluon kernel (1.067x, 1.063x).
-    fp32 = dispatch._decide("nvidia-h200", torch.float32, 64, True, 4, 2048)
-    assert fp32.backend == "triton" and "nvidia-h200 table" in fp32.reason and "win" in fp32.reason
-    bf16 = dispatch._decide("nvidia-h200", torch.bfloat16, 64, True, 128, 128)
-    assert bf16.backend == "sdpa" and "loss" in bf16.reason
-    assert dispatch._decide("nvidia-h200", torch.bfloat16, 64, True, 1, 8192).backend == "triton"
-    assert dispatch._decide("nvidia-h200", torch.float16, 64, True, 1, 8192).backend == "triton"
     for source in table["origin"].get("sources", []):
         assert (ROOT / source["source"]).is_file() and source["commit"] != "unknown"
-    # fp16 case 11 (B=256, S=64) won in a later report than the bf16 one; each decision names its own report.
-    fp16 = dispatch._decide("nvidia-h200", torch.float16, 64, True, 256, 64)
-    entry = table["entries"]["float16/D64/causal/B256/S64"]
-    assert fp16.backend == "triton" and f"commit {entry['commit']}" in fp16.reason
+    # fp32 case 5 (B=4, S=2048) was a measured win for the kernel; bf16 case 10 (B=128, S=128) a loss (0.861x);
+    # bf16 case 3 (B=1, S=8192) a win since its forward runs on the Gluon kernel (1.067x).
+    assert table["entries"]["float32/D64/causal/B4/S2048"]["backend"] == "triton"
+    assert table["entries"]["bfloat16/D64/causal/B128/S128"]["backend"] == "sdpa"
+    assert table["entries"]["bfloat16/D64/causal/B1/S8192"]["backend"] == "triton"
+
+
+def test_a_table_without_the_kernels_source_hash_decides_nothing_and_says_so():
+    # The shipped table was measured before tables recorded the kernels' source hash: its entries are about kernel
+    # code that may no longer run, so the rule decides each call, and the reason names the entry set aside.
+    table = dispatch.load_table("nvidia-h200")
+    assert all("kernel_hash" not in entry for entry in table["entries"].values())
+    assert "kernel_hash" not in table["origin"]
+    win = dispatch._decide("nvidia-h200", torch.bfloat16, 64, True, 1, 8192)
+    assert win.backend == "sdpa" and "nvidia-h200 table entry not used" in win.reason
+    assert "no kernel source hash recorded" in win.reason and dispatch.kernel_source_hash() in win.reason
+    assert "rule: SDPA unless a measurement says otherwise" in win.reason
+    fp32 = dispatch._decide("nvidia-h200", torch.float32, 64, True, 4, 2048)
+    assert fp32.backend == "triton" and "not used" in fp32.reason and "rule: float32" in fp32.reason
+
+
+def test_an_entry_measured_on_other_kernel_code_is_set_aside_in_explain_dispatch(monkeypatch):
+    key = dispatch.table_key(torch.float32, 16, True, 2, 24)
+    current = dispatch.kernel_source_hash()
+    other = "0123456789abcdef" if current != "0123456789abcdef" else "fedcba9876543210"
+    q = torch.randn(2, 4, 24, 16)
+    use_table(monkeypatch, {key: {"backend": "sdpa", "why": "measured loss"}})
+    measured_here = dispatch._decide("test-gpu-y", torch.float32, 16, True, 2, 24)
+    assert measured_here.backend == "sdpa" and "measured loss" in measured_here.reason
+    # The same entry, measured on other kernel sources (the origin's hash, or the entry's own after a merge).
+    use_table(monkeypatch, {key: {"backend": "sdpa", "why": "measured loss"}}, origin={"kernel_hash": other})
+    assert dispatch._decide("test-gpu-y", torch.float32, 16, True, 2, 24).backend == "triton"
+    use_table(monkeypatch, {key: {"backend": "sdpa", "why": "measured loss", "kernel_hash": other}})
+    stale = dispatch._decide("test-gpu-y", torch.float32, 16, True, 2, 24)
+    assert stale.backend == "triton" and f"kernel source hash {other}" in stale.reason
+    assert f"this code {current}" in stale.reason and "measured loss" not in stale.reason
+    # explain_dispatch gives the same reason (the CPU tensors pretend to be on the made-up GPU).
+    monkeypatch.setattr(dispatch, "_slug_of", lambda q: "test-gpu-y")
+    from flashlite.attn import problem as problem_module
+    monkeypatch.setattr(problem_module._runtime, "kernel_device_ok", lambda t: True)
+    explained = flashlite_explain(q, q[:, :4], q[:, :4], causal=True)
+    assert explained.backend == "triton" and "not used: measured on other kernel code" in explained.reason
+
+
+def test_the_kernel_source_hash_follows_every_measured_file():
+    package = ROOT / "flashlite"
+    files = {path: (package / path).read_bytes() for path in dispatch.MEASURED_KERNEL_FILES}
+    assert dispatch.source_hash(files) == dispatch.kernel_source_hash()
+    for path in dispatch.MEASURED_KERNEL_FILES:
+        changed = {**files, path: files[path] + b"\n"}
+        assert dispatch.source_hash(changed) != dispatch.kernel_source_hash(), path
 
 
 def test_every_triton_entry_is_a_significant_win():
@@ -197,6 +237,9 @@ def test_generator_turns_a_report_into_a_table(tmp_path):
     assert "3 entries, 1 use the Triton kernel" in done.stdout
     table = json.loads((out / "test-gpu-x.json").read_text())
     assert table["origin"]["commit"] == "abc123" and table["origin"]["date"] == "2026-01-02"
+    # abc123 is no commit of this clone: the hash is this checkout's kernels', and the script says so.
+    assert table["origin"]["kernel_hash"] == dispatch.kernel_source_hash()
+    assert "of this checkout's kernels (commit abc123 is not in this clone)" in done.stdout
     entries = table["entries"]
     assert entries["bfloat16/D64/causal/B256/S64"]["backend"] == "triton"
     # A win that does not survive the correction across shapes is not trusted.
@@ -236,7 +279,7 @@ def test_generator_reads_variant_comparisons_against_the_sdpa_path_only(tmp_path
 def test_a_measured_combined_variant_loads_and_decides_its_calls(tmp_path, monkeypatch):
     # A call with several variants (key padding and a window, here) is keyed by validation's parts joined by "+";
     # the generator writes that key, and the table holding it must load on the GPU it was measured on, and decide.
-    from flashlite._attention.validation import validate
+    from flashlite.attn.problem import validate
 
     q = torch.randn(2, 4, 64, 16)
     problem = validate(q, q, q, True, None, torch.rand(2, 64) > 0.2, None, "auto", None, window=(32, 0))
@@ -336,7 +379,41 @@ def test_generator_merges_reports_newest_last(tmp_path):
     assert table["entries"]["bfloat16/D64/causal/B4/S2048"]["commit"] == "aaa"
     mismatched = subprocess.run([sys.executable, script, str(old), str(new), "--commit", "aaa", "--out", str(out)],
                                 capture_output=True, text=True)
-    assert mismatched.returncode != 0 and "one commit per report" in mismatched.stderr
+    assert mismatched.returncode != 0 and "--commit needs one value per report" in mismatched.stderr
+    # Each merged entry keeps the kernel hash of the report it came from.
+    subprocess.run([sys.executable, script, str(old), str(new), "--kernel-hash", "a" * 16, "b" * 16, "--out",
+                    str(out)], capture_output=True, text=True, check=True)
+    table = json.loads((out / "test-gpu-x.json").read_text())
+    assert table["entries"]["float16/D64/causal/B4/S2048"]["kernel_hash"] == "b" * 16
+    assert table["entries"]["bfloat16/D64/causal/B4/S2048"]["kernel_hash"] == "a" * 16
+    assert [s["kernel_hash"] for s in table["origin"]["sources"]] == ["a" * 16, "b" * 16]
+
+
+def test_generator_hashes_the_kernels_of_the_commit_a_report_measured(tmp_path):
+    # A commit this clone has: the hash of its kernel files (HEAD's, which this checkout's kernels are unless
+    # edited), and a report whose tree was dirty takes this checkout's files instead.
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "flashlite/kernels"],
+                           capture_output=True, text=True)
+    if head.returncode != 0 or dirty.stdout.strip():
+        pytest.skip("needs a git clone whose kernel files are those of its HEAD commit")
+    report = {"created": "2026-01-02T03:04:05+00:00", "environment": {
+        "gpu": {"devices": ["Test GPU X"]}, "commit_info": {"id": head.stdout.strip(), "dirty": False}},
+        "comparisons": [{"name": "fwd triton vs sdpa torch.bfloat16", "nodeid": "t", "verdict": "win",
+                         "verdict_bh": "win", "speedup": 1.2, "ci": [1.1, 1.3], "n_pairs": 20,
+                         "shape": {"B": 4, "S": 2048, "H": 16, "D": 64, "dtype": "torch.bfloat16"}}]}
+    path, out = tmp_path / "report.json", tmp_path / "tables"
+    path.write_text(json.dumps(report))
+    script = str(ROOT / "tools" / "make_dispatch_table.py")
+    done = subprocess.run([sys.executable, script, str(path), "--out", str(out)], capture_output=True, text=True,
+                          check=True)
+    assert f"of the kernels at commit {head.stdout.strip()}" in done.stdout
+    assert json.loads((out / "test-gpu-x.json").read_text())["origin"]["kernel_hash"] == dispatch.kernel_source_hash()
+    report["environment"]["commit_info"]["dirty"] = True
+    path.write_text(json.dumps(report))
+    done = subprocess.run([sys.executable, script, str(path), "--out", str(out)], capture_output=True, text=True,
+                          check=True)
+    assert "of this checkout's kernels (its tree was dirty)" in done.stdout
 
 
 def test_decoding_entries_key_on_the_mode_attention_with_kvcache_looks_up(tmp_path, monkeypatch):
@@ -344,7 +421,7 @@ def test_decoding_entries_key_on_the_mode_attention_with_kvcache_looks_up(tmp_pa
     # length mask is not what auto would run instead. The generator keys them on causal "lower_right" (the A/B
     # shapes name no causal mode), which is the key attention_with_kvcache's dispatch reads.
     import importlib
-    kvcache = importlib.import_module("flashlite._attention.kvcache")
+    kvcache = importlib.import_module("flashlite.attn.kvcache")
 
     def record(name, variant, verdict, speedup):
         return {"name": name, "nodeid": "t", "verdict": verdict, "verdict_bh": verdict, "speedup": speedup,
@@ -362,7 +439,7 @@ def test_decoding_entries_key_on_the_mode_attention_with_kvcache_looks_up(tmp_pa
     # The decision attention_with_kvcache takes for a call of that shape reads the entry (the kernel is stood in
     # as runnable, and the call stops once it has decided).
     use_table(monkeypatch, table["entries"], slug="test-gpu-x", origin=table["origin"])
-    monkeypatch.setattr(importlib.import_module("flashlite._attention.decide"), "kernel_unsupported",
+    monkeypatch.setattr(importlib.import_module("flashlite.attn.decide"), "kernel_unsupported",
                         lambda *a, **kw: None)
     decided = []
 

@@ -300,8 +300,8 @@ def test_ordinary_backward_does_not_recompute(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("recompute ran for an ordinary backward")
 
-    import flashlite._attention.ops as ops
-    import flashlite._attention.varlen as varlen
+    import flashlite.attn.ops as ops
+    import flashlite.attn.varlen as varlen
     import flashlite.norm as norm
     monkeypatch.setattr(ops, "recomputed_gradients", refuse)
     monkeypatch.setattr(varlen, "recomputed_gradients", refuse)

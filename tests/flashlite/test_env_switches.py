@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from flashlite import _env, _native, _runtime
-from flashlite._attention import decide, launch, validation
+from flashlite.attn import decide, problem as validation, triton as launch
 from flashlite.dispatch import Decision
 
 SWITCH = "FLASHLITE_TEST_SWITCH"
@@ -44,7 +44,7 @@ def _run(code: str, **env: str) -> subprocess.CompletedProcess:
 
 
 def test_import_time_switches_read_false_as_off():
-    done = _run("from flashlite._attention import launch_gluon, plans; "
+    done = _run("from flashlite.attn import gluon as launch_gluon, plan as plans; "
                 "print(launch_gluon.GLUON_ENABLED, launch_gluon.GLUON_REPLAY, plans.RECORD_LAUNCHES)",
                 FLASHLITE_GLUON="false", FLASHLITE_GLUON_REPLAY="off", FLASHLITE_LAUNCH_CACHE="no")
     assert done.returncode == 0, done.stderr

@@ -3,8 +3,9 @@ checks and the switch that routes ``flashlite.attention``'s backward to it.
 
 As for the forward (test_gluon_compile.py): each compile runs in a fresh interpreter with TRITON_INTERPRET=0,
 specialized as the launcher would (descriptors built by ``dkdv_kernel_arguments`` over CPU tensors, GQA with 4
-query heads on 2 key/value heads). For each kernel and schedule ("pipelined", "ws"), the first config is compiled in
-bf16 in every causal mode and in fp16 top-left, the others in bf16 bottom-right; each must fit the 227 KB of shared
+query heads on 2 key/value heads). For each kernel and schedule (``BWD_VARIANTS``: "pipelined"; for dQ also "ws"),
+the first config is compiled in bf16 in every causal mode and in fp16 top-left, the others in bf16 bottom-right;
+each must fit the 227 KB of shared
 memory and 255 registers without spilling, and without ptxas serializing its wgmmas (it notes that, and then waits
 out every wgmma of the kernel: the backward configs it happened to lost 0.61-0.91x), as ptxas reports them. The
 warp-specialized kernels' PTX must also show the register split their partitions asked for, a named barrier of its
@@ -20,8 +21,8 @@ import sys
 import pytest
 import torch
 
-from flashlite._attention import launch_gluon_bwd
-from flashlite._attention.validation import validate
+from flashlite.attn import gluon_bwd as launch_gluon_bwd
+from flashlite.attn.problem import validate
 from tests.flashlite.sm90 import GLUON_COMPILER, run_script
 from tests.flashlite.test_gluon_compile import HOPPER_SHARED_MEMORY, needs_gluon
 from pytest_kernelcheck import assert_close
@@ -29,7 +30,7 @@ from pytest_kernelcheck import assert_close
 _COMPILE = GLUON_COMPILER + r'''
 import json
 import torch
-from flashlite._attention import launch_gluon_bwd
+from flashlite.attn import gluon_bwd as launch_gluon_bwd
 
 def compile_config(config, dtype, head_dim, causal):
     q = torch.empty(2, 4, 300, head_dim, dtype=dtype)
@@ -156,7 +157,7 @@ def test_explain_dispatch_names_the_backward_kernels(monkeypatch):
     # A Triton call whose gradient autograd computes: the reason says where its backward runs, for the default
     # switch (the measured rule) and an explicit schedule; calls without a gradient say nothing of a backward.
     from flashlite.attention import explain_dispatch
-    monkeypatch.setattr(importlib.import_module("flashlite._attention.plans"), "_PLANS", {})
+    monkeypatch.setattr(importlib.import_module("flashlite.attn.plan"), "_PLANS", {})
     monkeypatch.setattr(launch_gluon_bwd, "gluon_supported", lambda *a, **kw: None)
     for name, value in zip(launch_gluon_bwd.SWITCH_GLOBALS, launch_gluon_bwd.switch_values("auto")):
         monkeypatch.setattr(launch_gluon_bwd, name, value)
@@ -178,7 +179,7 @@ def test_explain_dispatch_names_the_backward_kernels(monkeypatch):
 
 def test_an_unset_switch_means_auto():
     # The module's reading of the environment at import, in a fresh interpreter without the variable.
-    code = ("from flashlite._attention import launch_gluon_bwd as m; "
+    code = ("from flashlite.attn import gluon_bwd as m; "
             "print(m.GLUON_BWD_SWITCH, m.GLUON_BWD_ENABLED, m.GLUON_BWD_VARIANT, m.GLUON_BWD_DKDV, "
             "m.GLUON_BWD_MEASURED_ONLY)")
     env = {name: value for name, value in os.environ.items() if name != "FLASHLITE_GLUON_BWD"}
@@ -193,8 +194,9 @@ def test_an_unset_switch_means_auto():
 def test_a_plan_decides_the_backward_again_when_the_switch_changes(monkeypatch):
     # The backward asks backward_on_gluon once per plan and switch value; the Gluon launch is stood in. A fresh plan
     # cache, so that no earlier test's plan of the same signature has decided already.
-    launch_module = importlib.import_module("flashlite._attention.launch")
-    monkeypatch.setattr(importlib.import_module("flashlite._attention.plans"), "_PLANS", {})
+    launch_module = importlib.import_module("flashlite.attn.triton")
+    launch_bwd_module = importlib.import_module("flashlite.attn.triton_bwd")
+    monkeypatch.setattr(importlib.import_module("flashlite.attn.plan"), "_PLANS", {})
     calls, launched = [], []
     monkeypatch.setattr(launch_gluon_bwd, "backward_on_gluon", lambda *a: calls.append(1) or True)
 
@@ -215,20 +217,20 @@ def test_a_plan_decides_the_backward_again_when_the_switch_changes(monkeypatch):
     grad_out = torch.randn_like(q)
     monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_ENABLED", True)
     monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_MEASURED_ONLY", False)  # an explicit schedule: every shape
-    dq, dk, dv = launch_module.attention_backward(grad_out, q, k, v, out, lse, None, None, 1, 0.25, "ieee")
+    dq, dk, dv = launch_bwd_module.attention_backward(grad_out, q, k, v, out, lse, None, None, 1, 0.25, "ieee")
     assert launched == [1, "dq"] and calls == [1]
     assert torch.all(dq == 7.0) and torch.all(dk == 3.0) and torch.all(dv == 5.0)
-    launch_module.attention_backward(grad_out, q, k, v, out, lse, None, None, 1, 0.25, "ieee")
+    launch_bwd_module.attention_backward(grad_out, q, k, v, out, lse, None, None, 1, 0.25, "ieee")
     assert calls == [1]  # kept on the plan
     # The same signature at a base address 4 bytes past a 16-byte boundary: the plan's choice stands, but this
     # call takes the pointer kernel (TMA needs aligned bases).
     unaligned = torch.empty(q.numel() + 1)[1:].view(q.shape).copy_(q)
-    _, dk_unaligned, _ = launch_module.attention_backward(grad_out, unaligned, k, v, out, lse, None, None, 1, 0.25,
+    _, dk_unaligned, _ = launch_bwd_module.attention_backward(grad_out, unaligned, k, v, out, lse, None, None, 1, 0.25,
                                                           "ieee")
     assert launched == [1, "dq"] * 2 and not torch.all(dk_unaligned == 3.0)
     monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_ENABLED", False)
     monkeypatch.setattr(launch_gluon_bwd, "backward_on_gluon", lambda *a: calls.append(2) or False)
-    _, dk_pointer, _ = launch_module.attention_backward(grad_out, q, k, v, out, lse, None, None, 1, 0.25, "ieee")
+    _, dk_pointer, _ = launch_bwd_module.attention_backward(grad_out, q, k, v, out, lse, None, None, 1, 0.25, "ieee")
     assert calls == [1, 2] and not torch.all(dk_pointer == 3.0)
 
 
@@ -237,10 +239,11 @@ def test_ws_dq_runs_the_pointer_dkdv_kernel_on_the_delta_kernels_delta(monkeypat
     # kernel (stood in here: it needs an sm_90 GPU; the stand-in checks the delta it is handed and computes dQ in
     # float64). dK and dV are the pointer kernel's, through the interpreter, checked against float64 gradients. Odd
     # sizes and GQA; a fresh plan cache.
-    launch_module = importlib.import_module("flashlite._attention.launch")
+    launch_module = importlib.import_module("flashlite.attn.triton")
+    launch_bwd_module = importlib.import_module("flashlite.attn.triton_bwd")
     if not launch_module._runtime.interpreting():
         pytest.skip("the pointer kernels need the Triton interpreter (TRITON_INTERPRET=1) here")
-    monkeypatch.setattr(importlib.import_module("flashlite._attention.plans"), "_PLANS", {})
+    monkeypatch.setattr(importlib.import_module("flashlite.attn.plan"), "_PLANS", {})
     monkeypatch.setattr(launch_gluon_bwd, "backward_on_gluon", lambda *a: True)
     monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_ENABLED", True)
     monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_MEASURED_ONLY", False)  # an explicit schedule: every shape
@@ -262,7 +265,7 @@ def test_ws_dq_runs_the_pointer_dkdv_kernel_on_the_delta_kernels_delta(monkeypat
         handed.append(delta.clone())
         dq.copy_(expected[0])
     monkeypatch.setattr(launch_gluon_bwd, "launch_dq", stand_in_dq)
-    dq, dk, dv = launch_module.attention_backward(grad_out, q, k, v, out, lse, None, None, 1, scale, "ieee")
+    dq, dk, dv = launch_bwd_module.attention_backward(grad_out, q, k, v, out, lse, None, None, 1, scale, "ieee")
     assert len(handed) == 1
     assert_close(handed[0], (grad_out.double() * out.double()).sum(-1), policy="fp32", notes="delta")
     assert_close(dk, expected[1], policy="fp32", notes="dk")
@@ -281,31 +284,23 @@ class _RecordedLaunch:
 
 @needs_gluon
 def test_each_schedule_launches_its_own_kernel_over_its_own_grid(monkeypatch):
-    # A "ws" program covers two consumers' rows, so its grid has half the programs of a single-partition config
+    # A "ws" dQ program covers two consumers' rows, so its grid has half the programs of a single-partition config
     # with as many rows per warpgroup, and it launches with the register cap its partitions' split needs. Without
     # a config, the launchers take GLUON_BWD_VARIANT's first.
     launches = []
     kernels = launch_gluon_bwd._kernels
-    for name in ("_attn_bwd_dkdv", "_attn_bwd_dkdv_ws", "_attn_bwd_dq", "_attn_bwd_dq_ws"):
+    for name in ("_attn_bwd_dkdv", "_attn_bwd_dq", "_attn_bwd_dq_ws"):
         monkeypatch.setattr(kernels, name, _RecordedLaunch(name, launches))
     q, k = _bf16(2, 4, 333, 64), _bf16(2, 2, 333, 64)
     lse = torch.zeros(2, 4, 333)
-    pipelined = launch_gluon_bwd.bwd_configs_for(64, "dkdv")[0]
-    ws = launch_gluon_bwd.bwd_configs_for(64, "dkdv", "ws")[0]
-    assert pipelined.own_rows == ws.own_rows == 64 and ws.program_rows == 128
-    for config in (pipelined, ws):
-        launch_gluon_bwd.launch_dkdv(q, k, k, q, lse, lse, torch.empty_like(k), torch.empty_like(k), 1, 0.125,
-                                     config)
-    monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_VARIANT", "ws")
-    launch_gluon_bwd.launch_dkdv(q, k, k, q, lse, lse, torch.empty_like(k), torch.empty_like(k), 2, 0.125)
-    launch_gluon_bwd.launch_dq(q, k, k, q, lse, lse, torch.empty_like(q), 2, 0.125)
-    (name_p, grid_p, meta_p), (name_w, grid_w, meta_w), (name_d, _, meta_d), (name_q, grid_q, meta_q) = launches
-    assert (name_p, grid_p) == ("_attn_bwd_dkdv", (6, 4)) and "maxnreg" not in meta_p
-    assert (name_w, grid_w) == ("_attn_bwd_dkdv_ws", (3, 4))
-    assert meta_w["maxnreg"] == kernels.BWD_WS_MAXNREG and meta_w["EARLY_DP"] is ws.early_dp
-    assert meta_w["OVERLAP"] is ws.overlap
-    assert name_d == "_attn_bwd_dkdv_ws" and meta_d["CAUSAL"] == 2 and meta_d["BLOCK_N"] == ws.own_rows
+    pipelined = launch_gluon_bwd.bwd_configs_for(64, "dq")[0]
     dq_ws = launch_gluon_bwd.bwd_configs_for(64, "dq", "ws")[0]
+    assert dq_ws.program_rows == 2 * dq_ws.own_rows
+    for config in (pipelined, dq_ws):
+        launch_gluon_bwd.launch_dq(q, k, k, q, lse, lse, torch.empty_like(q), 2, 0.125, config)
+    (name_p, grid_p, meta_p), (name_q, grid_q, meta_q) = launches
+    assert (name_p, grid_p) == ("_attn_bwd_dq", (math.ceil(333 / pipelined.program_rows), 8))
+    assert "maxnreg" not in meta_p
     assert (name_q, grid_q) == ("_attn_bwd_dq_ws", (math.ceil(333 / dq_ws.program_rows), 8))
     assert meta_q["maxnreg"] == kernels.BWD_WS_MAXNREG and meta_q["BLOCK_M"] == dq_ws.own_rows
     # "mixed": dK/dV on the single-partition kernel's first config, dQ on the warp-specialized one's.
@@ -314,30 +309,29 @@ def test_each_schedule_launches_its_own_kernel_over_its_own_grid(monkeypatch):
     launch_gluon_bwd.launch_dkdv(q, k, k, q, lse, lse, torch.empty_like(k), torch.empty_like(k), 1, 0.125)
     launch_gluon_bwd.launch_dq(q, k, k, q, lse, lse, torch.empty_like(q), 1, 0.125)
     assert [name for name, _, _ in launches] == ["_attn_bwd_dkdv", "_attn_bwd_dq_ws"]
-    assert launches[0][2]["BLOCK_N"] == launch_gluon_bwd.bwd_configs_for(64, "dkdv")[0].own_rows
+    dkdv = launch_gluon_bwd.bwd_configs_for(64, "dkdv")[0]
+    assert launches[0][1] == (math.ceil(333 / dkdv.own_rows), 4) and launches[0][2]["BLOCK_N"] == dkdv.own_rows
+    assert "maxnreg" not in launches[0][2]
 
 
 @needs_gluon
 def test_configs_are_listed_per_schedule_and_refused_across_kernels(monkeypatch):
     with pytest.raises(ValueError, match="variant must be one of"):
         launch_gluon_bwd.bwd_configs_for(64, "dkdv", "pingpong")
+    with pytest.raises(ValueError, match="variant must be one of"):  # dK/dV has one schedule
+        launch_gluon_bwd.bwd_configs_for(64, "dkdv", "ws")
     dq_config = launch_gluon_bwd.bwd_configs_for(128, "dq", "ws")[0]
-    assert dq_config.early_dp is None and dq_config.overlap is None  # the choices exist for dK/dV only
-    for config in launch_gluon_bwd.bwd_configs_for(128, "dkdv", "ws"):
-        assert isinstance(config.early_dp, bool) and isinstance(config.overlap, bool)
-        # The overlapped schedule issues dP^T with S^T (the kernel asserts it too).
-        assert not config.overlap or config.early_dp
     # A config of the other kernel is refused by name (the call's own checks, which CPU tensors fail, stood in).
     q = _bf16(1, 2, 16, 128)
     monkeypatch.setattr(launch_gluon_bwd, "_checked", lambda grad_out, *a: (grad_out, None, 0.125))
     with pytest.raises(ValueError, match="is not listed for the dK/dV kernel at head dim 128"):
         launch_gluon_bwd.gluon_attention_dkdv(q, q, q, q, q, torch.zeros(1, 2, 16), config=dq_config)
-    dkdv_config = launch_gluon_bwd.bwd_configs_for(128, "dkdv", "ws")[0]
+    dkdv_config = launch_gluon_bwd.bwd_configs_for(128, "dkdv")[0]
     with pytest.raises(ValueError, match="is not listed for the dQ kernel at head dim 128"):
         launch_gluon_bwd.gluon_attention_dq(q, q, q, q, q, torch.zeros(1, 2, 16), config=dkdv_config)
 
 
-@pytest.mark.parametrize("value", ["true", "WS", "2", " ws"])
+@pytest.mark.parametrize("value", ["true", "WS", "2", " ws", "ws"])
 def test_the_switch_refuses_a_value_it_does_not_know(value):
     # A mistyped schedule must not run as another one (before, any value but "0" and "" meant the single-partition
     # kernels).
@@ -345,6 +339,6 @@ def test_the_switch_refuses_a_value_it_does_not_know(value):
         launch_gluon_bwd.gluon_bwd_setting(value)
     assert launch_gluon_bwd.gluon_bwd_setting("1") == (True, "pipelined", True)
     assert launch_gluon_bwd.gluon_bwd_setting("") == (False, "pipelined", True)
-    assert launch_gluon_bwd.gluon_bwd_setting("ws_dq") == (True, "ws", False)
+    assert launch_gluon_bwd.gluon_bwd_setting("ws_dq") == (True, "mixed", False)
     assert launch_gluon_bwd.gluon_bwd_setting("mixed") == (True, "mixed", True)
-    assert set(launch_gluon_bwd.SCHEDULE_VARIANTS) == {"pipelined", "ws", "mixed"}
+    assert set(launch_gluon_bwd.SCHEDULE_VARIANTS) == {"pipelined", "mixed"}

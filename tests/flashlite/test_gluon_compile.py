@@ -1,13 +1,12 @@
 """The Gluon attention forward builds for sm_90 on any machine, within Hopper's resources; its launcher's refusals.
 
 Gluon kernels do not run in Triton's interpreter, but they compile for sm_90 without a GPU. Every config the kernel
-file lists (every variant: "pipelined", step 1, "ws", step 2, "pingpong", step 3; with and without the softmax/P V
-overlap) is compiled for each head dim: for steps 1 and 2 the one the launcher picks in bf16 and fp16 and every
+file lists (every variant: "pipelined", step 1, "pingpong", step 3; with and without the softmax/P V
+overlap) is compiled for each head dim: for step 1 the one the launcher picks in bf16 and fp16 and every
 causal mode, the others (A/B candidates) in bf16, non-causal and bottom-right causal; step 3's kernel takes longer
 to build, so its first config is compiled in bf16 non-causal and bottom-right causal and in fp16 top-left, the
-others in bf16 bottom-right (the most general mask). Steps 1 and 2 also compile their first config with a causal
-window (bf16, bottom-right); step 4 (the persistent grid) its first config in bf16 in every causal mode and with a
-window, the others bottom-right. Each compile runs in a fresh interpreter with TRITON_INTERPRET=0 and a cache in
+others in bf16 bottom-right (the most general mask). Step 1 also compiles its first config with a causal window
+(bf16, bottom-right). Each compile runs in a fresh interpreter with TRITON_INTERPRET=0 and a cache in
 pytest's tmp dir, specialized as ``gluon_attention_forward`` would (descriptors built by the launcher itself over
 CPU tensors). Each compiled kernel must fit the 227 KB of shared memory a Hopper thread block may have and use at
 most 255 registers without spilling or serializing its wgmmas, as ptxas reports them. For step 3 the PTX must also
@@ -20,8 +19,8 @@ import json
 import pytest
 import torch
 
-from flashlite._attention import launch_gluon
-from flashlite._attention.launch_gluon import GluonConfig, gluon_attention_forward, gluon_supported
+from flashlite.attn import gluon as launch_gluon
+from flashlite.attn.gluon import GluonConfig, gluon_attention_forward, gluon_supported
 from tests.flashlite.sm90 import GLUON_COMPILER, run_script
 
 HOPPER_SHARED_MEMORY = 232448  # bytes per thread block on an H100/H200, as Triton reports the limit
@@ -30,7 +29,7 @@ _COMPILE = GLUON_COMPILER + r'''
 import json
 import torch
 import flashlite
-from flashlite._attention import launch_gluon
+from flashlite.attn import gluon as launch_gluon
 
 def compile_config(config, dtype, head_dim, causal, window_left=-1):
     # The launcher's own arguments for small CPU tensors (GQA: 4 query heads on 2 key/value heads); tensor
@@ -68,11 +67,6 @@ if variant == "pingpong":
     # shift) and in fp16 top-left; the others in bf16 bottom-right.
     jobs = [(default, torch.bfloat16, 0, -1), (default, torch.bfloat16, 2, -1), (default, torch.float16, 1, -1)]
     jobs += [(config, torch.bfloat16, 2, -1) for config in others]
-elif variant == "persistent":
-    # Step 1's tile code in a loop over tiles (fp16 differs from bf16 only in the operand type, as step 1's compiles
-    # show): its first config in bf16 in every causal mode and with a window, the others bottom-right.
-    jobs = [(default, torch.bfloat16, causal, -1) for causal in launch_gluon._kernels.CAUSAL_MODES]
-    jobs += [(default, torch.bfloat16, 2, 100)] + [(config, torch.bfloat16, 2, -1) for config in others]
 else:
     # The launcher's pick in both dtypes and every causal mode; the configs listed for A/B in bf16, without and with
     # the bottom-right diagonal (top-left is the same mask with a zero shift).
@@ -113,7 +107,7 @@ def test_every_config_compiles_for_sm90_within_resources(variant, head_dim, tmp_
     script = f"VARIANT, HEAD_DIM = {variant!r}, {head_dim}\n" + _COMPILE
     results = [json.loads(line) for line in run_script(script).splitlines() if line.startswith("{")]
     others = len(launch_gluon.configs_for(head_dim, variant)) - 1
-    expected = {"pingpong": 3 + others, "persistent": 4 + others}.get(variant, 7 + 2 * others)
+    expected = {"pingpong": 3 + others}.get(variant, 7 + 2 * others)
     assert len(results) == expected, results
     for r in results:
         where = (f"{variant} {r['dtype']} D={r['head_dim']} causal={r['causal']} window={r['window_left']} "
@@ -230,7 +224,7 @@ def _seeded_bf16(batch, heads, seq, dim=128):
     (8, 16, 4096, 128, torch.bfloat16, "lower_right", False),  # not measured
 ])
 def test_the_measured_rule_picks_the_gluon_forward(monkeypatch, batch, heads, seq, dim, dtype, causal, chosen):
-    from flashlite._attention.validation import validate
+    from flashlite.attn.problem import validate
     monkeypatch.setattr(launch_gluon, "gluon_supported", lambda *a, **kw: None)
     q = torch.empty(batch, heads, seq, dim, dtype=dtype)  # the rule reads shapes only: no data is needed
     problem = validate(q, q, q, causal, None, None, None, "triton", None)
@@ -254,7 +248,7 @@ def test_the_measured_rule_picks_the_gluon_forward(monkeypatch, batch, heads, se
     (16384, 64, True, (1024, 0), False, "fp16"),  # fp16 windows: not measured
 ])
 def test_the_measured_rule_takes_causal_windows_at_d64(monkeypatch, seq, dim, causal, window, lengths, chosen):
-    from flashlite._attention.validation import validate
+    from flashlite.attn.problem import validate
     monkeypatch.setattr(launch_gluon, "gluon_supported", lambda *a, **kw: None)
     q = torch.empty(1, 16, seq, dim, dtype=torch.float16 if chosen == "fp16" else torch.bfloat16)
     chosen = chosen is True
@@ -267,7 +261,7 @@ def test_the_measured_rule_takes_causal_windows_at_d64(monkeypatch, seq, dim, ca
 
 
 def test_a_windowed_plan_launches_the_window_config_with_its_left_bound(monkeypatch):
-    from flashlite._attention.validation import validate
+    from flashlite.attn.problem import validate
     # A window config of its own (the shipped one is the dense D=64 config), so that taking the wrong one shows.
     windowed_config = launch_gluon.GluonConfig("pipelined", 128, 128, 3, 8)
     monkeypatch.setattr(launch_gluon, "_DISPATCHED_WINDOW", {64: windowed_config})
@@ -296,7 +290,7 @@ def test_every_dispatched_config_is_one_the_kernel_file_lists():
 
 
 def test_the_rule_needs_a_call_the_kernel_can_run_and_no_mask(monkeypatch):
-    from flashlite._attention.validation import validate
+    from flashlite.attn.problem import validate
     q = torch.empty(8, 16, 4096, 128, dtype=torch.bfloat16)
     problem = validate(q, q, q, True, None, None, None, "triton", None)
     assert launch_gluon.forward_kernel_for(problem, q, q, q) is None  # CPU tensors: gluon_supported refuses
@@ -310,8 +304,8 @@ def test_the_rule_needs_a_call_the_kernel_can_run_and_no_mask(monkeypatch):
 
 def test_a_plan_on_the_gluon_kernel_launches_it_and_says_so(monkeypatch):
     import flashlite
-    decide_module = importlib.import_module("flashlite._attention.decide")
-    launch_module = importlib.import_module("flashlite._attention.launch")
+    decide_module = importlib.import_module("flashlite.attn.decide")
+    launch_module = importlib.import_module("flashlite.attn.triton")
     monkeypatch.setattr(launch_gluon, "gluon_supported", lambda *a, **kw: None)
     # On a GPU machine the tensors go there (without the interpreter the Triton backend refuses CPU tensors); the
     # Gluon launch itself is faked either way.
@@ -341,7 +335,7 @@ def test_a_plan_on_the_gluon_kernel_launches_it_and_says_so(monkeypatch):
 def test_an_unaligned_call_of_a_gluon_plan_takes_the_pointer_kernel():
     storage = torch.randn(1 * 2 * 64 * 128 + 1).to(torch.bfloat16)
     q = storage[1:].view(1, 2, 64, 128)  # 2 bytes past a 16-byte boundary
-    from flashlite._attention.validation import validate
+    from flashlite.attn.problem import validate
     problem = validate(q, q, q, True, None, None, None, "triton", None)
     assert q.data_ptr() % 16 and launch_gluon.launch_planned(q, q, q, problem) is None
 
@@ -373,8 +367,8 @@ def test_the_rule_reads_no_address_so_torch_compile_can_trace_it(monkeypatch):
     # torch.compile traces the plan's decision (dynamo, fullgraph): reading a data pointer there is a graph break,
     # which failed the compiled layer at every shape the Gluon forward covers. The rule decides from shapes and
     # strides alone; each call's addresses are checked at launch (bases_aligned).
-    from flashlite._attention import launch_gluon_bwd
-    from flashlite._attention.validation import validate
+    from flashlite.attn import gluon_bwd as launch_gluon_bwd
+    from flashlite.attn.problem import validate
     monkeypatch.setattr(launch_gluon, "GLUON_MIN_ROWS", 1)  # a small tensor then passes the rule's size floor
     monkeypatch.setattr(launch_gluon, "GLUON_MIN_SEQ", {64: 1, 128: 1})
     monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_ENABLED", True)
@@ -436,8 +430,8 @@ def gluon_stand_ins(monkeypatch):
 
 
 def _gluon_plan(record=True):
-    from flashlite._attention.plans import Plan
-    from flashlite._attention.validation import validate
+    from flashlite.attn.plan import Plan
+    from flashlite.attn.problem import validate
     q = torch.empty(1, 2, 64, 64, dtype=torch.bfloat16)
     problem = validate(q, q, q, True, None, None, None, "triton", None)
     plan = Plan(problem, None, record=True)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-import flashlite._attention.decide as decide_module
-import flashlite._attention.plans as plans_module
+import flashlite.attn.decide as decide_module
+import flashlite.attn.plan as plans_module
 from flashlite.attention import attention
 from pytest_kernelcheck import assert_close
 from tests.flashlite.test_attention_variants import VARIANTS, reference

@@ -405,7 +405,7 @@ def test_torch_compile_with_the_cpp_wrapper_runs_the_attention_op_against_float6
     # tests/perf/test_layer_ab.py) calls the layer's attention op from generated C++: one full graph, the op's kernel
     # run once per call, and float64's accuracy. fp16 operands: the interpreter's bf16 dot is not exact. No fusions:
     # what the layer runs under torch.compile on a CUDA device.
-    import flashlite._attention.ops as ops_module
+    import flashlite.attn.ops as ops_module
     launched = []
     forward = ops_module.attention_forward
     monkeypatch.setattr(ops_module, "attention_forward", lambda *a, **kw: launched.append(1) or forward(*a, **kw))
@@ -776,7 +776,7 @@ LAYOUT_KEEPING_CHANGES = {
 
 @pytest.mark.parametrize("change", sorted(LAYOUT_CHANGES))
 def test_replay_layout_notices_what_a_graph_cannot_see(change):
-    from flashlite.layer import _ReplayLayout
+    from flashlite.cuda_graph import _ReplayLayout
 
     layer = TransformerLayer(32, 2, precision="mixed").eval()
     layout = _ReplayLayout.of(layer)
@@ -788,7 +788,7 @@ def test_replay_layout_notices_what_a_graph_cannot_see(change):
 
 @pytest.mark.parametrize("change", sorted(LAYOUT_KEEPING_CHANGES))
 def test_replay_layout_holds_through_in_place_updates(change):
-    from flashlite.layer import _ReplayLayout
+    from flashlite.cuda_graph import _ReplayLayout
 
     layer = TransformerLayer(32, 2, precision="mixed").eval()
     layout = _ReplayLayout.of(layer)

@@ -10,9 +10,9 @@ import sys
 import pytest
 import torch
 
-import flashlite._attention.api as api_module
-import flashlite._attention.launch as launch_module
-import flashlite._attention.plans as plans_module
+import flashlite.attn.api as api_module
+import flashlite.attn.triton as launch_module
+import flashlite.attn.plan as plans_module
 from flashlite import _native
 from flashlite.attention import attention
 

@@ -61,8 +61,8 @@ def pointer_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale:
     """A callable of the pointer kernel's forward alone, (out, lse): a plan of its own whose Gluon decision is made,
     False. ``attention_forward`` and ``attention(backend="triton")`` take the Gluon forward wherever the dispatch
     rule does, so they are not the pointer kernel at the shapes the Gluon A/B compares."""
-    from flashlite._attention.launch import _check_launch, launch_forward
-    from flashlite._attention.plans import Plan
+    from flashlite.attn.triton import _check_launch, launch_forward
+    from flashlite.attn.plan import Plan
     from flashlite.dispatch import Decision
 
     problem = _check_launch(q, k, v, None, None, causal_mode, scale, precision, window[0], window[1], 0.0, None)

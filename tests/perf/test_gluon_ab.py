@@ -1,19 +1,19 @@
-"""A/B of the Gluon attention forward (issue 17) on Hopper: steps 1, 2 and 3 against SDPA's default, against
+"""A/B of the Gluon attention forward (issue 17) on Hopper: steps 1 and 3 against SDPA's default, against
 flashlite's pointer-kernel forward and against each other, with and without the softmax/P V overlap, and the D=64
 block shapes listed beside step 1's default against it (sm_90 only).
 
 Run with ``pytest tests/perf/test_gluon_ab.py --kernel-ab`` (``-k step3``: only step 3 and the D=64 block
-shapes; ``-k forward_ab``: only steps 1 and 2, as run G5 measured them). Causal bf16, H=16, cases 3, 6 and 12 of
+shapes; ``-k forward_ab``: only step 1). Causal bf16, H=16, cases 3, 6 and 12 of
 ``flashlite.cases`` (B=1 S=8192; B=8 S=4096; B=16 S=8192) at D=64 and D=128. Every side computes out and the
 log-sum-exp a backward would need (SDPA's default: its forward without grad, as the other A/B files time it);
 each candidate is first checked against SDPA so that a wrong kernel is never timed. ``-k gluon_backward_ab``: the Gluon
-backward (dK/dV and dQ), forward+backward of ``flashlite.attention`` with its switch on (the warp-specialized
+backward (dK/dV and dQ), forward+backward of ``flashlite.attention`` with its switch on (the default "mixed"
 schedule) against off, against the single-partition schedule and against SDPA; ``-k backward_kernels``: each
-warp-specialized config of dK/dV and dQ against the single-partition kernel, the kernels alone.
+warp-specialized dQ config and each further single-partition config against the first single-partition one, the
+kernels alone.
 ``-k gluon_window``: the causal sliding window on the Gluon forward against the pointer kernel's and FlexAttention.
 ``-k below_the_floor``: the dispatched Gluon forward at cases 5 and 7-10, under the rule's length floor.
-``-k step4``: step 4 (step 1's schedule over a persistent grid, tiles longest first) against step 1 in the same
-tile, against what the rule dispatches and against SDPA. ``-k replayed``: the planned launch replayed
+``-k replayed``: the planned launch replayed
 (``GLUON_REPLAY``) against the ordinary one, the pointer kernel and SDPA at cases 5 and 7-10. ``-k fp16``: fp16
 on the dispatched configs against the pointer kernel and SDPA. ``-k named_barriers``: step 3 with its turns and
 slot releases through hardware named barriers against the same tiles with mbarriers, the dispatched config and SDPA.
@@ -26,8 +26,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from flashlite._attention import launch_gluon, launch_gluon_bwd
-from flashlite._attention.launch_gluon import GluonConfig, configs_for, gluon_attention_forward
+from flashlite.attn import gluon as launch_gluon, gluon_bwd as launch_gluon_bwd
+from flashlite.attn.gluon import GluonConfig, configs_for, gluon_attention_forward
 from flashlite.attention import attention
 from flashlite.cases import case
 from pytest_kernelcheck import assert_close
@@ -52,11 +52,6 @@ def _run(q, k, v, config: GluonConfig):
     return lambda: gluon_attention_forward(q, k, v, causal=True, variant=config.variant, config=config)[0]
 
 
-def _same_tile(config: GluonConfig) -> GluonConfig:
-    """Step 1 (one partition, a grid of query blocks) in ``config``'s tile."""
-    return GluonConfig("pipelined", config.block_m, config.block_n, config.stages, config.num_warps)
-
-
 def _shape_name(config: GluonConfig) -> str:
     """"gluon step 1 64x128x2w4": the step, then BLOCK_M x BLOCK_N x stages and warps (pingpong: per consumer)."""
     return (f"gluon {config.step} {config.block_m}x{config.block_n}x{config.stages}w{config.num_warps}"
@@ -77,14 +72,10 @@ def _callables(shape, pairs):
     pointer = pointer_forward(q, k, v, scale=scale, precision=dot)
     sides = {
         "gluon step 1": _gluon(q, k, v, "pipelined", False),
-        "gluon step 2": _gluon(q, k, v, "ws", False),
         "gluon step 1 overlap": _gluon(q, k, v, "pipelined", True),
-        "gluon step 2 overlap": _gluon(q, k, v, "ws", True),
         "gluon step 3": _gluon(q, k, v, "pingpong", False),
         "gluon step 3 overlap": _gluon(q, k, v, "pingpong", True),
-        "gluon step 4": _gluon(q, k, v, "persistent", False),
-        # Step 1 in step 4's tile (its schedule without the persistent grid), and what the rule runs today.
-        "gluon step 1 same tile": _run(q, k, v, _same_tile(configs_for(shape.D, "persistent")[0])),
+        # What the rule runs today.
         "gluon dispatched": _run(q, k, v, launch_gluon.dispatched_config(shape.D)),
         "pointer kernel": lambda: pointer()[0],
         "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
@@ -108,22 +99,14 @@ def _callables(shape, pairs):
     return sides
 
 
-# (candidate, baseline). Steps 1 and 2 (run G5): each step against SDPA, step 1 against the pointer kernel, step 2
-# against step 1, and the softmax/P V overlap against the same schedule without it.
-PAIRS = [("gluon step 1", "sdpa"), ("gluon step 2", "sdpa"), ("gluon step 2 overlap", "sdpa"),
-         ("gluon step 1", "pointer kernel"), ("gluon step 2", "gluon step 1"),
-         ("gluon step 1 overlap", "gluon step 1"), ("gluon step 2 overlap", "gluon step 2")]
+# (candidate, baseline). Step 1 (run G5) against SDPA and the pointer kernel, and the softmax/P V overlap against
+# the same schedule without it. (Steps 2 and 4 lost their A/Bs and were deleted; BENCHMARKS.md keeps their numbers.)
+PAIRS = [("gluon step 1", "sdpa"), ("gluon step 1", "pointer kernel"), ("gluon step 1 overlap", "gluon step 1")]
 # Step 3 against SDPA, the pointer kernel and step 1 (the kept one), its overlap against itself without; at D=64
 # also each D=64 block shape against step 1's default and against the pointer kernel (the kernel D=64 runs on).
 STEP3_PAIRS = [("gluon step 3", "sdpa"), ("gluon step 3 overlap", "sdpa"), ("gluon step 3", "pointer kernel"),
                ("gluon step 3", "gluon step 1"), ("gluon step 3 overlap", "gluon step 3")]
 D64_PAIRS = [(_shape_name(c), baseline) for c in D64_SHAPES for baseline in ("gluon step 1", "pointer kernel")]
-# Step 4 (persistent, longest tiles first) against step 1 in the same tile, against what the rule dispatches today
-# (D=64: that same tile; D=128: step 3) and against SDPA. ``-k step4``.
-STEP4_PAIRS = [("gluon step 4", "gluon step 1 same tile"), ("gluon step 4", "gluon dispatched"),
-               ("gluon step 4", "sdpa")]
-
-
 # Step 3's turns and slot releases through hardware named barriers against the same tiles with mbarriers (at
 # D=128 the dispatched config), against what the rule dispatches and against SDPA; at D=128 also the overlapped
 # schedule with named barriers against the one without overlap. ``-k named_barriers``.
@@ -163,20 +146,15 @@ def test_gluon_step3_and_d64_shapes_ab(shape, kernel_ab):
     _compare(shape, kernel_ab, STEP3_PAIRS + (D64_PAIRS if shape.D == 64 else []))
 
 
-@pytest.mark.shape(*SHAPES, dtype=[torch.bfloat16])
-@pytest.mark.memory(lambda shape: attention_bytes(shape, copies=8))
-def test_gluon_step4_ab(shape, kernel_ab):
-    _compare(shape, kernel_ab, STEP4_PAIRS)
-
-
 # The Gluon backward (flashlite/kernels/attention_bwd_gluon.py), measured as users meet it: forward and backward
 # of flashlite.attention(backend="triton") with FLASHLITE_GLUON_BWD's switch on (dK/dV and dQ on the Gluon kernels
 # of one schedule, delta on the pointer kernel) against the same with it off (all pointer kernels), and against
-# SDPA. The warp-specialized schedule ("ws") is the candidate, against the pointer backward, the single-partition
-# Gluon schedule ("pipelined", which lost to the pointer backward in run I1) and SDPA. Each side sets the switch
+# SDPA. The default schedule ("mixed": dK/dV single-partition, dQ warp-specialized) is the candidate, against the
+# pointer backward, the single-partition Gluon schedule ("pipelined", which lost to the pointer backward in run I1)
+# and SDPA. (The all-warp-specialized schedule "ws" was deleted with its dK/dV kernel.) Each side sets the switch
 # before its call; the plan keeps a decision per switch value, so flipping costs a lookup.
 def _forward_backward(q, k, v, grad_out, *, gluon_bwd: str):
-    """``gluon_bwd``: a value of FLASHLITE_GLUON_BWD ("0" the pointer backward, "1", "ws", "ws_dq", "mixed")."""
+    """``gluon_bwd``: a value of FLASHLITE_GLUON_BWD ("0" the pointer backward, "1", "ws_dq", "mixed")."""
     values = launch_gluon_bwd.switch_values(gluon_bwd)
 
     def run():
@@ -214,7 +192,7 @@ def _check_against_pointer(shape, candidates: dict, pointer) -> None:
 
 
 # The schedule each FLASHLITE_GLUON_BWD value runs, as the rows name it.
-_SCHEDULE_NAMES = {"ws": "ws", "1": "pipelined", "ws_dq": "ws_dq", "mixed": "mixed"}
+_SCHEDULE_NAMES = {"1": "pipelined", "ws_dq": "ws_dq", "mixed": "mixed"}
 
 
 def _backward_ab(shape, kernel_ab, candidate: str, gluon_baselines: tuple[str, ...]) -> None:
@@ -243,7 +221,7 @@ def _backward_ab(shape, kernel_ab, candidate: str, gluon_baselines: tuple[str, .
 @pytest.mark.shape(*SHAPES, dtype=[torch.bfloat16])
 @pytest.mark.memory(lambda shape: attention_bytes(shape, copies=14))
 def test_gluon_backward_ab(shape, kernel_ab):
-    _backward_ab(shape, kernel_ab, "ws", ("1",))
+    _backward_ab(shape, kernel_ab, "mixed", ("1",))
 
 
 # FLASHLITE_GLUON_BWD=ws_dq: the warp-specialized Gluon dQ kernel with the pointer dK/dV kernel (after the delta
@@ -271,10 +249,7 @@ def test_gluon_mixed_backward_ab(shape, kernel_ab):
 # are there because their shape differs in kind: at D=128 they fit two programs per SM, where the first config's
 # 8 warps of 255 registers fill it alone (cpu-host-2026-12-05-b/backward_sass_mix/). ``-k backward_kernels``.
 def _bwd_config_name(config) -> str:
-    dp = "" if config.early_dp is None else (" dP early" if config.early_dp else " dP late")
-    overlap = " overlapped" if config.overlap else ""
-    return (f"{config.variant} {config.own_rows}x{config.streamed_rows} s{config.stages} w{config.num_warps}{dp}"
-            f"{overlap}")
+    return f"{config.variant} {config.own_rows}x{config.streamed_rows} s{config.stages} w{config.num_warps}"
 
 
 @pytest.mark.shape(*SHAPES, dtype=[torch.bfloat16])
@@ -306,7 +281,9 @@ def test_gluon_backward_kernels_ab(shape, kernel_ab):
         pipelined, *other_pipelined = launch_gluon_bwd.bwd_configs_for(shape.D, kind)
         baseline = make(pipelined)
         expected = [t.clone() for t in baseline()]
-        for config in other_pipelined + launch_gluon_bwd.bwd_configs_for(shape.D, kind, "ws"):
+        others = [variant for variant in launch_gluon_bwd.BWD_VARIANTS[kind] if variant != "pipelined"]
+        for config in other_pipelined + [c for variant in others
+                                         for c in launch_gluon_bwd.bwd_configs_for(shape.D, kind, variant)]:
             candidate = make(config)
             for got, want in zip(candidate(), expected):
                 # The single-partition kernel in the same precision is the yardstick; the float64 checks of every
@@ -369,7 +346,7 @@ SHORT_SHAPES = [dict(case=n, B=case(n).B, S=case(n).S, H=case(n).H, D=D) for D i
 @pytest.mark.shape(*SHORT_SHAPES, dtype=[torch.bfloat16])
 @pytest.mark.memory(lambda shape: attention_bytes(shape, copies=8))
 def test_gluon_below_the_floor_ab(shape, kernel_ab):
-    from flashlite._attention.validation import validate
+    from flashlite.attn.problem import validate
     q, k, v = qkv(shape.B, shape.H, shape.S, shape.D, shape.dtype)
     scale = shape.D ** -0.5
     problem = validate(q, k, v, True, None, None, None, "triton", None)
@@ -393,8 +370,8 @@ def test_gluon_below_the_floor_ab(shape, kernel_ab):
 @pytest.mark.shape(*SHORT_SHAPES, dtype=[torch.bfloat16])
 @pytest.mark.memory(lambda shape: attention_bytes(shape, copies=8))
 def test_gluon_replayed_launch_ab(shape, kernel_ab, monkeypatch):
-    from flashlite._attention.plans import Plan
-    from flashlite._attention.validation import validate
+    from flashlite.attn.plan import Plan
+    from flashlite.attn.problem import validate
     monkeypatch.setattr(launch_gluon, "GLUON_REPLAY", True)
     q, k, v = qkv(shape.B, shape.H, shape.S, shape.D, shape.dtype)
     problem = validate(q, k, v, True, None, None, None, "triton", None)

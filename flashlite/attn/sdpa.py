@@ -5,14 +5,14 @@ Builds the visibility mask from causal mode, window and key padding and the ALiB
 window and ALiBi only as a dense mask and bias, and softcapping not at all: a softcapped call is computed here in
 float32 from explicit scores, and a float16/bfloat16 call with a bias its dtype does not hold exactly (ALiBi, a
 float attn_mask of another dtype) in float32 too. Each of these paths holds O(S_q * S_k) memory; they are the
-fallback for calls the kernel cannot run. Imports ``validation`` only.
+fallback for calls the kernel cannot run. Imports ``problem`` only.
 """
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
-from flashlite._attention.validation import (CAUSAL_BOTTOM_RIGHT, CAUSAL_NONE, CAUSAL_TOP_LEFT, Problem,
+from flashlite.attn.problem import (CAUSAL_BOTTOM_RIGHT, CAUSAL_NONE, CAUSAL_TOP_LEFT, Problem,
                                              check_constant_slopes)
 
 def _visibility_mask(q: torch.Tensor, k: torch.Tensor, key_mask: Optional[torch.Tensor],
@@ -36,7 +36,7 @@ def _visibility_mask(q: torch.Tensor, k: torch.Tensor, key_mask: Optional[torch.
 
 def _diagonal_shift(problem: Problem, seq_q: int, seq_k: int) -> int:
     """i' - i: how far query row i's diagonal sits from key i (S_k - S_q for bottom-right causal, else 0). The sizes
-    are the call's own: a plan serves calls of every key length (``plans.sizes_key``), so its problem's may be
+    are the call's own: a plan serves calls of every key length (``plan.sizes_key``), so its problem's may be
     another call's."""
     return seq_k - seq_q if problem.causal_mode == CAUSAL_BOTTOM_RIGHT else 0
 
@@ -50,7 +50,7 @@ def plain_sdpa_causal(problem: Problem, seq_q: int, seq_k: int) -> Optional[bool
 
     Example:
         >>> q = torch.randn(1, 2, 1, 16)
-        >>> from flashlite._attention.validation import validate
+        >>> from flashlite.attn.problem import validate
         >>> plain_sdpa_causal(validate(q, q, q, "lower_right", None, None, None, "sdpa", None), 1, 1)
         False
     """

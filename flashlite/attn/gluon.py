@@ -6,7 +6,7 @@ False / True / "lower_right", a positive scale, and layouts TMA can describe: un
 stride a multiple of 16 bytes (of a dimension longer than 1: a size-1 dimension's stride is never used and is
 replaced), 16-byte aligned base addresses. Grouped-query attention (H a multiple of H_kv) is native: query head h
 reads key/value head h // (H // H_kv), with no copy. ``gluon_attention_forward(window=(left, right))`` runs a
-causal sliding window (steps 1, 2 and 4); the dispatch rule runs windows at D=64 on it, where its A/B
+causal sliding window (step 1); the dispatch rule runs windows at D=64 on it, where its A/B
 (``tests/perf/test_gluon_ab.py -k gluon_window``) measured it faster than the pointer kernel.
 
 The descriptors are 4-D, over the tensors' own [B, heads, S, D] shapes and strides with [1, 1, rows, D] tiles, so
@@ -29,8 +29,8 @@ from typing import Any, Optional, Union
 import torch
 
 from flashlite import _direct_launch, _env
-from flashlite._attention.plans import Plan
-from flashlite._attention.validation import CAUSAL_TOP_LEFT, Problem, validate
+from flashlite.attn.plan import Plan
+from flashlite.attn.problem import CAUSAL_TOP_LEFT, Problem, validate
 
 try:
     from triton.experimental.gluon import language as _gl
@@ -45,7 +45,7 @@ _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 _CAUSAL = {False: 0, True: 1, "top_left": 1, "lower_right": 2}
 # CUDA caps grid axis 1, which holds batch * heads.
 _GRID_AXIS1_LIMIT = 65535
-VARIANTS = ("pipelined", "ws", "pingpong", "persistent")
+VARIANTS = ("pipelined", "pingpong")
 
 # Where the Triton backend runs a call's forward on the Gluon kernel, and on which config: where its A/B against the
 # pointer kernel measured a win (H200, 2026-12-01, causal bf16, H=16, tests/perf/test_gluon_ab.py). Session 4's run
@@ -97,8 +97,7 @@ _CALL_ARGUMENTS = 5
 
 @dataclass(frozen=True)
 class GluonConfig:
-    """One compiled shape of the kernel: its variant ("pipelined": step 1, "ws": step 2, "pingpong": step 3,
-    "persistent": step 4, step 1's schedule over a persistent grid), tiles,
+    """One compiled shape of the kernel: its variant ("pipelined": step 1, "pingpong": step 3), tiles,
     ring depth, warps, and whether a block's softmax overlaps the previous block's P V (``overlap``). For
     "pingpong", ``block_m`` and ``num_warps`` are one consumer warpgroup's (a program has two: 2 x block_m rows).
 
@@ -119,8 +118,8 @@ class GluonConfig:
 
     @property
     def step(self) -> str:
-        """The step of issue 17 this config's variant is: "step 1" to "step 4"."""
-        return {"pipelined": "step 1", "ws": "step 2", "pingpong": "step 3", "persistent": "step 4"}[self.variant]
+        """The step of issue 17 this config's variant is: "step 1" or "step 3"."""
+        return {"pipelined": "step 1", "pingpong": "step 3"}[self.variant]
 
     @property
     def rows_per_program(self) -> int:
@@ -132,26 +131,14 @@ class GluonConfig:
 
 
 def kernel_for(config: GluonConfig) -> Any:
-    """The Gluon kernel that runs ``config``: ``_attn_fwd`` (steps 1 and 2), ``_attn_fwd_pingpong`` (step 3) or
-    ``_attn_fwd_persistent`` (step 4)."""
-    return {"pingpong": _kernels._attn_fwd_pingpong,
-            "persistent": _kernels._attn_fwd_persistent}.get(config.variant, _kernels._attn_fwd)
+    """The Gluon kernel that runs ``config``: ``_attn_fwd`` (step 1) or ``_attn_fwd_pingpong`` (step 3)."""
+    return _kernels._attn_fwd_pingpong if config.variant == "pingpong" else _kernels._attn_fwd
 
 
 def _grid(config: GluonConfig, q: torch.Tensor) -> tuple[int, ...]:
-    """Query blocks by batch * heads, or for step 4 as many programs as the GPU holds at once by shared memory
-    (the tiles' buffers plus 1 KB of barriers per program), at most one per tile."""
-    batch, heads, seq_q, head_dim = q.shape
-    blocks = math.ceil(seq_q / config.rows_per_program)
-    if config.variant != "persistent":
-        return (blocks, batch * heads)
-    per_sm = max(1, _kernels.SHARED_MEMORY_LIMIT // (config.shared_bytes(head_dim) + 1024))
-    return (min(blocks * batch * heads, _multiprocessors(q.device) * per_sm),)
-
-
-@functools.lru_cache(maxsize=None)
-def _multiprocessors(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    """Query blocks by batch * heads."""
+    batch, heads, seq_q, _ = q.shape
+    return (math.ceil(seq_q / config.rows_per_program), batch * heads)
 
 
 def configs_for(head_dim: int, variant: str = "pipelined") -> list[GluonConfig]:
@@ -316,7 +303,7 @@ def launch_planned(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: P
     """(out, lse) of a call whose plan chose the Gluon kernel, or None when this call's base addresses are not
     16-byte aligned (a plan keys on shapes and strides, not addresses: such a call takes the pointer kernel).
     With ``plan`` (and ``GLUON_REPLAY``), the plan records its first launch and replays the later ones; out's
-    layout (``like_q``) as in ``launch.launch_forward``."""
+    layout (``like_q``) as in ``triton.launch_forward``."""
     if not bases_aligned(q, k, v):
         return None
     # The rule takes dense calls and causal windows bounded on the left (window_left is -1 for dense ones).
@@ -397,7 +384,7 @@ def kernel_arguments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: tor
                      causal_mode: int, scale: float, config: GluonConfig,
                      window_left: int = -1) -> tuple[tuple, dict]:
     """(positional arguments, constexprs and launch options) of one launch, in the kernel's parameter order.
-    ``window_left`` >= 0: a causal sliding window (steps 1, 2 and 4; -1: none)."""
+    ``window_left`` >= 0: a causal sliding window (step 1; -1: none)."""
     heads, kv_heads = q.shape[1], k.shape[1]
     args = (*descriptors(q, k, v, out, config), lse, heads, heads // kv_heads, q.shape[2], k.shape[2],
             scale * math.log2(math.e))
@@ -407,19 +394,12 @@ def kernel_arguments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: tor
         raise ValueError(f"named_barriers: only the ping-pong kernel (step 3) has them, not {config.variant!r}")
     if config.variant == "pingpong":
         if window_left >= 0:
-            raise ValueError("window: the ping-pong kernel (step 3) has no window; use variant 'pipelined', 'ws' or "
-                             "'persistent'")
+            raise ValueError("window: the ping-pong kernel (step 3) has no window; use variant 'pipelined'")
         meta["maxnreg"] = _kernels.PINGPONG_MAXNREG
         meta["NAMED_BARRIERS"] = config.named_barriers
-    elif config.variant == "persistent":
-        args = (*args, max(window_left, 0), q.shape[0] * heads)
-        meta["WINDOW"] = window_left >= 0
     else:
         args = (*args, max(window_left, 0))
         meta["WINDOW"] = window_left >= 0
-        meta["WARP_SPECIALIZE"] = config.variant == "ws"
-        if config.variant == "ws":
-            meta["maxnreg"] = _kernels.WS_MAXNREG
     return args, meta
 
 
@@ -430,12 +410,11 @@ def gluon_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
     """(out [B, H, S_q, D] in q's dtype, lse [B, H, S_q] float32) of attention on Hopper, through the Gluon kernel.
 
     ``lse`` is in the pointer kernel's convention (base-2 log-sum-exp of the scaled scores; -inf, with out 0, for
-    rows that see no key), so ``flashlite._attention.launch.attention_backward`` takes it. ``variant``: "pipelined"
-    (one partition, step 1), "ws" (a TMA producer warp and the compute warps, step 2), "pingpong" (a TMA producer
-    warp and two consumer warpgroups taking turns at the tensor cores, step 3) or "persistent" (step 1's schedule
-    over a persistent grid, tiles longest first, step 4); ``config`` forces tiles.
+    rows that see no key), so ``flashlite.attn.triton.attention_backward`` takes it. ``variant``: "pipelined"
+    (one partition, step 1) or "pingpong" (a TMA producer warp and two consumer warpgroups taking turns at the
+    tensor cores, step 3); ``config`` forces tiles.
     ``window`` = (left, right) with causal True or "lower_right": a causal sliding window as in
-    ``flashlite.attention`` (steps 1, 2 and 4; key blocks before the window are not loaded).
+    ``flashlite.attention`` (step 1; key blocks before the window are not loaded).
     Raises ValueError with ``gluon_supported``'s reason when the kernel cannot run the call.
 
     Example:

@@ -4,20 +4,20 @@ Under torch.compile with static sizes, a call is validated and decided by ``deci
 dynamo's trace, so that none of it becomes a guard of the graph; the graph holds the chosen op.
 Under torch.compile with dynamic sizes, ``backend="auto"`` calls without a gradient become one op,
 ``flashlite::attention_auto``, whose kernel is ``attention()`` itself: the choice is made per call, not at trace time.
-Imports ``plans``, ``decide``, ``sdpa`` and ``launch`` (``like_layout``); ``flashlite.attention`` re-exports the two
+Imports ``plan``, ``decide``, ``sdpa`` and ``triton`` (``like_layout``); ``flashlite.attention`` re-exports the two
 functions.
 """
 from typing import Optional, Union
 
 import torch
 
-from flashlite._attention import plans
-from flashlite._attention.decide import (TRACED_ERRORS, decide_with_mask, log_decision, make_plan, needs_gradient,
+from flashlite.attn import plan as plans
+from flashlite.attn.decide import (TRACED_ERRORS, decide_with_mask, log_decision, make_plan, needs_gradient,
                                          static_sizes, traced_call_plan)
-from flashlite._attention.launch import like_layout
-from flashlite._attention.ops import run_triton_compiled
-from flashlite._attention.sdpa import sdpa_attention
-from flashlite._attention.validation import _CAUSAL_ARGUMENT, check_constant_slopes, validate
+from flashlite.attn.triton import like_layout
+from flashlite.attn.ops import run_triton_compiled
+from flashlite.attn.sdpa import sdpa_attention
+from flashlite.attn.problem import _CAUSAL_ARGUMENT, check_constant_slopes, validate
 from flashlite.dispatch import Decision
 
 # Bound here, a replayed call skips their attribute lookups (it costs about 0.8 us over SDPA alone, and each lookup

@@ -4,7 +4,7 @@ call (``run_triton``, ``run_triton_compiled``).
 
 ``torch.compile`` treats the kernel as one opaque node instead of tracing into it; eager calls with gradients skip
 the op's dispatcher through ``_EagerTritonAttention``, built by the same mechanism as the norms' (``_ops``).
-Imports ``validation``, ``plans`` and ``launch``.
+Imports ``problem``, ``plan`` and ``triton``.
 """
 import functools
 from typing import Optional
@@ -12,11 +12,11 @@ from typing import Optional
 import torch
 
 from flashlite import _ops
-from flashlite._attention.launch import (_launcher_plan, attention_backward, attention_forward, launch_backward,
-                                         launch_forward)
-from flashlite._attention.plans import Plan
-from flashlite._attention.sdpa import sdpa_attention
-from flashlite._attention.validation import Problem, check_constant_slopes
+from flashlite.attn.triton import _launcher_plan, attention_forward, launch_forward
+from flashlite.attn.triton_bwd import attention_backward, launch_backward
+from flashlite.attn.plan import Plan
+from flashlite.attn.sdpa import sdpa_attention
+from flashlite.attn.problem import Problem, check_constant_slopes
 from flashlite._double_backward import recomputed_gradients
 
 

@@ -317,3 +317,121 @@ def kernel_size_limit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if key_padding_mask is not None and (key_padding_mask.shape[1] - 1) * key_padding_mask.stride(1) >= _INT32_LIMIT:
         return "key_padding_mask rows span 2**31 elements or more"
     return None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Packed sequences (attention_varlen) and KV caches (attention_with_kvcache): the same Problem, from their layouts.
+
+def check_offsets(name: str, cu: torch.Tensor, total: int, max_len: int, max_name: str) -> None:
+    values = cu.tolist()
+    if values[0] != 0 or values[-1] != total:
+        raise ValueError(f"{name} must start at 0 and end at the token count {total}; got {values[0]} ... "
+                         f"{values[-1]}")
+    lengths = [b - a for a, b in zip(values, values[1:])]
+    if min(lengths) < 0:
+        raise ValueError(f"{name} must never decrease; got {values}")
+    if max(lengths) > max_len:
+        raise ValueError(f"{max_name}={max_len} is below the longest sequence of {name} ({max(lengths)} tokens)")
+
+
+def validate_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                    cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: Union[bool, str],
+                    scale: Optional[float], window: Optional[tuple[int, int]], softcap: Optional[float],
+                    alibi_slopes: Optional[torch.Tensor], precision: Optional[str],
+                    check_values: Optional[bool]) -> Problem:
+    """The ``Problem`` of a packed call (``varlen``; batch = the sequence count, seq_q / seq_k = the maxima), or
+    the error that names what is wrong with it."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 3:
+            raise ValueError(f"{name} must have 3 dimensions [total tokens, heads, head dim], got shape "
+                             f"{tuple(t.shape)}")
+    check_dtypes_and_devices(q, k, v)
+    total_q, heads, head_dim = q.shape
+    total_k, kv_heads, head_dim_k = k.shape
+    if head_dim_k != head_dim:
+        raise ValueError(f"head dim differs: q has {head_dim}, k and v have {head_dim_k}")
+    if kv_heads == 0 or heads % kv_heads != 0:
+        raise ValueError(f"q has {heads} heads and k, v have {kv_heads}: the number of q heads must be a multiple "
+                         f"of the k/v heads (grouped-query attention)")
+    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if not isinstance(cu, torch.Tensor) or cu.dtype != torch.int32:
+            raise TypeError(f"{name} must be an int32 tensor [batch + 1] of sequence starts, got "
+                            f"{getattr(cu, 'dtype', type(cu).__name__)}")
+        if cu.dim() != 1 or cu.shape[0] < 2:
+            raise ValueError(f"{name} must be 1-D with batch + 1 >= 2 entries, got shape {tuple(cu.shape)}")
+        if cu.device != q.device:
+            raise ValueError(f"{name} is on {cu.device}, q on {q.device}")
+    if cu_seqlens_q.shape != cu_seqlens_k.shape:
+        raise ValueError(f"cu_seqlens_q and cu_seqlens_k must hold the same number of sequences, got "
+                         f"{cu_seqlens_q.shape[0] - 1} and {cu_seqlens_k.shape[0] - 1}")
+    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+            raise ValueError(f"{name} must be a positive integer (the longest sequence's length), got {value!r}")
+    if min(total_q, total_k, heads, head_dim) == 0:
+        raise ValueError(f"empty input: q {tuple(q.shape)}, k {tuple(k.shape)}")
+    if value_checks_wanted(check_values, cu_seqlens_q):
+        check_offsets("cu_seqlens_q", cu_seqlens_q, total_q, int(max_seqlen_q), "max_seqlen_q")
+        check_offsets("cu_seqlens_k", cu_seqlens_k, total_k, int(max_seqlen_k), "max_seqlen_k")
+    batch = cu_seqlens_q.shape[0] - 1
+    scale = check_scale(scale, head_dim)
+    window_left, window_right = _check_window(window)
+    return Problem(batch, heads, kv_heads, int(max_seqlen_q), int(max_seqlen_k), head_dim, q.dtype,
+                   _causal_mode(causal), float(scale), _resolve_precision(q.dtype, precision), "none", window_left,
+                   window_right, _check_softcap(softcap), _check_alibi(alibi_slopes, q, batch, heads), varlen=True)
+
+
+def check_block_table(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                       block_table: torch.Tensor) -> int:
+    """The positions a paged cache holds per entry (max blocks * block size), or the error naming the argument."""
+    if not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32:
+        raise TypeError(f"block_table must be an int32 tensor [B, max blocks], got "
+                        f"{getattr(block_table, 'dtype', type(block_table).__name__)}")
+    if block_table.dim() != 2 or block_table.shape[0] != q.shape[0] or block_table.shape[1] == 0:
+        raise ValueError(f"block_table must have shape [B, max blocks] with B = {q.shape[0]}, got "
+                         f"{list(block_table.shape)}")
+    if block_table.device != q.device:
+        raise ValueError(f"block_table is on {block_table.device}, q on {q.device}")
+    if k_cache.shape != v_cache.shape or k_cache.shape[0] == 0:
+        raise ValueError(f"a paged k_cache and v_cache must both be [blocks, H_kv, block size, D], got "
+                         f"{list(k_cache.shape)} and {list(v_cache.shape)}")
+    if k_cache.shape[2] % 16:
+        raise ValueError(f"the block size (k_cache.shape[2]) must be a multiple of 16, got {k_cache.shape[2]}")
+    return block_table.shape[1] * k_cache.shape[2]
+
+
+def check_cache_args(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor,
+                      k_new: Optional[torch.Tensor], v_new: Optional[torch.Tensor]) -> None:
+    if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.dtype != torch.int32:
+        raise TypeError(f"cache_seqlens must be an int32 tensor [B], got "
+                        f"{getattr(cache_seqlens, 'dtype', type(cache_seqlens).__name__)}")
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            raise ValueError(f"{name} must be a 4-D tensor [B, heads, S, D], got "
+                             f"{tuple(getattr(t, 'shape', ())) or type(t).__name__}")
+    if tuple(cache_seqlens.shape) != (q.shape[0],):
+        raise ValueError(f"cache_seqlens must have shape [B] = [{q.shape[0]}], got {list(cache_seqlens.shape)}")
+    if cache_seqlens.device != q.device:
+        raise ValueError(f"cache_seqlens is on {cache_seqlens.device}, q on {q.device}")
+    if (k_new is None) != (v_new is None):
+        raise ValueError("pass k_new and v_new together, or neither")
+    if k_new is not None:
+        expected = (q.shape[0], k_cache.shape[1], q.shape[2], k_cache.shape[3])
+        for name, t in (("k_new", k_new), ("v_new", v_new)):
+            if not isinstance(t, torch.Tensor) or tuple(t.shape) != expected:
+                raise ValueError(f"{name} must have shape [B, H_kv, S_q, D] = {list(expected)}, got "
+                                 f"{list(getattr(t, 'shape', [])) or type(t).__name__}")
+            if t.dtype != k_cache.dtype or t.device != k_cache.device:
+                raise TypeError(f"{name} must match the cache's dtype and device ({k_cache.dtype} on "
+                                f"{k_cache.device}), got {t.dtype} on {t.device}")
+
+
+def check_lengths(cache_seqlens: torch.Tensor, appended: int, capacity: int) -> None:
+    lengths = cache_seqlens.tolist()
+    if min(lengths) < 0:
+        raise ValueError(f"cache_seqlens must be >= 0, got {lengths}")
+    if max(lengths) + appended > capacity:
+        what = f"cache_seqlens + S_q (the new tokens) = {max(lengths) + appended}" if appended else \
+            f"cache_seqlens = {max(lengths)}"
+        raise ValueError(f"{what} overflows the cache of S_max = {capacity} positions")

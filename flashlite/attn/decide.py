@@ -1,8 +1,8 @@
 """Decide which backend runs a validated call, log why, and build the call signature's ``Plan``.
 
 ``decide`` asks ``flashlite.dispatch`` for ``backend="auto"``; ``decide_with_mask`` sends explicit masks to SDPA;
-``make_plan`` validates, decides (for the Triton backend also which forward and backward kernels: ``launch_gluon``,
-``launch_gluon_bwd``) and gives the plan the function that runs its calls; ``traced_call_plan`` does it for a call
+``make_plan`` validates, decides (for the Triton backend also which forward and backward kernels: ``gluon``,
+``gluon_bwd``) and gives the plan the function that runs its calls; ``traced_call_plan`` does it for a call
 torch.compile traces, outside the trace. Imports every module of the package but ``api``.
 """
 import functools
@@ -15,11 +15,11 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import has_static_value
 
 from flashlite import _env, _runtime
-from flashlite._attention import launch_gluon, launch_gluon_bwd
-from flashlite._attention.ops import needs_gradient, run_triton, run_triton_compiled
-from flashlite._attention.plans import Plan
-from flashlite._attention.sdpa import check_attn_mask, plain_sdpa_causal, sdpa_attention
-from flashlite._attention.validation import (_CAUSAL_ARGUMENT, Problem, kernel_size_limit, kernel_unsupported,
+from flashlite.attn import gluon as launch_gluon, gluon_bwd as launch_gluon_bwd
+from flashlite.attn.ops import needs_gradient, run_triton, run_triton_compiled
+from flashlite.attn.plan import Plan
+from flashlite.attn.sdpa import check_attn_mask, plain_sdpa_causal, sdpa_attention
+from flashlite.attn.problem import (_CAUSAL_ARGUMENT, Problem, kernel_size_limit, kernel_unsupported,
                                              validate)
 from flashlite.dispatch import Decision, choose_backend
 
@@ -121,7 +121,7 @@ def _serves_any_key_length(problem: Problem, backend: str, decision: Decision, g
                            q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                            key_padding_mask: Optional[torch.Tensor]) -> bool:
     """Whether a plan's run is right, and its decisions those the call would get, for calls of any key length
-    (``plans.sizes_key``): SDPA plans whose run reads the sizes from the call's tensors."""
+    (``plan.sizes_key``): SDPA plans whose run reads the sizes from the call's tensors."""
     if decision.backend != "sdpa" or gradient_decision.backend != "sdpa":
         return False  # the Triton launches take the problem's sizes, and their recordings keep them
     if plain_sdpa_causal(problem, problem.seq_q, problem.seq_k) and problem.seq_k <= problem.seq_q:

@@ -4,7 +4,7 @@ A signature is everything validation and the decision depend on: the shapes, str
 v and the key mask, and the non-tensor arguments. A call whose signature has a plan skips validation, dispatch and,
 once its launches are recorded, Triton's argument binding: at launch-bound sizes those cost as much as the kernel.
 Both ``attention()`` and the custom ops (which torch.compile'd graphs call) keep their plans here. Imports
-``validation`` and ``flashlite._native`` (the key packed in C++) only.
+``problem`` and ``flashlite._native`` (the key packed in C++) only.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from flashlite import _env, _native
-from flashlite._attention.validation import Problem
+from flashlite.attn.problem import Problem
 from flashlite._intmath import seq_bucket
 
 # Launch recording (replaying the compiled kernel with new tensors, ``flashlite._direct_launch``) is on unless
@@ -37,7 +37,7 @@ class Plan:
 
     Example:
         >>> from flashlite.dispatch import Decision
-        >>> from flashlite._attention.validation import validate
+        >>> from flashlite.attn.problem import validate
         >>> q = torch.randn(1, 2, 8, 16)
         >>> plan = Plan(validate(q, q, q, False, None, None, None, "sdpa", None), Decision("sdpa", "forced"))
         >>> plan.decision.backend, plan.configs, plan.recorded
@@ -127,7 +127,7 @@ def replay_by_python_key(plans: dict, q: torch.Tensor, k: torch.Tensor, v: torch
                          key_padding_mask: Optional[torch.Tensor], key_lengths: Optional[torch.Tensor], causal: Any,
                          scale: Any, backend: str, precision: Any, window: Any, softcap: Any,
                          alibi_slopes: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-    """``replay`` with the key built in Python: the output of the plan ``plans`` keeps for this call's
+    """``replay`` with the key built in Python: the output of the plan ``plan`` keeps for this call's
     ``signature``, or None when there is none (or the arguments cannot be keyed: validation then names them)."""
     try:
         plan = plans.get(signature(q, k, v, key_padding_mask, key_lengths, causal, scale, backend, precision, window,

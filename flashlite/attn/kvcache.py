@@ -7,8 +7,8 @@ causal mode aligned to each key length (``CAUSAL == 3``, ``kernels/attention_com
 lengths: no mask is built, the cache is read in place and nothing past an entry's length is touched. The SDPA path
 builds the equivalent [B, 1, S_q, S_max] mask or bias. A paged cache ([blocks, H_kv, block size, D] with a block
 table) is read by the kernel through the table (``PAGE_SIZE``); the SDPA path gathers it first. Forward only.
-Under torch.compile the call is one custom op that declares the caches mutated. Imports ``validation``,
-``plans``, ``launch``, ``api``, ``kvcache_writes`` (what a write into a cache needs) and ``flashlite.dispatch``.
+Under torch.compile the call is one custom op that declares the caches mutated. Imports ``problem``,
+``plan``, ``triton``, ``api``, ``kvcache_writes`` (what a write into a cache needs) and ``flashlite.dispatch``.
 """
 from __future__ import annotations
 
@@ -17,12 +17,13 @@ from typing import Optional
 
 import torch
 
-from flashlite._attention.api import attention
-from flashlite._attention.launch import launch_forward
-from flashlite._attention.plans import Plan
-from flashlite._attention.decide import decide
-from flashlite._attention.kvcache_writes import check_table_values, check_writable_caches, detached_sources
-from flashlite._attention.validation import CAUSAL_KEY_LENGTH, CAUSAL_NONE, validate, value_checks_wanted
+from flashlite.attn.api import attention
+from flashlite.attn.triton import launch_forward
+from flashlite.attn.plan import Plan
+from flashlite.attn.decide import decide
+from flashlite.attn.kvcache_writes import check_table_values, check_writable_caches, detached_sources
+from flashlite.attn.problem import (CAUSAL_KEY_LENGTH, CAUSAL_NONE, check_block_table, check_cache_args, check_lengths,
+                                    validate, value_checks_wanted)
 
 
 # Split-KV shares per query block: the merge unrolls one load per share.
@@ -48,25 +49,6 @@ def default_splits(capacity: int) -> int:
     return SPLITS_LONG if capacity >= SPLIT_MIN_KEYS else 1
 
 
-def _check_block_table(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                       block_table: torch.Tensor) -> int:
-    """The positions a paged cache holds per entry (max blocks * block size), or the error naming the argument."""
-    if not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32:
-        raise TypeError(f"block_table must be an int32 tensor [B, max blocks], got "
-                        f"{getattr(block_table, 'dtype', type(block_table).__name__)}")
-    if block_table.dim() != 2 or block_table.shape[0] != q.shape[0] or block_table.shape[1] == 0:
-        raise ValueError(f"block_table must have shape [B, max blocks] with B = {q.shape[0]}, got "
-                         f"{list(block_table.shape)}")
-    if block_table.device != q.device:
-        raise ValueError(f"block_table is on {block_table.device}, q on {q.device}")
-    if k_cache.shape != v_cache.shape or k_cache.shape[0] == 0:
-        raise ValueError(f"a paged k_cache and v_cache must both be [blocks, H_kv, block size, D], got "
-                         f"{list(k_cache.shape)} and {list(v_cache.shape)}")
-    if k_cache.shape[2] % 16:
-        raise ValueError(f"the block size (k_cache.shape[2]) must be a multiple of 16, got {k_cache.shape[2]}")
-    return block_table.shape[1] * k_cache.shape[2]
-
-
 def _virtual_cache(cache: torch.Tensor, batch: int, capacity: int) -> torch.Tensor:
     """A [B, H_kv, capacity, D] view (stride 0, no copy) that stands for a paged cache in validation."""
     return cache[:1, :, :1].expand(batch, cache.shape[1], capacity, cache.shape[3])
@@ -78,42 +60,6 @@ def _gathered(cache: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:
     blocks = cache[block_table.clamp(0, cache.shape[0] - 1).long()]  # [B, max blocks, H_kv, block size, D]
     batch, count, heads, size, dim = blocks.shape
     return blocks.permute(0, 2, 1, 3, 4).reshape(batch, heads, count * size, dim)
-
-
-def _check_cache_args(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor,
-                      k_new: Optional[torch.Tensor], v_new: Optional[torch.Tensor]) -> None:
-    if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.dtype != torch.int32:
-        raise TypeError(f"cache_seqlens must be an int32 tensor [B], got "
-                        f"{getattr(cache_seqlens, 'dtype', type(cache_seqlens).__name__)}")
-    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 4:
-            raise ValueError(f"{name} must be a 4-D tensor [B, heads, S, D], got "
-                             f"{tuple(getattr(t, 'shape', ())) or type(t).__name__}")
-    if tuple(cache_seqlens.shape) != (q.shape[0],):
-        raise ValueError(f"cache_seqlens must have shape [B] = [{q.shape[0]}], got {list(cache_seqlens.shape)}")
-    if cache_seqlens.device != q.device:
-        raise ValueError(f"cache_seqlens is on {cache_seqlens.device}, q on {q.device}")
-    if (k_new is None) != (v_new is None):
-        raise ValueError("pass k_new and v_new together, or neither")
-    if k_new is not None:
-        expected = (q.shape[0], k_cache.shape[1], q.shape[2], k_cache.shape[3])
-        for name, t in (("k_new", k_new), ("v_new", v_new)):
-            if not isinstance(t, torch.Tensor) or tuple(t.shape) != expected:
-                raise ValueError(f"{name} must have shape [B, H_kv, S_q, D] = {list(expected)}, got "
-                                 f"{list(getattr(t, 'shape', [])) or type(t).__name__}")
-            if t.dtype != k_cache.dtype or t.device != k_cache.device:
-                raise TypeError(f"{name} must match the cache's dtype and device ({k_cache.dtype} on "
-                                f"{k_cache.device}), got {t.dtype} on {t.device}")
-
-
-def _check_lengths(cache_seqlens: torch.Tensor, appended: int, capacity: int) -> None:
-    lengths = cache_seqlens.tolist()
-    if min(lengths) < 0:
-        raise ValueError(f"cache_seqlens must be >= 0, got {lengths}")
-    if max(lengths) + appended > capacity:
-        what = f"cache_seqlens + S_q (the new tokens) = {max(lengths) + appended}" if appended else \
-            f"cache_seqlens = {max(lengths)}"
-        raise ValueError(f"{what} overflows the cache of S_max = {capacity} positions")
 
 
 def _append(cache: torch.Tensor, new: torch.Tensor, cache_seqlens: torch.Tensor,
@@ -214,11 +160,11 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         >>> out.shape, torch.equal(k_cache[0, :, 3], k_new[0, :, 0])
         (torch.Size([2, 4, 1, 16]), True)
     """
-    _check_cache_args(q, k_cache, v_cache, cache_seqlens, k_new, v_new)
+    check_cache_args(q, k_cache, v_cache, cache_seqlens, k_new, v_new)
     if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int)
                                    or not 1 <= num_splits <= MAX_SPLITS):
         raise ValueError(f"num_splits must be None or an integer from 1 to {MAX_SPLITS}, got {num_splits!r}")
-    capacity = k_cache.shape[2] if block_table is None else _check_block_table(q, k_cache, v_cache, block_table)
+    capacity = k_cache.shape[2] if block_table is None else check_block_table(q, k_cache, v_cache, block_table)
     if num_splits is None:
         num_splits = default_splits(capacity)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k_cache, v_cache, k_new, v_new)):
@@ -234,7 +180,7 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         # Traced tensors have no addresses (and symbolic strides): the graph's op checks the real ones when it runs.
         check_writable_caches(k_cache, v_cache)
     if value_checks_wanted(check_values, cache_seqlens):
-        _check_lengths(cache_seqlens, appended, capacity)
+        check_lengths(cache_seqlens, appended, capacity)
         if block_table is not None:
             check_table_values(block_table, cache_seqlens, appended, k_cache.shape[0], k_cache.shape[2])
     # "auto": the table's entry for the cache's kind at (B, S_max), else the kernel where it can run on CUDA.

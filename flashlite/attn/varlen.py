@@ -4,87 +4,25 @@ The sequences lie end to end: q [total_q, H, D], k and v [total_k, H_kv, D], ``c
 int32 [batch + 1] starts (the first 0, the last the total). The kernel reads the starts itself (its VARLEN mode,
 ``flashlite.kernels.attention_common``), so a call costs no padding and no device synchronisation. The SDPA path,
 for where the kernel cannot run, pads on the device (scatter and gather, no synchronisation either) and masks the
-padding. Imports ``validation``, ``plans``, ``launch`` and ``sdpa``.
+padding. Imports ``problem``, ``plan``, ``triton`` and ``sdpa``.
 """
 from __future__ import annotations
 
 import dataclasses
-import numbers
 from typing import Optional, Union
 
 import torch
 
 from flashlite import _ops
-from flashlite._attention.decide import decide
-from flashlite._attention.launch import check_backward_tensors, launch_backward, launch_forward, packed_view
-from flashlite._attention.plans import Plan
-from flashlite._attention.sdpa import sdpa_attention
-from flashlite._attention.validation import (_CAUSAL_ARGUMENT, CAUSAL_BOTTOM_RIGHT, Problem, _causal_mode,
-                                             _check_alibi, _check_softcap, _check_window, _resolve_precision,
-                                             check_constant_slopes, check_dtypes_and_devices, check_scale,
-                                             kernel_unsupported, value_checks_asked, value_checks_wanted)
+from flashlite.attn.decide import decide
+from flashlite.attn.triton import launch_forward, packed_view
+from flashlite.attn.triton_bwd import check_backward_tensors, launch_backward
+from flashlite.attn.plan import Plan
+from flashlite.attn.sdpa import sdpa_attention
+from flashlite.attn.problem import (_CAUSAL_ARGUMENT, CAUSAL_BOTTOM_RIGHT, Problem, check_constant_slopes,
+                                    check_offsets, kernel_unsupported, validate_varlen, value_checks_asked)
 from flashlite._double_backward import recomputed_gradients
 from flashlite.dispatch import Decision
-
-
-def _check_offsets(name: str, cu: torch.Tensor, total: int, max_len: int, max_name: str) -> None:
-    values = cu.tolist()
-    if values[0] != 0 or values[-1] != total:
-        raise ValueError(f"{name} must start at 0 and end at the token count {total}; got {values[0]} ... "
-                         f"{values[-1]}")
-    lengths = [b - a for a, b in zip(values, values[1:])]
-    if min(lengths) < 0:
-        raise ValueError(f"{name} must never decrease; got {values}")
-    if max(lengths) > max_len:
-        raise ValueError(f"{max_name}={max_len} is below the longest sequence of {name} ({max(lengths)} tokens)")
-
-
-def validate_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
-                    cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: Union[bool, str],
-                    scale: Optional[float], window: Optional[tuple[int, int]], softcap: Optional[float],
-                    alibi_slopes: Optional[torch.Tensor], precision: Optional[str],
-                    check_values: Optional[bool]) -> Problem:
-    """The ``Problem`` of a packed call (``varlen``; batch = the sequence count, seq_q / seq_k = the maxima), or
-    the error that names what is wrong with it."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 3:
-            raise ValueError(f"{name} must have 3 dimensions [total tokens, heads, head dim], got shape "
-                             f"{tuple(t.shape)}")
-    check_dtypes_and_devices(q, k, v)
-    total_q, heads, head_dim = q.shape
-    total_k, kv_heads, head_dim_k = k.shape
-    if head_dim_k != head_dim:
-        raise ValueError(f"head dim differs: q has {head_dim}, k and v have {head_dim_k}")
-    if kv_heads == 0 or heads % kv_heads != 0:
-        raise ValueError(f"q has {heads} heads and k, v have {kv_heads}: the number of q heads must be a multiple "
-                         f"of the k/v heads (grouped-query attention)")
-    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
-        if not isinstance(cu, torch.Tensor) or cu.dtype != torch.int32:
-            raise TypeError(f"{name} must be an int32 tensor [batch + 1] of sequence starts, got "
-                            f"{getattr(cu, 'dtype', type(cu).__name__)}")
-        if cu.dim() != 1 or cu.shape[0] < 2:
-            raise ValueError(f"{name} must be 1-D with batch + 1 >= 2 entries, got shape {tuple(cu.shape)}")
-        if cu.device != q.device:
-            raise ValueError(f"{name} is on {cu.device}, q on {q.device}")
-    if cu_seqlens_q.shape != cu_seqlens_k.shape:
-        raise ValueError(f"cu_seqlens_q and cu_seqlens_k must hold the same number of sequences, got "
-                         f"{cu_seqlens_q.shape[0] - 1} and {cu_seqlens_k.shape[0] - 1}")
-    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-            raise ValueError(f"{name} must be a positive integer (the longest sequence's length), got {value!r}")
-    if min(total_q, total_k, heads, head_dim) == 0:
-        raise ValueError(f"empty input: q {tuple(q.shape)}, k {tuple(k.shape)}")
-    if value_checks_wanted(check_values, cu_seqlens_q):
-        _check_offsets("cu_seqlens_q", cu_seqlens_q, total_q, int(max_seqlen_q), "max_seqlen_q")
-        _check_offsets("cu_seqlens_k", cu_seqlens_k, total_k, int(max_seqlen_k), "max_seqlen_k")
-    batch = cu_seqlens_q.shape[0] - 1
-    scale = check_scale(scale, head_dim)
-    window_left, window_right = _check_window(window)
-    return Problem(batch, heads, kv_heads, int(max_seqlen_q), int(max_seqlen_k), head_dim, q.dtype,
-                   _causal_mode(causal), float(scale), _resolve_precision(q.dtype, precision), "none", window_left,
-                   window_right, _check_softcap(softcap), _check_alibi(alibi_slopes, q, batch, heads), varlen=True)
 
 
 @torch.library.custom_op("flashlite::varlen_checked_offsets", mutates_args=())
@@ -94,8 +32,8 @@ def checked_offsets_op(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, t
     as an eager call does and returns copies, which the rest of the graph reads, so that the check runs first and
     is never dropped as unused. Without it a compiled call on the SDPA path (every CPU call of backend="auto") gave
     an output for decreasing offsets, or an IndexError, where the eager call names the offsets' fault."""
-    _check_offsets("cu_seqlens_q", cu_seqlens_q, total_q, max_seqlen_q, "max_seqlen_q")
-    _check_offsets("cu_seqlens_k", cu_seqlens_k, total_k, max_seqlen_k, "max_seqlen_k")
+    check_offsets("cu_seqlens_q", cu_seqlens_q, total_q, max_seqlen_q, "max_seqlen_q")
+    check_offsets("cu_seqlens_k", cu_seqlens_k, total_k, max_seqlen_k, "max_seqlen_k")
     return cu_seqlens_q.clone(), cu_seqlens_k.clone()
 
 

@@ -5,17 +5,18 @@ and base-2 lse, from either forward) and return dK and dV, and dQ. They accept t
 accepts (sm_90, bf16/fp16, head dim 64 or 128, every causal mode, GQA, layouts TMA can describe); an incoming
 gradient whose layout TMA cannot describe is copied to a contiguous one first.
 
-``flashlite.attention``'s backward (``launch.launch_backward``) runs these kernels instead of the pointer dK/dV and
+``flashlite.attention``'s backward (``triton_bwd.launch_backward``) runs these kernels instead of the pointer dK/dV and
 dQ kernels (after the pointer delta kernel) only where ``backward_on_gluon`` says so: dense calls without key masks
 or variants that the kernels can run, with q, k and v on 16-byte boundaries, and where FLASHLITE_GLUON_BWD
 (``GLUON_BWD_ENABLED``) lets them. Unset (or "auto"), it lets them only where the A/B
 (``tests/perf/test_gluon_ab.py``) measured them faster than the pointer backward (``measured_faster``: bf16, head
 dim 128, causal, as many queries as keys and at least 4,096), with dK/dV on the single-partition kernel and dQ on
-the warp-specialized one. FLASHLITE_GLUON_BWD=0 turns them off; the other values run them on every call the kernels
-can run: 1 both on the single-partition kernels ("pipelined"), ws on the warp-specialized ones ("ws": a TMA
-producer warp and two consumer warpgroups; ``GLUON_BWD_VARIANT``), mixed dK/dV on the single-partition kernel and
-dQ on the warp-specialized one (each kernel's faster schedule at D=128 in run T3), ws_dq only dQ on the
-warp-specialized kernel and dK/dV on the pointer kernel (``GLUON_BWD_DKDV``).
+the warp-specialized one (a TMA producer warp and two consumer warpgroups). FLASHLITE_GLUON_BWD=0 turns them off;
+the other values run them on every call the kernels can run: 1 both on the single-partition kernels ("pipelined";
+``GLUON_BWD_VARIANT``), mixed dK/dV on the single-partition kernel and dQ on the warp-specialized one (each kernel's
+faster schedule at D=128 in run T3), ws_dq only dQ on the warp-specialized kernel and dK/dV on the pointer kernel
+(``GLUON_BWD_DKDV``). (The warp-specialized dK/dV kernel and the value "ws" that selected it were deleted: never on
+by default, and slower than the single-partition kernel at D=128.)
 """
 from __future__ import annotations
 
@@ -26,8 +27,8 @@ from typing import Optional, Union
 
 import torch
 
-from flashlite._attention.launch_gluon import _CAUSAL, _layout_problem, gluon_supported, tile_descriptor
-from flashlite._attention.validation import _CAUSAL_ARGUMENT, CAUSAL_NONE, Problem
+from flashlite.attn.gluon import _CAUSAL, _layout_problem, gluon_supported, tile_descriptor
+from flashlite.attn.problem import _CAUSAL_ARGUMENT, CAUSAL_NONE, Problem
 
 try:
     from flashlite.kernels import attention_bwd_gluon as _kernels
@@ -38,29 +39,29 @@ except ImportError:  # pragma: no cover - Triton without Gluon; gluon_supported 
 def gluon_bwd_setting(value: str) -> tuple[bool, str, bool]:
     """(GLUON_BWD_ENABLED, GLUON_BWD_VARIANT, GLUON_BWD_DKDV) for a value of FLASHLITE_GLUON_BWD: "auto" (what an
     unset variable means) the "mixed" schedule where ``measured_faster`` says, "0" or "" off, "1" the
-    single-partition kernels ("pipelined"), "ws" the warp-specialized ones, "mixed" dK/dV single-partition and dQ
-    warp-specialized (``SCHEDULE_VARIANTS``), "ws_dq" the warp-specialized dQ kernel with the pointer dK/dV kernel
-    (GLUON_BWD_DKDV False). Raises ValueError naming the variable for any other value, so that a mistyped schedule
+    single-partition kernels ("pipelined"), "mixed" dK/dV single-partition and dQ warp-specialized
+    (``SCHEDULE_VARIANTS``), "ws_dq" the warp-specialized dQ kernel with the pointer dK/dV kernel (GLUON_BWD_DKDV
+    False). Raises ValueError naming the variable for any other value, so that a mistyped schedule
     is not run as another one.
 
     Example:
-        >>> gluon_bwd_setting("ws")
-        (True, 'ws', True)
+        >>> gluon_bwd_setting("mixed")
+        (True, 'mixed', True)
         >>> gluon_bwd_setting("ws_dq")
-        (True, 'ws', False)
+        (True, 'mixed', False)
         >>> gluon_bwd_setting("0")
         (False, 'pipelined', True)
         >>> gluon_bwd_setting("auto")
         (True, 'mixed', True)
     """
     settings = {"": (False, "pipelined", True), "0": (False, "pipelined", True), "1": (True, "pipelined", True),
-                "ws": (True, "ws", True), "mixed": (True, "mixed", True), "ws_dq": (True, "ws", False),
+                "mixed": (True, "mixed", True), "ws_dq": (True, "mixed", False),
                 "auto": (True, "mixed", True)}
     if value not in settings:
         raise ValueError(f"FLASHLITE_GLUON_BWD must be one of {sorted(settings)} ('auto', the default, where "
-                         f"measured faster; '0' or '' off, '1' the single-partition Gluon backward, 'ws' the "
-                         f"warp-specialized one, 'mixed' dK/dV single-partition and dQ warp-specialized, 'ws_dq' the "
-                         f"warp-specialized dQ kernel with the pointer dK/dV kernel), got {value!r}")
+                         f"measured faster; '0' or '' off, '1' the single-partition Gluon backward, 'mixed' dK/dV "
+                         f"single-partition and dQ warp-specialized, 'ws_dq' the warp-specialized dQ kernel with the "
+                         f"pointer dK/dV kernel), got {value!r}")
     return settings[value]
 
 
@@ -84,7 +85,7 @@ def switch_values(value: str) -> tuple[str, bool, str, bool, bool]:
         >>> switch_values("auto")
         ('auto', True, 'mixed', True, True)
         >>> switch_values("ws_dq")
-        ('ws_dq', True, 'ws', False, False)
+        ('ws_dq', True, 'mixed', False, False)
     """
     return (value, *gluon_bwd_setting(value), value == "auto")
 
@@ -98,11 +99,10 @@ def switch_values(value: str) -> tuple[str, bool, str, bool, bool]:
 # sequences, S_q != S_k, non-causal and fp16 calls were not measured, so they keep the pointer backward.
 GLUON_BWD_HEAD_DIMS = (128,)
 GLUON_BWD_MIN_SEQ = 4096
-# The schedules each backward kernel has: "pipelined" (one partition) and "ws" (``_attn_bwd_dkdv_ws``,
-# ``_attn_bwd_dq_ws``).
-BWD_VARIANTS = {"dkdv": ("pipelined", "ws"), "dq": ("pipelined", "ws")}
+# The schedules each backward kernel has: "pipelined" (one partition), and for dQ "ws" (``_attn_bwd_dq_ws``).
+BWD_VARIANTS = {"dkdv": ("pipelined",), "dq": ("pipelined", "ws")}
 # The variant of each kernel under a schedule (GLUON_BWD_VARIANT).
-SCHEDULE_VARIANTS = {"pipelined": {"dkdv": "pipelined", "dq": "pipelined"}, "ws": {"dkdv": "ws", "dq": "ws"},
+SCHEDULE_VARIANTS = {"pipelined": {"dkdv": "pipelined", "dq": "pipelined"},
                      "mixed": {"dkdv": "pipelined", "dq": "ws"}}
 
 
@@ -110,14 +110,13 @@ SCHEDULE_VARIANTS = {"pipelined": {"dkdv": "pipelined", "dq": "pipelined"}, "ws"
 class GluonBwdConfig:
     """One compiled shape of a backward kernel (``kernel``: "dkdv" or "dq"; ``variant``: its schedule, one of
     ``BWD_VARIANTS[kernel]``): the rows a warpgroup set owns (BLOCK_N keys for dK/dV, BLOCK_M query rows for dQ;
-    "ws" has two consumer warpgroups, each owning that many), the rows of each tile streamed past them, ring depth,
-    warps (of the default partition for "ws"); for dK/dV "ws" also when dP^T is issued and whether the overlapped
-    schedule runs.
+    "ws" has two consumer warpgroups, each owning that many), the rows of each tile streamed past them, ring depth
+    and warps (of the default partition for "ws").
 
     Example:
         >>> GluonBwdConfig("dkdv", 128, 64, 2, 8).shared_bytes(128)
         131072
-        >>> GluonBwdConfig("dkdv", 64, 64, 2, 4, "ws").program_rows
+        >>> GluonBwdConfig("dq", 64, 64, 2, 4, "ws").program_rows
         128
     """
 
@@ -127,8 +126,6 @@ class GluonBwdConfig:
     stages: int
     num_warps: int
     variant: str = "pipelined"
-    early_dp: Optional[bool] = None  # dK/dV "ws" only: dP^T issued with S^T (``_dkdv_block``'s EARLY_DP)
-    overlap: Optional[bool] = None  # dK/dV "ws" only: the overlapped schedule (``_dkdv_overlapped_step``)
 
     @property
     def program_rows(self) -> int:
@@ -147,15 +144,14 @@ def bwd_configs_for(head_dim: int, kernel: str = "dkdv", variant: str = "pipelin
         >>> config = bwd_configs_for(128)[0]
         >>> config.variant, config.own_rows, config.streamed_rows, config.stages, config.num_warps
         ('pipelined', 64, 64, 2, 4)
-        >>> bwd_configs_for(64, "dkdv", "ws")[0].program_rows
+        >>> bwd_configs_for(64, "dq", "ws")[0].program_rows
         128
     """
     if variant not in BWD_VARIANTS[kernel]:
         raise ValueError(f"variant must be one of {BWD_VARIANTS[kernel]} for the {kernel} kernel, got {variant!r}")
-    listed = {("dkdv", "pipelined"): _kernels.GLUON_BWD_CONFIGS, ("dkdv", "ws"): _kernels.GLUON_BWD_WS_CONFIGS,
-              ("dq", "pipelined"): _kernels.GLUON_DQ_CONFIGS,
+    listed = {("dkdv", "pipelined"): _kernels.GLUON_BWD_CONFIGS, ("dq", "pipelined"): _kernels.GLUON_DQ_CONFIGS,
               ("dq", "ws"): _kernels.GLUON_DQ_WS_CONFIGS}[kernel, variant]
-    return [GluonBwdConfig(kernel, *blocks[:4], variant, *blocks[4:]) for blocks in listed[head_dim]]
+    return [GluonBwdConfig(kernel, *blocks, variant) for blocks in listed[head_dim]]
 
 
 def dq_kernel_arguments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor,
@@ -192,14 +188,12 @@ def dkdv_kernel_arguments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gra
     args = (*tiles, lse, delta, heads, heads // kv_heads, q.shape[2], k.shape[2], scale * math.log2(math.e), scale)
     meta = dict(HEAD_DIM=head_dim, BLOCK_N=block_n, BLOCK_M=block_m, STAGES=config.stages,
                 CAUSAL=causal_mode, num_warps=config.num_warps)
-    if config.variant == "ws":
-        meta.update(EARLY_DP=config.early_dp, OVERLAP=config.overlap, maxnreg=_kernels.BWD_WS_MAXNREG)
     return args, meta
 
 
 def dkdv_kernel_for(config: GluonBwdConfig):
-    """The Gluon dK/dV kernel that runs ``config``'s schedule."""
-    return _kernels._attn_bwd_dkdv_ws if config.variant == "ws" else _kernels._attn_bwd_dkdv
+    """The Gluon dK/dV kernel that runs ``config``: ``_attn_bwd_dkdv``, the one schedule dK/dV has."""
+    return _kernels._attn_bwd_dkdv
 
 
 def tma_gradient(grad_out: torch.Tensor) -> torch.Tensor:
@@ -235,12 +229,12 @@ def gluon_attention_dkdv(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tenso
     """(dk, dv) of attention(q, k, v) for the output gradient ``grad_out``, through the Gluon kernel.
 
     ``out`` and ``lse`` are the forward's ([B, H, S_q, D] and float32 [B, H, S_q], base-2 log-sum-exp of the scaled
-    scores, as ``flashlite._attention.launch.attention_forward`` and the Gluon forward return them). dk and dv
+    scores, as ``flashlite.attn.triton.attention_forward`` and the Gluon forward return them). dk and dv
     are contiguous, in k's and v's dtype. Raises ValueError with ``gluon_supported``'s reason when the kernel cannot
     run the call, or naming the argument whose shape or dtype does not match q's.
 
     Example:
-        >>> from flashlite._attention.launch_gluon import gluon_attention_forward
+        >>> from flashlite.attn.gluon import gluon_attention_forward
         >>> q = torch.randn(2, 16, 1000, 64, device="cuda", dtype=torch.bfloat16)  # doctest: +SKIP
         >>> out, lse = gluon_attention_forward(q, q, q, causal=True)  # doctest: +SKIP
         >>> dk, dv = gluon_attention_dkdv(torch.randn_like(q), q, q, q, out, lse, causal=True)  # doctest: +SKIP
@@ -262,7 +256,7 @@ def launch_dkdv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: tor
                 config: Optional[GluonBwdConfig] = None) -> None:
     """Write dK and dV of a checked call into ``dk`` and ``dv`` (contiguous, k's and v's shapes): ``grad_out`` as
     ``tma_gradient`` returns it, ``lse`` and ``delta`` contiguous float32 [B, H, S_q]. What
-    ``gluon_attention_dkdv`` and ``launch.launch_backward`` launch; without ``config``, the first listed config of
+    ``gluon_attention_dkdv`` and ``triton_bwd.launch_backward`` launch; without ``config``, the first listed config of
     ``GLUON_BWD_VARIANT``'s variant of the kernel."""
     config = config or bwd_configs_for(q.shape[-1], "dkdv", SCHEDULE_VARIANTS[GLUON_BWD_VARIANT]["dkdv"])[0]
     args, meta = dkdv_kernel_arguments(q, k, v, grad_out, dk, dv, lse, delta, causal_mode, scale, config)
@@ -306,7 +300,7 @@ def measured_faster(problem: Problem) -> bool:
     Gluon kernels.
 
     Example:
-        >>> from flashlite._attention.validation import validate
+        >>> from flashlite.attn.problem import validate
         >>> q = torch.randn(1, 2, 4096, 128, dtype=torch.bfloat16)
         >>> measured_faster(validate(q, q, q, True, None, None, None, "triton", None))
         True
@@ -323,7 +317,7 @@ def backward_kernel_for(problem: Problem, q: torch.Tensor, k: torch.Tensor, v: t
     pointer kernels: ``backward_on_gluon``'s rule, said in words.
 
     Example:
-        >>> from flashlite._attention.validation import validate
+        >>> from flashlite.attn.problem import validate
         >>> q = torch.randn(1, 2, 16, 64, dtype=torch.bfloat16)
         >>> backward_kernel_for(validate(q, q, q, True, None, None, None, "triton", None), q, q, q) is None
         True
@@ -345,7 +339,7 @@ def backward_on_gluon(problem: Problem, q: torch.Tensor, k: torch.Tensor, v: tor
     sequences, and one the kernels can run (``gluon_supported``).
 
     Example:
-        >>> from flashlite._attention.validation import validate
+        >>> from flashlite.attn.problem import validate
         >>> q = torch.randn(1, 2, 16, 64, dtype=torch.bfloat16)
         >>> backward_on_gluon(validate(q, q, q, True, None, None, None, "triton", None), q, q, q)
         False
