@@ -58,7 +58,8 @@ class Decision:
 # and a refactoring of host code should not throw a table away; a change of the kernels or configs must.)
 MEASURED_KERNEL_FILES = ("kernels/attention_common.py", "kernels/attention_fwd.py", "kernels/attention_bwd.py",
                          "kernels/attention_fwd_gluon.py", "kernels/attention_bwd_gluon.py",
-                         "kernels/gluon_tiles.py", "kernels/tuning.py")
+                         "kernels/gluon_tiles.py", "kernels/tuning.py", "kernels/attention_decode.py",
+                         "kernels/attention_decode_launch.py")
 
 
 def source_hash(sources: dict[str, bytes]) -> str:

@@ -230,6 +230,7 @@ def run_row(label, batch, capacity, seq_q, full, layouts, args, flush, results, 
             if page == 0 and not args.quick:
                 fns["new/fp8"] = fp8_call(q, k, v, lengths, name)
             fns["api"], fns["sdpa"] = api, sdpa
+            fns["old"] = general_kernel_call(q, kc, vc, lengths, table)
             if flex is not None:
                 fns["flex"] = flex
             times = time_interleaved(fns, args.rounds, flush, seed=len(results))
@@ -380,6 +381,22 @@ def write_csv(results):
         writer = csv.DictWriter(f, fieldnames=fields)
         writer.writeheader()
         writer.writerows(results)
+
+
+def general_kernel_call(q, k_cache, v_cache, lengths, table):
+    """``attention_with_kvcache`` on the general forward kernel it used before the decoding kernel (its split-KV
+    path), for the before/after column: the decoding kernel's predicate is turned off for the call."""
+    import flashlite.attn.kvcache as kvcache_module
+
+    def call():
+        serves = kvcache_module.decode_kernel_serves
+        kvcache_module.decode_kernel_serves = lambda problem: False
+        try:
+            return flashlite.attention_with_kvcache(q, k_cache, v_cache, lengths, block_table=table,
+                                                    backend="triton")
+        finally:
+            kvcache_module.decode_kernel_serves = serves
+    return call
 
 
 def main():

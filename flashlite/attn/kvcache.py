@@ -22,6 +22,7 @@ from flashlite.attn.triton import launch_forward
 from flashlite.attn.plan import Plan
 from flashlite.attn.decide import decide
 from flashlite.attn.kvcache_writes import check_table_values, check_writable_caches, detached_sources
+from flashlite.kernels.attention_decode_launch import decode_attention
 from flashlite.attn.problem import (CAUSAL_KEY_LENGTH, CAUSAL_NONE, check_block_table, check_cache_args, check_lengths,
                                     validate, value_checks_wanted)
 
@@ -165,6 +166,7 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                                    or not 1 <= num_splits <= MAX_SPLITS):
         raise ValueError(f"num_splits must be None or an integer from 1 to {MAX_SPLITS}, got {num_splits!r}")
     capacity = k_cache.shape[2] if block_table is None else check_block_table(q, k_cache, v_cache, block_table)
+    requested_splits = num_splits  # None: the decoding kernel's own rule (it knows the SM count)
     if num_splits is None:
         num_splits = default_splits(capacity)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k_cache, v_cache, k_new, v_new)):
@@ -203,26 +205,44 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         if block_table is not None:
             k_cache, v_cache = _gathered(k_cache, block_table), _gathered(v_cache, block_table)
         return _sdpa_kvcache(q, k_cache, v_cache, lengths, scale, window, softcap, alibi_slopes)
+    if decode_kernel_serves(problem):
+        # One program per (entry, kv head, share) reads each K/V tile once for the group's query heads; lengths and
+        # the table stay on the device (no host read), so the call is capturable in a CUDA graph.
+        return decode_attention(q, k_cache, v_cache, lengths, block_table=block_table, scale=problem.scale,
+                                softcap=problem.softcap or None, window_left=problem.window_left,
+                                num_splits=requested_splits)
     page_size = 0 if block_table is None else k_cache.shape[2]
     if block_table is not None and block_table.shape[1] > 1 and block_table.stride(1) != 1:
         # The kernel takes the table's row stride only and walks a row at unit column stride: a table whose
         # columns are not adjacent (transposed, or every other column of a wider one) would name other blocks.
         block_table = block_table.contiguous()  # [B, max blocks] int32: small
-    p = problem
-    if p.seq_q == 1 and p.group_size > 1 and p.window_left < 0 and p.alibi == "none":
-        # One query per entry sees every key up to its length, whichever head it is: the group's query heads go
-        # in as the rows of one kv head, so that each program reads its part of the cache once, not once per head.
-        packed = q.reshape(p.batch, p.kv_heads, p.group_size, p.head_dim)
-        plan = Plan(dataclasses.replace(p, heads=p.kv_heads, seq_q=p.group_size, causal_mode=CAUSAL_NONE,
-                                        page_size=page_size, key_splits=num_splits), decision)
-        out = launch_forward(packed, k_cache, v_cache, lengths, None, plan, need_lse=False,
-                             block_table=block_table)[0]
-        return out.reshape(q.shape)
     # The kernel's causal mode aligned to each key length: query i sees keys j <= i + n_b - S_q.
-    plan = Plan(dataclasses.replace(p, causal_mode=CAUSAL_KEY_LENGTH, page_size=page_size, key_splits=num_splits),
-                decision)
+    plan = Plan(dataclasses.replace(problem, causal_mode=CAUSAL_KEY_LENGTH, page_size=page_size,
+                                    key_splits=num_splits), decision)
     return launch_forward(q, k_cache, v_cache, lengths, alibi_slopes, plan, need_lse=False,
                           block_table=block_table)[0]
+
+
+# The decoding kernel (kernels/attention_decode.py) holds group size x S_q query rows per program; ALiBi and
+# longer query chunks (chunked prefill) stay on the general forward kernel.
+DECODE_MAX_QUERIES = 8
+DECODE_MAX_ROWS = 64
+
+
+def decode_kernel_serves(problem) -> bool:
+    """Whether ``attention_with_kvcache`` runs ``problem`` on the decoding kernel (else the general forward kernel).
+
+    Example:
+        >>> import torch
+        >>> from flashlite.attn.problem import validate
+        >>> q, k = torch.randn(2, 8, 1, 64), torch.randn(2, 2, 40, 64)
+        >>> p = validate(q, k, k, "lower_right", None, None, torch.tensor([40, 9], dtype=torch.int32), "auto",
+        ...              None, None, None, None)
+        >>> decode_kernel_serves(p)
+        True
+    """
+    return (problem.alibi == "none" and problem.seq_q <= DECODE_MAX_QUERIES
+            and problem.seq_q * problem.group_size <= DECODE_MAX_ROWS and problem.head_dim <= 256)
 
 
 @torch.library.custom_op("flashlite::attention_with_kvcache", mutates_args=("k_cache", "v_cache"))

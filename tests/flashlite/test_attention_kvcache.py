@@ -141,17 +141,38 @@ def test_auto_follows_the_dispatch_and_falls_back_to_sdpa(monkeypatch):
     assert used == [1]
 
 
-def test_one_query_per_entry_reads_each_kv_head_once(monkeypatch):
-    # Decoding with grouped-query heads: the group's queries become rows of one program per kv head.
+def test_decoding_runs_the_decoding_kernel_and_longer_chunks_the_general_kernel(monkeypatch):
+    # One query per entry (and short speculative chunks) go to the decoding kernel, which reads each kv head's
+    # cache once for the group's query heads; a chunk longer than it holds, or ALiBi, to the general forward kernel.
     import flashlite.attn.kvcache as kvcache_module
-    shapes = []
-    real = kvcache_module.launch_forward
-    monkeypatch.setattr(kvcache_module, "launch_forward", lambda q, *a, **kw: shapes.append(tuple(q.shape))
-                        or real(q, *a, **kw))
+    calls = []
+    real_decode, real_forward = kvcache_module.decode_attention, kvcache_module.launch_forward
+    monkeypatch.setattr(kvcache_module, "decode_attention",
+                        lambda q, *a, **kw: calls.append(("decode", tuple(q.shape))) or real_decode(q, *a, **kw))
+    monkeypatch.setattr(kvcache_module, "launch_forward",
+                        lambda q, *a, **kw: calls.append(("forward", tuple(q.shape))) or real_forward(q, *a, **kw))
     q, k_cache, v_cache, lengths, k_new, v_new = inputs(torch.float32, seed=14)
     out = attention_with_kvcache(q, k_cache, v_cache, lengths, k_new=k_new, v_new=v_new, backend="triton")
-    assert shapes == [(B, H_KV, H // H_KV, D)]
+    assert calls == [("decode", tuple(q.shape))]
     assert_close(out.cpu(), reference(q, k_cache, v_cache, lengths + 1), policy="tf32")
+    calls.clear()
+    chunk = inputs(torch.float32, seed=15, seq_q=kvcache_module.DECODE_MAX_QUERIES + 1, new=False)[:4]
+    out = attention_with_kvcache(*chunk, backend="triton")
+    assert [c[0] for c in calls] == ["forward"]
+    assert_close(out.cpu(), reference(*chunk), policy="tf32")
+
+
+def _spy_on_splits(monkeypatch):
+    """The split counts the calls ask for: of the decoding kernel (as passed) and of the general forward kernel's
+    split launch (unsplit calls of the general kernel record nothing)."""
+    kvcache_module = importlib.import_module("flashlite.attn.kvcache")
+    launch_module = importlib.import_module("flashlite.attn.triton")
+    real_split, real_decode, split_launches = launch_module._launch_split_forward, kvcache_module.decode_attention, []
+    monkeypatch.setattr(launch_module, "_launch_split_forward",
+                        lambda q, *a: split_launches.append(a[4].problem.key_splits) or real_split(q, *a))
+    monkeypatch.setattr(kvcache_module, "decode_attention",
+                        lambda q, *a, **kw: split_launches.append(kw["num_splits"]) or real_decode(q, *a, **kw))
+    return split_launches
 
 
 @pytest.mark.parametrize("splits", [2, 3, 7])
@@ -159,10 +180,7 @@ def test_one_query_per_entry_reads_each_kv_head_once(monkeypatch):
 def test_split_kv_gives_the_float64_result(case, splits, monkeypatch):
     # Lengths 1, 2, 18 and 45 over 16-key blocks (interpreter): shares of whole blocks, empty shares (7 of them
     # for 1 to 3 blocks), a share ending inside a block; GQA-packed rows (S_q = 1) and the causal chunk (S_q = 3).
-    launch_module = importlib.import_module("flashlite.attn.triton")
-    real, split_launches = launch_module._launch_split_forward, []
-    monkeypatch.setattr(launch_module, "_launch_split_forward",
-                        lambda q, *a: split_launches.append(a[4].problem.key_splits) or real(q, *a))
+    split_launches = _spy_on_splits(monkeypatch)
     dtype, seq_q, options = CASES[case]
     options = {key: _slopes(value) if key == "alibi_slopes" else value for key, value in options.items()}
     q, k_cache, v_cache, lengths, k_new, v_new = inputs(dtype, seed=40 + splits, seq_q=seq_q)
@@ -187,23 +205,26 @@ def test_split_kv_reads_a_paged_cache_and_leaves_rows_without_keys_zero():
 
 
 def test_default_num_splits_follows_the_cache_capacity(monkeypatch):
-    # num_splits=None: no split below SPLIT_MIN_KEYS positions, SPLITS_LONG shares from there (the measured
-    # rule); the threshold is lowered to this test's cache so that both sides run at interpreter sizes.
+    # num_splits=None on the general forward kernel (ALiBi here): no split below SPLIT_MIN_KEYS positions,
+    # SPLITS_LONG shares from there (the measured rule); the threshold is lowered to this test's cache so that both
+    # sides run at interpreter sizes. The decoding kernel gets None and applies its own rule (choose_splits).
     kvcache_module = importlib.import_module("flashlite.attn.kvcache")
-    launch_module = importlib.import_module("flashlite.attn.triton")
     assert kvcache_module.default_splits(kvcache_module.SPLIT_MIN_KEYS - 1) == 1
     assert kvcache_module.default_splits(kvcache_module.SPLIT_MIN_KEYS) == kvcache_module.SPLITS_LONG == 8
-    real, split_launches = launch_module._launch_split_forward, []
-    monkeypatch.setattr(launch_module, "_launch_split_forward",
-                        lambda q, *a: split_launches.append(a[4].problem.key_splits) or real(q, *a))
+    split_launches = _spy_on_splits(monkeypatch)
     q, k_cache, v_cache, lengths, _, _ = inputs(torch.float32, seed=47, new=False)
-    expected = reference(q, k_cache, v_cache, lengths)
-    unsplit = attention_with_kvcache(q, k_cache, v_cache, lengths, backend="triton")
+    slopes = _slopes("batch")
+    expected = reference(q, k_cache, v_cache, lengths, alibi_slopes=slopes)
+    unsplit = attention_with_kvcache(q, k_cache, v_cache, lengths, alibi_slopes=slopes, backend="triton")
     assert split_launches == []
     monkeypatch.setattr(kvcache_module, "SPLIT_MIN_KEYS", S_MAX)
-    out = attention_with_kvcache(q, k_cache, v_cache, lengths, backend="triton")
+    out = attention_with_kvcache(q, k_cache, v_cache, lengths, alibi_slopes=slopes, backend="triton")
     assert split_launches == [8]
     assert_close(out.cpu(), expected, policy="tf32", baseline=unsplit.cpu())
+    split_launches.clear()
+    decoded = attention_with_kvcache(q, k_cache, v_cache, lengths, backend="triton")
+    assert split_launches == [None]
+    assert_close(decoded.cpu(), reference(q, k_cache, v_cache, lengths), policy="tf32")
 
 
 @pytest.mark.parametrize("num_splits", [0, 65, 2.0, True])
