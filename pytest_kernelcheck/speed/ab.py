@@ -21,7 +21,7 @@ from ..results.records import (
     MeasurementRecord,
     TournamentRecord,
 )
-from . import throughput, timing
+from . import models, throughput, timing
 from .ab_results import (
     ComparisonResult,
     MeasureResult,
@@ -136,6 +136,7 @@ class KernelAB:
         work: Callable[[ABSpec, str, Any], Any],
         keywords: dict[str, Any],
         one_mode: bool = False,
+        after: Callable[[Any], None] | None = None,
     ) -> Any:
         spec = keywords.pop("spec", None)
         if spec is not None and not isinstance(spec, ABSpec):
@@ -160,6 +161,8 @@ class KernelAB:
             self._record(failure.to_json())
             raise
         result.nodeid, result.shape = self._nodeid, shape
+        if after is not None:  # what a model comparison adds to the result before its row is recorded
+            after(result)
         self.results.append(result)
         self._record(result.to_record().to_json())
         return result
@@ -263,6 +266,76 @@ class KernelAB:
         if not record.available:
             return "unavailable", f" in {mode} mode, which is not available: {record.unavailable}"
         return str(record.verdict), f" in {mode} mode"
+
+    def _compare_pair(self, pair: Any, name: str | None, keywords: dict[str, Any],
+                      after: Callable[[ComparisonResult], None] | None = None) -> ComparisonResult:
+        """Compare a :class:`.models.ModelPair`: its keywords under the caller's, its notes on the row."""
+
+        def add_notes(result: ComparisonResult) -> None:
+            result.notes[:0] = list(pair.notes)
+            if after is not None:
+                after(result)
+
+        def work(spec: ABSpec, label: str, shape: Any) -> ComparisonResult:
+            counts = throughput.Work.of(spec.work.flops, spec.work.bytes, shape)
+            spec = spec.with_work(counts.flops, counts.bytes, throughput.dtype_name(spec.work.dtype, shape))
+            return run_comparison(pair.candidate, pair.baseline, spec, name=label, ceilings=self._ceilings)
+
+        return self._run(ComparisonRecord, name, work, {**pair.keywords, **keywords}, after=add_notes)
+
+    def compare_modules(self, model_a: Any, model_b: Any, inputs: Any, *, name: str | None = None,
+                        grad: bool = False, **keywords: Any) -> ComparisonResult:
+        """Compare the forward pass of two ``nn.Module``s (candidate ``model_a``, baseline ``model_b``) on the same
+        ``inputs`` (a tensor, a tuple of arguments or a dict of keyword arguments), under ``torch.no_grad()``
+        unless ``grad``. Their outputs are compared before timing under the policy of the output's dtype
+        (``check=`` another policy, a callable, or ``False``). Every keyword of :meth:`compare` applies
+        (``modes=``, ``flops=``, ``bytes=``, budget keywords).
+
+        >>> model.eval(); fused = copy.deepcopy(model); fused.attn.backend = "flashlite"  # doctest: +SKIP
+        >>> r = kernel_ab.compare_modules(fused, model, (ids,), modes=("throughput", "latency"))  # doctest: +SKIP
+        >>> r.verdict, r.modes["latency"].verdict  # doctest: +SKIP
+        ('win', 'loss')
+        """
+        return self._compare_pair(models.forward_pair(model_a, model_b, inputs, grad=grad), name, keywords)
+
+    def compare_training_steps(self, model_a: Any, model_b: Any, inputs: Any, *, loss: Callable[[Any], Any],
+                               optimizer: Callable[[Any], Any] | None = None, name: str | None = None,
+                               **keywords: Any) -> ComparisonResult:
+        """Compare one training step (forward, ``loss(output)``, backward, optimizer step) of two modules; times
+        are per step. Each side trains its own deep copy of its module with its own optimizer
+        (``optimizer(parameters)``, default SGD lr 1e-3), so the steps never interfere and ``model_a`` and
+        ``model_b`` are left unchanged. The first steps' losses are compared before timing (two configurations
+        of one model agree on them; ``check=False`` for different models).
+
+        >>> r = kernel_ab.compare_training_steps(  # doctest: +SKIP
+        ...     fused, model, (x,), loss=lambda out: F.cross_entropy(out, y),
+        ...     optimizer=lambda p: torch.optim.AdamW(p, lr=1e-4))
+        >>> r.candidate_ms, r.baseline_ms  # per step  # doctest: +SKIP
+        (41.2, 44.9)
+        """
+        pair = models.training_pair(model_a, model_b, inputs, loss, optimizer)
+        return self._compare_pair(pair, name, keywords)
+
+    def compare_generation(self, generate_a: Callable[[], Any], generate_b: Callable[[], Any], *, tokens: int,
+                           name: str | None = None, **keywords: Any) -> ComparisonResult:
+        """Compare generation of ``tokens`` new tokens a call (each callable owns its model and KV cache); the
+        result's ``tokens_per_s`` is (candidate, baseline) and its speedup their ratio. Generated ids are
+        compared before timing (``check=False`` for sampling).
+
+        >>> gen = lambda m: (lambda: m.generate(ids, max_new_tokens=64, min_new_tokens=64, do_sample=False))
+        >>> r = kernel_ab.compare_generation(gen(fast_model), gen(model), tokens=64)  # doctest: +SKIP
+        >>> r.tokens_per_s, r.speedup  # doctest: +SKIP
+        ((812.0, 640.5), 1.268)
+        """
+        pair = models.generation_pair(generate_a, generate_b, tokens)
+
+        def rates(result: ComparisonResult) -> None:
+            candidate, baseline = models.tokens_per_second(tokens, result.candidate_ms, result.baseline_ms)
+            result.tokens_per_s = candidate, baseline
+            result.notes.append(f"tokens per second: candidate {candidate:.4g}, baseline {baseline:.4g} (ratio "
+                                f"{candidate / baseline:.3f})")
+
+        return self._compare_pair(pair, name, keywords, after=rates)
 
     def tournament(
         self,

@@ -61,6 +61,7 @@ class ComparisonResult:
     input_sets: int | None = None  # with inputs=: how many sets the plugin built and rotated
     mode: str = "throughput"  # the mode the fields above are of (the first requested that could run)
     modes: dict[str, ModeRecord] = field(default_factory=dict)  # every requested mode, in order
+    tokens_per_s: tuple[float, float] | None = None  # compare_generation: (candidate, baseline)
 
     @property
     def modes_disagree(self) -> bool:
