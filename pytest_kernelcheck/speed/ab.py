@@ -21,6 +21,7 @@ from ..results.records import (
     MeasurementRecord,
     TournamentRecord,
 )
+from . import inputs as owned_inputs
 from . import models, throughput, timing
 from .ab_results import (
     ComparisonResult,
@@ -29,7 +30,7 @@ from .ab_results import (
     TournamentResult,
 )
 from .budget import Budget
-from .modes import DEFAULT_MODES, parse_modes
+from .modes import DEFAULT_MODES, ModeUnavailable, parse_modes
 from .runs import (
     run_comparison,
     run_measurement,
@@ -53,6 +54,11 @@ __all__ = [
 
 class KernelABAssertionError(AssertionError):
     """``assert_faster`` / ``assert_not_slower`` failed; the message carries the numbers."""
+
+
+# What the plugin raises about the test's own arguments and outputs: each message names what is wrong and how to
+# fix it, so these reach the test without the plugin's frames.
+REFUSALS = (TypeError, ValueError, owned_inputs.OutputMismatch, ModeUnavailable)
 
 
 # What a run asks for a ceiling: given the timer that timed it, the ceiling of that device (or None).
@@ -138,6 +144,7 @@ class KernelAB:
         one_mode: bool = False,
         after: Callable[[Any], None] | None = None,
     ) -> Any:
+        __tracebackhide__ = True
         spec = keywords.pop("spec", None)
         if spec is not None and not isinstance(spec, ABSpec):
             raise TypeError(f"spec must be an ABSpec (kernel_ab.spec(...)), got {type(spec).__name__}")
@@ -159,6 +166,10 @@ class KernelAB:
                 label, exc, nodeid=self._nodeid, shape=shape, elapsed_s=time.perf_counter() - started
             )
             self._record(failure.to_json())
+            if isinstance(exc, REFUSALS):
+                # The message says everything; the plugin's frames would only add their arguments, which pytest
+                # prints in full (a tensor passed for a callable filled a hundred lines, twice).
+                raise exc.with_traceback(None)
             raise
         result.nodeid, result.shape = self._nodeid, shape
         if after is not None:  # what a model comparison adds to the result before its row is recorded
@@ -210,6 +221,7 @@ class KernelAB:
             spec = spec.with_work(counts.flops, counts.bytes, throughput.dtype_name(spec.work.dtype, shape))
             return run_comparison(candidate, baseline, spec, name=label, ceilings=self._ceilings)
 
+        __tracebackhide__ = True  # the candidate and baseline are this frame's arguments: never print them
         return self._run(ComparisonRecord, name, work, keywords)
 
     def assert_faster(
@@ -281,6 +293,7 @@ class KernelAB:
             spec = spec.with_work(counts.flops, counts.bytes, throughput.dtype_name(spec.work.dtype, shape))
             return run_comparison(pair.candidate, pair.baseline, spec, name=label, ceilings=self._ceilings)
 
+        __tracebackhide__ = True
         return self._run(ComparisonRecord, name, work, {**pair.keywords, **keywords}, after=add_notes)
 
     def compare_modules(self, model_a: Any, model_b: Any, inputs: Any, *, name: str | None = None,
@@ -296,6 +309,7 @@ class KernelAB:
         >>> r.verdict, r.modes["latency"].verdict  # doctest: +SKIP
         ('win', 'loss')
         """
+        __tracebackhide__ = True
         return self._compare_pair(models.forward_pair(model_a, model_b, inputs, grad=grad), name, keywords)
 
     def compare_training_steps(self, model_a: Any, model_b: Any, inputs: Any, *, loss: Callable[[Any], Any],
@@ -313,6 +327,7 @@ class KernelAB:
         >>> r.candidate_ms, r.baseline_ms  # per step  # doctest: +SKIP
         (41.2, 44.9)
         """
+        __tracebackhide__ = True
         pair = models.training_pair(model_a, model_b, inputs, loss, optimizer)
         return self._compare_pair(pair, name, keywords)
 
