@@ -152,7 +152,7 @@ MEASUREMENT = Fields({
 })
 SUMMARY = Fields({
     **{key: WHOLE for key in ("comparisons", "win", "loss", "tie", "inconclusive", "error", "bh_win", "bh_loss",
-                              "throttled", "tournaments", "measurements")},
+                              "throttled", "tournaments", "measurements", "modes_disagree")},
     "geomean_speedup": NUMBER_OR_NULL, "bh_alpha": NUMBER, "regressions": ListOf(TEXT, nullable=True),
 }, nullable=True)
 ENVIRONMENT = Fields({
