@@ -54,7 +54,8 @@ def mode_rows(report: ABReport | Mapping[str, Any]) -> list[list[str]]:
             if not mode.available:
                 rows.append([record.name, mode.mode, "-", "-", "-", "-", "n/a", str(mode.unavailable)])
                 continue
-            speed = "-" if mode.speedup is None else f"{stats.decimals(mode.speedup)}x [{_end(mode.ci[0])}, {_end(mode.ci[1])}]"
+            speed = "-" if mode.speedup is None else (
+                f"{stats.decimals(mode.speedup)}x [{_end(mode.ci[0])}, {_end(mode.ci[1])}]")
             host = "-"
             if mode.candidate_host_ms is not None and mode.baseline_host_ms is not None:
                 host = f"{mode.candidate_host_ms * 1e3:.3g} / {mode.baseline_host_ms * 1e3:.3g}"

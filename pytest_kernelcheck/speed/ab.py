@@ -258,7 +258,8 @@ class KernelAB:
         result = self.compare(candidate, baseline, name=name, **self._with_mode(mode, keywords))
         verdict, where = self._verdict_in(result, mode)
         if verdict == "loss":
-            raise KernelABAssertionError(f"{result.name}: candidate is slower than baseline{where}; {result.describe()}")
+            raise KernelABAssertionError(
+                f"{result.name}: candidate is slower than baseline{where}; {result.describe()}")
         return result
 
     def _with_mode(self, mode: str | None, keywords: dict[str, Any]) -> dict[str, Any]:

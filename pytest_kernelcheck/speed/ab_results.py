@@ -128,7 +128,8 @@ def _modes_text(result: ComparisonResult) -> str:
             parts.append(f"{m.mode} not available ({m.unavailable})")
             continue
         text = (f"{m.mode} {m.verdict} {stats.decimals(m.speedup) if m.speedup else 'n/a'}x "
-                f"[{_end(m.ci[0])}, {_end(m.ci[1])}], candidate {m.candidate_ms:.4g} ms, baseline {m.baseline_ms:.4g} ms")
+                f"[{_end(m.ci[0])}, {_end(m.ci[1])}], candidate {m.candidate_ms:.4g} ms, "
+                f"baseline {m.baseline_ms:.4g} ms")
         if m.candidate_host_ms is not None and m.baseline_host_ms is not None:
             text += f", host overhead {m.candidate_host_ms * 1e3:.3g} / {m.baseline_host_ms * 1e3:.3g} us a call"
         parts.append(text)

@@ -17,7 +17,8 @@ from typing import Any, Callable, Sequence
 
 from . import outputs, timing
 
-__all__ = ["FreshOutputMismatch", "OutputMismatch", "check_first_outputs", "InputSets", "build_input_sets", "check_fresh_outputs", "validate_check"]
+__all__ = ["FreshOutputMismatch", "InputSets", "OutputMismatch", "build_input_sets", "check_first_outputs",
+           "check_fresh_outputs", "validate_check"]
 
 # On the CPU the caches are small and per core; three sets already keep a call from reusing the previous one's.
 CPU_INPUT_SETS = 3
