@@ -31,6 +31,7 @@ from . import inputs as owned_inputs
 from . import timing
 from .ab import KernelAB
 from .runs import tournament_variants
+from .spec import ABSpec
 
 __all__ = ["ProfileMode", "ProfiledRun", "ProfilingKernelAB", "range_name", "trace_file_name"]
 
@@ -307,7 +308,8 @@ class ProfilingKernelAB(KernelAB):
     def _profile(self, fns: Mapping[str, Callable[..., Any]], name: str | None, keywords: dict[str, Any]
                  ) -> ProfiledRun:
         # A misspelt keyword, a bad inputs=, check= or modes= fails here as it would in a timed run.
-        spec = self.spec(**{k: v for k, v in keywords.items() if k not in ("spec", "mode")})
+        given = {k: v for k, v in keywords.items() if k not in ("spec", "mode")}
+        spec = ABSpec.build(keywords["spec"], **given) if keywords.get("spec") is not None else self.spec(**given)
         inputs = spec.inputs.make
         label = self._name(name)
         self._claim(label)

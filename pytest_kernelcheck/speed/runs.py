@@ -82,7 +82,8 @@ def tournament_variants(variants: Any) -> tuple[list[str], list[Callable[..., An
     ValueError: tournament variant names must be distinct as text, got ['1', '1']
     """
     if not isinstance(variants, Mapping) or len(variants) < 2:
-        raise ValueError(f"a tournament needs a mapping of at least two named callables, got {variants!r}")
+        what = f"{len(variants)} variant(s)" if isinstance(variants, Mapping) else owned_inputs.brief(variants)
+        raise ValueError(f"a tournament needs a mapping of at least two named callables, got {what}")
     names = [str(n) for n in variants]
     if len(set(names)) != len(names):
         raise ValueError(f"tournament variant names must be distinct as text, got {names}")
