@@ -178,7 +178,8 @@ def measure_rounds(
                         "Callables must return the same result on every call (pass check_output=False for "
                         "kernels that are nondeterministic by design, e.g. atomics)"
                     )
-        found_ceiling = ceiling(timer) if ceiling is not None else None
+        # The device's ceiling is measured by its own timer: the latency mode's wraps it (modes.LatencyTimer.base).
+        found_ceiling = ceiling(getattr(timer, "base", timer)) if ceiling is not None else None
     device = f"{timer.device} ({timer.device_name})" if is_cuda else timer.name
     device_ms = _device_medians(timer, timed_fns)
     return Measurement(
