@@ -19,6 +19,7 @@ from pytest_kernelcheck.speed.comparison import run_comparison
 from pytest_kernelcheck.speed.runs import run_measurement, run_tournament
 from pytest_kernelcheck.speed.simulated_timer import SimulatedTimer
 from pytest_kernelcheck.speed.spec import ABSpec
+from pytest_kernelcheck.speed.timing import CpuTimer
 
 FAST = Budget(max_time=0.5, warmup=0.0, seed=0)
 
@@ -143,3 +144,20 @@ def test_the_spec_object_is_built_once_and_checked():
     result = ab.compare(candidate, baseline, spec=built, name="from a spec")
     assert result.mode == "latency" and result.verdict == "loss"
     assert isinstance(result.to_record(), ComparisonRecord)
+
+
+def test_latency_times_one_call_after_an_idle_pause_whatever_the_batching():
+    # On the CPU: LatencyTimer sleeps before each call and times the call alone, so a 1 ms pause never shows in
+    # the sample, and calls_per_sample does not batch the latency mode.
+    timer = modes.LatencyTimer(CpuTimer(),
+                               idle_s=0.005)
+    import time
+
+    started = time.perf_counter()
+    (sample,) = timer.time_calls([lambda: sum(range(1000))], repeat=1)
+    assert time.perf_counter() - started >= 0.005 and sample < 0.005
+    x = np.random.default_rng(1).random(5_000)
+    result = run_comparison(lambda: np.sort(x), lambda: np.sort(x), Budget(max_time=0.2, calls_per_sample=5),
+                            modes=("throughput", "latency"))
+    assert result.modes["throughput"].method == "cpu-clock-batched x5"
+    assert result.modes["latency"].method == "latency-from-idle"
