@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 
 import numpy as np
 import pytest
@@ -149,10 +150,7 @@ def test_the_spec_object_is_built_once_and_checked():
 def test_latency_times_one_call_after_an_idle_pause_whatever_the_batching():
     # On the CPU: LatencyTimer sleeps before each call and times the call alone, so a 1 ms pause never shows in
     # the sample, and calls_per_sample does not batch the latency mode.
-    timer = modes.LatencyTimer(CpuTimer(),
-                               idle_s=0.005)
-    import time
-
+    timer = modes.LatencyTimer(CpuTimer(), idle_s=0.005)
     started = time.perf_counter()
     (sample,) = timer.time_calls([lambda: sum(range(1000))], repeat=1)
     assert time.perf_counter() - started >= 0.005 and sample < 0.005
