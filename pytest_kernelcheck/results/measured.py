@@ -256,11 +256,12 @@ class ModeRecord:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "ModeRecord":
-        ci = data.get("ci") or (None, None)
+        from .fields import interval_from_json  # a damaged interval is refused naming the field
+
         samples = data.get("samples") or {}
         return cls(
             mode=str(data.get("mode", "")), verdict=data.get("verdict"), speedup=data.get("speedup"),
-            ci=(ci[0], ci[1]), p_value=data.get("p_value"), p_value_raw=data.get("p_value_raw"),
+            ci=interval_from_json(data.get("ci")), p_value=data.get("p_value"), p_value_raw=data.get("p_value_raw"),
             n_pairs=int(data.get("n_pairs") or 0), candidate_ms=data.get("candidate_ms"),
             baseline_ms=data.get("baseline_ms"), method=data.get("method"),
             candidate_device_ms=data.get("candidate_device_ms"), baseline_device_ms=data.get("baseline_device_ms"),
