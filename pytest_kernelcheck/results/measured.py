@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from .fields import interval_from_json
+
 
 @dataclass(frozen=True)
 class GpuIdentity:
@@ -256,8 +258,6 @@ class ModeRecord:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "ModeRecord":
-        from .fields import interval_from_json  # a damaged interval is refused naming the field
-
         samples = data.get("samples") or {}
         return cls(
             mode=str(data.get("mode", "")), verdict=data.get("verdict"), speedup=data.get("speedup"),
