@@ -33,6 +33,8 @@ _EXPORTS = {
     "MeasureResult": "speed.ab_results",
     "run_measurement": "speed.runs",
     "CeilingMeter": "speed.throughput",
+    "ABSpec": "speed.spec",
+    "ModeRecord": "results.records",
 }
 
 __all__ = sorted(_EXPORTS)

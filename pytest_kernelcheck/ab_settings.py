@@ -39,6 +39,7 @@ INI_DEFAULTS: dict[str, Any] = {
     "compare_fail": [],
     "ceilings": "on",
     "cpu_threads": "",
+    "modes": "throughput",
 }
 
 # The options that name something: an empty value is refused rather than read as "not given".
@@ -101,6 +102,7 @@ class ABSettings:
     rules: tuple[Any, ...]  # gate.Rule
     cpu_threads: int | None
     sources: dict[str, str] = field(default_factory=dict)
+    modes: tuple[str, ...] = ("throughput",)  # --kernel-ab-modes: each comparison's modes unless it names its own
 
     def source_of(self, name: str) -> str:
         """Where the option ``name`` came from: "command line", "ini" or "default"."""
@@ -168,7 +170,8 @@ class ABSettings:
         raw_threads = value("cpu_threads")
         cpu_threads = _usage(option_values.parse_count, raw_threads, option("cpu_threads"), minimum=1,
                              problem="not a count >= 1") if raw_threads not in (None, "") else None
-        return cls(enabled=enabled, budget=budget, profile=profile, ceilings=ceilings == "on",
+        modes = _modes(value("modes"))
+        return cls(enabled=enabled, budget=budget, profile=profile, ceilings=ceilings == "on", modes=modes,
                    report_path=report_path, compare_spec=compare_spec, storage_root=storage_root,
                    history_count=history_count, save_name=save_name, saving=saving, rules=rules,
                    cpu_threads=cpu_threads, sources={name: r.source for name, r in resolved.items()})
@@ -179,6 +182,16 @@ def budget_from(settings: dict[str, Any]) -> Any:
     from .speed.budget import Budget
 
     return Budget().replace(**settings)
+
+
+def _modes(text: Any) -> tuple[str, ...]:
+    """--kernel-ab-modes as a tuple of mode names; ``pytest.UsageError`` naming the option otherwise."""
+    from .speed import modes
+
+    try:
+        return modes.parse_modes(str(text), option("modes"))
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 def _usage(parse: Any, *args: Any, **kwargs: Any) -> Any:

@@ -80,6 +80,7 @@ DEPENDENCIES: tuple[Dependency, ...] = (
     _needs_ab("--kernel-ab-compare-fail", "without it no A/B comparison runs, so the gate judges nothing and passes"),
     _needs_ab("--kernel-ab-ceilings", "without it no A/B comparison runs, so no ceiling is measured"),
     _needs_ab("--kernel-ab-cpu-threads", "without it no A/B comparison runs, so the thread count is never set"),
+    _needs_ab("--kernel-ab-modes", "without it no A/B comparison runs, so no mode is measured"),
     Dependency("--kernel-ab-storage", "--kernel-ab-save, --kernel-ab-autosave, --kernel-ab-compare or "
                "--kernel-ab-report (whose markdown shows the history)",
                lambda state: state.saving or state.comparing or (state.reporting and state.history > 0),

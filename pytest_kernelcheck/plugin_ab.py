@@ -117,6 +117,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     parser.addini("kernel_ab_cpu_threads", "torch threads during A/B comparisons (see --kernel-ab-cpu-threads)",
                   default=INI_DEFAULTS["cpu_threads"])
+    group.addoption(
+        "--kernel-ab-modes", dest="kernel_ab_modes", default=None, metavar="MODES",
+        help="measurement modes of every comparison, comma-separated: throughput (default: back to back, host "
+             "cost hidden), latency (one call from an idle GPU, host launch cost included), graph (CUDA graph "
+             "replay); each gets its own samples and verdict, the first gives the row's verdict. A test's "
+             "modes= or kernel_ab_modes marker wins",
+    )
+    parser.addini("kernel_ab_modes", "measurement modes of every comparison (see --kernel-ab-modes)",
+                  default=INI_DEFAULTS["modes"])
     # Profile runs are asked for one at a time, under a profiler: command-line options only, no ini keys.
     group.addoption(
         "--kernel-ab-profile", action="store_true", default=None, dest="kernel_ab_profile",
@@ -135,6 +144,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 # trace, storage, comparison or thread count, saying nothing; so an empty value is refused, as --kernel-ab-save's is.
 def pytest_configure(config: pytest.Config) -> None:
     """Resolve the A/B options once, start this process's A/B session and register its collector."""
+    config.addinivalue_line(
+        "markers", "kernel_ab_modes(*modes): measurement modes of this test's kernel_ab comparisons (throughput, "
+        "latency, graph), in place of --kernel-ab-modes; a comparison's own modes= still wins")
     session = start(ABSettings.from_config(config), config)
     config.stash[_SESSION] = session
     config.pluginmanager.register(_Collector(session), _COLLECTOR_NAME)
@@ -179,6 +191,7 @@ def kernel_ab(request: pytest.FixtureRequest) -> Any:
                                  record=request.node.stash.setdefault(_PROFILED, []).append)
     return KernelAB(
         budget_from(session.settings),
+        modes=_modes(request, session),
         nodeid=request.node.nodeid,
         test_name=request.node.name,
         shape=lambda: _shape_value(request),
@@ -186,6 +199,20 @@ def kernel_ab(request: pytest.FixtureRequest) -> Any:
         ceilings=request.getfixturevalue("kernel_ab_ceilings"),
         cpu_threads=session.cpu_threads,
     )
+
+
+def _modes(request: pytest.FixtureRequest, session: ABSession) -> Any:
+    """The test's default modes: its ``kernel_ab_modes`` marker, else --kernel-ab-modes (throughput alone)."""
+    marker = request.node.get_closest_marker("kernel_ab_modes")
+    if marker is None:
+        return session.options.modes if session.options is not None else ("throughput",)
+    from .speed import modes
+
+    try:
+        given = marker.args[0] if len(marker.args) == 1 else (marker.args or marker.kwargs.get("modes", ()))
+        return modes.parse_modes(given, "the kernel_ab_modes marker")
+    except ValueError as exc:
+        raise pytest.UsageError(f"{request.node.nodeid}: {exc}") from None
 
 
 def _shape_value(request: pytest.FixtureRequest) -> Any:

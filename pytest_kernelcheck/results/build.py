@@ -74,6 +74,7 @@ def build_report(
         tournaments=len(tournaments),
         measurements=len(measurements),
         regressions=regressions,
+        modes_disagree=sum(r.modes_disagree for r in comparisons),
     )
     report = ABReport(
         created=utc_now(),

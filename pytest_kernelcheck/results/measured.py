@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from .fields import interval_from_json
+
 
 @dataclass(frozen=True)
 class GpuIdentity:
@@ -198,3 +200,86 @@ def _throughput_from_json(data: Any) -> ThroughputRecord | None:
 
 def _ceiling_from_json(data: Any) -> CeilingRecord | None:
     return CeilingRecord.from_json(data) if data else None
+
+
+@dataclass(frozen=True)
+class ModeRecord:
+    """One measurement mode of a comparison (``throughput``, ``latency``, ``graph``): its own verdict, speedup,
+    interval and times, or why it could not run (``unavailable``). Latency rows on CUDA carry each side's device
+    time (CUDA events around the same call) and so the host overhead per call: latency minus device time.
+
+    >>> row = ModeRecord("latency", "loss", 0.9, (0.85, 0.95), candidate_ms=0.16, baseline_ms=0.14,
+    ...                  candidate_device_ms=0.1, baseline_device_ms=0.11)
+    >>> round(row.candidate_host_ms, 3), ModeRecord.from_json(row.to_json()) == row
+    (0.06, True)
+    >>> ModeRecord.from_json({"mode": "graph", "unavailable": "not capturable"}).available
+    False
+    """
+
+    mode: str
+    verdict: str | None = None
+    speedup: float | None = None
+    ci: tuple[float | None, float | None] = (None, None)
+    p_value: float | None = None
+    p_value_raw: float | None = None
+    n_pairs: int = 0
+    candidate_ms: float | None = None  # median per call in this mode
+    baseline_ms: float | None = None
+    method: str | None = None
+    candidate_device_ms: float | None = None  # latency on CUDA: median device time of the same calls
+    baseline_device_ms: float | None = None
+    unavailable: str | None = None  # why the mode could not run; None when it ran
+    candidate_samples_ms: tuple[float, ...] = ()
+    baseline_samples_ms: tuple[float, ...] = ()
+
+    @property
+    def available(self) -> bool:
+        return self.unavailable is None
+
+    @property
+    def candidate_host_ms(self) -> float | None:
+        return _difference(self.candidate_ms, self.candidate_device_ms)
+
+    @property
+    def baseline_host_ms(self) -> float | None:
+        return _difference(self.baseline_ms, self.baseline_device_ms)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode, "verdict": self.verdict, "speedup": self.speedup, "ci": list(self.ci),
+            "p_value": self.p_value, "p_value_raw": self.p_value_raw, "n_pairs": self.n_pairs,
+            "candidate_ms": self.candidate_ms, "baseline_ms": self.baseline_ms, "method": self.method,
+            "candidate_device_ms": self.candidate_device_ms, "baseline_device_ms": self.baseline_device_ms,
+            "candidate_host_ms": self.candidate_host_ms, "baseline_host_ms": self.baseline_host_ms,
+            "unavailable": self.unavailable,
+            "samples": {"candidate_ms": list(self.candidate_samples_ms),
+                        "baseline_ms": list(self.baseline_samples_ms)},
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "ModeRecord":
+        samples = data.get("samples") or {}
+        return cls(
+            mode=str(data.get("mode", "")), verdict=data.get("verdict"), speedup=data.get("speedup"),
+            ci=interval_from_json(data.get("ci")), p_value=data.get("p_value"), p_value_raw=data.get("p_value_raw"),
+            n_pairs=int(data.get("n_pairs") or 0), candidate_ms=data.get("candidate_ms"),
+            baseline_ms=data.get("baseline_ms"), method=data.get("method"),
+            candidate_device_ms=data.get("candidate_device_ms"), baseline_device_ms=data.get("baseline_device_ms"),
+            unavailable=data.get("unavailable"),
+            candidate_samples_ms=tuple(samples.get("candidate_ms") or ()),
+            baseline_samples_ms=tuple(samples.get("baseline_ms") or ()),
+        )
+
+
+def modes_disagree(verdicts: Mapping[str, str | None]) -> bool:
+    """Whether two modes reached different decided verdicts (win, loss, tie); "inconclusive" and unavailable
+    modes (None) decide nothing, so they disagree with no one.
+
+    >>> modes_disagree({"throughput": "tie", "latency": "inconclusive"}), modes_disagree({"a": "win", "b": "tie"})
+    (False, True)
+    """
+    return len({v for v in verdicts.values() if v in ("win", "loss", "tie")}) > 1
+
+
+def _difference(total: float | None, part: float | None) -> float | None:
+    return total - part if total is not None and part is not None else None

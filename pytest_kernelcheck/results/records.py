@@ -36,9 +36,11 @@ from .measured import (  # re-exported: the records a report row carries
     CeilingRecord,
     ClockRecord,
     GpuIdentity,
+    ModeRecord,
     ThroughputRecord,
     _ceiling_from_json,
     _throughput_from_json,
+    modes_disagree,
 )
 
 SCHEMA = "pytest-kernelcheck/ab-report"
@@ -210,10 +212,17 @@ class ComparisonRecord:
     candidate_throughput: ThroughputRecord | None = None  # given flops= or bytes=
     baseline_throughput: ThroughputRecord | None = None
     ceiling: CeilingRecord | None = None  # this device's, for the percentages
+    mode: str | None = None  # the mode the verdict above is of; None: throughput alone (every earlier report)
+    modes: tuple[ModeRecord, ...] = ()  # every mode measured, the verdict's first; empty: throughput alone
 
     @property
     def failed(self) -> bool:
         return self.verdict == "error"
+
+    @property
+    def modes_disagree(self) -> bool:
+        """Two measured modes reached different decided verdicts (see :func:`.measured.modes_disagree`)."""
+        return modes_disagree({m.mode: m.verdict for m in self.modes if m.available})
 
     @classmethod
     def of_error(cls, name: str, error: BaseException, *, nodeid: str = "", shape: Mapping[str, Any] | None = None,
@@ -248,6 +257,9 @@ class ComparisonRecord:
                 }
             if self.ceiling is not None:
                 data["ceiling"] = self.ceiling.to_json()
+            if self.modes:  # rows of throughput alone keep the first layout
+                data.update(mode=self.mode, modes=[m.to_json() for m in self.modes],
+                            modes_disagree=self.modes_disagree)
         if self.p_bh is not None:
             data["p_bh"] = self.p_bh
         if self.verdict_bh is not None:
@@ -289,7 +301,8 @@ class ComparisonRecord:
             vs_last=LastRun.from_json(vs_last) if vs_last else None,
             candidate_throughput=_throughput_from_json(throughput.get("candidate")),
             baseline_throughput=_throughput_from_json(throughput.get("baseline")),
-            ceiling=_ceiling_from_json(data.get("ceiling")),
+            ceiling=_ceiling_from_json(data.get("ceiling")), mode=data.get("mode"),
+            modes=tuple(ModeRecord.from_json(m) for m in data.get("modes") or ()),
         )
 
 

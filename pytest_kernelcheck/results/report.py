@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 # Re-exported below: report is where readers of a report find building, reading, writing and showing it.
-from . import plots
+from . import modes_text, plots
 from .build import build_report
 from .environment import environment_info
 from .plots import PLOT_MISSING_NOTE
@@ -184,6 +184,7 @@ def write_markdown(report: Mapping[str, Any], path: str | Path, history: Sequenc
     if gpu_lines(typed):
         lines += [line if line.startswith(("Per GPU", "WARNING")) else f"- {line}" for line in gpu_lines(typed)]
         lines.append("")
+    lines += modes_text.markdown_lines(typed)  # per-mode rows, when some comparison ran in several modes
     for tournament in typed.tournaments:
         lines += tournament_lines(tournament) + [""]
     if typed.measurements:
@@ -238,6 +239,7 @@ def write_plot(report: Mapping[str, Any], path: str | Path) -> str | None:
             x, speedup, yerr=[[speedup - low], [high - speedup]], fmt="o", capsize=3,
             color=colours.get(record.verdict, "black"),
         )
+    disagree = modes_text.mark_plot(axes, comparisons, range(len(comparisons)))  # rows whose modes disagree
     axes.set_xticks(range(len(comparisons)))
     # parse_math off: matplotlib reads text between two $ as TeX, so a name such as "cost $\\foo$" raised out of the
     # plot (and the run's end), and "$5 vs $6" was drawn as math; names are drawn as written.
@@ -249,6 +251,7 @@ def write_plot(report: Mapping[str, Any], path: str | Path) -> str | None:
     axes.set_title("Kernel A/B: speedup with interval, per comparison")
     handles = [plt.Line2D([], [], marker="o", linestyle="", color=c, label=v) for v, c in colours.items()]
     handles.append(matplotlib.patches.Patch(color="0.9", label=f"tie margin ±{margin:.0%}"))
+    handles += [disagree] if disagree is not None else []
     axes.legend(handles=handles, fontsize=7, loc="best")
     figure.tight_layout()
     # The temporary file has no telling suffix, so the format comes from the target's (savefig's own rule).
@@ -292,6 +295,8 @@ def write_terminal(
         terminal.write_line(line, yellow=True, bold=True)
     for line in gpu_lines(typed):
         terminal.write_line(line, **({"yellow": True, "bold": True} if line.startswith("WARNING") else {}))
+    for line in modes_text.terminal_lines(typed):  # per-mode rows, when some comparison ran in several modes
+        terminal.write_line(line, **({"purple": True, "bold": True} if line.startswith("MODES DISAGREE") else {}))
     for tournament in typed.tournaments:
         for line in tournament_lines(tournament):
             terminal.write_line(line)

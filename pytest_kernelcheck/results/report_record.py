@@ -40,6 +40,7 @@ class ReportSummary:
     tournaments: int = 0
     measurements: int = 0
     regressions: tuple[str, ...] | None = None  # None: not compared with an earlier report
+    modes_disagree: int = 0  # comparisons whose measurement modes reached different verdicts
 
     def to_json(self) -> dict[str, Any]:
         data = {
@@ -50,6 +51,8 @@ class ReportSummary:
         }
         if self.regressions is not None:
             data["regressions"] = list(self.regressions)
+        if self.modes_disagree:  # only runs with such rows: every other report keeps its layout
+            data["modes_disagree"] = self.modes_disagree
         return data
 
     @classmethod

@@ -121,6 +121,12 @@ ROW = {"kind": TEXT, "name": TEXT, "nodeid": TEXT_OR_NULL, "shape": ANY, "error"
 LAST_RUN = Fields({"speedup": NUMBER_OR_NULL, "ci": INTERVAL, "verdict": TEXT_OR_NULL, "ratio": NUMBER_OR_NULL,
                    "regression": BOOL, "reason": TEXT_OR_NULL, "timing_change": TEXT_OR_NULL,
                    "baseline_change": TEXT_OR_NULL}, nullable=True)
+MODE = Fields({
+    "mode": TEXT, "verdict": TEXT_OR_NULL, "speedup": NUMBER_OR_NULL, "ci": INTERVAL, "p_value": NUMBER_OR_NULL,
+    "p_value_raw": NUMBER_OR_NULL, "n_pairs": WHOLE_OR_NULL, "method": TEXT_OR_NULL, "unavailable": TEXT_OR_NULL,
+    **{f"{side}{what}_ms": NUMBER_OR_NULL for side in ("candidate", "baseline") for what in ("", "_device", "_host")},
+    "samples": Fields({"candidate_ms": SAMPLES, "baseline_ms": SAMPLES}, nullable=True),
+})
 COMPARISON = Fields({
     **ROW, "verdict": TEXT, "speedup": NUMBER_OR_NULL, "ci": INTERVAL, "p_value": NUMBER_OR_NULL,
     "p_value_raw": NUMBER_OR_NULL, "n_pairs": WHOLE, "candidate_ms": NUMBER_OR_NULL, "baseline_ms": NUMBER_OR_NULL,
@@ -128,6 +134,7 @@ COMPARISON = Fields({
     "samples": Fields({"candidate_ms": SAMPLES, "baseline_ms": SAMPLES, "candidate_first": ListOf(BOOL, nullable=True)},
                       nullable=True),
     "throughput": Fields({"candidate": THROUGHPUT, "baseline": THROUGHPUT}, nullable=True), "ceiling": CEILING,
+    "mode": TEXT_OR_NULL, "modes": ListOf(MODE, nullable=True), "modes_disagree": BOOL,
 })
 PAIR = Fields({"faster": TEXT, "slower": TEXT, "verdict": TEXT_OR_NULL, "speedup": NUMBER_OR_NULL, "ci": INTERVAL,
                "p_value": NUMBER_OR_NULL, "p_value_raw": NUMBER_OR_NULL})
@@ -145,7 +152,7 @@ MEASUREMENT = Fields({
 })
 SUMMARY = Fields({
     **{key: WHOLE for key in ("comparisons", "win", "loss", "tie", "inconclusive", "error", "bh_win", "bh_loss",
-                              "throttled", "tournaments", "measurements")},
+                              "throttled", "tournaments", "measurements", "modes_disagree")},
     "geomean_speedup": NUMBER_OR_NULL, "bh_alpha": NUMBER, "regressions": ListOf(TEXT, nullable=True),
 }, nullable=True)
 ENVIRONMENT = Fields({

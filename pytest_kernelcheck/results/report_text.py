@@ -121,6 +121,8 @@ def table_rows(report: ABReport | Mapping[str, Any]) -> tuple[list[str], list[li
             verdict += " (not after BH)"
         if any(note.startswith(UNRESOLVED_PREFIX) for note in record.run.notes):  # the note says which timer
             verdict += " (below timer resolution)"
+        if record.modes_disagree:  # the modes table below gives each mode's verdict
+            verdict += " (modes disagree)"
         if record.failed:
             speed = _shorten(_one_line(str(record.error)), 40)
         else:

@@ -21,7 +21,8 @@ from ..results.records import (
     MeasurementRecord,
     TournamentRecord,
 )
-from . import throughput, timing
+from . import inputs as owned_inputs
+from . import models, throughput, timing
 from .ab_results import (
     ComparisonResult,
     MeasureResult,
@@ -29,12 +30,13 @@ from .ab_results import (
     TournamentResult,
 )
 from .budget import Budget
+from .modes import DEFAULT_MODES, ModeUnavailable, parse_modes
 from .runs import (
-    check_owned_inputs,
     run_comparison,
     run_measurement,
     run_tournament,
 )
+from .spec import ABSpec
 
 __all__ = [
     "Budget",
@@ -52,6 +54,11 @@ __all__ = [
 
 class KernelABAssertionError(AssertionError):
     """``assert_faster`` / ``assert_not_slower`` failed; the message carries the numbers."""
+
+
+# What the plugin raises about the test's own arguments and outputs: each message names what is wrong and how to
+# fix it, so these reach the test without the plugin's frames.
+REFUSALS = (TypeError, ValueError, owned_inputs.OutputMismatch, ModeUnavailable)
 
 
 # What a run asks for a ceiling: given the timer that timed it, the ceiling of that device (or None).
@@ -75,8 +82,10 @@ class KernelAB:
         record: Callable[[dict[str, Any]], None] = lambda record: None,
         ceilings: throughput.CeilingMeter | None = None,
         cpu_threads: int | None = None,
+        modes: Any = DEFAULT_MODES,
     ) -> None:
         self.defaults = defaults or Budget()
+        self.modes = parse_modes(modes, "the default modes")  # --kernel-ab-modes, or a kernel_ab_modes marker
         self._cpu_threads = cpu_threads  # --kernel-ab-cpu-threads: torch's threads while a comparison runs
         self._nodeid = nodeid
         self._test_name = test_name
@@ -118,14 +127,31 @@ class KernelAB:
             )
         self._used_names.add(label)
 
+    def spec(self, **keywords: Any) -> ABSpec:
+        """The spec of a run from this test's defaults (budget, modes) and ``keywords``, checked once.
+
+        >>> kernel_ab.spec(modes="latency", max_time=0.5).modes  # doctest: +SKIP
+        ('latency',)
+        """
+        return ABSpec.build(ABSpec(budget=self.defaults, modes=self.modes), **keywords)
+
     def _run(
         self,
         record_type: type[ABRecord],
         name: str | None,
-        work: Callable[[Budget, str, Any], Any],
-        budget: dict[str, Any],
+        work: Callable[[ABSpec, str, Any], Any],
+        keywords: dict[str, Any],
+        one_mode: bool = False,
+        after: Callable[[Any], None] | None = None,
     ) -> Any:
-        settings = self.defaults.replace(**budget)  # bad keywords fail before anything runs
+        __tracebackhide__ = True
+        spec = keywords.pop("spec", None)
+        if spec is not None and not isinstance(spec, ABSpec):
+            raise TypeError(f"spec must be an ABSpec (kernel_ab.spec(...)), got {type(spec).__name__}")
+        if one_mode and keywords.get("modes") is None and (spec is None or len(spec.modes) > 1):
+            keywords["modes"] = (spec or self).modes[:1]  # tournaments and measurements: the first default mode
+        # Checked before anything runs: a refused call claims no name and records nothing.
+        settings = ABSpec.build(spec or ABSpec(budget=self.defaults, modes=self.modes), **keywords)
         label = self._name(name)
         self._claim(label)  # before anything runs, too: a refused call records nothing
         shape_value = self._shape()
@@ -140,8 +166,14 @@ class KernelAB:
                 label, exc, nodeid=self._nodeid, shape=shape, elapsed_s=time.perf_counter() - started
             )
             self._record(failure.to_json())
+            if isinstance(exc, REFUSALS):
+                # The message says everything; the plugin's frames would only add their arguments, which pytest
+                # prints in full (a tensor passed for a callable filled a hundred lines, twice).
+                raise exc.with_traceback(None)
             raise
         result.nodeid, result.shape = self._nodeid, shape
+        if after is not None:  # what a model comparison adds to the result before its row is recorded
+            after(result)
         self.results.append(result)
         self._record(result.to_record().to_json())
         return result
@@ -152,89 +184,186 @@ class KernelAB:
         baseline: Callable[[], Any],
         *,
         name: str | None = None,
-        timer: Any = None,
-        flops: Any = None,
-        bytes: Any = None,  # noqa: A002  (the keyword users write)
-        dtype: Any = None,
-        inputs: Any = None,
-        check: Any = None,
-        **budget: Any,
+        **keywords: Any,
     ) -> ComparisonResult:
         """Time ``candidate`` against ``baseline`` (zero-argument callables); never fails on the verdict.
 
+        Keywords (checked once, as an :class:`.spec.ABSpec`; ``spec=kernel_ab.spec(...)`` passes one built
+        before): ``modes`` (``"throughput"``, ``"latency"``, ``"graph"`` or several, e.g.
+        ``modes=("throughput", "latency")``; default ``--kernel-ab-modes``, else throughput alone): each mode gets
+        its own samples and verdict (``result.modes``), the first that could run gives ``result.verdict``.
+        ``check``: the outputs of both sides' first calls are compared before timing whenever both return tensors
+        or arrays (the policy of the output's dtype; a policy name or dtype, a callable ``(candidate_out,
+        baseline_out)`` that raises, or ``check=False`` to time callables whose outputs differ by design).
         ``inputs=make_inputs`` (a zero-argument callable returning a tuple of arguments or a dict of keyword
         arguments): the callables take the inputs, the plugin rotates several sets of them so every timed call
-        starts cold, and after timing the candidate's output on fresh inputs must match the baseline's under
-        ``check`` (a policy name or dtype for ``assert_close``, a callable ``(candidate_out, baseline_out)`` that
-        raises, or ``False``; default: the policy of the output's dtype) or the comparison fails.
+        starts cold, and after timing the outputs on fresh inputs must match under ``check``.
 
         ``name`` labels the result in the report (default: the test's name); each comparison, tournament and
         measurement of one test needs its own, and a name used twice raises ``ValueError``. ``flops`` and
         ``bytes``: the work of one call (numbers, or callables of the test's ``shape``), the same for both
         sides; they add TFLOP/s, GB/s and the share of this device's ceiling for ``dtype`` (default: the shape's
-        dtype) to the result and the report. Budget keywords: max_time, min_pairs, max_pairs, alpha, margin,
-        flush_l2, hold_gpu, calls_per_sample, use_cuda_graph, warmup, check_output, seed, throttle, check_escape.
+        dtype). ``timer``: "auto", "cpu", "cuda", a timer object, or a mapping of mode names to timers. Budget
+        keywords: max_time, min_pairs, max_pairs, alpha, margin, flush_l2, hold_gpu, calls_per_sample,
+        use_cuda_graph, warmup, check_output, seed, throttle, check_escape.
 
         >>> result = kernel_ab.compare(lambda: new(x), lambda: old(x), max_time=1.0,  # doctest: +SKIP
-        ...                            flops=lambda s: 2 * s.M * s.N * s.K, bytes=lambda s: 2 * s.M * s.N * 3)
-        >>> result.verdict, result.speedup, result.candidate_throughput.tflops  # doctest: +SKIP
-        ('win', 1.18, 412.5)
+        ...                            flops=lambda s: 2 * s.M * s.N * s.K, modes=("throughput", "latency"))
+        >>> result.verdict, result.modes["latency"].verdict, result.modes_disagree  # doctest: +SKIP
+        ('win', 'loss', True)
         >>> make = lambda: (torch.randn(4096, 4096, device="cuda"),)  # doctest: +SKIP
         >>> kernel_ab.compare(new, old, inputs=make, check="fp32").input_sets  # doctest: +SKIP
         4
         """
-        check_owned_inputs(inputs, check)  # before the name is claimed: a refused call records nothing
 
-        def work(settings: Budget, label: str, shape: Any) -> ComparisonResult:
-            counts = throughput.Work.of(flops, bytes, shape)
-            return run_comparison(candidate, baseline, settings, name=label, timer=timer, flops=counts.flops,
-                                  bytes=counts.bytes, dtype=throughput.dtype_name(dtype, shape),
-                                  ceilings=self._ceilings, inputs=inputs, check=check)
+        def work(spec: ABSpec, label: str, shape: Any) -> ComparisonResult:
+            counts = throughput.Work.of(spec.work.flops, spec.work.bytes, shape)
+            spec = spec.with_work(counts.flops, counts.bytes, throughput.dtype_name(spec.work.dtype, shape))
+            return run_comparison(candidate, baseline, spec, name=label, ceilings=self._ceilings)
 
-        return self._run(ComparisonRecord, name, work, budget)
+        __tracebackhide__ = True  # the candidate and baseline are this frame's arguments: never print them
+        return self._run(ComparisonRecord, name, work, keywords)
 
     def assert_faster(
-        self, candidate: Callable[[], Any], baseline: Callable[[], Any], *, name: str | None = None, **budget: Any
+        self, candidate: Callable[[], Any], baseline: Callable[[], Any], *, name: str | None = None,
+        mode: str | None = None, **keywords: Any
     ) -> ComparisonResult:
-        """Compare, and fail unless the candidate is significantly faster (verdict "win").
+        """Compare, and fail unless the candidate is significantly faster (verdict "win") in ``mode``.
+
+        ``mode``: the mode the assertion reads; default the comparison's own verdict, that of its first mode
+        (``modes=``, else ``--kernel-ab-modes``, else throughput): the one the report row and the gate show, so a
+        test and its report never disagree. A ``mode`` not among ``modes`` is measured as well.
 
         >>> kernel_ab.assert_faster(lambda: new(x), lambda: old(x))  # doctest: +SKIP
+        >>> kernel_ab.assert_faster(lambda: new(x), lambda: old(x), mode="latency")  # doctest: +SKIP
         """
         __tracebackhide__ = True
-        result = self.compare(candidate, baseline, name=name, **budget)  # flops=, bytes=, dtype= pass through
-        if result.verdict != "win":
-            raise KernelABAssertionError(f"{result.name}: candidate is not faster than baseline; {result.describe()}")
+        result = self.compare(candidate, baseline, name=name, **self._with_mode(mode, keywords))
+        verdict, where = self._verdict_in(result, mode)
+        if verdict != "win":
+            raise KernelABAssertionError(
+                f"{result.name}: candidate is not faster than baseline{where}; {result.describe()}")
         return result
 
     def assert_not_slower(
-        self, candidate: Callable[[], Any], baseline: Callable[[], Any], *, name: str | None = None, **budget: Any
+        self, candidate: Callable[[], Any], baseline: Callable[[], Any], *, name: str | None = None,
+        mode: str | None = None, **keywords: Any
     ) -> ComparisonResult:
-        """Compare, and fail only when the candidate is significantly slower (verdict "loss").
+        """Compare, and fail only when the candidate is significantly slower (verdict "loss") in ``mode``
+        (default as for :meth:`assert_faster`).
 
-        >>> kernel_ab.assert_not_slower(lambda: dispatch(x), lambda: sdpa(x))  # doctest: +SKIP
+        >>> kernel_ab.assert_not_slower(lambda: dispatch(x), lambda: sdpa(x), mode="latency")  # doctest: +SKIP
         """
         __tracebackhide__ = True
-        result = self.compare(candidate, baseline, name=name, **budget)
-        if result.verdict == "loss":
-            raise KernelABAssertionError(f"{result.name}: candidate is slower than baseline; {result.describe()}")
+        result = self.compare(candidate, baseline, name=name, **self._with_mode(mode, keywords))
+        verdict, where = self._verdict_in(result, mode)
+        if verdict == "loss":
+            raise KernelABAssertionError(
+                f"{result.name}: candidate is slower than baseline{where}; {result.describe()}")
         return result
+
+    def _with_mode(self, mode: str | None, keywords: dict[str, Any]) -> dict[str, Any]:
+        """``keywords`` with ``mode`` among the modes measured (added after the others)."""
+        if mode is None:
+            return keywords
+        (mode,) = parse_modes((mode,), "mode")
+        spec = keywords.get("spec")
+        modes = parse_modes(keywords["modes"]) if keywords.get("modes") is not None else (spec or self).modes
+        return {**keywords, "modes": modes if mode in modes else (*modes, mode)}
+
+    @staticmethod
+    def _verdict_in(result: ComparisonResult, mode: str | None) -> tuple[str, str]:
+        if mode is None or mode == result.mode:
+            return result.verdict, "" if list(result.modes) in ([], ["throughput"]) else f" ({result.mode})"
+        record = result.in_mode(mode)
+        if not record.available:
+            return "unavailable", f" in {mode} mode, which is not available: {record.unavailable}"
+        return str(record.verdict), f" in {mode} mode"
+
+    def _compare_pair(self, pair: Any, name: str | None, keywords: dict[str, Any],
+                      after: Callable[[ComparisonResult], None] | None = None) -> ComparisonResult:
+        """Compare a :class:`.models.ModelPair`: its keywords under the caller's, its notes on the row."""
+
+        def add_notes(result: ComparisonResult) -> None:
+            result.notes[:0] = list(pair.notes)
+            if after is not None:
+                after(result)
+
+        def work(spec: ABSpec, label: str, shape: Any) -> ComparisonResult:
+            counts = throughput.Work.of(spec.work.flops, spec.work.bytes, shape)
+            spec = spec.with_work(counts.flops, counts.bytes, throughput.dtype_name(spec.work.dtype, shape))
+            return run_comparison(pair.candidate, pair.baseline, spec, name=label, ceilings=self._ceilings)
+
+        __tracebackhide__ = True
+        return self._run(ComparisonRecord, name, work, {**pair.keywords, **keywords}, after=add_notes)
+
+    def compare_modules(self, model_a: Any, model_b: Any, inputs: Any, *, name: str | None = None,
+                        grad: bool = False, **keywords: Any) -> ComparisonResult:
+        """Compare the forward pass of two ``nn.Module``s (candidate ``model_a``, baseline ``model_b``) on the same
+        ``inputs`` (a tensor, a tuple of arguments or a dict of keyword arguments), under ``torch.no_grad()``
+        unless ``grad``. Their outputs are compared before timing under the policy of the output's dtype
+        (``check=`` another policy, a callable, or ``False``). Every keyword of :meth:`compare` applies
+        (``modes=``, ``flops=``, ``bytes=``, budget keywords).
+
+        >>> model.eval(); fused = copy.deepcopy(model); fused.attn.backend = "flashlite"  # doctest: +SKIP
+        >>> r = kernel_ab.compare_modules(fused, model, (ids,), modes=("throughput", "latency"))  # doctest: +SKIP
+        >>> r.verdict, r.modes["latency"].verdict  # doctest: +SKIP
+        ('win', 'loss')
+        """
+        __tracebackhide__ = True
+        return self._compare_pair(models.forward_pair(model_a, model_b, inputs, grad=grad), name, keywords)
+
+    def compare_training_steps(self, model_a: Any, model_b: Any, inputs: Any, *, loss: Callable[[Any], Any],
+                               optimizer: Callable[[Any], Any] | None = None, name: str | None = None,
+                               **keywords: Any) -> ComparisonResult:
+        """Compare one training step (forward, ``loss(output)``, backward, optimizer step) of two modules; times
+        are per step. Each side trains its own deep copy of its module with its own optimizer
+        (``optimizer(parameters)``, default SGD lr 1e-3), so the steps never interfere and ``model_a`` and
+        ``model_b`` are left unchanged. The first steps' losses are compared before timing (two configurations
+        of one model agree on them; ``check=False`` for different models).
+
+        >>> r = kernel_ab.compare_training_steps(  # doctest: +SKIP
+        ...     fused, model, (x,), loss=lambda out: F.cross_entropy(out, y),
+        ...     optimizer=lambda p: torch.optim.AdamW(p, lr=1e-4))
+        >>> r.candidate_ms, r.baseline_ms  # per step  # doctest: +SKIP
+        (41.2, 44.9)
+        """
+        __tracebackhide__ = True
+        pair = models.training_pair(model_a, model_b, inputs, loss, optimizer)
+        return self._compare_pair(pair, name, keywords)
+
+    def compare_generation(self, generate_a: Callable[[], Any], generate_b: Callable[[], Any], *, tokens: int,
+                           name: str | None = None, **keywords: Any) -> ComparisonResult:
+        """Compare generation of ``tokens`` new tokens a call (each callable owns its model and KV cache); the
+        result's ``tokens_per_s`` is (candidate, baseline) and its speedup their ratio. Generated ids are
+        compared before timing (``check=False`` for sampling).
+
+        >>> gen = lambda m: (lambda: m.generate(ids, max_new_tokens=64, min_new_tokens=64, do_sample=False))
+        >>> r = kernel_ab.compare_generation(gen(fast_model), gen(model), tokens=64)  # doctest: +SKIP
+        >>> r.tokens_per_s, r.speedup  # doctest: +SKIP
+        ((812.0, 640.5), 1.268)
+        """
+        pair = models.generation_pair(generate_a, generate_b, tokens)
+
+        def rates(result: ComparisonResult) -> None:
+            candidate, baseline = models.tokens_per_second(tokens, result.candidate_ms, result.baseline_ms)
+            result.tokens_per_s = candidate, baseline
+            result.notes.append(f"tokens per second: candidate {candidate:.4g}, baseline {baseline:.4g} (ratio "
+                                f"{candidate / baseline:.3f})")
+
+        return self._compare_pair(pair, name, keywords, after=rates)
 
     def tournament(
         self,
         variants: Mapping[str, Callable[[], Any]],
         *,
         name: str | None = None,
-        timer: Any = None,
-        flops: Any = None,
-        bytes: Any = None,  # noqa: A002  (the keyword users write)
-        dtype: Any = None,
-        inputs: Any = None,
-        check: Any = None,
-        **budget: Any,
+        **keywords: Any,
     ) -> TournamentResult:
         """Rank named variants on one input; says which cannot be told apart from the best.
 
-        ``name`` follows the rule of :meth:`compare`: unique among the test's comparisons and tournaments.
+        ``name`` follows the rule of :meth:`compare`: unique among the test's comparisons and tournaments. A
+        tournament runs in one mode (``modes="latency"``; default: the first of the test's default modes).
         ``flops`` and ``bytes``: as for :meth:`compare`, one value for every variant or a mapping of variant
         names to their own (a number or a callable of the shape each). ``inputs`` and ``check``: as for
         :meth:`compare`; each variant's output on fresh inputs is checked against the first variant's.
@@ -244,32 +373,23 @@ class KernelAB:
         >>> t.best, t.indistinguishable_from_best, t.throughput["b"].tflops  # doctest: +SKIP
         ('b', ['b', 'c'], 310.2)
         """
-        check_owned_inputs(inputs, check)
-
-        def work(settings: Budget, label: str, shape: Any) -> TournamentResult:
+        def work(spec: ABSpec, label: str, shape: Any) -> TournamentResult:
             names = [str(n) for n in variants] if isinstance(variants, Mapping) else []
             counts = {n: throughput.Work.of(f, b, shape, what=f"variant {n!r}: ") for n, f, b in zip(
-                names, throughput.per_variant(flops, names, "flops").values(),
-                throughput.per_variant(bytes, names, "bytes").values())}
-            return run_tournament(variants, settings, name=label, timer=timer,
-                                  flops={n: c.flops for n, c in counts.items()},
-                                  bytes={n: c.bytes for n, c in counts.items()},
-                                  dtype=throughput.dtype_name(dtype, shape), ceilings=self._ceilings,
-                                  inputs=inputs, check=check)
+                names, throughput.per_variant(spec.work.flops, names, "flops").values(),
+                throughput.per_variant(spec.work.bytes, names, "bytes").values())}
+            spec = spec.with_work({n: c.flops for n, c in counts.items()}, {n: c.bytes for n, c in counts.items()},
+                                  throughput.dtype_name(spec.work.dtype, shape))
+            return run_tournament(variants, spec, name=label, ceilings=self._ceilings)
 
-        return self._run(TournamentRecord, name, work, budget)
+        return self._run(TournamentRecord, name, work, keywords, one_mode=True)
 
     def measure(
         self,
         fn: Callable[[], Any],
         *,
-        flops: Any = None,
-        bytes: Any = None,  # noqa: A002  (the keyword users write)
-        dtype: Any = None,
         name: str | None = None,
-        timer: Any = None,
-        inputs: Any = None,
-        **budget: Any,
+        **keywords: Any,
     ) -> MeasureResult:
         """Time one zero-argument callable alone: median per call with an exact interval, samples and throughput.
 
@@ -282,15 +402,12 @@ class KernelAB:
         >>> m.median_ms, m.ci_ms, m.throughput.tflops, m.throughput.tflops_pct  # doctest: +SKIP
         (1.52, (1.51, 1.53), 723.4, 91.0)
         """
-        check_owned_inputs(inputs, None)
+        def work(spec: ABSpec, label: str, shape: Any) -> MeasureResult:
+            counts = throughput.Work.of(spec.work.flops, spec.work.bytes, shape)
+            spec = spec.with_work(counts.flops, counts.bytes, throughput.dtype_name(spec.work.dtype, shape))
+            return run_measurement(fn, spec, name=label, ceilings=self._ceilings)
 
-        def work(settings: Budget, label: str, shape: Any) -> MeasureResult:
-            counts = throughput.Work.of(flops, bytes, shape)
-            return run_measurement(fn, settings, name=label, timer=timer, flops=counts.flops, bytes=counts.bytes,
-                                   dtype=throughput.dtype_name(dtype, shape), ceilings=self._ceilings,
-                                   inputs=inputs)
-
-        return self._run(MeasurementRecord, name, work, budget)
+        return self._run(MeasurementRecord, name, work, keywords, one_mode=True)
 
 
 def shape_record(value: Any) -> dict[str, Any] | None:

@@ -11,12 +11,14 @@ from ..results.records import (
     ClockRecord,
     ComparisonRecord,
     MeasurementRecord,
+    ModeRecord,
     PairwiseRecord,
     RunDetails,
     ThroughputRecord,
     TournamentRecord,
     finite_interval,
 )
+from ..results.measured import modes_disagree
 from . import stats
 from .stats import Verdict
 
@@ -57,9 +59,24 @@ class ComparisonResult:
     baseline_throughput: ThroughputRecord | None = None
     ceiling: CeilingRecord | None = None
     input_sets: int | None = None  # with inputs=: how many sets the plugin built and rotated
+    mode: str = "throughput"  # the mode the fields above are of (the first requested that could run)
+    modes: dict[str, ModeRecord] = field(default_factory=dict)  # every requested mode, in order
+    tokens_per_s: tuple[float, float] | None = None  # compare_generation: (candidate, baseline)
+
+    @property
+    def modes_disagree(self) -> bool:
+        """Two modes reached different decided verdicts (win, loss, tie): which is right depends on the use."""
+        return modes_disagree({m.mode: m.verdict for m in self.modes.values() if m.available})
+
+    def in_mode(self, mode: str) -> ModeRecord:
+        """The result of one mode; ``KeyError`` naming the modes measured when it was not."""
+        if mode not in self.modes:
+            raise KeyError(f"mode {mode!r} was not measured; measured: {', '.join(self.modes) or self.mode} "
+                           f"(ask for it with modes=)")
+        return self.modes[mode]
 
     def describe(self) -> str:
-        """One line with every number behind the verdict.
+        """One line with every number behind the verdict (and, with several modes, each mode's).
 
         >>> r = ComparisonResult("x", "win", 1.1, (1.05, 1.15), 0.995, 1e-4, 1e-5, 80, 1.0, 1.1, "cpu-clock", 1,
         ...     False, 0.05, 0.02, 11, 3, "decided", 0.2, "cpu", {}, False, [], [], [])
@@ -71,7 +88,7 @@ class ComparisonResult:
             f"[{stats.decimals(self.ci[0])}, {stats.decimals(self.ci[1])}], p={self.p_value:.2g}, "
             f"n={self.n_pairs} pairs, "
             f"candidate {self.candidate_ms:.4g} ms, baseline {self.baseline_ms:.4g} ms ({self.method})"
-            + _rates_text(self.candidate_throughput, "candidate")
+            + _rates_text(self.candidate_throughput, "candidate") + _modes_text(self)
         )
 
     def to_record(self) -> ComparisonRecord:
@@ -90,8 +107,38 @@ class ComparisonResult:
             run=run_details(self), candidate_samples_ms=tuple(self.candidate_samples_ms),
             baseline_samples_ms=tuple(self.baseline_samples_ms), candidate_first=tuple(self.candidate_first),
             candidate_throughput=self.candidate_throughput, baseline_throughput=self.baseline_throughput,
-            ceiling=self.ceiling,
+            ceiling=self.ceiling, **_mode_fields(self),
         )
+
+
+def _mode_fields(result: ComparisonResult) -> dict[str, Any]:
+    """The record's mode columns: none for throughput alone (the layout of every earlier report)."""
+    if list(result.modes) in ([], ["throughput"]):
+        return {}
+    return {"mode": result.mode, "modes": tuple(result.modes.values())}
+
+
+def _modes_text(result: ComparisonResult) -> str:
+    """``; modes: throughput win 1.02x [1.01, 1.03]; latency loss 0.89x ... MODES DISAGREE`` (several modes)."""
+    if list(result.modes) in ([], ["throughput"]):
+        return ""
+    parts = []
+    for m in result.modes.values():
+        if not m.available:
+            parts.append(f"{m.mode} not available ({m.unavailable})")
+            continue
+        text = (f"{m.mode} {m.verdict} {stats.decimals(m.speedup) if m.speedup else 'n/a'}x "
+                f"[{_end(m.ci[0])}, {_end(m.ci[1])}], candidate {m.candidate_ms:.4g} ms, "
+                f"baseline {m.baseline_ms:.4g} ms")
+        if m.candidate_host_ms is not None and m.baseline_host_ms is not None:
+            text += f", host overhead {m.candidate_host_ms * 1e3:.3g} / {m.baseline_host_ms * 1e3:.3g} us a call"
+        parts.append(text)
+    flag = " -- MODES DISAGREE: the verdict depends on how the code is called" if result.modes_disagree else ""
+    return f"; verdict of {result.mode}; modes: " + "; ".join(parts) + flag
+
+
+def _end(value: float | None) -> str:
+    return stats.decimals(value) if value is not None else "inf"
 
 
 @dataclass

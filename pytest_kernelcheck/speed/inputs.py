@@ -17,7 +17,8 @@ from typing import Any, Callable, Sequence
 
 from . import outputs, timing
 
-__all__ = ["FreshOutputMismatch", "InputSets", "build_input_sets", "check_fresh_outputs", "validate_check"]
+__all__ = ["FreshOutputMismatch", "InputSets", "OutputMismatch", "build_input_sets", "check_first_outputs",
+           "check_fresh_outputs", "validate_check"]
 
 # On the CPU the caches are small and per core; three sets already keep a call from reusing the previous one's.
 CPU_INPUT_SETS = 3
@@ -29,9 +30,14 @@ INPUT_MEMORY_BUDGET_BYTES = 2 * 2**30
 MAX_INPUT_SETS = 512
 
 Arguments = tuple[tuple[Any, ...], dict[str, Any]]
+brief = outputs.brief_value  # how a message names a value: type and shape, never a tensor's elements
 
 
-class FreshOutputMismatch(AssertionError):
+class OutputMismatch(AssertionError):
+    """The candidate's output is not the baseline's (compared before timing, by default, or on fresh inputs)."""
+
+
+class FreshOutputMismatch(OutputMismatch):
     """The candidate's output on fresh inputs is not the baseline's, or does not change with the inputs."""
 
 
@@ -83,12 +89,12 @@ def call_inputs(make_inputs: Any) -> Arguments:
     >>> call_inputs(lambda: [1, 2])
     Traceback (most recent call last):
     ...
-    TypeError: inputs() must return a tuple of arguments or a dict of keyword arguments, got list: [1, 2]
+    TypeError: inputs() must return a tuple of arguments or a dict of keyword arguments, got list [1, 2]
     """
     if not callable(make_inputs):
         raise TypeError(
             "inputs must be a zero-argument callable returning a tuple of arguments or a dict of keyword "
-            f"arguments, got {type(make_inputs).__name__}: {make_inputs!r}"
+            f"arguments (e.g. inputs=lambda: (x,)), got {brief(make_inputs)}"
         )
     try:
         made = make_inputs()
@@ -100,17 +106,15 @@ def call_inputs(make_inputs: Any) -> Arguments:
         if not all(isinstance(key, str) for key in made):
             raise TypeError(f"inputs() returned a dict whose keys are not all argument names: {list(made)!r}")
         return (), dict(made)
-    text = repr(made)
     raise TypeError(
-        "inputs() must return a tuple of arguments or a dict of keyword arguments, got "
-        f"{type(made).__name__}: {text if len(text) <= 80 else text[:77] + '...'}"
+        f"inputs() must return a tuple of arguments or a dict of keyword arguments, got {brief(made)}"
     )
 
 
 def require_accepts(fn: Any, arguments: Arguments, side: str) -> None:
     """Raise ``TypeError`` naming ``side`` unless ``fn`` accepts one input set."""
     if not callable(fn):
-        raise TypeError(f"{side} must be a callable taking the inputs, got {type(fn).__name__}: {fn!r}")
+        raise TypeError(f"{side} must be a callable taking the inputs, got {brief(fn)}")
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError):  # builtins without a signature: calling them will tell
@@ -224,7 +228,7 @@ def validate_check(check: Any) -> None:
     >>> validate_check(3)
     Traceback (most recent call last):
     ...
-    TypeError: check must be a tolerance policy (a name such as 'fp16', a torch dtype or a TolerancePolicy), a callable (candidate_out, baseline_out) -> None that raises on a mismatch, True/None (the policy of the output's dtype) or False; got int: 3
+    TypeError: check must be a tolerance policy (a name such as 'fp16', a torch dtype or a TolerancePolicy), a callable (candidate_out, baseline_out) -> None that raises on a mismatch, True/None (the policy of the output's dtype) or False; got int 3
     """
     if check is None or isinstance(check, (bool, str)) or callable(check):
         return
@@ -233,7 +237,7 @@ def validate_check(check: Any) -> None:
         return
     if type(check).__name__ == "TolerancePolicy":
         return
-    raise TypeError(f"{CHECK_HELP}; got {type(check).__name__}: {check!r}")
+    raise TypeError(f"{CHECK_HELP}; got {brief(check)}")
 
 
 def _assert_close_nested(
@@ -355,3 +359,92 @@ def _differs(first: Any, again: Any) -> bool:
 def bind_all(sets: InputSets, fns: Sequence[Callable[..., Any]], sides: Sequence[str]) -> list[Callable[[], Any]]:
     """Each callable bound to the shared rotation (see :meth:`InputSets.bind`)."""
     return [sets.bind(fn, side) for fn, side in zip(fns, sides)]
+
+
+def holds_arrays(value: Any) -> bool:
+    """Whether an output is, or holds inside tuples, lists and dicts, a torch tensor or a numpy array.
+
+    >>> import numpy as np
+    >>> holds_arrays((1, {"out": np.ones(2)})), holds_arrays(None), holds_arrays([1.0])
+    (True, False, False)
+    """
+    if isinstance(value, (list, tuple)):
+        return any(holds_arrays(item) for item in value)
+    if isinstance(value, dict):
+        return any(holds_arrays(item) for item in value.values())
+    torch, numpy = sys.modules.get("torch"), sys.modules.get("numpy")
+    return (torch is not None and isinstance(value, torch.Tensor)) or (
+        numpy is not None and isinstance(value, numpy.ndarray))
+
+
+def incomparable(candidate: Any, baseline: Any, path: str = "output") -> str | None:
+    """Why two outputs are not comparable tensors (a structure or a tensor's shape differs), or None.
+
+    Two sides that return arrays of different shapes compute different things (a sort of ``n`` numbers against
+    one of ``2n``): their speed may still be compared, their values cannot.
+
+    >>> import numpy as np
+    >>> incomparable((np.ones(2), 1), (np.ones(3), 1))
+    'output[0] has shape (2,) against (3,)'
+    """
+    if isinstance(baseline, (list, tuple)):
+        if not isinstance(candidate, (list, tuple)) or len(candidate) != len(baseline):
+            return f"{path} is {outputs._brief(candidate)} against {outputs._brief(baseline)}"
+        return next((why for why in (incomparable(c, b, f"{path}[{i}]")
+                                     for i, (c, b) in enumerate(zip(candidate, baseline))) if why), None)
+    if isinstance(baseline, dict):
+        if not isinstance(candidate, dict) or set(candidate) != set(baseline):
+            return f"{path} is {outputs._brief(candidate)} against {outputs._brief(baseline)}"
+        return next((why for why in (incomparable(candidate[k], baseline[k], f"{path}[{k!r}]") for k in baseline)
+                     if why), None)
+    if holds_arrays(baseline) != holds_arrays(candidate):
+        return f"{path} is {outputs._brief(candidate)} against {outputs._brief(baseline)}"
+    if holds_arrays(baseline) and tuple(candidate.shape) != tuple(baseline.shape):
+        return f"{path} has shape {tuple(candidate.shape)} against {tuple(baseline.shape)}"
+    return None
+
+
+def check_first_outputs(
+    candidate_out: Any, baseline_out: Any, check: Any = None, *, candidate_side: str = "candidate",
+    baseline_side: str = "baseline",
+) -> str:
+    """Compare two sides' first outputs before anything is timed: a speed verdict for a wrong kernel is worthless.
+
+    Outputs are compared whenever both hold tensors or arrays of the same shapes in the same structure (``check``: None/True the policy of the output's
+    dtype, a policy, or a callable that raises, which is always called); ``check=False`` skips it. Raises
+    :class:`OutputMismatch` naming how to opt out; returns the note that says what was compared.
+
+    >>> import numpy as np
+    >>> x = np.linspace(0.0, 1.0, 7)
+    >>> check_first_outputs(x * 2, x + x)
+    "outputs compared before timing: the candidate's matched the baseline's (the policy of the output's dtype)"
+    >>> check_first_outputs(x * 3, x + x)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    pytest_kernelcheck.speed.inputs.OutputMismatch: candidate output differs from the baseline's before timing ...
+    """
+    if check is False:
+        return "outputs not compared (check=False)"
+    custom = callable(check) and not isinstance(check, bool)
+    if not custom and not (holds_arrays(candidate_out) and holds_arrays(baseline_out)):
+        return (f"outputs not compared: the {candidate_side} returns {outputs._brief(candidate_out)}, the "
+                f"{baseline_side} {outputs._brief(baseline_out)} (compared by default when both return tensors "
+                "or arrays; pass check=a callable to compare others)")
+    why = None if custom else incomparable(candidate_out, baseline_out)
+    if why:
+        return (f"outputs not compared: {why}, so the two sides compute different things (compared by default "
+                "when both return tensors of the same shapes; pass check=a callable to compare others)")
+    try:
+        if custom:
+            check(candidate_out, baseline_out)
+        else:
+            _assert_close_nested(candidate_out, baseline_out, check)
+    except AssertionError as exc:
+        raise OutputMismatch(
+            f"{candidate_side} output differs from the {baseline_side}'s before timing (outputs are compared by "
+            f"default when both sides return tensors): {exc}. Pass check=False to time callables whose outputs "
+            "differ by design, or check=<policy or callable> for another tolerance"
+        ) from None
+    how = "a callable" if custom else ("the policy of the output's dtype" if check in (None, True)
+                                        else f"policy {check}")
+    return f"outputs compared before timing: the {candidate_side}'s matched the {baseline_side}'s ({how})"

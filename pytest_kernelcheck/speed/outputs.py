@@ -212,6 +212,23 @@ def _tensor_difference(torch: Any, first: Any, again: Any, path: str) -> str | N
     return message + ")"
 
 
+def brief_value(value: Any) -> str:
+    """A value as messages name it: its type, and a tensor's or array's shape, dtype and device; never its
+    elements (a tensor's text is a hundred lines), and other values' text cut to 60 characters.
+
+    >>> import numpy as np
+    >>> brief_value(np.zeros((2, 3), dtype=np.float32)), brief_value(3)
+    ('ndarray of shape (2, 3), float32 on cpu', 'int 3')
+    """
+    shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
+    if shape is not None and dtype is not None:
+        device = getattr(value, "device", None)
+        return (f"{type(value).__name__} of shape {tuple(shape)}, {str(dtype).replace('torch.', '')}"
+                + (f" on {device}" if device is not None else ""))
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
+
+
 def _brief(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return f"{type(value).__name__} of {len(value)}"

@@ -30,7 +30,8 @@ from ..visible_text import visible
 from . import inputs as owned_inputs
 from . import timing
 from .ab import KernelAB
-from .runs import check_owned_inputs, tournament_variants
+from .runs import tournament_variants
+from .spec import ABSpec
 
 __all__ = ["ProfileMode", "ProfiledRun", "ProfilingKernelAB", "range_name", "trace_file_name"]
 
@@ -304,10 +305,12 @@ class ProfilingKernelAB(KernelAB):
         super().__init__(*args, **kwargs)
         self.mode = mode
 
-    def _profile(self, fns: Mapping[str, Callable[..., Any]], name: str | None, inputs: Any,
-                 budget: dict[str, Any], check: Any = None) -> ProfiledRun:
-        self.defaults.replace(**budget)  # a misspelt keyword fails here as it would in a timed run
-        check_owned_inputs(inputs, check)  # and so do inputs= and check= (check= without inputs=, say)
+    def _profile(self, fns: Mapping[str, Callable[..., Any]], name: str | None, keywords: dict[str, Any]
+                 ) -> ProfiledRun:
+        # A misspelt keyword, a bad inputs=, check= or modes= fails here as it would in a timed run.
+        given = {k: v for k, v in keywords.items() if k not in ("spec", "mode")}
+        spec = ABSpec.build(keywords["spec"], **given) if keywords.get("spec") is not None else self.spec(**given)
+        inputs = spec.inputs.make
         label = self._name(name)
         self._claim(label)
         run = profile_callables(fns, nodeid=self._nodeid, name=label, trace_dir=self.mode.trace_dir,
@@ -317,10 +320,9 @@ class ProfilingKernelAB(KernelAB):
         return run
 
     def compare(self, candidate: Callable[..., Any], baseline: Callable[..., Any], *, name: str | None = None,
-                inputs: Any = None, timer: Any = None, flops: Any = None, bytes: Any = None,  # noqa: A002
-                dtype: Any = None, check: Any = None, **budget: Any) -> Any:
+                **keywords: Any) -> Any:
         """Run ``candidate`` and ``baseline`` once each inside their ranges (see the class)."""
-        return self._profile({"candidate": candidate, "baseline": baseline}, name, inputs, budget, check)
+        return self._profile({"candidate": candidate, "baseline": baseline}, name, keywords)
 
     def assert_faster(self, candidate: Callable[..., Any], baseline: Callable[..., Any], *,
                       name: str | None = None, **budget: Any) -> Any:
@@ -333,15 +335,12 @@ class ProfilingKernelAB(KernelAB):
         return self.compare(candidate, baseline, name=name, **budget)
 
     def tournament(self, variants: Mapping[str, Callable[..., Any]], *, name: str | None = None,
-                   inputs: Any = None, timer: Any = None, flops: Any = None, bytes: Any = None,  # noqa: A002
-                   dtype: Any = None, check: Any = None, **budget: Any) -> Any:
+                   **keywords: Any) -> Any:
         """Run every variant once inside its range, named by the variant."""
         # The timed rules: names as text could collide ({1: f, "1": g}), and a dict of them would keep one silently.
         names, fns = tournament_variants(variants)
-        return self._profile(dict(zip(names, fns)), name, inputs, budget, check)
+        return self._profile(dict(zip(names, fns)), name, keywords)
 
-    def measure(self, fn: Callable[..., Any], *, flops: Any = None, bytes: Any = None,  # noqa: A002
-                dtype: Any = None, name: str | None = None, timer: Any = None, inputs: Any = None,
-                **budget: Any) -> Any:
+    def measure(self, fn: Callable[..., Any], *, name: str | None = None, **keywords: Any) -> Any:
         """Run ``fn`` once inside its range, side ``measured``."""
-        return self._profile({"measured": fn}, name, inputs, budget)
+        return self._profile({"measured": fn}, name, keywords)

@@ -1,5 +1,5 @@
-"""The three A/B runs without pytest: a comparison of two callables, a tournament of several, a measurement of
-one; each samples through :mod:`.sampling` and returns its result."""
+"""The three A/B runs without pytest: a comparison of two callables (:mod:`.comparison`), a tournament of several,
+a measurement of one; each samples through :mod:`.sampling` and returns its result."""
 from __future__ import annotations
 
 import dataclasses
@@ -15,138 +15,24 @@ from .ab_results import (
     TournamentResult,
 )
 from .budget import Budget
-from .sampling import ceiling_source, log_ratios, measure_rounds, positive_times
+from .comparison import _fresh_note
+from .comparison import run_comparison as run_comparison  # re-exported: where callers have found it
+from .modes import timer_for_mode
+from .sampling import ceiling_source, measure_rounds, positive_times
+from .spec import ABSpec
 
 
-def run_comparison(
-    candidate: Callable[[], Any],
-    baseline: Callable[[], Any],
-    budget: Budget | None = None,
-    *,
-    name: str = "comparison",
-    timer: Any = None,
-    flops: float | None = None,
-    bytes: float | None = None,  # noqa: A002  (the keyword users write)
-    dtype: str | None = None,
-    ceilings: throughput.CeilingMeter | None = None,
-    inputs: Any = None,
-    check: Any = None,
-) -> ComparisonResult:
-    """Time two zero-argument callables in interleaved pairs and return the verdict for the candidate.
-
-    ``inputs``: a zero-argument callable returning a tuple of arguments or a dict of keyword arguments; the
-    callables then take them. The plugin builds and rotates several input sets (every timed call starts cold)
-    and, after timing, checks the candidate's output against the baseline's on fresh inputs under ``check`` (a
-    tolerance policy, a callable ``(candidate_out, baseline_out)`` that raises, or ``False``; default: the policy
-    of the output's dtype), raising :class:`pytest_kernelcheck.speed.inputs.FreshOutputMismatch` on a mismatch.
-
-    ``timer``: ``None``/``"auto"`` (CUDA events when outputs live on a GPU, else the CPU clock), ``"cpu"``,
-    ``"cuda"``, or any object following :class:`pytest_kernelcheck.speed.timing.Timer`. ``flops`` and ``bytes`` (per
-    call, the same for both sides: the problem's work) give both sides' TFLOP/s and GB/s, rated against the
-    ``dtype`` ceiling of ``ceilings`` (a :class:`pytest_kernelcheck.speed.throughput.CeilingMeter`) when given.
-
-    >>> import numpy as np
-    >>> x = np.random.default_rng(0).random(20_000)
-    >>> r = run_comparison(lambda: np.sort(x), lambda: np.sort(np.concatenate([x, x])), Budget(max_time=0.3))
-    >>> r.verdict
-    'win'
-    >>> rng = np.random.default_rng(1)
-    >>> r = run_comparison(np.sort, lambda v: np.sort(np.concatenate([v, v]))[::2], Budget(max_time=0.3),
-    ...                    inputs=lambda: (rng.random(20_000),))
-    >>> r.verdict, r.input_sets
-    ('win', 3)
-    """
-    import numpy as np
-
-    budget = budget or Budget()
-    budget.validate()
-    check_owned_inputs(inputs, check)
-    looks = budget.planned_looks
-    alpha_look = budget.alpha / looks
-    latest: dict[str, stats.PairedAnalysis] = {}
-
-    def on_look(samples: timing.RoundSamples) -> bool:
-        if not all(t > 0 for times in samples.times for t in times):
-            # A sample read as 0 s: the calls took less than one tick. More samples cannot help; after sampling,
-            # a coarse timer makes this inconclusive (timer_resolution) and an exact one an error.
-            latest["below_a_tick"] = samples
-            latest["analysis"] = stats.PairedAnalysis(samples.n_rounds, math.nan, (0.0, math.inf), 1.0,
-                                                      1 - alpha_look, "inconclusive")
-            return True
-        d = log_ratios(samples.times[1], samples.times[0], ("baseline", "candidate"))
-        latest["analysis"] = stats.analyse_log_ratios(d, alpha=alpha_look, margin=budget.margin)
-        return latest["analysis"].verdict != "inconclusive"
-
-    work = throughput.Work.of(flops, bytes)
-    measured = measure_rounds([candidate, baseline], ["candidate", "baseline"], budget, timer, on_look,
-                        ceiling_source(work.given, dtype, ceilings), make_inputs=inputs)
-    if inputs is not None:
-        owned_inputs.check_fresh_outputs(candidate, baseline, inputs, check)
-        measured.notes.append(_fresh_note(check, "the baseline's"))
-    analysis = latest["analysis"]
-    if "below_a_tick" in latest and not measured.unresolved:  # an exact clock read 0 s: the timer is wrong
-        zero = latest["below_a_tick"]
-        log_ratios(zero.times[1], zero.times[0], ("baseline", "candidate"))  # raises, naming the side
-    if measured.unresolved:  # samples within a few ticks: no verdict the timer could not have seen
-        analysis = dataclasses.replace(analysis, verdict="inconclusive")
-        measured.notes.append(measured.unresolved)
-    candidate_ms = float(np.median(measured.samples.times[0])) * 1e3
-    baseline_ms = float(np.median(measured.samples.times[1])) * 1e3
-
-    return ComparisonResult(
-        name=name,
-        verdict=analysis.verdict,
-        speedup=analysis.speedup,
-        ci=analysis.ci,
-        ci_level=analysis.level,
-        p_value=min(1.0, analysis.p_value * looks),
-        p_value_raw=analysis.p_value,
-        n_pairs=analysis.n_pairs,
-        candidate_ms=candidate_ms,
-        baseline_ms=baseline_ms,
-        method=measured.method,
-        calls_per_sample=measured.calls_per_sample,
-        flush_l2=budget.flush_l2 and measured.method.startswith(("events", "cuda-graph")),
-        alpha=budget.alpha,
-        margin=budget.margin,
-        looks_planned=looks,
-        looks_done=measured.looks_done,
-        stop_reason=measured.stop_reason,
-        elapsed_s=measured.elapsed_s,
-        device=measured.device,
-        clock=measured.clock,
-        throttled=measured.throttled,
-        candidate_samples_ms=[t * 1e3 for t in measured.samples.times[0]],
-        baseline_samples_ms=[t * 1e3 for t in measured.samples.times[1]],
-        candidate_first=[order[0] == 0 for order in measured.samples.orders],
-        notes=measured.notes,
-        candidate_throughput=throughput.achieved(work, candidate_ms / 1e3, measured.ceiling),
-        baseline_throughput=throughput.achieved(work, baseline_ms / 1e3, measured.ceiling),
-        ceiling=measured.ceiling,
-        input_sets=measured.input_sets,
-    )
+def _one_mode(spec: ABSpec, what: str) -> str:
+    """The one mode a tournament or measurement runs in; several are refused (each needs its own run)."""
+    if len(spec.modes) != 1:
+        raise ValueError(f"a {what} runs in one measurement mode; got modes={spec.modes!r}: run one {what} per "
+                         "mode (modes=('latency',))")
+    return spec.modes[0]
 
 
 def check_owned_inputs(inputs: Any, check: Any) -> None:
-    """Refuse bad ``inputs=`` / ``check=`` before anything runs, naming the argument."""
-    if inputs is None:
-        if check is not None:
-            raise TypeError("check= applies to inputs the plugin owns: pass inputs=make_inputs with it")
-        return
-    if not callable(inputs):
-        raise TypeError(
-            "inputs must be a zero-argument callable returning a tuple of arguments or a dict of keyword "
-            f"arguments, got {type(inputs).__name__}: {inputs!r}"
-        )
-    owned_inputs.validate_check(check)
-
-
-def _fresh_note(check: Any, against: str) -> str:
-    if check is False:
-        return "inputs owned by the plugin; the check on fresh inputs is off (check=False)"
-    how = "a callable" if callable(check) and not isinstance(check, bool) else (
-        "the policy of the output's dtype" if check in (None, True) else f"policy {check}")
-    return f"inputs owned by the plugin; outputs on fresh inputs matched {against} ({how})"
+    """Refuse bad ``inputs=`` / ``check=`` before anything runs, naming the argument (as :class:`.spec.ABSpec`)."""
+    ABSpec.build(None, inputs=inputs, check=check)
 
 
 def _tournament_look(
@@ -196,7 +82,8 @@ def tournament_variants(variants: Any) -> tuple[list[str], list[Callable[..., An
     ValueError: tournament variant names must be distinct as text, got ['1', '1']
     """
     if not isinstance(variants, Mapping) or len(variants) < 2:
-        raise ValueError(f"a tournament needs a mapping of at least two named callables, got {variants!r}")
+        what = f"{len(variants)} variant(s)" if isinstance(variants, Mapping) else owned_inputs.brief(variants)
+        raise ValueError(f"a tournament needs a mapping of at least two named callables, got {what}")
     names = [str(n) for n in variants]
     if len(set(names)) != len(names):
         raise ValueError(f"tournament variant names must be distinct as text, got {names}")
@@ -208,16 +95,11 @@ def tournament_variants(variants: Any) -> tuple[list[str], list[Callable[..., An
 
 def run_tournament(
     variants: Mapping[str, Callable[[], Any]],
-    budget: Budget | None = None,
+    budget: Any = None,
     *,
     name: str = "tournament",
-    timer: Any = None,
-    flops: Any = None,
-    bytes: Any = None,  # noqa: A002  (the keyword users write)
-    dtype: str | None = None,
     ceilings: throughput.CeilingMeter | None = None,
-    inputs: Any = None,
-    check: Any = None,
+    **keywords: Any,
 ) -> TournamentResult:
     """Rank several zero-argument callables on one input by rounds of calls in random order.
 
@@ -235,9 +117,10 @@ def run_tournament(
     """
     import numpy as np
 
-    budget = budget or Budget()
-    budget.validate()
-    check_owned_inputs(inputs, check)
+    spec = ABSpec.build(budget, **keywords)
+    budget, inputs, check, dtype = spec.budget, spec.inputs.make, spec.inputs.check, spec.work.dtype
+    flops, bytes = spec.work.flops, spec.work.bytes  # noqa: A001
+    mode = _one_mode(spec, "tournament")
     names, fns = tournament_variants(variants)
     flops_of = throughput.per_variant(flops, names, "flops")
     bytes_of = throughput.per_variant(bytes, names, "bytes")
@@ -253,8 +136,9 @@ def run_tournament(
         latest["ranking"], latest["pairwise"] = ranking, pairwise
         return all(p.verdict != "inconclusive" for p in pairwise if p.faster == ranking[0])
 
-    measured = measure_rounds(fns, [f"variant {n!r}" for n in names], budget, timer, on_look,
-                        ceiling_source(any(w.given for w in work.values()), dtype, ceilings), make_inputs=inputs)
+    measured = measure_rounds(fns, [f"variant {n!r}" for n in names], budget, timer_for_mode(spec.timer, mode),
+                              on_look, ceiling_source(any(w.given for w in work.values()), dtype, ceilings),
+                              make_inputs=inputs, mode=mode)
     if inputs is not None:
         for variant, fn in zip(names[1:], fns[1:]):
             owned_inputs.check_fresh_outputs(fn, fns[0], inputs, check, candidate_side=f"variant {variant!r}",
@@ -300,15 +184,11 @@ def run_tournament(
 
 def run_measurement(
     fn: Callable[[], Any],
-    budget: Budget | None = None,
+    budget: Any = None,
     *,
     name: str = "measurement",
-    timer: Any = None,
-    flops: float | None = None,
-    bytes: float | None = None,  # noqa: A002  (the keyword users write)
-    dtype: str | None = None,
     ceilings: throughput.CeilingMeter | None = None,
-    inputs: Any = None,
+    **keywords: Any,
 ) -> MeasureResult:
     """Time one zero-argument callable alone, with the timers, warm-up and batching of comparisons.
 
@@ -329,10 +209,12 @@ def run_measurement(
     """
     import numpy as np
 
-    budget = budget or Budget()
-    budget.validate()
-    check_owned_inputs(inputs, None)
-    work = throughput.Work.of(flops, bytes)
+    spec = ABSpec.build(budget, **keywords)
+    if spec.inputs.check is not None:
+        raise TypeError("check= does not apply to a measurement: there is no baseline to compare the output with")
+    budget, inputs, dtype = spec.budget, spec.inputs.make, spec.work.dtype
+    mode = _one_mode(spec, "measurement")
+    work = throughput.Work.of(spec.work.flops, spec.work.bytes)
     looks = budget.planned_looks
     alpha_look = budget.alpha / looks
 
@@ -340,8 +222,8 @@ def run_measurement(
         low, high = stats.median_interval(positive_times(samples.times[0], "the measured function"), alpha_look)
         return math.isfinite(low) and math.isfinite(high) and high <= low * (1 + budget.margin)
 
-    measured = measure_rounds([fn], ["the measured function"], budget, timer, on_look,
-                        ceiling_source(work.given, dtype, ceilings), make_inputs=inputs)
+    measured = measure_rounds([fn], ["the measured function"], budget, timer_for_mode(spec.timer, mode), on_look,
+                              ceiling_source(work.given, dtype, ceilings), make_inputs=inputs, mode=mode)
     if measured.unresolved:  # the interval of samples within a few ticks is the clock's rounding, not the call's
         measured.notes.append(measured.unresolved)
     seconds = measured.samples.times[0]

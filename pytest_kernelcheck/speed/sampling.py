@@ -10,7 +10,7 @@ from typing import Any, Callable, Sequence
 from ..results.records import (
     CeilingRecord,
 )
-from . import clocks, escape, outputs, stats, throughput, timer_resolution, timing
+from . import clocks, escape, modes, outputs, stats, throughput, timer_resolution, timing
 from . import inputs as owned_inputs
 from .budget import CHUNK_SECONDS, Budget
 from .gpu_lock import device_lock
@@ -35,6 +35,7 @@ class Measurement:
     ceiling: CeilingRecord | None = None
     input_sets: int | None = None
     unresolved: str | None = None  # why the timer cannot resolve the samples (timer_resolution); None when it can
+    device_ms: list[float | None] | None = None  # latency mode on CUDA: each side's median device time (events)
 
 
 def ceiling_source(
@@ -76,6 +77,8 @@ def measure_rounds(
     on_look: Callable[[timing.RoundSamples], bool],
     ceiling: CeilingSource | None = None,
     make_inputs: Any = None,
+    mode: str = "throughput",
+    check_first: Callable[[Sequence[Any]], None] | None = None,
 ) -> Measurement:
     """Everything between "these callables" and "these samples": the shared engine of compare, tournament and
     measure. ``ceiling`` is asked for this device's ceiling inside the device lock, after sampling.
@@ -84,7 +87,11 @@ def measure_rounds(
     (:mod:`.inputs`), and the first call and the same-output check after timing run on the first set.
 
     Before sampling, a CUDA comparison checks that the events see the callables' work (:mod:`.escape`); during
-    sampling the SM clock is read after each chunk of rounds and ``budget.throttle`` applies (:mod:`.clocks`)."""
+    sampling the SM clock is read after each chunk of rounds and ``budget.throttle`` applies (:mod:`.clocks`).
+
+    ``mode`` (:mod:`.modes`): ``throughput`` as above; ``latency`` times one call from an idle device per sample;
+    ``graph`` replays a CUDA graph of the calls and raises :class:`.modes.ModeUnavailable` where that cannot be.
+    ``check_first`` gets the first outputs (one per side) before anything is timed."""
     owned = None
     if make_inputs is not None:
         owned = owned_inputs.build_input_sets(make_inputs)
@@ -109,14 +116,24 @@ def measure_rounds(
             problem = _output_difference(output, output, side)
             if problem:
                 raise ValueError(f"{side} {problem}")
+    if check_first is not None:
+        check_first(first_outputs)
     timer = _resolve_timer(timer, first_outputs, budget)
     is_cuda = isinstance(timer, timing.CudaEventTimer)
     notes: list[str] = [owned.note] if owned is not None else []
+    if mode == "graph" and modes.graph_unavailable(timer):
+        raise modes.ModeUnavailable(modes.graph_unavailable(timer))
+    if mode == "latency":
+        timer = modes.latency_timer(timer)
+        budget = budget.replace(calls_per_sample=1, use_cuda_graph=False, hold_gpu=False)
+        notes.append(getattr(timer, "note", "latency: one call per sample, timed by the given timer"))
+    elif mode == "graph":
+        budget = budget.replace(use_cuda_graph=True)
     if budget.flush_l2 and not is_cuda:
         notes.append("flush_l2 ignored: it applies to CUDA event timing only")
     if budget.hold_gpu and not is_cuda:
         notes.append("hold_gpu ignored: it applies to CUDA event timing only")
-    if budget.flush_l2 and is_cuda and getattr(timer, "flush_note", None):
+    if budget.flush_l2 and is_cuda and mode != "latency" and getattr(timer, "flush_note", None):
         notes.append(timer.flush_note)
     with device_lock(timer.lock_key) as locked:
         if not locked:
@@ -130,8 +147,8 @@ def measure_rounds(
                                                timing.MAX_CALLS_PER_SAMPLE)
         else:
             calls = int(budget.calls_per_sample)
-        timed_fns, repeat, method = _timed_callables(timer, fns, calls, budget, notes)
-        probe = escape.probe_for(timer) if budget.check_escape else None
+        timed_fns, repeat, method = _timed_callables(timer, fns, calls, budget, notes, strict=mode == "graph")
+        probe = escape.probe_for(timer) if budget.check_escape and mode != "latency" else None
         if probe is not None:  # before sampling: a comparison the events cannot see fails before it spends its budget
             escape.check_escaping_work(probe, timed_fns, sides, repeat)
         source, no_clock = clocks.clock_for(timer, is_cuda)
@@ -161,12 +178,25 @@ def measure_rounds(
                         "Callables must return the same result on every call (pass check_output=False for "
                         "kernels that are nondeterministic by design, e.g. atomics)"
                     )
-        found_ceiling = ceiling(timer) if ceiling is not None else None
+        # The device's ceiling is measured by its own timer: the latency mode's wraps it (modes.LatencyTimer.base).
+        found_ceiling = ceiling(getattr(timer, "base", timer)) if ceiling is not None else None
     device = f"{timer.device} ({timer.device_name})" if is_cuda else timer.name
+    device_ms = _device_medians(timer, timed_fns)
     return Measurement(
         samples, method, calls, monitor.summary(), monitor.throttled, elapsed, stop_reason, looks_done, device, notes,
-        found_ceiling, len(owned) if owned is not None else None, unresolved,
+        found_ceiling, len(owned) if owned is not None else None, unresolved, device_ms,
     )
+
+
+def _device_medians(timer: Any, timed_fns: Sequence[Callable[[], Any]]) -> list[float | None] | None:
+    """Each side's median device milliseconds, where the timer reads device time beside its own (latency on CUDA)."""
+    import statistics
+
+    read = getattr(timer, "device_seconds_of", None)
+    if read is None:
+        return None
+    medians = [statistics.median(seconds) * 1e3 if seconds else None for seconds in (read(fn) for fn in timed_fns)]
+    return medians if any(m is not None for m in medians) else None
 
 
 def _output_difference(first: Any, again: Any, side: str) -> str | None:
@@ -180,19 +210,26 @@ def _output_difference(first: Any, again: Any, side: str) -> str | None:
 
 
 def _timed_callables(
-    timer: Any, fns: Sequence[Callable[[], Any]], calls: int, budget: Budget, notes: list[str]
+    timer: Any, fns: Sequence[Callable[[], Any]], calls: int, budget: Budget, notes: list[str], strict: bool = False
 ) -> tuple[list[Callable[[], Any]], int, str]:
-    """What one sample runs: the callables ``calls`` times each, or one replay of a CUDA graph of them."""
+    """What one sample runs: the callables ``calls`` times each, or one replay of a CUDA graph of them.
+
+    ``strict`` (the graph mode): a capture that fails raises :class:`.modes.ModeUnavailable` with the reason
+    instead of falling back to batched calls, and a timer of the user's own stands for the replay."""
     method = timer.name if calls == 1 else f"{timer.name}-batched x{calls}"
     want_graph = budget.use_cuda_graph is True or (budget.use_cuda_graph == "auto" and calls > 1)
     if not want_graph:
         return list(fns), calls, method
     if not isinstance(timer, timing.CudaEventTimer):
+        if strict:
+            return list(fns), calls, f"graph ({timer.name})"
         notes.append("use_cuda_graph ignored: not a CUDA comparison")
         return list(fns), calls, method
     try:
         return [timing.capture_cuda_graph(fn, calls) for fn in fns], 1, f"cuda-graph x{calls}"
     except Exception as exc:  # capture is fragile (host syncs, allocations): batching still measures
+        if strict:
+            raise modes.ModeUnavailable(f"not capturable: {type(exc).__name__}: {exc}") from exc
         notes.append(f"CUDA graph capture failed ({type(exc).__name__}: {exc}); timed batched calls instead")
         return list(fns), calls, method
 

@@ -31,7 +31,8 @@ class SimulatedTimer:
     maps callables to models of work they leave outside the timed stream: the timer then answers the escape
     check (:mod:`.escape`) as a CUDA device would, events seeing the model's time and a synchronised wall clock
     that plus the escaped work plus ``sync_overhead_s`` (launch and synchronisation latency). Without
-    ``escaped`` there is no escape check, as on the CPU.
+    ``escaped`` there is no escape check, as on the CPU. ``device_models`` gives callables a device time beside
+    each drawn time (the latency mode's CUDA events), read by :meth:`device_seconds_of`.
 
     >>> fast, slow = (lambda: None), (lambda: None)
     >>> timer = SimulatedTimer({fast: lambda rng, now: 1e-3, slow: lambda rng, now: 2e-3})
@@ -55,6 +56,7 @@ class SimulatedTimer:
         sm_clock: Callable[[float], float] | None = None,
         escaped: Mapping[Callable[[], Any], DurationModel] | None = None,
         sync_overhead_s: float = 10e-6,
+        device_models: Mapping[Callable[[], Any], DurationModel] | None = None,
     ) -> None:
         self._models = {id(fn): model for fn, model in models.items()}
         self._rng = random.Random(seed)
@@ -65,6 +67,13 @@ class SimulatedTimer:
         self._escaped = {id(fn): model for fn, model in (escaped or {}).items()}
         self.escape_probe = self if escaped is not None else None
         self._sync_overhead_s = sync_overhead_s
+        # Latency mode's device clock: each call's device seconds beside its wall-clock time (device_seconds_of).
+        self._device_models = {id(fn): model for fn, model in (device_models or {}).items()}
+        self._device_s: dict[int, list[float]] = {}
+
+    def device_seconds_of(self, fn: Callable[[], Any]) -> list[float]:
+        """Device seconds of each timed call of ``fn`` drawn from its ``device_models`` entry (empty without)."""
+        return list(self._device_s.get(id(fn), ()))
 
     def event_time(self, fn: Callable[[], Any], repeat: int) -> float:
         """Seconds the events of one sample of ``fn`` see: its model's time (the escape check's event timer)."""
@@ -90,8 +99,11 @@ class SimulatedTimer:
                 except Exception as exc:
                     raise TimedCallError(index, exc) from exc
             total = 0.0
+            device = self._device_models.get(id(fn))
             for _ in range(repeat):
                 total += model(self._rng, self._clock)
+                if device is not None:
+                    self._device_s.setdefault(id(fn), []).append(device(self._rng, self._clock))
             durations.append(total)
             self._clock += total + self._overhead_s
         return durations

@@ -34,6 +34,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 from .clocks import ClockMonitor  # noqa: F401  (importable from here, where it lived before clocks.py)
 from .gpu_lock import cuda_lock_key
+from .outputs import brief_value
 from .simulated_timer import (
     DurationModel as DurationModel,  # re-exported with the timer
 )
@@ -244,7 +245,8 @@ def require_zero_arguments(fn: Any, side: str) -> None:
     TypeError: candidate must be callable with no arguments; it requires 'x' ...
     """
     if not callable(fn):
-        raise TypeError(f"{side} must be a callable taking no arguments, got {type(fn).__name__}: {fn!r}")
+        hint = " (pass a callable such as lambda: f(x), not its result)" if hasattr(fn, "shape") else ""
+        raise TypeError(f"{side} must be a callable taking no arguments, got {brief_value(fn)}{hint}")
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError):  # some builtins have no signature; calling them will tell

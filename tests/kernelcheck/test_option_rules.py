@@ -16,7 +16,7 @@ VALUES = {
     "--kernel-ab-report": ["out/ab.json"], "--kernel-ab-compare": ["earlier.json"], "--kernel-ab-save": ["base"],
     "--kernel-ab-autosave": [], "--kernel-ab-storage": ["runs"], "--kernel-ab-history": ["3"],
     "--kernel-ab-compare-fail": ["loss"], "--kernel-ab-ceilings": ["off"], "--kernel-ab-cpu-threads": ["2"],
-    "--kernel-gpus": ["all"],
+    "--kernel-gpus": ["all"], "--kernel-ab-modes": ["latency"],
 }
 
 

@@ -148,7 +148,7 @@ def test_keyword_inputs_and_tournament_and_measure():
         ({"inputs": 3}, "inputs must be a zero-argument callable"),
         ({"inputs": lambda: [1]}, "inputs\\(\\) must return a tuple of arguments or a dict"),
         ({"inputs": lambda: (1,), "check": 3}, "check must be a tolerance policy"),
-        ({"check": "fp16"}, "check= applies to inputs the plugin owns"),
+        ({"check": 3}, "check must be a tolerance policy"),  # without inputs= too: it checks the first outputs
         ({"inputs": lambda: (1, 2)}, "candidate must accept the inputs"),
     ],
 )

@@ -217,14 +217,14 @@ def test_a_profiled_tournament_refuses_the_variants_a_timed_one_refuses(nvtx_log
 
 
 def test_profiled_comparisons_refuse_the_inputs_and_check_a_timed_one_refuses(nvtx_log):
-    # check= without inputs=, a non-callable inputs= and a check of the wrong type ran in profile mode, while the
-    # timed run of the same test refuses them.
+    # a check of the wrong type, a non-callable inputs= and a check of the wrong type with inputs= ran in profile
+    # mode, while the timed run of the same test refuses them.
     from pytest_kernelcheck import run_comparison
 
     rng = np.random.default_rng()
     x = rng.random(8)
     ab = ProfilingKernelAB(ProfileMode(), nodeid="t.py::t", test_name="t")
-    bad = [dict(check="fp16"), dict(inputs=(x,)), dict(inputs=lambda: (x,), check=3)]
+    bad = [dict(check=3), dict(inputs=(x,)), dict(inputs=lambda: (x,), check=3)]
     for arguments in bad:
         with pytest.raises(TypeError) as timed:
             run_comparison(lambda *a: x * 2, lambda *a: x + x, **arguments)

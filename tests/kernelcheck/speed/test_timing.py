@@ -237,7 +237,9 @@ def test_real_cpu_work_ten_percent_heavier_baseline_is_a_win():
     rng = np.random.default_rng(0)
     light, heavy = rng.random(20_000), rng.random(22_000)
     results = [
-        run_comparison(lambda: np.sort(light), lambda: np.sort(heavy), Budget(max_time=1.0, seed=s)) for s in range(3)
+        # check=False: the two sort different arrays, so their outputs differ by design.
+        run_comparison(lambda: np.sort(light), lambda: np.sort(heavy), Budget(max_time=1.0, seed=s), check=False)
+        for s in range(3)
     ]
     verdicts = [r.verdict for r in results]
     assert verdicts.count("win") >= 2, [r.describe() for r in results]
