@@ -38,6 +38,7 @@ from .report_text import (
     machine_lines,
     markdown_table,
     measurement_rows,
+    note_lines,
     rate_pair,
     row_label,
     summary_line,
@@ -49,7 +50,7 @@ from .unmatched import vanished_lines
 __all__ = [
     "PLOT_MISSING_NOTE", "SCHEMA", "SCHEMA_VERSION", "VERDICT_MARKUP", "ProgressWriter", "ReportError", "Written",
     "build_report", "ceiling_lines", "check_writable", "companion_paths", "environment_info", "error_lines",
-    "format_shape", "gpu_lines", "history_lines", "load_report", "machine_lines", "measurement_rows", "plot_paths",
+    "format_shape", "gpu_lines", "history_lines", "load_report", "machine_lines", "measurement_rows", "note_lines", "plot_paths",
     "rate_pair", "summary_line", "table_rows", "tournament_lines", "write_all", "write_json", "write_markdown",
     "write_plot", "write_terminal",
 ]
@@ -176,6 +177,9 @@ def write_markdown(report: Mapping[str, Any], path: str | Path, history: Sequenc
     lines += markdown_table(*table_rows(typed))
     errors = [line for error in error_lines(typed) for line in error.splitlines()]
     lines += [""] + (fenced(errors) if errors else []) + ["", summary_line(typed), ""]
+    if note_lines(typed):  # the p column's legend, then the rows' notes (why medians disagree, noise advice)
+        legend, *notes = note_lines(typed)
+        lines += [legend, ""] + ([f"- {note}" for note in notes] + [""] if notes else [])
     if typed.vanished:  # the earlier run's rows this run lacks: a list whose names are shown as written
         heading, *rows = vanished_lines(typed.vanished)
         lines += [heading, ""] + fenced([row.strip() for row in rows]) + [""]
@@ -285,6 +289,8 @@ def write_terminal(
         for line in error_lines(typed):
             terminal.write_line(line, red=True)
         terminal.write_line(summary_line(typed))
+        for line in note_lines(typed):
+            terminal.write_line(line, **({} if line.startswith("p adj") else {"yellow": True}))
     if typed.vanished:
         for line in vanished_lines(typed.vanished):
             terminal.write_line(line, yellow=True, bold=not line.startswith(" "))

@@ -4,7 +4,8 @@ Layers, bottom first (every import is read, at the top of a module or inside a f
 
 - common: ``visible_text``, ``option_values``: text helpers that import nothing of the plugin;
 - ``check/``: is the kernel right (shapes, tolerance, references, memory);
-- records: ``results/records.py``, ``results/measured.py`` and ``results/fields.py``, the typed records the A/B engine writes and every
+- records: ``results/records.py``, ``results/measured.py``, ``results/fields.py`` and ``results/reading.py`` (how a
+  row is read), the typed records the A/B engine writes and every
   reader of a report reads, so both sides speak through them;
 - ``speed/``: timers, clocks, statistics, the A/B engine;
 - ``results/``: the report, its files, saved runs, the gate, plots;
@@ -20,7 +21,7 @@ import pytest_kernelcheck
 PACKAGE = Path(pytest_kernelcheck.__file__).parent
 NAME = "pytest_kernelcheck"
 COMMON = {"visible_text", "option_values"}
-RECORDS = {"results.records", "results.measured", "results.fields"}
+RECORDS = {"results.records", "results.measured", "results.fields", "results.reading"}
 WIRING = {"", "plugin", "plugin_ab", "ab_session", "ab_settings", "option_rules"}
 LAYERS = ["common", "check", "records", "speed", "results", "wiring"]
 
