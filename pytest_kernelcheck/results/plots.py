@@ -17,7 +17,8 @@ from .report_record import ABReport, RunEnvironment
 
 TREND_PANELS = 48  # small multiples beyond this make an unreadable figure; the rest are in the markdown table
 
-PLOT_MISSING_NOTE = "install pytest-kernelcheck[plot] for the plot"
+# pytest-kernelcheck is not on the package index: the hint names what is (matplotlib), and the extra of a clone.
+PLOT_MISSING_NOTE = 'matplotlib is not installed: pip install matplotlib (in a clone: pip install -e ".[plot]")'
 
 
 def _pyplot() -> Any:

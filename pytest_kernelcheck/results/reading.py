@@ -16,7 +16,7 @@ carries a note saying why, and the advice that steadies the times.
 >>> print(medians_note(row))  # doctest: +NORMALIZE_WHITESPACE
 the medians (candidate 1.681 ms, baseline 0.7972 ms) give 0.474x but the paired speedup, which the verdict uses,
 is 1.086x: the times are spread or bimodal, so which side ran slow changed from pair to pair; pass
---kernel-ab-cpu-threads 1 (or torch.set_num_threads(1)) for stable CPU times
+--kernel-ab-cpu-threads 1 (or torch.set_num_threads(1)) for stable times
 """
 from __future__ import annotations
 
@@ -25,7 +25,11 @@ from typing import Any
 
 from .records import ComparisonRecord
 
-CPU_ADVICE = "pass --kernel-ab-cpu-threads 1 (or torch.set_num_threads(1)) for stable CPU times"
+# The engine's spread note (speed.stats.spread_note) ends with the same advice, worded alike.
+CPU_ADVICE = "pass --kernel-ab-cpu-threads 1 (or torch.set_num_threads(1)) for stable times"
+# Where the run already had one thread, the advice would name a command that changes nothing.
+BUSY_ADVICE = ("the run already used one torch thread (--kernel-ab-cpu-threads 1), so other processes share the "
+               "cores: rerun on a quieter machine, or give it more --kernel-ab-max-time")
 GPU_ADVICE = "give it more --kernel-ab-max-time, or run it on a quiet GPU"
 P_HEADER = "p adj [raw]"
 P_LEGEND = ("p adj: the signed-rank p-value times the looks planned (Bonferroni, capped at 1), the one the verdict "
@@ -90,17 +94,23 @@ def medians_note(record: ComparisonRecord) -> str | None:
             f"spread or bimodal, so which side ran slow changed from pair to pair; {advice(record)}")
 
 
-def row_notes(record: ComparisonRecord) -> list[str]:
+def row_notes(record: ComparisonRecord, cpu_threads: int | None = None) -> list[str]:
     """Everything a reader of this row should know beyond its cells: the medians' disagreement and the engine's
-    notes (noise, ignored settings, timer resolution), each once.
+    notes (noise, ignored settings, timer resolution), each once. ``cpu_threads``: the run's
+    ``--kernel-ab-cpu-threads``; at 1, advice to pass it gives way to advice that can still help.
 
     >>> from .records import RunDetails
     >>> row_notes(ComparisonRecord("a", "tie", run=RunDetails(notes=("flush_l2 ignored", "flush_l2 ignored"))))
     ['flush_l2 ignored']
+    >>> row_notes(ComparisonRecord("a", "tie", run=RunDetails(notes=(f"spread; {CPU_ADVICE}",))), cpu_threads=1)
+    ['spread; the run already used one torch thread (--kernel-ab-cpu-threads 1), so other processes share the \
+cores: rerun on a quieter machine, or give it more --kernel-ab-max-time']
     """
-    notes = [note for note in (medians_note(record),) if note]
-    for note in record.run.notes:
-        if note not in notes:
+    notes: list[str] = []
+    for note in (medians_note(record), *record.run.notes):
+        if note and cpu_threads == 1:
+            note = note.replace(CPU_ADVICE, BUSY_ADVICE)
+        if note and note not in notes:
             notes.append(note)
     return notes
 

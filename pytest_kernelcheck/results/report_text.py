@@ -119,8 +119,9 @@ def table_rows(report: ABReport | Mapping[str, Any]) -> tuple[list[str], list[li
     if typed.compared_with_last_run:
         header.append("vs last run")
     numbered = _numbered_notes(typed)
-    if any(numbered):
-        header.append("notes")
+    noted = any(numbered)
+    if noted:  # beside the verdict they qualify, so the columns after it stay where they were
+        header.insert(header.index("verdict") + 1, "notes")
     rows = []
     for record, notes in zip(typed.comparisons, numbered):
         verdict = str(record.verdict)
@@ -151,8 +152,8 @@ def table_rows(report: ABReport | Mapping[str, Any]) -> tuple[list[str], list[li
             row[4:4] = [rate_pair(candidate, baseline, "tflops"), rate_pair(candidate, baseline, "gbps")]
         if typed.compared_with_last_run:
             row.append(_vs_last(record.vs_last))
-        if any(numbered):
-            row.append(",".join(f"[{number}]" for number, _ in notes) or "-")
+        if noted:
+            row.insert(header.index("notes"), ",".join(f"[{number}]" for number, _ in notes) or "-")
         rows.append(row)
     return header, rows
 
@@ -160,9 +161,10 @@ def table_rows(report: ABReport | Mapping[str, Any]) -> tuple[list[str], list[li
 def _numbered_notes(typed: ABReport) -> list[list[tuple[int, str]]]:
     """Per comparison, its notes (:func:`reading.row_notes`) numbered across the table, from 1."""
     numbered, count = [], 0
+    threads = (typed.environment or {}).get("cpu_threads")
     for record in typed.comparisons:
         notes = []
-        for note in reading.row_notes(record):
+        for note in reading.row_notes(record, threads):
             count += 1
             notes.append((count, note))
         numbered.append(notes)

@@ -54,8 +54,8 @@ def test_a_row_whose_medians_disagree_with_its_paired_speedup_says_why_everywher
     row = json.loads((pytester.path / "ab.json").read_text())["comparisons"][0]
     assert row["speedup"] > 1.02 and row["baseline_ms"] / row["candidate_ms"] < 0.5  # the planted disagreement
     result.stdout.fnmatch_lines([
-        "comparison*paired speedup [[]CI[]]*p adj [[]raw[]]*verdict*notes",
-        "noisy*(medians disagree)*[[]1[]]*",
+        "comparison*paired speedup [[]CI[]]*p adj [[]raw[]]*verdict*notes*method",
+        "noisy*(medians disagree)*[[]1[]]*simulated",
         "p adj: the signed-rank p-value times the looks planned*",
         "[[]1[]] noisy: the medians (candidate * ms, baseline * ms) give 0.*x but the paired speedup, which the "
         "verdict uses, is 1.*x: the times are spread or bimodal*",
@@ -64,7 +64,7 @@ def test_a_row_whose_medians_disagree_with_its_paired_speedup_says_why_everywher
     result.stdout.fnmatch_lines(["verdict *: paired speedup 1.*x, * p=* (adjusted for * looks; raw *), *; note: the "
                                  "medians (candidate * give 0.*x but the paired speedup*"])
     markdown = (pytester.path / "ab.md").read_text()
-    assert "| paired speedup [CI] | p adj [raw] | verdict | method | notes |" in markdown
+    assert "| paired speedup [CI] | p adj [raw] | verdict | notes | method |" in markdown
     assert "(medians disagree)" in markdown and "- [1] noisy: the medians (candidate" in markdown
     assert reading.P_LEGEND in markdown
 
@@ -126,6 +126,11 @@ def test_spread(kernel_ab):
     assert any("--kernel-ab-cpu-threads 1" in note for note in notes)  # a host timer's spread is checked
     result.stdout.fnmatch_lines(["*[[]*[]] spread: candidate's CPU times are bimodal*--kernel-ab-cpu-threads 1*"])
     assert "--kernel-ab-cpu-threads 1" in (pytester.path / "ab.md").read_text()
+    # A run that already has one thread is not told to pass the option it passed: the advice that can still help.
+    again = pytester.runpytest(*FAST, "--kernel-ab-cpu-threads", "1", "--kernel-ab-report", "ab.json")
+    again.stdout.fnmatch_lines(["*[[]*[]] spread: candidate's CPU times are bimodal*already used one torch thread*"])
+    assert "pass --kernel-ab-cpu-threads 1" not in again.stdout.str()
+    assert "pass --kernel-ab-cpu-threads 1" not in (pytester.path / "ab.md").read_text()
 
 
 SIMULATED_LOSS = """
