@@ -214,54 +214,10 @@ def write_markdown(report: Mapping[str, Any], path: str | Path, history: Sequenc
 
 
 def write_plot(report: Mapping[str, Any], path: str | Path) -> str | None:
-    """Plot speedup per comparison with its interval; returns a note instead when matplotlib is missing."""
-    typed = as_report(report)
-    comparisons = [r for r in typed.comparisons if r.speedup]
-    if not comparisons:
-        return None
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")  # files only, never a window
-        import matplotlib.patches
-        import matplotlib.pyplot as plt
-        import matplotlib.ticker
-    except ImportError:
-        return PLOT_MISSING_NOTE
-    colours = {"win": "tab:green", "loss": "tab:red", "tie": "tab:olive", "inconclusive": "tab:gray"}
-    figure, axes = plt.subplots(figsize=(max(6.0, 0.45 * len(comparisons) + 2), 4.5))
-    margin = float(typed.settings.get("margin", 0.02))
-    axes.axhspan(1 / (1 + margin), 1 + margin, color="0.9", label=f"tie margin ±{margin:.0%}")
-    axes.axhline(1.0, color="black", linewidth=0.8)
-    for x, record in enumerate(comparisons):
-        speedup = float(record.speedup)
-        low, high = record.ci
-        low = speedup if low is None else float(low)
-        high = speedup if high is None else float(high)
-        axes.errorbar(
-            x, speedup, yerr=[[speedup - low], [high - speedup]], fmt="o", capsize=3,
-            color=colours.get(record.verdict, "black"),
-        )
-    axes.set_xticks(range(len(comparisons)))
-    # parse_math off: matplotlib reads text between two $ as TeX, so a name such as "cost $\\foo$" raised out of the
-    # plot (and the run's end), and "$5 vs $6" was drawn as math; names are drawn as written.
-    axes.set_xticklabels([row_label(r) for r in comparisons], rotation=60, ha="right", fontsize=7, parse_math=False)
-    axes.set_yscale("log")
-    axes.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:.3g}x"))
-    axes.yaxis.set_minor_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:.3g}x"))
-    axes.set_ylabel("speedup (baseline time / candidate time)")
-    axes.set_title("Kernel A/B: speedup with interval, per comparison")
-    handles = [plt.Line2D([], [], marker="o", linestyle="", color=c, label=v) for v, c in colours.items()]
-    handles.append(matplotlib.patches.Patch(color="0.9", label=f"tie margin ±{margin:.0%}"))
-    axes.legend(handles=handles, fontsize=7, loc="best")
-    figure.tight_layout()
-    # The temporary file has no telling suffix, so the format comes from the target's (savefig's own rule).
-    image_format = Path(path).suffix.lstrip(".").lower() or "png"
-    try:
-        write_atomically(path, lambda handle: figure.savefig(handle, format=image_format, dpi=120), "plot")
-    finally:
-        plt.close(figure)
-    return None
+    """Plot the paired speedup of every comparison with its interval (:func:`plots.write_intervals`); returns a
+    note instead when matplotlib is missing."""
+    outcome = plots.write_intervals(report, path)
+    return outcome if isinstance(outcome, str) else None
 
 
 def write_terminal(

@@ -409,7 +409,7 @@ def test_roofline_points_need_both_flops_and_bytes():
     from pytest_kernelcheck.results import plots
 
     assert [(label, x) for label, x, _ in plots.roofline_points(built)] == [
-        ("both (candidate)", 100.0), ("both (baseline)", 100.0)]
+        ("both  B=1 S=128 (candidate)", 100.0), ("both  B=1 S=128 (baseline)", 100.0)]
     assert plots.write_roofline(report.build_report([only_flops], settings=SETTINGS), "/nonexistent/r.png") is None
 
 
