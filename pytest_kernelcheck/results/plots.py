@@ -150,7 +150,7 @@ def interval_figure(report: ABReport | Mapping[str, Any]) -> Any:
             placed.append((len(labels), record))
             labels.append((row_label(record), False))
     values = [float(v) for _, r in placed for v in (r.speedup, *r.ci) if v is not None]
-    margin = float(typed.settings.get("margin", 0.02))
+    margin = reading.tie_margin(typed.settings.get("margin"))
     low_edge = min([*values, 1 / (1 + margin)]) / 1.15
     high_edge = max([*values, 1 + margin]) * 1.15
     longest = max(len(text) for text, _ in labels)

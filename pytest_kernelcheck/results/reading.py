@@ -45,6 +45,17 @@ def _p(value: float | None) -> str:
     return "-" if value is None else f"{value:.2g}"
 
 
+def tie_margin(margin: Any) -> float:
+    """``margin`` where it is one a run can have (a finite number from 0 to below 1), else the default: a saved
+    run's field is the user's file and may hold anything.
+
+    >>> tie_margin(0.05), tie_margin(-3), tie_margin("x"), tie_margin(None)
+    (0.05, 0.02, 0.02, 0.02)
+    """
+    value = _finite(margin)
+    return value if value is not None and 0 <= value < 1 else DEFAULT_MARGIN
+
+
 def medians_speedup(record: ComparisonRecord) -> float | None:
     """Baseline median / candidate median (None when either is missing or not above 0).
 
@@ -69,8 +80,7 @@ def medians_disagree(record: ComparisonRecord) -> bool:
     ratio, speedup = medians_speedup(record), _finite(record.speedup)
     if record.failed or ratio is None or speedup is None:
         return False
-    margin = record.run.margin if record.run.margin is not None else DEFAULT_MARGIN
-    band = math.log1p(margin)
+    band = math.log1p(tie_margin(record.run.margin))
     log_ratio, log_speedup = math.log(ratio), math.log(speedup)
     if log_ratio * log_speedup < 0 and min(abs(log_ratio), abs(log_speedup)) > band:
         return True
