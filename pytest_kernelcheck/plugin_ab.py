@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from .ab_session import ABSession, finish, report_so_far, start, summarise
-from .ab_settings import INI_DEFAULTS, NUMBER_SETTINGS, ABSettings, budget_from
+from .ab_settings import INI_DEFAULTS, NUMBER_SETTINGS, budget_from
+from .settings import settings_of
 
 RECORDS_ATTRIBUTE = "kernel_ab_records"
 _PENDING = pytest.StashKey[list]()
@@ -135,7 +136,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 # trace, storage, comparison or thread count, saying nothing; so an empty value is refused, as --kernel-ab-save's is.
 def pytest_configure(config: pytest.Config) -> None:
     """Resolve the A/B options once, start this process's A/B session and register its collector."""
-    session = start(ABSettings.from_config(config), config)
+    session = start(settings_of(config).ab, config)  # every option resolved once, with the correctness options
     config.stash[_SESSION] = session
     config.pluginmanager.register(_Collector(session), _COLLECTOR_NAME)
 

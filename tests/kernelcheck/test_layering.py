@@ -9,7 +9,8 @@ Layers, bottom first (every import is read, at the top of a module or inside a f
   reader of a report reads, so both sides speak through them;
 - ``speed/``: timers, clocks, statistics, the A/B engine;
 - ``results/``: the report, its files, saved runs, the gate, plots;
-- wiring: ``plugin``, ``plugin_ab``, ``ab_settings``, ``ab_session``, ``option_rules`` and the package's ``__init__``; nothing below imports them.
+- wiring: ``plugin``, ``plugin_ab``, ``settings``, ``ab_settings``, ``ab_session``, ``option_rules`` and the package's
+  ``__init__``; nothing below imports them.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ PACKAGE = Path(pytest_kernelcheck.__file__).parent
 NAME = "pytest_kernelcheck"
 COMMON = {"visible_text", "option_values"}
 RECORDS = {"results.records", "results.measured", "results.fields", "results.reading"}
-WIRING = {"", "plugin", "plugin_ab", "ab_session", "ab_settings", "option_rules"}
+WIRING = {"", "plugin", "plugin_ab", "ab_session", "ab_settings", "option_rules", "settings"}
 LAYERS = ["common", "check", "records", "speed", "results", "wiring"]
 
 
