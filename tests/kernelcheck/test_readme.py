@@ -28,7 +28,7 @@ def _first_command() -> list[str]:
 def test_the_readme_first_test_shows_describe_with_the_readme_command(pytester):
     pytester.makepyfile(test_first=_first_test_file())
     args = _first_command()
-    assert args[0] == "test_first.py" and "--kernel-ab" in args
+    assert args[0] == "test_first.py" and "--kernel-ab" in args and "--kernel-ab-cpu-threads" in args
     result = pytester.runpytest(*args[1:], "-p", "no:cacheprovider")
     result.assert_outcomes(passed=5)
     # describe()'s line, printed by the test, reaches the terminal with the README's own options.
