@@ -89,3 +89,17 @@ def test_the_plot_hint_names_an_installable_package_and_an_extra_that_exists():
 @pytest.mark.parametrize("doc", ["README.md", "docs/kernelcheck.md"])
 def test_the_docs_name_no_extra_of_a_package_that_is_not_on_the_index(doc):
     assert "pip install pytest-kernelcheck" not in (ROOT / doc).read_text()
+
+
+def test_every_marker_the_plugin_reads_is_registered(pytester):
+    # Read from the source, so a marker added later (a measurement mode, say) is checked without a change here.
+    import pytest_kernelcheck
+
+    package = Path(pytest_kernelcheck.__file__).parent
+    read = {name for path in package.rglob("*.py")
+            for name in re.findall(r"(?:iter_markers|get_closest_marker)\(\s*(?:name=)?[\"'](\w+)[\"']",
+                                   path.read_text())}
+    assert {"shape", "tolerance", "memory", "intractable"} <= read
+    registered = pytester.runpytest("--markers", "-p", "no:cacheprovider").stdout.str()
+    missing = sorted(name for name in read if f"@pytest.mark.{name}" not in registered)
+    assert not missing, f"markers read but not registered (--strict-markers would refuse them): {missing}"
