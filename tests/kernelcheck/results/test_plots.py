@@ -14,6 +14,10 @@ from pytest_kernelcheck.results.build import build_report
 from pytest_kernelcheck.results.records import ComparisonRecord
 
 matplotlib = pytest.importorskip("matplotlib")
+matplotlib.use("Agg")
+# All of pyplot now, not the bare package: pytester's in-process runs drop the modules they import when they end, and
+# a package left behind without them hands later runs stale submodules (matplotlib's own classes then mismatch).
+import matplotlib.pyplot  # noqa: E402
 
 
 def rows(count, seed=0, long_name=False):
