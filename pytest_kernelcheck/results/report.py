@@ -22,7 +22,6 @@ from .report_files import (
     companion_paths,
     load_report,
     plot_paths,
-    write_atomically,
     write_json,
     write_text,
 )
@@ -40,7 +39,6 @@ from .report_text import (
     measurement_rows,
     note_lines,
     rate_pair,
-    row_label,
     summary_line,
     table_rows,
     tournament_lines,

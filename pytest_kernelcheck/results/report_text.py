@@ -62,11 +62,6 @@ def as_report(report: ABReport | Mapping[str, Any]) -> ABReport:
     return report if isinstance(report, ABReport) else ABReport.from_json(report)
 
 
-def row_label(record: ComparisonRecord) -> str:
-    shape, name = format_shape(record.shape), visible(record.name)  # matplotlib cannot draw a lone surrogate
-    return name + (f" ({shape})" if shape and shape not in name else "")
-
-
 def format_shape(shape: Any) -> str:
     """Compact text for a shape dict.
 
