@@ -316,7 +316,7 @@ def roofline_figure(report: ABReport | Mapping[str, Any]) -> Any:
     if not ceilings or not any(c.tflops or c.gbps for c in ceilings):
         title += "\n(no ceilings measured in this run)"
     axes.set_title(title, fontsize=10)
-    axes.legend(fontsize=7, loc="upper left")
+    axes.legend(fontsize=7, loc="best")
     axes.grid(True, which="both", linewidth=0.3)
     legend_axes.axis("off")
     height = max(5.5, 1.2 + 0.165 * len(key))
