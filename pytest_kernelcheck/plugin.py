@@ -13,7 +13,7 @@ from typing import Any, Callable, TypeVar
 
 import pytest
 
-from .check.device_memory import apply_cap, header_line, parse_size
+from .check.device_memory import apply_cap, header_line
 from .check.intractable import (
     REASON_PROPERTY,
     case_reason,
@@ -29,19 +29,17 @@ from .check.memory import (
     release_memory,
 )
 from .check.shapes import Shape, expand_shape_markers, missing_device
+from .settings import OOM_CHOICES, settings_of
 from .speed import gpus
 
 pytest_plugins = ["pytest_kernelcheck.plugin_ab"]
 
 # Internal argname the shape marker parametrizes; the public ``shape`` fixture reads it.
 SHAPE_ARGNAME = "_kernelcheck_shape"
-OOM_CHOICES = ("skip", "fail")
 _T = TypeVar("_T")
 
 _had_oom = pytest.StashKey[bool]()
-_memory_cap = pytest.StashKey["int | None"]()  # --kernel-device-memory, bytes
 _cap_applied = pytest.StashKey[Any]()  # device_memory.DeviceFraction list where this process applied the cap
-_tolerance_override = pytest.StashKey[Any]()
 _spread_gpus = pytest.StashKey["tuple[str, ...]"]()  # the controller's: GPUs its workers were spread over
 _instruction_before = pytest.StashKey["str | None"]()  # the controller's: the variable's value before it set it
 
@@ -118,30 +116,15 @@ def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    """Register the markers, resolve every option once (:mod:`.settings`) and pin or spread the GPUs."""
     for line in MARKERS:
         config.addinivalue_line("markers", line)
-    _configure_gpus(config)
-    mode = _oom_mode(config)
-    if mode not in OOM_CHOICES:
-        raise pytest.UsageError(f"kernel_oom must be one of {', '.join(OOM_CHOICES)}; got {mode!r}")
-    raw_cap = config.getoption("kernel_device_memory", None) or str(config.getini("kernel_device_memory")).strip()
-    try:
-        config.stash[_memory_cap] = parse_size(raw_cap) if raw_cap else None
-    except ValueError as exc:
-        raise pytest.UsageError(f"--kernel-device-memory / kernel_device_memory: {exc}") from None
+    _configure_gpus(config, settings_of(config))
 
 
-def _configure_gpus(config: pytest.Config) -> None:
-    """Check --kernel-gpus; on an xdist controller, leave its workers the GPUs to pin to (gpus.pin_instruction);
-    in a worker, make sure it is pinned before CUDA is used."""
-    # An option given empty (--kernel-gpus "$GPUS", the variable unset) is parsed, and refused, rather than read as
-    # not given; an empty ini value is the default.
-    option = config.getoption("kernel_gpus", None)
-    raw = option if option is not None else str(config.getini(gpus.INI)).strip()  # "": the default, below
-    try:
-        spec = gpus.parse_spec(raw if option is not None else (raw or "all"))
-    except gpus.GpuSpecError as exc:
-        raise pytest.UsageError(str(exc)) from None
+def _configure_gpus(config: pytest.Config, settings: Any) -> None:
+    """On an xdist controller, leave its workers the GPUs to pin to (gpus.pin_instruction); in a worker, make sure
+    it is pinned before CUDA is used."""
     if hasattr(config, "workerinput"):
         gpu = gpus.pinned_gpu(os.environ)
         if gpu is not None and os.environ.get("CUDA_VISIBLE_DEVICES") != gpu:
@@ -155,11 +138,12 @@ def _configure_gpus(config: pytest.Config) -> None:
         return  # no workers (no xdist, or -n 0): nothing to spread, the option changes nothing
     visible = config.hook.pytest_kernelcheck_visible_gpus(config=config)
     visible = tuple(str(gpu) for gpu in visible) if visible is not None else gpus.visible_gpus()
+    given = settings.gpus_given
     try:
-        chosen = spec.resolve(visible) if raw or len(visible) > 1 else ()
+        chosen = settings.gpu_spec.resolve(visible) if given or len(visible) > 1 else ()
     except gpus.GpuSpecError as exc:
         raise pytest.UsageError(str(exc)) from None
-    if not raw and len(chosen) < 2:
+    if not given and len(chosen) < 2:
         return  # the default on a host of one GPU (or none): the run stays as it was
     config.stash[_spread_gpus] = chosen
     config.stash[_instruction_before] = os.environ.get(gpus.INSTRUCTION_VARIABLE)
@@ -180,7 +164,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 # xdist controller runs no tests: it leaves CUDA alone, and each worker sets the cap in its own process.
 def pytest_sessionstart(session: pytest.Session) -> None:
     config = session.config
-    cap = config.stash.get(_memory_cap, None)
+    cap = settings_of(config).device_memory.value
     distributing = getattr(config.option, "dist", "no") != "no" and not hasattr(config, "workerinput")
     if cap is not None and not distributing:
         config.stash[_cap_applied] = apply_cap(cap)
@@ -188,7 +172,9 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
     lines = []
-    cap = config.stash.get(_memory_cap, None)
+    if config.option.verbose > 0:  # -v: every option not left at its default, and where it came from
+        lines += [f"kernelcheck setting: {line}" for line in settings_of(config).lines()]
+    cap = settings_of(config).device_memory.value
     if cap is not None:
         lines.append(header_line(cap, config.stash.get(_cap_applied, None)))
     spread = config.stash.get(_spread_gpus, None)
@@ -196,10 +182,6 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         lines.append(f"kernelcheck: one xdist worker per GPU, round-robin over CUDA devices {', '.join(spread)} "
                      f"({gpus.OPTION})")
     return lines
-
-
-def _oom_mode(config: pytest.Config) -> str:
-    return config.getoption("kernel_oom", None) or str(config.getini("kernel_oom")).strip() or "skip"
 
 
 @pytest.fixture
@@ -280,7 +262,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     memory = [(marker.args, marker.kwargs) for marker in item.iter_markers("memory")]
     if memory:
         params = dict(item.callspec.params) if hasattr(item, "callspec") else {}
-        cap = item.config.stash.get(_memory_cap, None)
+        cap = settings_of(item.config).device_memory.value
         reason = _failing_on_bad_marker(lambda: memory_skip_reason(memory, shape, params, cap))
         if reason is not None:
             raise _skip(reason)
@@ -313,10 +295,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
     item.stash[_had_oom] = True
     release_memory()
     # At teardown the test has already been reported; a skip would count it twice, so that stays an error.
-    if hasattr(report, "wasxfail") or call.when == "teardown" or _oom_mode(item.config) == "fail":
+    if hasattr(report, "wasxfail") or call.when == "teardown" or settings_of(item.config).oom.value == "fail":
         return report
     try:
-        raise _skip(oom_skip_reason(error, item.config.stash.get(_memory_cap, None)))
+        raise _skip(oom_skip_reason(error, settings_of(item.config).device_memory.value))
     except pytest.skip.Exception:
         # The call now holds the skip, as if the test had raised it: pytest reports it at the test's location
         # and does not offer --pdb for it.

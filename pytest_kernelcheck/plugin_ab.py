@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from .ab_session import ABSession, finish, report_so_far, start, summarise
-from .ab_settings import INI_DEFAULTS, NUMBER_SETTINGS, ABSettings, budget_from
+from .ab_settings import INI_DEFAULTS, NUMBER_SETTINGS, budget_from
+from .settings import settings_of
 
 RECORDS_ATTRIBUTE = "kernel_ab_records"
 _PENDING = pytest.StashKey[list]()
@@ -147,7 +148,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "kernel_ab_modes(*modes): measurement modes of this test's kernel_ab comparisons (throughput, "
         "latency, graph), in place of --kernel-ab-modes; a comparison's own modes= still wins")
-    session = start(ABSettings.from_config(config), config)
+    session = start(settings_of(config).ab, config)  # every option resolved once, with the correctness options
     config.stash[_SESSION] = session
     config.pluginmanager.register(_Collector(session), _COLLECTOR_NAME)
 

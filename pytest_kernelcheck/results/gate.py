@@ -224,15 +224,31 @@ def unchecked_lines(rules: Sequence[Rule], report: ABReport | Mapping[str, Any])
             f"{names}"]
 
 
-def failing_line(regressions: Sequence[Regression]) -> str:
-    """The gate's last line: how many regressions and missing comparisons fail the session.
+# What each rule's findings are, for the gate's last line: its count must not read as another count of the
+# report (the summary's "vs last run" rows), so each names what it counted.
+_FOUND = {"verdict": "verdict worse than in the compared run", "loss": "a loss in this run",
+          "missing": "in the compared run, missing from this run"}
 
-    >>> failing_line([])
-    '0 regression(s): the session fails (--kernel-ab-compare-fail)'
+
+def _what(rule: str) -> str:
+    if rule.startswith("speedup:"):
+        return f"speedup more than {rule.removeprefix('speedup:')} below the compared run's"
+    return _FOUND.get(rule, rule)
+
+
+def failing_line(regressions: Sequence[Regression]) -> str:
+    """The gate's last line: how many findings of its rules fail the session, counted per rule, each saying what
+    it counted.
+
+    >>> r = Regression("loss", ComparisonRecord(name="a", verdict="loss"), None, "this run's verdict is loss")
+    >>> failing_line([r])
+    'the gate fails the session (--kernel-ab-compare-fail): 1 finding(s) of its rules: loss 1 (a loss in this run)'
     """
-    missing = sum(regression.missing for regression in regressions)
-    counts = f"{len(regressions) - missing} regression(s)" + (f", {missing} missing comparison(s)" if missing else "")
-    return f"{counts}: the session fails ({OPTION})"
+    counts: dict[str, int] = {}
+    for regression in regressions:
+        counts[regression.rule] = counts.get(regression.rule, 0) + 1
+    found = "; ".join(f"{rule} {count} ({_what(rule)})" for rule, count in counts.items())
+    return f"the gate fails the session ({OPTION}): {len(regressions)} finding(s) of its rules: {found}"
 
 
 def _speed(speedup: float | None, ci: Sequence[float | None], verdict: str | None) -> str:

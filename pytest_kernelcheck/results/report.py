@@ -22,7 +22,6 @@ from .report_files import (
     companion_paths,
     load_report,
     plot_paths,
-    write_atomically,
     write_json,
     write_text,
 )
@@ -38,8 +37,8 @@ from .report_text import (
     machine_lines,
     markdown_table,
     measurement_rows,
+    note_lines,
     rate_pair,
-    row_label,
     summary_line,
     table_rows,
     tournament_lines,
@@ -49,7 +48,7 @@ from .unmatched import vanished_lines
 __all__ = [
     "PLOT_MISSING_NOTE", "SCHEMA", "SCHEMA_VERSION", "VERDICT_MARKUP", "ProgressWriter", "ReportError", "Written",
     "build_report", "ceiling_lines", "check_writable", "companion_paths", "environment_info", "error_lines",
-    "format_shape", "gpu_lines", "history_lines", "load_report", "machine_lines", "measurement_rows", "plot_paths",
+    "format_shape", "gpu_lines", "history_lines", "load_report", "machine_lines", "measurement_rows", "note_lines", "plot_paths",
     "rate_pair", "summary_line", "table_rows", "tournament_lines", "write_all", "write_json", "write_markdown",
     "write_plot", "write_terminal",
 ]
@@ -176,6 +175,9 @@ def write_markdown(report: Mapping[str, Any], path: str | Path, history: Sequenc
     lines += markdown_table(*table_rows(typed))
     errors = [line for error in error_lines(typed) for line in error.splitlines()]
     lines += [""] + (fenced(errors) if errors else []) + ["", summary_line(typed), ""]
+    if note_lines(typed):  # the p column's legend, then the rows' notes (why medians disagree, noise advice)
+        legend, *notes = note_lines(typed)
+        lines += [legend, ""] + ([f"- {note}" for note in notes] + [""] if notes else [])
     if typed.vanished:  # the earlier run's rows this run lacks: a list whose names are shown as written
         heading, *rows = vanished_lines(typed.vanished)
         lines += [heading, ""] + fenced([row.strip() for row in rows]) + [""]
@@ -211,56 +213,10 @@ def write_markdown(report: Mapping[str, Any], path: str | Path, history: Sequenc
 
 
 def write_plot(report: Mapping[str, Any], path: str | Path) -> str | None:
-    """Plot speedup per comparison with its interval; returns a note instead when matplotlib is missing."""
-    typed = as_report(report)
-    comparisons = [r for r in typed.comparisons if r.speedup]
-    if not comparisons:
-        return None
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")  # files only, never a window
-        import matplotlib.patches
-        import matplotlib.pyplot as plt
-        import matplotlib.ticker
-    except ImportError:
-        return PLOT_MISSING_NOTE
-    colours = {"win": "tab:green", "loss": "tab:red", "tie": "tab:olive", "inconclusive": "tab:gray"}
-    figure, axes = plt.subplots(figsize=(max(6.0, 0.45 * len(comparisons) + 2), 4.5))
-    margin = float(typed.settings.get("margin", 0.02))
-    axes.axhspan(1 / (1 + margin), 1 + margin, color="0.9", label=f"tie margin ±{margin:.0%}")
-    axes.axhline(1.0, color="black", linewidth=0.8)
-    for x, record in enumerate(comparisons):
-        speedup = float(record.speedup)
-        low, high = record.ci
-        low = speedup if low is None else float(low)
-        high = speedup if high is None else float(high)
-        axes.errorbar(
-            x, speedup, yerr=[[speedup - low], [high - speedup]], fmt="o", capsize=3,
-            color=colours.get(record.verdict, "black"),
-        )
-    disagree = modes_text.mark_plot(axes, comparisons, range(len(comparisons)))  # rows whose modes disagree
-    axes.set_xticks(range(len(comparisons)))
-    # parse_math off: matplotlib reads text between two $ as TeX, so a name such as "cost $\\foo$" raised out of the
-    # plot (and the run's end), and "$5 vs $6" was drawn as math; names are drawn as written.
-    axes.set_xticklabels([row_label(r) for r in comparisons], rotation=60, ha="right", fontsize=7, parse_math=False)
-    axes.set_yscale("log")
-    axes.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:.3g}x"))
-    axes.yaxis.set_minor_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:.3g}x"))
-    axes.set_ylabel("speedup (baseline time / candidate time)")
-    axes.set_title("Kernel A/B: speedup with interval, per comparison")
-    handles = [plt.Line2D([], [], marker="o", linestyle="", color=c, label=v) for v, c in colours.items()]
-    handles.append(matplotlib.patches.Patch(color="0.9", label=f"tie margin ±{margin:.0%}"))
-    handles += [disagree] if disagree is not None else []
-    axes.legend(handles=handles, fontsize=7, loc="best")
-    figure.tight_layout()
-    # The temporary file has no telling suffix, so the format comes from the target's (savefig's own rule).
-    image_format = Path(path).suffix.lstrip(".").lower() or "png"
-    try:
-        write_atomically(path, lambda handle: figure.savefig(handle, format=image_format, dpi=120), "plot")
-    finally:
-        plt.close(figure)
-    return None
+    """Plot the paired speedup of every comparison with its interval (:func:`plots.write_intervals`); returns a
+    note instead when matplotlib is missing."""
+    outcome = plots.write_intervals(report, path)
+    return outcome if isinstance(outcome, str) else None
 
 
 def write_terminal(
@@ -288,6 +244,8 @@ def write_terminal(
         for line in error_lines(typed):
             terminal.write_line(line, red=True)
         terminal.write_line(summary_line(typed))
+        for line in note_lines(typed):
+            terminal.write_line(line, **({} if line.startswith("p adj") else {"yellow": True}))
     if typed.vanished:
         for line in vanished_lines(typed.vanished):
             terminal.write_line(line, yellow=True, bold=not line.startswith(" "))

@@ -8,7 +8,7 @@ from typing import Any, Mapping, Sequence
 from ..speed import stats
 from ..speed.timer_resolution import UNRESOLVED_PREFIX
 from ..visible_text import visible
-from . import per_gpu
+from . import per_gpu, reading
 from .records import ComparisonRecord, LastRun, ThroughputRecord, TournamentRecord
 from .report_record import ABReport, RunEnvironment
 from .unmatched import NEW_ROW
@@ -62,11 +62,6 @@ def as_report(report: ABReport | Mapping[str, Any]) -> ABReport:
     return report if isinstance(report, ABReport) else ABReport.from_json(report)
 
 
-def row_label(record: ComparisonRecord) -> str:
-    shape, name = format_shape(record.shape), visible(record.name)  # matplotlib cannot draw a lone surrogate
-    return name + (f" ({shape})" if shape and shape not in name else "")
-
-
 def format_shape(shape: Any) -> str:
     """Compact text for a shape dict.
 
@@ -97,23 +92,33 @@ def _interval(ci: Any) -> str:
     return f"[{_speedup(low) if low is not None else '0'}, {_speedup(high) if high is not None else 'inf'}]"
 
 
+SPEEDUP_HEADER = "paired speedup [CI]"
+
+
 def table_rows(report: ABReport | Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
     """Header and text rows of the comparison table (the terminal and markdown share them).
 
+    The speedup is the paired one the verdict rests on (:mod:`.reading`); the p-value the one the verdict used,
+    with the raw one in brackets; a ``notes`` column, when some row has notes, points at :func:`note_lines`.
+
     >>> from pytest_kernelcheck.results.build import build_report
     >>> table_rows(build_report([{"kind": "comparison", "name": "a", "verdict": "tie", "speedup": 1.0,
-    ...                           "ci": [0.99, 1.01], "p_value": 0.5}], settings={}))[1]
-    [['a', '', '-', '-', '1.000x [0.990, 1.010]', '0.5', 'tie', '-']]
+    ...                           "ci": [0.99, 1.01], "p_value": 0.5, "p_value_raw": 0.05}], settings={}))[1]
+    [['a', '', '-', '-', '1.000x [0.990, 1.010]', '0.5 [0.05]', 'tie', '-']]
     """
     typed = as_report(report)
     rated = any(record.candidate_throughput is not None for record in typed.comparisons)
-    header = ["comparison", "shape", "cand ms", "base ms", "speedup [CI]", "p", "verdict", "method"]
+    header = ["comparison", "shape", "cand ms", "base ms", SPEEDUP_HEADER, reading.P_HEADER, "verdict", "method"]
     if rated:  # only when some comparison gave flops= or bytes=: the table stays narrow otherwise
         header[4:4] = ["TFLOP/s cand/base", "GB/s cand/base"]
     if typed.compared_with_last_run:
         header.append("vs last run")
+    numbered = _numbered_notes(typed)
+    noted = any(numbered)
+    if noted:  # beside the verdict they qualify, so the columns after it stay where they were
+        header.insert(header.index("verdict") + 1, "notes")
     rows = []
-    for record in typed.comparisons:
+    for record, notes in zip(typed.comparisons, numbered):
         verdict = str(record.verdict)
         if record.run.throttled:
             verdict += " (throttled)"
@@ -123,6 +128,8 @@ def table_rows(report: ABReport | Mapping[str, Any]) -> tuple[list[str], list[li
             verdict += " (below timer resolution)"
         if record.modes_disagree:  # the modes table below gives each mode's verdict
             verdict += " (modes disagree)"
+        if reading.medians_disagree(record):  # the note says why, and what steadies the times
+            verdict += " (medians disagree)"
         if record.failed:
             speed = _shorten(_one_line(str(record.error)), 40)
         else:
@@ -133,7 +140,7 @@ def table_rows(report: ABReport | Mapping[str, Any]) -> tuple[list[str], list[li
             _number(record.candidate_ms, ".4g"),
             _number(record.baseline_ms, ".4g"),
             speed,
-            _number(record.p_value, ".2g"),
+            reading.p_cell(record),
             verdict,
             str(record.run.method or "-"),
         ]
@@ -142,8 +149,43 @@ def table_rows(report: ABReport | Mapping[str, Any]) -> tuple[list[str], list[li
             row[4:4] = [rate_pair(candidate, baseline, "tflops"), rate_pair(candidate, baseline, "gbps")]
         if typed.compared_with_last_run:
             row.append(_vs_last(record.vs_last))
+        if noted:
+            row.insert(header.index("notes"), ",".join(f"[{number}]" for number, _ in notes) or "-")
         rows.append(row)
     return header, rows
+
+
+def _numbered_notes(typed: ABReport) -> list[list[tuple[int, str]]]:
+    """Per comparison, its notes (:func:`reading.row_notes`) numbered across the table, from 1."""
+    numbered, count = [], 0
+    threads = (typed.environment or {}).get("cpu_threads")
+    for record in typed.comparisons:
+        notes = []
+        for note in reading.row_notes(record, threads):
+            count += 1
+            notes.append((count, note))
+        numbered.append(notes)
+    return numbered
+
+
+def note_lines(report: ABReport | Mapping[str, Any]) -> list[str]:
+    """The legend of the p column, then the numbered notes the table's ``notes`` column points at; why a row's
+    medians disagree with its paired speedup, and what steadies noisy times, is said here.
+
+    >>> from pytest_kernelcheck.results.build import build_report
+    >>> row = {"kind": "comparison", "name": "a", "verdict": "inconclusive", "speedup": 1.086, "ci": [0.135, 3.561],
+    ...        "p_value": 1.0, "p_value_raw": 0.36, "candidate_ms": 1.681, "baseline_ms": 0.7972,
+    ...        "method": "cpu-clock"}
+    >>> note_lines(build_report([row], settings={}))[1]  # doctest: +ELLIPSIS
+    '[1] a: the medians (candidate 1.681 ms, baseline 0.7972 ms) give 0.474x but the paired speedup, ...'
+    """
+    typed = as_report(report)
+    if not typed.comparisons:
+        return []
+    lines = [reading.P_LEGEND]
+    for record, notes in zip(typed.comparisons, _numbered_notes(typed)):
+        lines += [f"[{number}] {visible(record.name)}: {note}" for number, note in notes]
+    return lines
 
 
 def rate_pair(candidate: ThroughputRecord | None, baseline: ThroughputRecord | None, unit: str) -> str:
@@ -300,7 +342,9 @@ def summary_line(report: ABReport | Mapping[str, Any]) -> str:
     if s.throttled:
         parts.append(f"{s.throttled} ran while the SM clock dropped below 90% (see clock in the JSON)")
     if s.regressions is not None:
-        parts.append(f"{len(s.regressions)} regression(s) vs last run")
+        # Not the gate's count (its rules may judge this run alone, as `loss` does): the rows that moved.
+        parts.append(f"vs last run: {len(s.regressions)} row(s) got slower (interval below the earlier one, or win "
+                     f"to loss)")
         missing = len(as_report(report).vanished)
         if missing:
             parts.append(f"{missing} missing from this run")

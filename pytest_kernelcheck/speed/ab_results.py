@@ -19,6 +19,7 @@ from ..results.records import (
     finite_interval,
 )
 from ..results.measured import modes_disagree
+from ..results import reading
 from . import stats
 from .stats import Verdict
 
@@ -76,19 +77,23 @@ class ComparisonResult:
         return self.modes[mode]
 
     def describe(self) -> str:
-        """One line with every number behind the verdict (and, with several modes, each mode's).
+        """One line with every number behind the verdict, the p-value labelled, the row's notes (why the medians
+        disagree with the paired speedup, noise advice) as the report shows them (:mod:`..results.reading`), and,
+        with several modes, each mode's.
 
         >>> r = ComparisonResult("x", "win", 1.1, (1.05, 1.15), 0.995, 1e-4, 1e-5, 80, 1.0, 1.1, "cpu-clock", 1,
         ...     False, 0.05, 0.02, 11, 3, "decided", 0.2, "cpu", {}, False, [], [], [])
         >>> r.describe()
-        'verdict win: speedup 1.100x, 99.5% CI [1.050, 1.150], p=0.0001, n=80 pairs, candidate 1 ms, baseline 1.1 ms (cpu-clock)'
+        'verdict win: paired speedup 1.100x, 99.5% CI [1.050, 1.150], p=0.0001 (adjusted for 11 looks; raw 1e-05), n=80 pairs, median candidate 1 ms, baseline 1.1 ms (cpu-clock)'
         """
+        record = self.to_record()
         return (
-            f"verdict {self.verdict}: speedup {stats.decimals(self.speedup)}x, {percent(self.ci_level)} CI "
-            f"[{stats.decimals(self.ci[0])}, {stats.decimals(self.ci[1])}], p={self.p_value:.2g}, "
+            f"verdict {self.verdict}: paired speedup {stats.decimals(self.speedup)}x, {percent(self.ci_level)} CI "
+            f"[{stats.decimals(self.ci[0])}, {stats.decimals(self.ci[1])}], {reading.p_text(record)}, "
             f"n={self.n_pairs} pairs, "
-            f"candidate {self.candidate_ms:.4g} ms, baseline {self.baseline_ms:.4g} ms ({self.method})"
+            f"median candidate {self.candidate_ms:.4g} ms, baseline {self.baseline_ms:.4g} ms ({self.method})"
             + _rates_text(self.candidate_throughput, "candidate") + _modes_text(self)
+            + "".join(f"; note: {note}" for note in reading.row_notes(record))
         )
 
     def to_record(self) -> ComparisonRecord:

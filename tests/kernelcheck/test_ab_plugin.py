@@ -111,10 +111,11 @@ def test_not_slower_fails_on_a_loss(kernel_ab):
     result.assert_outcomes(passed=1, failed=2)
     result.stdout.fnmatch_lines(
         [
-            "*KernelABAssertionError: a against itself: candidate is not faster than baseline; verdict *: speedup *x, "
-            "*% CI [[]*, *[]], p=*, n=* pairs, candidate * ms, baseline * ms (cpu-clock*)",
+            "*KernelABAssertionError: a against itself: candidate is not faster than baseline; verdict *: paired "
+            "speedup *x, *% CI [[]*, *[]], p=* (adjusted for * looks; raw *), n=* pairs, median candidate * ms, "
+            "baseline * ms (cpu-clock*)",
             "*KernelABAssertionError: test_not_slower_fails_on_a_loss: candidate is slower than baseline; verdict loss: "
-            "speedup 0.*x*",
+            "paired speedup 0.*x*",
         ]
     )
 
@@ -140,7 +141,7 @@ def test_sorts(kernel_ab):
             "comparison*verdict*method*vs last run",
             # The batch count of a host timer can differ between the runs: the row then says so between the two.
             "small vs large*REGRESSION: was 50.000x win*interval now below the last run's*",
-            "*1 regression(s) vs last run",
+            "*vs last run: 1 row(s) got slower (interval below the earlier one, or win to loss)",
         ]
     )
     record = json.loads((pytester.path / "second.json").read_text())["comparisons"][0]
@@ -496,7 +497,8 @@ def test_the_gate_fails_the_session_on_a_planted_regression_and_lists_it(pyteste
             "  was *x [[]*, *[]] win",
             "  now 0.6*x [[]*, *[]] loss",
             "test_sim.py::test_fused / fused [[]speedup:5%[]]: interval wholly more than 5% below the earlier speedup*",
-            "2 regression(s): the session fails (--kernel-ab-compare-fail)",
+            "the gate fails the session (--kernel-ab-compare-fail): 2 finding(s) of its rules: verdict 1 (verdict "
+            "worse than in the compared run); speedup:5% 1 (speedup more than 5% below the compared run's)",
         ]
     )
 

@@ -4,11 +4,13 @@ Layers, bottom first (every import is read, at the top of a module or inside a f
 
 - common: ``visible_text``, ``option_values``: text helpers that import nothing of the plugin;
 - ``check/``: is the kernel right (shapes, tolerance, references, memory);
-- records: ``results/records.py``, ``results/measured.py`` and ``results/fields.py``, the typed records the A/B engine writes and every
+- records: ``results/records.py``, ``results/measured.py``, ``results/fields.py`` and ``results/reading.py`` (how a
+  row is read), the typed records the A/B engine writes and every
   reader of a report reads, so both sides speak through them;
 - ``speed/``: timers, clocks, statistics, the A/B engine;
 - ``results/``: the report, its files, saved runs, the gate, plots;
-- wiring: ``plugin``, ``plugin_ab``, ``ab_settings``, ``ab_session``, ``option_rules`` and the package's ``__init__``; nothing below imports them.
+- wiring: ``plugin``, ``plugin_ab``, ``settings``, ``ab_settings``, ``ab_session``, ``option_rules`` and the package's
+  ``__init__``; nothing below imports them.
 """
 from __future__ import annotations
 
@@ -20,8 +22,8 @@ import pytest_kernelcheck
 PACKAGE = Path(pytest_kernelcheck.__file__).parent
 NAME = "pytest_kernelcheck"
 COMMON = {"visible_text", "option_values"}
-RECORDS = {"results.records", "results.measured", "results.fields"}
-WIRING = {"", "plugin", "plugin_ab", "ab_session", "ab_settings", "option_rules"}
+RECORDS = {"results.records", "results.measured", "results.fields", "results.reading"}
+WIRING = {"", "plugin", "plugin_ab", "ab_session", "ab_settings", "option_rules", "settings"}
 LAYERS = ["common", "check", "records", "speed", "results", "wiring"]
 
 

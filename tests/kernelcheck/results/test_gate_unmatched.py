@@ -58,7 +58,8 @@ def test_a_winning_comparison_renamed_to_a_tie_fails_the_gate_as_missing_end_to_
         "deselected or skipped), so verdict could not check it*",
         "  was *x [[]*[]] win",
         "  now not in this run",
-        "0 regression(s), 1 missing comparison(s): the session fails (--kernel-ab-compare-fail)",
+        "the gate fails the session (--kernel-ab-compare-fail): 1 finding(s) of its rules: missing 1 (in the "
+        "compared run, missing from this run)",
     ])
     data = json.loads((pytester.path / "second.json").read_text())
     assert [(r["name"], r["verdict"]) for r in data["vanished"]] == [("fused", "win")]

@@ -191,7 +191,7 @@ def test_markdown_and_plot(tmp_path):
     markdown, plot = report.companion_paths(tmp_path / "ab.json")
     report.write_markdown(built, markdown)
     text = markdown.read_text()
-    assert "| comparison | shape | cand ms | base ms | speedup [CI] | p | verdict | method |" in text
+    assert "| comparison | shape | cand ms | base ms | paired speedup [CI] | p adj [raw] | verdict | method |" in text
     assert "| fast | B=1 S=128 | 1 | 1.2 | 1.200x [1.150, 1.250] | 0.001 | win | events |" in text
     assert "error in broken: CallableFailed" in text
     assert report.write_plot(built, plot) is None
@@ -208,7 +208,9 @@ def test_plot_without_matplotlib_says_how_to_get_it(tmp_path, monkeypatch):
 
     monkeypatch.setattr(builtins, "__import__", no_matplotlib)
     built = report.build_report(RECORDS, settings=SETTINGS)
-    assert report.write_plot(built, tmp_path / "ab.png") == "install pytest-kernelcheck[plot] for the plot"
+    note = report.write_plot(built, tmp_path / "ab.png")
+    # The hint names a command that works: matplotlib is on the package index, pytest-kernelcheck is not.
+    assert note == report.PLOT_MISSING_NOTE and "pip install matplotlib" in note and "kernelcheck[" not in note
     assert not (tmp_path / "ab.png").exists()
 
 
@@ -407,7 +409,7 @@ def test_roofline_points_need_both_flops_and_bytes():
     from pytest_kernelcheck.results import plots
 
     assert [(label, x) for label, x, _ in plots.roofline_points(built)] == [
-        ("both (candidate)", 100.0), ("both (baseline)", 100.0)]
+        ("both  B=1 S=128 (candidate)", 100.0), ("both  B=1 S=128 (baseline)", 100.0)]
     assert plots.write_roofline(report.build_report([only_flops], settings=SETTINGS), "/nonexistent/r.png") is None
 
 
@@ -519,7 +521,7 @@ def test_printed_speedups_and_intervals_never_contradict_the_verdict():
         win = comparison("win", "win", 1 + gap * 1.01, (1 + gap, 1 + gap + spread), 0.001)
         loss = comparison("loss", "loss", 1 - gap * 1.01, (1 - gap - spread, 1 - gap), 0.001)
         header, rows = report.table_rows(report.build_report([win, loss], settings=SETTINGS))
-        column = header.index("speedup [CI]")
+        column = header.index("paired speedup [CI]")
         cells = {row[0]: row[column] for row in rows}
         speedup, low, high = _printed_numbers(cells["win"])
         assert speedup > 1 and low > 1, cells["win"]
