@@ -4,6 +4,7 @@ numbers every point and keys each number to a name and shape. Checked on the fig
 comparisons: the PNG's height grows with the rows)."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 
@@ -11,6 +12,7 @@ import pytest
 
 from pytest_kernelcheck.results import plots
 from pytest_kernelcheck.results.build import build_report
+from pytest_kernelcheck.results.measured import ModeRecord
 from pytest_kernelcheck.results.records import ComparisonRecord
 
 matplotlib = pytest.importorskip("matplotlib")
@@ -87,10 +89,13 @@ def test_a_flagged_row_gets_its_flag_beside_it_and_any_record_flags_are_drawn_to
         assert texts == ["! medians disagree"]
     finally:
         _close(figure)
-    # Another measurement's flag (modes that disagree) is drawn from the record, with no change to the plot.
-    record = ComparisonRecord("a", "win", speedup=1.1, ci=(1.05, 1.2), candidate_ms=1.0, baseline_ms=1.1)
-    object.__setattr__(record, "modes_disagree", True)
+    # Measurement modes that reached different verdicts are flagged beside the row too.
+    modes = (ModeRecord("throughput", "win", 1.1, (1.05, 1.2)), ModeRecord("latency", "loss", 0.9, (0.85, 0.95)))
+    record = ComparisonRecord("a", "win", speedup=1.1, ci=(1.05, 1.2), candidate_ms=1.0, baseline_ms=1.1,
+                              modes=modes)
     assert plots.row_flags(record) == ["modes disagree"]
+    agreeing = dataclasses.replace(record, modes=modes[:1])
+    assert plots.row_flags(agreeing) == []
 
 
 def test_the_roofline_numbers_every_point_and_keys_each_number_to_a_name_and_shape():
