@@ -22,9 +22,11 @@ from flashlite.attn.triton import launch_forward
 from flashlite.attn.plan import Plan
 from flashlite.attn.decide import decide
 from flashlite.attn.kvcache_writes import check_table_values, check_writable_caches, detached_sources
-from flashlite.kernels.attention_decode_launch import decode_attention
-from flashlite.attn.problem import (CAUSAL_KEY_LENGTH, CAUSAL_NONE, check_block_table, check_cache_args, check_lengths,
-                                    validate, value_checks_wanted)
+from flashlite.attn.problem import (_TRITON_ERROR, CAUSAL_KEY_LENGTH, CAUSAL_NONE, check_block_table,
+                                    check_cache_args, check_lengths, validate, value_checks_wanted)
+
+if _TRITON_ERROR is None:  # without Triton every call is decided for SDPA before the kernels are reached
+    from flashlite.kernels.attention_decode_launch import decode_attention
 
 
 # Split-KV shares per query block: the merge unrolls one load per share.

@@ -98,8 +98,10 @@ def _decode_split(Q,  # [B, H, S_q, D], any strides (H = H_kv * GROUP, S_q = SEQ
 
     # This share's keys: whole BLOCK_N blocks of [lo, n), the same count for every share but the last.
     if WINDOW:
-        lo = (tl.maximum(n - SEQ_Q - window_left, 0) // BLOCK_N) * BLOCK_N  # row 0's first key, a block start
+        first_seen = tl.maximum(n - SEQ_Q - window_left, 0)  # row 0's first key: no row sees a key before it
+        lo = (first_seen // BLOCK_N) * BLOCK_N  # the block it starts
     else:
+        first_seen = n * 0
         lo = n * 0
     per_split = tl.cdiv(tl.cdiv(n - lo, BLOCK_N), num_splits) * BLOCK_N
     start = lo + split * per_split
@@ -123,7 +125,10 @@ def _decode_split(Q,  # [B, H, S_q, D], any strides (H = H_kv * GROUP, S_q = SEQ
     pages = _table_entries(table_row, stride_tn, start, end, offs_n0, PAGE_SIZE, BLOCK_N)
     for start_n in range(start, end, BLOCK_N):
         offs_n = start_n + offs_n0
-        in_range = offs_n < end
+        # Keys no row sees (past the share's end, before every row's window) load as zeros: a cache filled past
+        # its end, or a window's left-behind keys, may hold NaN, and a value's NaN would reach every row through
+        # p = 0 times it.
+        in_range = (offs_n < end) & (offs_n >= first_seen)
         # Where the tile's rows are: k_rows, v_rows [BLOCK_N] element offsets from k_base, v_base.
         if PAGE_SIZE == 0:
             k_rows = offs_n.to(tl.int64) * stride_kn
@@ -137,8 +142,6 @@ def _decode_split(Q,  # [B, H, S_q, D], any strides (H = H_kv * GROUP, S_q = SEQ
             v_rows = pages * stride_vb + (offs_n % PAGE_SIZE) * stride_vn
         if PAGE_SIZE != 0:
             pages = _table_entries(table_row, stride_tn, start_n + BLOCK_N, end, offs_n0, PAGE_SIZE, BLOCK_N)
-        # Keys past the length load as zeros: a cache filled past its end may hold NaN, and a value's NaN would
-        # reach every row through p = 0 times it.
         tile_ok = in_range[:, None] & d_ok[None, :]
         k = tl.load(k_base + k_rows[:, None] + offs_d[None, :] * stride_kd, mask=tile_ok, other=0.0)
         if DEQUANT:
