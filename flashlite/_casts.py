@@ -11,7 +11,7 @@ Where autograd records the casts, each is an ordinary ``t.to(dtype)``. A differe
 autograd.Function around the same copy, its backward casting the gradients back together) matched per-tensor
 casts on the CPU, eager and under Inductor, but under torch.compile on an H200 (torch 2.11, Inductor) its weights'
 gradients came out as zeros: the first-gradient check of the training A/B caught it
-(benchmarks/results/h200-2026-12-04-d/ at commit 8ca4529, run N1). So training keeps the casts autograd knows.
+(benchmarks/results/h200-2026-12-04-d/ at commit 8ca4529). So training keeps the casts autograd knows.
 """
 from __future__ import annotations
 

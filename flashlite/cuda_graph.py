@@ -30,7 +30,7 @@ class _ReplayLayout:
     identity and each parameter's fields directly (a few microseconds), where rebuilding a signature through
     ``named_parameters()`` cost 18 us on the development CPU against 9 us for this
     (benchmarks/results/cpu-host-2026-12-04/replay_check_probe.txt at commit 8ca4529), and 48 us on the H200's host
-    (run N1).
+    (an 8ca4529 run).
     """
 
     # (parent, name, child) for every submodule: a replaced submodule carries parameters the graph never read.

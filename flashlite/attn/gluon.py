@@ -154,8 +154,8 @@ def configs_for(head_dim: int, variant: str = "pipelined") -> list[GluonConfig]:
 
 # The dispatched config per head dim (see GLUON_MIN_ROWS for the measurements); each is one the kernel file lists, so
 # CPU CI compiles it and the GPU suite checks it against float64 (test_every_listed_config). D=128: step 3 with its
-# turns and slot releases on named barriers, 1.016-1.024x the same tiles on mbarriers at cases 3, 6 and 12 (run N2,
-# H100, paired A/B); at D=64 step 3 still loses to step 1 (0.82-0.89x in N2).
+# turns and slot releases on named barriers, 1.016-1.024x the same tiles on mbarriers at cases 3, 6 and 12 (an 8ca4529
+# run, H100, paired A/B); at D=64 step 3 still loses to step 1 (0.82-0.89x in that run).
 _DISPATCHED = {64: GluonConfig("pipelined", 64, 128, 2, 4),
                128: GluonConfig("pingpong", 64, 128, 3, 4, named_barriers=True)}
 # The dispatched config of a causal sliding window, per head dim (see GLUON_WINDOW_MIN_SEQ).

@@ -14,8 +14,8 @@ dim 128, causal, as many queries as keys and at least 4,096), with dK/dV on the 
 the warp-specialized one (a TMA producer warp and two consumer warpgroups). FLASHLITE_GLUON_BWD=0 turns them off;
 the other values run them on every call the kernels can run: 1 both on the single-partition kernels ("pipelined";
 ``GLUON_BWD_VARIANT``), mixed dK/dV on the single-partition kernel and dQ on the warp-specialized one (each kernel's
-faster schedule at D=128 in run T3), ws_dq only dQ on the warp-specialized kernel and dK/dV on the pointer kernel
-(``GLUON_BWD_DKDV``). (The warp-specialized dK/dV kernel and the value "ws" that selected it were deleted: never on
+faster schedule at D=128 in an 8ca4529 run), ws_dq only dQ on the warp-specialized kernel and dK/dV on the pointer
+kernel (``GLUON_BWD_DKDV``). (The warp-specialized dK/dV kernel and the value "ws" that selected it were deleted: never on
 by default, and slower than the single-partition kernel at D=128.)
 """
 from __future__ import annotations
@@ -67,8 +67,8 @@ def gluon_bwd_setting(value: str) -> tuple[bool, str, bool]:
 
 # Whether flashlite.attention's backward may run the Gluon kernels, which schedule, and whether dK/dV runs on them
 # too (else on the pointer kernel, after the same delta kernel: at D=128 the pointer dK/dV kernel took 2,264 us at
-# case 6 in run T1, the warp-specialized one 3,562 us and the single-partition one 2,387 us in S1, while the
-# warp-specialized dQ kernel took 1,164 us against the pointer dQ kernel's 1,562). The switch's value is read once,
+# case 6 in an 8ca4529 run, the warp-specialized one 3,562 us and the single-partition one 2,387 us in that run, while
+# the warp-specialized dQ kernel took 1,164 us against the pointer dQ kernel's 1,562). The switch's value is read once,
 # at import.
 # The module globals a value of FLASHLITE_GLUON_BWD sets, in the order of ``switch_values``; GLUON_BWD_MEASURED_ONLY:
 # with the switch at "auto", the Gluon backward runs only where ``measured_faster`` says; with an explicit schedule,

@@ -56,7 +56,7 @@ from flashlite.kernels.gluon_tiles import (as_tma_tile, consumer_key_blocks, key
 # at D=64, 197-255 at D=128, no spills. At D=128 the first config's 8 warps of 255 registers fill an SM's registers
 # alone; the others fit two programs per SM, as the pointer dK/dV kernel's chosen (32, 64, 4, 3) does: 64 x 64 in
 # 98 KB, and 64 x 32 x 3 in 82 KB with 197-222 registers, the warp-specialized kernel's first tile per consumer
-# (cpu-host-2026-12-05-b/backward_sass_mix/). Timed alone (run T3, H100, cases 3, 6, 12): 64 x 64 is 1.19-1.20x
+# (cpu-host-2026-12-05-b/backward_sass_mix/). Timed alone (H100, cases 3, 6, 12): 64 x 64 is 1.19-1.20x
 # the 128 x 64 config at D=128 and 1.11-1.12x at D=64, so it is listed first; 64 x 32 x 3 is 0.89-0.95x.
 GLUON_BWD_CONFIGS = {
     64: [(64, 64, 3, 4), (128, 64, 3, 8)],
@@ -64,7 +64,7 @@ GLUON_BWD_CONFIGS = {
 }
 # dQ: (BLOCK_M, BLOCK_N, STAGES, num_warps). Shared memory: Q and dO BLOCK_M x D once, K and V BLOCK_N x D per
 # stage: D=128, 128 x 64 x 3: 64 KB + 3 x 32 KB = 160 KB; D=64, 128 x 64 x 3: 32 + 3 x 16 = 80 KB. Timed alone
-# (run T3, H100): 64 x 64 is 1.23-1.25x the 128 x 64 config at D=128 and 1.09-1.13x at D=64, so it is listed first.
+# (H100): 64 x 64 is 1.23-1.25x the 128 x 64 config at D=128 and 1.09-1.13x at D=64, so it is listed first.
 GLUON_DQ_CONFIGS = {
     64: [(64, 64, 3, 4), (128, 64, 3, 8)],
     128: [(64, 64, 2, 4), (128, 64, 3, 8)],
@@ -286,7 +286,7 @@ def _attn_bwd_dkdv(q_desc,  # [B, H, S_q, D] 16-bit, tiles [1, 1, BLOCK_M, D]
 # The warp-specialized backward's shared pieces (``_attn_bwd_dq_ws`` below): a one-warp producer partition and two
 # consumer warpgroups, each with its own rows, tiles and "empty" hand-back mbarriers (index c * STAGES + slot).
 # (A warp-specialized dK/dV kernel on the same pieces, never on by default and slower than the single-partition one
-# at D=128 in run S1, was deleted; BENCHMARKS.md keeps its numbers, git its code.)
+# at D=128 in an 8ca4529 run, was deleted; BENCHMARKS.md keeps its numbers, git its code.)
 BWD_CONSUMER_WARPS = gl.constexpr(4)
 # Registers per consumer thread (setmaxnreg): 2 x 128 x 240 + 128 x 24 (the producer's warpgroup) fit an SM's 64 K;
 # the kernel is launched with maxnreg BWD_WS_MAXNREG (12 warps x 32 threads x 168 registers).
@@ -442,8 +442,8 @@ def _attn_bwd_dq(q_desc,  # [B, H, S_q, D] 16-bit, tiles [1, 1, BLOCK_M, D]
 # each slot back through its own "empty" mbarrier, and the producer refills slot j % STAGES with block j once each
 # consumer that read block j - STAGES has handed it back: the forward's ping-pong protocol (attention_fwd_gluon,
 # "Why this cannot deadlock") without the turns, so the consumers run apart.
-# First the fastest in run S1 against the single-partition dQ kernel: at D=64 64 x 128, 2 stages (1.014-1.141x; 64 x
-# 64 tied or lost, 0.899-0.999x); at D=128 64 x 64, 3 stages (1.241-1.257x; 2 stages 1.196-1.236x).
+# First the fastest in an 8ca4529 run against the single-partition dQ kernel: at D=64 64 x 128, 2 stages (1.014-1.141x;
+# 64 x 64 tied or lost, 0.899-0.999x); at D=128 64 x 64, 3 stages (1.241-1.257x; 2 stages 1.196-1.236x).
 GLUON_DQ_WS_CONFIGS = {
     64: [(64, 128, 2, 4), (64, 64, 3, 4)],
     128: [(64, 64, 3, 4), (64, 64, 2, 4)],

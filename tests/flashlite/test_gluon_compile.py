@@ -199,7 +199,7 @@ def _seeded_bf16(batch, heads, seq, dim=128):
 
 
 @pytest.mark.parametrize("batch, heads, seq, dim, dtype, causal, chosen", [
-    (8, 16, 4096, 128, torch.bfloat16, True, True),  # measured: step 1 1.098x the pointer kernel (run 5)
+    (8, 16, 4096, 128, torch.bfloat16, True, True),  # measured: step 1 1.098x the pointer kernel (an 8ca4529 run)
     (2, 16, 16384, 128, torch.bfloat16, True, True),  # 2**19 rows
     (1, 16, 8192, 128, torch.bfloat16, True, True),  # 2**17 rows: step 3 measured 1.089x (session 5, run 2)
     (1, 16, 8192, 64, torch.bfloat16, True, True),  # step 1 64x128x2w4 measured 1.134x
@@ -387,8 +387,8 @@ def test_the_address_check_stays_for_a_single_call():
     assert gluon_supported(unaligned, unaligned, unaligned, addresses=False).startswith("tensors on cpu")
 
 
-# A plan's Gluon launches replayed (GLUON_REPLAY, on unless FLASHLITE_GLUON_REPLAY=0): recorded at the plan's first call,
-# replayed with each later call's descriptors and lse, the ordinary launch otherwise. The kernel, its arguments
+# A plan's Gluon launches replayed (GLUON_REPLAY, on unless FLASHLITE_GLUON_REPLAY=0): recorded at the plan's first
+# call, replayed with each later call's descriptors and lse, the ordinary launch otherwise. The kernel, its arguments
 # and the recording are stood in (the launch needs an sm_90 GPU); the plan and the choice between them are real.
 class _FakeGluonKernel:
     def __init__(self):

@@ -380,7 +380,7 @@ def test_torch_compile_matches_eager(mode):
 def test_torch_compile_leaves_no_guard_on_the_attention_front_end(training):
     # The compiled layer's attention is validated and decided outside dynamo's trace (decide.traced_call_plan):
     # traced, the validation, the dispatch table and the Gluon rule left about 160 guards, checked before every call
-    # (16.7 us a call on the H200's host, run S3). The guard tree must name none of their modules, in inference and
+    # (16.7 us a call on the H200's host). The guard tree must name none of their modules, in inference and
     # where the attention's gradient flows. The graph still computes the eager layer's output.
     from torch._dynamo.eval_frame import _debug_get_cache_entry_list
     torch._dynamo.reset()

@@ -99,8 +99,9 @@ def _callables(shape, pairs):
     return sides
 
 
-# (candidate, baseline). Step 1 (run G5) against SDPA and the pointer kernel, and the softmax/P V overlap against
-# the same schedule without it. (Steps 2 and 4 lost their A/Bs and were deleted; BENCHMARKS.md keeps their numbers.)
+# (candidate, baseline). Step 1 (an 8ca4529 run) against SDPA and the pointer kernel, and the softmax/P V overlap
+# against the same schedule without it. (Steps 2 and 4 lost their A/Bs and were deleted; BENCHMARKS.md keeps their
+# numbers.)
 PAIRS = [("gluon step 1", "sdpa"), ("gluon step 1", "pointer kernel"), ("gluon step 1 overlap", "gluon step 1")]
 # Step 3 against SDPA, the pointer kernel and step 1 (the kept one), its overlap against itself without; at D=64
 # also each D=64 block shape against step 1's default and against the pointer kernel (the kernel D=64 runs on).
@@ -150,8 +151,8 @@ def test_gluon_step3_and_d64_shapes_ab(shape, kernel_ab):
 # of flashlite.attention(backend="triton") with FLASHLITE_GLUON_BWD's switch on (dK/dV and dQ on the Gluon kernels
 # of one schedule, delta on the pointer kernel) against the same with it off (all pointer kernels), and against
 # SDPA. The default schedule ("mixed": dK/dV single-partition, dQ warp-specialized) is the candidate, against the
-# pointer backward, the single-partition Gluon schedule ("pipelined", which lost to the pointer backward in run I1)
-# and SDPA. (The all-warp-specialized schedule "ws" was deleted with its dK/dV kernel.) Each side sets the switch
+# pointer backward, the single-partition Gluon schedule ("pipelined", which lost to the pointer backward in an 8ca4529
+# run) and SDPA. (The all-warp-specialized schedule "ws" was deleted with its dK/dV kernel.) Each side sets the switch
 # before its call; the plan keeps a decision per switch value, so flipping costs a lookup.
 def _forward_backward(q, k, v, grad_out, *, gluon_bwd: str):
     """``gluon_bwd``: a value of FLASHLITE_GLUON_BWD ("0" the pointer backward, "1", "ws_dq", "mixed")."""
@@ -225,7 +226,7 @@ def test_gluon_backward_ab(shape, kernel_ab):
 
 
 # FLASHLITE_GLUON_BWD=ws_dq: the warp-specialized Gluon dQ kernel with the pointer dK/dV kernel (after the delta
-# kernel), where each was the faster of its kind at D=128 (runs S1 and T1), against the pointer backward and SDPA.
+# kernel), where each was the faster of its kind at D=128 (8ca4529 runs), against the pointer backward and SDPA.
 # ``-k ws_dq``.
 @pytest.mark.shape(*SHAPES, dtype=[torch.bfloat16])
 @pytest.mark.memory(lambda shape: attention_bytes(shape, copies=14))
@@ -234,7 +235,7 @@ def test_gluon_ws_dq_backward_ab(shape, kernel_ab):
 
 
 # FLASHLITE_GLUON_BWD=mixed: dK/dV on the single-partition Gluon kernel and dQ on the warp-specialized one, each
-# kernel's faster schedule at D=128 when timed alone (run T3), against ws_dq, the pointer backward and SDPA.
+# kernel's faster schedule at D=128 when timed alone (an 8ca4529 run), against ws_dq, the pointer backward and SDPA.
 # ``-k mixed``.
 @pytest.mark.shape(*SHAPES, dtype=[torch.bfloat16])
 @pytest.mark.memory(lambda shape: attention_bytes(shape, copies=14))

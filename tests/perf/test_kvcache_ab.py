@@ -114,7 +114,7 @@ def test_decoding_kernel_vs_its_sdpa_path(shape, kernel_ab):
 
 # Split-KV: the same decode with each entry's keys shared out over 2 to 8 programs per query block, against the
 # unsplit kernel and SDPA. B * H_kv = 256 programs on an H200's 132 SMs leave the short caches (4,096 keys) at 52%
-# of the copy bandwidth unsplit (run G3); these rows say where splitting pays, for attention_with_kvcache's
+# of the copy bandwidth unsplit (an 8ca4529 run); these rows say where splitting pays, for attention_with_kvcache's
 # num_splits default.
 SPLIT_SHAPES = [dict(variant=variant, B=32, S=S, H=32, H_kv=8, D=128) for variant in ("kvcache", "kvcache_paged")
                 for S in (4096, 16384, 131072)]
