@@ -15,8 +15,8 @@ the warp-specialized one (a TMA producer warp and two consumer warpgroups). FLAS
 the other values run them on every call the kernels can run: 1 both on the single-partition kernels ("pipelined";
 ``GLUON_BWD_VARIANT``), mixed dK/dV on the single-partition kernel and dQ on the warp-specialized one (each kernel's
 faster schedule at D=128 in an 8ca4529 run), ws_dq only dQ on the warp-specialized kernel and dK/dV on the pointer
-kernel (``GLUON_BWD_DKDV``). (The warp-specialized dK/dV kernel and the value "ws" that selected it were deleted: never on
-by default, and slower than the single-partition kernel at D=128.)
+kernel (``GLUON_BWD_DKDV``). (The warp-specialized dK/dV kernel and the value "ws" that selected it were deleted:
+never on by default, and slower than the single-partition kernel at D=128.)
 """
 from __future__ import annotations
 
