@@ -14,10 +14,10 @@ class ABSession:
     enabled: bool
     settings: dict[str, Any]
     report_path: str | None
-    previous: dict[str, Any] | None
-    records: list[dict[str, Any]] = field(default_factory=list)  # JSON records, as every worker sent them
+    previous: Any  # report_record.ABReport: the earlier report to compare with (--kernel-ab-compare), or None
+    records: list[Any] = field(default_factory=list)  # records.ABRecord of every test, typed on arrival
     finished: bool = False  # the report is built (and written) once, at session finish
-    built: dict[str, Any] | None = None  # None when no comparison ran
+    built: Any = None  # report_record.ABReport, built at session finish; None when no comparison ran
     notes: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)  # report files that could not be written
     rules: tuple[Any, ...] = ()  # gate.Rule: --kernel-ab-compare-fail
@@ -71,7 +71,7 @@ def finish(session: ABSession) -> None:
         session.notes.append(f"A/B report not rewritten while the run went: {session.progress.error}")
     if not session.records:
         return
-    session.built = report.build_report(
+    session.built = report.assemble_report(
         session.records, settings=_report_settings(session), environment=_environment(session),
         previous=session.previous
     )
@@ -111,15 +111,15 @@ def _report_settings(session: ABSession) -> dict[str, Any]:
     return {**session.settings, "ceilings": "on" if session.ceilings.enabled else "off"}
 
 
-def report_so_far(session: ABSession) -> dict[str, Any]:
-    """The JSON report of the records so far, marked unfinished (no comparison with an earlier run yet); its
+def report_so_far(session: ABSession) -> Any:
+    """The typed report of the records so far, marked unfinished (no comparison with an earlier run yet); its
     environment is read once, at the first rewrite."""
     from .results import report
 
     if session.environment is None:
         session.environment = _environment(session)
-    return report.build_report(session.records, settings=_report_settings(session),
-                               environment=session.environment, finished=False)
+    return report.assemble_report(session.records, settings=_report_settings(session),
+                                  environment=session.environment, finished=False)
 
 
 def _history(session: ABSession) -> tuple[Any, ...]:
@@ -172,8 +172,7 @@ def summarise(session: ABSession, terminalreporter: Any) -> None:
         terminalreporter.write_line(line, yellow=True)
     if session.regressions:
         terminalreporter.write_sep("=", "kernelcheck: regressions", red=True, bold=True)
-        differences = session.built.get("machine_differences") or ()
-        for line in gate.regression_lines(session.regressions, differences):
+        for line in gate.regression_lines(session.regressions, session.built.machine_differences):
             terminalreporter.write_line(line, red=not line.startswith(" "), bold=line.startswith("WARNING"))
         terminalreporter.write_line(gate.failing_line(session.regressions))
 
@@ -200,11 +199,11 @@ def start(settings: Any, config: pytest.Config) -> ABSession:
             storage.check_name(settings.save_name)
         if compare_spec:
             compare_path = run_lookup.resolve_compare(compare_spec, machine_folder)
-            previous = report.load_report(compare_path)
+            previous = report.read_report(compare_path)
             # A saved run of another machine is refused; a path is the user's explicit choice, compared with a
             # warning in the report and the summary (report.machine_lines), which is read at the end.
             if not storage.names_a_file(compare_spec):
-                storage.check_same_machine(compare_spec, compare_path, previous.get("environment") or {},
+                storage.check_same_machine(compare_spec, compare_path, previous.environment,
                                            machine_folder.environment())
         if settings.saving and settings.enabled:
             save_folder = machine_folder()
@@ -222,7 +221,7 @@ def start(settings: Any, config: pytest.Config) -> ABSession:
                         cpu_threads=settings.cpu_threads, profile=settings.profile, options=settings)
     if report_path and settings.profile is None and not hasattr(config, "workerinput"):
         session.progress = report.ProgressWriter(report_path)
-    if previous is not None and previous.get("finished") is False:
+    if previous is not None and not previous.finished:
         session.notes.append(f"--kernel-ab-compare: the earlier report is of a run that did not finish "
-                             f"({len(previous.get('comparisons') or ())} comparisons); only those are compared")
+                             f"({len(previous.comparisons)} comparisons); only those are compared")
     return session

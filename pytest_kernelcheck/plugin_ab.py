@@ -3,7 +3,8 @@
 The work lives in :mod:`pytest_kernelcheck.speed.ab` (comparisons), :mod:`.stats` and :mod:`.report`; this module only
 connects them to pytest. Results travel on the test report as the ``kernel_ab_records`` attribute (a JSON
 string of :mod:`.records` in their JSON form), which pytest-xdist serialises with the report, so the controller's
-summary sees every worker's results.
+summary sees every worker's results; the collector types them on arrival, and the report stays typed until it is
+written.
 """
 from __future__ import annotations
 
@@ -265,7 +266,10 @@ class _Collector:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         payload = getattr(report, RECORDS_ATTRIBUTE, None)
         if payload:
-            self.session.records.extend(json.loads(payload))
+            from .results.records import record_from_json
+
+            # JSON only on the hop (the same string in one process as from an xdist worker); typed from here on.
+            self.session.records.extend(record for record in map(record_from_json, json.loads(payload)) if record)
             if self.session.progress is not None and not self.session.finished:
                 self.session.progress.maybe_write(lambda: report_so_far(self.session))
         profiled = getattr(report, PROFILE_ATTRIBUTE, None)

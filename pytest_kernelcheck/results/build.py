@@ -1,5 +1,6 @@
-"""Build the A/B report from the records of a run: Benjamini-Hochberg columns, totals, ceilings, and the match
-with an earlier report."""
+"""Build the typed A/B report from the records of a run: Benjamini-Hochberg columns, totals, ceilings, and the
+match with an earlier report. The plugin keeps the typed report (:func:`assemble_report`) until it writes it;
+:func:`build_report` gives its JSON form."""
 from __future__ import annotations
 
 import collections
@@ -10,6 +11,7 @@ from ..speed import stats
 from .environment import utc_now
 from .records import (
     BASELINE_MOVE,
+    ABRecord,
     CeilingRecord,
     ComparisonRecord,
     LastRun,
@@ -23,26 +25,47 @@ from .unmatched import vanished_rows
 
 
 def build_report(
-    records: Sequence[Mapping[str, Any]],
+    records: Sequence[Mapping[str, Any] | ABRecord],
     *,
     settings: Mapping[str, Any],
     environment: Mapping[str, Any] | None = None,
-    previous: Mapping[str, Any] | None = None,
+    previous: ABReport | Mapping[str, Any] | None = None,
     finished: bool = True,
 ) -> dict[str, Any]:
-    """Assemble the report from JSON records: comparisons with Benjamini-Hochberg columns, tournaments, totals,
-    and regressions against ``previous`` (an earlier report, as :func:`load_report` returns it); where
-    ``previous`` was measured on another machine than ``environment`` says (:func:`storage.machine_differences`),
-    the report's ``machine_differences`` says how, and :func:`machine_lines` warns of it.
-    ``finished=False`` marks the report of a run still going (see :class:`ProgressWriter`).
+    """The report of :func:`assemble_report` in its JSON form, for callers that write or send it (the plugin
+    itself keeps the typed report until it writes the file).
 
     >>> r = build_report([{"kind": "comparison", "nodeid": "t.py::a", "name": "a", "verdict": "win",
     ...                    "speedup": 1.2, "ci": [1.1, 1.3], "p_value": 0.001}], settings={"alpha": 0.05})
     >>> r["summary"]["win"], r["comparisons"][0]["verdict_bh"]
     (1, 'win')
     """
+    return assemble_report(records, settings=settings, environment=environment, previous=previous,
+                           finished=finished).to_json()
+
+
+def assemble_report(
+    records: Sequence[Mapping[str, Any] | ABRecord],
+    *,
+    settings: Mapping[str, Any],
+    environment: Mapping[str, Any] | None = None,
+    previous: ABReport | Mapping[str, Any] | None = None,
+    finished: bool = True,
+) -> ABReport:
+    """Assemble the typed report from the run's records (typed, or in their JSON form as they cross the xdist
+    hop): comparisons with Benjamini-Hochberg columns, tournaments, totals, and regressions against ``previous``
+    (an earlier report: typed, as :func:`.report_files.read_report` returns it, or its JSON); where ``previous``
+    was measured on another machine than ``environment`` says (:func:`storage.machine_differences`), the
+    report's ``machine_differences`` says how, and :func:`machine_lines` warns of it.
+    ``finished=False`` marks the report of a run still going (see :class:`ProgressWriter`).
+
+    >>> r = assemble_report([{"kind": "comparison", "nodeid": "t.py::a", "name": "a", "verdict": "win",
+    ...                       "speedup": 1.2, "ci": [1.1, 1.3], "p_value": 0.001}], settings={"alpha": 0.05})
+    >>> r.summary.win, r.comparisons[0].verdict_bh
+    (1, 'win')
+    """
     alpha = float(settings.get("alpha", 0.05))
-    typed = [record_from_json(record) for record in records]
+    typed = [record if isinstance(record, (ComparisonRecord, TournamentRecord, MeasurementRecord)) else record_from_json(record) for record in records]
     comparisons = sorted((r for r in typed if isinstance(r, ComparisonRecord)), key=lambda r: r.nodeid)
     tournaments = sorted((r for r in typed if isinstance(r, TournamentRecord)), key=lambda r: r.nodeid)
     measurements = sorted((r for r in typed if isinstance(r, MeasurementRecord)), key=lambda r: r.nodeid)
@@ -51,8 +74,7 @@ def build_report(
     machine_differences: tuple[str, ...] = ()
     vanished: tuple[ComparisonRecord, ...] = ()
     if previous is not None:
-
-        earlier = ABReport.from_json(previous)
+        earlier = previous if isinstance(previous, ABReport) else ABReport.from_json(previous)
         comparisons, regressions = _mark_against_previous(comparisons, earlier.comparisons)
         vanished = vanished_rows(earlier.comparisons, comparisons)
         machine_differences = differences(earlier.environment, environment or {})
@@ -88,7 +110,7 @@ def build_report(
         machine_differences=machine_differences,
         vanished=vanished,
     )
-    return report.to_json()
+    return report
 
 
 def _with_ceilings(environment: dict[str, Any], records: Sequence[Any], settings: Mapping[str, Any]) -> dict[str, Any]:

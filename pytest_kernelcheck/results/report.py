@@ -1,8 +1,9 @@
 """A/B report: summary statistics, terminal table, JSON, markdown, plot, and comparison with an earlier report.
 
-The report is a plain JSON dict (see :func:`build_report`) so that it can be written, read back and compared
-without the objects that produced it; its input records are the JSON records of comparisons and tournaments.
-Everything here reads both through the typed records of :mod:`pytest_kernelcheck.results.records`.
+In the run the report is typed (:class:`.report_record.ABReport`, built by :func:`assemble_report`); it becomes
+JSON only when written (:func:`write_json`, :func:`write_all`) and is typed again when an earlier report is read
+(:func:`read_report`). Every writer here takes the typed report or its JSON form (:func:`build_report`,
+:func:`load_report`), which users and tests call.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 # Re-exported below: report is where readers of a report find building, reading, writing and showing it.
 from . import modes_text, plots
-from .build import build_report
+from .build import assemble_report, build_report
 from .environment import environment_info
 from .plots import PLOT_MISSING_NOTE
 from .records import SCHEMA, SCHEMA_VERSION
@@ -22,10 +23,11 @@ from .report_files import (
     companion_paths,
     load_report,
     plot_paths,
+    read_report,
     write_json,
     write_text,
 )
-from .report_record import RunEnvironment
+from .report_record import ABReport, RunEnvironment
 from .report_text import (
     as_report,
     ceiling_lines,
@@ -46,11 +48,12 @@ from .report_text import (
 from .unmatched import vanished_lines
 
 __all__ = [
-    "PLOT_MISSING_NOTE", "SCHEMA", "SCHEMA_VERSION", "VERDICT_MARKUP", "ProgressWriter", "ReportError", "Written",
-    "build_report", "ceiling_lines", "check_writable", "companion_paths", "environment_info", "error_lines",
-    "format_shape", "gpu_lines", "history_lines", "load_report", "machine_lines", "measurement_rows", "note_lines", "plot_paths",
-    "rate_pair", "summary_line", "table_rows", "tournament_lines", "write_all", "write_json", "write_markdown",
-    "write_plot", "write_terminal",
+    "ABReport", "PLOT_MISSING_NOTE", "SCHEMA", "SCHEMA_VERSION", "VERDICT_MARKUP", "ProgressWriter",
+    "ReportError", "Written", "assemble_report", "build_report", "ceiling_lines", "check_writable",
+    "companion_paths", "environment_info", "error_lines", "format_shape", "gpu_lines", "history_lines",
+    "load_report", "machine_lines", "measurement_rows", "note_lines", "plot_paths", "rate_pair", "read_report",
+    "summary_line", "table_rows", "tournament_lines", "write_all", "write_json", "write_markdown", "write_plot",
+    "write_terminal",
 ]
 
 VERDICT_MARKUP = {
@@ -70,8 +73,8 @@ class Written:
     note: str | None = None
 
 
-def write_all(report: dict[str, Any], json_path: str | Path, history: Sequence[Any] = ()) -> Written:
-    """Write the JSON report and beside it the speedup plot, the roofline (comparisons and measurements that
+def write_all(report: ABReport | Mapping[str, Any], json_path: str | Path, history: Sequence[Any] = ()) -> Written:
+    """Write the report (typed, or its JSON form) as JSON and beside it the speedup plot, the roofline (comparisons and measurements that
     gave flops and bytes), the trend plot (given ``history``: :class:`pytest_kernelcheck.results.storage.RunSpeedups`,
     oldest first) and the markdown, which shows the history table and links the roofline and trend plots.
 
@@ -84,6 +87,7 @@ def write_all(report: dict[str, Any], json_path: str | Path, history: Sequence[A
     ...
     pytest_kernelcheck.results.report_files.ReportError: cannot write report '/dev/null/ab.json': [Errno 17] File exists: '/dev/null'
     """
+    report = as_report(report)  # typed once: the JSON file, the plots and the markdown all read this
     markdown_path, plot_path = companion_paths(json_path)
     extra = plot_paths(json_path)
     write_json(report, json_path)
@@ -149,7 +153,7 @@ class ProgressWriter:
         wait = max(self.min_interval, self.last_cost / self.max_share)
         return self.clock() - self.last_write >= wait
 
-    def maybe_write(self, build: Callable[[], dict[str, Any]]) -> bool:
+    def maybe_write(self, build: Callable[[], ABReport | Mapping[str, Any]]) -> bool:
         """Write ``build()`` (a report with ``finished=False``) when a rewrite is due; whether it wrote."""
         if not self.due():
             return False
@@ -165,7 +169,7 @@ class ProgressWriter:
         return True
 
 
-def write_markdown(report: Mapping[str, Any], path: str | Path, history: Sequence[Any] = (),
+def write_markdown(report: ABReport | Mapping[str, Any], path: str | Path, history: Sequence[Any] = (),
                    images: Mapping[str, str] | None = None) -> None:
     """Write the comparison table, totals, tournaments, measurements, ceilings and (given saved runs) the speedup
     history as markdown; ``images`` (``roofline``, ``trend``: file names beside ``path``) are linked."""
@@ -212,7 +216,7 @@ def write_markdown(report: Mapping[str, Any], path: str | Path, history: Sequenc
     write_text(path, "\n".join(lines) + "\n")
 
 
-def write_plot(report: Mapping[str, Any], path: str | Path) -> str | None:
+def write_plot(report: ABReport | Mapping[str, Any], path: str | Path) -> str | None:
     """Plot the paired speedup of every comparison with its interval (:func:`plots.write_intervals`); returns a
     note instead when matplotlib is missing."""
     outcome = plots.write_intervals(report, path)
@@ -220,7 +224,7 @@ def write_plot(report: Mapping[str, Any], path: str | Path) -> str | None:
 
 
 def write_terminal(
-    terminal: Any, report: Mapping[str, Any], notes: Iterable[str] = (), errors: Iterable[str] = ()
+    terminal: Any, report: ABReport | Mapping[str, Any], notes: Iterable[str] = (), errors: Iterable[str] = ()
 ) -> None:
     """Write the A/B section to pytest's terminal reporter, verdicts coloured where the terminal allows.
 

@@ -7,12 +7,13 @@ import math
 import os
 import secrets
 from pathlib import Path
-from typing import Any, BinaryIO, Callable
+from typing import Any, BinaryIO, Callable, Mapping
 
 from .records import (
     DamagedReport,
     NotAReport,
 )
+from .report_record import ABReport
 from .report_schema import checked_report
 
 
@@ -61,9 +62,22 @@ def check_writable(json_path: str | Path) -> None:
 
 
 def load_report(path: str | Path) -> dict[str, Any]:
-    """Read an earlier JSON report, with a clear error when it is missing or not an A/B report.
+    """The JSON form of :func:`read_report` (the earlier report, every field checked), for callers that want the
+    document as written.
 
     >>> load_report("/nonexistent/ab.json")
+    Traceback (most recent call last):
+    ...
+    pytest_kernelcheck.results.report_files.ReportError: earlier report '/nonexistent/ab.json' does not exist
+    """
+    data, _ = _read(path)
+    return data
+
+
+def read_report(path: str | Path) -> ABReport:
+    """Read an earlier JSON report as the typed report, with a clear error when it is missing or not an A/B report.
+
+    >>> read_report("/nonexistent/ab.json")
     Traceback (most recent call last):
     ...
     pytest_kernelcheck.results.report_files.ReportError: earlier report '/nonexistent/ab.json' does not exist
@@ -72,6 +86,11 @@ def load_report(path: str | Path) -> dict[str, Any]:
     shown but never judged, or crash the run at its end): ``earlier report 'ab.json': comparisons[0]
     ('fused'): field 'verdict': 'WIN' is refused; accepted: 'win', 'loss', 'tie', 'inconclusive', 'error'``.
     """
+    _, typed = _read(path)
+    return typed
+
+
+def _read(path: str | Path) -> tuple[dict[str, Any], ABReport]:
     try:
         data = json.loads(Path(path).read_text())
     except FileNotFoundError:
@@ -79,21 +98,22 @@ def load_report(path: str | Path) -> dict[str, Any]:
     except (OSError, ValueError, RecursionError) as exc:  # RecursionError: arrays nested thousands deep
         raise ReportError(f"earlier report {str(path)!r} cannot be read as JSON: {exc}") from None
     try:
-        checked_report(data)  # the check every reader of a report makes: each field's JSON type, then its value
+        typed = checked_report(data)  # every reader of a report checks each field's JSON type, then its value
     except NotAReport as exc:
         raise ReportError(f"{str(path)!r} is not a kernel A/B report ({exc})") from None
     except DamagedReport as exc:
         raise ReportError(f"earlier report {str(path)!r}: {exc}") from None
-    return data
+    return data, typed
 
 
-def write_json(report: dict[str, Any], path: str | Path) -> None:
-    """Write the report as standard JSON (non-finite numbers become null).
+def write_json(report: ABReport | Mapping[str, Any], path: str | Path) -> None:
+    """Write the report (typed, or already in its JSON form) as standard JSON (non-finite numbers become null).
 
     Like every report file it goes to a temporary file beside ``path`` that then replaces ``path`` in one step,
     so a failed or killed write leaves the previous file as it was, never half a file.
     """
-    write_text(path, json.dumps(_finite(report), indent=1, default=str, allow_nan=False) + "\n")
+    document = report.to_json() if isinstance(report, ABReport) else dict(report)
+    write_text(path, json.dumps(_finite(document), indent=1, default=str, allow_nan=False) + "\n")
 
 
 def _finite(value: Any) -> Any:

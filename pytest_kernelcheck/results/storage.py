@@ -262,8 +262,9 @@ give a folder of saved runs (it is created when a run is saved)
                            f"writable; {accepted}")
 
 
-def save(report: Mapping[str, Any], folder: str | Path, name: str) -> Path:
-    """Write ``report`` as the next numbered run in ``folder``; returns its path.
+def save(report: Any, folder: str | Path, name: str) -> Path:
+    """Write ``report`` (typed, :class:`.report_record.ABReport`, or its JSON form) as the next numbered run in
+    ``folder``; returns its path.
 
     Every save gets a number of its own and replaces no file, whoever else saves into the folder at once (parallel
     pytest invocations, CI jobs or users sharing it, each with its own temp directory): the number is claimed in
@@ -280,7 +281,7 @@ def save(report: Mapping[str, Any], folder: str | Path, name: str) -> Path:
     # Written whole first, under a name no listing takes for a run; only then given its number, in one step.
     staged = folder / f".{name}.{os.getpid()}.{secrets.token_hex(4)}.staged"
     try:
-        report_files.write_json(dict(report), staged)
+        report_files.write_json(report, staged)
         return _publish(staged, folder, name)
     except report_files.ReportError as exc:
         raise StorageError(f"--kernel-ab-save: {exc}") from None
