@@ -68,17 +68,14 @@ def group_of(record: ComparisonRecord) -> str:
 
 
 def row_flags(record: ComparisonRecord) -> list[str]:
-    """Short flags drawn beside a row: the medians disagree with the paired speedup (:mod:`.reading`), and any
-    per-row ``flags`` a record carries (measurement modes that disagree, say), so a new flag needs no change here.
+    """Short flags drawn beside a row: the medians disagree with the paired speedup (:mod:`.reading`), and the
+    measurement modes reached different verdicts (:attr:`.records.ComparisonRecord.modes_disagree`).
 
     >>> row_flags(ComparisonRecord("a", "win", speedup=1.1, ci=(1.05, 1.2), candidate_ms=2.0, baseline_ms=1.0))
     ['medians disagree']
     """
-    flags = ["medians disagree"] if reading.medians_disagree(record) else []
-    extra = getattr(record, "flags", None) or ()
-    if getattr(record, "modes_disagree", False):
-        extra = (*extra, "modes disagree")
-    return flags + [str(flag) for flag in extra if str(flag) not in flags]
+    return (["medians disagree"] if reading.medians_disagree(record) else []) + \
+        (["modes disagree"] if record.modes_disagree else [])
 
 
 def interval_rows(report: ABReport | Mapping[str, Any]) -> list[tuple[str, list[ComparisonRecord]]]:
