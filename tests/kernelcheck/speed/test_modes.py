@@ -87,6 +87,7 @@ def test_a_against_a_gives_no_more_false_verdicts_than_alpha_in_every_mode(mode)
         timer = SimulatedTimer({fn: noisy(1e-3, 0.05)}, seed=seed)
         budget = Budget(max_time=0.5, warmup=0.0, seed=seed, max_pairs=160, alpha=0.05)
         result = run_comparison(fn, fn, budget, timer={mode: timer}, modes=(mode,))
+        assert result.mode == mode and result.modes[mode].available  # the mode itself measured, not a fallback
         false += result.verdict in ("win", "loss")
     assert false <= 16, f"{false} false verdicts of 200 in {mode} mode"
 
