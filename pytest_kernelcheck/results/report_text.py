@@ -330,13 +330,16 @@ def summary_line(report: ABReport | Mapping[str, Any]) -> str:
 
     >>> from pytest_kernelcheck.results.build import build_report
     >>> summary_line(build_report([], settings={"alpha": 0.05}))
-    '0 win, 0 loss, 0 tie, 0 inconclusive; geometric-mean speedup -x over 0; after Benjamini-Hochberg (FDR 0.05): 0 win, 0 loss survive'
+    '0 win, 0 loss, 0 tie, 0 inconclusive; no speedup measured, so no geometric mean; after Benjamini-Hochberg (FDR \
+0.05): 0 win, 0 loss survive'
     """
     s = as_report(report).summary
     parts = [
         f"{s.win} win, {s.loss} loss, {s.tie} tie, {s.inconclusive} inconclusive"
         + (f", {s.error} error" if s.error else ""),
-        f"geometric-mean speedup {_number(s.geomean_speedup, '.3f')}x over {s.comparisons - s.error}",
+        # With no speedup measured there is no mean to print: "-x over 0" read as a number of its own.
+        f"geometric-mean speedup {_number(s.geomean_speedup, '.3f')}x over {s.comparisons - s.error}"
+        if s.geomean_speedup is not None else "no speedup measured, so no geometric mean",
         f"after Benjamini-Hochberg (FDR {s.bh_alpha:g}): {s.bh_win} win, {s.bh_loss} loss survive",
     ]
     if s.throttled:

@@ -66,6 +66,15 @@ def test_summary_counts_geomean_and_benjamini_hochberg():
     assert "p_bh" not in by_name["broken"]
 
 
+def test_a_run_whose_every_comparison_failed_prints_no_mean_speedup():
+    # "geometric-mean speedup -x over 0" read as a speedup of its own; with none measured the line says so.
+    line = report.summary_line(report.assemble_report(RECORDS[-1:], settings=SETTINGS))
+    assert line.startswith("0 win, 0 loss, 0 tie, 0 inconclusive, 1 error; no speedup measured, so no geometric mean;")
+    assert "-x" not in line
+    measured = report.summary_line(report.assemble_report(RECORDS[:1], settings=SETTINGS))
+    assert "geometric-mean speedup 1.200x over 1" in measured
+
+
 def test_regressions_against_an_earlier_report():
     earlier = report.build_report(
         [
