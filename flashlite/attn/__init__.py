@@ -26,7 +26,7 @@ it, or would shadow it.) Modules, each importing only those listed before it:
 * ``kvcache``: ``attention_with_kvcache()``, decoding against a contiguous or paged cache, and its op. Its kernel
   launch is the last lines of ``attention_with_kvcache`` (``triton.launch_forward`` with the plan's problem).
 
-Each module-level setting (``_GRID_AXIS1_LIMIT`` in ``triton``; ``_PLANS``, ``MAX_PLANS`` and ``RECORD_LAUNCHES``
+Each module-level setting (``_GRID_AXIS1_LIMIT`` in ``triton``; ``_PLANS`` and ``MAX_PLANS``
 in ``plan``; ``GLUON_MIN_ROWS`` and ``GLUON_ENABLED`` in ``gluon``) lives in the one module that reads it: patch it
 there.
 """

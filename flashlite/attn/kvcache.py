@@ -218,7 +218,8 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         # The kernel takes the table's row stride only and walks a row at unit column stride: a table whose
         # columns are not adjacent (transposed, or every other column of a wider one) would name other blocks.
         block_table = block_table.contiguous()  # [B, max blocks] int32: small
-    # The kernel's causal mode aligned to each key length: query i sees keys j <= i + n_b - S_q.
+    # The kernel's causal mode aligned to each key length: query i sees keys j <= i + n_b - S_q. The Gluon
+    # kernels take no cache calls: gluon and gluon_bwd stay False.
     plan = Plan(dataclasses.replace(problem, causal_mode=CAUSAL_KEY_LENGTH, page_size=page_size,
                                     key_splits=num_splits), decision)
     return launch_forward(q, k_cache, v_cache, lengths, alibi_slopes, plan, need_lse=False,
