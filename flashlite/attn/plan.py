@@ -191,6 +191,13 @@ def sizes_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mas
     return SizesKey(key)
 
 
+class CacheKey(tuple):
+    """The key of an ``attention_with_kvcache`` plan (``kvcache._plan_key``): a tuple of its own class, so that it
+    never equals an ``attention()`` key in the one plan cache."""
+
+    __slots__ = ()
+
+
 def fits_any_length_plan(k: torch.Tensor, v: torch.Tensor, key_padding_mask: Optional[torch.Tensor]) -> bool:
     """What validation checks of a call's key length beyond ``sizes_key``: k and v of one length, and a
     key_padding_mask [B, S_k] of it."""
