@@ -3,7 +3,8 @@
 A signature is everything validation and the decision depend on: the shapes, strides, dtypes and devices of q, k,
 v and the key mask, and the non-tensor arguments. A call whose signature has a plan skips validation, dispatch and,
 once its launches are recorded, Triton's argument binding: at launch-bound sizes those cost as much as the kernel.
-Both ``attention()`` and the custom ops (which torch.compile'd graphs call) keep their plans here. Imports
+``attention()``, the custom ops (which torch.compile'd graphs call) and ``attention_with_kvcache`` (under a
+``CacheKey``, without the lengths, which are data of each call) keep their plans here. Imports
 ``problem`` and ``flashlite._native`` (the key packed in C++) only.
 """
 from __future__ import annotations
