@@ -23,10 +23,11 @@ it, or would shadow it.) Modules, each importing only those listed before it:
 * ``api``: ``attention()`` and ``explain_dispatch()``: replay a kept plan, or make and keep one, then run it;
 * ``varlen``: ``attention_varlen()``, packed variable-length sequences, and its ops;
 * ``kvcache_writes`` (imports nothing from the package): what writing new tokens into a KV cache needs;
-* ``kvcache``: ``attention_with_kvcache()``, decoding against a contiguous or paged cache, and its op. Its kernel
-  launch is the last lines of ``attention_with_kvcache`` (``triton.launch_forward`` with the plan's problem).
+* ``kvcache``: ``attention_with_kvcache()``, decoding against a contiguous or paged cache, and its op. Its plans
+  live in ``plan``'s cache under a ``CacheKey`` (no lengths in it); it launches the decoding kernel (replayed by a
+  recording plan) or ``triton.launch_forward`` with the plan's problem.
 
-Each module-level setting (``_GRID_AXIS1_LIMIT`` in ``triton``; ``_PLANS``, ``MAX_PLANS`` and ``RECORD_LAUNCHES``
+Each module-level setting (``_GRID_AXIS1_LIMIT`` in ``triton``; ``_PLANS`` and ``MAX_PLANS``
 in ``plan``; ``GLUON_MIN_ROWS`` and ``GLUON_ENABLED`` in ``gluon``) lives in the one module that reads it: patch it
 there.
 """

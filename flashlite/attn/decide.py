@@ -17,7 +17,7 @@ from torch.fx.experimental.symbolic_shapes import has_static_value
 from flashlite import _env, _runtime
 from flashlite.attn import gluon as launch_gluon, gluon_bwd as launch_gluon_bwd
 from flashlite.attn.ops import needs_gradient, run_triton, run_triton_compiled
-from flashlite.attn.plan import Plan
+from flashlite.attn.plan import Plan, has_room
 from flashlite.attn.sdpa import check_attn_mask, plain_sdpa_causal, sdpa_attention
 from flashlite.attn.problem import (_CAUSAL_ARGUMENT, Problem, kernel_size_limit, kernel_unsupported,
                                              validate)
@@ -97,6 +97,13 @@ def _sdpa_run(problem: Problem, scale: Optional[float]) -> Callable[..., torch.T
     return functools.partial(_run_sdpa, problem)
 
 
+def _runs_by_gradient(no_gradient_runner: Callable[[Plan], Callable[..., torch.Tensor]],
+                      gradient_runner: Callable[[Plan], Callable[..., torch.Tensor]],
+                      plan: Plan) -> Callable[..., torch.Tensor]:
+    """A plan's run that picks per call between the runs of its two decisions."""
+    return functools.partial(_run_by_gradient, no_gradient_runner(plan), gradient_runner(plan))
+
+
 def _run_for(backend: str, plan: Plan, scale: Optional[float]) -> Callable[..., torch.Tensor]:
     """How ``plan`` runs its calls on ``backend``. Plans made while torch.compile traces are never kept: their
     Triton run calls the custom op, which the graph keeps."""
@@ -156,14 +163,17 @@ def make_plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: Union[b
     if backward is not None:
         gradient_decision = Decision("triton", f"{gradient_decision.reason}; {backward}")
     log_decision(gradient_decision if needs_gradient(q, k, v) else decision, q, k)
-    plan = Plan(problem, decision, record=uses_triton and q.is_cuda and not _runtime.interpreting())
-    plan.gradient_decision = gradient_decision
-    plan.gluon = on_gluon is not None
-    plan.run = _run_for(decision.backend, plan, scale)
-    plan.any_key_length = _serves_any_key_length(problem, backend, decision, gradient_decision, q, k, v,
-                                                 key_padding_mask)
-    if gradient_decision.backend != decision.backend:
-        plan.run = functools.partial(_run_by_gradient, plan.run, _run_for(gradient_decision.backend, plan, scale))
+    no_gradient_run, gradient_run = (functools.partial(_run_for, d.backend, scale=scale)
+                                     for d in (decision, gradient_decision))
+    if gradient_decision.backend == decision.backend:
+        runner = no_gradient_run
+    else:
+        runner = functools.partial(_runs_by_gradient, no_gradient_run, gradient_run)
+    plan = Plan(problem, decision, gradient_decision, runner, gluon=on_gluon is not None,
+                gluon_bwd=backward is not None,
+                any_key_length=_serves_any_key_length(problem, backend, decision, gradient_decision, q, k, v,
+                                                      key_padding_mask),
+                record=uses_triton and q.is_cuda and not _runtime.interpreting() and has_room())
     return plan
 
 

@@ -83,13 +83,11 @@ GLUON_MIN_SEQ = {64: 512, 128: 2048}
 GLUON_FP16_MIN_SEQ = 4096
 GLUON_WINDOW_MIN_SEQ = 16384
 GLUON_ENABLED = _env.flag("FLASHLITE_GLUON", True)
-# A plan's Gluon launches replayed (flashlite._direct_launch: the compiled kernel kept from the plan's first
-# launch, each later call passing its own TMA descriptors and lse, Triton's per-call argument binding skipped), as
-# the pointer kernel's launches are. On the H200 (benchmarks/results/h200-2026-12-04/run1_key_replay_auto at commit
-# 8ca4529) it tied
-# the ordinary launch at 8 of 10 shapes and won at the host-bound two (D=64, B=64 S=256 and B=128 S=128: 1.30x),
-# and its bit-for-bit GPU test passed; FLASHLITE_GLUON_REPLAY=0 turns it off.
-GLUON_REPLAY = _env.flag("FLASHLITE_GLUON_REPLAY", True)
+# A recording plan's Gluon launches are replayed (flashlite._direct_launch: the compiled kernel kept from the plan's
+# first launch, each later call passing its own TMA descriptors and lse, Triton's per-call argument binding
+# skipped), as the pointer kernel's launches are. On the H200 (benchmarks/results/h200-2026-12-04/run1_key_replay_auto
+# at commit 8ca4529) it tied the ordinary launch at 8 of 10 shapes and won at the host-bound two (D=64, B=64 S=256
+# and B=128 S=128: 1.30x), and its bit-for-bit GPU test passed.
 # What changes from call to call of one plan, the leading arguments of every Gluon forward: the TMA descriptors of
 # q, k, v and out, then lse.
 _CALL_ARGUMENTS = 5
@@ -302,7 +300,7 @@ def launch_planned(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: P
                    plan: Optional[Plan] = None, like_q: bool = False) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
     """(out, lse) of a call whose plan chose the Gluon kernel, or None when this call's base addresses are not
     16-byte aligned (a plan keys on shapes and strides, not addresses: such a call takes the pointer kernel).
-    With ``plan`` (and ``GLUON_REPLAY``), the plan records its first launch and replays the later ones; out's
+    With a recording ``plan``, the plan records its first launch and replays the later ones; out's
     layout (``like_q``) as in ``triton.launch_forward``."""
     if not bases_aligned(q, k, v):
         return None
@@ -316,7 +314,7 @@ def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal_mode: int,
             plan: Optional[Plan] = None, like_q: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Allocate out (q's dtype; contiguous, or with ``like_q`` laid out as ``torch.empty_like(q)``) and lse, and
     launch ``config``'s kernel on a checked call: the ordinary way, or, for a recording ``plan`` with
-    ``GLUON_REPLAY`` on, through the plan's recorded launch (recorded at the first call; a launch the recording
+    through the plan's recorded launch (recorded at the first call; a launch the recording
     refuses, or one that could not be recorded, goes the ordinary way). The output's TMA descriptor takes any
     layout the checks accept for q (``tile_descriptor``), so q's layout is one."""
     batch, heads, seq_q, _ = q.shape
@@ -324,7 +322,7 @@ def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal_mode: int,
     lse = torch.empty((batch, heads, seq_q), dtype=torch.float32, device=q.device)
     args, meta = kernel_arguments(q, k, v, out, lse, causal_mode, scale, config, window_left)
     kernel, grid = kernel_for(config), _grid(config, q)
-    if plan is None or not (GLUON_REPLAY and plan.record):
+    if plan is None or not plan.record:
         kernel[grid](*args, **meta)
         return out, lse
     site = ("gluon forward", config)

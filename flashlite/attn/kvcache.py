@@ -17,16 +17,18 @@ from typing import Optional
 
 import torch
 
+from flashlite import _direct_launch, _runtime
+from flashlite.attn import plan as plans
 from flashlite.attn.api import attention
 from flashlite.attn.triton import launch_forward
-from flashlite.attn.plan import Plan
+from flashlite.attn.plan import CacheKey, Plan
 from flashlite.attn.decide import decide
 from flashlite.attn.kvcache_writes import check_table_values, check_writable_caches, detached_sources
 from flashlite.attn.problem import (_TRITON_ERROR, CAUSAL_KEY_LENGTH, CAUSAL_NONE, check_block_table,
                                     check_cache_args, check_lengths, validate, value_checks_wanted)
 
 if _TRITON_ERROR is None:  # without Triton every call is decided for SDPA before the kernels are reached
-    from flashlite.kernels.attention_decode_launch import decode_attention
+    from flashlite.kernels.attention_decode_launch import prepare_decode
 
 
 # Split-KV shares per query block: the merge unrolls one load per share.
@@ -163,66 +165,143 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         >>> out.shape, torch.equal(k_cache[0, :, 3], k_new[0, :, 0])
         (torch.Size([2, 4, 1, 16]), True)
     """
-    check_cache_args(q, k_cache, v_cache, cache_seqlens, k_new, v_new)
-    if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int)
-                                   or not 1 <= num_splits <= MAX_SPLITS):
-        raise ValueError(f"num_splits must be None or an integer from 1 to {MAX_SPLITS}, got {num_splits!r}")
-    capacity = k_cache.shape[2] if block_table is None else check_block_table(q, k_cache, v_cache, block_table)
-    requested_splits = num_splits  # None: the decoding kernel's own rule (it knows the SM count)
-    if num_splits is None:
-        num_splits = default_splits(capacity)
+    compiling = torch.compiler.is_compiling()
+    key = None if compiling else _plan_key(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, scale,
+                                           window, softcap, alibi_slopes, backend, num_splits)
+    plan = None if key is None else plans._PLANS.get(key)
+    new_plan = plan is None
+    if new_plan:
+        plan = _make_plan(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, scale, window, softcap,
+                          alibi_slopes, backend, num_splits)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k_cache, v_cache, k_new, v_new)):
         raise ValueError("attention_with_kvcache is forward only (decoding); call it under torch.no_grad() or "
                          "pass tensors that do not require grad")
-    appended = 0 if k_new is None else q.shape[2]
-    lengths = cache_seqlens + appended if appended else cache_seqlens
-    keys, values = (k_cache, v_cache) if block_table is None else (
-        _virtual_cache(k_cache, q.shape[0], capacity), _virtual_cache(v_cache, q.shape[0], capacity))
-    problem = validate(q, keys, values, "lower_right", scale, None, lengths, backend, None, window, softcap,
-                       alibi_slopes)
-    if k_new is not None and not torch.compiler.is_compiling():
-        # Traced tensors have no addresses (and symbolic strides): the graph's op checks the real ones when it runs.
-        check_writable_caches(k_cache, v_cache)
-    if value_checks_wanted(check_values, cache_seqlens):
-        check_lengths(cache_seqlens, appended, capacity)
-        if block_table is not None:
-            check_table_values(block_table, cache_seqlens, appended, k_cache.shape[0], k_cache.shape[2])
-    # "auto": the table's entry for the cache's kind at (B, S_max), else the kernel where it can run on CUDA.
-    decision = decide(q, keys, values, None, problem, backend,
-                      variant="kvcache" if block_table is None else "kvcache_paged")
-    if torch.compiler.is_compiling():  # validated and decided at trace time; the graph holds the opaque op
+    if compiling:  # validated and decided at trace time; the graph holds the opaque op
         # check_values goes into the op, which checks the values when it runs: traced tensors have none to read, and
         # without the check a negative length silently wrote the new tokens at the cache's last position and an
         # overflow became an IndexError, where the eager call names both (CPU tensors, or check_values=True).
+        p = plan.problem
         return attention_with_kvcache_op(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, alibi_slopes,
-                                         problem.scale, problem.window_left, problem.window_right, problem.softcap,
-                                         decision.backend == "triton", num_splits, check_values)
+                                         p.scale, p.window_left, p.window_right, p.softcap,
+                                         plan.decision.backend == "triton", p.key_splits, check_values)
+    if new_plan:
+        plan = plans.keep(key, plan)
+    # Per call: what depends on the tensors' addresses or values, never on the signature the plan was made for.
+    appended = 0 if k_new is None else q.shape[2]
+    if k_new is not None:
+        check_writable_caches(k_cache, v_cache)
+    if value_checks_wanted(check_values, cache_seqlens):
+        check_lengths(cache_seqlens, appended, _capacity(k_cache, block_table))
+        if block_table is not None:
+            check_table_values(block_table, cache_seqlens, appended, k_cache.shape[0], k_cache.shape[2])
+    lengths = cache_seqlens + appended if appended else cache_seqlens
     if k_new is not None:
         # Read before anything is written: a source that is a view of a cache (v_new of k_cache's positions, q of
         # the positions the write lands on) would otherwise be read after the write changed it.
         q, k_new, v_new = detached_sources((q, k_new, v_new), (k_cache, v_cache))
         _append(k_cache, k_new, cache_seqlens, block_table)
         _append(v_cache, v_new, cache_seqlens, block_table)
-    if decision.backend == "sdpa":
+    problem = plan.problem
+    if plan.decision.backend == "sdpa":
         if block_table is not None:
             k_cache, v_cache = _gathered(k_cache, block_table), _gathered(v_cache, block_table)
         return _sdpa_kvcache(q, k_cache, v_cache, lengths, scale, window, softcap, alibi_slopes)
     if decode_kernel_serves(problem):
         # One program per (entry, kv head, share) reads each K/V tile once for the group's query heads; lengths and
         # the table stay on the device (no host read), so the call is capturable in a CUDA graph.
-        return decode_attention(q, k_cache, v_cache, lengths, block_table=block_table, scale=problem.scale,
-                                softcap=problem.softcap or None, window_left=problem.window_left,
-                                num_splits=requested_splits)
-    page_size = 0 if block_table is None else k_cache.shape[2]
+        return _decode(plan, q, k_cache, v_cache, lengths, block_table, num_splits)
     if block_table is not None and block_table.shape[1] > 1 and block_table.stride(1) != 1:
         # The kernel takes the table's row stride only and walks a row at unit column stride: a table whose
         # columns are not adjacent (transposed, or every other column of a wider one) would name other blocks.
         block_table = block_table.contiguous()  # [B, max blocks] int32: small
-    # The kernel's causal mode aligned to each key length: query i sees keys j <= i + n_b - S_q.
-    plan = Plan(dataclasses.replace(problem, causal_mode=CAUSAL_KEY_LENGTH, page_size=page_size,
-                                    key_splits=num_splits), decision)
     return launch_forward(q, k_cache, v_cache, lengths, alibi_slopes, plan, need_lse=False,
                           block_table=block_table)[0]
+
+
+def _capacity(k_cache: torch.Tensor, block_table: Optional[torch.Tensor]) -> int:
+    """The positions each entry's cache holds: S_max, or the table's blocks times the block size."""
+    return k_cache.shape[2] if block_table is None else block_table.shape[1] * k_cache.shape[2]
+
+
+def _layout(t: Optional[torch.Tensor]) -> Optional[tuple]:
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.device)
+
+
+def _plan_key(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor,
+              k_new: Optional[torch.Tensor], v_new: Optional[torch.Tensor], block_table: Optional[torch.Tensor],
+              scale: Optional[float], window: Optional[tuple[int, int]], softcap: Optional[float],
+              alibi_slopes: Optional[torch.Tensor], backend: str, num_splits: Optional[int]) -> Optional[CacheKey]:
+    """The plan key of a cache call: every tensor's shape, strides, dtype and device, and the other arguments with
+    their classes (validation refuses scale=True, which equals 1); not the values of cache_seqlens or the block
+    table, which are data of each call. None where the arguments cannot be keyed (not tensors, not hashable):
+    validation then names them.
+
+    Example:
+        >>> q, k = torch.randn(1, 2, 1, 16), torch.randn(1, 2, 32, 16)
+        >>> lengths = torch.tensor([5], dtype=torch.int32)
+        >>> call = (None, None, None, None, None, None, None, "auto", None)
+        >>> _plan_key(q, k, k, lengths, *call) == _plan_key(q, k, k, lengths + 9, *call)
+        True
+    """
+    try:
+        key = CacheKey((_layout(q), _layout(k_cache), _layout(v_cache), _layout(cache_seqlens), _layout(k_new),
+                        _layout(v_new), _layout(block_table), _layout(alibi_slopes), scale, scale.__class__, window,
+                        None if window is None else tuple(map(type, window)), softcap, softcap.__class__, backend,
+                        num_splits, num_splits.__class__))
+        hash(key)
+    except (AttributeError, TypeError):
+        return None
+    return key
+
+
+def _make_plan(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor,
+               k_new: Optional[torch.Tensor], v_new: Optional[torch.Tensor], block_table: Optional[torch.Tensor],
+               scale: Optional[float], window: Optional[tuple[int, int]], softcap: Optional[float],
+               alibi_slopes: Optional[torch.Tensor], backend: str, num_splits: Optional[int]) -> Plan:
+    """Validate and decide a cache call: a plan whose problem is the one the kernels launch (causal to each key
+    length, the page size, the split-KV shares). The Gluon kernels take no cache calls: gluon and gluon_bwd stay
+    False."""
+    check_cache_args(q, k_cache, v_cache, cache_seqlens, k_new, v_new)
+    if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int)
+                                   or not 1 <= num_splits <= MAX_SPLITS):
+        raise ValueError(f"num_splits must be None or an integer from 1 to {MAX_SPLITS}, got {num_splits!r}")
+    capacity = k_cache.shape[2] if block_table is None else check_block_table(q, k_cache, v_cache, block_table)
+    appended = 0 if k_new is None else q.shape[2]
+    lengths = cache_seqlens + appended if appended else cache_seqlens
+    keys, values = (k_cache, v_cache) if block_table is None else (
+        _virtual_cache(k_cache, q.shape[0], capacity), _virtual_cache(v_cache, q.shape[0], capacity))
+    problem = validate(q, keys, values, "lower_right", scale, None, lengths, backend, None, window, softcap,
+                       alibi_slopes)
+    # "auto": the table's entry for the cache's kind at (B, S_max), else the kernel where it can run on CUDA.
+    decision = decide(q, keys, values, None, problem, backend,
+                      variant="kvcache" if block_table is None else "kvcache_paged")
+    # The kernel's causal mode aligned to each key length: query i sees keys j <= i + n_b - S_q.
+    page_size = 0 if block_table is None else k_cache.shape[2]
+    launched = dataclasses.replace(problem, causal_mode=CAUSAL_KEY_LENGTH, page_size=page_size,
+                                   key_splits=default_splits(capacity) if num_splits is None else num_splits)
+    return Plan(launched, decision, record=(decision.backend == "triton" and q.is_cuda
+                                            and not _runtime.interpreting() and plans.has_room()))
+
+
+def _decode(plan: Plan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor,
+            block_table: Optional[torch.Tensor], requested_splits: Optional[int]) -> torch.Tensor:
+    """A call on the decoding kernel. A recording plan records each launch at its first call and later replays
+    it with the call's tensors (Triton's argument binding skipped): lengths are a tensor argument, data of the
+    call; everything else the launch takes (strides, grid, scale, splits) is fixed by the plan's key."""
+    p = plan.problem
+    call = prepare_decode(q, k_cache, v_cache, lengths, block_table=block_table, scale=p.scale,
+                          softcap=p.softcap or None, window_left=p.window_left, num_splits=requested_splits)
+    for site, launch in enumerate(call.launches):
+        tensors = launch.args[:launch.n_tensors]
+        recorded = plan.recorded.get(site)
+        if recorded is not None and recorded.launch(*tensors):
+            continue
+        if plan.record and site not in plan.recorded:
+            plan.recorded[site] = _direct_launch.record(launch.kernel, launch.grid, launch.args, launch.kwargs,
+                                                        launch.n_tensors)
+        else:
+            launch()
+    return call.out
 
 
 # The decoding kernel (kernels/attention_decode.py) holds group size x S_q query rows per program; ALiBi and

@@ -3,69 +3,68 @@
 A signature is everything validation and the decision depend on: the shapes, strides, dtypes and devices of q, k,
 v and the key mask, and the non-tensor arguments. A call whose signature has a plan skips validation, dispatch and,
 once its launches are recorded, Triton's argument binding: at launch-bound sizes those cost as much as the kernel.
-Both ``attention()`` and the custom ops (which torch.compile'd graphs call) keep their plans here. Imports
+``attention()``, the custom ops (which torch.compile'd graphs call) and ``attention_with_kvcache`` (under a
+``CacheKey``, without the lengths, which are data of each call) keep their plans here. Imports
 ``problem`` and ``flashlite._native`` (the key packed in C++) only.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional
 
 import torch
 
-from flashlite import _env, _native
+from flashlite import _native
 from flashlite.attn.problem import Problem
 from flashlite._intmath import seq_bucket
 
-# Launch recording (replaying the compiled kernel with new tensors, ``flashlite._direct_launch``) is on unless
-# FLASHLITE_LAUNCH_CACHE=0, which makes every launch an ordinary Triton launch.
-RECORD_LAUNCHES = _env.flag("FLASHLITE_LAUNCH_CACHE", True)
-
-
+@dataclass(frozen=True, eq=False, slots=True)
 class Plan:
-    """One call signature, validated and decided once.
+    """One call signature, validated and decided once: every decision is made when the plan is built.
 
     ``run(q, k, v, key_mask)`` computes a call of this signature (``key_mask``: the call's key_padding_mask or
-    key_lengths, or None). Triton plans also keep, per kernel, the config it launches (``configs``: the forced one,
-    or the autotuner's choice for this signature's tuning key) and, per launch site, the recorded launch that
-    replays the compiled kernel with a call's tensors (``recorded``; None where recording was refused, e.g. an
-    unaligned tensor). ``gluon`` says whether the forward runs on the Gluon kernel instead of the pointer kernel,
-    ``gluon_bwd`` whether the backward's dK/dV and dQ do. ``decision`` is the backend of calls without a gradient,
-    ``gradient_decision`` that of calls whose gradient autograd computes (``backend="auto"`` decides the two from
-    forward and forward+backward measurements; ``decision_for`` picks).
-    ``record`` is False for plans that are not kept (forced configs, calls past the cache's
-    size) and off CUDA, where nothing is recorded.
+    key_lengths, or None); it is ``runner(plan)``, bound when the plan is built (None without a runner: the
+    launchers call ``triton.launch_forward`` with the plan themselves). ``decision`` is the backend of calls
+    without a gradient, ``gradient_decision`` that of calls whose gradient autograd computes (``backend="auto"``
+    decides the two from forward and forward+backward measurements; ``decision_for`` picks; unset, the same as
+    ``decision``). ``gluon`` says whether the forward runs on the Gluon kernel instead of the pointer kernel,
+    ``gluon_bwd`` whether the backward's dK/dV and dQ do. ``any_key_length``: whether ``run`` serves calls of every
+    key length (then the plan is also kept under its ``sizes_key``, and its problem's seq_k is that of the call it
+    was made for). ``record``: whether launches are recorded (only for plans that are kept, on CUDA).
+
+    Two tables hold what the first launches produce, not decisions: ``configs``, per kernel, the config it launches
+    (the forced one, or the autotuner's choice for this signature's tuning key, which needs a timed launch), and
+    ``recorded``, per launch site, the recorded launch that replays the compiled kernel with a call's tensors (None
+    where recording was refused, e.g. an unaligned tensor).
 
     Example:
         >>> from flashlite.dispatch import Decision
         >>> from flashlite.attn.problem import validate
         >>> q = torch.randn(1, 2, 8, 16)
         >>> plan = Plan(validate(q, q, q, False, None, None, None, "sdpa", None), Decision("sdpa", "forced"))
-        >>> plan.decision.backend, plan.configs, plan.recorded
-        ('sdpa', {}, {})
+        >>> plan.decision.backend, plan.gradient_decision is plan.decision, plan.configs, plan.recorded
+        ('sdpa', True, {}, {})
     """
 
-    __slots__ = ("problem", "decision", "gradient_decision", "run", "configs", "recorded", "record", "gluon",
-                 "gluon_bwd", "any_key_length")
+    problem: Problem
+    decision: Any
+    gradient_decision: Any = None
+    runner: Optional[Callable[["Plan"], Callable[..., torch.Tensor]]] = None
+    gluon: bool = False
+    gluon_bwd: bool = False
+    any_key_length: bool = False
+    record: bool = False
+    configs: dict[str, dict] = field(default_factory=dict)
+    recorded: dict[Any, Any] = field(default_factory=dict, init=False)
+    run: Optional[Callable[..., torch.Tensor]] = field(default=None, init=False)
 
-    def __init__(self, problem: Problem, decision: Any, run: Optional[Callable[..., torch.Tensor]] = None,
-                 configs: Optional[dict[str, dict]] = None, record: bool = False) -> None:
-        self.problem = problem
-        self.decision = decision
-        self.gradient_decision = decision
-        self.run = run
-        self.configs: dict[str, dict] = dict(configs or {})
-        self.recorded: dict[Any, Any] = {}
-        self.record = record and RECORD_LAUNCHES
-        # Whether the forward runs on the Gluon kernel (``launch_gluon.forward_kernel_for``): None until decided,
-        # by make_plan or at the plan's first launch.
-        self.gluon: Optional[bool] = None
-        # Whether the backward's dK/dV and dQ run on the Gluon kernels (``launch_gluon_bwd.backward_on_gluon``), per
-        # value of its switch (``launch_gluon_bwd.GLUON_BWD_ENABLED``, ``GLUON_BWD_MEASURED_ONLY``), decided at the
-        # first backward under each.
-        self.gluon_bwd: dict[tuple[bool, bool], bool] = {}
-        # Whether ``run`` serves calls of every key length (decided by make_plan): then the plan is also kept under
-        # its ``sizes_key``, and its problem's seq_k is that of the call it was made for.
-        self.any_key_length = False
+    def __post_init__(self) -> None:
+        # Derived fields, set once while the plan is built (a frozen dataclass sets its own fields this way).
+        if self.gradient_decision is None:
+            object.__setattr__(self, "gradient_decision", self.decision)
+        object.__setattr__(self, "configs", dict(self.configs))
+        if self.runner is not None:
+            object.__setattr__(self, "run", self.runner(self))
 
     def decision_for(self, gradient: bool) -> Any:
         """The decision a call of this signature runs by: ``gradient``, whether autograd records the call."""
@@ -193,6 +192,13 @@ def sizes_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mas
     return SizesKey(key)
 
 
+class CacheKey(tuple):
+    """The key of an ``attention_with_kvcache`` plan (``kvcache._plan_key``): a tuple of its own class, so that it
+    never equals an ``attention()`` key in the one plan cache."""
+
+    __slots__ = ()
+
+
 def fits_any_length_plan(k: torch.Tensor, v: torch.Tensor, key_padding_mask: Optional[torch.Tensor]) -> bool:
     """What validation checks of a call's key length beyond ``sizes_key``: k and v of one length, and a
     key_padding_mask [B, S_k] of it."""
@@ -207,13 +213,18 @@ _PLANS: dict[Any, Plan] = {}
 MAX_PLANS = 4096
 
 
+def has_room() -> bool:
+    """Whether a new plan will be kept (``keep``): a plan that will not be records no launches."""
+    return len(_PLANS) < MAX_PLANS
+
+
 def keep(key: Optional[tuple], plan: Plan, any_length_key: Optional[SizesKey] = None) -> Plan:
-    """Keep ``plan`` for ``key`` while there is room (and say so in ``plan.record``), and for ``any_length_key``
-    too where the plan serves every key length; returns the plan."""
-    if key is not None and len(_PLANS) < MAX_PLANS:
-        _PLANS[key] = plan
-        if any_length_key is not None and plan.any_key_length:
-            _PLANS[any_length_key] = plan
-    else:
-        plan.record = False
+    """Keep ``plan`` for ``key`` while there is room, and for ``any_length_key`` too where the plan serves every
+    key length; returns the plan, or, where it is not kept, a copy that records nothing (a recording is kept
+    only by a plan that later calls find)."""
+    if key is None or not has_room():
+        return replace(plan, record=False) if plan.record else plan
+    _PLANS[key] = plan
+    if any_length_key is not None and plan.any_key_length:
+        _PLANS[any_length_key] = plan
     return plan

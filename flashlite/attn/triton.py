@@ -16,7 +16,7 @@ from typing import Any, Optional
 import torch
 
 from flashlite import _direct_launch, _env, _native, _runtime
-from flashlite.attn import gluon as launch_gluon, plan as plans
+from flashlite.attn import gluon as launch_gluon, gluon_bwd as launch_gluon_bwd, plan as plans
 from flashlite.attn.plan import Plan
 from flashlite.attn.problem import _CAUSAL_ARGUMENT, _TRITON_ERROR, Problem, kernel_unsupported, validate
 from flashlite._intmath import cdiv, next_power_of_2
@@ -267,9 +267,19 @@ def _launcher_plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_paddin
             return plan
     problem = _check_launch(q, k, v, key_padding_mask, key_lengths, causal_mode, scale, precision, window_left,
                             window_right, softcap, alibi_slopes)
-    plan = Plan(problem, Decision("triton", "a direct launcher call"), configs=configs,
-                record=q.is_cuda and not _runtime.interpreting())
-    return plans.keep(key, plan) if key is not None else plan
+    return plans.keep(key, launcher_plan(problem, q, k, v, Decision("triton", "a direct launcher call"), configs))
+
+
+def launcher_plan(problem: Problem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, decision: Decision,
+                  configs: Optional[dict] = None, record: bool = True) -> Plan:
+    """The plan of a call that runs the Triton kernels directly (a launcher call, a packed or cache call): the
+    Gluon rules decided once, for the forward (``gluon.forward_kernel_for``) and the backward
+    (``gluon_bwd.backward_on_gluon``); with ``record`` (for a plan that will be kept), launches are recorded on
+    CUDA."""
+    return Plan(problem, decision, configs=configs or {},
+                gluon=launch_gluon.forward_kernel_for(problem, q, k, v) is not None,
+                gluon_bwd=launch_gluon_bwd.backward_on_gluon(problem, q, k, v),
+                record=record and q.is_cuda and not _runtime.interpreting() and plans.has_room())
 
 
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -312,8 +322,6 @@ def launch_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: 
     ``out`` is then a packed view too, and lse [B, H, max S_q] padded. A paged cache
     (``plan.problem.page_size``): k, v are [blocks, H_kv, page_size, D] and ``block_table`` int32 [B, max blocks]."""
     p = plan.problem
-    if plan.gluon is None:  # decided once per plan (make_plan decides it for plans of attention())
-        plan.gluon = launch_gluon.forward_kernel_for(p, q, k, v) is not None
     if plan.gluon:
         on_gluon = launch_gluon.launch_planned(q, k, v, p, plan, like_q)
         if on_gluon is not None:

@@ -90,11 +90,7 @@ def launch_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v:
     layout = (grad_out.stride(), grad_out.dtype, out.stride(), out.dtype)
     cu_q, cu_k = (q, q) if cu_seqlens is None else cu_seqlens
     flat_q = p.batch * p.heads > pointer._GRID_AXIS1_LIMIT
-    switch = (launch_gluon_bwd.GLUON_BWD_ENABLED, launch_gluon_bwd.GLUON_BWD_MEASURED_ONLY)
-    on_gluon = plan.gluon_bwd.get(switch)
-    if on_gluon is None:  # decided once per plan and switch value
-        on_gluon = plan.gluon_bwd[switch] = launch_gluon_bwd.backward_on_gluon(p, q, k, v)
-    if on_gluon and launch_gluon.bases_aligned(q, k, v):
+    if plan.gluon_bwd and launch_gluon.bases_aligned(q, k, v):
         # The Gluon kernels read delta from the preprocessing kernel.
         delta_tensors = (out, grad_out, delta, cu_q)  # the kernel's leading tensors, in order
         if not _replayed(plan, ("delta", layout), delta_tensors):

@@ -276,7 +276,7 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
         return attention_varlen_forward_op(q, k, v, cu_seqlens_q, cu_seqlens_k, p.seq_q, p.seq_k, p.causal_mode,
                                            p.scale, p.precision, p.window_left, p.window_right, p.softcap,
                                            alibi_slopes)[0]
-    plan = Plan(problem, decision)
+    plan = Plan(problem, decision)  # the Gluon kernels take no packed sequences: gluon and gluon_bwd stay False
     inputs = (q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes)
     if _ops.needs_grad((q, k, v)):
         return _EagerVarlenAttention.apply(*inputs, plan)[0]

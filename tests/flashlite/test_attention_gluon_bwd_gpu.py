@@ -5,6 +5,8 @@ Every test is skipped without a CUDA device of compute capability 9.0. The kerne
 base-2 lse (here the pointer forward's, and the Gluon forward's); the reference is float64 autograd of the explicit
 softmax attention on the same 16-bit inputs; the baseline error is SDPA's own gradients in the input precision.
 """
+import importlib
+
 import pytest
 import torch
 
@@ -112,6 +114,8 @@ def test_attention_backward_with_the_switch_on(causal, variant, monkeypatch):
     monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_VARIANT", schedule)
     monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_DKDV", dkdv_on_gluon)
     monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_MEASURED_ONLY", False)  # an explicit schedule: every shape
+    # A plan decides its backward kernels when it is made, under the switch of that moment: start with none kept.
+    monkeypatch.setattr(importlib.import_module("flashlite.attn.plan"), "_PLANS", {})
     launched = []
     for name in ("launch_dkdv", "launch_dq"):
         real = getattr(launch_gluon_bwd, name)
@@ -144,6 +148,7 @@ def test_the_default_switch_end_to_end(S, D, runs_gluon, monkeypatch):
     from flashlite.attention import explain_dispatch
     for name, value in zip(launch_gluon_bwd.SWITCH_GLOBALS, launch_gluon_bwd.switch_values("auto")):
         monkeypatch.setattr(launch_gluon_bwd, name, value)
+    monkeypatch.setattr(importlib.import_module("flashlite.attn.plan"), "_PLANS", {})  # plans made under "auto"
     launched = []
     for name in ("launch_dkdv", "launch_dq"):
         real = getattr(launch_gluon_bwd, name)

@@ -229,17 +229,15 @@ def test_dispatched_gluon_forward_end_to_end(D, dtype):
 
 @pytest.mark.parametrize("D, window", [(64, None), (128, None), (64, (1000, 0))])
 def test_a_replayed_gluon_launch_matches_the_ordinary_one_bit_for_bit(monkeypatch, D, window):
-    # GLUON_REPLAY (FLASHLITE_GLUON_REPLAY=1): a plan's first call records its Gluon launch and a later call with
+    # A recording plan's first call records its Gluon launch and a later call with
     # fresh tensors replays it with its own descriptors and lse. The replay must run (not fall back), give the
     # ordinary launch's out and lse bit for bit, and be right in float64 on batch 0, heads 0 and 1.
     from flashlite.attn.plan import Plan
     from flashlite.attn.problem import validate
-    monkeypatch.setattr(launch_gluon, "GLUON_REPLAY", True)
     S = launch_gluon.GLUON_WINDOW_MIN_SEQ if window else max(launch_gluon.GLUON_MIN_SEQ[D], 1024)
     B, H = max(1, launch_gluon.GLUON_MIN_ROWS // (16 * S)), 16
     problem = validate(*qkv(B, H, S, D, torch.bfloat16), True, None, None, None, "triton", None, window)
-    plan = Plan(problem, None, record=True)
-    plan.record = True  # as on CUDA with the launch cache on, whatever FLASHLITE_LAUNCH_CACHE says here
+    plan = Plan(problem, None, record=True)  # as a kept plan on CUDA
     # The recorded call's tensors (other values) stay alive, so the replay's tensors live at other addresses: a
     # replay that ran with the recorded descriptors or lse would give the recorded call's output, not this one's.
     first = qkv(B, H, S, D, torch.bfloat16, seed=1)

@@ -128,18 +128,18 @@ def _forward_backward(q, k, v, causal):
                    dtype=[torch.bfloat16], causal=[True, False])
 def test_recorded_launches_replay_forward_and_backward_exactly(shape, monkeypatch):
     # Each plan records the launch of the forward and of the two backward kernels (dQ, which computes delta, then
-    # dK/dV) once and replays it after (unless FLASHLITE_LAUNCH_CACHE=0): results must be bit-identical to ordinary
+    # dK/dV) once and replays it after: results must be bit-identical to ordinary
     # launches, for fresh tensors of the same signature and for another batch size (another signature, whose grids
     # differ).
     for batch in (shape.B, shape.B + 1):
         for seed in (0, 1):
             q, k, v = cuda_qkv(batch, shape.H, shape.S, shape.D, shape.dtype, H_kv=shape.H_kv, seed=seed)
             monkeypatch.setattr(plans_module, "_PLANS", {})
-            monkeypatch.setattr(plans_module, "RECORD_LAUNCHES", False)
+            monkeypatch.setattr(plans_module, "MAX_PLANS", 0)  # no plan kept, so none records: ordinary launches
             expected = _forward_backward(q, k, v, shape.causal)
-            assert all(not plan.recorded for plan in plans_module._PLANS.values())
+            assert not plans_module._PLANS
             monkeypatch.setattr(plans_module, "_PLANS", {} if seed == 0 else recorded_plans)
-            monkeypatch.setattr(plans_module, "RECORD_LAUNCHES", True)
+            monkeypatch.setattr(plans_module, "MAX_PLANS", 4096)
             for _ in range(3):
                 got = _forward_backward(q, k, v, shape.causal)
                 for name, a, b in zip(("out", "dq", "dk", "dv"), got, expected):

@@ -128,15 +128,20 @@ def test_auto_follows_the_dispatch_and_falls_back_to_sdpa(monkeypatch):
         asked.append((keywords["variant"], keywords["seq_k"]))
         return real_choose(q, **keywords)
     monkeypatch.setattr(decide_module, "choose_backend", choose)
+    plans_module = importlib.import_module("flashlite.attn.plan")
+    # A call's plan keeps its decision: each new table below starts from an empty plan cache, as a process does.
+    monkeypatch.setattr(plans_module, "_PLANS", {})
     q, k_cache, v_cache, lengths, k_new, v_new = inputs(torch.float32, seed=5)
     attention_with_kvcache(q, k_cache, v_cache, lengths, k_new=k_new, v_new=v_new)
     assert asked == [("kvcache", S_MAX)] and used == ([1] if DEVICE == "cpu" else [])
     monkeypatch.setattr(decide_module, "choose_backend", lambda *a, **kw: Decision("triton", "a table entry"))
+    monkeypatch.setattr(plans_module, "_PLANS", {})
     used.clear()
     attention_with_kvcache(q, k_cache, v_cache, lengths, k_new=k_new, v_new=v_new)
     assert used == []
     small = [t[..., :8].contiguous() if t.dim() == 4 else t for t in inputs(torch.float32, seed=5)]  # D=8
     monkeypatch.setattr(decide_module, "choose_backend", real_choose)
+    monkeypatch.setattr(plans_module, "_PLANS", {})
     attention_with_kvcache(small[0], small[1], small[2], small[3], k_new=small[4], v_new=small[5])
     assert used == [1]
 
@@ -146,8 +151,8 @@ def test_decoding_runs_the_decoding_kernel_and_longer_chunks_the_general_kernel(
     # cache once for the group's query heads; a chunk longer than it holds, or ALiBi, to the general forward kernel.
     import flashlite.attn.kvcache as kvcache_module
     calls = []
-    real_decode, real_forward = kvcache_module.decode_attention, kvcache_module.launch_forward
-    monkeypatch.setattr(kvcache_module, "decode_attention",
+    real_decode, real_forward = kvcache_module.prepare_decode, kvcache_module.launch_forward
+    monkeypatch.setattr(kvcache_module, "prepare_decode",
                         lambda q, *a, **kw: calls.append(("decode", tuple(q.shape))) or real_decode(q, *a, **kw))
     monkeypatch.setattr(kvcache_module, "launch_forward",
                         lambda q, *a, **kw: calls.append(("forward", tuple(q.shape))) or real_forward(q, *a, **kw))
@@ -167,10 +172,10 @@ def _spy_on_splits(monkeypatch):
     split launch (unsplit calls of the general kernel record nothing)."""
     kvcache_module = importlib.import_module("flashlite.attn.kvcache")
     launch_module = importlib.import_module("flashlite.attn.triton")
-    real_split, real_decode, split_launches = launch_module._launch_split_forward, kvcache_module.decode_attention, []
+    real_split, real_decode, split_launches = launch_module._launch_split_forward, kvcache_module.prepare_decode, []
     monkeypatch.setattr(launch_module, "_launch_split_forward",
                         lambda q, *a: split_launches.append(a[4].problem.key_splits) or real_split(q, *a))
-    monkeypatch.setattr(kvcache_module, "decode_attention",
+    monkeypatch.setattr(kvcache_module, "prepare_decode",
                         lambda q, *a, **kw: split_launches.append(kw["num_splits"]) or real_decode(q, *a, **kw))
     return split_launches
 
@@ -218,6 +223,8 @@ def test_default_num_splits_follows_the_cache_capacity(monkeypatch):
     unsplit = attention_with_kvcache(q, k_cache, v_cache, lengths, alibi_slopes=slopes, backend="triton")
     assert split_launches == []
     monkeypatch.setattr(kvcache_module, "SPLIT_MIN_KEYS", S_MAX)
+    # The rule is fixed for a process, and a signature's plan keeps its shares: start from an empty plan cache.
+    monkeypatch.setattr(importlib.import_module("flashlite.attn.plan"), "_PLANS", {})
     out = attention_with_kvcache(q, k_cache, v_cache, lengths, alibi_slopes=slopes, backend="triton")
     assert split_launches == [8]
     assert_close(out.cpu(), expected, policy="tf32", baseline=unsplit.cpu())
@@ -517,3 +524,73 @@ def test_the_custom_op_passes_opcheck():
     args = (q, k_cache, v_cache, lengths, k_new, v_new, None, None, 0.25, -1, -1, 0.0, False)
     torch.library.opcheck(kvcache_module.attention_with_kvcache_op, args,
                           test_utils=("test_schema", "test_faketensor"))
+
+
+@pytest.mark.parametrize("backend", ["triton", "sdpa"])
+@pytest.mark.parametrize("case", ["decode", "softcap-alibi"])
+def test_a_replayed_plan_takes_each_calls_lengths(case, backend, monkeypatch):
+    # A cache call's plan is kept by what does not vary per call (shapes, strides, dtypes, devices, options): a
+    # later call with other lengths finds it, is neither validated nor decided again, and attends to its own
+    # lengths (the decoding kernel and, with ALiBi, the general forward kernel; SDPA's mask).
+    kvcache_module = importlib.import_module("flashlite.attn.kvcache")
+    monkeypatch.setattr(importlib.import_module("flashlite.attn.plan"), "_PLANS", {})
+    dtype, seq_q, options = CASES[case]
+    options = {**options, **({"alibi_slopes": _slopes(options["alibi_slopes"])} if "alibi_slopes" in options else {})}
+    q, k_cache, v_cache, lengths, k_new, v_new = inputs(dtype, seed=60, seq_q=seq_q)
+    attention_with_kvcache(q, k_cache, v_cache, lengths, k_new=k_new, v_new=v_new, backend=backend, **options)
+    validated = []
+    monkeypatch.setattr(kvcache_module, "validate", lambda *a, **kw: validated.append(1))
+    for step, filled in enumerate(([3, 30, 9, 0], [44, 2, 0, 21])):
+        q, _, _, _, k_new, v_new = inputs(dtype, seed=61 + step, seq_q=seq_q)
+        lengths = torch.tensor(filled, dtype=torch.int32, device=DEVICE)
+        out = attention_with_kvcache(q, k_cache, v_cache, lengths, k_new=k_new, v_new=v_new, backend=backend,
+                                     **options)
+        assert_close(out.cpu(), reference(q, k_cache, v_cache, lengths + seq_q, **options), policy=POLICY[dtype])
+    assert validated == []
+    # Value checks stay per call (CPU tensors): a replayed plan still refuses lengths that overflow the cache.
+    if DEVICE == "cpu":
+        with pytest.raises(ValueError, match="cache_seqlens"):
+            attention_with_kvcache(q, k_cache, v_cache, torch.full((B,), S_MAX, dtype=torch.int32), k_new=k_new,
+                                   v_new=v_new, backend=backend, **options)
+
+
+class _ReplayingRecording:
+    """A stand-in for ``_direct_launch.RecordedLaunch`` that replays as the real one does: the recorded launch's
+    non-tensor arguments with the replay's tensors (the real one needs a CUDA device)."""
+
+    def __init__(self, kernel, grid, args, kwargs, n_tensors):
+        self.kernel, self.grid, self.rest, self.kwargs, self.replays = kernel, grid, args[n_tensors:], kwargs, []
+
+    def launch(self, *tensors):
+        self.replays.append(tensors)
+        self.kernel[self.grid](*tensors, *self.rest, **self.kwargs)
+        return True
+
+
+@pytest.mark.parametrize("splits", [None, 3])
+def test_recorded_decoding_launches_replay_with_new_lengths(splits, monkeypatch):
+    # The decoding kernel's launches are recorded at a plan's first call and replayed after with each call's
+    # tensors: the lengths are one of them, never baked into the recording, so a replay with new lengths gives
+    # the float64 result for those lengths.
+    from flashlite.attn.plan import Plan
+    from flashlite.attn.problem import validate
+    from flashlite.dispatch import Decision
+    kvcache_module = importlib.import_module("flashlite.attn.kvcache")
+    recordings = []
+
+    def record(kernel, grid, args, kwargs, n_tensors):
+        kernel[grid](*args, **kwargs)
+        recordings.append(_ReplayingRecording(kernel, grid, args, kwargs, n_tensors))
+        return recordings[-1]
+    monkeypatch.setattr(kvcache_module._direct_launch, "record", record)
+    q, k_cache, v_cache, lengths, _, _ = inputs(torch.float32, seed=70, new=False)
+    problem = validate(q, k_cache, v_cache, "lower_right", None, None, lengths, "triton", None, None, None, None)
+    plan = Plan(problem, Decision("triton", "a test"), record=True)  # as a kept plan on CUDA
+    for step, filled in enumerate(([40, 1, 17, 0], [5, 45, 0, 33], [45, 44, 1, 2])):
+        q = inputs(torch.float32, seed=71 + step, new=False)[0]
+        lengths = torch.tensor(filled, dtype=torch.int32, device=DEVICE)
+        out = kvcache_module._decode(plan, q, k_cache, v_cache, lengths, None, splits)
+        assert_close(out.cpu(), reference(q, k_cache, v_cache, lengths), policy="tf32")
+    launches = 1 if splits is None else 2  # split-KV: the split kernel, then the merge
+    assert len(recordings) == launches and all(len(r.replays) == 2 for r in recordings)
+    assert recordings[0].replays[-1][3] is lengths  # the lengths went in as a tensor of this call

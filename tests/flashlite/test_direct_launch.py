@@ -242,9 +242,7 @@ def recordings(monkeypatch):
 
 def _plan(record=True):
     from flashlite.attn.plan import Plan
-    plan = Plan(None, None, record=True)
-    plan.record = record  # as a plan on CUDA is, whatever FLASHLITE_LAUNCH_CACHE says here
-    return plan
+    return Plan(None, None, record=record)  # record=True: as a kept plan on CUDA
 
 
 def _launch_and_replay(plan, kernel, site, tensors, scalars=(7,)):

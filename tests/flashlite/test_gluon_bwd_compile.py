@@ -191,12 +191,14 @@ def test_an_unset_switch_means_auto():
     assert done.stdout.split() == ["0", "False", "pipelined", "True", "False"], done.stderr[-2000:]
 
 
-def test_a_plan_decides_the_backward_again_when_the_switch_changes(monkeypatch):
-    # The backward asks backward_on_gluon once per plan and switch value; the Gluon launch is stood in. A fresh plan
-    # cache, so that no earlier test's plan of the same signature has decided already.
+def test_a_plan_decides_the_backward_kernels_when_it_is_made(monkeypatch):
+    # The plan asks backward_on_gluon once, when it is made (here by the forward launcher call), and every backward
+    # of its signature follows that choice; the Gluon launch is stood in. A fresh plan cache, so that no earlier
+    # test's plan of the same signature has decided already.
     launch_module = importlib.import_module("flashlite.attn.triton")
     launch_bwd_module = importlib.import_module("flashlite.attn.triton_bwd")
-    monkeypatch.setattr(importlib.import_module("flashlite.attn.plan"), "_PLANS", {})
+    plans_module = importlib.import_module("flashlite.attn.plan")
+    monkeypatch.setattr(plans_module, "_PLANS", {})
     calls, launched = [], []
     monkeypatch.setattr(launch_gluon_bwd, "backward_on_gluon", lambda *a: calls.append(1) or True)
 
@@ -214,9 +216,8 @@ def test_a_plan_decides_the_backward_again_when_the_switch_changes(monkeypatch):
         pytest.skip("the pointer kernels' delta and dQ need the Triton interpreter (TRITON_INTERPRET=1) here")
     q, k, v = (torch.randn(1, 2, 20, 16) for _ in range(3))
     out, lse = launch_module.attention_forward(q, k, v, None, None, 1, 0.25, "ieee")
+    assert calls == [1]  # decided when the plan was made
     grad_out = torch.randn_like(q)
-    monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_ENABLED", True)
-    monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_MEASURED_ONLY", False)  # an explicit schedule: every shape
     dq, dk, dv = launch_bwd_module.attention_backward(grad_out, q, k, v, out, lse, None, None, 1, 0.25, "ieee")
     assert launched == [1, "dq"] and calls == [1]
     assert torch.all(dq == 7.0) and torch.all(dk == 3.0) and torch.all(dv == 5.0)
@@ -228,10 +229,11 @@ def test_a_plan_decides_the_backward_again_when_the_switch_changes(monkeypatch):
     _, dk_unaligned, _ = launch_bwd_module.attention_backward(grad_out, unaligned, k, v, out, lse, None, None, 1, 0.25,
                                                           "ieee")
     assert launched == [1, "dq"] * 2 and not torch.all(dk_unaligned == 3.0)
-    monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_ENABLED", False)
+    # A plan made where the rule refuses the Gluon kernels runs the pointer backward.
+    monkeypatch.setattr(plans_module, "_PLANS", {})
     monkeypatch.setattr(launch_gluon_bwd, "backward_on_gluon", lambda *a: calls.append(2) or False)
     _, dk_pointer, _ = launch_bwd_module.attention_backward(grad_out, q, k, v, out, lse, None, None, 1, 0.25, "ieee")
-    assert calls == [1, 2] and not torch.all(dk_pointer == 3.0)
+    assert calls == [1, 2] and not torch.all(dk_pointer == 3.0) and launched == [1, "dq"] * 2
 
 
 def test_ws_dq_runs_the_pointer_dkdv_kernel_on_the_delta_kernels_delta(monkeypatch):

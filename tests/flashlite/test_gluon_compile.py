@@ -387,7 +387,7 @@ def test_the_address_check_stays_for_a_single_call():
     assert gluon_supported(unaligned, unaligned, unaligned, addresses=False).startswith("tensors on cpu")
 
 
-# A plan's Gluon launches replayed (GLUON_REPLAY, on unless FLASHLITE_GLUON_REPLAY=0): recorded at the plan's first
+# A recording plan's Gluon launches replayed: recorded at the plan's first
 # call, replayed with each later call's descriptors and lse, the ordinary launch otherwise. The kernel, its arguments
 # and the recording are stood in (the launch needs an sm_90 GPU); the plan and the choice between them are real.
 class _FakeGluonKernel:
@@ -434,14 +434,11 @@ def _gluon_plan(record=True):
     from flashlite.attn.problem import validate
     q = torch.empty(1, 2, 64, 64, dtype=torch.bfloat16)
     problem = validate(q, q, q, True, None, None, None, "triton", None)
-    plan = Plan(problem, None, record=True)
-    plan.record = record
-    return q, problem, plan
+    return q, problem, Plan(problem, None, record=record)
 
 
 def test_a_plan_replays_its_gluon_launch_with_each_calls_descriptors(gluon_stand_ins, monkeypatch):
     kernel, recordings = gluon_stand_ins
-    monkeypatch.setattr(launch_gluon, "GLUON_REPLAY", True)
     q, problem, plan = _gluon_plan()
     launch_gluon.launch_planned(q, q, q, problem, plan)  # recorded: launched once the ordinary way
     out, lse = launch_gluon.launch_planned(q, q, q, problem, plan)  # replayed
@@ -453,19 +450,13 @@ def test_a_plan_replays_its_gluon_launch_with_each_calls_descriptors(gluon_stand
     assert len(kernel.ordinary) == 2 and len(recordings) == 1
 
 
-def test_gluon_launches_go_the_ordinary_way_without_the_switch_a_recording_plan_or_a_plan(gluon_stand_ins,
-                                                                                          monkeypatch):
+def test_gluon_launches_go_the_ordinary_way_without_a_recording_plan_or_a_plan(gluon_stand_ins):
     kernel, recordings = gluon_stand_ins
-    monkeypatch.setattr(launch_gluon, "GLUON_REPLAY", False)  # switched off (FLASHLITE_GLUON_REPLAY=0)
-    q, problem, plan = _gluon_plan()
-    for _ in range(2):
-        launch_gluon.launch_planned(q, q, q, problem, plan)
-    monkeypatch.setattr(launch_gluon, "GLUON_REPLAY", True)
-    q, problem, unrecorded = _gluon_plan(record=False)  # a plan that records nothing (off CUDA, or the cache off)
+    q, problem, unrecorded = _gluon_plan(record=False)  # a plan that records nothing (off CUDA, or not kept)
     for _ in range(2):
         launch_gluon.launch_planned(q, q, q, problem, unrecorded)
         launch_gluon.launch_planned(q, q, q, problem)  # no plan: a direct call
-    assert len(kernel.ordinary) == 6 and recordings == [] and plan.recorded == {} and unrecorded.recorded == {}
+    assert len(kernel.ordinary) == 4 and recordings == [] and unrecorded.recorded == {}
 
 
 def test_named_barriers_reach_the_pingpong_kernel_only():

@@ -66,8 +66,8 @@ def pointer_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale:
     from flashlite.dispatch import Decision
 
     problem = _check_launch(q, k, v, None, None, causal_mode, scale, precision, window[0], window[1], 0.0, None)
-    plan = Plan(problem, Decision("triton", "the pointer kernel alone (an A/B baseline)"), record=q.is_cuda)
-    plan.gluon = False
+    plan = Plan(problem, Decision("triton", "the pointer kernel alone (an A/B baseline)"), record=q.is_cuda,
+                gluon=False)
 
     def forward():
         return launch_forward(q, k, v, None, None, plan)

@@ -5,6 +5,11 @@ grows by one each step, as in generation: each call has sizes no earlier call ha
 (views of one preallocated cache, cycling through 512 lengths), so the difference is flashlite's host work: how it
 checks and plans a call whose key length it has not seen. The second comparison repeats one key length, the cost of
 a replayed plan. These are benchmarks, not timed assertions: the report carries the verdict and both sides' times.
+
+On a CUDA GPU a third comparison times ``attention_with_kvcache`` on the decoding kernel (new lengths every call, a
+replayed plan: its launches recorded once) against the decoding launcher called directly (``decode_attention``,
+Triton's ordinary launch): the host work a replayed cache call saves or adds. It is skipped on the CPU, where the
+kernel runs in Triton's interpreter.
 """
 from __future__ import annotations
 
@@ -14,7 +19,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from flashlite.attention import attention
+from flashlite.attention import attention, attention_with_kvcache
 
 # A small decoding step on the CPU (SDPA itself takes about 10-20 us here), so that host costs show.
 BATCH, HEADS, HEAD_DIM, FIRST_LENGTH, LENGTHS = 1, 8, 64, 256, 512
@@ -60,3 +65,24 @@ def test_decode_step_replayed_vs_sdpa(kernel_ab, keys):
     torch.testing.assert_close(_flashlite(q, k, v), _sdpa(q, k, v))
     kernel_ab.compare(lambda: _flashlite(q, k, v), lambda: _sdpa(q, k, v),
                       name="cpu decode: one key length (plan replayed), flashlite vs sdpa", max_time=1.0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the decoding kernel's launches are recorded on CUDA only")
+def test_kvcache_decode_replayed_vs_decoding_launcher(kernel_ab):
+    from flashlite.kernels.attention_decode_launch import decode_attention
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    batch, heads, kv_heads, capacity, head_dim = 8, 32, 8, 4096, 128
+    q = torch.randn(batch, heads, 1, head_dim, device="cuda", dtype=torch.bfloat16, generator=gen)
+    k_cache, v_cache = (torch.randn(batch, kv_heads, capacity, head_dim, device="cuda", dtype=torch.bfloat16,
+                                    generator=gen) for _ in range(2))
+    # Lengths that change every call, preallocated on the device (a decoding loop keeps them there).
+    lengths = itertools.cycle([torch.randint(1, capacity, (batch,), device="cuda", dtype=torch.int32, generator=gen)
+                               for _ in range(64)])
+    with torch.no_grad():
+        first = next(lengths)
+        torch.testing.assert_close(attention_with_kvcache(q, k_cache, v_cache, first, backend="triton"),
+                                   decode_attention(q, k_cache, v_cache, first), atol=2e-2, rtol=2e-2)
+        kernel_ab.compare(lambda: attention_with_kvcache(q, k_cache, v_cache, next(lengths), backend="triton"),
+                          lambda: decode_attention(q, k_cache, v_cache, next(lengths)),
+                          name="cuda decode: attention_with_kvcache (plan replayed) vs decoding launcher",
+                          max_time=2.0, check_output=False)  # each call has other lengths, so another output

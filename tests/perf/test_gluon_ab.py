@@ -14,7 +14,7 @@ kernels alone.
 ``-k gluon_window``: the causal sliding window on the Gluon forward against the pointer kernel's and FlexAttention.
 ``-k below_the_floor``: the dispatched Gluon forward at cases 5 and 7-10, under the rule's length floor.
 ``-k replayed``: the planned launch replayed
-(``GLUON_REPLAY``) against the ordinary one, the pointer kernel and SDPA at cases 5 and 7-10. ``-k fp16``: fp16
+(a recording plan) against the ordinary one, the pointer kernel and SDPA at cases 5 and 7-10. ``-k fp16``: fp16
 on the dispatched configs against the pointer kernel and SDPA. ``-k named_barriers``: step 3 with its turns and
 slot releases through hardware named barriers against the same tiles with mbarriers, the dispatched config and SDPA.
 """
@@ -364,20 +364,18 @@ def test_gluon_below_the_floor_ab(shape, kernel_ab):
     kernel_ab.compare(gluon, sdpa, name=f"{name} vs sdpa", **work)
 
 
-# The planned launch replayed (GLUON_REPLAY: the compiled kernel kept from the plan's first launch, Triton's
+# The planned launch replayed (a recording plan: the compiled kernel kept from the plan's first launch, Triton's
 # argument binding skipped) against the ordinary planned launch, SDPA and the pointer kernel, below and at the
 # rule's floors (cases 5 and 7-10), where the launch's host time is what decides. ``-k replayed``: the measurement
-# that turned FLASHLITE_GLUON_REPLAY on by default (2026-12-04: ties or wins against the ordinary launch).
+# that turned Gluon launch replay on by default (2026-12-04: ties or wins against the ordinary launch).
 @pytest.mark.shape(*SHORT_SHAPES, dtype=[torch.bfloat16])
 @pytest.mark.memory(lambda shape: attention_bytes(shape, copies=8))
 def test_gluon_replayed_launch_ab(shape, kernel_ab, monkeypatch):
     from flashlite.attn.plan import Plan
     from flashlite.attn.problem import validate
-    monkeypatch.setattr(launch_gluon, "GLUON_REPLAY", True)
     q, k, v = qkv(shape.B, shape.H, shape.S, shape.D, shape.dtype)
     problem = validate(q, k, v, True, None, None, None, "triton", None)
-    plan = Plan(problem, None, record=True)
-    plan.record = True  # as on CUDA with the launch cache on
+    plan = Plan(problem, None, record=True)  # as a kept plan on CUDA
     replayed = lambda: launch_gluon.launch_planned(q, k, v, problem, plan)[0]  # noqa: E731
     ordinary = lambda: launch_gluon.launch_planned(q, k, v, problem)[0]  # noqa: E731
     pointer_kernel = pointer_forward(q, k, v, scale=shape.D ** -0.5, precision="bf16")
