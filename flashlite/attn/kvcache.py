@@ -24,7 +24,7 @@ from flashlite.attn.triton import launch_forward
 from flashlite.attn.plan import CacheKey, Plan
 from flashlite.attn.decide import decide
 from flashlite.attn.kvcache_writes import check_table_values, check_writable_caches, detached_sources
-from flashlite.attn.problem import (_TRITON_ERROR, CAUSAL_KEY_LENGTH, CAUSAL_NONE, check_block_table,
+from flashlite.attn.problem import (_TRITON_ERROR, CAUSAL_KEY_LENGTH, check_block_table,
                                     check_cache_args, check_lengths, validate, value_checks_wanted)
 
 if _TRITON_ERROR is None:  # without Triton every call is decided for SDPA before the kernels are reached
@@ -148,9 +148,11 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         num_splits: split-KV for the kernel, 1 to 64: each entry's keys are shared out over this many programs
             (whole key blocks each), whose float32 partial results a second kernel merges. More programs fill
             the GPU when B * H_kv is small against its SMs and each cache is short; the partials cost
-            num_splits * B * H * S_q * (D + 1) floats. 1: no split. None (the default): 8 for caches of at
-            least 16,384 positions per entry (S_max, or the block table's blocks times the block size), else 1,
-            as measured on an H200 (``default_splits``). Ignored by SDPA.
+            num_splits * B * H * S_q * (D + 1) floats. 1: no split. None (the default): on the decoding kernel
+            (up to 8 queries per entry, no ALiBi) its own rule, ``choose_splits`` (enough programs for twice the
+            SMs, at least 512 keys each); on the general kernel 8 for caches of at least 16,384 positions per entry
+            (S_max, or the block table's blocks times the block size), else 1 (``default_splits``, measured on an
+            H200). Ignored by SDPA.
 
     Returns:
         [B, H, S_q, D] in q's dtype. Forward only: calls that need a gradient are refused. Under torch.compile
