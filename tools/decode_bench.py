@@ -12,8 +12,9 @@ reference written out here (fails loudly: the row is reported FAILED and not tim
 each call, an L2 flush (a 256 MiB memset) before each, all implementations of a row interleaved in a shuffled order
 per round, warm-up first, ``--rounds`` rounds (default 30); per implementation the median time and the median over
 rounds of (SDPA's time / its time) (above 1: faster than SDPA). GB/s counts the bytes a row must read: each entry's
-visible keys and values (its length x H_kv x D x 2 tensors x 2 bytes) plus q and the output; % of 4.26 TB/s (the
-device-to-device copy bandwidth measured on an H200).
+visible keys and values (its length x H_kv x D x 2 tensors x 2 bytes) plus q and the output; "% bw" is of the
+device-to-device copy bandwidth measured at the start on the same card (bytes read + written by a 1 GiB copy;
+4.26 TB/s on an H200).
 
 An fp8 (e4m3) copy of each contiguous cache, a float32 scale per kv head, runs the new kernel too (``new/fp8``:
 checked against the dequantized cache, its accuracy cost against the bf16 cache printed; its GB/s counts the fp8
@@ -53,7 +54,7 @@ from flashlite.kernels.attention_decode_launch import (DecodeConfig, SPLIT_RULE,
 
 HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
 DEVICE, DTYPE = "cuda", torch.bfloat16
-COPY_BANDWIDTH = 4.26e12  # bytes/s, device-to-device copy on an H200 (issue 48)
+COPY_BANDWIDTH = 4.26e12  # bytes/s, device-to-device copy on an H200 (issue 48); replaced by this card's, measured
 MASKED_ROWS = [(1, 32768, 1), (8, 8192, 1), (32, 4096, 1), (64, 2048, 1), (16, 32768, 1), (16, 8192, 4)]
 FULL_ROWS = [(1, 32768, 1), (8, 8192, 1), (16, 8192, 1), (16, 32768, 1)]
 LAYOUTS = [0, 16, 64, 256]  # 0: contiguous; else the paged block size
@@ -371,6 +372,23 @@ def host_probe(batch, capacity, results):
             print(f"  HOST PROBE FAILED {label} {impl} graph:\n" + traceback.format_exc()[-1500:], flush=True)
 
 
+def copy_bandwidth() -> float:
+    """Bytes per second read and written by a device-to-device copy of 1 GiB on this card (median of 20)."""
+    source = torch.empty(2 ** 30, dtype=torch.uint8, device=DEVICE).random_()
+    target = torch.empty_like(source)
+    times = []
+    for i in range(23):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        target.copy_(source)
+        end.record()
+        torch.cuda.synchronize()
+        if i >= 3:
+            times.append(start.elapsed_time(end) * 1e-3)
+    del source, target
+    return 2 * 2 ** 30 / statistics.median(times)
+
+
 def write_csv(results):
     """Every timing so far to $OUT/decode_bench.csv (rewritten after each row, so a run cut short keeps its rows)."""
     if not os.environ.get("OUT") or not results:
@@ -414,6 +432,10 @@ def main():
     print(f"GPU: {props.name}, {SM_COUNT} SMs; torch {torch.__version__}, triton {triton.__version__}; "
           f"split rule {SPLIT_RULE}; default tile (D=128, bf16) {default_config(128, 4, torch.bfloat16)}", flush=True)
     flush = torch.empty(256 * 2 ** 20, dtype=torch.uint8, device=DEVICE)
+    global COPY_BANDWIDTH
+    COPY_BANDWIDTH = copy_bandwidth()
+    print(f"device-to-device copy: {COPY_BANDWIDTH / 1e12:.2f} TB/s (read + written, median of 20 copies of 1 GiB)",
+          flush=True)
     results, summary = [], []
     started = time.time()
     print(f"host cost ({time.time() - started:.0f} s)", flush=True)
@@ -433,7 +455,7 @@ def main():
             torch.cuda.empty_cache()
             write_csv(results)
     print(f"\nSUMMARY ({props.name}; us are medians of {args.rounds} interleaved rounds, L2 flushed; vs SDPA: median "
-          f"of SDPA time / time, >1 faster; % of {COPY_BANDWIDTH / 1e12} TB/s)")
+          f"of SDPA time / time, >1 faster; % of this card's measured copy bandwidth, {COPY_BANDWIDTH / 1e12:.2f} TB/s)")
     print(f"{'row':<28}{'new us':>8}{'spl':>4}{'GB/s':>7}{'%bw':>5}{'vsSDPA':>7}{'best split':>13}{'best tile':>20}"
           f"{'api us':>8}{'api vs':>7}{'sdpa us':>8}{'flex us':>8}{'fp8 us':>8}{'fp8 vs':>7}{'fused':>8}")
     for line in summary:
