@@ -340,7 +340,7 @@ DYNAMIC_VARIANTS = {
 
 @pytest.mark.parametrize("name", list(DYNAMIC_VARIANTS))
 def test_dynamic_graph_runs_variants_and_masks_per_call(name, monkeypatch):
-    from tests.flashlite import test_attention_variants_kernel as variants
+    from tests.flashlite.kernels import test_attention_variants_kernel as variants
     _made_up_table(monkeypatch)
     arguments = dict(DYNAMIC_VARIANTS[name])
     compiled, graphs = _compiled_with_graphs(
@@ -385,7 +385,7 @@ def test_the_inference_op_keeps_validation_at_trace_time():
 def test_dynamic_compile_takes_float_scale_and_softcap(backend):
     # With dynamic=True dynamo passes float arguments as symbols, which math.isfinite (the checks' old test) cannot
     # take: the compile failed before reaching the kernel.
-    from tests.flashlite import test_attention_variants_kernel as variants
+    from tests.flashlite.kernels import test_attention_variants_kernel as variants
     q, k, v, _ = variants.random_inputs(torch.float32, seed=3)
     compiled = torch.compile(lambda q, k, v, scale, softcap: attention(q, k, v, causal=True, scale=scale,
                                                                        softcap=softcap, backend=backend,

@@ -1,7 +1,7 @@
 """Sliding windows, softcapping and ALiBi through the public ``flashlite.attention``, on both backends, against a
 float64 reference written out here; their validation; and how the dispatch names and routes them.
 
-The kernel-level checks (the launchers, block skipping, the dense kernels unchanged) live in
+The kernel-level checks (the launchers, block skipping, the dense kernels unchanged) live in the kernels folder's
 test_attention_variants_kernel.py. Shapes are tiny and odd on purpose: the CPU runs the kernel through the Triton
 interpreter.
 """
@@ -16,7 +16,7 @@ import flashlite.attn.plan as plans_module
 from flashlite import dispatch
 from flashlite.attention import attention, explain_dispatch
 from pytest_kernelcheck import assert_close
-from tests.flashlite.compiled import eager_and_compiled
+from tests.flashlite.attn.compiled import eager_and_compiled
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

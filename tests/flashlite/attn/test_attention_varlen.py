@@ -18,7 +18,7 @@ import torch
 import flashlite
 from flashlite.attention import attention_varlen
 from pytest_kernelcheck import assert_close, attention_reference_varlen, policy_for
-from tests.flashlite.compiled import eager_and_compiled
+from tests.flashlite.attn.compiled import eager_and_compiled
 from tests.flashlite.sm90 import SM90_COMPILER, run_script
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

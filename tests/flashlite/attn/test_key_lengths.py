@@ -10,7 +10,7 @@ import flashlite.attn.decide as decide_module
 import flashlite.attn.plan as plans_module
 from flashlite.attention import attention
 from pytest_kernelcheck import assert_close
-from tests.flashlite.test_attention_variants import VARIANTS, reference
+from tests.flashlite.attn.test_attention_variants import VARIANTS, reference
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

@@ -19,8 +19,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 import flashlite  # noqa: E402
 from tests.conftest import examples  # noqa: E402
-from tests.flashlite.test_properties_attention import (DEVICE, _bits, _derivatives, _leaves, _nothing,  # noqa: E402
-                                                       check_against_reference, floor_for, reference)
+from .test_properties_attention import (DEVICE, _bits, _derivatives, _leaves, _nothing,  # noqa: E402
+                                        check_against_reference, floor_for, reference)
 
 
 @st.composite

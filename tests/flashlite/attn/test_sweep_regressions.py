@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import flashlite
-from tests.flashlite.test_properties_attention import DEVICE, reference
+from tests.flashlite.attn.test_properties_attention import DEVICE, reference
 
 
 def _random(*shape, seed):

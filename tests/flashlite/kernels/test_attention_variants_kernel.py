@@ -336,7 +336,7 @@ def test_dense_kernels_compile_to_the_same_ttgir_as_before_the_variants(tmp_path
     import shutil
     import subprocess
     import tarfile
-    root = pathlib.Path(__file__).resolve().parents[2]
+    root = pathlib.Path(__file__).resolve().parents[3]
     for commit in sorted(set(REFERENCE_COMMITS.values())):
         if shutil.which("git") is None or subprocess.run(
                 ["git", "cat-file", "-e", commit], cwd=root, capture_output=True).returncode != 0:

@@ -24,7 +24,7 @@ import torch
 from flashlite.attn import gluon_bwd as launch_gluon_bwd
 from flashlite.attn.problem import validate
 from tests.flashlite.sm90 import GLUON_COMPILER, run_script
-from tests.flashlite.test_gluon_compile import HOPPER_SHARED_MEMORY, needs_gluon
+from tests.flashlite.kernels.test_gluon_compile import HOPPER_SHARED_MEMORY, needs_gluon
 from pytest_kernelcheck import assert_close
 
 _COMPILE = GLUON_COMPILER + r'''

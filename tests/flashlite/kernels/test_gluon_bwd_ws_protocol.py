@@ -2,7 +2,7 @@
 
 The dQ kernel (``_dq_ws_producer``, ``_dq_ws_consumer`` in ``flashlite.kernels.attention_bwd_gluon``) runs on a
 Hopper GPU only. Its protocol is restated here, wait for wait and arrival for arrival, over
-``tests.flashlite.mbarrier_model``: each consumer owns its query rows and reads key/value blocks 0 to n_c - 1 (the
+``mbarrier_model`` (beside this file): each consumer owns its query rows and reads key/value blocks 0 to n_c - 1 (the
 two counts differ under causal masks, and one may be 0); the producer copies each consumer's Q and dO (only where it
 has blocks to read), then every block either reads, block j into slot j % STAGES once each consumer that read block
 j - STAGES has handed it back (waits predicated on that).
@@ -15,7 +15,7 @@ kernel and its model were deleted with it.)
 """
 import pytest
 
-from tests.flashlite.mbarrier_model import MBarrier, Violation, interleave, landing_copy
+from .mbarrier_model import MBarrier, Violation, interleave, landing_copy
 
 
 class DqWsKernel:

@@ -3,7 +3,7 @@
 The kernel (``_pp_producer``, ``_pp_consumer``, ``_pp_blocks``, ``_take_turn`` in
 ``flashlite.kernels.attention_fwd_gluon``) cannot run without a Hopper GPU, and a wrong phase or a missing
 hand-back there shows up as a hang or as rare wrong numbers. So its protocol is restated here, wait for wait and
-arrival for arrival, over a model of the mbarrier (``tests.flashlite.mbarrier_model``: arrival count, transaction
+arrival for arrival, over a model of the mbarrier (``mbarrier_model`` beside this file: arrival count, transaction
 bytes, phase parity). Copies land at any later time. A scheduler runs one ready agent at a time (the producer, the
 two consumers, the copies in flight), chosen at random, and checks on every step:
 
@@ -24,7 +24,7 @@ or releases without theirs) must be caught, so that the checks are known to bite
 """
 import pytest
 
-from tests.flashlite.mbarrier_model import MBarrier, NamedBarrier, Violation, check_refill, interleave, landing_copy
+from .mbarrier_model import MBarrier, NamedBarrier, Violation, check_refill, interleave, landing_copy
 
 CONSUMER_THREADS, PRODUCER_THREADS = 128, 32
 
