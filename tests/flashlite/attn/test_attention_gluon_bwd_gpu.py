@@ -11,9 +11,8 @@ import pytest
 import torch
 
 from flashlite.attn import gluon_bwd as launch_gluon_bwd
-from flashlite.attn.triton import attention_forward
 from flashlite.attn.gluon import gluon_attention_forward
-from flashlite.attention import attention
+from flashlite.attention import attention, attention_forward
 from pytest_kernelcheck import assert_close
 
 from .test_attention_backward import reference_attention

@@ -9,10 +9,9 @@ import math
 import pytest
 import torch
 
-import flashlite.attn.triton as launch_module
 import flashlite.attn.plan as plans_module
 import flashlite.attn.problem as validation_module
-from flashlite.attention import attention
+from flashlite.attention import attention, attention_forward
 from flashlite.cases import CASES, case
 from pytest_kernelcheck import assert_close, policy_for
 
@@ -83,8 +82,7 @@ def test_forward_several_pairs_per_program(shape, sdpa_reference):
     # kernel); 9 * 7 = 63 pairs leave the last program of each query block part empty.
     q, k, v = cuda_qkv(shape.B, shape.H, shape.S, shape.D, shape.dtype)
     mode = validation_module.CAUSAL_TOP_LEFT if shape.causal else validation_module.CAUSAL_NONE
-    out, _ = launch_module.attention_forward(q, k, v, None, None, mode, shape.D ** -0.5, "bf16",
-                                                config=shape.config)
+    out, _ = attention_forward(q, k, v, None, None, mode, shape.D ** -0.5, "bf16", config=shape.config)
     sdpa_reference.check(out, q, k, v, causal=shape.causal, policy=policy_of(shape.dtype))
 
 
