@@ -1,4 +1,4 @@
-"""Hypothesis settings profiles for the property-based sweeps (tests/*/test_properties_*.py).
+"""Hypothesis settings profiles for the property-based sweeps (tests/**/test_properties_*.py).
 
 Hypothesis is a well-kept library made for property-based testing: it draws inputs from strategies and shrinks a
 failing one to a minimal example. Pick a profile with the environment variable HYPOTHESIS_PROFILE:
@@ -7,7 +7,7 @@ failing one to a minimal example. Pick a profile with the environment variable H
   deadline (the Triton interpreter's time per call varies with the machine's load); both sweep files together take
   about three minutes on a shared 2-core machine.
 * ``sweep``: ten times the examples, still derandomized, to hunt for defects by hand:
-  ``HYPOTHESIS_PROFILE=sweep python -m pytest -q tests/flashlite/test_properties_attention.py``.
+  ``HYPOTHESIS_PROFILE=sweep python -m pytest -q tests/flashlite/attn/test_properties_attention.py``.
 * ``sweep-random``: as ``sweep`` with a fresh random seed each run, to explore beyond the fixed examples.
 
 A test sets its own ``max_examples`` relative to the profile's through ``examples(n)`` below, since one example of

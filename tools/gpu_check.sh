@@ -87,7 +87,7 @@ if [[ $stage == tests || $stage == all ]]; then
   # every test that ran (with its outcome), so a pass cut off by its limit shows which tests are left.
   # The timing engine's own tests assert on measured times, so they run afterwards, alone on the GPU (one process,
   # no workers, even with several GPUs): kernels of other workers would share the device with them.
-  timing_tests=tests/kernelcheck/test_timing.py
+  timing_tests=tests/kernelcheck/speed/test_timing.py
   read -r -a test_paths <<< "${TEST_PATHS:-tests/flashlite tests/kernelcheck}"
   run_timing=0  # the second pass runs only when the selected paths contain the timing tests
   for path in "${test_paths[@]}"; do [[ $timing_tests == "${path%/}"* ]] && run_timing=1; done
@@ -95,7 +95,7 @@ if [[ $stage == tests || $stage == all ]]; then
   # count against that: twelve workers once left under 1.5 GiB free and 26 real-size tests skipped. So with
   # several workers the real-size files (LARGE_TESTS) run in a second pass on LARGE_WORKERS workers (default 4 on
   # one GPU; with several, one per GPU, so each real-size test has a GPU's memory to itself).
-  read -r -a large_tests <<< "${LARGE_TESTS-tests/flashlite/test_attention_gpu.py tests/flashlite/test_layer_gpu.py}"
+  read -r -a large_tests <<< "${LARGE_TESTS-tests/flashlite/attn/test_attention_gpu.py tests/flashlite/test_layer_gpu.py}"
   ignore_large=()
   if (( ${#test_workers[@]} )) && [[ -z ${TEST_PATHS:-} ]]; then
     for path in "${large_tests[@]}"; do ignore_large+=(--ignore="$path"); done

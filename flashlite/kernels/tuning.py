@@ -45,14 +45,14 @@ def shared_memory_estimate(config: triton.Config, block_d: int, elem: int, *, st
     operands ``transposed_fp32_tiles`` more tiles of ``streamed`` rows (tf32 tensor-core products read both
     operands in one major order, so a transposed float32 operand is copied), and ``scratch``.
 
-    Fitted to what Triton 3.6 allocates when it compiles the kernels for sm_90 (every config of the lists, head
-    dims 16 to 256, bf16 and float32; tests/flashlite/test_attention_shared_memory.py compiles each kept config and
-    checks): the tiles account for all of it but ``SCRATCH_BYTES``; the backward kernels keep two resident tiles
-    (k and v, or q and dO), and dQ's float32 product dS K^T one transposed copy of the key tile. Float32 operands
-    with ``precision="ieee"`` (FMA dots, no tensor cores) ask for more at 16- and 32-wide tiles, layout-conversion
-    scratch (about twice the estimate for the forward's 128 x 128 tiles at D=16), still far below the budget;
-    from 64-wide tiles the estimate covers them too (every kept config compiled for sm_90 on the CPU with bf16,
-    fp16, tf32, ieee and fp32-operand bf16 dots, head dims 16 to 256, decoding tiles included).
+    Fitted to what Triton 3.6 allocates when it compiles the kernels for sm_90 (every config of the lists, head dims 16
+    to 256, bf16 and float32; tests/flashlite/kernels/test_attention_shared_memory.py compiles each kept config and
+    checks): the tiles account for all of it but ``SCRATCH_BYTES``; the backward kernels keep two resident tiles (k and
+    v, or q and dO), and dQ's float32 product dS K^T one transposed copy of the key tile. Float32 operands with
+    ``precision="ieee"`` (FMA dots, no tensor cores) ask for more at 16- and 32-wide tiles, layout-conversion scratch
+    (about twice the estimate for the forward's 128 x 128 tiles at D=16), still far below the budget; from 64-wide tiles
+    the estimate covers them too (every kept config compiled for sm_90 on the CPU with bf16, fp16, tf32, ieee and
+    fp32-operand bf16 dots, head dims 16 to 256, decoding tiles included).
 
     Example:
         >>> shared_memory_estimate(make_configs([(128, 64, 4, 3)])[0], 128, 2, streamed="BLOCK_N", resident="BLOCK_M")

@@ -188,7 +188,7 @@ def _check_against_pointer(shape, candidates: dict, pointer) -> None:
     for setting, side in candidates.items():
         for name, a, b in zip(("dq", "dk", "dv"), [g.clone() for g in side()], expected):
             # The pointer backward's gradients in the same precision are the yardstick; float64 checks live in
-            # tests/flashlite/test_attention_gluon_bwd_gpu.py.
+            # tests/flashlite/attn/test_attention_gluon_bwd_gpu.py.
             assert_close(a[:, :, :4096].float(), b[:, :, :4096].double(), policy=shape.dtype, notes=(name, setting))
 
 
@@ -288,7 +288,7 @@ def test_gluon_backward_kernels_ab(shape, kernel_ab):
             candidate = make(config)
             for got, want in zip(candidate(), expected):
                 # The single-partition kernel in the same precision is the yardstick; the float64 checks of every
-                # listed config live in tests/flashlite/test_attention_gluon_bwd_gpu.py.
+                # listed config live in tests/flashlite/attn/test_attention_gluon_bwd_gpu.py.
                 assert_close(got[:, :, :4096].float(), want[:, :, :4096].double(), policy=shape.dtype,
                              notes=(kind, _bwd_config_name(config)))
             # check_output=False: each side returns its own buffers, checked above.
@@ -328,7 +328,7 @@ def test_gluon_window_ab(shape, kernel_ab):
     flex = lambda: flex_attention(q, k, v, block_mask=block_mask)  # noqa: E731
     expected = pointer()
     # The pointer kernel's window in the same precision is the yardstick here; the float64 checks of the Gluon
-    # window live in tests/flashlite/test_attention_gluon_gpu.py (test_forward_causal_window).
+    # window live in tests/flashlite/attn/test_attention_gluon_gpu.py (test_forward_causal_window).
     assert_close(gluon().float(), expected.double(), policy=shape.dtype, notes=("gluon window",))
     work = _window_work(shape, window=WINDOW)
     name = f"window {WINDOW} D{shape.D} {_shape_name(config)}"
