@@ -225,7 +225,7 @@ class TransformerLayer(nn.Module):
             return self.fusions
         if x.is_cuda and torch.compiler.is_compiling():
             # Under torch.compile Inductor fuses the plain ops itself (and cannot see into the opaque kernels): the
-            # compiled tournament (test_fusion_tournament_compiled, H200, 2026-12-01, session 5 run 5) ranked "no
+            # compiled tournament (test_fusion_tournament_compiled, H200, 2026-12-01, commit abcc4b3) ranked "no
             # fusions" first at every token count it ran, 128 to 16,384, 1.09x to 1.69x ahead of the next variant.
             return frozenset()
         if not x.is_cuda or x.shape[0] * x.shape[1] >= FUSED_MIN_TOKENS:

@@ -14,8 +14,8 @@
 #   scaling  benchmarks/scaling.py (time and memory as S and B grow; SCALING_ARGS, default --quick for a single
 #            stage and the full sweep for "all")
 #   all      all of the above (about 30-40 minutes on an H200)
-# Results go to benchmarks/results/<gpu>-<date>/ (RESULTS_DIR overrides); commit only the files a document cites,
-# in a folder renamed <gpu>-<date>-<what ran>. When OUT is set (a remote runner that
+# Results go to benchmarks/results/<gpu>-<date>-<stage>/ (RESULTS_DIR overrides); commit only the files a document
+# cites, in a folder named <gpu>-<date>-<what ran> (benchmarks/results/README.md lists each one). When OUT is set (a remote runner that
 # returns files from $OUT), they go to $OUT/results and are also packed into $OUT/results.tar.gz. A short summary
 # is printed last.
 set -uo pipefail
@@ -25,7 +25,7 @@ if [[ -n ${OUT:-} ]]; then
   R=$OUT/results
 else
   gpu=$(python3 -c "import torch; from flashlite.dispatch import gpu_slug; print(gpu_slug(torch.cuda.get_device_name()))" 2>/dev/null || echo gpu)
-  R=${RESULTS_DIR:-benchmarks/results/$gpu-$(date -u +%F)}
+  R=${RESULTS_DIR:-benchmarks/results/$gpu-$(date -u +%F)-$stage}
 fi
 mkdir -p "$R"
 if [[ $stage == all ]]; then SCALING_ARGS=${SCALING_ARGS:- }; fi

@@ -48,35 +48,37 @@ _GRID_AXIS1_LIMIT = 65535
 VARIANTS = ("pipelined", "pingpong")
 
 # Where the Triton backend runs a call's forward on the Gluon kernel, and on which config: where its A/B against the
-# pointer kernel measured a win (H200, 2026-12-01, causal bf16, H=16, tests/perf/test_gluon_ab.py). Session 4's run
-# 5 measured step 1's first config at D=128: 1.098x at B=8 S=4096 and 1.105x at B=16 S=8192. Session 5's run 2
+# pointer kernel measured a win (H200, 2026-12-01, causal bf16, H=16, tests/perf/test_gluon_ab.py). Step 1's first
+# config measured 1.098x at D=128, B=8 S=4096 and 1.105x at B=16 S=8192
+# (benchmarks/results/h200-2026-12-01-session4/run5_gluon/ab/ at commit 8ca4529). The tile A/B of steps 1 and 3
 # (benchmarks/results/h200-2026-12-01-session5/run2_gluon_step3_split_profile at commit 8ca4529) measured step 1 at
-# 64x128, 2 stages,
-# 4 warps at D=64: 1.134x, 1.178x and 1.197x the pointer kernel at B=1 S=8192, B=8 S=4096 and B=16 S=8192 (2**17,
-# 2**19 and 2**21 query rows), and step 3's 64x128x2w4 at D=128 1.089x, 0.990x (a tie) and 1.051x (the last two
-# against step 1: that run's pointer side took the Gluon step 1 the rule then ran from 2**19 rows), where its
-# do_bench probe ranked 64x128x3w4 first (0.512, 1.099 and 8.200 ms against 0.578, 1.208 and 8.637 ms; through the
-# dispatch, run 3 measured it at 1.003x, 0.941x and 0.975x SDPA, where the pointer kernel is 0.80-0.86x). Smaller
-# calls, fp16, other causal modes and S_q != S_k were not measured, so they stay on the pointer kernel.
-# Session 5's run 3 (the forward A/B of the case table through backend="triton") measured the rule without a
-# length floor: wins from S=4096 up at D=64 (1.034-1.108x SDPA), but 0.38-0.63x SDPA at S=64 to 2048 with 2**17 or
-# more rows (cases 5, 7-11), where the Gluon launch's host work (four TMA descriptors built per call) outlasts the
-# kernel; so the rule also needs a length floor per sequence, GLUON_MIN_SEQ.
-# Session 7's run 2 (benchmarks/results/h200-2026-12-02/run2_floor_step4_decoding/floor at commit 8ca4529), after the
-# launch's four
-# TMA descriptors stopped re-running the constructor's checks (18.2 us of arguments down to 11.5 on the
-# development CPU), measured the planned launch against the pointer kernel below the old floor of 4,096: at D=64
-# 1.097x (S=2048), 1.061x (1024), 1.035x (512), then 0.574x (256) and 0.584x (128); at D=128 1.108x (2048), 1.010x
-# (1024, a tie), 0.867x (512). So the floor is 512 at D=64 and 2,048 at D=128, where the last measured win is.
-# Causal sliding windows (window_left >= 0): session 7's run 1 (.../run1_gluon_window_layer_mode/gwin) measured
-# step 1 in the dense D=64 config at 1.066x and 1.069x the pointer kernel's window (1,024 keys, B=1, H=16, S=16,384
-# and 65,536), and step 1 at D=128 (128x128x2w8; the ping-pong kernel has no window) at 0.976x and 0.978x, losses:
-# so windows take the Gluon kernel at D=64 only, from the shortest measured length, GLUON_WINDOW_MIN_SEQ.
+# 64x128, 2 stages, 4 warps at D=64: 1.134x, 1.178x and 1.197x the pointer kernel at B=1 S=8192, B=8 S=4096 and
+# B=16 S=8192 (2**17, 2**19 and 2**21 query rows), and step 3's 64x128x2w4 at D=128 1.089x, 0.990x (a tie) and
+# 1.051x (the last two against step 1: that A/B's pointer side took the Gluon step 1 the rule then ran from 2**19
+# rows), where its do_bench probe ranked 64x128x3w4 first (0.512, 1.099 and 8.200 ms against 0.578, 1.208 and
+# 8.637 ms; through the dispatch, the case table's forward A/B measured it at 1.003x, 0.941x and 0.975x SDPA, where
+# the pointer kernel is 0.80-0.86x). Smaller calls, fp16, other causal modes and S_q != S_k were not measured, so
+# they stay on the pointer kernel.
+# The forward A/B of the case table through backend="triton" measured the rule without a length floor: wins from
+# S=4096 up at D=64 (1.034-1.108x SDPA; benchmarks/results/h200-2026-12-01-attention-gluon-fwd-fwdbwd-ab/), but
+# 0.38-0.63x SDPA at S=64 to 2048 with 2**17 or more rows (cases 5, 7-11; the whole report:
+# benchmarks/results/h200-2026-12-01-session5/run3_case_table_ab_profile/ab/results/ at commit 8ca4529), where the
+# Gluon launch's host work (four TMA descriptors built per call) outlasts the kernel; so the rule also needs a
+# length floor per sequence, GLUON_MIN_SEQ.
+# After the launch's four TMA descriptors stopped re-running the constructor's checks (18.2 us of arguments down to
+# 11.5 on the development CPU), the planned launch against the pointer kernel below the old floor of 4,096
+# (benchmarks/results/h200-2026-12-02/run2_floor_step4_decoding/floor at commit 8ca4529) measured at D=64 1.097x
+# (S=2048), 1.061x (1024), 1.035x (512), then 0.574x (256) and 0.584x (128); at D=128 1.108x (2048), 1.010x (1024, a
+# tie), 0.867x (512). So the floor is 512 at D=64 and 2,048 at D=128, where the last measured win is.
+# Causal sliding windows (window_left >= 0; benchmarks/results/h200-2026-12-02/run1_gluon_window_layer_mode/gwin at
+# commit 8ca4529): step 1 in the dense D=64 config measured 1.066x and 1.069x the pointer kernel's window (1,024
+# keys, B=1, H=16, S=16,384 and 65,536), and step 1 at D=128 (128x128x2w8; the ping-pong kernel has no window)
+# 0.976x and 0.978x, losses: so windows take the Gluon kernel at D=64 only, from the shortest measured length,
+# GLUON_WINDOW_MIN_SEQ.
 # fp16 (benchmarks/results/h200-2026-12-04/run3_fp16_realsize at commit 8ca4529): the dispatched configs measured
-# 1.10-1.20x the
-# pointer kernel at D=64 and 1.28-1.34x at D=128, dense causal at B=1 S=8,192, B=8 S=4,096 and B=16 S=8,192; so
-# dense fp16 calls take the Gluon kernel too, from the shortest length measured in fp16, GLUON_FP16_MIN_SEQ (fp16
-# windows were not measured).
+# 1.10-1.20x the pointer kernel at D=64 and 1.28-1.34x at D=128, dense causal at B=1 S=8,192, B=8 S=4,096 and
+# B=16 S=8,192; so dense fp16 calls take the Gluon kernel too, from the shortest length measured in fp16,
+# GLUON_FP16_MIN_SEQ (fp16 windows were not measured).
 # FLASHLITE_GLUON=0 keeps every call on the pointer kernel.
 GLUON_MIN_ROWS = 2 ** 17
 GLUON_MIN_SEQ = {64: 512, 128: 2048}

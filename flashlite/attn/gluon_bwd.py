@@ -92,11 +92,11 @@ def switch_values(value: str) -> tuple[str, bool, str, bool, bool]:
 
 (GLUON_BWD_SWITCH, GLUON_BWD_ENABLED, GLUON_BWD_VARIANT, GLUON_BWD_DKDV,
  GLUON_BWD_MEASURED_ONLY) = switch_values(os.environ.get("FLASHLITE_GLUON_BWD", "auto"))
-# measured_faster's rule. Run N5 (H100, 7de8265; benchmarks/results/h100-2026-12-05-c/ at commit 8ca4529),
-# forward+backward of
-# flashlite.attention, bf16, causal, H=16, "mixed" against the pointer backward: at D=128 1.101x, 1.162x, 1.119x
-# (cases 3, 6, 12: B=1 S=8192, B=8 S=4096, B=16 S=8192; wins); at D=64 0.874x, 0.865x, 0.905x (losses). Shorter
-# sequences, S_q != S_k, non-causal and fp16 calls were not measured, so they keep the pointer backward.
+# measured_faster's rule comes from the forward+backward A/B of flashlite.attention on an H100 at 7de8265
+# (benchmarks/results/h100-2026-12-05-c/n5/mixed/results/ at commit 8ca4529), bf16, causal, H=16, "mixed" against
+# the pointer backward: at D=128 1.101x, 1.162x, 1.119x (cases 3, 6, 12: B=1 S=8192, B=8 S=4096, B=16 S=8192;
+# wins); at D=64 0.874x, 0.865x, 0.905x (losses). Shorter sequences, S_q != S_k, non-causal and fp16 calls were
+# not measured, so they keep the pointer backward.
 GLUON_BWD_HEAD_DIMS = (128,)
 GLUON_BWD_MIN_SEQ = 4096
 # The schedules each backward kernel has: "pipelined" (one partition), and for dQ "ws" (``_attn_bwd_dq_ws``).

@@ -454,10 +454,10 @@ DKDV_GPU_BLOCKS = [(32, 128, 4, 3), (64, 128, 8, 2), (32, 64, 4, 3), (64, 64, 4,
 # Not in the list: 8-warp configs over 16 or 32 query rows and 128 keys, which compile without register spills where
 # the 4-warp ones over 64 or 128 keys spill at D=128 (benchmarks/results/cpu-host-2026-12-04/backward_spills_probe/ at
 # commit 8ca4529).
-# On the H200 the autotuner chose none of them at any of the 13 forward+backward shapes at D=128 (an 8ca4529 run,
-# benchmarks/results/h200-2026-12-04-g/): it keeps (32, 64, 4, 3) and (64, 128, 8, 2/3), whose spills sit outside
-# the inner query-block loops (their SASS: benchmarks/results/cpu-host-2026-12-04/backward_spills_probe/ at commit
-# 8ca4529).
+# On the H200 the autotuner chose none of them at any of the 13 forward+backward shapes at D=128
+# (benchmarks/results/h200-2026-12-04-g/q1_dkdv_candidates_d128/autotune_choices.txt at commit 8ca4529): it keeps
+# (32, 64, 4, 3) and (64, 128, 8, 2/3), whose spills sit outside the inner query-block loops (their SASS:
+# benchmarks/results/cpu-host-2026-12-04/backward_spills_probe/ at commit 8ca4529).
 # dQ: a query block (BLOCK_M rows, resident) against streamed key blocks.
 DQ_GPU_BLOCKS = [(128, 32, 4, 3), (128, 64, 8, 2), (64, 64, 4, 3), (64, 32, 4, 3), (32, 16, 4, 2),
                  # The mirror of the dK/dV additions: 128-160 KB at D=128.

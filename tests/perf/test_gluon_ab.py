@@ -337,10 +337,10 @@ def test_gluon_window_ab(shape, kernel_ab):
 
 
 # Below the rule's length floor (GLUON_MIN_SEQ): cases 5 and 7-10 (S = 2,048 down to 128, 2^17 query rows each),
-# where session 5 measured the Gluon forward host-bound (0.38-0.63x SDPA, with 18 us of launch arguments on the
-# development CPU; 11.5 us since the descriptors skip the constructor's re-checks). The Gluon side is the launch
-# a plan runs (``launch_planned``: the base addresses checked, nothing else), the pointer side the kernel's direct
-# launcher; both compute out and lse. ``-k below_the_floor``: what would move the floor.
+# where the H200 A/B of 2026-12-01 measured the Gluon forward host-bound (0.38-0.63x SDPA, with 18 us of launch
+# arguments on the development CPU; 11.5 us since the descriptors skip the constructor's re-checks). The Gluon side
+# is the launch a plan runs (``launch_planned``: the base addresses checked, nothing else), the pointer side the
+# kernel's direct launcher; both compute out and lse. ``-k below_the_floor``: what would move the floor.
 SHORT_SHAPES = [dict(case=n, B=case(n).B, S=case(n).S, H=case(n).H, D=D) for D in (64, 128) for n in (5, 7, 8, 9, 10)]
 
 

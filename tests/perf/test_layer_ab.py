@@ -292,7 +292,8 @@ def test_compiled_layer_training_step_vs_compiled_plain_block(shape, kernel_ab, 
     else:
         # No float64 reference above 8,192 tokens (its time and memory), but still no timing of a wrong backward:
         # the compiled layer's first-step gradients against the eager layer's (same precision, same weights).
-        # Run N1 timed a training step at case 10 whose compiled weight gradients were zero, unchecked at that size.
+        # An H200 A/B (2026-12-04) timed a training step at case 10 whose compiled weight gradients were zero,
+        # unchecked at that size.
         _assert_gradients_agree(_first_gradients(compiled_layer, x, projection), _first_gradients(layer, x, projection),
                                 context=f"compiled against eager layer, precision {shape.precision}")
     # check_output=False: a step returns nothing to compare, and the weights it leaves differ on every call.
@@ -480,7 +481,7 @@ def test_layer_peak_memory_not_above_plain_block(shape, blocks):
 
 # The shapes where the compiled layer's time is its host's: each Inductor kernel is one Python-side launch. The
 # layer's graph in "mixed" launched 18-20 kernels against the plain block's 12-13 when each weight had its own cast
-# (M3); with the casts grouped it launches 11-13 (N1).
+# (H200 profile, 2026-12-04); with the casts grouped it launches 11-13 (the same day's profile after the change).
 COMBO_SHAPES = [shape for shape in LAYER_SHAPES if shape["case"] in (1, 2, 5)]
 
 

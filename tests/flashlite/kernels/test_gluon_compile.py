@@ -199,13 +199,13 @@ def _seeded_bf16(batch, heads, seq, dim=128):
 
 
 @pytest.mark.parametrize("batch, heads, seq, dim, dtype, causal, chosen", [
-    (8, 16, 4096, 128, torch.bfloat16, True, True),  # measured: step 1 1.098x the pointer kernel (an 8ca4529 run)
+    (8, 16, 4096, 128, torch.bfloat16, True, True),  # measured: step 1 1.098x the pointer kernel (H200, 2026-12-01)
     (2, 16, 16384, 128, torch.bfloat16, True, True),  # 2**19 rows
-    (1, 16, 8192, 128, torch.bfloat16, True, True),  # 2**17 rows: step 3 measured 1.089x (session 5, run 2)
+    (1, 16, 8192, 128, torch.bfloat16, True, True),  # 2**17 rows: step 3 measured 1.089x (H200, 2026-12-01)
     (1, 16, 8192, 64, torch.bfloat16, True, True),  # step 1 64x128x2w4 measured 1.134x
     (8, 16, 4096, 64, torch.bfloat16, True, True),  # and 1.178x
     (1, 15, 8192, 64, torch.bfloat16, True, False),  # one row under 2**17: not measured
-    # Below 4,096 (session 7, run 2: the planned launch against the pointer kernel)
+    # Below 4,096 (H200, 2026-12-02: the planned launch against the pointer kernel)
     (4, 16, 2048, 64, torch.bfloat16, True, True),  # 1.097x
     (32, 16, 512, 64, torch.bfloat16, True, True),  # 1.035x, D=64's floor
     (64, 16, 256, 64, torch.bfloat16, True, False),  # 0.574x
@@ -213,7 +213,7 @@ def _seeded_bf16(batch, heads, seq, dim=128):
     (16, 16, 1024, 128, torch.bfloat16, True, False),  # 1.010x, a tie
     (256, 16, 64, 128, torch.bfloat16, True, False),  # 2**18 rows, S=64: measured 0.500x SDPA
     (1, 16, 8192, 96, torch.bfloat16, True, False),  # no Gluon config at D=96
-    # fp16 (2026-12-04, run 3): 1.10-1.34x the pointer kernel at S=4,096 and 8,192, the shortest measured
+    # fp16 (H200, 2026-12-04): 1.10-1.34x the pointer kernel at S=4,096 and 8,192, the shortest measured
     (8, 16, 4096, 128, torch.float16, True, True),  # 1.279x
     (1, 16, 8192, 64, torch.float16, True, True),  # 1.133x
     (8, 16, 4096, 64, torch.float16, True, True),  # 1.096x
@@ -238,7 +238,7 @@ def test_the_measured_rule_picks_the_gluon_forward(monkeypatch, batch, heads, se
 
 
 @pytest.mark.parametrize("seq, dim, causal, window, lengths, chosen", [
-    (16384, 64, True, (1024, 0), False, True),  # measured: 1.066x the pointer kernel's window (session 7, run 1)
+    (16384, 64, True, (1024, 0), False, True),  # measured: 1.066x the pointer kernel's window (H200, 2026-12-02)
     (65536, 64, True, (1024, -1), False, True),  # 1.069x; a causal window's right side is the diagonal either way
     (16384, 128, True, (1024, 0), False, False),  # step 1 at D=128: 0.976x, a loss
     (8192, 64, True, (1024, 0), False, False),  # shorter than the measured lengths
