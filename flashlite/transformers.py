@@ -130,12 +130,18 @@ def _packed_documents_ids(mask_function: Callable) -> Optional[torch.Tensor]:
     parts = _and_parts(mask_function)
     if parts is None or len(parts) != 2:
         return None
-    remap_code = masking_utils.remap_positions_for_packed_sequence(masking_utils.causal_mask_function, None).__code__
     packed_code = masking_utils.packed_sequence_mask_function(None).__code__
-    remapped, packed = parts
-    if getattr(remapped, "__code__", None) is not remap_code or getattr(packed, "__code__", None) is not packed_code:
+    pattern, packed = parts
+    if getattr(packed, "__code__", None) is not packed_code:
         return None
-    if _plain_pattern(_closure(remapped).get("mask_function")) not in ("causal", "sliding"):
+    # Newer transformers (5.2x) wrap the plain pattern in a position remap; 5.17 passes the plain pattern itself.
+    # Both mean the same mask within a document: causal and window tests compare index differences, which the
+    # remap (a shift per document) keeps.
+    remap = getattr(masking_utils, "remap_positions_for_packed_sequence", None)
+    if remap is not None and getattr(pattern, "__code__", None) is remap(masking_utils.causal_mask_function,
+                                                                         None).__code__:
+        pattern = _closure(pattern).get("mask_function")
+    if _plain_pattern(pattern) not in ("causal", "sliding"):
         return None
     ids = _closure(packed).get("packed_sequence_mask")
     return ids if isinstance(ids, torch.Tensor) and ids.dim() == 2 else None
