@@ -4,12 +4,15 @@ Triton. Before, every switch tested for "not 0", so FLASHLITE_GLUON=false turned
 TRITON_INTERPRET=false made flashlite hand CPU tensors to compiled kernels."""
 import logging
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
+import flashlite
 from flashlite import _env, _native, _runtime
 from flashlite.attn import decide, problem as validation, triton as launch
 from flashlite.dispatch import Decision
@@ -67,6 +70,19 @@ def test_flashlite_gluon_off_keeps_the_backward_off_the_gluon_kernels_too():
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
         assert done.returncode == 0, done.stderr[-2000:]
         assert done.stdout.split() == [on_gluon], value
+
+
+def test_every_switch_flashlite_reads_is_in_the_documented_table():
+    # docs/flashlite.md's one table of switches names exactly the FLASHLITE_* variables the package reads.
+    root = Path(flashlite.__file__).resolve().parents[1]
+    read = set()
+    for source in (root / "flashlite").rglob("*.py"):
+        read |= set(re.findall(r'(?:_env\.flag|environ\.get)\(\s*"(FLASHLITE_[A-Z_]+)"', source.read_text()))
+    documented = re.findall(r"^\| `(FLASHLITE_[A-Z_]+)` \|", (root / "docs" / "flashlite.md").read_text(), re.M)
+    assert len(documented) == len(set(documented)), documented
+    assert set(documented) == read
+    assert read == {"FLASHLITE_AUTOTUNE", "FLASHLITE_CACHE_DIR", "FLASHLITE_CHECK_VALUES", "FLASHLITE_DEBUG_DISPATCH",
+                    "FLASHLITE_GLUON", "FLASHLITE_NATIVE"}
 
 
 def test_an_unreadable_import_time_switch_stops_the_import_by_name():
