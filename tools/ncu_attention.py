@@ -2,8 +2,8 @@
 profiler's range, so that ``ncu --profile-from-start off`` collects exactly their kernels (no autotuning or compile
 launches, no warm-up calls).
 
-Sides: "flashlite" (``attention(backend="triton")``: the Gluon forward where the rule dispatches it, the backward
-that ``FLASHLITE_GLUON_BWD`` selects) and "sdpa" (``F.scaled_dot_product_attention``'s default, cuDNN on an H200).
+Sides: "flashlite" (``attention(backend="triton")``: the Gluon forward and backward where their rules dispatch
+them, ``FLASHLITE_GLUON=0`` none) and "sdpa" (``F.scaled_dot_product_attention``'s default, cuDNN on an H200).
 bf16, causal, H=16, one case of ``flashlite.cases``; ``--backward``: forward and backward in one call.
 
 Usage, on a GPU (``tools/ncu_summary.py`` reads the report):

@@ -3,30 +3,28 @@
 ``gluon_attention_dkdv`` and ``gluon_attention_dq`` take what the pointer kernels' backward takes (the forward's out
 and base-2 lse, from either forward) and return dK and dV, and dQ. They accept the calls ``gluon_supported``
 accepts (sm_90, bf16/fp16, head dim 64 or 128, every causal mode, GQA, layouts TMA can describe); an incoming
-gradient whose layout TMA cannot describe is copied to a contiguous one first.
+gradient whose layout TMA cannot describe is copied to a contiguous one first. dK/dV runs on a single-partition
+kernel, dQ on a warp-specialized one (a TMA producer warp and two consumer warpgroups): each the faster of its
+kind at D=128 in an 8ca4529 run.
 
 ``flashlite.attention``'s backward (``triton_bwd.launch_backward``) runs these kernels instead of the pointer dK/dV and
-dQ kernels (after the pointer delta kernel) only where ``backward_on_gluon`` says so: dense calls without key masks
-or variants that the kernels can run, with q, k and v on 16-byte boundaries, and where FLASHLITE_GLUON_BWD
-(``GLUON_BWD_ENABLED``) lets them. Unset (or "auto"), it lets them only where the A/B
-(``tests/perf/test_gluon_ab.py``) measured them faster than the pointer backward (``measured_faster``: bf16, head
-dim 128, causal, as many queries as keys and at least 4,096), with dK/dV on the single-partition kernel and dQ on
-the warp-specialized one (a TMA producer warp and two consumer warpgroups). FLASHLITE_GLUON_BWD=0 turns them off;
-the other values run them on every call the kernels can run: 1 both on the single-partition kernels ("pipelined";
-``GLUON_BWD_VARIANT``), mixed dK/dV on the single-partition kernel and dQ on the warp-specialized one (each kernel's
-faster schedule at D=128 in an 8ca4529 run), ws_dq only dQ on the warp-specialized kernel and dK/dV on the pointer
-kernel (``GLUON_BWD_DKDV``). (The warp-specialized dK/dV kernel and the value "ws" that selected it were deleted:
-never on by default, and slower than the single-partition kernel at D=128.)
+dQ kernels (after the pointer delta kernel) only where ``backward_on_gluon`` says so: FLASHLITE_GLUON on (the
+switch of the Gluon forward too), a dense call without key masks or variants that the kernels can run, with q, k
+and v on 16-byte boundaries, and only where the A/B (``tests/perf/test_gluon_ab.py``) measured it faster than the
+pointer backward (``measured_faster``: bf16, head dim 128, causal, as many queries as keys and at least 4,096).
+(The single-partition dQ kernel, and the FLASHLITE_GLUON_BWD values that ran it or the pointer dK/dV kernel beside
+the Gluon dQ kernel on every call, were deleted: no default dispatch selected them, and each measured slower than
+this pair; BENCHMARKS.md at commit 8ca4529 keeps their numbers, git their code.)
 """
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from typing import Optional, Union
 
 import torch
 
+from flashlite.attn import gluon as launch_gluon
 from flashlite.attn.gluon import _CAUSAL, _layout_problem, gluon_supported, tile_descriptor
 from flashlite.attn.problem import _CAUSAL_ARGUMENT, CAUSAL_NONE, Problem
 
@@ -35,88 +33,26 @@ try:
 except ImportError:  # pragma: no cover - Triton without Gluon; gluon_supported then says so
     _kernels = None
 
-
-def gluon_bwd_setting(value: str) -> tuple[bool, str, bool]:
-    """(GLUON_BWD_ENABLED, GLUON_BWD_VARIANT, GLUON_BWD_DKDV) for a value of FLASHLITE_GLUON_BWD: "auto" (what an
-    unset variable means) the "mixed" schedule where ``measured_faster`` says, "0" or "" off, "1" the
-    single-partition kernels ("pipelined"), "mixed" dK/dV single-partition and dQ warp-specialized
-    (``SCHEDULE_VARIANTS``), "ws_dq" the warp-specialized dQ kernel with the pointer dK/dV kernel (GLUON_BWD_DKDV
-    False). Raises ValueError naming the variable for any other value, so that a mistyped schedule
-    is not run as another one.
-
-    Example:
-        >>> gluon_bwd_setting("mixed")
-        (True, 'mixed', True)
-        >>> gluon_bwd_setting("ws_dq")
-        (True, 'mixed', False)
-        >>> gluon_bwd_setting("0")
-        (False, 'pipelined', True)
-        >>> gluon_bwd_setting("auto")
-        (True, 'mixed', True)
-    """
-    settings = {"": (False, "pipelined", True), "0": (False, "pipelined", True), "1": (True, "pipelined", True),
-                "mixed": (True, "mixed", True), "ws_dq": (True, "mixed", False),
-                "auto": (True, "mixed", True)}
-    if value not in settings:
-        raise ValueError(f"FLASHLITE_GLUON_BWD must be one of {sorted(settings)} ('auto', the default, where "
-                         f"measured faster; '0' or '' off, '1' the single-partition Gluon backward, 'mixed' dK/dV "
-                         f"single-partition and dQ warp-specialized, 'ws_dq' the warp-specialized dQ kernel with the "
-                         f"pointer dK/dV kernel), got {value!r}")
-    return settings[value]
-
-
-# Whether flashlite.attention's backward may run the Gluon kernels, which schedule, and whether dK/dV runs on them
-# too (else on the pointer kernel, after the same delta kernel: at D=128 the pointer dK/dV kernel took 2,264 us at
-# case 6 in an 8ca4529 run, the warp-specialized one 3,562 us and the single-partition one 2,387 us in that run, while
-# the warp-specialized dQ kernel took 1,164 us against the pointer dQ kernel's 1,562). The switch's value is read once,
-# at import.
-# The module globals a value of FLASHLITE_GLUON_BWD sets, in the order of ``switch_values``; GLUON_BWD_MEASURED_ONLY:
-# with the switch at "auto", the Gluon backward runs only where ``measured_faster`` says; with an explicit schedule,
-# wherever the kernels can run.
-SWITCH_GLOBALS = ("GLUON_BWD_SWITCH", "GLUON_BWD_ENABLED", "GLUON_BWD_VARIANT", "GLUON_BWD_DKDV",
-                  "GLUON_BWD_MEASURED_ONLY")
-
-
-def switch_values(value: str) -> tuple[str, bool, str, bool, bool]:
-    """The values of ``SWITCH_GLOBALS`` for FLASHLITE_GLUON_BWD=``value`` (what the module sets at import, and what
-    a test or an A/B side sets to stand for that value); ValueError as ``gluon_bwd_setting``.
-
-    Example:
-        >>> switch_values("auto")
-        ('auto', True, 'mixed', True, True)
-        >>> switch_values("ws_dq")
-        ('ws_dq', True, 'mixed', False, False)
-    """
-    return (value, *gluon_bwd_setting(value), value == "auto")
-
-
-(GLUON_BWD_SWITCH, GLUON_BWD_ENABLED, GLUON_BWD_VARIANT, GLUON_BWD_DKDV,
- GLUON_BWD_MEASURED_ONLY) = switch_values(os.environ.get("FLASHLITE_GLUON_BWD", "auto"))
-# measured_faster's rule comes from the forward+backward A/B of flashlite.attention on an H100 at 7de8265
-# (benchmarks/results/h100-2026-12-05-c/n5/mixed/results/ at commit 8ca4529), bf16, causal, H=16, "mixed" against
-# the pointer backward: at D=128 1.101x, 1.162x, 1.119x (cases 3, 6, 12: B=1 S=8192, B=8 S=4096, B=16 S=8192;
-# wins); at D=64 0.874x, 0.865x, 0.905x (losses). Shorter sequences, S_q != S_k, non-causal and fp16 calls were
-# not measured, so they keep the pointer backward.
+# measured_faster's rule. An H100 run (7de8265; benchmarks/results/h100-2026-12-05-c/ at commit 8ca4529), forward+
+# backward of flashlite.attention, bf16, causal, H=16, these kernels against the pointer backward: at D=128 1.101x,
+# 1.162x, 1.119x (cases 3, 6, 12: B=1 S=8192, B=8 S=4096, B=16 S=8192; wins); at D=64 0.874x, 0.865x, 0.905x
+# (losses). Shorter sequences, S_q != S_k, non-causal and fp16 calls were not measured, so they keep the pointer
+# backward.
 GLUON_BWD_HEAD_DIMS = (128,)
 GLUON_BWD_MIN_SEQ = 4096
-# The schedules each backward kernel has: "pipelined" (one partition), and for dQ "ws" (``_attn_bwd_dq_ws``).
-BWD_VARIANTS = {"dkdv": ("pipelined",), "dq": ("pipelined", "ws")}
-# The variant of each kernel under a schedule (GLUON_BWD_VARIANT).
-SCHEDULE_VARIANTS = {"pipelined": {"dkdv": "pipelined", "dq": "pipelined"},
-                     "mixed": {"dkdv": "pipelined", "dq": "ws"}}
+KERNELS = ("dkdv", "dq")
 
 
 @dataclass(frozen=True)
 class GluonBwdConfig:
-    """One compiled shape of a backward kernel (``kernel``: "dkdv" or "dq"; ``variant``: its schedule, one of
-    ``BWD_VARIANTS[kernel]``): the rows a warpgroup set owns (BLOCK_N keys for dK/dV, BLOCK_M query rows for dQ;
-    "ws" has two consumer warpgroups, each owning that many), the rows of each tile streamed past them, ring depth
-    and warps (of the default partition for "ws").
+    """One compiled shape of a backward kernel (``kernel``: "dkdv" or "dq"): the rows a warpgroup owns (BLOCK_N
+    keys for dK/dV, BLOCK_M query rows for dQ, whose kernel has two consumer warpgroups, each owning that many),
+    the rows of each tile streamed past them, ring depth and warps (of the default partition for dQ).
 
     Example:
         >>> GluonBwdConfig("dkdv", 128, 64, 2, 8).shared_bytes(128)
         131072
-        >>> GluonBwdConfig("dq", 64, 64, 2, 4, "ws").program_rows
+        >>> GluonBwdConfig("dq", 64, 64, 2, 4).program_rows
         128
     """
 
@@ -125,33 +61,35 @@ class GluonBwdConfig:
     streamed_rows: int
     stages: int
     num_warps: int
-    variant: str = "pipelined"
 
     @property
     def program_rows(self) -> int:
-        """Keys (dK/dV) or query rows (dQ) one program covers."""
-        return 2 * self.own_rows if self.variant == "ws" else self.own_rows
+        """Keys (dK/dV) or query rows (dQ: two consumer warpgroups) one program covers."""
+        return 2 * self.own_rows if self.kernel == "dq" else self.own_rows
 
     def shared_bytes(self, head_dim: int) -> int:
         return _kernels.shared_memory_bytes(self.program_rows, self.streamed_rows, self.stages, head_dim)
 
 
-def bwd_configs_for(head_dim: int, kernel: str = "dkdv", variant: str = "pipelined") -> list[GluonBwdConfig]:
-    """Every config the kernel file lists for ``kernel`` ("dkdv" or "dq") in ``variant`` at ``head_dim``, the
-    launcher's first.
+def bwd_configs_for(head_dim: int, kernel: str = "dkdv") -> list[GluonBwdConfig]:
+    """Every config the kernel file lists for ``kernel`` ("dkdv" or "dq") at ``head_dim``, the launcher's first.
 
     Example:
         >>> config = bwd_configs_for(128)[0]
-        >>> config.variant, config.own_rows, config.streamed_rows, config.stages, config.num_warps
-        ('pipelined', 64, 64, 2, 4)
-        >>> bwd_configs_for(64, "dq", "ws")[0].program_rows
+        >>> config.own_rows, config.streamed_rows, config.stages, config.num_warps
+        (64, 64, 2, 4)
+        >>> bwd_configs_for(64, "dq")[0].program_rows
         128
     """
-    if variant not in BWD_VARIANTS[kernel]:
-        raise ValueError(f"variant must be one of {BWD_VARIANTS[kernel]} for the {kernel} kernel, got {variant!r}")
-    listed = {("dkdv", "pipelined"): _kernels.GLUON_BWD_CONFIGS, ("dq", "pipelined"): _kernels.GLUON_DQ_CONFIGS,
-              ("dq", "ws"): _kernels.GLUON_DQ_WS_CONFIGS}[kernel, variant]
-    return [GluonBwdConfig(kernel, *blocks, variant) for blocks in listed[head_dim]]
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    listed = {"dkdv": _kernels.GLUON_BWD_CONFIGS, "dq": _kernels.GLUON_DQ_WS_CONFIGS}[kernel]
+    return [GluonBwdConfig(kernel, *blocks) for blocks in listed[head_dim]]
+
+
+def kernel_for(config: GluonBwdConfig):
+    """The Gluon kernel that runs ``config``: ``_attn_bwd_dkdv`` or the warp-specialized ``_attn_bwd_dq_ws``."""
+    return _kernels._attn_bwd_dq_ws if config.kernel == "dq" else _kernels._attn_bwd_dkdv
 
 
 def dq_kernel_arguments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor,
@@ -163,16 +101,10 @@ def dq_kernel_arguments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_
     tiles = [tile_descriptor(t, rows) for t, rows in ((q, block_m), (k, block_n), (v, block_n), (grad_out, block_m),
                                                       (dq, block_m))]
     args = (*tiles, lse, delta, heads, heads // kv_heads, q.shape[2], k.shape[2], scale * math.log2(math.e), scale)
+    # maxnreg: the register cap the partitions' split needs (see BWD_WS_MAXNREG).
     meta = dict(HEAD_DIM=q.shape[-1], BLOCK_M=block_m, BLOCK_N=block_n, STAGES=config.stages,
-                CAUSAL=causal_mode, num_warps=config.num_warps)
-    if config.variant == "ws":
-        meta["maxnreg"] = _kernels.BWD_WS_MAXNREG
+                CAUSAL=causal_mode, num_warps=config.num_warps, maxnreg=_kernels.BWD_WS_MAXNREG)
     return args, meta
-
-
-def dq_kernel_for(config: GluonBwdConfig):
-    """The Gluon dQ kernel that runs ``config``'s schedule."""
-    return _kernels._attn_bwd_dq_ws if config.variant == "ws" else _kernels._attn_bwd_dq
 
 
 def dkdv_kernel_arguments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor,
@@ -189,11 +121,6 @@ def dkdv_kernel_arguments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gra
     meta = dict(HEAD_DIM=head_dim, BLOCK_N=block_n, BLOCK_M=block_m, STAGES=config.stages,
                 CAUSAL=causal_mode, num_warps=config.num_warps)
     return args, meta
-
-
-def dkdv_kernel_for(config: GluonBwdConfig):
-    """The Gluon dK/dV kernel that runs ``config``: ``_attn_bwd_dkdv``, the one schedule dK/dV has."""
-    return _kernels._attn_bwd_dkdv
 
 
 def tma_gradient(grad_out: torch.Tensor) -> torch.Tensor:
@@ -242,9 +169,9 @@ def gluon_attention_dkdv(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tenso
     grad_out, delta, scale = _checked(grad_out, q, k, v, out, lse, causal, scale)
     head_dim = q.shape[-1]
     config = config or bwd_configs_for(head_dim)[0]
-    if config.kernel != "dkdv" or config not in bwd_configs_for(head_dim, "dkdv", config.variant):
+    if config not in bwd_configs_for(head_dim, "dkdv"):
         raise ValueError(f"config {config} is not listed for the dK/dV kernel at head dim {head_dim}: "
-                         f"{[c for v in BWD_VARIANTS['dkdv'] for c in bwd_configs_for(head_dim, 'dkdv', v)]}")
+                         f"{bwd_configs_for(head_dim, 'dkdv')}")
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     launch_dkdv(q, k, v, grad_out, lse.contiguous(), delta, dk, dv, _CAUSAL[causal], scale, config)
@@ -256,22 +183,22 @@ def launch_dkdv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: tor
                 config: Optional[GluonBwdConfig] = None) -> None:
     """Write dK and dV of a checked call into ``dk`` and ``dv`` (contiguous, k's and v's shapes): ``grad_out`` as
     ``tma_gradient`` returns it, ``lse`` and ``delta`` contiguous float32 [B, H, S_q]. What
-    ``gluon_attention_dkdv`` and ``triton_bwd.launch_backward`` launch; without ``config``, the first listed config of
-    ``GLUON_BWD_VARIANT``'s variant of the kernel."""
-    config = config or bwd_configs_for(q.shape[-1], "dkdv", SCHEDULE_VARIANTS[GLUON_BWD_VARIANT]["dkdv"])[0]
+    ``gluon_attention_dkdv`` and ``triton_bwd.launch_backward`` launch; without ``config``, the kernel's first listed
+    config."""
+    config = config or bwd_configs_for(q.shape[-1], "dkdv")[0]
     args, meta = dkdv_kernel_arguments(q, k, v, grad_out, dk, dv, lse, delta, causal_mode, scale, config)
     grid = (math.ceil(k.shape[2] / config.program_rows), k.shape[0] * k.shape[1])
-    dkdv_kernel_for(config)[grid](*args, **meta)
+    kernel_for(config)[grid](*args, **meta)
 
 
 def launch_dq(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor, lse: torch.Tensor,
               delta: torch.Tensor, dq: torch.Tensor, causal_mode: int, scale: float,
               config: Optional[GluonBwdConfig] = None) -> None:
     """Write dQ of a checked call into ``dq`` (contiguous, q's shape), as ``launch_dkdv`` does dK and dV."""
-    config = config or bwd_configs_for(q.shape[-1], "dq", SCHEDULE_VARIANTS[GLUON_BWD_VARIANT]["dq"])[0]
+    config = config or bwd_configs_for(q.shape[-1], "dq")[0]
     args, meta = dq_kernel_arguments(q, k, v, grad_out, dq, lse, delta, causal_mode, scale, config)
     grid = (math.ceil(q.shape[2] / config.program_rows), q.shape[0] * q.shape[1])
-    dq_kernel_for(config)[grid](*args, **meta)
+    kernel_for(config)[grid](*args, **meta)
 
 
 def gluon_attention_dq(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -285,19 +212,18 @@ def gluon_attention_dq(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     """
     grad_out, delta, scale = _checked(grad_out, q, k, v, out, lse, causal, scale)
     config = config or bwd_configs_for(q.shape[-1], "dq")[0]
-    if config.kernel != "dq" or config not in bwd_configs_for(q.shape[-1], "dq", config.variant):
+    if config not in bwd_configs_for(q.shape[-1], "dq"):
         raise ValueError(f"config {config} is not listed for the dQ kernel at head dim {q.shape[-1]}: "
-                         f"{[c for v in BWD_VARIANTS['dq'] for c in bwd_configs_for(q.shape[-1], 'dq', v)]}")
+                         f"{bwd_configs_for(q.shape[-1], 'dq')}")
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     launch_dq(q, k, v, grad_out, lse.contiguous(), delta, dq, _CAUSAL[causal], scale, config)
     return dq
 
 
 def measured_faster(problem: Problem) -> bool:
-    """Whether the Gluon backward ("mixed") measured faster than the pointer backward for calls like ``problem``:
-    bf16, head dim 128 (``GLUON_BWD_HEAD_DIMS``), causal with as many queries as keys, at least
-    ``GLUON_BWD_MIN_SEQ`` of them (see there for the runs). What FLASHLITE_GLUON_BWD's default ("auto") runs on the
-    Gluon kernels.
+    """Whether the Gluon backward measured faster than the pointer backward for calls like ``problem``: bf16, head
+    dim 128 (``GLUON_BWD_HEAD_DIMS``), causal with as many queries as keys, at least ``GLUON_BWD_MIN_SEQ`` of them
+    (see there for the runs).
 
     Example:
         >>> from flashlite.attn.problem import validate
@@ -324,19 +250,16 @@ def backward_kernel_for(problem: Problem, q: torch.Tensor, k: torch.Tensor, v: t
     """
     if not backward_on_gluon(problem, q, k, v):
         return None
-    schedule = SCHEDULE_VARIANTS[GLUON_BWD_VARIANT]
-    dkdv = f"dK/dV on the Gluon kernel ({schedule['dkdv']})" if GLUON_BWD_DKDV else "dK/dV on the pointer kernel"
     head_dims = " or ".join(str(d) for d in GLUON_BWD_HEAD_DIMS)
-    where = (f"where it measured faster: bf16, D={head_dims}, causal, S_q == S_k >= {GLUON_BWD_MIN_SEQ}"
-             if GLUON_BWD_MEASURED_ONLY else "on every call the kernels can run")
-    return (f"backward: {dkdv}, dQ on the Gluon kernel ({schedule['dq']}), for calls with 16-byte aligned q, k, v "
-            f"(FLASHLITE_GLUON_BWD={GLUON_BWD_SWITCH}: {where})")
+    return (f"backward: dK/dV on the Gluon kernel, dQ on the warp-specialized Gluon kernel, for calls with 16-byte "
+            f"aligned q, k, v (measured faster than the pointer backward for bf16, D={head_dims}, causal, "
+            f"S_q == S_k >= {GLUON_BWD_MIN_SEQ}; FLASHLITE_GLUON=0 turns it off)")
 
 
 def backward_on_gluon(problem: Problem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    """Whether ``launch_backward`` runs a call's dK/dV and dQ on the Gluon kernels: FLASHLITE_GLUON_BWD on (at
-    "auto", the default, only where ``measured_faster``), a dense call without key masks, variants or packed
-    sequences, and one the kernels can run (``gluon_supported``).
+    """Whether ``launch_backward`` runs a call's dK/dV and dQ on the Gluon kernels: FLASHLITE_GLUON on
+    (``gluon.GLUON_ENABLED``), a dense call without key masks, variants or packed sequences, one where they
+    ``measured_faster``, and one the kernels can run (``gluon_supported``).
 
     Example:
         >>> from flashlite.attn.problem import validate
@@ -344,10 +267,8 @@ def backward_on_gluon(problem: Problem, q: torch.Tensor, k: torch.Tensor, v: tor
         >>> backward_on_gluon(validate(q, q, q, True, None, None, None, "triton", None), q, q, q)
         False
     """
-    if not (GLUON_BWD_ENABLED and problem.variant == "dense" and problem.key_masking == "none"
-            and not problem.varlen and problem.page_size == 0):
-        return False
-    if GLUON_BWD_MEASURED_ONLY and not measured_faster(problem):
+    if not (launch_gluon.GLUON_ENABLED and problem.variant == "dense" and problem.key_masking == "none"
+            and not problem.varlen and problem.page_size == 0 and measured_faster(problem)):
         return False
     causal = _CAUSAL_ARGUMENT.get(problem.causal_mode)
     # Kept per plan, so no address check here: launch_backward checks each call's (bases_aligned).

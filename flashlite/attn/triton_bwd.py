@@ -99,11 +99,7 @@ def launch_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v:
                     dict(HEAD_DIM=p.head_dim, BLOCK_D=_block_d(p.head_dim), FLAT_GRID=flat_q,
                          BLOCK_M=_bwd.DELTA_BLOCK_M, VARLEN=p.varlen))
         tma_grad_out = launch_gluon_bwd.tma_gradient(grad_out)  # one copy at most, for both kernels
-        if launch_gluon_bwd.GLUON_BWD_DKDV:
-            launch_gluon_bwd.launch_dkdv(q, k, v, tma_grad_out, lse, delta, dk, dv, p.causal_mode, p.scale)
-        else:  # FLASHLITE_GLUON_BWD=ws_dq: the pointer kernel reads the same delta
-            _launch_pointer_dkdv(q, k, v, grad_out, lse, delta, dk, dv, mask_arg, lengths_arg, alibi_slopes, cu_q,
-                                 cu_k, stride_mask_b, stride_mask_n, plan, layout)
+        launch_gluon_bwd.launch_dkdv(q, k, v, tma_grad_out, lse, delta, dk, dv, p.causal_mode, p.scale)
         launch_gluon_bwd.launch_dq(q, k, v, tma_grad_out, lse, delta, dq, p.causal_mode, p.scale)
         return dq, dk, dv
     # The pointer kernels: dQ first, since it computes and stores delta, which dK/dV reads. A replayed launch needs
@@ -128,8 +124,8 @@ def _launch_pointer_dkdv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad
                          lengths_arg: torch.Tensor, alibi_slopes: Optional[torch.Tensor], cu_q: torch.Tensor,
                          cu_k: torch.Tensor, stride_mask_b: int, stride_mask_n: int, plan: Plan, layout: tuple,
                          launch_args: Optional[tuple] = None) -> None:
-    """The pointer dK/dV kernel into ``dk`` and ``dv``, reading ``delta`` (written by the pointer dQ kernel or the
-    delta kernel); ``launch_args``: ``_pointer_backward_args``' result where the dQ launch already worked it out."""
+    """The pointer dK/dV kernel into ``dk`` and ``dv``, reading ``delta`` (written by the pointer dQ kernel);
+    ``launch_args``: ``_pointer_backward_args``' result where the dQ launch already worked it out."""
     p = plan.problem
     alibi_arg = q if p.alibi == "none" else alibi_slopes  # the ALiBi pointer, as the forward passes it
     dkdv_tensors = (q, k, v, grad_out, lse, delta, dk, dv, mask_arg, lengths_arg, alibi_arg, cu_q, cu_k)

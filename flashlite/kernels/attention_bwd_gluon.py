@@ -20,16 +20,14 @@ has completed (its slot is then free), so STAGES - 1 iterations are in flight wh
 in float32 registers and are stored once, through the K and V tiles' shared memory and a TMA store clipped to the
 head's S_k rows.
 
-``_attn_bwd_dq``: one program owns BLOCK_M query rows of one (batch, head), the forward's schedule with its Q and
-dO tiles resident and key/value tiles streaming through a ring: S = Q K^T and dP = dO V^T from shared memory,
-P and dS = P * (dP - delta) in registers, dQ += dS K (dS from registers), dQ *= scale at the end, stored through
-Q's tile.
-
-The dQ kernel has a warp-specialized twin (step 2 of the forward's plan, applied to the backward),
-``_attn_bwd_dq_ws``: a one-warp producer partition issues every copy, and two consumer warpgroups, each its own
-partition with its own query rows, its own tiles and its own hand-back barriers, run the same per-block arithmetic
-(``_dq_block``) without meeting at a barrier of the whole program, so that one's exponentials can run while the
-other's wgmmas do. Its protocol is described above it.
+``_attn_bwd_dq_ws``: dQ, warp-specialized (step 2 of the forward's plan, applied to the backward). One program owns
+2 x BLOCK_M query rows of one (batch, head): a one-warp producer partition issues every copy, and two consumer
+warpgroups, each its own partition with its own query rows, Q and dO tiles and hand-back barriers, stream the
+key/value tiles through a ring and run the per-block arithmetic (``_dq_block``: S = Q K^T and dP = dO V^T from
+shared memory, P and dS = P * (dP - delta) in registers, dQ += dS K) without meeting at a barrier of the whole
+program, so that one's exponentials can run while the other's wgmmas do; dQ *= scale at the end, stored through
+Q's tile. Its protocol is described above it. (A single-partition dQ kernel, which no default dispatch ran and
+which measured slower than this one at D=64 and D=128 in an 8ca4529 run, was deleted; git keeps its code.)
 
 Bounds need no masks on the load path: the copy engine clips every [1, 1, rows, D] tile to its own (batch, head),
 so rows past S_q or S_k load as zeros. In dK/dV, their lse is read as +inf, which makes their P^T exactly 0, and
@@ -62,19 +60,13 @@ GLUON_BWD_CONFIGS = {
     64: [(64, 64, 3, 4), (128, 64, 3, 8)],
     128: [(64, 64, 2, 4), (128, 64, 2, 8), (64, 32, 3, 4)],
 }
-# dQ: (BLOCK_M, BLOCK_N, STAGES, num_warps). Shared memory: Q and dO BLOCK_M x D once, K and V BLOCK_N x D per
-# stage: D=128, 128 x 64 x 3: 64 KB + 3 x 32 KB = 160 KB; D=64, 128 x 64 x 3: 32 + 3 x 16 = 80 KB. Timed alone
-# (H100): 64 x 64 is 1.23-1.25x the 128 x 64 config at D=128 and 1.09-1.13x at D=64, so it is listed first.
-GLUON_DQ_CONFIGS = {
-    64: [(64, 64, 3, 4), (128, 64, 3, 8)],
-    128: [(64, 64, 2, 4), (128, 64, 3, 8)],
-}
 HEAD_DIMS = (64, 128)
 
 
 def shared_memory_bytes(block_n: int, block_m: int, stages: int, head_dim: int, elem: int = 2) -> int:
     """Bytes of operand tiles a dK/dV config keeps in shared memory (barriers not included); a dQ config's are the
-    same with the roles of the blocks swapped: ``shared_memory_bytes(block_m, block_n, stages, head_dim)``.
+    same with the roles of the blocks swapped: ``shared_memory_bytes(2 * block_m, block_n, stages, head_dim)`` (two
+    consumers' rows).
 
     Example:
         >>> shared_memory_bytes(128, 64, 2, 128)
@@ -86,9 +78,9 @@ def shared_memory_bytes(block_n: int, block_m: int, stages: int, head_dim: int, 
 @gluon.jit
 def _program_tiles(dtype: gl.constexpr, OWN_ROWS: gl.constexpr, STREAMED_ROWS: gl.constexpr, HEAD_DIM: gl.constexpr,
                    STAGES: gl.constexpr):
-    """One program's shared memory, initialised: the two tiles it holds throughout (K and V, or Q and dO:
-    OWN_ROWS x D each), STAGES slots of the two tiles streamed past them (STREAMED_ROWS x D each), the held pair's
-    barrier and one per slot (the copy engine completes them)."""
+    """A dK/dV program's shared memory, initialised: the two tiles it holds throughout (K and V: OWN_ROWS x D each),
+    STAGES slots of the two tiles streamed past them (Q and dO: STREAMED_ROWS x D each), the held pair's barrier and
+    one per slot (the copy engine completes them)."""
     tile: gl.constexpr = tile_layout()
     own_a = gl.allocate_shared_memory(dtype, [OWN_ROWS, HEAD_DIM], tile)
     own_b = gl.allocate_shared_memory(dtype, [OWN_ROWS, HEAD_DIM], tile)
@@ -178,33 +170,21 @@ def _probabilities_t(st, lse, cols, keys, m_block, m_full, diag_shift, qk_scale,
 
 @gluon.jit
 def _dkdv_block(dk, dv, k_tile, v_tile, q_tile, do_tile, Lse, Delta, keys, stats, m_block, m_full, seq_q, diag_shift,
-                qk_scale, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr, WARPS: gl.constexpr,
-                EARLY_DP: gl.constexpr = True):
+                qk_scale, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr, WARPS: gl.constexpr):
     """dK and dV (float32 registers, [BLOCK_N, D]) of the key rows ``keys`` with query block ``m_block`` of one head
     added in: its Q and dO tiles in shared memory, its rows' lse and delta at ``Lse + stats`` and ``Delta + stats``.
     Query blocks before ``m_full`` hold the diagonal (masked). Returns once every wgmma has completed, so that the
-    caller may hand the Q and dO tiles back. EARLY_DP: dP^T = V dO^T is issued with S^T and runs under the
-    exponentials; otherwise after them, just before dV's wgmma, so that its accumulator is not live beside S^T's
-    (fewer registers)."""
+    caller may hand the Q and dO tiles back. dP^T = V dO^T is issued with S^T and runs under the exponentials."""
     dtype: gl.constexpr = k_tile.dtype
     st_layout: gl.constexpr = mma_layout(WARPS, BLOCK_M)  # S^T, P^T, dP^T, dS^T: [BLOCK_N, BLOCK_M]
     pt_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dk.type.layout, k_width=2)
     st_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout)
     st = warpgroup_mma(k_tile, q_tile.permute((1, 0)), st_zero, use_acc=False, is_async=True)
-    if EARLY_DP:
-        dpt = warpgroup_mma(v_tile, do_tile.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+    dpt = warpgroup_mma(v_tile, do_tile.permute((1, 0)), st_zero, use_acc=False, is_async=True)
     # The statistics of the block's query columns, read while the products run.
     cols, lse, delta = _column_statistics(Lse, Delta, stats, m_block, seq_q, BLOCK_M, st_layout)
-    if EARLY_DP:
-        st = warpgroup_mma_wait(1, deps=(st, ))
-    else:
-        st = warpgroup_mma_wait(0, deps=(st, ))
+    st = warpgroup_mma_wait(1, deps=(st, ))
     pt = _probabilities_t(st, lse, cols, keys, m_block, m_full, diag_shift, qk_scale, CAUSAL)
-    if not EARLY_DP:
-        # Issued before dV's wgmma: groups complete in issue order, so the wait below (one group left in flight)
-        # completes dP^T and leaves dV running under dS^T. Issued after it, that wait would leave dP^T itself in
-        # flight while dS^T reads its registers, and ptxas then serializes every wgmma of the kernel (C7514).
-        dpt = warpgroup_mma(v_tile, do_tile.permute((1, 0)), st_zero, use_acc=False, is_async=True)
     pt_op = gl.convert_layout(pt.to(dtype), pt_layout)
     dv = warpgroup_mma(pt_op, do_tile, dv, is_async=True)
     dpt = warpgroup_mma_wait(1, deps=(dpt, ))
@@ -377,62 +357,6 @@ def _dq_block(dq, q_tile, do_tile, k_tile, v_tile, lse, delta, rows, j, n_full, 
     return dq
 
 
-@gluon.jit(do_not_specialize=["num_heads", "group_size", "seq_q", "seq_k"])
-def _attn_bwd_dq(q_desc,  # [B, H, S_q, D] 16-bit, tiles [1, 1, BLOCK_M, D]
-                 k_desc,  # [B, H_kv, S_k, D], tiles [1, 1, BLOCK_N, D]
-                 v_desc,  # [B, H_kv, S_k, D], tiles [1, 1, BLOCK_N, D]
-                 do_desc,  # [B, H, S_q, D] the output's gradient, q's dtype, tiles [1, 1, BLOCK_M, D]
-                 dq_desc,  # [B, H, S_q, D] q's dtype, tiles [1, 1, BLOCK_M, D]
-                 Lse,  # [B, H, S_q] float32, contiguous: the forward's base-2 log-sum-exp of the scaled scores
-                 Delta,  # [B, H, S_q] float32, contiguous: rowsum(dO * O)
-                 num_heads, group_size, seq_q, seq_k, qk_scale, sm_scale,  # group_size = H // H_kv
-                 HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                 CAUSAL: gl.constexpr, num_warps: gl.constexpr):
-    """dQ of one query block of one (batch, head). Grid: (cdiv(S_q, BLOCK_M), B * H)."""
-    dtype: gl.constexpr = q_desc.dtype
-    q_layout: gl.constexpr = mma_layout(num_warps, HEAD_DIM)  # dQ: [BLOCK_M, HEAD_DIM]
-    row_layout: gl.constexpr = gl.SliceLayout(1, mma_layout(num_warps, BLOCK_N))  # one value per query row
-
-    pid_m = gl.program_id(0)
-    pid_bh = gl.program_id(1)
-    if CAUSAL != 0:  # later query blocks see more keys: they start first, so that the short ones fill the tail
-        pid_m = gl.cdiv(seq_q, BLOCK_M) - 1 - pid_m
-    b = pid_bh // num_heads
-    h = pid_bh % num_heads
-    kv_h = h // group_size
-    start_m = pid_m * BLOCK_M
-
-    q_smem, do_smem, k_bufs, v_bufs, q_ready, ready = _program_tiles(dtype, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES)
-
-    mbarrier.expect(q_ready, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
-    tma_load(q_desc, [b, h, start_m, 0], q_ready, as_tma_tile(q_smem, BLOCK_M, HEAD_DIM))
-    tma_load(do_desc, [b, h, start_m, 0], q_ready, as_tma_tile(do_smem, BLOCK_M, HEAD_DIM))
-    diag_shift, n_full, n_blocks = key_blocks(start_m, seq_q, seq_k, BLOCK_M, BLOCK_N, CAUSAL)
-    for j in gl.static_range(STAGES):  # key/value block j into slot j
-        _issue_pair(k_desc, v_desc, k_bufs, v_bufs, ready, j, b, kv_h, j * BLOCK_N, j < n_blocks,
-                    BLOCK_N, HEAD_DIM)
-
-    rows, lse, delta = _row_statistics(Lse, Delta, pid_bh, start_m, seq_q, BLOCK_M, row_layout)
-    dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, q_layout)
-    mbarrier.wait(q_ready, 0)
-    for j in range(n_blocks):
-        slot = j % STAGES
-        mbarrier.wait(ready.index(slot), (j // STAGES) & 1)
-        dq = _dq_block(dq, q_smem, do_smem, k_bufs.index(slot), v_bufs.index(slot), lse, delta, rows, j, n_full,
-                       seq_k, diag_shift, qk_scale, BLOCK_M, BLOCK_N, CAUSAL, num_warps)
-        # Every wgmma of block j has completed in this warpgroup; once all are past theirs, the slot takes j + STAGES.
-        thread_barrier()
-        refill = j + STAGES
-        _issue_pair(k_desc, v_desc, k_bufs, v_bufs, ready, slot, b, kv_h, refill * BLOCK_N, refill < n_blocks,
-                    BLOCK_N, HEAD_DIM)
-
-    _invalidate(q_ready, ready, STAGES)
-    q_smem.store((dq * sm_scale).to(dtype))  # Q's tile: every wgmma that read it has completed
-    fence_async_shared()
-    tma_store(dq_desc, [b, h, start_m, 0], as_tma_tile(q_smem, BLOCK_M, HEAD_DIM))
-    tma.store_wait(0)
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # Step 2 of the backward: dQ with a TMA producer warp and two consumer warpgroups (``_attn_bwd_dq_ws``).
 #
@@ -442,8 +366,9 @@ def _attn_bwd_dq(q_desc,  # [B, H, S_q, D] 16-bit, tiles [1, 1, BLOCK_M, D]
 # each slot back through its own "empty" mbarrier, and the producer refills slot j % STAGES with block j once each
 # consumer that read block j - STAGES has handed it back: the forward's ping-pong protocol (attention_fwd_gluon,
 # "Why this cannot deadlock") without the turns, so the consumers run apart.
-# First the fastest in an 8ca4529 run against the single-partition dQ kernel: at D=64 64 x 128, 2 stages (1.014-1.141x;
-# 64 x 64 tied or lost, 0.899-0.999x); at D=128 64 x 64, 3 stages (1.241-1.257x; 2 stages 1.196-1.236x).
+# First the fastest in an 8ca4529 run against the (since deleted) single-partition dQ kernel: at D=64 64 x 128, 2
+# stages (1.014-1.141x; 64 x 64 tied or lost, 0.899-0.999x); at D=128 64 x 64, 3 stages (1.241-1.257x; 2 stages
+# 1.196-1.236x).
 GLUON_DQ_WS_CONFIGS = {
     64: [(64, 128, 2, 4), (64, 64, 3, 4)],
     128: [(64, 64, 3, 4), (64, 64, 2, 4)],

@@ -4,12 +4,15 @@ Triton. Before, every switch tested for "not 0", so FLASHLITE_GLUON=false turned
 TRITON_INTERPRET=false made flashlite hand CPU tensors to compiled kernels."""
 import logging
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
+import flashlite
 from flashlite import _env, _native, _runtime
 from flashlite.attn import decide, problem as validation, triton as launch
 from flashlite.dispatch import Decision
@@ -48,6 +51,38 @@ def test_import_time_switches_read_false_as_off():
                 FLASHLITE_GLUON="false")
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["False"]
+
+
+def test_flashlite_gluon_off_keeps_the_backward_off_the_gluon_kernels_too():
+    # One switch for the Gluon kernels, forward and backward, read at import: a call the backward's rule takes
+    # (bf16, D=128, causal, 4,096 queries and keys; gluon_supported stood in, since the kernels need an sm_90 GPU)
+    # runs its backward on them with the switch unset and on the pointer kernels with FLASHLITE_GLUON=0.
+    code = ("import torch\n"
+            "from flashlite.attn import gluon, gluon_bwd\n"
+            "from flashlite.attn.problem import validate\n"
+            "gluon.gluon_supported = gluon_bwd.gluon_supported = lambda *a, **kw: None\n"
+            "q = torch.empty(1, 2, 4096, 128, dtype=torch.bfloat16)\n"
+            "problem = validate(q, q, q, True, None, None, None, 'triton', None)\n"
+            "print(gluon_bwd.backward_on_gluon(problem, q, q, q))\n")
+    unset = {name: value for name, value in os.environ.items() if name != "FLASHLITE_GLUON"}
+    for value, on_gluon in ((None, "True"), ("0", "False"), ("off", "False")):
+        env = unset if value is None else {**unset, "FLASHLITE_GLUON": value}
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.stdout.split() == [on_gluon], value
+
+
+def test_every_switch_flashlite_reads_is_in_the_documented_table():
+    # docs/flashlite.md's one table of switches names exactly the FLASHLITE_* variables the package reads.
+    root = Path(flashlite.__file__).resolve().parents[1]
+    read = set()
+    for source in (root / "flashlite").rglob("*.py"):
+        read |= set(re.findall(r'(?:_env\.flag|environ\.get)\(\s*"(FLASHLITE_[A-Z_]+)"', source.read_text()))
+    documented = re.findall(r"^\| `(FLASHLITE_[A-Z_]+)` \|", (root / "docs" / "flashlite.md").read_text(), re.M)
+    assert len(documented) == len(set(documented)), documented
+    assert set(documented) == read
+    assert read == {"FLASHLITE_AUTOTUNE", "FLASHLITE_CACHE_DIR", "FLASHLITE_CHECK_VALUES", "FLASHLITE_DEBUG_DISPATCH",
+                    "FLASHLITE_GLUON", "FLASHLITE_NATIVE"}
 
 
 def test_an_unreadable_import_time_switch_stops_the_import_by_name():

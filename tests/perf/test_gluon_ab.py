@@ -7,10 +7,9 @@ shapes; ``-k forward_ab``: only step 1). Causal bf16, H=16, cases 3, 6 and 12 of
 ``flashlite.cases`` (B=1 S=8192; B=8 S=4096; B=16 S=8192) at D=64 and D=128. Every side computes out and the
 log-sum-exp a backward would need (SDPA's default: its forward without grad, as the other A/B files time it);
 each candidate is first checked against SDPA so that a wrong kernel is never timed. ``-k gluon_backward_ab``: the Gluon
-backward (dK/dV and dQ), forward+backward of ``flashlite.attention`` with its switch on (the default "mixed"
-schedule) against off, against the single-partition schedule and against SDPA; ``-k backward_kernels``: each
-warp-specialized dQ config and each further single-partition config against the first single-partition one, the
-kernels alone.
+backward (dK/dV single-partition, dQ warp-specialized), forward+backward of ``flashlite.attention`` with it against
+the pointer backward and against SDPA; ``-k backward_kernels``: each further listed config of each backward kernel
+against its first, the kernels alone.
 ``-k gluon_window``: the causal sliding window on the Gluon forward against the pointer kernel's and FlexAttention.
 ``-k below_the_floor``: the dispatched Gluon forward at cases 5 and 7-10, under the rule's length floor.
 ``-k replayed``: the planned launch replayed
@@ -20,7 +19,9 @@ slot releases through hardware named barriers against the same tiles with mbarri
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import importlib
 
 import pytest
 import torch
@@ -148,31 +149,32 @@ def test_gluon_step3_and_d64_shapes_ab(shape, kernel_ab):
 
 
 # The Gluon backward (flashlite/kernels/attention_bwd_gluon.py), measured as users meet it: forward and backward
-# of flashlite.attention(backend="triton") with FLASHLITE_GLUON_BWD's switch on (dK/dV and dQ on the Gluon kernels
-# of one schedule, delta on the pointer kernel) against the same with it off (all pointer kernels), and against
-# SDPA. The default schedule ("mixed": dK/dV single-partition, dQ warp-specialized) is the candidate, against the
-# pointer backward, the single-partition Gluon schedule ("pipelined", which lost to the pointer backward in an 8ca4529
-# run) and SDPA. (The all-warp-specialized schedule "ws" was deleted with its dK/dV kernel.) Each side sets the switch
-# before its call; the plan keeps a decision per switch value, so flipping costs a lookup.
-def _forward_backward(q, k, v, grad_out, *, gluon_bwd: str):
-    """``gluon_bwd``: a value of FLASHLITE_GLUON_BWD ("0" the pointer backward, "1", "ws_dq", "mixed")."""
-    values = launch_gluon_bwd.switch_values(gluon_bwd)
+# of flashlite.attention(backend="triton") with dK/dV and dQ on the Gluon kernels (delta on the pointer kernel)
+# against the same on the pointer kernels, and against SDPA. The Gluon side stands in for the rule's size floor
+# (measured_faster), so that every shape runs it, D=64 too, where the rule keeps the pointer backward; the pointer
+# side refuses it. A plan decides its backward kernels when it is made, so each side keeps plans of its own.
+_PLANS_MODULE = importlib.import_module("flashlite.attn.plan")
+
+
+@contextlib.contextmanager
+def _backward_on(on_gluon: bool, kept: dict):
+    saved = _PLANS_MODULE._PLANS, launch_gluon_bwd.measured_faster
+    _PLANS_MODULE._PLANS, launch_gluon_bwd.measured_faster = kept, lambda problem: on_gluon
+    try:
+        yield
+    finally:
+        _PLANS_MODULE._PLANS, launch_gluon_bwd.measured_faster = saved
+
+
+def _forward_backward(q, k, v, grad_out, *, on_gluon: bool):
+    kept = {}
 
     def run():
-        _switch_set(values)
-        q.grad = k.grad = v.grad = None
-        attention(q, k, v, causal=True, backend="triton").backward(grad_out)
+        with _backward_on(on_gluon, kept):
+            q.grad = k.grad = v.grad = None
+            attention(q, k, v, causal=True, backend="triton").backward(grad_out)
         return q.grad, k.grad, v.grad
     return run
-
-
-def _switch_saved():
-    return tuple(getattr(launch_gluon_bwd, name) for name in launch_gluon_bwd.SWITCH_GLOBALS)
-
-
-def _switch_set(values) -> None:
-    for name, value in zip(launch_gluon_bwd.SWITCH_GLOBALS, values):
-        setattr(launch_gluon_bwd, name, value)
 
 
 def _sdpa_forward_backward(q, k, v, grad_out):
@@ -183,74 +185,31 @@ def _sdpa_forward_backward(q, k, v, grad_out):
     return sdpa
 
 
-def _check_against_pointer(shape, candidates: dict, pointer) -> None:
-    expected = [g.clone() for g in pointer()]
-    for setting, side in candidates.items():
-        for name, a, b in zip(("dq", "dk", "dv"), [g.clone() for g in side()], expected):
-            # The pointer backward's gradients in the same precision are the yardstick; float64 checks live in
-            # tests/flashlite/attn/test_attention_gluon_bwd_gpu.py.
-            assert_close(a[:, :, :4096].float(), b[:, :, :4096].double(), policy=shape.dtype, notes=(name, setting))
-
-
-# The schedule each FLASHLITE_GLUON_BWD value runs, as the rows name it.
-_SCHEDULE_NAMES = {"1": "pipelined", "ws_dq": "ws_dq", "mixed": "mixed"}
-
-
-def _backward_ab(shape, kernel_ab, candidate: str, gluon_baselines: tuple[str, ...]) -> None:
-    """Forward+backward with FLASHLITE_GLUON_BWD=``candidate`` against the pointer backward, the Gluon schedules
-    ``gluon_baselines`` and SDPA, each side's gradients first checked against the pointer backward's."""
-    q, k, v = (t.requires_grad_() for t in qkv(shape.B, shape.H, shape.S, shape.D, shape.dtype))
-    grad_out = torch.randn_like(q)
-    saved = _switch_saved()
-    try:
-        sides = {setting: _forward_backward(q, k, v, grad_out, gluon_bwd=setting)
-                 for setting in (candidate, *gluon_baselines, "0")}
-        _check_against_pointer(shape, {_SCHEDULE_NAMES[s]: sides[s] for s in (candidate, *gluon_baselines)},
-                               sides["0"])
-        baselines = [(sides["0"], "pointer backward")]
-        baselines += [(sides[s], f"gluon {_SCHEDULE_NAMES[s]} backward") for s in gluon_baselines]
-        baselines += [(_sdpa_forward_backward(q, k, v, grad_out), "sdpa")]
-        work = attention_work(shape, passes="forward+backward")
-        # check_output=False: the backward's dQ accumulates in an order that may differ between calls.
-        for baseline, name in baselines:
-            kernel_ab.compare(sides[candidate], baseline, check_output=False, **work,
-                              name=f"fwd+bwd D{shape.D} gluon {_SCHEDULE_NAMES[candidate]} backward vs {name}")
-    finally:
-        _switch_set(saved)
-
-
 @pytest.mark.shape(*SHAPES, dtype=[torch.bfloat16])
 @pytest.mark.memory(lambda shape: attention_bytes(shape, copies=14))
 def test_gluon_backward_ab(shape, kernel_ab):
-    _backward_ab(shape, kernel_ab, "mixed", ("1",))
-
-
-# FLASHLITE_GLUON_BWD=ws_dq: the warp-specialized Gluon dQ kernel with the pointer dK/dV kernel (after the delta
-# kernel), where each was the faster of its kind at D=128 (8ca4529 runs), against the pointer backward and SDPA.
-# ``-k ws_dq``.
-@pytest.mark.shape(*SHAPES, dtype=[torch.bfloat16])
-@pytest.mark.memory(lambda shape: attention_bytes(shape, copies=14))
-def test_gluon_ws_dq_backward_ab(shape, kernel_ab):
-    _backward_ab(shape, kernel_ab, "ws_dq", ())
-
-
-# FLASHLITE_GLUON_BWD=mixed: dK/dV on the single-partition Gluon kernel and dQ on the warp-specialized one, each
-# kernel's faster schedule at D=128 when timed alone (an 8ca4529 run), against ws_dq, the pointer backward and SDPA.
-# ``-k mixed``.
-@pytest.mark.shape(*SHAPES, dtype=[torch.bfloat16])
-@pytest.mark.memory(lambda shape: attention_bytes(shape, copies=14))
-def test_gluon_mixed_backward_ab(shape, kernel_ab):
-    _backward_ab(shape, kernel_ab, "mixed", ("ws_dq",))
+    q, k, v = (t.requires_grad_() for t in qkv(shape.B, shape.H, shape.S, shape.D, shape.dtype))
+    grad_out = torch.randn_like(q)
+    gluon, pointer = (_forward_backward(q, k, v, grad_out, on_gluon=on) for on in (True, False))
+    expected = [g.clone() for g in pointer()]
+    for name, a, b in zip(("dq", "dk", "dv"), [g.clone() for g in gluon()], expected):
+        # The pointer backward's gradients in the same precision are the yardstick; float64 checks live in
+        # tests/flashlite/attn/test_attention_gluon_bwd_gpu.py.
+        assert_close(a[:, :, :4096].float(), b[:, :, :4096].double(), policy=shape.dtype, notes=(name, "gluon"))
+    work = attention_work(shape, passes="forward+backward")
+    # check_output=False: the backward's dQ accumulates in an order that may differ between calls.
+    for baseline, name in ((pointer, "pointer backward"), (_sdpa_forward_backward(q, k, v, grad_out), "sdpa")):
+        kernel_ab.compare(gluon, baseline, check_output=False, **work,
+                          name=f"fwd+bwd D{shape.D} gluon backward vs {name}")
 
 
 # The Gluon backward's kernels alone, launched directly on one forward's out and lse with delta computed once: every
-# other listed config of each kernel (the single-partition kernel's others, then each warp-specialized one) against
-# the single-partition kernel's first config, each writing buffers of its own. This tells which config to list
-# first, and how much of forward+backward's change is the kernels'. The single-partition kernel's other configs
-# are there because their shape differs in kind: at D=128 they fit two programs per SM, where the first config's
-# 8 warps of 255 registers fill it alone (cpu-host-2026-12-05-b/backward_sass_mix/). ``-k backward_kernels``.
+# further listed config of each kernel against its first, each writing buffers of its own. This tells which config
+# to list first, and how much of forward+backward's change is the kernels'. The dK/dV kernel's other configs differ
+# in kind: at D=128 they fit two programs per SM, where the first config's 8 warps of 255 registers fill it alone
+# (cpu-host-2026-12-05-b/backward_sass_mix/). ``-k backward_kernels``.
 def _bwd_config_name(config) -> str:
-    return f"{config.variant} {config.own_rows}x{config.streamed_rows} s{config.stages} w{config.num_warps}"
+    return f"{config.own_rows}x{config.streamed_rows} s{config.stages} w{config.num_warps}"
 
 
 @pytest.mark.shape(*SHAPES, dtype=[torch.bfloat16])
@@ -279,22 +238,20 @@ def test_gluon_backward_kernels_ab(shape, kernel_ab):
         return run
 
     for kind, make in (("dkdv", dkdv), ("dq", dq)):
-        pipelined, *other_pipelined = launch_gluon_bwd.bwd_configs_for(shape.D, kind)
-        baseline = make(pipelined)
+        first, *others = launch_gluon_bwd.bwd_configs_for(shape.D, kind)
+        baseline = make(first)
         expected = [t.clone() for t in baseline()]
-        others = [variant for variant in launch_gluon_bwd.BWD_VARIANTS[kind] if variant != "pipelined"]
-        for config in other_pipelined + [c for variant in others
-                                         for c in launch_gluon_bwd.bwd_configs_for(shape.D, kind, variant)]:
+        for config in others:
             candidate = make(config)
             for got, want in zip(candidate(), expected):
-                # The single-partition kernel in the same precision is the yardstick; the float64 checks of every
-                # listed config live in tests/flashlite/attn/test_attention_gluon_bwd_gpu.py.
+                # The first config in the same precision is the yardstick; the float64 checks of every listed
+                # config live in tests/flashlite/attn/test_attention_gluon_bwd_gpu.py.
                 assert_close(got[:, :, :4096].float(), want[:, :, :4096].double(), policy=shape.dtype,
                              notes=(kind, _bwd_config_name(config)))
             # check_output=False: each side returns its own buffers, checked above.
             kernel_ab.compare(candidate, baseline, check_output=False,
                               name=f"{kind} D{shape.D} gluon {_bwd_config_name(config)} vs "
-                                   f"{_bwd_config_name(pipelined)}")
+                                   f"{_bwd_config_name(first)}")
 
 
 # The causal sliding window (1024 keys to the left, issue 15's shapes) on the Gluon forward: step 1 in the config

@@ -216,7 +216,7 @@ def test_refuses_a_config_of_the_other_variant():
 def test_dispatched_gluon_forward_end_to_end(D, dtype):
     # The call the measured rule routes to the Gluon kernel (dense causal, B*H*S_q = GLUON_MIN_ROWS, from the
     # dtype's length floor): explain_dispatch says so, and attention() itself (plan, launch, autograd through the
-    # backward FLASHLITE_GLUON_BWD picks for the shape) is right in float64 on batch 0, heads 0 and 1, whose outputs
+    # backward the rule picks for the shape) is right in float64 on batch 0, heads 0 and 1, whose outputs
     # and gradients depend on no other batch or head.
     floor = launch_gluon.GLUON_MIN_SEQ[D] if dtype == torch.bfloat16 else launch_gluon.GLUON_FP16_MIN_SEQ
     S = max(launch_gluon.GLUON_MIN_ROWS // (2 * 16), floor)

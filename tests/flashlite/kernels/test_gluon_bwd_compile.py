@@ -1,31 +1,27 @@
 """The Gluon backward (dK/dV and dQ) builds for sm_90 on any machine, within Hopper's resources; its launcher's
-checks and the switch that routes ``flashlite.attention``'s backward to it.
+checks and the rule that routes ``flashlite.attention``'s backward to it.
 
 As for the forward (test_gluon_compile.py): each compile runs in a fresh interpreter with TRITON_INTERPRET=0,
 specialized as the launcher would (descriptors built by ``dkdv_kernel_arguments`` over CPU tensors, GQA with 4
-query heads on 2 key/value heads). For each kernel and schedule (``BWD_VARIANTS``: "pipelined"; for dQ also "ws"),
-the first config is compiled in bf16 in every causal mode and in fp16 top-left, the others in bf16 bottom-right;
-each must fit the 227 KB of shared
-memory and 255 registers without spilling, and without ptxas serializing its wgmmas (it notes that, and then waits
-out every wgmma of the kernel: the backward configs it happened to lost 0.61-0.91x), as ptxas reports them. The
-warp-specialized kernels' PTX must also show the register split their partitions asked for, a named barrier of its
-own for each consumer warpgroup, and no barrier of the whole block inside the partitions.
+query heads on 2 key/value heads). For each kernel (``KERNELS``: dK/dV single-partition, dQ warp-specialized), the
+first config is compiled in bf16 in every causal mode and in fp16 top-left, the others in bf16 bottom-right; each
+must fit the 227 KB of shared memory and 255 registers without spilling, and without ptxas serializing its wgmmas
+(it notes that, and then waits out every wgmma of the kernel: the backward configs it happened to lost
+0.61-0.91x), as ptxas reports them. The warp-specialized dQ kernel's PTX must also show the register split its
+partitions asked for, a named barrier of its own for each consumer warpgroup, and no barrier of the whole block
+inside the partitions.
 """
 import importlib
 import json
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from flashlite.attn import gluon_bwd as launch_gluon_bwd
+from flashlite.attn import gluon as launch_gluon, gluon_bwd as launch_gluon_bwd
 from flashlite.attn.problem import validate
 from tests.flashlite.sm90 import GLUON_COMPILER, run_script
 from tests.flashlite.kernels.test_gluon_compile import HOPPER_SHARED_MEMORY, needs_gluon
-from pytest_kernelcheck import assert_close
 
 _COMPILE = GLUON_COMPILER + r'''
 import json
@@ -38,16 +34,15 @@ def compile_config(config, dtype, head_dim, causal):
     lse = torch.empty(2, 4, 300)
     if config.kernel == "dq":
         args, meta = launch_gluon_bwd.dq_kernel_arguments(q, k, k, q, q, lse, lse, causal, 0.125, config)
-        fn = launch_gluon_bwd.dq_kernel_for(config)
     else:
         args, meta = launch_gluon_bwd.dkdv_kernel_arguments(q, k, k, q, k, k, lse, lse, causal, 0.125, config)
-        fn = launch_gluon_bwd.dkdv_kernel_for(config)
+    fn = launch_gluon_bwd.kernel_for(config)
     options = {"num_warps": config.num_warps}
     if "maxnreg" in meta:
         options["maxnreg"] = meta["maxnreg"]
     kernel, registers, spills, serialized = compile_gluon(fn, args, meta, options)
     ptx = kernel.asm["ptx"]
-    return {"kernel": config.kernel, "variant": config.variant, "shared": kernel.metadata.shared,
+    return {"kernel": config.kernel, "shared": kernel.metadata.shared,
             "tiles": config.shared_bytes(head_dim), "registers": registers, "spill_bytes": spills,
             "wgmma_serialized": serialized,
             "setmaxnreg": sorted(set(re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx))),
@@ -55,11 +50,10 @@ def compile_config(config, dtype, head_dim, causal):
             "whole_cta_barriers": len(re.findall(r"\bbar\.sync\s+\d+;", ptx))}
 
 jobs = []
-for kind, variants in launch_gluon_bwd.BWD_VARIANTS.items():
-    for variant in variants:
-        default, *others = launch_gluon_bwd.bwd_configs_for(HEAD_DIM, kind, variant)
-        jobs += [(default, torch.bfloat16, causal) for causal in (0, 1, 2)] + [(default, torch.float16, 1)]
-        jobs += [(config, torch.bfloat16, 2) for config in others]
+for kind in launch_gluon_bwd.KERNELS:
+    default, *others = launch_gluon_bwd.bwd_configs_for(HEAD_DIM, kind)
+    jobs += [(default, torch.bfloat16, causal) for causal in (0, 1, 2)] + [(default, torch.float16, 1)]
+    jobs += [(config, torch.bfloat16, 2) for config in others]
 for config, dtype, causal in jobs:
     result = compile_config(config, dtype, HEAD_DIM, causal)
     print(json.dumps({"config": str(config), "dtype": str(dtype), "causal": causal, **result}))
@@ -73,10 +67,10 @@ def test_every_backward_config_compiles_for_sm90_within_resources(head_dim, tmp_
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     results = [json.loads(line) for line in run_script(f"HEAD_DIM = {head_dim}\n" + _COMPILE).splitlines()
                if line.startswith("{")]
-    schedules = [(kind, variant) for kind, variants in launch_gluon_bwd.BWD_VARIANTS.items() for variant in variants]
-    listed = sum(len(launch_gluon_bwd.bwd_configs_for(head_dim, *schedule)) for schedule in schedules)
-    assert len(results) == 4 * len(schedules) + listed - len(schedules), results
-    assert {(r["kernel"], r["variant"]) for r in results} == set(schedules)
+    kernels = launch_gluon_bwd.KERNELS
+    listed = sum(len(launch_gluon_bwd.bwd_configs_for(head_dim, kind)) for kind in kernels)
+    assert len(results) == 4 * len(kernels) + listed - len(kernels), results
+    assert {r["kernel"] for r in results} == set(kernels)
     consumer = str(launch_gluon_bwd._kernels.BWD_CONSUMER_REGS.value)
     producer = str(launch_gluon_bwd._kernels.PRODUCER_REGS.value)
     for r in results:
@@ -86,7 +80,7 @@ def test_every_backward_config_compiles_for_sm90_within_resources(head_dim, tmp_
         assert r["registers"] and max(r["registers"]) <= 255, where  # no report would be a silent pass
         assert r["spill_bytes"] and not any(r["spill_bytes"]), where
         assert r["wgmma_serialized"] == [], where  # ptxas waits out every wgmma of a kernel it serializes
-        if r["variant"] == "ws":
+        if r["kernel"] == "dq":  # warp-specialized
             # Consumer 0 (the default partition) gives registers up down to 240, consumer 1 takes 240, the
             # producer's warpgroup goes down to 24: Triton emits none of them when the split does not fit.
             assert {("dec", consumer), ("inc", consumer), ("dec", producer)} <= set(map(tuple, r["setmaxnreg"])), where
@@ -108,32 +102,29 @@ def test_gluon_attention_dkdv_names_what_it_refuses():
         launch_gluon_bwd.gluon_attention_dkdv(*[_bf16(1, 2, 16, 96)] * 5, torch.zeros(1, 2, 16))
 
 
-def test_the_backward_switch_needs_the_flag_a_dense_call_and_one_the_kernel_can_run(monkeypatch):
+def test_the_gluon_backward_needs_the_switch_a_dense_call_and_one_the_kernel_can_run(monkeypatch):
     q = _bf16(2, 4, 64, 64)
     dense = validate(q, q, q, True, None, None, None, "triton", None)
     lengths = torch.full((2,), 40, dtype=torch.int32)
     masked = validate(q, q, q, True, None, None, lengths, "triton", None)
     windowed = validate(q, q, q, True, None, None, None, "triton", None, (16, 0))
-    monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_ENABLED", True)
-    monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_MEASURED_ONLY", False)  # an explicit schedule: every shape
+    monkeypatch.setattr(launch_gluon, "GLUON_ENABLED", True)
+    monkeypatch.setattr(launch_gluon_bwd, "measured_faster", lambda problem: True)  # the size rule stood in
     assert not launch_gluon_bwd.backward_on_gluon(dense, q, q, q)  # CPU tensors: gluon_supported refuses
     monkeypatch.setattr(launch_gluon_bwd, "gluon_supported", lambda *a, **kw: None)
     assert launch_gluon_bwd.backward_on_gluon(dense, q, q, q)
     assert not launch_gluon_bwd.backward_on_gluon(masked, q, q, q)
     assert not launch_gluon_bwd.backward_on_gluon(windowed, q, q, q)
-    monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_ENABLED", False)  # FLASHLITE_GLUON_BWD=0
+    monkeypatch.setattr(launch_gluon, "GLUON_ENABLED", False)  # FLASHLITE_GLUON=0: forward and backward
     assert not launch_gluon_bwd.backward_on_gluon(dense, q, q, q)
 
 
-def test_the_default_switch_runs_the_gluon_backward_only_where_it_measured_faster(monkeypatch):
-    # FLASHLITE_GLUON_BWD unset ("auto"): the "mixed" schedule where an 8ca4529 run measured it, bf16 at head dim 128,
-    # causal, S_q == S_k >= 4,096 (1.10-1.16x the pointer backward there, 0.87-0.91x at D=64); the pointer backward
-    # elsewhere, and everywhere with FLASHLITE_GLUON_BWD=0. gluon_supported is stood in (the kernels need an sm_90
-    # GPU).
-    assert launch_gluon_bwd.gluon_bwd_setting("auto") == (True, "mixed", True)
+def test_the_gluon_backward_runs_only_where_it_measured_faster(monkeypatch):
+    # bf16 at head dim 128, causal, S_q == S_k >= 4,096, where an 8ca4529 run measured it (1.10-1.16x the pointer
+    # backward there, 0.87-0.91x at D=64); the pointer backward elsewhere, and everywhere with FLASHLITE_GLUON=0.
+    # gluon_supported is stood in (the kernels need an sm_90 GPU).
     monkeypatch.setattr(launch_gluon_bwd, "gluon_supported", lambda *a, **kw: None)
-    for name, value in zip(launch_gluon_bwd.SWITCH_GLOBALS, launch_gluon_bwd.switch_values("auto")):
-        monkeypatch.setattr(launch_gluon_bwd, name, value)
+    monkeypatch.setattr(launch_gluon, "GLUON_ENABLED", True)
 
     def decided(S_q, S_k, D, causal, H_kv=4, dtype=torch.bfloat16):
         q = torch.empty(1, 4, S_q, D, dtype=dtype)
@@ -146,49 +137,31 @@ def test_the_default_switch_runs_the_gluon_backward_only_where_it_measured_faste
     assert not decided(4096, 4096, 64, True)  # D=64: the pointer backward measured faster
     assert not decided(4096, 4096, 128, False)  # non-causal: not measured
     assert not decided(4096, 4096, 128, True, dtype=torch.float16)  # fp16: not measured
-    monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_ENABLED", False)  # FLASHLITE_GLUON_BWD=0
+    monkeypatch.setattr(launch_gluon, "GLUON_ENABLED", False)  # FLASHLITE_GLUON=0
     assert not decided(4096, 4096, 128, True)
-    monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_ENABLED", True)
-    monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_MEASURED_ONLY", False)  # an explicit schedule: every shape
-    assert decided(333, 333, 64, False)
 
 
 def test_explain_dispatch_names_the_backward_kernels(monkeypatch):
-    # A Triton call whose gradient autograd computes: the reason says where its backward runs, for the default
-    # switch (the measured rule) and an explicit schedule; calls without a gradient say nothing of a backward.
+    # A Triton call whose gradient autograd computes: the reason says where its backward runs; calls without a
+    # gradient, calls the rule leaves on the pointer kernels and calls with FLASHLITE_GLUON=0 say nothing of a
+    # backward.
     from flashlite.attention import explain_dispatch
     monkeypatch.setattr(importlib.import_module("flashlite.attn.plan"), "_PLANS", {})
     monkeypatch.setattr(launch_gluon_bwd, "gluon_supported", lambda *a, **kw: None)
-    for name, value in zip(launch_gluon_bwd.SWITCH_GLOBALS, launch_gluon_bwd.switch_values("auto")):
-        monkeypatch.setattr(launch_gluon_bwd, name, value)
+    monkeypatch.setattr(launch_gluon, "GLUON_ENABLED", True)
     q = torch.randn(1, 2, 4096, 128, dtype=torch.bfloat16)
     with torch.no_grad():
         assert "backward" not in explain_dispatch(q, q, q, causal=True, backend="triton").reason
     leaf = q.clone().requires_grad_()
     reason = explain_dispatch(leaf, leaf, leaf, causal=True, backend="triton").reason
-    assert ("backward: dK/dV on the Gluon kernel (pipelined), dQ on the Gluon kernel (ws)" in reason
-            and "FLASHLITE_GLUON_BWD=auto: where it measured faster" in reason), reason
+    assert ("backward: dK/dV on the Gluon kernel, dQ on the warp-specialized Gluon kernel" in reason
+            and "measured faster than the pointer backward for bf16, D=128, causal, S_q == S_k >= 4096" in reason
+            and "FLASHLITE_GLUON=0 turns it off" in reason), reason
     short = torch.randn(1, 2, 333, 128, dtype=torch.bfloat16, requires_grad=True)
     assert "backward" not in explain_dispatch(short, short, short, causal=True, backend="triton").reason
-    for name, value in zip(launch_gluon_bwd.SWITCH_GLOBALS, launch_gluon_bwd.switch_values("ws_dq")):
-        monkeypatch.setattr(launch_gluon_bwd, name, value)
-    reason = explain_dispatch(short, short, short, causal=True, backend="triton").reason
-    assert ("backward: dK/dV on the pointer kernel, dQ on the Gluon kernel (ws)" in reason
-            and "FLASHLITE_GLUON_BWD=ws_dq: on every call the kernels can run" in reason), reason
-
-
-def test_an_unset_switch_means_auto():
-    # The module's reading of the environment at import, in a fresh interpreter without the variable.
-    code = ("from flashlite.attn import gluon_bwd as m; "
-            "print(m.GLUON_BWD_SWITCH, m.GLUON_BWD_ENABLED, m.GLUON_BWD_VARIANT, m.GLUON_BWD_DKDV, "
-            "m.GLUON_BWD_MEASURED_ONLY)")
-    env = {name: value for name, value in os.environ.items() if name != "FLASHLITE_GLUON_BWD"}
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split() == ["auto", "True", "mixed", "True", "True"]
-    done = subprocess.run([sys.executable, "-c", code], env=env | {"FLASHLITE_GLUON_BWD": "0"}, capture_output=True,
-                          text=True, timeout=300)
-    assert done.stdout.split() == ["0", "False", "pipelined", "True", "False"], done.stderr[-2000:]
+    monkeypatch.setattr(importlib.import_module("flashlite.attn.plan"), "_PLANS", {})
+    monkeypatch.setattr(launch_gluon, "GLUON_ENABLED", False)
+    assert "backward" not in explain_dispatch(leaf, leaf, leaf, causal=True, backend="triton").reason
 
 
 def test_a_plan_decides_the_backward_kernels_when_it_is_made(monkeypatch):
@@ -236,44 +209,6 @@ def test_a_plan_decides_the_backward_kernels_when_it_is_made(monkeypatch):
     assert calls == [1, 2] and not torch.all(dk_pointer == 3.0) and launched == [1, "dq"] * 2
 
 
-def test_ws_dq_runs_the_pointer_dkdv_kernel_on_the_delta_kernels_delta(monkeypatch):
-    # FLASHLITE_GLUON_BWD=ws_dq: the delta kernel, the pointer dK/dV kernel reading its delta, and dQ on the Gluon
-    # kernel (stood in here: it needs an sm_90 GPU; the stand-in checks the delta it is handed and computes dQ in
-    # float64). dK and dV are the pointer kernel's, through the interpreter, checked against float64 gradients. Odd
-    # sizes and GQA; a fresh plan cache.
-    launch_module = importlib.import_module("flashlite.attn.triton")
-    launch_bwd_module = importlib.import_module("flashlite.attn.triton_bwd")
-    if not launch_module._runtime.interpreting():
-        pytest.skip("the pointer kernels need the Triton interpreter (TRITON_INTERPRET=1) here")
-    monkeypatch.setattr(importlib.import_module("flashlite.attn.plan"), "_PLANS", {})
-    monkeypatch.setattr(launch_gluon_bwd, "backward_on_gluon", lambda *a: True)
-    monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_ENABLED", True)
-    monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_MEASURED_ONLY", False)  # an explicit schedule: every shape
-    monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_DKDV", False)
-    monkeypatch.setattr(launch_gluon_bwd, "launch_dkdv", lambda *a, **kw: pytest.fail("dK/dV ran on Gluon"))
-    gen = torch.Generator().manual_seed(11)
-    q = torch.randn(2, 4, 37, 32, generator=gen)
-    k, v = (torch.randn(2, 2, 37, 32, generator=gen) for _ in range(2))
-    grad_out = torch.randn(q.shape, generator=gen)
-    scale = 32 ** -0.5
-    out, lse = launch_module.attention_forward(q, k, v, None, None, 1, scale, "ieee")
-    leaves = [t.double().requires_grad_() for t in (q, k, v)]
-    expected_out = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=True, scale=scale,
-                                                                    enable_gqa=True)
-    expected = torch.autograd.grad(expected_out, leaves, grad_out.double())
-    handed = []
-
-    def stand_in_dq(q, k, v, grad_out, lse, delta, dq, causal_mode, scale):
-        handed.append(delta.clone())
-        dq.copy_(expected[0])
-    monkeypatch.setattr(launch_gluon_bwd, "launch_dq", stand_in_dq)
-    dq, dk, dv = launch_bwd_module.attention_backward(grad_out, q, k, v, out, lse, None, None, 1, scale, "ieee")
-    assert len(handed) == 1
-    assert_close(handed[0], (grad_out.double() * out.double()).sum(-1), policy="fp32", notes="delta")
-    assert_close(dk, expected[1], policy="fp32", notes="dk")
-    assert_close(dv, expected[2], policy="fp32", notes="dv")
-
-
 class _RecordedLaunch:
     """Stands in for a Gluon kernel: ``kernel[grid](*args, **meta)`` records what a launch would have run."""
 
@@ -285,44 +220,37 @@ class _RecordedLaunch:
 
 
 @needs_gluon
-def test_each_schedule_launches_its_own_kernel_over_its_own_grid(monkeypatch):
-    # A "ws" dQ program covers two consumers' rows, so its grid has half the programs of a single-partition config
-    # with as many rows per warpgroup, and it launches with the register cap its partitions' split needs. Without
-    # a config, the launchers take GLUON_BWD_VARIANT's first.
+def test_each_kernel_launches_over_its_own_grid(monkeypatch):
+    # A dQ program covers two consumers' rows, so its grid has half the programs of its rows per warpgroup, and it
+    # launches with the register cap its partitions' split needs; a dK/dV program covers its own rows. Without a
+    # config, the launchers take each kernel's first.
     launches = []
     kernels = launch_gluon_bwd._kernels
-    for name in ("_attn_bwd_dkdv", "_attn_bwd_dq", "_attn_bwd_dq_ws"):
+    for name in ("_attn_bwd_dkdv", "_attn_bwd_dq_ws"):
         monkeypatch.setattr(kernels, name, _RecordedLaunch(name, launches))
     q, k = _bf16(2, 4, 333, 64), _bf16(2, 2, 333, 64)
     lse = torch.zeros(2, 4, 333)
-    pipelined = launch_gluon_bwd.bwd_configs_for(64, "dq")[0]
-    dq_ws = launch_gluon_bwd.bwd_configs_for(64, "dq", "ws")[0]
-    assert dq_ws.program_rows == 2 * dq_ws.own_rows
-    for config in (pipelined, dq_ws):
+    dq_config = launch_gluon_bwd.bwd_configs_for(64, "dq")[0]
+    assert dq_config.program_rows == 2 * dq_config.own_rows
+    for config in launch_gluon_bwd.bwd_configs_for(64, "dq"):
         launch_gluon_bwd.launch_dq(q, k, k, q, lse, lse, torch.empty_like(q), 2, 0.125, config)
-    (name_p, grid_p, meta_p), (name_q, grid_q, meta_q) = launches
-    assert (name_p, grid_p) == ("_attn_bwd_dq", (math.ceil(333 / pipelined.program_rows), 8))
-    assert "maxnreg" not in meta_p
-    assert (name_q, grid_q) == ("_attn_bwd_dq_ws", (math.ceil(333 / dq_ws.program_rows), 8))
-    assert meta_q["maxnreg"] == kernels.BWD_WS_MAXNREG and meta_q["BLOCK_M"] == dq_ws.own_rows
-    # "mixed": dK/dV on the single-partition kernel's first config, dQ on the warp-specialized one's.
-    launches.clear()
-    monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_VARIANT", "mixed")
+        name, grid, meta = launches.pop()
+        assert (name, grid) == ("_attn_bwd_dq_ws", (math.ceil(333 / (2 * config.own_rows)), 8))
+        assert meta["maxnreg"] == kernels.BWD_WS_MAXNREG and meta["BLOCK_M"] == config.own_rows
     launch_gluon_bwd.launch_dkdv(q, k, k, q, lse, lse, torch.empty_like(k), torch.empty_like(k), 1, 0.125)
     launch_gluon_bwd.launch_dq(q, k, k, q, lse, lse, torch.empty_like(q), 1, 0.125)
     assert [name for name, _, _ in launches] == ["_attn_bwd_dkdv", "_attn_bwd_dq_ws"]
     dkdv = launch_gluon_bwd.bwd_configs_for(64, "dkdv")[0]
     assert launches[0][1] == (math.ceil(333 / dkdv.own_rows), 4) and launches[0][2]["BLOCK_N"] == dkdv.own_rows
     assert "maxnreg" not in launches[0][2]
+    assert launches[1][2]["BLOCK_M"] == dq_config.own_rows
 
 
 @needs_gluon
-def test_configs_are_listed_per_schedule_and_refused_across_kernels(monkeypatch):
-    with pytest.raises(ValueError, match="variant must be one of"):
-        launch_gluon_bwd.bwd_configs_for(64, "dkdv", "pingpong")
-    with pytest.raises(ValueError, match="variant must be one of"):  # dK/dV has one schedule
-        launch_gluon_bwd.bwd_configs_for(64, "dkdv", "ws")
-    dq_config = launch_gluon_bwd.bwd_configs_for(128, "dq", "ws")[0]
+def test_configs_are_listed_per_kernel_and_refused_across_kernels(monkeypatch):
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        launch_gluon_bwd.bwd_configs_for(64, "dq_ws")
+    dq_config = launch_gluon_bwd.bwd_configs_for(128, "dq")[0]
     # A config of the other kernel is refused by name (the call's own checks, which CPU tensors fail, stood in).
     q = _bf16(1, 2, 16, 128)
     monkeypatch.setattr(launch_gluon_bwd, "_checked", lambda grad_out, *a: (grad_out, None, 0.125))
@@ -331,16 +259,3 @@ def test_configs_are_listed_per_schedule_and_refused_across_kernels(monkeypatch)
     dkdv_config = launch_gluon_bwd.bwd_configs_for(128, "dkdv")[0]
     with pytest.raises(ValueError, match="is not listed for the dQ kernel at head dim 128"):
         launch_gluon_bwd.gluon_attention_dq(q, q, q, q, q, torch.zeros(1, 2, 16), config=dkdv_config)
-
-
-@pytest.mark.parametrize("value", ["true", "WS", "2", " ws", "ws"])
-def test_the_switch_refuses_a_value_it_does_not_know(value):
-    # A mistyped schedule must not run as another one (before, any value but "0" and "" meant the single-partition
-    # kernels).
-    with pytest.raises(ValueError, match=r"FLASHLITE_GLUON_BWD must be one of .* got"):
-        launch_gluon_bwd.gluon_bwd_setting(value)
-    assert launch_gluon_bwd.gluon_bwd_setting("1") == (True, "pipelined", True)
-    assert launch_gluon_bwd.gluon_bwd_setting("") == (False, "pipelined", True)
-    assert launch_gluon_bwd.gluon_bwd_setting("ws_dq") == (True, "mixed", False)
-    assert launch_gluon_bwd.gluon_bwd_setting("mixed") == (True, "mixed", True)
-    assert set(launch_gluon_bwd.SCHEDULE_VARIANTS) == {"pipelined", "mixed"}

@@ -371,8 +371,8 @@ def test_the_rule_reads_no_address_so_torch_compile_can_trace_it(monkeypatch):
     from flashlite.attn.problem import validate
     monkeypatch.setattr(launch_gluon, "GLUON_MIN_ROWS", 1)  # a small tensor then passes the rule's size floor
     monkeypatch.setattr(launch_gluon, "GLUON_MIN_SEQ", {64: 1, 128: 1})
-    monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_ENABLED", True)
-    monkeypatch.setattr(launch_gluon_bwd, "GLUON_BWD_MEASURED_ONLY", False)
+    monkeypatch.setattr(launch_gluon, "GLUON_ENABLED", True)
+    monkeypatch.setattr(launch_gluon_bwd, "measured_faster", lambda problem: True)  # the backward's size floor too
     q = _seeded_bf16(1, 2, 48, 64)
     problem = validate(q, q, q, True, None, None, None, "triton", None)
 
