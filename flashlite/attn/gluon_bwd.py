@@ -19,6 +19,8 @@ this pair; BENCHMARKS.md at commit 8ca4529 keeps their numbers, git their code.)
 from __future__ import annotations
 
 import math
+import os
+import warnings
 from dataclasses import dataclass
 from typing import Optional, Union
 
@@ -32,6 +34,12 @@ try:
     from flashlite.kernels import attention_bwd_gluon as _kernels
 except ImportError:  # pragma: no cover - Triton without Gluon; gluon_supported then says so
     _kernels = None
+
+# A FLASHLITE_GLUON_BWD left in an environment from before the switch went would otherwise be ignored without a
+# word: FLASHLITE_GLUON_BWD=0 no longer keeps the backward off the Gluon kernels, FLASHLITE_GLUON=0 does.
+if "FLASHLITE_GLUON_BWD" in os.environ:
+    warnings.warn("FLASHLITE_GLUON_BWD is no longer read: FLASHLITE_GLUON turns the Gluon forward and backward on "
+                  "or off together (docs/flashlite.md lists the switches)", stacklevel=2)
 
 # measured_faster's rule. An H100 run (7de8265; benchmarks/results/h100-2026-12-05-c/ at commit 8ca4529), forward+
 # backward of flashlite.attention, bf16, causal, H=16, these kernels against the pointer backward: at D=128 1.101x,

@@ -85,6 +85,15 @@ def test_every_switch_flashlite_reads_is_in_the_documented_table():
                     "FLASHLITE_GLUON", "FLASHLITE_NATIVE"}
 
 
+def test_the_removed_gluon_backward_switch_is_not_ignored_without_a_word():
+    # FLASHLITE_GLUON_BWD=0 once kept the backward off the Gluon kernels; set now, it warns and names the switch
+    # that does.
+    done = _run("import warnings\nwarnings.simplefilter('always')\nimport flashlite.attn.gluon_bwd",
+                FLASHLITE_GLUON_BWD="0")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "FLASHLITE_GLUON_BWD is no longer read: FLASHLITE_GLUON turns" in done.stderr
+
+
 def test_an_unreadable_import_time_switch_stops_the_import_by_name():
     done = _run("import flashlite", FLASHLITE_GLUON="maybe")
     assert done.returncode != 0
