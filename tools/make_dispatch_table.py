@@ -138,6 +138,19 @@ def _checked_row(rec: dict, gpu: str, source: str) -> None:
         raise _refuse(source, rec, f"measured on {row_gpu!r}, not on the table's {gpu!r}")
 
 
+def _lost_mode(rec: dict) -> str:
+    """The first measurement mode of a decoding row, other than the one its verdict is of, that did not win
+    (e.g. "latency: tie 0.99x"), else "". A decoding step runs once per token from an idle GPU in a generation
+    loop and inside a CUDA graph in a server, so its entry takes the kernel only where every mode measured (by the
+    row's ``kernel_ab_modes``) won; other rows decide by their verdict alone."""
+    if rec["shape"].get("variant") not in DECODING_VARIANTS:
+        return ""
+    for mode in rec.get("modes") or ():
+        if mode.get("unavailable") is None and mode.get("mode") != rec.get("mode") and mode.get("verdict") != "win":
+            return f"{mode.get('mode')}: {mode.get('verdict')} {mode.get('speedup')}x"
+    return ""
+
+
 def _entry(rec: dict, backend: str, who: str, source: str, note: str = "") -> dict:
     """A table entry for ``backend`` from a finished comparison of ``who`` (the kernel or auto) against SDPA; a
     kernel entry only from a row whose verdicts both say win with a speedup above 1."""
@@ -214,6 +227,8 @@ def build_table(report: dict, commit: str | None = None, source: str | None = No
         key = _key(rec["shape"], backward)
         if rec.get("verdict") == "error":
             entry = {"backend": "sdpa", "why": f"comparison failed: {rec.get('error')}"}
+        elif rec.get("verdict_bh") == "win" and _lost_mode(rec):
+            entry = _entry(rec, "sdpa", "Triton", source, f"; not a win from {_lost_mode(rec)}")
         else:
             entry = _entry(rec, "triton" if rec.get("verdict_bh") == "win" else "sdpa", "Triton", source)
         earlier = decided_by.get(key)

@@ -460,6 +460,28 @@ def test_decoding_entries_key_on_the_mode_attention_with_kvcache_looks_up(tmp_pa
     assert decided[0].backend == "triton" and "test-gpu-x table (kvcache)" in decided[0].reason, decided[0].reason
 
 
+def test_a_decoding_entry_takes_the_kernel_only_where_every_measured_mode_won(tmp_path):
+    # A decoding step runs from an idle GPU (generation) and in a CUDA graph (servers): a back-to-back win with a
+    # latency tie is no reason to send those calls to the kernel. Dense rows still decide by their verdict alone.
+    def mode(name, verdict, speedup):
+        return {"mode": name, "verdict": verdict, "speedup": speedup, "ci": [speedup - 0.05, speedup + 0.05],
+                "n_pairs": 20}
+
+    def decode_row(S, modes):
+        return _row(B=3, S=S, speedup=1.3, ci=[1.2, 1.4], name="decode kvcache triton vs sdpa path",
+                    nodeid=f"t::S{S}", shape={"variant": "kvcache", "H_kv": 2}, mode="throughput", modes=modes)
+
+    won = [mode("throughput", "win", 1.3), mode("latency", "win", 1.2), {"mode": "graph", "unavailable": "no"}]
+    tied = [mode("throughput", "win", 1.3), mode("latency", "tie", 0.99), mode("graph", "win", 1.3)]
+    dense = _row(S=256, mode="throughput", modes=tied)
+    done, out = _generate(tmp_path, _report([decode_row(80, won), decode_row(1000, tied), dense]))
+    entries = json.loads((out / "test-gpu-x.json").read_text())["entries"]
+    assert entries["bfloat16/D64/lower_right/B3/S128/kvcache"]["backend"] == "triton"
+    tied_entry = entries["bfloat16/D64/lower_right/B3/S1024/kvcache"]
+    assert tied_entry["backend"] == "sdpa" and "not a win from latency: tie 0.99x" in tied_entry["why"]
+    assert entries["bfloat16/D64/causal/B8/S256"]["backend"] == "triton"
+
+
 def _row(B=8, S=256, verdict="win", verdict_bh="win", speedup=1.4, **extra):
     shape = {"B": B, "S": S, "H": 16, "D": 64, "dtype": "torch.bfloat16", **extra.pop("shape", {})}
     return {"name": "fwd triton vs sdpa torch.bfloat16", "nodeid": f"t::B{B}-S{S}", "verdict": verdict,
