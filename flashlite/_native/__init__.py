@@ -12,9 +12,9 @@ The extension is compiled once per source, torch and Python version with the sys
 ``c++`` or ``g++``) into the cache folder ``FLASHLITE_CACHE_DIR`` (default ``~/.cache/flashlite``), then loaded
 from there in milliseconds. ``torch.utils.cpp_extension.load`` would do the same but needs ninja, which the
 project's GPU machine lacks; a direct compiler call with torch's include and library paths needs nothing more.
-``FLASHLITE_NATIVE=0`` turns it off. Without a compiler, or when the build fails, ``plan_key``, ``replay`` and
-``launch_recorded`` are None, the reason is logged once (logger ``flashlite``, WARNING) and kept in ``build_error``,
-and flashlite does their work in Python (same decisions, about 1.5 us more per attention call, and about 1 us more
+``FLASHLITE_NATIVE=0`` turns it off. Without a compiler, or when the build fails, ``plan_key``, ``any_length_key``,
+``replay`` and ``launch_recorded`` are None, the reason is logged once (logger ``flashlite``, WARNING) and kept in
+``build_error``, and flashlite does their work in Python (same decisions, about 1.5 us more per attention call, and about 1 us more
 per replayed launch).
 """
 from __future__ import annotations
@@ -123,9 +123,13 @@ _extension, build_error = _build_or_none()
 # plan_key(q, k, v, key_padding_mask, key_lengths, causal, scale, backend, precision, window, softcap, alibi_slopes)
 # -> bytes, or None for arguments it does not cover; None itself when the extension could not be built.
 plan_key: Optional[Callable[..., Optional[bytes]]] = None if _extension is None else _extension.plan_key
+# any_length_key(the same twelve) -> bytes of the call's key without its key length (flashlite.attn.plan's
+# any_length_key), or None where the Python key is needed; None itself without the extension.
+any_length_key: Optional[Callable[..., Optional[bytes]]] = None if _extension is None else _extension.any_length_key
 # replay(plans, fallback, <the same twelve arguments>) -> the output of the plan that the dict plans keeps for the
-# call's plan_key, computed by plan.run(q, k, v, key_mask[, alibi_slopes]); None when plans has no such plan;
-# fallback(plans, <the twelve>) answers for calls plan_key does not cover. None itself without the extension.
+# call's plan_key, else for its any_length_key, computed by plan.run(q, k, v[, key_mask[, alibi_slopes]]); None
+# when plans has neither; fallback(plans, <the twelve>) answers for calls plan_key does not cover. None itself
+# without the extension.
 replay: Optional[Callable[..., Optional[torch.Tensor]]] = None if _extension is None else _extension.replay
 # launch_recorded(run, grid, stream, function, metadata, tensors, device_index, rest) -> True (launched), False
 # (refused: an unaligned tensor or one on another device) or None (not plain tensors: check them in Python), for

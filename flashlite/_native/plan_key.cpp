@@ -4,7 +4,10 @@
 //    one bytes object. Python builds that tuple from about twenty attribute reads, each allocating (torch.Size,
 //    stride tuples, torch.device), and hashes it: 1.5 us per call on the development CPU. Here the sizes are read
 //    off the tensors without allocating, and the bytes hash and compare with memcmp.
-//  - replay: the key, the plan's lookup and the plan's call in one C call.
+//  - any_length_key: the key of the same call without its key length (flashlite.attn.plan.any_length_key), for
+//    plans that serve every key length (a decoding loop, whose key length grows by one per call).
+//  - replay: the key, the plan's lookup and the plan's call in one C call; on a miss, the same with the key
+//    without the key length.
 //  - launch_recorded: a recorded Triton launch replayed with new tensors, their addresses read and checked here.
 //
 // plan_key returns None for any argument it does not cover (a tensor subclass, a non-strided or symbolic tensor, a
@@ -14,6 +17,7 @@
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -54,7 +58,8 @@ inline __attribute__((always_inline)) void put(Key& out, T value) {
 }
 
 // Tags: which class an argument had. Distinct per argument slot is not needed (slots are positional).
-enum Tag : std::uint8_t { kNone = 0, kTensor = 1, kTrue = 2, kFalse = 3, kStr = 4, kFloat = 5, kIntPair = 6 };
+enum Tag : std::uint8_t { kNone = 0, kTensor = 1, kTrue = 2, kFalse = 3, kStr = 4, kFloat = 5, kIntPair = 6,
+                          kAnyLength = 7 };
 
 // Writes the tag of None and says so; any other object is left to the caller.
 bool put_none(Key& out, PyObject* obj) {
@@ -149,6 +154,62 @@ bool pack_key(Key& out, PyObject* const* args) {
   }
 }
 
+// A 4-d tensor without its key axis: tag, dtype, device, the sizes but dim ``skip``, no strides (a key axis grown by
+// torch.cat changes them). Reads the skipped size into ``skipped``.
+bool put_tensor_without(Key& out, PyObject* obj, int skip, std::int64_t& skipped) {
+  if (!THPVariable_CheckExact(obj)) return false;
+  const at::Tensor& t = THPVariable_Unpack(obj);
+  if (!t.defined() || t.layout() != c10::kStrided || t.is_nested() ||
+      t.unsafeGetTensorImpl()->has_symbolic_sizes_strides() || t.dim() <= skip) {
+    return false;
+  }
+  const std::int64_t dim = t.dim();
+  put<std::uint8_t>(out, kTensor);
+  put<std::int16_t>(out, static_cast<std::int16_t>(t.scalar_type()));
+  put<std::int16_t>(out, static_cast<std::int16_t>(t.device().type()));
+  put<std::int16_t>(out, static_cast<std::int16_t>(t.device().index()));
+  put<std::int64_t>(out, dim);
+  const auto sizes = t.sizes();
+  for (std::int64_t i = 0; i < dim; ++i) {
+    if (i != skip) put<std::int64_t>(out, sizes[i]);
+  }
+  skipped = sizes[skip];
+  return true;
+}
+
+// The dispatch table's sequence bucket (flashlite._intmath.seq_bucket): a power of two, at least 64.
+std::int64_t seq_bucket(std::int64_t n) {
+  std::int64_t bucket = 64;
+  while (bucket < n) bucket <<= 1;
+  return bucket;
+}
+
+// Packs the key of the twelve arguments without the key length into out (flashlite.attn.plan.any_length_key's
+// fields): q whole; k and v without S_k and their strides; key_padding_mask without S_k and its strides; the
+// bucket of max(S_q, S_k), which the dispatch table keys on. False where the Python key is needed: a tensor that
+// is not 4-d, an empty key axis, k and v of other key lengths, or what pack_key leaves to Python.
+bool pack_any_length_key(Key& out, PyObject* const* args) {
+  try {
+    put<std::uint8_t>(out, kAnyLength);
+    std::int64_t seq_k = 0, seq_v = 0, seq_mask = 0;
+    if (!put_tensor(out, args[0], false) || !put_tensor_without(out, args[1], 2, seq_k) ||
+        !put_tensor_without(out, args[2], 2, seq_v) || seq_k < 1 || seq_v != seq_k) {
+      return false;
+    }
+    const at::Tensor& q = THPVariable_Unpack(args[0]);
+    if (q.dim() != 4 || THPVariable_Unpack(args[1]).dim() != 4) return false;
+    if (!put_none(out, args[3])) {
+      if (!put_tensor_without(out, args[3], 1, seq_mask) || seq_mask != seq_k) return false;
+    }
+    put<std::int64_t>(out, seq_bucket(std::max<std::int64_t>(q.size(2), seq_k)));
+    return put_tensor(out, args[4], true) && put_causal(out, args[5]) && put_optional_float(out, args[6]) &&
+           put_str(out, args[7]) && put_optional_str(out, args[8]) && put_window(out, args[9]) &&
+           put_optional_float(out, args[10]) && put_tensor(out, args[11], true);
+  } catch (...) {
+    return false;
+  }
+}
+
 // plan_key(q, k, v, key_padding_mask, key_lengths, causal, scale, backend, precision, window, softcap,
 //          alibi_slopes) -> bytes, or None where the Python key is needed.
 PyObject* plan_key(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
@@ -161,10 +222,31 @@ PyObject* plan_key(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return PyBytes_FromStringAndSize(out.data(), out.size());
 }
 
+// any_length_key(the same twelve arguments) -> bytes, or None where the Python key is needed.
+PyObject* any_length_key(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 12) {
+    PyErr_SetString(PyExc_TypeError, "any_length_key takes 12 positional arguments");
+    return nullptr;
+  }
+  Key out;
+  if (!pack_any_length_key(out, args)) Py_RETURN_NONE;
+  return PyBytes_FromStringAndSize(out.data(), out.size());
+}
+
+// The plan kept in plans under the packed key, borrowed; nullptr with no error set where there is none.
+PyObject* find(PyObject* plans, const Key& packed) {
+  PyObject* key = PyBytes_FromStringAndSize(packed.data(), packed.size());
+  if (key == nullptr) return nullptr;
+  PyObject* plan = PyDict_GetItemWithError(plans, key);  // borrowed
+  Py_DECREF(key);
+  return plan;
+}
+
 // replay(plans, fallback, q, k, v, key_padding_mask, key_lengths, causal, scale, backend, precision, window,
-//        softcap, alibi_slopes): the output of the plan kept in the dict plans for this call's key, computed by
-// plan.run(q, k, v, key_mask[, alibi_slopes]) (key_mask: key_lengths if given, else key_padding_mask); None when
-// plans holds no plan for it. Where the key needs Python, fallback(plans, q, ..., alibi_slopes) answers instead.
+//        softcap, alibi_slopes): the output of the plan kept in the dict plans for this call's key, else for its key
+// without the key length, computed by plan.run(q, k, v[, key_mask[, alibi_slopes]]) (key_mask: key_lengths if
+// given, else key_padding_mask); None when plans holds neither. Where the key needs Python, fallback(plans, q, ...,
+// alibi_slopes) answers instead.
 // One C call for what attention() does on every replayed call: the key, the lookup and the plan's call.
 PyObject* replay(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != 14 || !PyDict_Check(args[0])) {
@@ -180,13 +262,17 @@ PyObject* replay(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     for (int i = 0; i < 12; ++i) fallback_args[i + 1] = call[i];
     return PyObject_Vectorcall(args[1], fallback_args, 13, nullptr);
   }
-  PyObject* key = PyBytes_FromStringAndSize(out.data(), out.size());
-  if (key == nullptr) return nullptr;
-  PyObject* plan = PyDict_GetItemWithError(args[0], key);  // borrowed
-  Py_DECREF(key);
+  PyObject* plan = find(args[0], out);
   if (plan == nullptr) {
     if (PyErr_Occurred()) return nullptr;
-    Py_RETURN_NONE;
+    // No plan of this exact call: one that serves every key length may answer it (kept only for such plans).
+    Key any_length;
+    if (!pack_any_length_key(any_length, call)) Py_RETURN_NONE;
+    plan = find(args[0], any_length);
+    if (plan == nullptr) {
+      if (PyErr_Occurred()) return nullptr;
+      Py_RETURN_NONE;
+    }
   }
   static PyObject* run_name = PyUnicode_InternFromString("run");
   // Held while its run is read: a plan class with Python attribute hooks could drop the dict's reference meanwhile.
@@ -194,8 +280,12 @@ PyObject* replay(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   PyObject* run = PyObject_GetAttr(plan, run_name);
   Py_DECREF(plan);
   if (run == nullptr) return nullptr;
-  PyObject* run_args[5] = {call[0], call[1], call[2], call[4] != Py_None ? call[4] : call[3], call[11]};
-  PyObject* result = PyObject_Vectorcall(run, run_args, call[11] == Py_None ? 4 : 5, nullptr);
+  // run(q, k, v[, key_mask[, alibi_slopes]]): the trailing Nones are left off (SDPA, a plan's run, parses each
+  // argument it is given).
+  PyObject* key_mask = call[4] != Py_None ? call[4] : call[3];
+  PyObject* run_args[5] = {call[0], call[1], call[2], key_mask, call[11]};
+  const Py_ssize_t count = call[11] != Py_None ? 5 : key_mask != Py_None ? 4 : 3;
+  PyObject* result = PyObject_Vectorcall(run, run_args, count, nullptr);
   Py_DECREF(run);
   return result;
 }
@@ -269,6 +359,9 @@ PyObject* launch_recorded(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 PyMethodDef methods[] = {
     {"plan_key", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(plan_key)), METH_FASTCALL,
      "plan_key(q, k, v, key_padding_mask, key_lengths, causal, scale, backend, precision, window, softcap, "
+     "alibi_slopes) -> bytes or None"},
+    {"any_length_key", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(any_length_key)), METH_FASTCALL,
+     "any_length_key(q, k, v, key_padding_mask, key_lengths, causal, scale, backend, precision, window, softcap, "
      "alibi_slopes) -> bytes or None"},
     {"replay", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(replay)), METH_FASTCALL,
      "replay(plans, fallback, q, k, v, key_padding_mask, key_lengths, causal, scale, backend, precision, window, "

@@ -4,8 +4,8 @@ Under torch.compile with static sizes, a call is validated and decided by ``deci
 dynamo's trace, so that none of it becomes a guard of the graph; the graph holds the chosen op.
 Under torch.compile with dynamic sizes, ``backend="auto"`` calls without a gradient become one op,
 ``flashlite::attention_auto``, whose kernel is ``attention()`` itself: the choice is made per call, not at trace time.
-Imports ``plan``, ``decide``, ``sdpa`` and ``triton`` (``like_layout``); ``flashlite.attention`` re-exports the two
-functions.
+Imports ``plan``, ``decide``, ``run``, ``ops`` (which registers the custom ops a compiled graph holds), ``sdpa`` and
+``triton`` (``like_layout``); ``flashlite.attention`` re-exports the two functions.
 """
 from typing import Optional, Union
 
@@ -15,7 +15,8 @@ from flashlite.attn import plan as plans
 from flashlite.attn.decide import (TRACED_ERRORS, decide_with_mask, log_decision, make_plan, needs_gradient,
                                          static_sizes, traced_call_plan)
 from flashlite.attn.triton import like_layout
-from flashlite.attn.ops import run_triton_compiled
+from flashlite.attn import ops  # noqa: F401  (registers flashlite::attention_forward and the other ops)
+from flashlite.attn.run import run_triton_compiled
 from flashlite.attn.sdpa import sdpa_attention
 from flashlite.attn.problem import _CAUSAL_ARGUMENT, check_constant_slopes, validate
 from flashlite.dispatch import Decision
@@ -170,22 +171,22 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: Unio
                               attn_mask=attn_mask, alibi_slopes=alibi_slopes)
     if window.__class__ is list:  # validation takes [left, right] too; plan keys and the trace cache hash a tuple
         window = tuple(window)
-    key = any_length_key = None
+    key = length_free_key = None
     if not _is_compiling():  # under torch.compile the plan is made at trace time, not kept
+        # One C call: the call's key, else its key without the key length (a decoding step's), a kept plan's run.
         out = _replay(plans._PLANS, _replay_by_python_key, q, k, v, key_padding_mask, key_lengths, causal, scale,
                       backend, precision, window, softcap, alibi_slopes)
         if out is not None:
             return out
-        # A call whose key length no kept plan has seen (a decoding step): a plan that serves every key length
-        # answers it without validating and deciding again.
-        any_length_key = plans.sizes_key(q, k, v, key_padding_mask, key_lengths, causal, scale, backend, precision,
-                                         window, softcap, alibi_slopes)
-        plan = plans._PLANS.get(any_length_key)
-        if plan is not None and plans.fits_any_length_plan(k, v, key_padding_mask):
+        call = (q, k, v, key_padding_mask, key_lengths, causal, scale, backend, precision, window, softcap,
+                alibi_slopes)
+        # Where C++ did not pack the key without the key length, its Python form may still find a plan.
+        length_free_key = plans.any_length_key(*call)
+        plan = plans._PLANS.get(length_free_key)
+        if plan is not None:
             key_mask = key_padding_mask if key_lengths is None else key_lengths
             return plan.run(q, k, v, key_mask) if alibi_slopes is None else plan.run(q, k, v, key_mask, alibi_slopes)
-        key = plans.key_of(q, k, v, key_padding_mask, key_lengths, causal, scale, backend, precision, window,
-                           softcap, alibi_slopes)
+        key = plans.attention_key(*call)
     elif not _tensors_where_expected(q, k, v, key_padding_mask, key_lengths, alibi_slopes):
         # Traced, reading a list's layout (its .stride) for the plan below failed with Dynamo's own error under
         # fullgraph=True: validation names the argument instead, as in the eager call.
@@ -214,6 +215,6 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: Unio
             q, k, v, key_padding_mask, key_lengths, problem.causal_mode, scale, precision,
             None if window is None else list(window), softcap, alibi_slopes)
     plan = plans.keep(key, make_plan(q, k, v, causal, scale, key_padding_mask, key_lengths, backend, precision,
-                                     window, softcap, alibi_slopes), any_length_key)
+                                     window, softcap, alibi_slopes), length_free_key)
     key_mask = key_padding_mask if key_lengths is None else key_lengths
     return plan.run(q, k, v, key_mask) if alibi_slopes is None else plan.run(q, k, v, key_mask, alibi_slopes)

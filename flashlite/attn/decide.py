@@ -2,11 +2,14 @@
 
 ``decide`` asks ``flashlite.dispatch`` for ``backend="auto"``; ``decide_with_mask`` sends explicit masks to SDPA;
 ``make_plan`` validates, decides (for the Triton backend also which forward and backward kernels: ``gluon``,
-``gluon_bwd``) and gives the plan the function that runs its calls; ``traced_call_plan`` does it for a call
-torch.compile traces, outside the trace. Imports every module of the package but ``api``.
+``gluon_bwd``) and gives the plan the function that runs its calls (``run``'s, or SDPA's); ``traced_call_plan`` does
+it for a call torch.compile traces, outside the trace; ``op_plan`` finds or makes the plan a custom op's call runs,
+under the key of the eager call it stands for. Imports every module of the package below it: ``problem``, ``plan``,
+``sdpa``, ``gluon``, ``gluon_bwd`` and ``run``.
 """
 import functools
 import logging
+import math
 from typing import Callable, Optional, Union
 
 import torch
@@ -16,11 +19,12 @@ from torch.fx.experimental.symbolic_shapes import has_static_value
 
 from flashlite import _env, _runtime
 from flashlite.attn import gluon as launch_gluon, gluon_bwd as launch_gluon_bwd
-from flashlite.attn.ops import needs_gradient, run_triton, run_triton_compiled
+from flashlite.attn import plan as plans
 from flashlite.attn.plan import Plan, has_room
+from flashlite.attn.problem import (_CAUSAL_ARGUMENT, _NATIVE_PRECISION, DEFAULT_FP32_PRECISION, Problem,
+                                    kernel_size_limit, kernel_unsupported, validate)
+from flashlite.attn.run import needs_gradient, run_triton, run_triton_compiled
 from flashlite.attn.sdpa import check_attn_mask, plain_sdpa_causal, sdpa_attention
-from flashlite.attn.problem import (_CAUSAL_ARGUMENT, Problem, kernel_size_limit, kernel_unsupported,
-                                             validate)
 from flashlite.dispatch import Decision, choose_backend
 
 # The public module's name, as the documentation of FLASHLITE_DEBUG_DISPATCH gives it.
@@ -76,8 +80,8 @@ def decide_with_mask(q: torch.Tensor, k: torch.Tensor, problem: Problem, backend
                                                                                 f"{reason}")
 
 
-def _run_sdpa(problem: Problem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: Optional[torch.Tensor],
-              alibi_slopes: Optional[torch.Tensor] = None) -> torch.Tensor:
+def _run_sdpa(problem: Problem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              key_mask: Optional[torch.Tensor] = None, alibi_slopes: Optional[torch.Tensor] = None) -> torch.Tensor:
     return sdpa_attention(q, k, v, key_mask, problem, alibi_slopes=alibi_slopes)
 
 
@@ -88,12 +92,15 @@ def _sdpa_run(problem: Problem, scale: Optional[float]) -> Callable[..., torch.T
         # SDPA itself, bound in a partial so that a replay costs one C-level call, with only the arguments the call
         # needs (SDPA parses every keyword it is given, on every call). Its fourth positional parameter is
         # attn_mask, which receives the call's key mask: None here.
-        sdpa_kwargs = {"is_causal": is_causal}
+        sdpa_kwargs = {"is_causal": True} if is_causal else {}
         if scale is not None:
             sdpa_kwargs["scale"] = problem.scale
         if problem.heads != problem.kv_heads:
             sdpa_kwargs["enable_gqa"] = True
-        return functools.partial(F.scaled_dot_product_attention, **sdpa_kwargs)
+        # Where SDPA's defaults are the call's (a decoding step's: no causal mask, the default scale), SDPA itself:
+        # a partial's keywords are merged into a new dict on every call.
+        return functools.partial(F.scaled_dot_product_attention, **sdpa_kwargs) if sdpa_kwargs else \
+            F.scaled_dot_product_attention
     return functools.partial(_run_sdpa, problem)
 
 
@@ -128,7 +135,7 @@ def _serves_any_key_length(problem: Problem, backend: str, decision: Decision, g
                            q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                            key_padding_mask: Optional[torch.Tensor]) -> bool:
     """Whether a plan's run is right, and its decisions those the call would get, for calls of any key length
-    (``plan.sizes_key``): SDPA plans whose run reads the sizes from the call's tensors."""
+    (``plan.any_length_key``): SDPA plans whose run reads the sizes from the call's tensors."""
     if decision.backend != "sdpa" or gradient_decision.backend != "sdpa":
         return False  # the Triton launches take the problem's sizes, and their recordings keep them
     if plain_sdpa_causal(problem, problem.seq_q, problem.seq_k) and problem.seq_k <= problem.seq_q:
@@ -142,7 +149,7 @@ def make_plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: Union[b
               precision: Optional[str], window: Optional[tuple[int, int]] = None, softcap: Optional[float] = None,
               alibi_slopes: Optional[torch.Tensor] = None) -> Plan:
     """Validate and decide a call (raising what validation raises), logging the decision; the plan's ``run``
-    computes calls of its signature: ``run(q, k, v, key_mask)``, plus the call's ALiBi slopes when it has them.
+    computes calls of its signature: ``run(q, k, v[, key_mask])``, plus the call's ALiBi slopes when it has them.
 
     With ``backend="auto"`` a signature gets two decisions, one for calls without a gradient and one for calls
     whose gradient autograd will compute (``Plan.gradient_decision``, from the forward+backward entries); where
@@ -219,3 +226,41 @@ def traced_call_plan(layouts: tuple[Layout, ...], causal: Union[bool, str], scal
         except (TypeError, ValueError) as error:
             return (type(error).__name__, str(error)), None, None
     return None, plan.problem, plan.decision_for(gradient).backend
+
+
+def op_plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: Optional[torch.Tensor],
+            key_lengths: Optional[torch.Tensor], causal_mode: int, scale: float, precision: str, window_left: int,
+            window_right: int, softcap: float, alibi_slopes: Optional[torch.Tensor]) -> Plan:
+    """The plan a call of the custom ops runs (``flashlite::attention_forward``, ``_backward``, ``_inference``: what
+    compiled graphs hold): the plan of the eager call ``attention(q, k, v, backend="triton", ...)`` that the flat
+    arguments stand for, found under that call's ``attention_key`` in the one plan cache, else made by
+    ``make_plan`` and kept there. The ops' flat forms of attention()'s defaults become the defaults (the default
+    scale and precision, window sides -1, softcap 0.0: None), so that a graph's op and the eager call share a plan.
+
+    The ops are public through torch.ops: a call that no eager call stands for (a causal mode outside 0..2, a
+    precision that does not fit the dtype) is refused, as validation refuses the rest.
+
+    Example:
+        >>> q = torch.randn(1, 2, 8, 16)
+        >>> op_plan(q, q, q, None, None, 1, 0.25, "ieee", -1, -1, 0.0, None).problem.causal_mode  # doctest: +SKIP
+        1
+    """
+    causal = _CAUSAL_ARGUMENT.get(causal_mode) if causal_mode.__class__ is int else None
+    native = _NATIVE_PRECISION.get(q.dtype) if isinstance(q, torch.Tensor) else None
+    default_precision = DEFAULT_FP32_PRECISION if native is None else native
+    call = (q, k, v, key_padding_mask, key_lengths, causal,
+            None if isinstance(q, torch.Tensor) and q.dim() == 4 and scale == 1.0 / math.sqrt(q.shape[3]) else scale,
+            "triton", None if precision == default_precision else precision,
+            None if (window_left, window_right) == (-1, -1) else (window_left, window_right),
+            None if softcap == 0.0 else softcap, alibi_slopes)
+    key = plans.attention_key(*call) if causal is not None else None
+    plan = None if key is None else plans._PLANS.get(key)
+    if plan is not None:
+        return plan
+    if causal is None:
+        raise ValueError(f"causal_mode must be 0, 1 or 2, got {causal_mode}")
+    if native is not None and precision != native:
+        raise ValueError(f"precision {precision!r} does not fit {q.dtype} inputs (expected {native!r})")
+    q, k, v, key_padding_mask, key_lengths, causal, scale, backend, precision, window, softcap, alibi_slopes = call
+    return plans.keep(key, make_plan(q, k, v, causal, scale, key_padding_mask, key_lengths, backend, precision,
+                                     window, softcap, alibi_slopes))

@@ -21,7 +21,7 @@ from flashlite import _direct_launch, _runtime
 from flashlite.attn import plan as plans
 from flashlite.attn.api import attention
 from flashlite.attn.triton import launch_forward
-from flashlite.attn.plan import CacheKey, Plan
+from flashlite.attn.plan import Plan
 from flashlite.attn.decide import decide
 from flashlite.attn.kvcache_writes import check_table_values, check_writable_caches, detached_sources
 from flashlite.attn.problem import (_TRITON_ERROR, CAUSAL_KEY_LENGTH, check_block_table,
@@ -225,18 +225,15 @@ def _capacity(k_cache: torch.Tensor, block_table: Optional[torch.Tensor]) -> int
     return k_cache.shape[2] if block_table is None else block_table.shape[1] * k_cache.shape[2]
 
 
-def _layout(t: Optional[torch.Tensor]) -> Optional[tuple]:
-    return None if t is None else (t.shape, t.stride(), t.dtype, t.device)
-
-
 def _plan_key(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor,
               k_new: Optional[torch.Tensor], v_new: Optional[torch.Tensor], block_table: Optional[torch.Tensor],
               scale: Optional[float], window: Optional[tuple[int, int]], softcap: Optional[float],
-              alibi_slopes: Optional[torch.Tensor], backend: str, num_splits: Optional[int]) -> Optional[CacheKey]:
-    """The plan key of a cache call: every tensor's shape, strides, dtype and device, and the other arguments with
-    their classes (validation refuses scale=True, which equals 1); not the values of cache_seqlens or the block
-    table, which are data of each call. None where the arguments cannot be keyed (not tensors, not hashable):
-    validation then names them.
+              alibi_slopes: Optional[torch.Tensor], backend: str, num_splits: Optional[int]) -> Optional[plans.PlanKey]:
+    """The plan key of a cache call, the plan cache's "kvcache" entry (``plans.key_of``, so never equal to an
+    ``attention()`` key): every tensor's shape, strides, dtype and device, and the other arguments with their
+    classes (validation refuses scale=True, which equals 1); not the values of cache_seqlens or the block table,
+    which are data of each call. None where the arguments cannot be keyed (not hashable): validation then names
+    them.
 
     Example:
         >>> q, k = torch.randn(1, 2, 1, 16), torch.randn(1, 2, 32, 16)
@@ -245,15 +242,8 @@ def _plan_key(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cac
         >>> _plan_key(q, k, k, lengths, *call) == _plan_key(q, k, k, lengths + 9, *call)
         True
     """
-    try:
-        key = CacheKey((_layout(q), _layout(k_cache), _layout(v_cache), _layout(cache_seqlens), _layout(k_new),
-                        _layout(v_new), _layout(block_table), _layout(alibi_slopes), scale, scale.__class__, window,
-                        None if window is None else tuple(map(type, window)), softcap, softcap.__class__, backend,
-                        num_splits, num_splits.__class__))
-        hash(key)
-    except (AttributeError, TypeError):
-        return None
-    return key
+    return plans.key_of("kvcache", q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, alibi_slopes, scale,
+                        window, softcap, backend, num_splits)
 
 
 def _make_plan(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor,

@@ -1,11 +1,13 @@
 """The plan cache: one ``Plan`` per call signature, owning its problem, decision, configs and recorded launches.
 
-A signature is everything validation and the decision depend on: the shapes, strides, dtypes and devices of q, k,
-v and the key mask, and the non-tensor arguments. A call whose signature has a plan skips validation, dispatch and,
-once its launches are recorded, Triton's argument binding: at launch-bound sizes those cost as much as the kernel.
-``attention()``, the custom ops (which torch.compile'd graphs call) and ``attention_with_kvcache`` (under a
-``CacheKey``, without the lengths, which are data of each call) keep their plans here. Imports
-``problem`` and ``flashlite._native`` (the key packed in C++) only.
+A signature is everything validation and the decision depend on: the shapes, strides, dtypes and devices of the
+tensors, and the non-tensor arguments; what varies per call without changing a decision (a decoding step's key
+length, a cache's lengths, packed sequences' offsets) is data of the call, not of its key. A call whose signature
+has a plan skips validation, dispatch and, once its launches are recorded, Triton's argument binding: at
+launch-bound sizes those cost as much as the kernel. Every entry keeps its plans here, keyed by the one builder
+``key_of`` (``attention_key`` is its C++ form for ``attention()`` calls, which the custom ops of compiled graphs
+share): ``attention()``, ``attention_varlen``, ``attention_with_kvcache`` and the flat launchers. Imports
+``problem`` and ``flashlite._native`` (the keys packed in C++) only.
 """
 from __future__ import annotations
 
@@ -22,15 +24,15 @@ from flashlite._intmath import seq_bucket
 class Plan:
     """One call signature, validated and decided once: every decision is made when the plan is built.
 
-    ``run(q, k, v, key_mask)`` computes a call of this signature (``key_mask``: the call's key_padding_mask or
-    key_lengths, or None); it is ``runner(plan)``, bound when the plan is built (None without a runner: the
-    launchers call ``triton.launch_forward`` with the plan themselves). ``decision`` is the backend of calls
-    without a gradient, ``gradient_decision`` that of calls whose gradient autograd computes (``backend="auto"``
-    decides the two from forward and forward+backward measurements; ``decision_for`` picks; unset, the same as
-    ``decision``). ``gluon`` says whether the forward runs on the Gluon kernel instead of the pointer kernel,
-    ``gluon_bwd`` whether the backward's dK/dV and dQ do. ``any_key_length``: whether ``run`` serves calls of every
-    key length (then the plan is also kept under its ``sizes_key``, and its problem's seq_k is that of the call it
-    was made for). ``record``: whether launches are recorded (only for plans that are kept, on CUDA).
+    ``run(q, k, v[, key_mask[, alibi_slopes]])`` computes a call of this signature (``key_mask``: the call's
+    key_padding_mask or key_lengths; None, or left off, without them); it is ``runner(plan)``, bound when the plan
+    is built (None without a runner: the launchers call ``triton.launch_forward`` with the plan themselves).
+    ``decision`` is the backend of calls without a gradient, ``gradient_decision`` that of calls whose gradient
+    autograd computes (``backend="auto"`` decides the two from forward and forward+backward measurements;
+    ``decision_for`` picks; unset, the same as ``decision``). ``gluon`` says whether the forward runs on the Gluon
+    kernel instead of the pointer kernel, ``gluon_bwd`` whether the backward's dK/dV and dQ do.
+    ``any_key_length``: whether ``run`` serves calls of every key length (then the plan is also kept under its
+    ``any_length_key``, and its problem's seq_k is that of the call it was made for). ``record``: whether launches are recorded (only for plans that are kept, on CUDA).
 
     Two tables hold what the first launches produce, not decisions: ``configs``, per kernel, the config it launches
     (the forced one, or the autotuner's choice for this signature's tuning key, which needs a timed launch), and
@@ -71,70 +73,151 @@ class Plan:
         return self.gradient_decision if gradient else self.decision
 
 
-def _mask_signature(mask: Optional[torch.Tensor]) -> Optional[tuple]:
-    return None if mask is None else (mask.shape, mask.stride(), mask.dtype, mask.device)
+class PlanKey(tuple):
+    """A key of the one plan cache, as ``key_of`` builds it: (entry, field, ...). The entry comes first, so keys of
+    two entries never equal: "attention" (``attention_key``), "attention/any_key_length" (``any_length_key``),
+    "varlen", "kvcache" and "launcher" (the flat launchers). An attention() key packed by C++ is bytes, which never
+    equals a tuple; its first byte tells its entry (``entry_of``)."""
+
+    __slots__ = ()
 
 
-def signature(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: Optional[torch.Tensor],
-              key_lengths: Optional[torch.Tensor], causal: Any, scale: Any, backend: str, precision: Any,
-              window: Any = None, softcap: Any = None, alibi_slopes: Optional[torch.Tensor] = None) -> tuple:
-    """The plan key of a call. Raises AttributeError or TypeError for arguments that are not tensors or not
-    hashable; validation then names the problem.
-
-    causal, scale and softcap join the key with their classes: 1 == True == 1.0 hash alike, but validation
-    refuses causal=1 and scale=True, so a plan made for one must never answer the other. The key is flat, and
-    the optional arguments are appended only when one is given: it is built on every call, and each element
-    costs time."""
-    key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
-           q.device, k.device, v.device, causal, causal.__class__, scale, scale.__class__, backend, precision)
-    if (key_padding_mask is None and key_lengths is None and window is None and softcap is None
-            and alibi_slopes is None):
-        return key
-    # The window's sides join with their classes too: validation refuses (True, 0), which equals (1, 0).
-    window_classes = None if window is None else (window.__class__, *(side.__class__ for side in window))
-    return (*key, _mask_signature(key_padding_mask), _mask_signature(key_lengths), window, window_classes,
-            softcap, softcap.__class__, _mask_signature(alibi_slopes))
+def _field(value: Any) -> Any:
+    # A tensor by its layout; None as None; any other value with its class (1 == True == 1.0 hash alike, but
+    # validation refuses causal=1 and scale=True, so a plan made for one must never answer the other), a tuple with
+    # its items' classes too (validation refuses the window (True, 0), which equals (1, 0)).
+    if isinstance(value, torch.Tensor):
+        return value.shape, value.stride(), value.dtype, value.device
+    if value is None:
+        return None
+    if value.__class__ is tuple:
+        return value, tuple, tuple(item.__class__ for item in value)
+    return value, value.__class__
 
 
-# The same key packed into bytes by C++ (``flashlite._native``): same arguments as ``signature`` (all twelve,
-# positional), None for arguments it does not cover, which then take ``signature``. Where the extension could
-# not be built, ``signature`` itself.
-fast_signature: Callable[..., Optional[Any]] = _native.plan_key or signature
+def key_of(entry: str, *fields: Any) -> Optional[PlanKey]:
+    """The one key builder of the plan cache: ``entry`` and each field, a tensor by its shape, strides, dtype and
+    device, any other value with its class. None for fields that cannot be keyed (not hashable, a tensor whose
+    layout cannot be read): validation then names them.
+
+    Example:
+        >>> q = torch.randn(1, 2, 8, 16)
+        >>> key_of("attention", q, True) == key_of("attention", torch.randn(1, 2, 8, 16), True)
+        True
+        >>> key_of("attention", q, True) == key_of("attention", q, 1), key_of("varlen", q, True) == key_of(
+        ...     "attention", q, True)
+        (False, False)
+    """
+    try:
+        key = PlanKey((entry, *map(_field, fields)))
+        hash(key)
+    except (AttributeError, TypeError, RuntimeError):
+        return None
+    return key
 
 
-def key_of(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: Optional[torch.Tensor],
-           key_lengths: Optional[torch.Tensor], causal: Any, scale: Any, backend: str, precision: Any,
-           window: Any = None, softcap: Any = None, alibi_slopes: Optional[torch.Tensor] = None) -> Optional[Any]:
-    """The key a new plan is kept under: ``fast_signature``'s where it covers the call, else ``signature``'s; None
-    for arguments that are not tensors or not hashable (validation then names them).
+# The C++ forms of attention_key and any_length_key (``flashlite._native``): the same fields packed into bytes, or
+# None for a call they do not cover (then the Python key); None themselves where the extension was not built.
+_packed_key: Optional[Callable[..., Optional[bytes]]] = _native.plan_key
+_packed_any_length_key: Optional[Callable[..., Optional[bytes]]] = _native.any_length_key
+
+
+def attention_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: Optional[torch.Tensor],
+                  key_lengths: Optional[torch.Tensor], causal: Any, scale: Any, backend: str, precision: Any,
+                  window: Any = None, softcap: Any = None, alibi_slopes: Optional[torch.Tensor] = None
+                  ) -> Optional[Any]:
+    """The key of an ``attention()`` call (what its plan is kept and found under): packed by C++ where it covers
+    the call, else ``key_of("attention", ...)``; None for arguments that cannot be keyed (validation then names
+    them). The custom ops find their plans under it too (``decide.op_plan``).
 
     Example:
         >>> q = torch.randn(1, 2, 8, 16)
         >>> call = (q, q, q, None, None, True, None, "auto", None)
-        >>> key_of(*call) == key_of(*call) != key_of(q, q, q, None, None, False, None, "auto", None)
+        >>> attention_key(*call) == attention_key(*call) != attention_key(q, q, q, None, None, False, None, "auto",
+        ...                                                               None)
         True
     """
     call = (q, k, v, key_padding_mask, key_lengths, causal, scale, backend, precision, window, softcap, alibi_slopes)
+    if _packed_key is not None:
+        try:
+            packed = _packed_key(*call)
+        except (AttributeError, TypeError):
+            packed = None
+        if packed is not None:
+            return packed
+    return key_of("attention", *call)
+
+
+def any_length_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: Optional[torch.Tensor],
+                   key_lengths: Optional[torch.Tensor], causal: Any, scale: Any, backend: str, precision: Any,
+                   window: Any = None, softcap: Any = None, alibi_slopes: Optional[torch.Tensor] = None
+                   ) -> Optional[Any]:
+    """The key of a call without its key length: calls that differ only in S_k (and so in the strides of k, v and
+    key_padding_mask, as a cache grown by ``torch.cat`` has) share it. A decoding loop's key length grows by one
+    per call; a plan whose run reads the key length from the tensors (``Plan.any_key_length``) serves all of its
+    calls once made, where a key with S_k in it would validate and plan every step anew. The key length's bucket
+    in the dispatch table (``seq_bucket``) stays in the key, so that a call is decided by its own table entry.
+    Packed by C++ where it covers the call; None for arguments that cannot be keyed so (not 4-d tensors, an empty
+    key axis, k and v or key_padding_mask of other key lengths): the full path then validates them.
+
+    Example:
+        >>> q, k = torch.randn(1, 2, 1, 16), torch.randn(1, 2, 100, 16)
+        >>> any_length_key(q, k, k, None, None, "lower_right", None, "auto", None) == any_length_key(
+        ...     q, k[:, :, :99], k[:, :, :99], None, None, "lower_right", None, "auto", None)
+        True
+    """
+    call = (q, k, v, key_padding_mask, key_lengths, causal, scale, backend, precision, window, softcap, alibi_slopes)
+    if _packed_any_length_key is not None:
+        try:
+            packed = _packed_any_length_key(*call)
+        except (AttributeError, TypeError):
+            packed = None
+        if packed is not None:
+            return packed
     try:
-        key = fast_signature(*call)
-        return signature(*call) if key is None else key
-    except (AttributeError, TypeError):
+        if q.dim() != 4 or k.dim() != 4 or v.dim() != 4 or not fits_any_length_plan(k, v, key_padding_mask):
+            return None
+        seq_k = k.shape[2]
+        masks = () if key_padding_mask is None else (
+            key_padding_mask.shape[:1] + key_padding_mask.shape[2:], key_padding_mask.dtype, key_padding_mask.device)
+        return key_of("attention/any_key_length", q, *(t.shape[:2] + t.shape[3:] for t in (k, v)), k.dtype, k.device,
+                      v.dtype, v.device, masks, seq_bucket(max(q.shape[2], seq_k)), key_lengths, causal, scale,
+                      backend, precision, window, softcap, alibi_slopes)
+    except (AttributeError, TypeError, IndexError, ValueError):
         return None
+
+
+def entry_of(key: Any) -> str:
+    """The entry a key of the plan cache belongs to (``PlanKey``'s first field; a packed key's first byte).
+
+    Example:
+        >>> entry_of(key_of("kvcache", 1)), entry_of(attention_key(*(torch.randn(1, 1, 4, 16),) * 3, None, None,
+        ...                                                         False, None, "auto", None))
+        ('kvcache', 'attention')
+    """
+    if isinstance(key, bytes):
+        return "attention/any_key_length" if key[:1] == _ANY_LENGTH_TAG else "attention"
+    return key[0]
+
+
+# The first byte of a packed any_length_key (plan_key.cpp's kAnyLength); a packed attention_key starts with q's tag.
+_ANY_LENGTH_TAG = bytes([7])
 
 
 def replay_by_python_key(plans: dict, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                          key_padding_mask: Optional[torch.Tensor], key_lengths: Optional[torch.Tensor], causal: Any,
                          scale: Any, backend: str, precision: Any, window: Any, softcap: Any,
                          alibi_slopes: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-    """``replay`` with the key built in Python: the output of the plan ``plan`` keeps for this call's
-    ``signature``, or None when there is none (or the arguments cannot be keyed: validation then names them)."""
-    try:
-        plan = plans.get(signature(q, k, v, key_padding_mask, key_lengths, causal, scale, backend, precision, window,
-                                   softcap, alibi_slopes))
-    except (AttributeError, TypeError):
-        return None
+    """``replay`` with the keys built in Python: the output of the plan ``plans`` keeps for this call's
+    ``key_of("attention", ...)``, else for its key without the key length; None when there is none (or the
+    arguments cannot be keyed: validation then names them)."""
+    call = (q, k, v, key_padding_mask, key_lengths, causal, scale, backend, precision, window, softcap, alibi_slopes)
+    plan = plans.get(key_of("attention", *call))
     if plan is None:
-        return None
+        key = any_length_key(*call)
+        plan = None if key is None else plans.get(key)
+        if plan is None:
+            return None
     key_mask = key_padding_mask if key_lengths is None else key_lengths
     # A dense plan may run SDPA itself, whose fourth parameter is attn_mask (None here) and fifth dropout.
     return plan.run(q, k, v, key_mask) if alibi_slopes is None else plan.run(q, k, v, key_mask, alibi_slopes)
@@ -145,70 +228,22 @@ def _replay_in_python(plans: dict, fallback: Callable[..., Optional[torch.Tensor
     return fallback(plans, *call)
 
 
-# replay(plans, replay_by_python_key, <signature's twelve arguments>): the output of the kept plan of a call, or
-# None when it has none. In C++ (``flashlite._native.replay``) the key, the lookup and the plan's call are one C
+# replay(plans, replay_by_python_key, <attention_key's twelve arguments>): the output of the kept plan of a call, or
+# None when it has none. In C++ (``flashlite._native.replay``) the keys, the lookups and the plan's call are one C
 # call, which hands the calls its key does not cover to ``replay_by_python_key``; without the extension, that
 # function alone.
 replay: Callable[..., Optional[torch.Tensor]] = _native.replay or _replay_in_python
 
 
-class SizesKey(tuple):
-    """``sizes_key``'s key: a tuple of its own class, so that it never equals a ``signature``."""
-
-    __slots__ = ()
-
-
-def sizes_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: Optional[torch.Tensor],
-              key_lengths: Optional[torch.Tensor], causal: Any, scale: Any, backend: str, precision: Any,
-              window: Any = None, softcap: Any = None, alibi_slopes: Optional[torch.Tensor] = None
-              ) -> Optional[SizesKey]:
-    """The key of a call without its key length: calls that differ only in S_k (and so in the strides of k, v and
-    key_padding_mask, as a cache grown by ``torch.cat`` has) share it. A decoding loop's key length grows by one
-    per call; a plan whose run reads the key length from the tensors (``Plan.any_key_length``) serves all of its
-    calls once made, where a key with S_k in it would validate and plan every step anew. The key length's bucket
-    in the dispatch table (``seq_bucket``) stays in the key, so that a call is decided by its own table entry.
-    None for arguments that cannot be keyed so (not tensors, not hashable, an empty key axis): the full path then
-    validates them.
-
-    Example:
-        >>> q, k = torch.randn(1, 2, 1, 16), torch.randn(1, 2, 100, 16)
-        >>> sizes_key(q, k, k, None, None, "lower_right", None, "auto", None) == sizes_key(
-        ...     q, k[:, :, :99], k[:, :, :99], None, None, "lower_right", None, "auto", None)
-        True
-    """
-    try:
-        k_shape, v_shape = k.shape, v.shape
-        key = (q.shape, q.stride(), q.dtype, q.device, k_shape[:2], k_shape[3:], k.dtype, k.device, v_shape[:2],
-               v_shape[3:], v.dtype, v.device, seq_bucket(max(q.shape[2], k_shape[2])), causal, causal.__class__,
-               scale, scale.__class__, backend, precision, _mask_signature(key_lengths),
-               _mask_signature(alibi_slopes), window, None if window is None else tuple(map(type, window)),
-               softcap, softcap.__class__)
-        if key_padding_mask is not None:
-            key += (key_padding_mask.shape[:1], key_padding_mask.shape[2:], key_padding_mask.dtype,
-                    key_padding_mask.device)
-        hash(key)
-    except (AttributeError, TypeError, IndexError, ValueError):
-        return None
-    return SizesKey(key)
-
-
-class CacheKey(tuple):
-    """The key of an ``attention_with_kvcache`` plan (``kvcache._plan_key``): a tuple of its own class, so that it
-    never equals an ``attention()`` key in the one plan cache."""
-
-    __slots__ = ()
-
-
 def fits_any_length_plan(k: torch.Tensor, v: torch.Tensor, key_padding_mask: Optional[torch.Tensor]) -> bool:
-    """What validation checks of a call's key length beyond ``sizes_key``: k and v of one length, and a
+    """What validation checks of a call's key length beyond ``any_length_key``: k and v of one length, and a
     key_padding_mask [B, S_k] of it."""
     seq_k = k.shape[2]
     return v.shape[2] == seq_k and (key_padding_mask is None or key_padding_mask.shape[1] == seq_k)
 
 
-# Plans by signature (a ``signature`` tuple or a ``fast_signature`` bytes key), and plans that serve every key
-# length also by ``sizes_key``. Past MAX_PLANS distinct signatures,
-# new ones are validated and decided on every call.
+# Plans by key (``attention_key``, ``key_of``), and plans that serve every key length also by ``any_length_key``.
+# Past MAX_PLANS distinct keys, new calls are validated and decided on every call.
 _PLANS: dict[Any, Plan] = {}
 MAX_PLANS = 4096
 
@@ -218,13 +253,13 @@ def has_room() -> bool:
     return len(_PLANS) < MAX_PLANS
 
 
-def keep(key: Optional[tuple], plan: Plan, any_length_key: Optional[SizesKey] = None) -> Plan:
-    """Keep ``plan`` for ``key`` while there is room, and for ``any_length_key`` too where the plan serves every
-    key length; returns the plan, or, where it is not kept, a copy that records nothing (a recording is kept
-    only by a plan that later calls find)."""
+def keep(key: Optional[Any], plan: Plan, length_free_key: Optional[Any] = None) -> Plan:
+    """Keep ``plan`` for ``key`` while there is room, and for ``length_free_key`` (the call's ``any_length_key``)
+    too where the plan serves every key length; returns the plan, or, where it is not kept, a copy that records
+    nothing (a recording is kept only by a plan that later calls find)."""
     if key is None or not has_room():
         return replace(plan, record=False) if plan.record else plan
     _PLANS[key] = plan
-    if any_length_key is not None and plan.any_key_length:
-        _PLANS[any_length_key] = plan
+    if length_free_key is not None and plan.any_key_length:
+        _PLANS[length_free_key] = plan
     return plan

@@ -36,7 +36,7 @@ def _visibility_mask(q: torch.Tensor, k: torch.Tensor, key_mask: Optional[torch.
 
 def _diagonal_shift(problem: Problem, seq_q: int, seq_k: int) -> int:
     """i' - i: how far query row i's diagonal sits from key i (S_k - S_q for bottom-right causal, else 0). The sizes
-    are the call's own: a plan serves calls of every key length (``plan.sizes_key``), so its problem's may be
+    are the call's own: a plan serves calls of every key length (``plan.any_length_key``), so its problem's may be
     another call's."""
     return seq_k - seq_q if problem.causal_mode == CAUSAL_BOTTOM_RIGHT else 0
 

@@ -4,8 +4,9 @@ Every launch belongs to a ``Plan`` (``plan``): its config comes from the plan (f
 for the plan's tuning key, asked once), and on CUDA its first launch with a known config is recorded in the plan so
 that later calls replay the compiled kernel with their own tensors (``flashlite._direct_launch``). Each launch
 site names its kernel's leading tensors once, in one tuple, for the ordinary launch, the recording and the replay.
-The public launcher ``attention_forward`` (what the custom ops call) checks its flat arguments and keeps a plan
-per signature too (``_launcher_plan``, which the backward's launcher shares). A plan whose forward the Gluon kernel
+The public launcher ``attention_forward`` checks its flat arguments and keeps a plan per signature too
+(``_launcher_plan``, which the backward's launcher shares; the custom ops run the plans of the eager calls they
+stand for instead: ``decide.op_plan``). A plan whose forward the Gluon kernel
 runs (sm_90, where it measured faster: ``gluon``) launches it there instead of the pointer kernel. The backward
 launches are ``triton_bwd``'s. Imports ``problem``, ``plan`` and ``gluon``.
 """
@@ -15,7 +16,7 @@ from typing import Any, Optional
 
 import torch
 
-from flashlite import _direct_launch, _env, _native, _runtime
+from flashlite import _direct_launch, _env, _runtime
 from flashlite.attn import gluon as launch_gluon, gluon_bwd as launch_gluon_bwd, plan as plans
 from flashlite.attn.plan import Plan
 from flashlite.attn.problem import _CAUSAL_ARGUMENT, _TRITON_ERROR, Problem, kernel_unsupported, validate
@@ -215,54 +216,18 @@ def _launch(kernel: Any, site: Any, plan: Plan, grid: Any, tensors: tuple, scala
         fixed[grid](*args, **meta)
 
 
-# Launcher keys packed in C++ start with this, so that no attention() key (which starts with q's tag) can equal one:
-# the two kinds share the plan cache, and an attention() call must never replay a launcher plan.
-_LAUNCHER_KEY_PREFIX = b"launcher\0"
-
-
-def _launcher_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: Optional[torch.Tensor],
-                  key_lengths: Optional[torch.Tensor], causal_mode: int, scale: float, precision: str,
-                  window_left: int, window_right: int, softcap: float,
-                  alibi_slopes: Optional[torch.Tensor]) -> Any:
-    """The plan key of a direct launcher call (what compiled graphs' attention ops call on every call): packed in
-    C++ where it covers the call (0.4-0.7 us against 1.2 us for the tuple, whose lookup then hashes it too, on the
-    development CPU: benchmarks/results/cpu-host-2026-12-04/launcher_key_cost/ at commit 8ca4529), in attention()'s key
-    layout with
-    the launcher's arguments in its slots (causal_mode as its causal argument, the window as a pair);
-    else the tuple, the variant arguments in its precision slot with their classes. Raises AttributeError or
-    TypeError for arguments that are not tensors or not hashable."""
-    if (_native.plan_key is not None and causal_mode.__class__ is int and window_left.__class__ is int
-            and window_right.__class__ is int):  # exact ints: True == 1, and the tuple key keeps their classes
-        causal = _CAUSAL_ARGUMENT.get(causal_mode)
-        if causal is not None:  # None: a mode attention() has no argument for, or not a mode at all
-            packed = _native.plan_key(q, k, v, key_padding_mask, key_lengths, causal, scale, "launcher", precision,
-                                      (window_left, window_right), softcap, alibi_slopes)
-            if packed is not None:  # None: an argument the C++ key does not cover (a float subclass, ...)
-                return _LAUNCHER_KEY_PREFIX + packed
-    # The variant arguments join the key inside its precision slot (plans.signature takes no more): the window
-    # sides, softcap with its class (as causal and scale), and the slopes' layout, whose strides a recorded launch
-    # replays.
-    slopes = None if alibi_slopes is None else (alibi_slopes.shape, alibi_slopes.stride(), alibi_slopes.dtype,
-                                                alibi_slopes.device)
-    variant = (precision, window_left, window_left.__class__, window_right, window_right.__class__, softcap,
-               softcap.__class__, slopes)
-    return plans.signature(q, k, v, key_padding_mask, key_lengths, causal_mode, scale, "launcher", variant)
-
-
 def _launcher_plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: Optional[torch.Tensor],
                    key_lengths: Optional[torch.Tensor], causal_mode: int, scale: float, precision: str,
                    window_left: int, window_right: int, softcap: float, alibi_slopes: Optional[torch.Tensor],
                    configs: dict) -> Plan:
-    """The plan of a direct launcher call: checked and kept per signature, or, with forced configs, made for
-    this call alone."""
+    """The plan of a direct launcher call (``attention_forward``, ``triton_bwd.attention_backward``): checked and
+    kept per signature under the cache's "launcher" entry, or, with forced configs, made for this call alone."""
     key = None
     if not configs:
-        try:
-            key = _launcher_key(q, k, v, key_padding_mask, key_lengths, causal_mode, scale, precision, window_left,
-                                window_right, softcap, alibi_slopes)
-            plan = plans._PLANS.get(key)
-        except (AttributeError, TypeError):  # not tensors, or unhashable arguments: the check names the problem
-            key = plan = None
+        # The launchers' own entry of the plan cache: their plans have no run, so no attention() call may find one.
+        key = plans.key_of("launcher", q, k, v, key_padding_mask, key_lengths, causal_mode, scale, precision,
+                           window_left, window_right, softcap, alibi_slopes)
+        plan = None if key is None else plans._PLANS.get(key)
         if plan is not None:
             return plan
     problem = _check_launch(q, k, v, key_padding_mask, key_lengths, causal_mode, scale, precision, window_left,

@@ -4,11 +4,15 @@ The sequences lie end to end: q [total_q, H, D], k and v [total_k, H_kv, D], ``c
 int32 [batch + 1] starts (the first 0, the last the total). The kernel reads the starts itself (its VARLEN mode,
 ``flashlite.kernels.attention_common``), so a call costs no padding and no device synchronisation. The SDPA path,
 for where the kernel cannot run, pads on the device (scatter and gather, no synchronisation either) and masks the
-padding. Imports ``problem``, ``plan``, ``triton`` and ``sdpa``.
+padding. A call's plan (its problem and decision) is kept in the one plan cache under the "varlen" entry; what
+changes from batch to batch (the offsets' values, the token counts) is data of the call, checked per call, not part
+of the key. The custom ops find the plan of the eager call their flat arguments stand for. Imports ``problem``,
+``plan``, ``triton``, ``triton_bwd``, ``sdpa`` and ``decide``.
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Optional, Union
 
 import torch
@@ -17,12 +21,13 @@ from flashlite import _ops
 from flashlite.attn.decide import decide
 from flashlite.attn.triton import launch_forward, packed_view
 from flashlite.attn.triton_bwd import check_backward_tensors, launch_backward
+from flashlite.attn import plan as plans
 from flashlite.attn.plan import Plan
 from flashlite.attn.sdpa import sdpa_attention
-from flashlite.attn.problem import (_CAUSAL_ARGUMENT, CAUSAL_BOTTOM_RIGHT, Problem, check_constant_slopes,
-                                    check_offsets, kernel_unsupported, validate_varlen, value_checks_asked)
+from flashlite.attn.problem import (_CAUSAL_ARGUMENT, _NATIVE_PRECISION, CAUSAL_BOTTOM_RIGHT, DEFAULT_FP32_PRECISION,
+                                    Problem, check_constant_slopes, check_offsets, kernel_size_limit,
+                                    validate_varlen, value_checks_asked, value_checks_wanted)
 from flashlite._double_backward import recomputed_gradients
-from flashlite.dispatch import Decision
 
 
 @torch.library.custom_op("flashlite::varlen_checked_offsets", mutates_args=())
@@ -101,20 +106,21 @@ def _op_plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: to
              cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal_mode: int, scale: float,
              precision: str, window_left: int, window_right: int, softcap: float,
              alibi_slopes: Optional[torch.Tensor]) -> Plan:
-    """The plan of an op call, its flat arguments checked as ``attention_varlen`` checks them: the ops are public
-    through torch.ops, and a too small ``max_seqlen_q`` sizes the log-sum-exp below what the kernels write."""
-    if causal_mode not in _CAUSAL_ARGUMENT:
+    """The plan of an op call: that of the eager call ``attention_varlen(..., backend="triton")`` the flat arguments
+    stand for (the ops' flat defaults read as its defaults), found or made under its key, with the same per-call
+    checks: the ops are public through torch.ops, and a too small ``max_seqlen_q`` sizes the log-sum-exp below what
+    the kernels write."""
+    if causal_mode.__class__ is not int or causal_mode not in _CAUSAL_ARGUMENT:
         raise ValueError(f"causal_mode must be 0, 1 or 2, got {causal_mode!r}")
-    window = None if (window_left, window_right) == (-1, -1) else (window_left, window_right)
-    problem = validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                              _CAUSAL_ARGUMENT[causal_mode], scale, window, None if softcap == 0.0 else softcap,
-                              alibi_slopes, precision if q.dtype == torch.float32 else None, None)
-    if precision != problem.precision:
-        raise ValueError(f"precision {precision!r} does not fit {q.dtype} inputs (expected {problem.precision!r})")
-    reason = kernel_unsupported(*(packed_view(t, problem.batch) for t in (q, k, v)), None)
-    if reason is not None:
-        raise ValueError(f"the Triton kernel cannot run this call: {reason}")
-    return Plan(problem, Decision("triton", "a torch.compile'd graph"))
+    native = _NATIVE_PRECISION.get(q.dtype) if isinstance(q, torch.Tensor) else None
+    if native is not None and precision != native:
+        raise ValueError(f"precision {precision!r} does not fit {q.dtype} inputs (expected {native!r})")
+    default_scale = isinstance(q, torch.Tensor) and q.dim() == 3 and scale == 1.0 / math.sqrt(q.shape[2])
+    return _plan(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, _CAUSAL_ARGUMENT[causal_mode],
+                 None if default_scale else scale,
+                 None if (window_left, window_right) == (-1, -1) else (window_left, window_right),
+                 None if softcap == 0.0 else softcap, alibi_slopes, "triton",
+                 None if precision == (native or DEFAULT_FP32_PRECISION) else precision, None)
 
 
 @torch.library.custom_op("flashlite::attention_varlen_forward", mutates_args=())
@@ -254,21 +260,16 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
         >>> attention_varlen(q, k, v, cu, cu, 7, 7, causal=True, backend="sdpa").shape
         torch.Size([9, 4, 16])
     """
-    problem = validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
-                              window, softcap, alibi_slopes, precision, check_values)
-    if backend not in ("auto", "triton", "sdpa"):
-        raise ValueError(f"backend must be one of ('auto', 'triton', 'sdpa'), got {backend!r}")
+    plan = _plan(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, window, softcap,
+                 alibi_slopes, backend, precision, check_values)
     if alibi_slopes is not None:  # as attention(): constants on every backend (the kernels give them no gradient)
         check_constant_slopes(alibi_slopes)
-    p = problem
+    p = problem = plan.problem
     if torch.compiler.is_compiling() and value_checks_asked(check_values, cu_seqlens_q):
         # validate_varlen could not read traced offsets: the graph checks them when it runs, by the eager rule.
         cu_seqlens_q, cu_seqlens_k = checked_offsets_op(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], p.seq_q,
                                                         p.seq_k)
-    # The table keys on (sequences, heads, the longest sequence, head dim): a stride-0 stand-in of those sizes.
-    table_q = q[:1].transpose(0, 1)[None, :, :1].expand(p.batch, p.heads, p.seq_q, p.head_dim)
-    decision = decide(*(packed_view(t, p.batch) for t in (q, k, v)), None, p, backend, table_q=table_q)
-    if decision.backend == "sdpa":
+    if plan.decision.backend == "sdpa":
         return _sdpa_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, problem)
     # The kernels read the starts at offset b: a strided view is copied ([batch + 1] elements).
     cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
@@ -276,9 +277,63 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
         return attention_varlen_forward_op(q, k, v, cu_seqlens_q, cu_seqlens_k, p.seq_q, p.seq_k, p.causal_mode,
                                            p.scale, p.precision, p.window_left, p.window_right, p.softcap,
                                            alibi_slopes)[0]
-    plan = Plan(problem, decision)  # the Gluon kernels take no packed sequences: gluon and gluon_bwd stay False
     inputs = (q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes)
     if _ops.needs_grad((q, k, v)):
         return _EagerVarlenAttention.apply(*inputs, plan)[0]
     return _varlen_forward(*inputs, plan, need_lse=False)[0]
 
+
+def _plan_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+              cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, *options: object
+              ) -> Optional[plans.PlanKey]:
+    """The key of a packed call, the plan cache's "varlen" entry: q, k and v without their token counts (which
+    change with every batch of sequences), the offsets' layouts (not their values), the maxima (they size the
+    launch's grid and log-sum-exp) and the options with their classes. None where the arguments cannot be keyed:
+    validation then names them.
+
+    Example:
+        >>> q = torch.randn(9, 4, 16)
+        >>> cu = torch.tensor([0, 2, 9], dtype=torch.int32)
+        >>> call = (7, 7, True, None, None, None, None, "auto", None)
+        >>> _plan_key(q, q, q, cu, cu, *call) == _plan_key(q[:8], q[:8], q[:8], cu - 0, cu.clone(), *call)
+        True
+    """
+    try:
+        tokens = tuple((t.shape[1:], t.stride(), t.dtype, t.device) for t in (q, k, v))
+    except (AttributeError, TypeError):
+        return None
+    return plans.key_of("varlen", *tokens, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *options)
+
+
+def _plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+          max_seqlen_q: int, max_seqlen_k: int, causal: Union[bool, str], scale: Optional[float],
+          window: Optional[tuple[int, int]], softcap: Optional[float], alibi_slopes: Optional[torch.Tensor],
+          backend: str, precision: Optional[str], check_values: Optional[bool]) -> Plan:
+    """The plan of a packed call: kept under its key (``_plan_key``), else validated, decided and kept. A kept plan
+    still checks per call what its key leaves out: the token counts (not empty; within the kernel's 32-bit offsets
+    where it runs the kernel) and, as ``check_values`` says, the offsets' values."""
+    compiling = torch.compiler.is_compiling()
+    key = None if compiling else _plan_key(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                                           scale, window, softcap, alibi_slopes, backend, precision)
+    plan = None if key is None else plans._PLANS.get(key)
+    if plan is not None and q.shape[0] and k.shape[0] and (
+            plan.decision.backend != "triton"
+            or kernel_size_limit(*(packed_view(t, plan.problem.batch) for t in (q, k, v)), None) is None):
+        if value_checks_wanted(check_values, cu_seqlens_q):
+            check_offsets("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q, "max_seqlen_q")
+            check_offsets("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k, "max_seqlen_k")
+        return plan
+    problem = validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
+                              window, softcap, alibi_slopes, precision, check_values)
+    if backend not in ("auto", "triton", "sdpa"):
+        raise ValueError(f"backend must be one of ('auto', 'triton', 'sdpa'), got {backend!r}")
+    p = problem
+    # The table keys on (sequences, heads, the longest sequence, head dim): a stride-0 stand-in of those sizes.
+    table_q = q[:1].transpose(0, 1)[None, :, :1].expand(p.batch, p.heads, p.seq_q, p.head_dim)
+    decision = decide(*(packed_view(t, p.batch) for t in (q, k, v)), None, p, backend, table_q=table_q)
+    # The Gluon kernels take no packed sequences: gluon and gluon_bwd stay False. A plan decided for token counts
+    # past the kernel's size limit is not kept: a shorter call of the same key may run the kernel.
+    plan = Plan(problem, decision)
+    if kernel_size_limit(*(packed_view(t, p.batch) for t in (q, k, v)), None) is None:
+        plans.keep(key, plan)
+    return plan

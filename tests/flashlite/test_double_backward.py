@@ -300,10 +300,10 @@ def test_ordinary_backward_does_not_recompute(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("recompute ran for an ordinary backward")
 
-    import flashlite.attn.ops as ops
+    import flashlite.attn.run as run
     import flashlite.attn.varlen as varlen
     import flashlite.norm as norm
-    monkeypatch.setattr(ops, "recomputed_gradients", refuse)
+    monkeypatch.setattr(run, "recomputed_gradients", refuse)
     monkeypatch.setattr(varlen, "recomputed_gradients", refuse)
     monkeypatch.setattr(norm, "layer_norm_gradients", refuse)
     monkeypatch.setattr(norm, "bias_gelu_gradients", refuse)

@@ -407,8 +407,8 @@ def test_torch_compile_with_the_cpp_wrapper_runs_the_attention_op_against_float6
     # what the layer runs under torch.compile on a CUDA device.
     import flashlite.attn.ops as ops_module
     launched = []
-    forward = ops_module.attention_forward
-    monkeypatch.setattr(ops_module, "attention_forward", lambda *a, **kw: launched.append(1) or forward(*a, **kw))
+    forward = ops_module.launch_forward
+    monkeypatch.setattr(ops_module, "launch_forward", lambda *a, **kw: launched.append(1) or forward(*a, **kw))
     torch.manual_seed(7)
     layer = TransformerLayer(32, 2, n_kv_heads=1, attention_backend="triton", fusions=(), device=DEVICE,
                              **MODES["mixed-fp16"]).eval()

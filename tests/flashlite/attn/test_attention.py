@@ -486,7 +486,7 @@ def test_repeated_calls_replay_the_plan_and_never_a_stale_one():
     q, k, v = (torch.randn(1, 2, 24, 16, device=DEVICE, generator=gen) for _ in range(3))
     for backend in ("sdpa", "triton"):
         first = attention(q, k, v, causal=True, backend=backend)
-        key = plans_module.fast_signature(q, k, v, None, None, True, None, backend, None, None, None, None)
+        key = plans_module.attention_key(q, k, v, None, None, True, None, backend, None, None, None, None)
         assert plans_module._PLANS[key].decision.backend == backend
         again = attention(q, k, v, causal=True, backend=backend)
         torch.testing.assert_close(again, first, rtol=0, atol=0)

@@ -172,6 +172,7 @@ def test_strided_inputs_and_offsets_give_the_contiguous_result_and_nothing_is_mo
 def test_auto_follows_the_dispatch_and_falls_back_to_sdpa(monkeypatch):
     import flashlite.attn.varlen as varlen_module
     from flashlite.dispatch import Decision
+    monkeypatch.setattr(importlib.import_module("flashlite.attn.plan"), "_PLANS", {})  # no plan decided before
     q, k, v, cu_q, cu_k, max_q, max_k = packed(torch.float32, seed=6)
     used, asked = [], []
     monkeypatch.setattr(varlen_module, "_sdpa_varlen", lambda *a: used.append("sdpa") or q.new_zeros(q.shape))
@@ -198,6 +199,29 @@ def test_auto_follows_the_dispatch_and_falls_back_to_sdpa(monkeypatch):
 
 def test_public_name():
     assert flashlite.attention_varlen is attention_varlen
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "triton"])
+def test_a_kept_plan_serves_other_offsets_and_token_counts_and_still_checks_them(monkeypatch, backend):
+    # Batches of packed sequences differ in their offsets and token counts: data of each call, not of its plan. A
+    # call of the same key (layouts, maxima, options) is not validated and decided again, but its offsets are
+    # still checked, and its result is its own.
+    import flashlite.attn.varlen as varlen_module
+    monkeypatch.setattr(importlib.import_module("flashlite.attn.plan"), "_PLANS", {})
+    validated = []
+    validate = varlen_module.validate_varlen
+    monkeypatch.setattr(varlen_module, "validate_varlen", lambda *a: validated.append(1) or validate(*a))
+    for seed, lengths in enumerate([[(20, 20), (44, 30)], [(44, 9), (3, 30)], [(7, 30), (44, 1)]]):
+        q, k, v, cu_q, cu_k, max_q, max_k = packed(torch.float32, seed=seed, lengths=lengths)
+        out = attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal="lower_right", backend=backend,
+                               precision="ieee")
+        *_, expected = reference(q, k, v, cu_q, cu_k, causal="lower_right")
+        assert_close(out, expected.to(out.device), policy="fp32")
+    assert validated == [1]
+    bad = torch.tensor([0, q.shape[0] + 9, q.shape[0]], dtype=torch.int32, device=DEVICE)  # same layout, decreasing
+    with pytest.raises(ValueError, match="never decrease"):
+        attention_varlen(q, k, v, bad, cu_k, max_q, max_k, causal="lower_right", backend=backend, precision="ieee",
+                         check_values=True)
 
 
 @pytest.mark.parametrize("change, error, match", [

@@ -1,7 +1,9 @@
-"""attention()'s plan key: the C++ key (``flashlite._native``) tells calls apart exactly as the Python key does, covers
-every plain call, and leaves what it does not cover to the Python key; the C++ replay (key, lookup and the plan's
-call in one) answers as the Python replay does; without a compiler flashlite still runs. The launchers' plan key
-(what compiled graphs' attention ops call) likewise, and apart from every attention() key."""
+"""The plan cache's keys: the C++ forms of attention()'s key and of its key without the key length
+(``flashlite._native``) tell calls apart exactly as the one Python key builder (``plan.key_of``) does, cover every
+plain call, and leave what they do not cover to the Python key; the C++ replay (keys, lookups and the plan's call
+in one) answers as the Python replay does; without a compiler flashlite still runs. Keys of other entries (the flat
+launchers, the KV cache) never equal an attention() key, and the custom ops find the plan of the eager call they
+stand for."""
 import os
 import random
 import subprocess
@@ -91,9 +93,10 @@ def test_the_cpp_key_tells_calls_apart_exactly_as_the_python_key_does():
         base = _random_call(rng)
         # The same signature with fresh data (equal keys), and two calls per argument that differ in it alone.
         calls += [base, [a.clone() if isinstance(a, torch.Tensor) else a for a in base]]
-        calls += [changed for index in range(len(ARGUMENT_NAMES)) for changed in _two_calls_changed_in(rng, base, index)]
+        calls += [changed for index in range(len(ARGUMENT_NAMES))
+                  for changed in _two_calls_changed_in(rng, base, index)]
     native = [_native.plan_key(*call) for call in calls]
-    python = [plans_module.signature(*call) for call in calls]
+    python = [plans_module.key_of("attention", *call) for call in calls]
     assert all(isinstance(key, bytes) for key in native), "every plain call is covered by the C++ key"
     disagreements = [(i, j) for i in range(len(calls)) for j in range(i)
                      if (native[i] == native[j]) != (python[i] == python[j])]
@@ -137,7 +140,7 @@ def test_attention_keys_its_plans_in_cpp_and_subclasses_in_python(monkeypatch):
     assert isinstance(key, bytes)
     out = attention(*(t.as_subclass(_SubTensor) for t in (q, k, v)), causal=True, backend="sdpa")
     torch.testing.assert_close(out, expected, rtol=0, atol=0)
-    assert sorted(type(key).__name__ for key in plans_module._PLANS) == ["bytes", "tuple"]
+    assert sorted(type(key).__name__ for key in plans_module._PLANS) == ["PlanKey", "bytes"]
 
 
 def test_a_window_side_given_as_a_bool_is_refused_after_its_int_twin_made_a_plan(monkeypatch):
@@ -153,7 +156,8 @@ def test_a_window_side_given_as_a_bool_is_refused_after_its_int_twin_made_a_plan
 
 def _python_key_alone(monkeypatch) -> None:
     """Key, keep and replay every plan with the Python key, as flashlite does without the extension."""
-    monkeypatch.setattr(plans_module, "fast_signature", plans_module.signature)
+    monkeypatch.setattr(plans_module, "_packed_key", None)
+    monkeypatch.setattr(plans_module, "_packed_any_length_key", None)
     monkeypatch.setattr(api_module, "_replay", plans_module._replay_in_python)
 
 
@@ -175,13 +179,16 @@ def test_the_cpp_replay_runs_the_plan_the_python_replay_runs_with_the_same_argum
         call = _random_call(rng)
         native_plan, python_plan = _RecordingPlan(), _RecordingPlan()
         native_out = _native.replay({_native.plan_key(*call): native_plan}, plans_module.replay_by_python_key, *call)
-        python_out = plans_module.replay_by_python_key({plans_module.signature(*call): python_plan}, *call)
+        python_out = plans_module.replay_by_python_key({plans_module.key_of("attention", *call): python_plan}, *call)
         assert isinstance(native_out, torch.Tensor) and isinstance(python_out, torch.Tensor)
         (native_args,), (python_args,) = native_plan.calls, python_plan.calls
-        # q, k, v, the key mask (key_lengths when given, else key_padding_mask), then the slopes when given.
+        # q, k, v, the key mask (key_lengths when given, else key_padding_mask), then the slopes when given; C++
+        # leaves trailing Nones off.
         expected = call[:3] + [call[3] if call[4] is None else call[4]] + ([] if call[11] is None else [call[11]])
-        assert len(native_args) == len(python_args) == len(expected)
-        assert all(a is b is c for a, b, c in zip(native_args, python_args, expected))
+        assert len(python_args) == len(expected)
+        assert all(a is b for a, b in zip(python_args, expected))
+        trimmed = expected[:3] + [t for t in expected[3:] if t is not None] if call[11] is None else expected
+        assert len(native_args) == len(trimmed) and all(a is b for a, b in zip(native_args, trimmed))
 
 
 @needs_native
@@ -213,52 +220,95 @@ def test_an_error_in_the_plans_run_reaches_the_caller_through_the_cpp_replay():
         _native.replay({_native.plan_key(*call): _FailingPlan()}, plans_module.replay_by_python_key, *call)
 
 
-@needs_native
-def test_the_launcher_key_tells_calls_apart_as_its_python_key_does(monkeypatch):
-    # Each call differs from the first in one argument (a value, its class, a tensor's strides, a mask or slopes
-    # given); some give back the first's arguments in fresh tensors. The C++ key must make the same classes of
-    # equal calls as the Python key, which holds every argument with its class.
-    q, k, v = (torch.randn(2, 4, 8, 16) for _ in range(3))
-    base = dict(q=q, k=k, v=v, key_padding_mask=None, key_lengths=None, causal_mode=1, scale=0.25, precision="ieee",
-                window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None)
-    wide = torch.randn(2, 4, 8, 19)[..., :16]
-    changes = [{}, dict(q=torch.randn(2, 4, 8, 16)), dict(causal_mode=0), dict(causal_mode=2), dict(causal_mode=3),
-               dict(causal_mode=True), dict(scale=0.5), dict(scale=1), dict(precision="tf32"), dict(window_left=3),
-               dict(window_right=2), dict(window_left=True), dict(softcap=30.0), dict(softcap=0), dict(k=wide),
-               dict(key_padding_mask=torch.ones(2, 8, dtype=torch.bool)),
-               dict(key_lengths=torch.tensor([8, 3])), dict(alibi_slopes=torch.rand(4)),
-               dict(alibi_slopes=torch.rand(2, 4)), dict(alibi_slopes=torch.rand(4))]
-    calls = [{**base, **change} for change in changes]
-    cpp = [launch_module._launcher_key(**call) for call in calls]
-    assert all(isinstance(key, bytes) for key, call in zip(cpp, calls)
-               if call["causal_mode"].__class__ is int and call["causal_mode"] != 3
-               and call["window_left"].__class__ is int and call["scale"].__class__ is float
-               and call["softcap"].__class__ is float)
-    monkeypatch.setattr(launch_module, "_native", type("NoExtension", (), {"plan_key": None}))
-    python = [launch_module._launcher_key(**call) for call in calls]
-    assert not any(isinstance(key, bytes) for key in python)
-    for i in range(len(calls)):
-        for j in range(len(calls)):
-            assert (cpp[i] == cpp[j]) == (python[i] == python[j]), (changes[i], changes[j])
-    assert cpp[0] == cpp[1] and cpp[0] != cpp[2] and cpp[17] == cpp[19] != cpp[18]
+def _without_key_length(call: list, seq_k: int) -> list:
+    """``call`` with k, v (and key_padding_mask) cut to their first ``seq_k`` keys."""
+    cut = list(call)
+    cut[1], cut[2] = call[1][:, :, :seq_k], call[2][:, :, :seq_k]
+    if call[3] is not None:
+        cut[3] = call[3][:, :seq_k]
+    return cut
 
 
 @needs_native
+def test_the_cpp_key_without_the_key_length_tells_calls_apart_as_the_python_one_does(monkeypatch):
+    rng = random.Random()
+    calls, pairs = [], []
+    for _ in range(6):
+        base = _random_call(rng)
+        # Another key length (same bucket) must give the same key; every other change, another key.
+        pairs.append(len(calls))
+        calls += [base, _without_key_length(base, base[1].shape[2] - 1)]
+        calls += [changed for index in range(len(ARGUMENT_NAMES)) for changed in _two_calls_changed_in(rng, base, index)
+                  if changed[1].dim() == 4 and changed[1].shape == changed[2].shape
+                  and (changed[3] is None or changed[3].shape[1:] == changed[1].shape[2:3])]
+    native = [plans_module.any_length_key(*call) for call in calls]
+    monkeypatch.setattr(plans_module, "_packed_any_length_key", None)
+    python = [plans_module.any_length_key(*call) for call in calls]
+    assert all(isinstance(key, bytes) for key in native) and not any(isinstance(key, bytes) for key in python)
+    assert all(plans_module.entry_of(key) == "attention/any_key_length" for key in native + python)
+    disagreements = [(i, j) for i in range(len(calls)) for j in range(i)
+                     if (native[i] == native[j]) != (python[i] == python[j])]
+    assert not disagreements, [[dict(zip(ARGUMENT_NAMES, calls[n])) for n in pair] for pair in disagreements[:2]]
+    assert all(native[i] == native[i + 1] for i in pairs)
+
+
+@needs_native
+def test_the_cpp_replay_finds_a_plan_of_every_key_length_only_for_calls_whose_keys_agree():
+    q, k = torch.randn(1, 2, 1, 16), torch.randn(1, 2, 40, 16)
+    call = [q, k, k.clone(), None, None, "lower_right", None, "sdpa", None, None, None, None]
+    plan = _RecordingPlan()
+    plans = {plans_module.any_length_key(*call): plan}
+    shorter = _without_key_length(call, 33)
+    assert _native.replay(plans, plans_module.replay_by_python_key, *shorter) is not None
+    assert [len(args) for args in plan.calls] == [3] and plan.calls[0][1] is shorter[1]
+    mismatched = shorter[:2] + [call[2]] + shorter[3:]  # v of another key length than k: validation's to refuse
+    assert _native.replay(plans, plans_module.replay_by_python_key, *mismatched) is None
+    longer = [q, torch.randn(1, 2, 65, 16), torch.randn(1, 2, 65, 16)] + call[3:]  # another bucket of the table
+    assert _native.replay(plans, plans_module.replay_by_python_key, *longer) is None
+
+
 def test_an_attention_call_never_replays_a_launcher_plan(monkeypatch):
-    # Launcher plans share the plan cache with attention()'s. A launcher's key holds its arguments in attention()'s
-    # key slots, so an attention() call that passes the same values there (backend "launcher" included) would, but
-    # for the launcher keys' prefix, find that plan and run it (launcher plans have no run). It must be validated
-    # and refused instead.
+    # Launcher plans share the plan cache with attention()'s, under the "launcher" entry: they have no run, so an
+    # attention() call that passes the launcher's values must never find one. It is validated and refused instead.
     monkeypatch.setattr(plans_module, "_PLANS", {})
     q, k, v = (torch.randn(1, 2, 8, 16, device=DEVICE) for _ in range(3))
     plan = launch_module._launcher_plan(q, k, v, None, None, 1, 0.25, "ieee", -1, -1, 0.0, None, {})
     (key,) = plans_module._PLANS
-    assert isinstance(key, bytes) and key.startswith(launch_module._LAUNCHER_KEY_PREFIX)
+    assert plans_module.entry_of(key) == "launcher"
     fresh = (torch.randn(1, 2, 8, 16, device=DEVICE) for _ in range(3))
     assert launch_module._launcher_plan(*fresh, None, None, 1, 0.25, "ieee", -1, -1, 0.0, None, {}) is plan
     with pytest.raises(ValueError):
         attention(q, k, v, causal=True, scale=0.25, backend="launcher", precision="ieee", window=(-1, -1),
                   softcap=0.0)
+
+
+def test_the_ops_run_the_plan_of_the_eager_call_they_stand_for(monkeypatch):
+    # A compiled graph's op and the eager call with the same meaning share one plan: the op finds it under the
+    # eager call's key (its flat defaults read as attention()'s), or makes it there for the eager call to find.
+    monkeypatch.setattr(plans_module, "_PLANS", {})
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 9, 16, generator=gen).to(DEVICE) for _ in range(3))
+    with torch.no_grad():
+        expected = attention(q, k, v, causal=True, backend="triton", precision="ieee")
+        (plan,) = plans_module._PLANS.values()
+        out = torch.ops.flashlite.attention_inference(q, k, v, None, None, 1, 0.25, "ieee")
+        torch.testing.assert_close(out, expected, rtol=0, atol=0)
+        out, lse = torch.ops.flashlite.attention_forward(q, k, v, None, None, 1, 0.25, "ieee")
+        assert list(plans_module._PLANS.values()) == [plan]
+        monkeypatch.setattr(plans_module, "_PLANS", {})
+        torch.ops.flashlite.attention_inference(q, k, v, None, None, 2, 0.5, "ieee", 3, -1, 30.0)
+        (key,) = plans_module._PLANS
+        assert key == plans_module.attention_key(q, k, v, None, None, "lower_right", 0.5, "triton", "ieee", (3, -1),
+                                                 30.0, None)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+
+def test_keys_of_two_entries_never_equal():
+    q = torch.randn(1, 2, 4, 16)
+    fields = (q, q, q, None, None, True, None, "auto", None, None, None, None)
+    keys = [plans_module.key_of(entry, *fields) for entry in ("attention", "launcher", "kvcache", "varlen")]
+    assert len(set(keys)) == 4 and [plans_module.entry_of(key) for key in keys] == [
+        "attention", "launcher", "kvcache", "varlen"]
 
 
 def test_attention_replays_with_the_python_key_alone_as_with_the_cpp_key(monkeypatch):
@@ -271,9 +321,9 @@ def test_attention_replays_with_the_python_key_alone_as_with_the_cpp_key(monkeyp
         if python_alone:
             _python_key_alone(monkeypatch)
         outs = [attention(q, k, v, key_lengths=lengths, backend="sdpa") for _ in range(3)]
-        # The plan serves every key length, so it is kept by its length-free key too (plans.sizes_key).
-        (key,) = (key for key in plans_module._PLANS if not isinstance(key, plans_module.SizesKey))
-        assert isinstance(key, tuple if python_alone or _native.plan_key is None else bytes)
+        # The plan serves every key length, so it is kept by its key without the key length too.
+        (key,) = (key for key in plans_module._PLANS if plans_module.entry_of(key) == "attention")
+        assert isinstance(key, plans_module.PlanKey if python_alone or _native.plan_key is None else bytes)
         for out in outs:
             torch.testing.assert_close(out, expected)
 
