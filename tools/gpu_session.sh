@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call's worth of GPU checks for the decoding kernel and the model-level A/B, each step under its own
 # time limit, every log under $OUT (at most 8 files come back from a remote call), a short summary printed last.
-# Usage: OUT=<dir> tools/gpu_session.sh [decode] [kvtests] [cost] [models] [hf]   (default: all, in that order)
+# Usage: OUT=<dir> tools/gpu_session.sh [decode] [kvtests] [cost] [models] [hf]   (run in the order given; default:
+# all, in that order)
 set -uo pipefail
 export PYTHONPATH="$PWD:$PWD/.gpu_deps${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/gpu_session}; mkdir -p "$OUT"
@@ -11,20 +12,22 @@ python3 -m pip install --no-deps --no-build-isolation -e . > /dev/null 2>&1
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -c "import torch, triton, transformers; print('torch', torch.__version__, '| triton', triton.__version__, '| transformers', transformers.__version__)"
 } > "$OUT/env.txt" 2>&1
-has() { [[ " $steps " == *" $1 "* ]]; }
-has decode && timeout "${DECODE_LIMIT:-260}" python3 tools/decode_bench.py --flex --rounds 20 --budget "${DECODE_BUDGET:-190}" \
-  > "$OUT/decode_bench.log" 2>&1
-has kvtests && timeout -s INT -k 10 "${KVTESTS_LIMIT:-100}" python3 -m pytest -q -n 8 -p no:cacheprovider \
+step_decode() { timeout "${DECODE_LIMIT:-260}" python3 tools/decode_bench.py --flex --rounds 20 \
+  --budget "${DECODE_BUDGET:-190}" > "$OUT/decode_bench.log" 2>&1; }
+step_kvtests() { timeout -s INT -k 10 "${KVTESTS_LIMIT:-100}" python3 -m pytest -q -n 8 -p no:cacheprovider \
   tests/flashlite/attn/test_attention_kvcache.py tests/flashlite/kernels/test_attention_decode_kernel.py \
   tests/flashlite/attn/test_attention_gpu.py::test_recorded_launches_replay_forward_and_backward_exactly \
-  > "$OUT/kvcache_gpu_tests.txt" 2>&1
-has cost && timeout -s INT -k 10 "${COST_LIMIT:-60}" python3 -m pytest -q -p no:cacheprovider tests/perf/test_decode_cost_ab.py \
-  --kernel-ab --kernel-ab-report "$OUT/decode_cost_ab.json" > "$OUT/decode_cost_ab.txt" 2>&1
-has models && timeout -s INT -k 10 "${MODELS_LIMIT:-150}" python3 -m pytest -q -s -p no:cacheprovider tests/perf/test_models_ab.py \
-  --kernel-ab --kernel-ab-max-time 1 --tb=short -k "${MODELS_K:-gemma2_prefill_softcap and flex and 128 or mistral_prefill_sliding_window and flex}" \
-  --kernel-ab-report "$OUT/models_ab.json" > "$OUT/models_ab.txt" 2>&1
-has hf && timeout -s INT -k 10 "${HF_LIMIT:-120}" python3 -m pytest -q -p no:cacheprovider --tb=short \
-  tests/flashlite/test_transformers_integration.py -k bf16 > "$OUT/hf_bf16_tests.txt" 2>&1
+  > "$OUT/kvcache_gpu_tests.txt" 2>&1; }
+step_cost() { timeout -s INT -k 10 "${COST_LIMIT:-60}" python3 -m pytest -q -p no:cacheprovider \
+  tests/perf/test_decode_cost_ab.py --kernel-ab --kernel-ab-report "$OUT/decode_cost_ab.json" \
+  > "$OUT/decode_cost_ab.txt" 2>&1; }
+step_models() { timeout -s INT -k 10 "${MODELS_LIMIT:-150}" python3 -m pytest -q -s -p no:cacheprovider \
+  tests/perf/test_models_ab.py --kernel-ab --kernel-ab-max-time 1 --tb=short \
+  -k "${MODELS_K:-gemma2_prefill_softcap and flex and 128 or mistral_prefill_sliding_window and flex}" \
+  --kernel-ab-report "$OUT/models_ab.json" > "$OUT/models_ab.txt" 2>&1; }
+step_hf() { timeout -s INT -k 10 "${HF_LIMIT:-120}" python3 -m pytest -q -p no:cacheprovider --tb=short \
+  tests/flashlite/test_transformers_integration.py -k bf16 > "$OUT/hf_bf16_tests.txt" 2>&1; }
+for step in $steps; do "step_$step"; done
 echo "===== summary"; cat "$OUT/env.txt"
 [[ -f $OUT/kvcache_gpu_tests.txt ]] && { echo "--- kv-cache GPU tests"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/kvcache_gpu_tests.txt" | tail -8; }
 [[ -f $OUT/hf_bf16_tests.txt ]] && { echo "--- transformers bf16 tests"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/hf_bf16_tests.txt" | tail -8; }
