@@ -68,6 +68,15 @@ bool put_none(Key& out, PyObject* obj) {
   return true;
 }
 
+// What every tensor's key starts with: tag, dtype, device type and index, number of dims.
+void put_tensor_header(Key& out, const at::Tensor& t) {
+  put<std::uint8_t>(out, kTensor);
+  put<std::int16_t>(out, static_cast<std::int16_t>(t.scalar_type()));
+  put<std::int16_t>(out, static_cast<std::int16_t>(t.device().type()));
+  put<std::int16_t>(out, static_cast<std::int16_t>(t.device().index()));
+  put<std::int64_t>(out, t.dim());
+}
+
 bool put_tensor(Key& out, PyObject* obj, bool optional) {
   if (optional && put_none(out, obj)) return true;
   // Exactly torch.Tensor (or Parameter): a subclass may override what shape or stride means.
@@ -78,11 +87,7 @@ bool put_tensor(Key& out, PyObject* obj, bool optional) {
     return false;
   }
   const std::int64_t dim = t.dim();
-  put<std::uint8_t>(out, kTensor);
-  put<std::int16_t>(out, static_cast<std::int16_t>(t.scalar_type()));
-  put<std::int16_t>(out, static_cast<std::int16_t>(t.device().type()));
-  put<std::int16_t>(out, static_cast<std::int16_t>(t.device().index()));
-  put<std::int64_t>(out, dim);
+  put_tensor_header(out, t);
   out.append(reinterpret_cast<const char*>(t.sizes().data()), dim * sizeof(std::int64_t));
   out.append(reinterpret_cast<const char*>(t.strides().data()), dim * sizeof(std::int64_t));
   return true;
@@ -164,11 +169,7 @@ bool put_tensor_without(Key& out, PyObject* obj, int skip, std::int64_t& skipped
     return false;
   }
   const std::int64_t dim = t.dim();
-  put<std::uint8_t>(out, kTensor);
-  put<std::int16_t>(out, static_cast<std::int16_t>(t.scalar_type()));
-  put<std::int16_t>(out, static_cast<std::int16_t>(t.device().type()));
-  put<std::int16_t>(out, static_cast<std::int16_t>(t.device().index()));
-  put<std::int64_t>(out, dim);
+  put_tensor_header(out, t);
   const auto sizes = t.sizes();
   for (std::int64_t i = 0; i < dim; ++i) {
     if (i != skip) put<std::int64_t>(out, sizes[i]);

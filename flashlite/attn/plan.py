@@ -122,6 +122,16 @@ _packed_key: Optional[Callable[..., Optional[bytes]]] = _native.plan_key
 _packed_any_length_key: Optional[Callable[..., Optional[bytes]]] = _native.any_length_key
 
 
+def _packed(pack: Optional[Callable[..., Optional[bytes]]], call: tuple) -> Optional[bytes]:
+    """The key C++ packs for ``call``, or None where there is no C++ form or it does not cover the call."""
+    if pack is None:
+        return None
+    try:
+        return pack(*call)
+    except (AttributeError, TypeError):
+        return None
+
+
 def attention_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: Optional[torch.Tensor],
                   key_lengths: Optional[torch.Tensor], causal: Any, scale: Any, backend: str, precision: Any,
                   window: Any = None, softcap: Any = None, alibi_slopes: Optional[torch.Tensor] = None
@@ -138,14 +148,8 @@ def attention_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding
         True
     """
     call = (q, k, v, key_padding_mask, key_lengths, causal, scale, backend, precision, window, softcap, alibi_slopes)
-    if _packed_key is not None:
-        try:
-            packed = _packed_key(*call)
-        except (AttributeError, TypeError):
-            packed = None
-        if packed is not None:
-            return packed
-    return key_of("attention", *call)
+    packed = _packed(_packed_key, call)
+    return packed if packed is not None else key_of("attention", *call)
 
 
 def any_length_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: Optional[torch.Tensor],
@@ -167,13 +171,9 @@ def any_length_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_paddin
         True
     """
     call = (q, k, v, key_padding_mask, key_lengths, causal, scale, backend, precision, window, softcap, alibi_slopes)
-    if _packed_any_length_key is not None:
-        try:
-            packed = _packed_any_length_key(*call)
-        except (AttributeError, TypeError):
-            packed = None
-        if packed is not None:
-            return packed
+    packed = _packed(_packed_any_length_key, call)
+    if packed is not None:
+        return packed
     try:
         if q.dim() != 4 or k.dim() != 4 or v.dim() != 4 or not fits_any_length_plan(k, v, key_padding_mask):
             return None
