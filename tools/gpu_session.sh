@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # One device call's worth of GPU checks for the decoding kernel and the model-level A/B, each step under its own
-# time limit, every log under $OUT (at most 8 files come back from a remote call), a short summary printed last.
+# time limit, a short summary printed last. A remote call returns at most 8 files from $OUT, and the A/B reports
+# alone write three files each, so every output goes to $OUT/session/ and is packed into $OUT/gpu_session.tar.gz
+# after each step (a call stopped by its limit keeps the steps that finished); only the archive is left in $OUT.
 # Usage: OUT=<dir> tools/gpu_session.sh [decode] [kvtests] [cost] [models] [hf]   (run in the order given; default:
 # all, in that order)
 set -uo pipefail
 export PYTHONPATH="$PWD:$PWD/.gpu_deps${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/gpu_session}; mkdir -p "$OUT"
+ARCHIVE_DIR=${OUT:-/tmp/gpu_session}; export OUT=$ARCHIVE_DIR/session; mkdir -p "$OUT"
+pack() { tar -czf "$ARCHIVE_DIR/gpu_session.tar.gz.part" -C "$ARCHIVE_DIR" session \
+  && mv "$ARCHIVE_DIR/gpu_session.tar.gz.part" "$ARCHIVE_DIR/gpu_session.tar.gz"; }
 steps=${*:-decode kvtests cost models hf}
 python3 -m pip install --no-deps --no-build-isolation -e . > /dev/null 2>&1
 { echo "commit $(cat .commit 2>/dev/null || git rev-parse --short HEAD)"; date -u +%FT%TZ
@@ -27,10 +31,11 @@ step_models() { timeout -s INT -k 10 "${MODELS_LIMIT:-150}" python3 -m pytest -q
   --kernel-ab-report "$OUT/models_ab.json" > "$OUT/models_ab.txt" 2>&1; }
 step_hf() { timeout -s INT -k 10 "${HF_LIMIT:-120}" python3 -m pytest -q -p no:cacheprovider --tb=short \
   tests/flashlite/test_transformers_integration.py -k bf16 > "$OUT/hf_bf16_tests.txt" 2>&1; }
-for step in $steps; do "step_$step"; done
+for step in $steps; do "step_$step"; pack; done
 echo "===== summary"; cat "$OUT/env.txt"
 [[ -f $OUT/kvcache_gpu_tests.txt ]] && { echo "--- kv-cache GPU tests"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/kvcache_gpu_tests.txt" | tail -8; }
 [[ -f $OUT/hf_bf16_tests.txt ]] && { echo "--- transformers bf16 tests"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/hf_bf16_tests.txt" | tail -8; }
 for f in decode_cost_ab models_ab; do [[ -f $OUT/$f.txt ]] && { echo "--- $f"; sed -n '/kernel A\/B comparisons/,$p' "$OUT/$f.txt" | tail -14; }; done
 [[ -f $OUT/decode_bench.log ]] && { echo "--- decode bench"; grep -E "copy:|host |FAIL" "$OUT/decode_bench.log"; sed -n '/SUMMARY/,$p' "$OUT/decode_bench.log"; }
+pack && rm -rf "$OUT"  # the archive holds it all
 exit 0
