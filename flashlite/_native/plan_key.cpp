@@ -211,27 +211,27 @@ bool pack_any_length_key(Key& out, PyObject* const* args) {
   }
 }
 
-// plan_key(q, k, v, key_padding_mask, key_lengths, causal, scale, backend, precision, window, softcap,
-//          alibi_slopes) -> bytes, or None where the Python key is needed.
-PyObject* plan_key(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+// The key ``pack`` makes of a call's twelve arguments as bytes, or None where the Python key is needed.
+PyObject* packed_or_none(bool (*pack)(Key&, PyObject* const*), const char* name, PyObject* const* args,
+                         Py_ssize_t nargs) {
   if (nargs != 12) {
-    PyErr_SetString(PyExc_TypeError, "plan_key takes 12 positional arguments");
+    PyErr_Format(PyExc_TypeError, "%s takes 12 positional arguments", name);
     return nullptr;
   }
   Key out;
-  if (!pack_key(out, args)) Py_RETURN_NONE;
+  if (!pack(out, args)) Py_RETURN_NONE;
   return PyBytes_FromStringAndSize(out.data(), out.size());
+}
+
+// plan_key(q, k, v, key_padding_mask, key_lengths, causal, scale, backend, precision, window, softcap,
+//          alibi_slopes) -> bytes, or None where the Python key is needed.
+PyObject* plan_key(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  return packed_or_none(pack_key, "plan_key", args, nargs);
 }
 
 // any_length_key(the same twelve arguments) -> bytes, or None where the Python key is needed.
 PyObject* any_length_key(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 12) {
-    PyErr_SetString(PyExc_TypeError, "any_length_key takes 12 positional arguments");
-    return nullptr;
-  }
-  Key out;
-  if (!pack_any_length_key(out, args)) Py_RETURN_NONE;
-  return PyBytes_FromStringAndSize(out.data(), out.size());
+  return packed_or_none(pack_any_length_key, "any_length_key", args, nargs);
 }
 
 // The plan kept in plans under the packed key, borrowed; nullptr with no error set where there is none.

@@ -9,7 +9,6 @@ under the key of the eager call it stands for. Imports every module of the packa
 """
 import functools
 import logging
-import math
 from typing import Callable, Optional, Union
 
 import torch
@@ -21,8 +20,8 @@ from flashlite import _env, _runtime
 from flashlite.attn import gluon as launch_gluon, gluon_bwd as launch_gluon_bwd
 from flashlite.attn import plan as plans
 from flashlite.attn.plan import Plan, has_room
-from flashlite.attn.problem import (_CAUSAL_ARGUMENT, _NATIVE_PRECISION, DEFAULT_FP32_PRECISION, Problem,
-                                    kernel_size_limit, kernel_unsupported, validate)
+from flashlite.attn.problem import (_CAUSAL_ARGUMENT, _NATIVE_PRECISION, Problem, eager_options, kernel_size_limit,
+                                    kernel_unsupported, validate)
 from flashlite.attn.run import needs_gradient, run_triton, run_triton_compiled
 from flashlite.attn.sdpa import check_attn_mask, plain_sdpa_causal, sdpa_attention
 from flashlite.dispatch import Decision, choose_backend
@@ -247,12 +246,10 @@ def op_plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask:
     """
     causal = _CAUSAL_ARGUMENT.get(causal_mode) if causal_mode.__class__ is int else None
     native = _NATIVE_PRECISION.get(q.dtype) if isinstance(q, torch.Tensor) else None
-    default_precision = DEFAULT_FP32_PRECISION if native is None else native
-    call = (q, k, v, key_padding_mask, key_lengths, causal,
-            None if isinstance(q, torch.Tensor) and q.dim() == 4 and scale == 1.0 / math.sqrt(q.shape[3]) else scale,
-            "triton", None if precision == default_precision else precision,
-            None if (window_left, window_right) == (-1, -1) else (window_left, window_right),
-            None if softcap == 0.0 else softcap, alibi_slopes)
+    eager_scale, eager_precision, window, eager_softcap = eager_options(q, 4, scale, precision, window_left,
+                                                                        window_right, softcap)
+    call = (q, k, v, key_padding_mask, key_lengths, causal, eager_scale, "triton", eager_precision, window,
+            eager_softcap, alibi_slopes)
     key = plans.attention_key(*call) if causal is not None else None
     plan = None if key is None else plans._PLANS.get(key)
     if plan is not None:

@@ -20,6 +20,7 @@ from flashlite import _native
 from flashlite.attn.problem import Problem
 from flashlite._intmath import seq_bucket
 
+
 @dataclass(frozen=True, eq=False, slots=True)
 class Plan:
     """One call signature, validated and decided once: every decision is made when the plan is built.

@@ -12,7 +12,6 @@ of the key. The custom ops find the plan of the eager call their flat arguments 
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Optional, Union
 
 import torch
@@ -24,8 +23,8 @@ from flashlite.attn.triton_bwd import check_backward_tensors, launch_backward
 from flashlite.attn import plan as plans
 from flashlite.attn.plan import Plan
 from flashlite.attn.sdpa import sdpa_attention
-from flashlite.attn.problem import (_CAUSAL_ARGUMENT, _NATIVE_PRECISION, CAUSAL_BOTTOM_RIGHT, DEFAULT_FP32_PRECISION,
-                                    Problem, check_constant_slopes, check_offsets, kernel_size_limit,
+from flashlite.attn.problem import (_CAUSAL_ARGUMENT, _NATIVE_PRECISION, CAUSAL_BOTTOM_RIGHT, Problem,
+                                    check_constant_slopes, check_offsets, eager_options, kernel_size_limit,
                                     validate_varlen, value_checks_asked, value_checks_wanted)
 from flashlite._double_backward import recomputed_gradients
 
@@ -115,12 +114,10 @@ def _op_plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: to
     native = _NATIVE_PRECISION.get(q.dtype) if isinstance(q, torch.Tensor) else None
     if native is not None and precision != native:
         raise ValueError(f"precision {precision!r} does not fit {q.dtype} inputs (expected {native!r})")
-    default_scale = isinstance(q, torch.Tensor) and q.dim() == 3 and scale == 1.0 / math.sqrt(q.shape[2])
+    eager_scale, eager_precision, window, eager_softcap = eager_options(q, 3, scale, precision, window_left,
+                                                                        window_right, softcap)
     return _plan(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, _CAUSAL_ARGUMENT[causal_mode],
-                 None if default_scale else scale,
-                 None if (window_left, window_right) == (-1, -1) else (window_left, window_right),
-                 None if softcap == 0.0 else softcap, alibi_slopes, "triton",
-                 None if precision == (native or DEFAULT_FP32_PRECISION) else precision, None)
+                 eager_scale, window, eager_softcap, alibi_slopes, "triton", eager_precision, None)
 
 
 @torch.library.custom_op("flashlite::attention_varlen_forward", mutates_args=())
