@@ -28,7 +28,7 @@ from flashlite.attn.problem import (_TRITON_ERROR, CAUSAL_KEY_LENGTH, check_bloc
                                     check_cache_args, check_lengths, validate, value_checks_wanted)
 
 if _TRITON_ERROR is None:  # without Triton every call is decided for SDPA before the kernels are reached
-    from flashlite.kernels.attention_decode_launch import prepare_decode
+    from flashlite.kernels.attention_decode_launch import decode_layout
 
 
 # Split-KV shares per query block: the merge unrolls one load per share.
@@ -277,23 +277,31 @@ def _make_plan(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, ca
 
 def _decode(plan: Plan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor,
             block_table: Optional[torch.Tensor], requested_splits: Optional[int]) -> torch.Tensor:
-    """A call on the decoding kernel. A recording plan records each launch at its first call and later replays
-    it with the call's tensors (Triton's argument binding skipped): lengths are a tensor argument, data of the
-    call; everything else the launch takes (strides, grid, scale, splits) is fixed by the plan's key."""
-    p = plan.problem
-    call = prepare_decode(q, k_cache, v_cache, lengths, block_table=block_table, scale=p.scale,
-                          softcap=p.softcap or None, window_left=p.window_left, num_splits=requested_splits)
-    for site, launch in enumerate(call.launches):
-        tensors = launch.args[:launch.n_tensors]
+    """A call on the decoding kernel. Its layout (grids, scalars, buffer shapes: ``decode_layout``) is derived once
+    per plan; a recording plan records each launch at its first call and later replays it with the call's
+    tensors (Triton's argument binding skipped), so a replayed call allocates its output and binds its tensors,
+    nothing else: lengths and the block table are tensor arguments, data of the call; everything else the launch
+    takes (strides, grid, scale, splits) is fixed by the plan's key."""
+    layout = plan.layouts.get("decode")
+    if layout is None:
+        p = plan.problem
+        layout = plan.layouts["decode"] = decode_layout(
+            q, k_cache, v_cache, lengths, block_table=block_table, scale=p.scale, softcap=p.softcap or None,
+            window_left=p.window_left, num_splits=requested_splits)
+    out, _, tensors = layout.bind(q, k_cache, v_cache, lengths, block_table, None, None)
+    launches = None  # built only where a launch is not replayed
+    for site, site_tensors in enumerate(tensors):
         recorded = plan.recorded.get(site)
-        if recorded is not None and recorded.launch(*tensors):
+        if recorded is not None and recorded.launch(*site_tensors):
             continue
+        launches = launches or layout.launches(tensors)
+        launch = launches[site]
         if plan.record and site not in plan.recorded:
             plan.recorded[site] = _direct_launch.record(launch.kernel, launch.grid, launch.args, launch.kwargs,
                                                         launch.n_tensors)
         else:
             launch()
-    return call.out
+    return out
 
 
 # The decoding kernel (kernels/attention_decode.py) holds group size x S_q query rows per program; ALiBi and

@@ -38,7 +38,9 @@ class Plan:
     Two tables hold what the first launches produce, not decisions: ``configs``, per kernel, the config it launches
     (the forced one, or the autotuner's choice for this signature's tuning key, which needs a timed launch), and
     ``recorded``, per launch site, the recorded launch that replays the compiled kernel with a call's tensors (None
-    where recording was refused, e.g. an unaligned tensor).
+    where recording was refused, e.g. an unaligned tensor). ``layouts``, per launcher, what it derived once from
+    the signature (the decoding kernel's ``DecodeLayout``: buffers, grids and scalars), so a replayed call only
+    allocates its buffers and binds its tensors.
 
     Example:
         >>> from flashlite.dispatch import Decision
@@ -59,6 +61,7 @@ class Plan:
     record: bool = False
     configs: dict[str, dict] = field(default_factory=dict)
     recorded: dict[Any, Any] = field(default_factory=dict, init=False)
+    layouts: dict[str, Any] = field(default_factory=dict, init=False)
     run: Optional[Callable[..., torch.Tensor]] = field(default=None, init=False)
 
     def __post_init__(self) -> None:

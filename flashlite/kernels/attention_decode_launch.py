@@ -108,10 +108,70 @@ class KernelLaunch:
 @dataclasses.dataclass(frozen=True)
 class DecodeCall:
     """A prepared decoding call: the output [B, H, S_q, D], the base-2 lse [B, H, S_q] when asked for, and the
-    launches (the split kernel, then the merge when there are several shares) that fill them."""
+    launches (the split kernel, then the merge when there are several shares) that fill them. ``layout``: what
+    the launches take that depends on the call's signature only, to bind another call of that signature with."""
     out: torch.Tensor
     lse: Optional[torch.Tensor]
     launches: list[KernelLaunch]
+    layout: "DecodeLayout"
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeLayout:
+    """Everything a decoding call's launches take that its signature fixes (shapes, strides, dtypes, scalars, the
+    split count, the grids and compile options), so that another call of that signature only allocates its
+    buffers and binds its tensors (``bind``): a caller that replays recorded launches skips the rest of
+    ``prepare_decode``. The lengths and the block table are tensors of each call: data, never part of a layout.
+
+    Example:
+        >>> q, k = torch.randn(1, 4, 1, 32), torch.randn(1, 2, 64, 32)
+        >>> layout = prepare_decode(q, k, k, torch.tensor([50], dtype=torch.int32), num_splits=4).layout
+        >>> out, lse, tensors = layout.bind(q, k, k, torch.tensor([9], dtype=torch.int32), None, None, None)
+        >>> out.shape, [len(t) for t in tensors]
+        (torch.Size([1, 4, 1, 32]), [12, 4])
+    """
+    out_shape: tuple[int, ...]
+    out_dtype: torch.dtype
+    device: torch.device
+    part_shape: Optional[tuple[int, int, int]]  # (shares, rows, D) float32 partials; None unsplit
+    return_lse: bool
+    fused: bool
+    arrivals_pairs: int
+    split_grid: tuple[int, ...]
+    split_scalars: tuple
+    split_options: dict
+    merge_grid: Optional[tuple[int, ...]]
+    merge_scalars: tuple
+    merge_options: dict
+
+    def bind(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor,
+             block_table: Optional[torch.Tensor], k_scale: Optional[torch.Tensor], v_scale: Optional[torch.Tensor]
+             ) -> tuple[torch.Tensor, Optional[torch.Tensor], list[tuple]]:
+        """A new call's buffers and each launch's tensor arguments: (out, lse or None, [split tensors, merge
+        tensors]). The tensors must have the signature the layout was made for (the caller's plan key)."""
+        out = torch.empty(self.out_shape, dtype=self.out_dtype, device=self.device)
+        lse = torch.empty(self.out_shape[:3], dtype=torch.float32, device=self.device) if self.return_lse else out
+        if self.part_shape is not None:
+            out_part = torch.empty(self.part_shape, dtype=torch.float32, device=self.device)
+            lse_part = torch.empty(self.part_shape[:2], dtype=torch.float32, device=self.device)
+        else:
+            out_part = lse_part = out  # unused
+        table = block_table if block_table is not None else cache_seqlens  # unused when not paged
+        arrivals = _arrivals(self.device, self.arrivals_pairs) if self.fused else table
+        tensors = [(q, k_cache, v_cache, cache_seqlens, table, table if k_scale is None else k_scale,
+                    table if v_scale is None else v_scale, out, lse, out_part, lse_part, arrivals)]
+        if self.merge_grid is not None:
+            tensors.append((out_part, lse_part, out, lse))
+        return out, lse if self.return_lse else None, tensors
+
+    def launches(self, tensors: list[tuple]) -> list[KernelLaunch]:
+        """The launches of a bound call (``bind``'s tensors), for Triton's ordinary launch or recording."""
+        calls = [KernelLaunch(_decode_split, self.split_grid, tensors[0] + self.split_scalars, self.split_options,
+                              n_tensors=len(tensors[0]))]
+        if self.merge_grid is not None:
+            calls.append(KernelLaunch(_decode_merge, self.merge_grid, tensors[1] + self.merge_scalars,
+                                      self.merge_options, n_tensors=len(tensors[1])))
+        return calls
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor, *,
@@ -176,6 +236,19 @@ def prepare_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
         >>> [launch.kernel.__name__ for launch in call.launches], call.out.shape
         (['_decode_split', '_decode_merge'], torch.Size([1, 4, 1, 32]))
     """
+    layout = decode_layout(q, k_cache, v_cache, cache_seqlens, block_table=block_table, scale=scale,
+                           softcap=softcap, window_left=window_left, num_splits=num_splits, return_lse=return_lse,
+                           config=config)
+    out, lse, tensors = layout.bind(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale)
+    return DecodeCall(out, lse, layout.launches(tensors), layout)
+
+
+def decode_layout(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor, *,
+                  block_table: Optional[torch.Tensor] = None, scale: Optional[float] = None,
+                  softcap: Optional[float] = None, window_left: int = -1, num_splits: Optional[int] = None,
+                  return_lse: bool = False, config: Optional[DecodeConfig] = None) -> DecodeLayout:
+    """The ``DecodeLayout`` of a call (the arguments as in ``decode_attention``): read from the tensors' shapes,
+    strides and dtypes only, never their values."""
     batch, heads, seq_q, head_dim = q.shape
     kv_heads = k_cache.shape[1]
     group = heads // kv_heads
@@ -187,32 +260,28 @@ def prepare_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     cfg = config or default_config(head_dim, rows, q.dtype)
     block_d = max(16, triton.next_power_of_2(head_dim))
     block_r = max(16 if cfg.use_dot else 1, triton.next_power_of_2(rows))
-    out = torch.empty((batch, heads, seq_q, head_dim), dtype=q.dtype, device=q.device)
-    lse = torch.empty((batch, heads, seq_q), dtype=torch.float32, device=q.device) if return_lse else out
-    if num_splits > 1:
-        out_part = torch.empty((num_splits, batch * kv_heads * rows, head_dim), dtype=torch.float32, device=q.device)
-        lse_part = torch.empty((num_splits, batch * kv_heads * rows), dtype=torch.float32, device=q.device)
-    else:
-        out_part = lse_part = out  # unused
-    table = block_table if block_table is not None else cache_seqlens  # unused when not paged
+    out_shape = (batch, heads, seq_q, head_dim)
+    out_strides = (heads * seq_q * head_dim, seq_q * head_dim, head_dim, 1)  # torch.empty's: contiguous
     table_strides = block_table.stride() if block_table is not None else (0, 0)
     scale = head_dim ** -0.5 if scale is None else scale
     dequant = k_cache.dtype != q.dtype
     fused = cfg.fused_merge and num_splits > 1
-    arrivals = _arrivals(q.device, batch * kv_heads) if fused else table
-    launches = [KernelLaunch(_decode_split, (batch * kv_heads, num_splits), (
-        q, k_cache, v_cache, cache_seqlens, table, k_scale if dequant else table, v_scale if dequant else table,
-        out, lse, out_part, lse_part, arrivals,
-        *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(), *table_strides,
-        kv_heads, num_splits, scale * LOG2E, (softcap or 1.0) * LOG2E, window_left), dict(
+    split_options = dict(
         SEQ_Q=seq_q, GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_R=block_r, BLOCK_N=cfg.block_n,
         PAGE_SIZE=page_size, SPLIT=num_splits > 1, USE_DOT=cfg.use_dot, IEEE=q.dtype == torch.float32,
         SOFTCAP=bool(softcap), WINDOW=window_left >= 0, STORE_LSE=return_lse, DEQUANT=dequant,
-        FUSED_MERGE=fused, num_warps=cfg.num_warps, num_stages=cfg.num_stages), n_tensors=12)]
-    if num_splits > 1 and not fused:
-        rows_total = batch * kv_heads * rows
-        launches.append(KernelLaunch(_decode_merge, (rows_total,), (
-            out_part, lse_part, out, lse, *out.stride(), kv_heads, rows_total, num_splits), dict(
-            SEQ_Q=seq_q, GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d,
-            BLOCK_S=triton.next_power_of_2(num_splits), STORE_LSE=return_lse, num_warps=4), n_tensors=4))
-    return DecodeCall(out, lse if return_lse else None, launches)
+        FUSED_MERGE=fused, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    split_scalars = (*q.stride(), *k_cache.stride(), *v_cache.stride(), *out_strides, *table_strides,
+                     kv_heads, num_splits, scale * LOG2E, (softcap or 1.0) * LOG2E, window_left)
+    rows_total = batch * kv_heads * rows
+    merged = num_splits > 1 and not fused
+    return DecodeLayout(
+        out_shape=out_shape, out_dtype=q.dtype, device=q.device,
+        part_shape=(num_splits, rows_total, head_dim) if num_splits > 1 else None, return_lse=return_lse,
+        fused=fused, arrivals_pairs=batch * kv_heads, split_grid=(batch * kv_heads, num_splits),
+        split_scalars=split_scalars, split_options=split_options,
+        merge_grid=(rows_total,) if merged else None,
+        merge_scalars=(*out_strides, kv_heads, rows_total, num_splits) if merged else (),
+        merge_options=dict(SEQ_Q=seq_q, GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d,
+                           BLOCK_S=triton.next_power_of_2(num_splits), STORE_LSE=return_lse, num_warps=4)
+        if merged else {})

@@ -151,8 +151,8 @@ def test_decoding_runs_the_decoding_kernel_and_longer_chunks_the_general_kernel(
     # cache once for the group's query heads; a chunk longer than it holds, or ALiBi, to the general forward kernel.
     import flashlite.attn.kvcache as kvcache_module
     calls = []
-    real_decode, real_forward = kvcache_module.prepare_decode, kvcache_module.launch_forward
-    monkeypatch.setattr(kvcache_module, "prepare_decode",
+    real_decode, real_forward = kvcache_module.decode_layout, kvcache_module.launch_forward
+    monkeypatch.setattr(kvcache_module, "decode_layout",
                         lambda q, *a, **kw: calls.append(("decode", tuple(q.shape))) or real_decode(q, *a, **kw))
     monkeypatch.setattr(kvcache_module, "launch_forward",
                         lambda q, *a, **kw: calls.append(("forward", tuple(q.shape))) or real_forward(q, *a, **kw))
@@ -167,15 +167,35 @@ def test_decoding_runs_the_decoding_kernel_and_longer_chunks_the_general_kernel(
     assert_close(out.cpu(), reference(*chunk), policy="tf32")
 
 
+def test_a_decoding_plan_derives_its_layout_once_and_binds_new_lengths(monkeypatch):
+    # A call of a kept signature with new lengths (and a new output) reuses the layout its plan derived: the
+    # launcher's shape work is not redone per call, and the new lengths still reach the kernel as data.
+    import flashlite.attn.kvcache as kvcache_module
+    import flashlite.attn.plan as plans_module
+    monkeypatch.setattr(plans_module, "_PLANS", {})
+    derived, real_layout = [], kvcache_module.decode_layout
+    monkeypatch.setattr(kvcache_module, "decode_layout",
+                        lambda q, *a, **kw: derived.append(tuple(q.shape)) or real_layout(q, *a, **kw))
+    q, k_cache, v_cache, lengths, _, _ = inputs(torch.float32, seed=16, new=False)
+    outputs = []
+    for shift in (0, 1, 7):
+        step_lengths = (lengths + shift).clamp(max=S_MAX)
+        out = attention_with_kvcache(q, k_cache, v_cache, step_lengths, backend="triton", num_splits=3)
+        assert_close(out.cpu(), reference(q, k_cache, v_cache, step_lengths), policy="tf32")
+        outputs.append(out)
+    assert derived == [tuple(q.shape)]
+    assert len({out.data_ptr() for out in outputs}) == 3  # each call its own output: none overwrites another
+
+
 def _spy_on_splits(monkeypatch):
     """The split counts the calls ask for: of the decoding kernel (as passed) and of the general forward kernel's
     split launch (unsplit calls of the general kernel record nothing)."""
     kvcache_module = importlib.import_module("flashlite.attn.kvcache")
     launch_module = importlib.import_module("flashlite.attn.triton")
-    real_split, real_decode, split_launches = launch_module._launch_split_forward, kvcache_module.prepare_decode, []
+    real_split, real_decode, split_launches = launch_module._launch_split_forward, kvcache_module.decode_layout, []
     monkeypatch.setattr(launch_module, "_launch_split_forward",
                         lambda q, *a: split_launches.append(a[4].problem.key_splits) or real_split(q, *a))
-    monkeypatch.setattr(kvcache_module, "prepare_decode",
+    monkeypatch.setattr(kvcache_module, "decode_layout",
                         lambda q, *a, **kw: split_launches.append(kw["num_splits"]) or real_decode(q, *a, **kw))
     return split_launches
 
