@@ -13,7 +13,7 @@ The extension is compiled once per source, torch and Python version with the sys
 from there in milliseconds. ``torch.utils.cpp_extension.load`` would do the same but needs ninja, which the
 project's GPU machine lacks; a direct compiler call with torch's include and library paths needs nothing more.
 ``FLASHLITE_NATIVE=0`` turns it off. Without a compiler, or when the build fails, ``plan_key``, ``any_length_key``,
-``replay`` and ``launch_recorded`` are None, the reason is logged once (logger ``flashlite``, WARNING) and kept in
+``replay``, ``launch_recorded`` and ``fields_key`` are None, the reason is logged once (logger ``flashlite``, WARNING) and kept in
 ``build_error``, and flashlite does their work in Python (same decisions, about 1.5 us more per attention call, and about 1 us more
 per replayed launch).
 """
@@ -135,3 +135,6 @@ replay: Optional[Callable[..., Optional[torch.Tensor]]] = None if _extension is 
 # (refused: an unaligned tensor or one on another device) or None (not plain tensors: check them in Python), for
 # flashlite._direct_launch; None itself without the extension.
 launch_recorded: Optional[Callable[..., Optional[bool]]] = None if _extension is None else _extension.launch_recorded
+# fields_key(entry, *fields) -> bytes of flashlite.attn.plan.key_of's key (the kvcache, varlen and launcher
+# entries), or None for a field it does not cover (then the Python key); None itself without the extension.
+fields_key: Optional[Callable[..., Optional[bytes]]] = None if _extension is None else _extension.fields_key

@@ -9,6 +9,9 @@
 //  - replay: the key, the plan's lookup and the plan's call in one C call; on a miss, the same with the key
 //    without the key length.
 //  - launch_recorded: a recorded Triton launch replayed with new tensors, their addresses read and checked here.
+//  - fields_key: the key flashlite.attn.plan.key_of builds for the other entries (attention_with_kvcache,
+//    attention_varlen, the flat launchers), packed the same way: a decoding step with a KV cache keys eight tensors
+//    and five options per call, about 4 us in Python on the development CPU.
 //
 // plan_key returns None for any argument it does not cover (a tensor subclass, a non-strided or symbolic tensor, a
 // scale that is not a float, ...): the caller then builds the Python key, so a call is never keyed by less than it
@@ -59,7 +62,7 @@ inline __attribute__((always_inline)) void put(Key& out, T value) {
 
 // Tags: which class an argument had. Distinct per argument slot is not needed (slots are positional).
 enum Tag : std::uint8_t { kNone = 0, kTensor = 1, kTrue = 2, kFalse = 3, kStr = 4, kFloat = 5, kIntPair = 6,
-                          kAnyLength = 7 };
+                          kAnyLength = 7, kFields = 8, kInt = 9, kTuple = 10 };
 
 // Writes the tag of None and says so; any other object is left to the caller.
 bool put_none(Key& out, PyObject* obj) {
@@ -234,6 +237,67 @@ PyObject* any_length_key(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return packed_or_none(pack_any_length_key, "any_length_key", args, nargs);
 }
 
+// One field of fields_key: None, an exact tensor (its layout), True/False, an exact str, float or int, or a tuple of
+// such fields (its length, then each field); false for anything else (a subclass, a torch.Size, a dtype object),
+// which the Python key then covers. Every field starts with its class's tag, so 1, 1.0 and True never pack alike,
+// as in the Python key, and a tuple's items keep their classes: (True, 0) differs from (1, 0).
+bool put_field(Key& out, PyObject* obj, int depth) {
+  if (put_none(out, obj)) return true;
+  if (obj == Py_True || obj == Py_False) {
+    put<std::uint8_t>(out, obj == Py_True ? kTrue : kFalse);
+    return true;
+  }
+  if (PyLong_CheckExact(obj)) {
+    int overflow = 0;
+    const long long value = PyLong_AsLongLongAndOverflow(obj, &overflow);
+    if (overflow != 0 || (value == -1 && PyErr_Occurred())) {
+      PyErr_Clear();
+      return false;
+    }
+    put<std::uint8_t>(out, kInt);
+    put<long long>(out, value);
+    return true;
+  }
+  if (PyFloat_CheckExact(obj)) {
+    put<std::uint8_t>(out, kFloat);
+    put<double>(out, PyFloat_AS_DOUBLE(obj));
+    return true;
+  }
+  if (PyUnicode_CheckExact(obj)) return put_str(out, obj);
+  if (PyTuple_CheckExact(obj)) {
+    if (depth > 4) return false;  // keys nest a tuple or two; deeper ones are left to Python
+    const Py_ssize_t count = PyTuple_GET_SIZE(obj);
+    put<std::uint8_t>(out, kTuple);
+    put<std::int64_t>(out, count);
+    for (Py_ssize_t i = 0; i < count; ++i) {
+      if (!put_field(out, PyTuple_GET_ITEM(obj, i), depth + 1)) return false;
+    }
+    return true;
+  }
+  return put_tensor(out, obj, false);
+}
+
+// fields_key(entry, *fields) -> bytes of the entry and every field (flashlite.attn.plan.key_of's information), or
+// None where a field needs the Python key. The kFields tag first: never equal to a packed attention key, whose
+// first byte is q's tensor tag or kAnyLength; the entry next, so keys of two entries never equal either.
+PyObject* fields_key(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs < 1 || !PyUnicode_CheckExact(args[0])) {
+    PyErr_SetString(PyExc_TypeError, "fields_key takes an entry name (str) and the fields");
+    return nullptr;
+  }
+  Key out;
+  put<std::uint8_t>(out, kFields);
+  try {
+    if (!put_str(out, args[0])) Py_RETURN_NONE;
+    for (Py_ssize_t i = 1; i < nargs; ++i) {
+      if (!put_field(out, args[i], 0)) Py_RETURN_NONE;
+    }
+  } catch (...) {  // a tensor whose sizes cannot be read without Python: the Python key decides
+    Py_RETURN_NONE;
+  }
+  return PyBytes_FromStringAndSize(out.data(), out.size());
+}
+
 // The plan kept in plans under the packed key, borrowed; nullptr with no error set where there is none.
 PyObject* find(PyObject* plans, const Key& packed) {
   PyObject* key = PyBytes_FromStringAndSize(packed.data(), packed.size());
@@ -367,6 +431,8 @@ PyMethodDef methods[] = {
     {"replay", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(replay)), METH_FASTCALL,
      "replay(plans, fallback, q, k, v, key_padding_mask, key_lengths, causal, scale, backend, precision, window, "
      "softcap, alibi_slopes) -> the kept plan's output, or None"},
+    {"fields_key", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fields_key)), METH_FASTCALL,
+     "fields_key(entry, *fields) -> bytes or None"},
     {"launch_recorded", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(launch_recorded)), METH_FASTCALL,
      "launch_recorded(run, grid, stream, function, metadata, tensors, device_index, rest) -> True, False or None"},
     {nullptr, nullptr, 0, nullptr}};

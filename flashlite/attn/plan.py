@@ -11,6 +11,7 @@ share): ``attention()``, ``attention_varlen``, ``attention_with_kvcache`` and th
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional
 
@@ -80,8 +81,8 @@ class Plan:
 class PlanKey(tuple):
     """A key of the one plan cache, as ``key_of`` builds it: (entry, field, ...). The entry comes first, so keys of
     two entries never equal: "attention" (``attention_key``), "attention/any_key_length" (``any_length_key``),
-    "varlen", "kvcache" and "launcher" (the flat launchers). An attention() key packed by C++ is bytes, which never
-    equals a tuple; its first byte tells its entry (``entry_of``)."""
+    "varlen", "kvcache" and "launcher" (the flat launchers). A key packed by C++ is bytes, which never equals a
+    tuple; its first byte (and for ``key_of``'s packed form the entry after it) tells its entry (``entry_of``)."""
 
     __slots__ = ()
 
@@ -99,10 +100,12 @@ def _field(value: Any) -> Any:
     return value, value.__class__
 
 
-def key_of(entry: str, *fields: Any) -> Optional[PlanKey]:
+def key_of(entry: str, *fields: Any) -> Optional[Any]:
     """The one key builder of the plan cache: ``entry`` and each field, a tensor by its shape, strides, dtype and
-    device, any other value with its class. None for fields that cannot be keyed (not hashable, a tensor whose
-    layout cannot be read): validation then names them.
+    device, any other value with its class. Packed into bytes by C++ (``flashlite._native.fields_key``) where it
+    covers every field (None, tensors, bools, str, float, int and tuples of them), else a ``PlanKey``; a given
+    call always gets the same form. None for fields that cannot be keyed (not hashable, a tensor whose layout
+    cannot be read): validation then names them.
 
     Example:
         >>> q = torch.randn(1, 2, 8, 16)
@@ -112,12 +115,33 @@ def key_of(entry: str, *fields: Any) -> Optional[PlanKey]:
         ...     "attention", q, True)
         (False, False)
     """
+    if _packed_fields_key is not None:
+        try:
+            packed = _packed_fields_key(entry, *fields)
+        except (AttributeError, TypeError, RuntimeError):
+            packed = None
+        if packed is not None:
+            return packed
+    return python_key_of(entry, *fields)
+
+
+def python_key_of(entry: str, *fields: Any) -> Optional[PlanKey]:
+    """``key_of``'s Python form, a ``PlanKey`` (entry, field, ...), for fields C++ does not cover or machines
+    without the extension.
+
+    Example:
+        >>> python_key_of("kvcache", torch.randn(1, 2, 8, 16), 1)[0]
+        'kvcache'
+    """
     try:
         key = PlanKey((entry, *map(_field, fields)))
         hash(key)
     except (AttributeError, TypeError, RuntimeError):
         return None
     return key
+
+
+_packed_fields_key: Optional[Callable[..., Optional[bytes]]] = _native.fields_key
 
 
 # The C++ forms of attention_key and any_length_key (``flashlite._native``): the same fields packed into bytes, or
@@ -200,12 +224,17 @@ def entry_of(key: Any) -> str:
         ('kvcache', 'attention')
     """
     if isinstance(key, bytes):
+        if key[:1] == _FIELDS_TAG:  # tag, then the entry as plan_key.cpp's put_str packs it: str tag, length, text
+            length = int.from_bytes(key[2:10], sys.byteorder)
+            return key[10:10 + length].decode()
         return "attention/any_key_length" if key[:1] == _ANY_LENGTH_TAG else "attention"
     return key[0]
 
 
-# The first byte of a packed any_length_key (plan_key.cpp's kAnyLength); a packed attention_key starts with q's tag.
+# The first byte of a packed any_length_key (plan_key.cpp's kAnyLength) and of a packed key_of (kFields); a packed
+# attention_key starts with q's tag.
 _ANY_LENGTH_TAG = bytes([7])
+_FIELDS_TAG = bytes([8])
 
 
 def replay_by_python_key(plans: dict, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -158,6 +158,7 @@ def _python_key_alone(monkeypatch) -> None:
     """Key, keep and replay every plan with the Python key, as flashlite does without the extension."""
     monkeypatch.setattr(plans_module, "_packed_key", None)
     monkeypatch.setattr(plans_module, "_packed_any_length_key", None)
+    monkeypatch.setattr(plans_module, "_packed_fields_key", None)
     monkeypatch.setattr(api_module, "_replay", plans_module._replay_in_python)
 
 
@@ -345,3 +346,44 @@ def test_without_a_compiler_flashlite_keys_plans_in_python_and_says_why(tmp_path
     assert done.stdout.startswith("True True RuntimeError: /bin/false failed (1)"), done.stdout
     assert "the C++ plan key is not available, plans are keyed in Python" in done.stderr
     assert not list(tmp_path.glob("*.so"))  # nothing half-built is left to load
+
+
+@needs_native
+def test_key_of_packs_in_cpp_with_every_class_kept_and_python_keys_what_it_does_not_cover():
+    # key_of's packed form must tell apart exactly what the Python key tells apart: 1, 1.0 and True (validation
+    # refuses some of them), a tuple's items by class, two entries, two layouts; and leave to Python what it cannot
+    # read (a torch.Size, a dtype object, a tensor subclass), never packing such a call by less than it needs.
+    q = torch.randn(2, 3, 5, 7)
+    variants = [1, 1.0, True, False, None, "1", (1, 0), (True, 0), (1.0, 0), ((1, 2), 3), -2 ** 63]
+    packed = [plans_module.key_of("kvcache", q, value) for value in variants]
+    python = [plans_module.python_key_of("kvcache", q, value) for value in variants]
+    assert all(isinstance(key, bytes) for key in packed) and all(isinstance(k, plans_module.PlanKey) for k in python)
+    assert len(set(packed)) == len(variants) == len(set(python))
+    assert plans_module.key_of("kvcache", q, 1) == plans_module.key_of("kvcache", torch.randn(2, 3, 5, 7), 1)
+    assert plans_module.key_of("kvcache", q, 1) != plans_module.key_of("kvcache", q.transpose(1, 2), 1)
+    assert plans_module.key_of("kvcache", q, 1) != plans_module.key_of("varlen", q, 1)
+    assert plans_module.key_of("kvcache", q, 1) != plans_module.key_of("kvcache", q.half(), 1)
+    assert [plans_module.entry_of(plans_module.key_of(entry, q)) for entry in ("kvcache", "varlen", "launcher")] == [
+        "kvcache", "varlen", "launcher"]
+    for uncovered in (q.shape, torch.float32, q.as_subclass(_SubTensor), 2 ** 64, [1, 2]):
+        key = plans_module.key_of("kvcache", q, uncovered)
+        assert key is None or isinstance(key, plans_module.PlanKey), uncovered
+
+
+@needs_native
+def test_a_cache_call_is_keyed_in_cpp_and_replays_its_plan_with_new_lengths(monkeypatch):
+    from flashlite.attention import attention_with_kvcache
+    monkeypatch.setattr(plans_module, "_PLANS", {})
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 4, 1, 16, generator=gen)
+    k_cache, v_cache = (torch.randn(2, 2, 21, 16, generator=gen) for _ in range(2))
+    outs = []
+    for lengths in ([5, 21], [6, 1]):
+        lengths = torch.tensor(lengths, dtype=torch.int32)
+        outs.append(attention_with_kvcache(q, k_cache, v_cache, lengths, backend="sdpa"))
+        hidden = torch.arange(21)[None, :] >= lengths[:, None]
+        expected = torch.nn.functional.scaled_dot_product_attention(
+            q.double(), k_cache.double(), v_cache.double(), attn_mask=~hidden[:, None, None, :], enable_gqa=True)
+        torch.testing.assert_close(outs[-1], expected.float())
+    (key,) = plans_module._PLANS
+    assert isinstance(key, bytes) and plans_module.entry_of(key) == "kvcache"
