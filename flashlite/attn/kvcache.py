@@ -184,6 +184,16 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         >>> out = attention_with_kvcache(q, k_cache, v_cache, lengths, k_new=k_new, v_new=v_new, backend="sdpa")
         >>> out.shape, torch.equal(k_cache[0, :, 3], k_new[0, :, 0])
         (torch.Size([2, 4, 1, 16]), True)
+
+        An fp8 cache, its new tokens stored as ``new / scale`` in e4m3:
+
+        >>> k8, v8 = (torch.zeros(2, 2, 8, 16, dtype=torch.float8_e4m3fn) for _ in range(2))
+        >>> k_scale, v_scale = torch.tensor([0.01, 0.02]), torch.tensor([0.02, 0.01])
+        >>> out = attention_with_kvcache(q, k8, v8, lengths, k_new=k_new, v_new=v_new, k_scale=k_scale,
+        ...                              v_scale=v_scale, backend="sdpa")
+        >>> stored = (k_new[0, :, 0] / k_scale[:, None]).clamp(-448, 448).to(torch.float8_e4m3fn)
+        >>> torch.equal(k8[0, :, 3].float(), stored.float())
+        True
     """
     compiling = torch.compiler.is_compiling()
     key = None if compiling else _plan_key(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, scale,
@@ -285,8 +295,8 @@ def _make_plan(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, ca
     """Validate and decide a cache call: a plan whose problem is the one the kernels launch (causal to each key
     length, the page size, the split-KV shares). The Gluon kernels take no cache calls: gluon and gluon_bwd stay
     False. An fp8 cache is validated and decided as the cache in q's dtype that it stands for."""
-    check_cache_args(q, k_cache, v_cache, cache_seqlens, k_new, v_new)
     check_scales(q, k_cache, v_cache, k_scale, v_scale)
+    check_cache_args(q, k_cache, v_cache, cache_seqlens, k_new, v_new)
     if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int)
                                    or not 1 <= num_splits <= MAX_SPLITS):
         raise ValueError(f"num_splits must be None or an integer from 1 to {MAX_SPLITS}, got {num_splits!r}")

@@ -29,7 +29,11 @@ def check_scales(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
                  v_scale: Optional[torch.Tensor]) -> None:
     """TypeError/ValueError, naming the argument, unless the caches and scales are one of the two accepted forms:
     caches in q's dtype without scales, or float8_e4m3fn caches with float32 [H_kv] scales on q's device (both
-    given). Shapes, dtypes and devices only; the values are ``check_scale_values``'."""
+    given). Shapes, dtypes and devices only; the values are ``check_scale_values``'. Runs before the other checks
+    of the cache arguments (the cache's dtype decides what k_new's must be), and leaves tensors that are not 4-D
+    to them."""
+    if not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (q, k_cache, v_cache)):
+        return
     for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
         if cache.dtype in _OTHER_FP8:
             raise TypeError(f"{name} has dtype {cache.dtype}; the fp8 cache accepted is torch.float8_e4m3fn "
