@@ -331,8 +331,8 @@ def _fp8_path(decision, problem) -> str:
 
 
 def _decode(plan: Plan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor,
-            block_table: Optional[torch.Tensor], requested_splits: Optional[int], k_scale: Optional[torch.Tensor],
-            v_scale: Optional[torch.Tensor]) -> torch.Tensor:
+            block_table: Optional[torch.Tensor], requested_splits: Optional[int],
+            k_scale: Optional[torch.Tensor] = None, v_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
     """A call on the decoding kernel. Its layout (grids, scalars, buffer shapes: ``decode_layout``) is derived once
     per plan; a recording plan records each launch at its first call and later replays it with the call's
     tensors (Triton's argument binding skipped), so a replayed call allocates its output and binds its tensors,
