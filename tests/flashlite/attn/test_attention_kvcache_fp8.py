@@ -252,6 +252,22 @@ def test_compiles_with_the_scales_and_matches_eager(backend):
     assert_close(compiled.cpu(), expected, policy=torch.float16)
 
 
+def test_a_compiled_call_checks_the_scale_values_when_it_runs():
+    # Traced tensors have no values: the graph's op checks the scales per call, as check_values asks.
+    torch._dynamo.reset()
+    q, k_cache, v_cache, k_scale, v_scale, lengths, k_new, v_new = fp8_inputs(seed=810)
+
+    def step(q, k_cache, v_cache, k_scale, v_scale):
+        return attention_with_kvcache(q, k_cache, v_cache, lengths, k_new=k_new, v_new=v_new, backend="sdpa",
+                                      k_scale=k_scale, v_scale=v_scale, check_values=True)
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    compiled(q, k_cache.clone(), v_cache.clone(), k_scale, v_scale)
+    with pytest.raises(ValueError, match="v_scale must be finite and > 0"):
+        compiled(q, k_cache.clone(), v_cache.clone(), k_scale, torch.zeros_like(v_scale))
+    torch._dynamo.reset()
+
+
 def test_the_custom_op_with_scales_passes_opcheck():
     # The fake (meta) implementation with the scales. Not "test_schema": torch's schema check multiplies the
     # tensors to see what was mutated, which fp8 tensors do not support on the CPU ("mul_cpu_reduced_float");
