@@ -6,9 +6,12 @@ position ``n_b - S_q + i`` of its ``n_b`` keys, seeing the keys up to its own po
 causal mode aligned to each key length (``CAUSAL == 3``, ``kernels/attention_common``) with the lengths as key
 lengths: no mask is built, the cache is read in place and nothing past an entry's length is touched. The SDPA path
 builds the equivalent [B, 1, S_q, S_max] mask or bias. A paged cache ([blocks, H_kv, block size, D] with a block
-table) is read by the kernel through the table (``PAGE_SIZE``); the SDPA path gathers it first. Forward only.
+table) is read by the kernel through the table (``PAGE_SIZE``); the SDPA path gathers it first. An fp8 (e4m3)
+cache with a scale per kv head is read in place by the decoding kernel; the other paths run on its dequantized
+copy (``kvcache_fp8``). Forward only.
 Under torch.compile the call is one custom op that declares the caches mutated. Imports ``problem``,
-``plan``, ``triton``, ``api``, ``kvcache_writes`` (what a write into a cache needs) and ``flashlite.dispatch``.
+``plan``, ``triton``, ``api``, ``kvcache_writes`` (what a write into a cache needs), ``kvcache_fp8`` and
+``flashlite.dispatch``.
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from flashlite.attn.api import attention
 from flashlite.attn.triton import launch_forward
 from flashlite.attn.plan import Plan
 from flashlite.attn.decide import decide
+from flashlite.attn.kvcache_fp8 import check_scale_values, check_scales, dequantized, is_fp8, quantized
 from flashlite.attn.kvcache_writes import check_table_values, check_writable_caches, detached_sources
 from flashlite.attn.problem import (_TRITON_ERROR, CAUSAL_KEY_LENGTH, check_block_table,
                                     check_cache_args, check_lengths, validate, value_checks_wanted)
@@ -54,8 +58,11 @@ def default_splits(capacity: int) -> int:
     return SPLITS_LONG if capacity >= SPLIT_MIN_KEYS else 1
 
 
-def _virtual_cache(cache: torch.Tensor, batch: int, capacity: int) -> torch.Tensor:
-    """A [B, H_kv, capacity, D] view (stride 0, no copy) that stands for a paged cache in validation."""
+def _virtual_cache(cache: torch.Tensor, batch: int, capacity: int, dtype: torch.dtype) -> torch.Tensor:
+    """A [B, H_kv, capacity, D] view (stride 0, no copy) of ``dtype`` that stands for a paged cache, or for an fp8
+    cache (validated as the cache in q's dtype that the kernels and SDPA read), in validation."""
+    if cache.dtype != dtype:
+        cache = torch.empty((1, cache.shape[1], 1, cache.shape[3]), dtype=dtype, device=cache.device)
     return cache[:1, :, :1].expand(batch, cache.shape[1], capacity, cache.shape[3])
 
 
@@ -111,7 +118,8 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            scale: Optional[float] = None, window: Optional[tuple[int, int]] = None,
                            softcap: Optional[float] = None, alibi_slopes: Optional[torch.Tensor] = None,
                            backend: str = "auto", check_values: Optional[bool] = None,
-                           num_splits: Optional[int] = None) -> torch.Tensor:
+                           num_splits: Optional[int] = None, k_scale: Optional[torch.Tensor] = None,
+                           v_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Attention of the newest S_q positions of each batch entry against its KV cache (decoding: S_q = 1).
 
     Args:
@@ -153,6 +161,16 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
             SMs, at least 512 keys each); on the general kernel 8 for caches of at least 16,384 positions per entry
             (S_max, or the block table's blocks times the block size), else 1 (``default_splits``, measured on an
             H200). Ignored by SDPA.
+        k_scale, v_scale: for an fp8 cache (k_cache and v_cache of dtype ``torch.float8_e4m3fn``, q in float16,
+            bfloat16 or float32): float32 [H_kv] on q's device, both given, none for a cache in q's dtype. Key
+            position j of kv head g is ``k_cache[..., g, j, :].float() * k_scale[g]``, likewise for values.
+            k_new/v_new then come in q's dtype and are stored as ``new / scale`` per kv head, clamped to e4m3's
+            range [-448, 448] (a larger value saturates, never NaN) and rounded to e4m3. The decoding kernel
+            reads the fp8 cache in place; SDPA and the general forward kernel (ALiBi, more than 8 queries, also
+            under backend="triton") run on a dequantized copy of the whole cache in q's dtype, the decision's
+            reason saying so. Checked as the lengths are (``check_values``): finite and > 0. Other fp8 dtypes
+            (e5m2, the fnuz ones) are refused. The cost in accuracy is the e4m3 rounding of the cache: 3 mantissa
+            bits, a relative error up to 1/16 per element.
 
     Returns:
         [B, H, S_q, D] in q's dtype. Forward only: calls that need a gradient are refused. Under torch.compile
@@ -166,16 +184,27 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         >>> out = attention_with_kvcache(q, k_cache, v_cache, lengths, k_new=k_new, v_new=v_new, backend="sdpa")
         >>> out.shape, torch.equal(k_cache[0, :, 3], k_new[0, :, 0])
         (torch.Size([2, 4, 1, 16]), True)
+
+        An fp8 cache, its new tokens stored as ``new / scale`` in e4m3:
+
+        >>> k8, v8 = (torch.zeros(2, 2, 8, 16, dtype=torch.float8_e4m3fn) for _ in range(2))
+        >>> k_scale, v_scale = torch.tensor([0.01, 0.02]), torch.tensor([0.02, 0.01])
+        >>> out = attention_with_kvcache(q, k8, v8, lengths, k_new=k_new, v_new=v_new, k_scale=k_scale,
+        ...                              v_scale=v_scale, backend="sdpa")
+        >>> stored = (k_new[0, :, 0] / k_scale[:, None]).clamp(-448, 448).to(torch.float8_e4m3fn)
+        >>> torch.equal(k8[0, :, 3].float(), stored.float())
+        True
     """
     compiling = torch.compiler.is_compiling()
     key = None if compiling else _plan_key(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, scale,
-                                           window, softcap, alibi_slopes, backend, num_splits)
+                                           window, softcap, alibi_slopes, backend, num_splits, k_scale, v_scale)
     plan = None if key is None else plans._PLANS.get(key)
     new_plan = plan is None
     if new_plan:
         plan = _make_plan(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, scale, window, softcap,
-                          alibi_slopes, backend, num_splits)
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k_cache, v_cache, k_new, v_new)):
+                          alibi_slopes, backend, num_splits, k_scale, v_scale)
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad
+                                       for t in (q, k_cache, v_cache, k_new, v_new, k_scale, v_scale)):
         raise ValueError("attention_with_kvcache is forward only (decoding); call it under torch.no_grad() or "
                          "pass tensors that do not require grad")
     if compiling:  # validated and decided at trace time; the graph holds the opaque op
@@ -185,7 +214,8 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         p = plan.problem
         return attention_with_kvcache_op(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, alibi_slopes,
                                          p.scale, p.window_left, p.window_right, p.softcap,
-                                         plan.decision.backend == "triton", p.key_splits, check_values)
+                                         plan.decision.backend == "triton", p.key_splits, check_values, k_scale,
+                                         v_scale)
     if new_plan:
         plan = plans.keep(key, plan)
     # Per call: what depends on the tensors' addresses or values, never on the signature the plan was made for.
@@ -196,22 +226,30 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         check_lengths(cache_seqlens, appended, _capacity(k_cache, block_table))
         if block_table is not None:
             check_table_values(block_table, cache_seqlens, appended, k_cache.shape[0], k_cache.shape[2])
+        if k_scale is not None:
+            check_scale_values(k_scale, v_scale)
     lengths = cache_seqlens + appended if appended else cache_seqlens
     if k_new is not None:
         # Read before anything is written: a source that is a view of a cache (v_new of k_cache's positions, q of
         # the positions the write lands on) would otherwise be read after the write changed it.
         q, k_new, v_new = detached_sources((q, k_new, v_new), (k_cache, v_cache))
+        if k_scale is not None:  # tokens in q's dtype, stored as the fp8 cache holds them
+            k_new, v_new = quantized(k_new, k_scale), quantized(v_new, v_scale)
         _append(k_cache, k_new, cache_seqlens, block_table)
         _append(v_cache, v_new, cache_seqlens, block_table)
     problem = plan.problem
     if plan.decision.backend == "sdpa":
         if block_table is not None:
             k_cache, v_cache = _gathered(k_cache, block_table), _gathered(v_cache, block_table)
+        if k_scale is not None:  # SDPA reads no fp8: the (gathered) cache dequantized into q's dtype
+            k_cache, v_cache = dequantized(k_cache, k_scale, q.dtype), dequantized(v_cache, v_scale, q.dtype)
         return _sdpa_kvcache(q, k_cache, v_cache, lengths, scale, window, softcap, alibi_slopes)
     if decode_kernel_serves(problem):
         # One program per (entry, kv head, share) reads each K/V tile once for the group's query heads; lengths and
         # the table stay on the device (no host read), so the call is capturable in a CUDA graph.
-        return _decode(plan, q, k_cache, v_cache, lengths, block_table, num_splits)
+        return _decode(plan, q, k_cache, v_cache, lengths, block_table, num_splits, k_scale, v_scale)
+    if k_scale is not None:  # the general kernel reads no fp8: a dequantized copy (every block of a paged pool)
+        k_cache, v_cache = dequantized(k_cache, k_scale, q.dtype), dequantized(v_cache, v_scale, q.dtype)
     if block_table is not None and block_table.shape[1] > 1 and block_table.stride(1) != 1:
         # The kernel takes the table's row stride only and walks a row at unit column stride: a table whose
         # columns are not adjacent (transposed, or every other column of a wider one) would name other blocks.
@@ -228,12 +266,15 @@ def _capacity(k_cache: torch.Tensor, block_table: Optional[torch.Tensor]) -> int
 def _plan_key(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor,
               k_new: Optional[torch.Tensor], v_new: Optional[torch.Tensor], block_table: Optional[torch.Tensor],
               scale: Optional[float], window: Optional[tuple[int, int]], softcap: Optional[float],
-              alibi_slopes: Optional[torch.Tensor], backend: str, num_splits: Optional[int]) -> Optional[plans.PlanKey]:
+              alibi_slopes: Optional[torch.Tensor], backend: str, num_splits: Optional[int],
+              k_scale: Optional[torch.Tensor] = None, v_scale: Optional[torch.Tensor] = None
+              ) -> Optional[plans.PlanKey]:
     """The plan key of a cache call, the plan cache's "kvcache" entry (``plans.key_of``, so never equal to an
     ``attention()`` key): every tensor's shape, strides, dtype and device, and the other arguments with their
-    classes (validation refuses scale=True, which equals 1); not the values of cache_seqlens or the block table,
-    which are data of each call. None where the arguments cannot be keyed (not hashable): validation then names
-    them.
+    classes (validation refuses scale=True, which equals 1); not the values of cache_seqlens, the block table or
+    the fp8 scales, which are data of each call (the caches' dtypes and the scales' layouts are keyed, so a plan
+    never serves both an fp8 and a q-dtype cache). None where the arguments cannot be keyed (not hashable):
+    validation then names them.
 
     Example:
         >>> q, k = torch.randn(1, 2, 1, 16), torch.randn(1, 2, 32, 16)
@@ -243,16 +284,18 @@ def _plan_key(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cac
         True
     """
     return plans.key_of("kvcache", q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, alibi_slopes, scale,
-                        window, softcap, backend, num_splits)
+                        window, softcap, backend, num_splits, k_scale, v_scale)
 
 
 def _make_plan(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor,
                k_new: Optional[torch.Tensor], v_new: Optional[torch.Tensor], block_table: Optional[torch.Tensor],
                scale: Optional[float], window: Optional[tuple[int, int]], softcap: Optional[float],
-               alibi_slopes: Optional[torch.Tensor], backend: str, num_splits: Optional[int]) -> Plan:
+               alibi_slopes: Optional[torch.Tensor], backend: str, num_splits: Optional[int],
+               k_scale: Optional[torch.Tensor], v_scale: Optional[torch.Tensor]) -> Plan:
     """Validate and decide a cache call: a plan whose problem is the one the kernels launch (causal to each key
     length, the page size, the split-KV shares). The Gluon kernels take no cache calls: gluon and gluon_bwd stay
-    False."""
+    False. An fp8 cache is validated and decided as the cache in q's dtype that it stands for."""
+    check_scales(q, k_cache, v_cache, k_scale, v_scale)
     check_cache_args(q, k_cache, v_cache, cache_seqlens, k_new, v_new)
     if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int)
                                    or not 1 <= num_splits <= MAX_SPLITS):
@@ -260,8 +303,9 @@ def _make_plan(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, ca
     capacity = k_cache.shape[2] if block_table is None else check_block_table(q, k_cache, v_cache, block_table)
     appended = 0 if k_new is None else q.shape[2]
     lengths = cache_seqlens + appended if appended else cache_seqlens
-    keys, values = (k_cache, v_cache) if block_table is None else (
-        _virtual_cache(k_cache, q.shape[0], capacity), _virtual_cache(v_cache, q.shape[0], capacity))
+    keys, values = (k_cache, v_cache) if block_table is None and not is_fp8(k_cache) else (
+        _virtual_cache(k_cache, q.shape[0], capacity, q.dtype),
+        _virtual_cache(v_cache, q.shape[0], capacity, q.dtype))
     problem = validate(q, keys, values, "lower_right", scale, None, lengths, backend, None, window, softcap,
                        alibi_slopes)
     # "auto": the table's entry for the cache's kind at (B, S_max), else the kernel where it can run on CUDA.
@@ -271,24 +315,37 @@ def _make_plan(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, ca
     page_size = 0 if block_table is None else k_cache.shape[2]
     launched = dataclasses.replace(problem, causal_mode=CAUSAL_KEY_LENGTH, page_size=page_size,
                                    key_splits=default_splits(capacity) if num_splits is None else num_splits)
+    if is_fp8(k_cache):
+        decision = dataclasses.replace(decision, reason=f"{decision.reason}; {_fp8_path(decision, launched)}")
     return Plan(launched, decision, record=(decision.backend == "triton" and q.is_cuda
                                             and not _runtime.interpreting() and plans.has_room()))
 
 
+def _fp8_path(decision, problem) -> str:
+    """How a decided call reads its fp8 cache, for the decision's reason."""
+    if decision.backend == "sdpa":
+        return "fp8 cache: dequantized for SDPA"
+    if decode_kernel_serves(problem):
+        return "fp8 cache: read in place by the decoding kernel"
+    return "fp8 cache: dequantized for the general forward kernel (ALiBi or more than 8 queries)"
+
+
 def _decode(plan: Plan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor,
-            block_table: Optional[torch.Tensor], requested_splits: Optional[int]) -> torch.Tensor:
+            block_table: Optional[torch.Tensor], requested_splits: Optional[int],
+            k_scale: Optional[torch.Tensor] = None, v_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
     """A call on the decoding kernel. Its layout (grids, scalars, buffer shapes: ``decode_layout``) is derived once
     per plan; a recording plan records each launch at its first call and later replays it with the call's
     tensors (Triton's argument binding skipped), so a replayed call allocates its output and binds its tensors,
     nothing else: lengths and the block table are tensor arguments, data of the call; everything else the launch
-    takes (strides, grid, scale, splits) is fixed by the plan's key."""
+    takes (strides, grid, scale, splits) is fixed by the plan's key. An fp8 cache's scales are tensors of the
+    call too; the layout reads the cache in place (DEQUANT) since the cache's dtype is not q's."""
     layout = plan.layouts.get("decode")
     if layout is None:
         p = plan.problem
         layout = plan.layouts["decode"] = decode_layout(
             q, k_cache, v_cache, lengths, block_table=block_table, scale=p.scale, softcap=p.softcap or None,
             window_left=p.window_left, num_splits=requested_splits)
-    out, _, tensors = layout.bind(q, k_cache, v_cache, lengths, block_table, None, None)
+    out, _, tensors = layout.bind(q, k_cache, v_cache, lengths, block_table, k_scale, v_scale)
     launches = None  # built only where a launch is not replayed
     for site, site_tensors in enumerate(tensors):
         recorded = plan.recorded.get(site)
@@ -332,19 +389,21 @@ def attention_with_kvcache_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
                               v_new: Optional[torch.Tensor], block_table: Optional[torch.Tensor],
                               alibi_slopes: Optional[torch.Tensor], scale: float, window_left: int,
                               window_right: int, softcap: float, use_kernel: bool, num_splits: int = 1,
-                              check_values: Optional[bool] = None) -> torch.Tensor:
+                              check_values: Optional[bool] = None, k_scale: Optional[torch.Tensor] = None,
+                              v_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
     """A KV-cache call as one opaque op for torch.compile'd graphs, the caches declared as mutated (the new tokens
     are written into them). Its arguments were validated when the graph was traced, but not the values of
     cache_seqlens and the block table: they are checked here, per call, as ``check_values`` says (the eager call's
-    rule: None checks CPU tensors); ``softcap`` 0.0 is off."""
+    rule: None checks CPU tensors; the fp8 scales' values likewise); ``softcap`` 0.0 is off."""
     window = None if (window_left, window_right) == (-1, -1) else (window_left, window_right)
     return attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, k_new=k_new, v_new=v_new,
                                   block_table=block_table, scale=scale, window=window, softcap=softcap or None,
                                   alibi_slopes=alibi_slopes, backend="triton" if use_kernel else "sdpa",
-                                  check_values=check_values, num_splits=num_splits)
+                                  check_values=check_values, num_splits=num_splits, k_scale=k_scale,
+                                  v_scale=v_scale)
 
 
 @attention_with_kvcache_op.register_fake
 def _kvcache_fake(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, alibi_slopes, scale, window_left,
-                  window_right, softcap, use_kernel, num_splits=1, check_values=None):
+                  window_right, softcap, use_kernel, num_splits=1, check_values=None, k_scale=None, v_scale=None):
     return q.new_empty(q.shape)

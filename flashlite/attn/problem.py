@@ -442,9 +442,13 @@ def check_cache_args(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
             if not isinstance(t, torch.Tensor) or tuple(t.shape) != expected:
                 raise ValueError(f"{name} must have shape [B, H_kv, S_q, D] = {list(expected)}, got "
                                  f"{list(getattr(t, 'shape', [])) or type(t).__name__}")
-            if t.dtype != k_cache.dtype or t.device != k_cache.device:
-                raise TypeError(f"{name} must match the cache's dtype and device ({k_cache.dtype} on "
-                                f"{k_cache.device}), got {t.dtype} on {t.device}")
+            # An fp8 cache receives new tokens in q's dtype, quantized with the scales as they are written.
+            dtype = q.dtype if k_cache.dtype == torch.float8_e4m3fn else k_cache.dtype
+            if t.dtype != dtype or t.device != k_cache.device:
+                what = "q's dtype (the cache is fp8) and the cache's device" if dtype != k_cache.dtype else \
+                    "the cache's dtype and device"
+                raise TypeError(f"{name} must match {what} ({dtype} on {k_cache.device}), got {t.dtype} on "
+                                f"{t.device}")
 
 
 def check_lengths(cache_seqlens: torch.Tensor, appended: int, capacity: int) -> None:

@@ -150,6 +150,9 @@ def test_decoding_runs_the_decoding_kernel_and_longer_chunks_the_general_kernel(
     # One query per entry (and short speculative chunks) go to the decoding kernel, which reads each kv head's
     # cache once for the group's query heads; a chunk longer than it holds, or ALiBi, to the general forward kernel.
     import flashlite.attn.kvcache as kvcache_module
+    # A plan derives its decoding layout once: start from an empty plan cache, or a plan that an earlier test made
+    # for these shapes would call no decode_layout here.
+    monkeypatch.setattr(importlib.import_module("flashlite.attn.plan"), "_PLANS", {})
     calls = []
     real_decode, real_forward = kvcache_module.decode_layout, kvcache_module.launch_forward
     monkeypatch.setattr(kvcache_module, "decode_layout",
