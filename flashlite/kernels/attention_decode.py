@@ -65,8 +65,8 @@ def _decode_split(Q,  # [B, H, S_q, D], any strides (H = H_kv * GROUP, S_q = SEQ
                   VScale,  # [H_kv] float32 when DEQUANT: as KScale, for V
                   Out,  # [B, H, S_q, D], any strides, q's dtype: written when not SPLIT (num_splits == 1)
                   Lse,  # [B, H, S_q] float32 contiguous, base 2: written when not SPLIT and STORE_LSE
-                  OutPart,  # [num_splits, B * H_kv * ROWS, D] float32 contiguous: written when SPLIT
-                  LsePart,  # [num_splits, B * H_kv * ROWS] float32 contiguous, base 2: written when SPLIT
+                  Parts,  # [num_splits * B * H_kv * ROWS * (D + 1)] float32 when SPLIT: the shares' outputs
+                  #         [num_splits, B * H_kv * ROWS, D], then their base-2 lse [num_splits, B * H_kv * ROWS]
                   Arrivals,  # [B * H_kv] int32, zero before the launch and left zero, when FUSED_MERGE (else unused)
                   stride_qb, stride_qh, stride_qs, stride_qd,
                   stride_kb, stride_kh, stride_kn, stride_kd,  # stride_kb: per entry, or per block when paged
@@ -83,6 +83,9 @@ def _decode_split(Q,  # [B, H, S_q, D], any strides (H = H_kv * GROUP, S_q = SEQ
     b = pair // kv_heads
     g = pair % kv_heads
     ROWS: tl.constexpr = GROUP * SEQ_Q
+    # One buffer for both partials: a call allocates one tensor for them, not two (host time per decoding step).
+    OutPart = Parts
+    LsePart = Parts + (tl.num_programs(0) * num_splits).to(tl.int64) * (ROWS * HEAD_DIM)
     offs_r = tl.arange(0, BLOCK_R)
     offs_d = tl.arange(0, BLOCK_D)
     row_ok = offs_r < ROWS
@@ -226,8 +229,8 @@ def _decode_split(Q,  # [B, H, S_q, D], any strides (H = H_kv * GROUP, S_q = SEQ
 
 
 @triton.jit
-def _decode_merge(OutPart,  # [num_splits, B * H_kv * ROWS, D] float32 contiguous: the shares' normalised outputs
-                  LsePart,  # [num_splits, B * H_kv * ROWS] float32 contiguous: their base-2 lse (-inf: no key)
+def _decode_merge(Parts,  # [num_splits * rows_total * (D + 1)] float32: the shares' normalised outputs
+                  #         [num_splits, rows_total, D], then their base-2 lse [num_splits, rows_total] (-inf: no key)
                   Out,  # [B, H, S_q, D], any strides, q's dtype
                   Lse,  # [B, H, S_q] float32 contiguous, base 2, when STORE_LSE (else unused)
                   stride_ob, stride_oh, stride_os, stride_od,
@@ -237,6 +240,8 @@ def _decode_merge(OutPart,  # [num_splits, B * H_kv * ROWS, D] float32 contiguou
     """One program per query row: the row's output is the shares' outputs averaged with weights 2 ** lse_s (all
     shares loaded at once, so the merge is one round trip to memory); a row no share saw stays 0 with lse -inf."""
     ROWS: tl.constexpr = GROUP * SEQ_Q
+    OutPart = Parts
+    LsePart = Parts + (num_splits * rows_total).to(tl.int64) * HEAD_DIM
     row = tl.program_id(0)  # (b * H_kv + g) * ROWS + r
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)

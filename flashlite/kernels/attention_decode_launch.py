@@ -128,12 +128,12 @@ class DecodeLayout:
         >>> layout = prepare_decode(q, k, k, torch.tensor([50], dtype=torch.int32), num_splits=4).layout
         >>> out, lse, tensors = layout.bind(q, k, k, torch.tensor([9], dtype=torch.int32), None, None, None)
         >>> out.shape, [len(t) for t in tensors]
-        (torch.Size([1, 4, 1, 32]), [12, 4])
+        (torch.Size([1, 4, 1, 32]), [11, 3])
     """
     out_shape: tuple[int, ...]
     out_dtype: torch.dtype
     device: torch.device
-    part_shape: Optional[tuple[int, int, int]]  # (shares, rows, D) float32 partials; None unsplit
+    part_shape: Optional[tuple[int, int, int]]  # (shares, rows, D): the partials' float32 outputs; None unsplit
     return_lse: bool
     fused: bool
     arrivals_pairs: int
@@ -151,17 +151,17 @@ class DecodeLayout:
         tensors]). The tensors must have the signature the layout was made for (the caller's plan key)."""
         out = torch.empty(self.out_shape, dtype=self.out_dtype, device=self.device)
         lse = torch.empty(self.out_shape[:3], dtype=torch.float32, device=self.device) if self.return_lse else out
-        if self.part_shape is not None:
-            out_part = torch.empty(self.part_shape, dtype=torch.float32, device=self.device)
-            lse_part = torch.empty(self.part_shape[:2], dtype=torch.float32, device=self.device)
+        if self.part_shape is not None:  # one buffer: the outputs [shares, rows, D], then the lse [shares, rows]
+            splits, rows, dim = self.part_shape
+            parts = torch.empty(splits * rows * (dim + 1), dtype=torch.float32, device=self.device)
         else:
-            out_part = lse_part = out  # unused
+            parts = out  # unused
         table = block_table if block_table is not None else cache_seqlens  # unused when not paged
         arrivals = _arrivals(self.device, self.arrivals_pairs) if self.fused else table
         tensors = [(q, k_cache, v_cache, cache_seqlens, table, table if k_scale is None else k_scale,
-                    table if v_scale is None else v_scale, out, lse, out_part, lse_part, arrivals)]
+                    table if v_scale is None else v_scale, out, lse, parts, arrivals)]
         if self.merge_grid is not None:
-            tensors.append((out_part, lse_part, out, lse))
+            tensors.append((parts, out, lse))
         return out, lse if self.return_lse else None, tensors
 
     def launches(self, tensors: list[tuple]) -> list[KernelLaunch]:

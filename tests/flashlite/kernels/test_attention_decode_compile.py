@@ -23,7 +23,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from flashlite.kernels import attention_decode
 
-POINTERS = dict(KeyLens="*i32", BlockTable="*i32", Lse="*fp32", OutPart="*fp32", LsePart="*fp32",
+POINTERS = dict(KeyLens="*i32", BlockTable="*i32", Lse="*fp32", Parts="*fp32",
                 KScale="*fp32", VScale="*fp32", Arrivals="*i32")
 
 def compile_sm90(fn, meta, warps, stages, cache="*bf16"):

@@ -219,7 +219,7 @@ def test_fused_merge_matches_float64_and_leaves_its_counters_zero(block_size, se
     call = prepare_decode(q, k_in, v_in, lengths, block_table=table, num_splits=splits, return_lse=True,
                           config=config)
     assert len(call.launches) == 1
-    counters = call.launches[0].args[11]
+    counters = call.launches[0].args[10]
     for _ in range(2):  # twice: the second call starts from the counters the first left
         call.launches[0]()
         assert counters.dtype == torch.int32 and not counters.any()
