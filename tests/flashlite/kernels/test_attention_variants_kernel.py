@@ -242,13 +242,16 @@ REFERENCE_COMMITS = {"fwd": DENSE_KERNELS_COMMIT, "dkdv": DENSE_KERNELS_COMMIT, 
 # Arguments the variants added: unused when they are off, so present in the function's signature only.
 VARIANT_ARGUMENTS = ["Alibi", "stride_alibi_b", "stride_alibi_h", "window_left", "window_right", "softcap",
                      "CuSeqQ", "CuSeqK"]  # packed sequences (VARLEN)
-FORWARD_ARGUMENTS = ["BlockTable", "stride_table_b"]  # paged KV caches (PAGE_SIZE), a forward-only feature
+# Forward-only: paged KV caches (PAGE_SIZE); the key start of boolean key masks (read only when KEY_MASK == "bool").
+FORWARD_ARGUMENTS = ["BlockTable", "stride_table_b", "KeyStart"]
 
 _DENSE_TTGIR = SM90_COMPILER + r'''
 import json, re
-# Dense launches as the launcher makes them: several causal modes, key masks and forward tilings, bf16, D=64.
+# Dense launches as the launcher makes them: several causal modes, key masks and forward tilings, bf16, D=64. (The
+# forward of a boolean key mask has since changed on purpose: it skips the key blocks before each entry's first
+# visible key, attention_common.skip_hidden_prefix; the forward's key lengths stand in for key masks here.)
 JOBS = [("fwd", attention_fwd._attn_fwd, dict(BLOCK_M=128, BLOCK_N=64), 1, "none"),
-        ("fwd", attention_fwd._attn_fwd, dict(BLOCK_M=64, BLOCK_N=64, BH_PER_PROGRAM=2), 2, "bool"),
+        ("fwd", attention_fwd._attn_fwd, dict(BLOCK_M=64, BLOCK_N=64, BH_PER_PROGRAM=2), 2, "lengths"),
         ("dkdv", attention_bwd._attn_bwd_dkdv, dict(BLOCK_M=32, BLOCK_N=128), 1, "none"),
         ("dkdv", attention_bwd._attn_bwd_dkdv, dict(BLOCK_M=32, BLOCK_N=128), 2, "lengths"),
         ("dq", attention_bwd._attn_bwd_dq, dict(BLOCK_M=128, BLOCK_N=32), 1, "none"),
