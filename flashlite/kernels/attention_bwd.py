@@ -24,8 +24,8 @@ import triton.language as tl
 
 from flashlite import _runtime
 from flashlite.kernels.attention_common import (cast_out, key_range, load_cols, load_cols_where, load_rows,
-                                                load_rows_where, mma, program_ids, tanh, variant_scalars,
-                                                varlen_sequence, window_shift_and_right)
+                                                load_rows_where, mma, program_ids, skip_hidden_prefix, tanh,
+                                                variant_scalars, varlen_sequence, window_shift_and_right)
 from flashlite.kernels.tuning import AUTOTUNE_KEY_BACKWARD, SCRATCH_BYTES, even_m, make_configs, prune_by_resources
 
 
@@ -176,6 +176,7 @@ def _attn_bwd_dkdv(Q,  # [B, H, S_q, D]
     elif KEY_MASK == "bool":
         key_ok = tl.load(KeyMask + b.to(tl.int64) * stride_mask_b + offs_n * stride_mask_n,
                          mask=offs_n < seq_k, other=0) != 0
+        q_end = tl.where(tl.max(key_ok.to(tl.int32), 0) != 0, q_end, 0)  # a block the mask hides whole: zeros
     else:
         key_ok = offs_n < seq_k
 
@@ -348,6 +349,7 @@ def _attn_bwd_dq(Q,  # [B, H, S_q, D]
                  dQ,  # [B, H, S_q, D], dtype of Q
                  KeyMask,  # [B, S_k] uint8 when KEY_MASK == "bool"
                  KeyLen,  # [B] int when KEY_MASK == "lengths"
+                 KeyStart,  # [B] int when KEY_MASK == "bool": first nonzero of each KeyMask row, 0 if none
                  Alibi,  # [B, H] or [H] float32 slopes when ALIBI (else unused); [H]: stride_alibi_b = 0
                  CuSeqQ,  # [B + 1] int32 starts of the packed sequences in q's tokens when VARLEN (else unused)
                  CuSeqK,  # [B + 1] int32 starts of the packed sequences in k's and v's tokens when VARLEN
@@ -408,6 +410,8 @@ def _attn_bwd_dq(Q,  # [B, H, S_q, D]
 
     n_len, diag_shift, first, lo, full_start, full_end, hi = key_range(
         KeyLen, b, start_m, seq_q, seq_k, window_left, window_right, BLOCK_M, BLOCK_N, CAUSAL, KEY_MASK, WINDOW)
+    if KEY_MASK == "bool":  # blocks before the first visible key add nothing, as in the forward
+        lo, full_start, full_end, hi = skip_hidden_prefix(KeyStart, b, lo, full_start, full_end, hi, BLOCK_N)
     softcap2, slope2 = variant_scalars(Alibi, b, h, stride_alibi_b, stride_alibi_h, softcap, qk_scale, SOFTCAP,
                                        ALIBI)
 

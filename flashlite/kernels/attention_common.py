@@ -7,9 +7,9 @@ kernel compiles). Conventions of the kernels' parameters, which the helpers foll
   (j <= i + seq_k - seq_q); 3 bottom-right of each batch entry's key length (j <= i + n_len - seq_q, with
   ``KEY_MASK == "lengths"``: decoding against a KV cache filled to a different length per entry; forward only).
 * ``KEY_MASK``: "none"; "lengths" (``KeyLen`` is int [B], keys j >= length are masked, the length clamped to
-  [0, seq_k]); "bool" (``KeyMask`` is uint8 [B, seq_k], nonzero = attend; the forward also takes ``KeyStart``,
-  int [B]: the first key each entry's mask shows, or 0 where it shows none, and starts its key loop at that key's
-  block: ``skip_hidden_prefix``).
+  [0, seq_k]); "bool" (``KeyMask`` is uint8 [B, seq_k], nonzero = attend; the forward and dQ kernels also take
+  ``KeyStart``, int [B]: the first key each entry's mask shows, or 0 where it shows none, and start their key loops
+  at that key's block: ``skip_hidden_prefix``).
 * ``DOT``: operand precision of every ``tl.dot``: "fp16", "bf16", "ieee" (true fp32), "tf32", or
   "bf16_emulated" (operands rounded to bf16 then multiplied in fp32: the interpreter's stand-in for bf16 dots,
   whose interpreted ``tl.dot`` is broken). Accumulation is always fp32.

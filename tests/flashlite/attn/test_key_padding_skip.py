@@ -1,4 +1,4 @@
-"""The forward kernel starts each entry's key loop at the block of the first key its boolean mask shows.
+"""The forward and dQ kernels start each entry's key loop at the block of the first key its boolean mask shows.
 
 A left-padded batch's mask hides each entry's leading keys from every query row, so the key blocks wholly before
 an entry's first True add nothing to any row: the launcher passes each entry's first True (``argmax`` of the mask
@@ -6,8 +6,10 @@ row, 0 where the row has none) and the kernel skips those blocks (``attention_co
 outputs and log-sum-exps are checked against a float64 reference written from the definition, at odd sizes under
 the interpreter's 32 x 16 forward blocks: first keys at 0, at a block boundary, inside a block, an entry with no
 visible key, an entry with a hole after its first True; every causal mode, grouped-query heads, window and softcap,
-split-KV. Since hidden keys never reach an output anyway (even when they hold NaN), the skip itself is observed
-through the key start the kernel receives: forged past the mask's first True, it hides the blocks before it.
+split-KV; the gradients too. Since hidden keys never reach an output anyway (even when they hold NaN), the skip
+itself is observed through the key start a kernel receives: forged past the mask's first True, it hides the blocks
+before it. The dK/dV kernel needs no key start: a program whose key block the mask hides whole visits no query
+block and stores zeros, which a NaN query row (whose dS row is NaN, 0 * NaN in every key it visits) makes visible.
 """
 from __future__ import annotations
 
@@ -22,9 +24,10 @@ import triton.language as tl
 
 import flashlite.attn.plan as plans_module
 import flashlite.attn.triton as launch_module
+import flashlite.attn.triton_bwd as backward_module
 from flashlite.attn.plan import Plan
 from flashlite.attn.problem import validate
-from flashlite.attention import attention_forward
+from flashlite.attention import attention_backward, attention_forward
 from flashlite.kernels.attention_common import key_range, skip_hidden_prefix
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -58,8 +61,8 @@ def random_inputs(batch, seq_q, seq_k, dtype, seed):
 
 
 def reference(q, k, v, mask, causal_mode, window=(-1, -1), softcap=0.0):
-    """(out, natural log-sum-exp) in float64 from the definition; rows that see no key give 0 and -inf."""
-    q, k, v = (t.cpu().double() for t in (q, k, v))
+    """(out, natural log-sum-exp) in float64 from the definition; rows that see no key give 0 and -inf. q, k, v
+    may be float64 leaves that require gradients: rows that see no key then give zero gradients, not NaN."""
     k, v = (t.repeat_interleave(H // H_KV, dim=1) for t in (k, v))
     seq_q, seq_k = q.shape[2], k.shape[2]
     scores = q @ k.transpose(-2, -1) * SCALE
@@ -76,13 +79,18 @@ def reference(q, k, v, mask, causal_mode, window=(-1, -1), softcap=0.0):
         seen &= j <= i + window[1]
     seen = seen[None, None] & mask.cpu()[:, None, None, :]
     scores = scores.masked_fill(~seen, float("-inf"))
-    lse = torch.logsumexp(scores, dim=-1)
-    weights = torch.where(seen, torch.exp(scores - lse.nan_to_num(neginf=0.0)[..., None]), 0.0)
+    lse = torch.logsumexp(scores.detach(), dim=-1)
+    # A row without a visible key softmaxes zeros instead of -infs (no NaN), then its weights are zeroed.
+    weights = torch.softmax(scores.masked_fill(~seen.any(-1, keepdim=True), 0.0), dim=-1) * seen
     return weights @ v, lse
 
 
+def float64(*tensors):
+    return tuple(t.detach().cpu().double() for t in tensors)
+
+
 def check(out, lse, q, k, v, mask, causal_mode, **variants):
-    expected, expected_lse = reference(q, k, v, mask, causal_mode, **variants)
+    expected, expected_lse = reference(*float64(q, k, v), mask, causal_mode, **variants)
     out, lse = out.cpu().double(), lse.cpu().double() / math.log2(math.e)  # the kernel's lse is base 2
     bound = TOLERANCE[q.dtype] * expected.abs().max()
     assert (out - expected).abs().max() <= bound
@@ -128,21 +136,28 @@ def test_split_kv_shares_start_at_the_first_visible_block(splits, causal_mode):
     check(*launch_module.launch_forward(q, k, v, mask, None, plan), q, k, v, mask, causal_mode)
 
 
+# Where each kernel's leading tensors hold the key start.
+KEY_START_INDEX = {"forward": 7, "dq": 10}
+
+
 @pytest.fixture
 def launches(monkeypatch):
-    """The leading tensors of every launch from here on (``.tensors``; a fresh plan cache); a tensor set as
-    ``.forge`` replaces the key start the forward kernel receives."""
+    """The leading tensors of every launch from here on (``.tensors``; a fresh plan cache); a tensor set in
+    ``.forge["forward"]`` or ``.forge["dq"]`` replaces the key start that kernel receives."""
     monkeypatch.setattr(plans_module, "_PLANS", {})
-    seen = types.SimpleNamespace(tensors=[], forge=None)
+    seen = types.SimpleNamespace(tensors=[], forge={})
     original = launch_module._launch
 
     def spy(kernel, site, plan, grid, tensors, scalars, meta, **keywords):
         seen.tensors.append(tensors)
-        if seen.forge is not None:
-            tensors = (*tensors[:7], seen.forge, *tensors[8:])
+        name = "dq" if isinstance(site, tuple) and site[0] == "dq" else "forward" if site == "forward" else None
+        if seen.forge.get(name) is not None:
+            at = KEY_START_INDEX[name]
+            tensors = (*tensors[:at], seen.forge[name], *tensors[at + 1:])
         return original(kernel, site, plan, grid, tensors, scalars, meta, **keywords)
 
     monkeypatch.setattr(launch_module, "_launch", spy)
+    monkeypatch.setattr(backward_module, "_launch", spy)
     return seen
 
 
@@ -165,12 +180,12 @@ def test_the_kernel_skips_the_key_blocks_before_the_key_start(launches, causal_m
     # would give the full mask's result.
     mask = torch.ones(2, 45, dtype=torch.bool)
     q, k, v = random_inputs(2, 20, 45, torch.float32, seed=5)
-    launches.forge = torch.tensor([40, 0], device=DEVICE)
+    launches.forge["forward"] = torch.tensor([40, 0], device=DEVICE)
     out, lse = forward(q, k, v, mask, causal_mode)
     skipped = mask.clone()
     skipped[0, :32] = False
     check(out, lse, q, k, v, skipped, causal_mode)
-    assert (out[0].cpu() - reference(q, k, v, mask, causal_mode)[0][0]).abs().max() > 1e-2
+    assert (out[0].cpu() - reference(*float64(q, k, v), mask, causal_mode)[0][0]).abs().max() > 1e-2
 
 
 @triton.jit
@@ -196,3 +211,50 @@ def test_key_range_starts_at_the_block_of_the_first_visible_key(causal, window_l
     _key_range_probe[(1,)](torch.tensor([40], dtype=torch.int32, device=DEVICE), out, start_m, 77, 77,
                            max(window_left, 0), BLOCK_M=32, BLOCK_N=16, CAUSAL=causal, WINDOW=window_left >= 0)
     assert out.tolist() == expected
+
+
+def gradients(q, k, v, grad_out, mask, causal_mode, window=(-1, -1), softcap=0.0):
+    """(dq, dk, dv) of the kernels, the forward's out and lse from the kernel too."""
+    out, lse = forward(q, k, v, mask, causal_mode, window, softcap)
+    return attention_backward(grad_out, q, k, v, out, lse, mask.to(DEVICE), None, causal_mode, SCALE, "ieee",
+                              *window, softcap)
+
+
+@pytest.mark.parametrize("causal_mode, window, softcap", [(0, (-1, -1), 0.0), (1, (-1, -1), 0.0),
+                                                          (2, (-1, -1), 0.0), (1, (20, -1), 3.0),
+                                                          (0, (6, 2), 0.0)])
+def test_gradients_of_left_padded_masks_match_float64(causal_mode, window, softcap):
+    q, k, v = random_inputs(5, 70, 77, torch.float32, seed=11 + causal_mode)
+    grad_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    mask = left_padded_mask(77, STARTS[77])
+    leaves = tuple(t.requires_grad_() for t in float64(q, k, v))
+    reference(*leaves, mask, causal_mode, window, softcap)[0].backward(grad_out.cpu().double())
+    for got, leaf in zip(gradients(q, k, v, grad_out, mask, causal_mode, window, softcap), leaves):
+        assert (got.cpu().double() - leaf.grad).abs().max() <= TOLERANCE[torch.float32] * leaf.grad.abs().max()
+
+
+def test_dq_skips_the_key_blocks_before_the_key_start(launches):
+    # As for the forward: a key start forged past the mask's first True (every key visible) changes dQ, which it
+    # cannot unless dQ's key loop starts at its block. dK and dV do not read it.
+    mask = torch.ones(2, 45, dtype=torch.bool)
+    q, k, v = random_inputs(2, 20, 45, torch.float32, seed=8)
+    grad_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(4)).to(DEVICE)
+    honest = gradients(q, k, v, grad_out, mask, 0)
+    launches.forge["dq"] = torch.tensor([40, 0], device=DEVICE)
+    forged = gradients(q, k, v, grad_out, mask, 0)
+    assert (forged[0][0] - honest[0][0]).abs().max() > 1e-2
+    assert torch.equal(forged[0][1], honest[0][1])  # the entry whose key start is still its first True
+    assert torch.equal(forged[1], honest[1]) and torch.equal(forged[2], honest[2])
+
+
+def test_dkdv_of_key_blocks_the_mask_hides_whole_are_zero_even_beside_a_nan_query():
+    # A NaN query row makes its own dS row NaN, and dK = dS^T Q takes 0 * NaN = NaN into every key its program
+    # visits, hidden ones included. A key block the mask hides whole visits no query block: its dK and dV stay
+    # exactly zero (keys 0-31 here, two whole 16-key blocks, before the first visible key 40).
+    mask = left_padded_mask(77, [(40, False), (0, False)])
+    q, k, v = random_inputs(2, 33, 77, torch.float32, seed=6)
+    q[:, :, 5] = float("nan")
+    grad_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    _, dk, dv = gradients(q, k, v, grad_out, mask, 0)
+    assert torch.equal(dk[0, :, :32], torch.zeros_like(dk[0, :, :32]))
+    assert torch.equal(dv[0, :, :32], torch.zeros_like(dv[0, :, :32]))
