@@ -176,7 +176,6 @@ def _attn_bwd_dkdv(Q,  # [B, H, S_q, D]
     elif KEY_MASK == "bool":
         key_ok = tl.load(KeyMask + b.to(tl.int64) * stride_mask_b + offs_n * stride_mask_n,
                          mask=offs_n < seq_k, other=0) != 0
-        q_end = tl.where(tl.max(key_ok.to(tl.int32), 0) != 0, q_end, 0)  # a block the mask hides whole: zeros
     else:
         key_ok = offs_n < seq_k
 
@@ -227,7 +226,12 @@ def _attn_bwd_dkdv(Q,  # [B, H, S_q, D]
 
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-    for g in range(0, group_size):
+    heads_seen = group_size
+    if KEY_MASK == "bool":
+        # A key block the mask hides whole (left padding, a hole) has zero gradients: no head's rows are visited.
+        # (Emptying the head loop, not the query range: the latter cost sm_90 spills in the causal kernel.)
+        heads_seen = tl.where(tl.max(key_ok.to(tl.int32), 0) != 0, group_size, 0)
+    for g in range(0, heads_seen):
         h = kv_h * group_size + g
         q_base = Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
         do_base = dOut + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
