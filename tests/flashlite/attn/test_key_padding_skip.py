@@ -240,6 +240,7 @@ def test_dq_skips_the_key_blocks_before_the_key_start(launches):
     q, k, v = random_inputs(2, 20, 45, torch.float32, seed=8)
     grad_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(4)).to(DEVICE)
     honest = gradients(q, k, v, grad_out, mask, 0)
+    plans_module._PLANS.clear()  # on CUDA the kept plan would replay its recorded launch, past the spy
     launches.forge["dq"] = torch.tensor([40, 0], device=DEVICE)
     forged = gradients(q, k, v, grad_out, mask, 0)
     assert (forged[0][0] - honest[0][0]).abs().max() > 1e-2
@@ -247,6 +248,7 @@ def test_dq_skips_the_key_blocks_before_the_key_start(launches):
     assert torch.equal(forged[1], honest[1]) and torch.equal(forged[2], honest[2])
 
 
+@pytest.mark.filterwarnings("ignore:All-NaN slice:RuntimeWarning")  # the interpreter's row maximum of the NaN row
 def test_dkdv_of_key_blocks_the_mask_hides_whole_are_zero_even_beside_a_nan_query():
     # A NaN query row makes its own dS row NaN, and dK = dS^T Q takes 0 * NaN = NaN into every key its program
     # visits, hidden ones included. A key block the mask hides whole visits no query block: its dK and dV stay
