@@ -317,11 +317,14 @@ def _launch_forward_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ou
     float32 partials, [splits, *out's shape] and [splits, B, H, S_q])."""
     p = plan.problem
     mask_arg, lengths_arg, stride_mask_b, stride_mask_n = _key_mask_args(q, key_mask, p)
+    # Each entry's first visible key (the kernel skips the key blocks before it), on the device: argmax returns
+    # the first maximum, so a row's first True, and 0 for a row without one (which then skips nothing).
+    start_arg = mask_arg.argmax(1) if p.key_masking == "bool" else q
     cu_q, cu_k = (q, q) if cu_seqlens is None else cu_seqlens
-    # the kernel's Q, K, V, Out, Lse, KeyMask, KeyLen, Alibi (q unless the problem has ALiBi), CuSeqQ, CuSeqK,
-    # BlockTable
-    tensors = (q, k, v, out, lse, mask_arg, lengths_arg, q if p.alibi == "none" else alibi_slopes, cu_q, cu_k,
-               q if block_table is None else block_table)
+    # the kernel's Q, K, V, Out, Lse, KeyMask, KeyLen, KeyStart, Alibi (q unless the problem has ALiBi), CuSeqQ,
+    # CuSeqK, BlockTable
+    tensors = (q, k, v, out, lse, mask_arg, lengths_arg, start_arg, q if p.alibi == "none" else alibi_slopes, cu_q,
+               cu_k, q if block_table is None else block_table)
     recorded = plan.recorded.get(site)  # _replayed, inline: this is the hot path of a replayed inference call
     if recorded is None or not recorded.launch(*tensors):
         # The scalars and flags only an ordinary launch reads (a replay keeps the recorded ones).

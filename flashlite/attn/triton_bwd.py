@@ -105,7 +105,9 @@ def launch_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v:
     # The pointer kernels: dQ first, since it computes and stores delta, which dK/dV reads. A replayed launch needs
     # only its tensors; the scalars and constexprs of an ordinary launch are worked out when one is needed.
     alibi_arg = q if p.alibi == "none" else alibi_slopes  # the ALiBi pointer, as the forward passes it
-    dq_tensors = (q, k, v, grad_out, out, lse, delta, dq, mask_arg, lengths_arg, alibi_arg, cu_q, cu_k)
+    # Each entry's first visible key, where dQ's key loop starts (as in the forward launcher).
+    start_arg = mask_arg.argmax(1) if p.key_masking == "bool" else q
+    dq_tensors = (q, k, v, grad_out, out, lse, delta, dq, mask_arg, lengths_arg, start_arg, alibi_arg, cu_q, cu_k)
     launch_args = None
     if not _replayed(plan, ("dq", layout), dq_tensors):
         launch_args = variant_scalars, meta, qk_scale, buckets = _pointer_backward_args(alibi_slopes, p)

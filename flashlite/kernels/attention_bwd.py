@@ -24,8 +24,8 @@ import triton.language as tl
 
 from flashlite import _runtime
 from flashlite.kernels.attention_common import (cast_out, key_range, load_cols, load_cols_where, load_rows,
-                                                load_rows_where, mma, program_ids, tanh, variant_scalars,
-                                                varlen_sequence, window_shift_and_right)
+                                                load_rows_where, mma, program_ids, skip_hidden_prefix, tanh,
+                                                variant_scalars, varlen_sequence, window_shift_and_right)
 from flashlite.kernels.tuning import AUTOTUNE_KEY_BACKWARD, SCRATCH_BYTES, even_m, make_configs, prune_by_resources
 
 
@@ -226,7 +226,12 @@ def _attn_bwd_dkdv(Q,  # [B, H, S_q, D]
 
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-    for g in range(0, group_size):
+    heads_seen = group_size
+    if KEY_MASK == "bool":
+        # A key block the mask hides whole (left padding, a hole) has zero gradients: no head's rows are visited.
+        # (Emptying the head loop, not the query range: the latter cost sm_90 spills in the causal kernel.)
+        heads_seen = tl.where(tl.max(key_ok.to(tl.int32), 0) != 0, group_size, 0)
+    for g in range(0, heads_seen):
         h = kv_h * group_size + g
         q_base = Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
         do_base = dOut + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
@@ -348,6 +353,7 @@ def _attn_bwd_dq(Q,  # [B, H, S_q, D]
                  dQ,  # [B, H, S_q, D], dtype of Q
                  KeyMask,  # [B, S_k] uint8 when KEY_MASK == "bool"
                  KeyLen,  # [B] int when KEY_MASK == "lengths"
+                 KeyStart,  # [B] int when KEY_MASK == "bool": first nonzero of each KeyMask row, 0 if none
                  Alibi,  # [B, H] or [H] float32 slopes when ALIBI (else unused); [H]: stride_alibi_b = 0
                  CuSeqQ,  # [B + 1] int32 starts of the packed sequences in q's tokens when VARLEN (else unused)
                  CuSeqK,  # [B + 1] int32 starts of the packed sequences in k's and v's tokens when VARLEN
@@ -408,6 +414,8 @@ def _attn_bwd_dq(Q,  # [B, H, S_q, D]
 
     n_len, diag_shift, first, lo, full_start, full_end, hi = key_range(
         KeyLen, b, start_m, seq_q, seq_k, window_left, window_right, BLOCK_M, BLOCK_N, CAUSAL, KEY_MASK, WINDOW)
+    if KEY_MASK == "bool":  # blocks before the first visible key add nothing, as in the forward
+        lo, full_start, full_end, hi = skip_hidden_prefix(KeyStart, b, lo, full_start, full_end, hi, BLOCK_N)
     softcap2, slope2 = variant_scalars(Alibi, b, h, stride_alibi_b, stride_alibi_h, softcap, qk_scale, SOFTCAP,
                                        ALIBI)
 

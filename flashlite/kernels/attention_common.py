@@ -7,7 +7,9 @@ kernel compiles). Conventions of the kernels' parameters, which the helpers foll
   (j <= i + seq_k - seq_q); 3 bottom-right of each batch entry's key length (j <= i + n_len - seq_q, with
   ``KEY_MASK == "lengths"``: decoding against a KV cache filled to a different length per entry; forward only).
 * ``KEY_MASK``: "none"; "lengths" (``KeyLen`` is int [B], keys j >= length are masked, the length clamped to
-  [0, seq_k]); "bool" (``KeyMask`` is uint8 [B, seq_k], nonzero = attend).
+  [0, seq_k]); "bool" (``KeyMask`` is uint8 [B, seq_k], nonzero = attend; the forward and dQ kernels also take
+  ``KeyStart``, int [B]: the first key each entry's mask shows, or 0 where it shows none, and start their key loops
+  at that key's block: ``skip_hidden_prefix``).
 * ``DOT``: operand precision of every ``tl.dot``: "fp16", "bf16", "ieee" (true fp32), "tf32", or
   "bf16_emulated" (operands rounded to bf16 then multiplied in fp32: the interpreter's stand-in for bf16 dots,
   whose interpreted ``tl.dot`` is broken). Accumulation is always fp32.
@@ -249,3 +251,19 @@ def key_range(KeyLen,  # [B] int32/int64 when KEY_MASK == "lengths" (else unused
             hi = n_len
         full_end = (full_lim // BLOCK_N) * BLOCK_N
         return n_len, diag_shift, 0, 0, 0, full_end, hi
+
+
+@triton.jit
+def skip_hidden_prefix(KeyStart,  # [B] int32/int64: first nonzero of each row of the boolean key mask (or 0)
+                       b, lo, full_start, full_end, hi, BLOCK_N: tl.constexpr):
+    """``key_range``'s (lo, full_start, full_end, hi) with the key blocks wholly before entry b's first visible key
+    dropped: the mask hides those keys from every row (a left-padded batch's padding), so they add nothing to any
+    row's softmax and the loops may start at the block holding that key. The order lo <= full_start <= full_end
+    <= hi is kept (an empty range where the block lies past hi), and lo stays a multiple of BLOCK_N for split-KV
+    shares. An entry whose mask shows no key has KeyStart 0 and skips nothing: its rows see no key as before."""
+    start = (tl.load(KeyStart + b).to(tl.int32) // BLOCK_N) * BLOCK_N
+    lo = tl.maximum(lo, start)
+    hi = tl.maximum(hi, lo)
+    full_start = tl.maximum(full_start, lo)
+    full_end = tl.maximum(full_end, full_start)
+    return lo, full_start, full_end, hi

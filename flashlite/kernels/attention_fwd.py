@@ -22,7 +22,8 @@ import triton.language as tl
 
 from flashlite import _runtime
 from flashlite.kernels.attention_common import (cast_out, key_range, load_cols, load_rows, load_rows_where, mma,
-                                                program_ids, tanh, variant_scalars, varlen_sequence)
+                                                program_ids, skip_hidden_prefix, tanh, variant_scalars,
+                                                varlen_sequence)
 from flashlite.kernels.tuning import AUTOTUNE_KEY, SCRATCH_BYTES, even_m, make_configs, prune_by_resources
 
 
@@ -122,6 +123,7 @@ def _attn_fwd(Q,  # [B, H, S_q, D], any strides
               Lse,  # [B, H, S_q] float32, contiguous; base-2 log-sum-exp of the scaled scores (unused: STORE_LSE off)
               KeyMask,  # [B, S_k] uint8 when KEY_MASK == "bool" (else unused)
               KeyLen,  # [B] int32/int64 when KEY_MASK == "lengths" (else unused)
+              KeyStart,  # [B] int32/int64 when KEY_MASK == "bool": first nonzero of each KeyMask row, 0 if none
               Alibi,  # [B, H] or [H] float32 slopes when ALIBI (else unused); [H]: stride_alibi_b = 0
               CuSeqQ,  # [B + 1] int32 starts of the packed sequences in q's token axis when VARLEN (else unused)
               CuSeqK,  # [B + 1] int32 starts of the packed sequences in k's and v's token axis when VARLEN
@@ -159,7 +161,7 @@ def _attn_fwd(Q,  # [B, H, S_q, D], any strides
         # Later query blocks see more keys; launch them first so the short ones fill the tail.
         pid_m = num_m_blocks - 1 - pid_m
     if BH_PER_PROGRAM == 1:
-        _attn_fwd_block(Q, K, V, Out, Lse, KeyMask, KeyLen, Alibi, CuSeqQ, CuSeqK, BlockTable,
+        _attn_fwd_block(Q, K, V, Out, Lse, KeyMask, KeyLen, KeyStart, Alibi, CuSeqQ, CuSeqK, BlockTable,
                         stride_qb, stride_qh, stride_qm, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
                         stride_vb, stride_vh, stride_vn, stride_vd, stride_ob, stride_oh, stride_om, stride_od,
                         stride_mask_b, stride_mask_n, stride_alibi_b, stride_alibi_h, stride_table_b, num_heads,
@@ -171,7 +173,7 @@ def _attn_fwd(Q,  # [B, H, S_q, D], any strides
         for i in tl.static_range(BH_PER_PROGRAM):
             pid_bh = pid_group * BH_PER_PROGRAM + i
             if pid_bh < batch_heads:
-                _attn_fwd_block(Q, K, V, Out, Lse, KeyMask, KeyLen, Alibi, CuSeqQ, CuSeqK, BlockTable,
+                _attn_fwd_block(Q, K, V, Out, Lse, KeyMask, KeyLen, KeyStart, Alibi, CuSeqQ, CuSeqK, BlockTable,
                                 stride_qb, stride_qh, stride_qm, stride_qd, stride_kb, stride_kh, stride_kn,
                                 stride_kd, stride_vb, stride_vh, stride_vn, stride_vd, stride_ob, stride_oh,
                                 stride_om, stride_od, stride_mask_b, stride_mask_n, stride_alibi_b, stride_alibi_h,
@@ -183,7 +185,7 @@ def _attn_fwd(Q,  # [B, H, S_q, D], any strides
 
 
 @triton.jit
-def _attn_fwd_block(Q, K, V, Out, Lse, KeyMask, KeyLen, Alibi, CuSeqQ, CuSeqK, BlockTable,  # as in _attn_fwd
+def _attn_fwd_block(Q, K, V, Out, Lse, KeyMask, KeyLen, KeyStart, Alibi, CuSeqQ, CuSeqK, BlockTable,  # as in _attn_fwd
                     stride_qb, stride_qh, stride_qm, stride_qd,
                     stride_kb, stride_kh, stride_kn, stride_kd,
                     stride_vb, stride_vh, stride_vn, stride_vd,
@@ -230,6 +232,8 @@ def _attn_fwd_block(Q, K, V, Out, Lse, KeyMask, KeyLen, Alibi, CuSeqQ, CuSeqK, B
 
     n_len, diag_shift, first, lo, full_start, full_end, hi = key_range(
         KeyLen, b, start_m, seq_q, seq_k, window_left, window_right, BLOCK_M, BLOCK_N, CAUSAL, KEY_MASK, WINDOW)
+    if KEY_MASK == "bool":
+        lo, full_start, full_end, hi = skip_hidden_prefix(KeyStart, b, lo, full_start, full_end, hi, BLOCK_N)
     softcap2, slope2 = variant_scalars(Alibi, b, h, stride_alibi_b, stride_alibi_h, softcap, qk_scale, SOFTCAP,
                                        ALIBI)
     if NUM_SPLITS > 1:

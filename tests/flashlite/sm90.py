@@ -21,8 +21,8 @@ def compile_for_sm90(fn, blocks, *, head_dim=80, block_d=128, causal=2, key_mask
     # Mirror the JIT's specialization for contiguous [B, H, S, D] inputs: unit strides are constants, pointers
     # and other strides divisible by 16. ``operand``: the q, k, v, out and gradient pointer type. ``flags``: more
     # constexprs, e.g. the variants (WINDOW, SOFTCAP, ALIBI: True).
-    pointers = dict(Lse="*fp32", Delta="*fp32", KeyMask="*u8", KeyLen="*i64", Alibi="*fp32", CuSeqQ="*i32",
-                    CuSeqK="*i32", BlockTable="*i32")
+    pointers = dict(Lse="*fp32", Delta="*fp32", KeyMask="*u8", KeyLen="*i64", KeyStart="*i64", Alibi="*fp32",
+                    CuSeqQ="*i32", CuSeqK="*i32", BlockTable="*i32")
     constants = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, CAUSAL=causal, KEY_MASK=key_mask, DOT=dot,
                      FLAT_GRID=False, EVEN_M=False, **blocks, **(flags or {}))
     # Constexpr parameters with defaults (BH_PER_PROGRAM, STORE_LSE) take them, as a launch that omits them does.
