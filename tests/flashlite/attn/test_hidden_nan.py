@@ -16,6 +16,8 @@ from flashlite.attention import attention, attention_varlen, attention_with_kvca
 from pytest_kernelcheck import assert_close, attention_reference
 
 BATCH, HEADS, KV_HEADS, SEQ_Q, SEQ_K, DIM = 2, 4, 2, 13, 21, 16
+# The Triton backend runs CUDA tensors on a GPU machine (no interpreter there), CPU tensors in the interpreter here.
+TRITON_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 HIDDEN = [4, 17]  # keys the masks below hide from every row
 GARBAGE = {"nan": math.nan, "inf": math.inf}
 
@@ -69,7 +71,7 @@ def check_call(call, visible, bias, k_bad, v_bad, hidden, seed):
     assert torch.equal(v.detach().nan_to_num(), v_before.nan_to_num())
     for name, t in (("out", out), ("dq", q.grad), ("dk", k.grad), ("dv", v.grad)):
         assert torch.isfinite(t).all(), f"{name} has {int((~torch.isfinite(t)).sum())} non-finite elements"
-    leaves = [t.detach().double().requires_grad_() for t in (q, k_clean, v_clean)]
+    leaves = [t.detach().cpu().double().requires_grad_() for t in (q, k_clean, v_clean)]
     expected = exact(*leaves, visible, bias)
     expected.backward(grad_out.double())
     assert_close(out, expected, policy="fp32")
@@ -147,7 +149,9 @@ def test_a_cache_past_its_length_and_outside_the_window_may_hold_nan(backend, wi
         if window is not None:  # keys older than the window of the first query row (position n - 2)
             k_bad[b, :, :max(0, n - 2 - window[0]), 0] = math.nan
             v_bad[b, :, :max(0, n - 2 - window[0]), 3] = math.nan
-    out = attention_with_kvcache(q, k_bad, v_bad, lengths, window=window, backend=backend)
+    device = TRITON_DEVICE if backend == "triton" else "cpu"
+    out = attention_with_kvcache(*(t.to(device) for t in (q, k_bad, v_bad, lengths)), window=window,
+                                 backend=backend).cpu()
     assert torch.isfinite(out).all()
     for b, n in enumerate(lengths.tolist()):
         expected = attention_reference(q[b:b + 1], k_cache[b:b + 1, :, :n], v_cache[b:b + 1, :, :n],
@@ -161,19 +165,21 @@ def test_varlen_keys_hidden_by_causal_and_window_may_hold_nan(backend):
     # window (3, -1) hides older keys from the later rows, not from every row).
     cu_q = torch.tensor([0, 5, 12], dtype=torch.int32)
     cu_k = torch.tensor([0, 9, 20], dtype=torch.int32)
-    q = rand(12, HEADS, DIM, seed=31).requires_grad_()
+    device = TRITON_DEVICE if backend == "triton" else "cpu"
+    q = rand(12, HEADS, DIM, seed=31).to(device).requires_grad_()
     k_clean, v_clean = rand(20, KV_HEADS, DIM, seed=32), rand(20, KV_HEADS, DIM, seed=33)
     hidden = [5, 6, 7, 8, 16, 17, 18, 19]  # keys past each sequence's last query row
-    k, v = k_clean.clone(), v_clean.clone()
+    k, v = k_clean.clone().to(device), v_clean.clone().to(device)
     k[hidden, :, 3], v[hidden, :, 5] = math.nan, math.inf
     k.requires_grad_(), v.requires_grad_()
     precision = {"precision": "ieee"} if backend == "triton" else {}
-    out = attention_varlen(q, k, v, cu_q, cu_k, 7, 11, causal=True, window=(3, -1), backend=backend, **precision)
+    out = attention_varlen(q, k, v, cu_q.to(device), cu_k.to(device), 7, 11, causal=True, window=(3, -1),
+                           backend=backend, **precision)
     grad_out = rand(12, HEADS, DIM, seed=34)
-    out.backward(grad_out)
+    out.backward(grad_out.to(device))
     for name, t in (("out", out), ("dq", q.grad), ("dk", k.grad), ("dv", v.grad)):
         assert torch.isfinite(t).all(), f"{name} has {int((~torch.isfinite(t)).sum())} non-finite elements"
-    leaves = [t.detach().double().requires_grad_() for t in (q, k_clean, v_clean)]
+    leaves = [t.detach().cpu().double().requires_grad_() for t in (q, k_clean, v_clean)]
     parts = []
     for (q0, q1), (k0, k1) in zip(((0, 5), (5, 12)), ((0, 9), (9, 20))):
         rows, keys = torch.arange(q1 - q0)[:, None], torch.arange(k1 - k0)[None, :]
@@ -182,7 +188,7 @@ def test_varlen_keys_hidden_by_causal_and_window_may_hold_nan(backend):
                              zip(leaves, ((q0, q1), (k0, k1), (k0, k1)))), visible)[0].transpose(0, 1))
     expected = torch.cat(parts)
     expected.backward(grad_out.double())
-    assert_close(out, expected, policy="fp32")
+    assert_close(out.cpu(), expected, policy="fp32")
     for got, want in zip((q.grad, k.grad, v.grad), (t.grad for t in leaves)):
-        assert_close(got, want, policy="fp32")
+        assert_close(got.cpu(), want, policy="fp32")
     assert (k.grad[hidden] == 0).all() and (v.grad[hidden] == 0).all()

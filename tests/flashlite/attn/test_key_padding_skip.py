@@ -44,6 +44,11 @@ STARTS = {45: [(0, False), (16, False), (21, False), (None, False), (5, True)],
           77: [(40, False), (64, False), (0, True), (None, False), (33, True)]}
 
 
+# The forged or padded key start of the tests that observe the skip: a multiple of every key-block size the kernels
+# use (16 in the interpreter; 32 to 256 in the GPU configs), so exactly the keys before it are skipped on any tile.
+SKIP_KEYS, SKIP_START = 301, 256
+
+
 def left_padded_mask(seq_k: int, starts) -> torch.Tensor:
     mask = torch.zeros(len(starts), seq_k, dtype=torch.bool)
     for b, (start, hole) in enumerate(starts):
@@ -175,15 +180,15 @@ def test_the_launcher_passes_each_entrys_first_visible_key(launches):
 
 @pytest.mark.parametrize("causal_mode", [0, 2])
 def test_the_kernel_skips_the_key_blocks_before_the_key_start(launches, causal_mode):
-    # A key start past the mask's first True (here: every key visible) hides every whole block before it: 40
-    # starts the loop at key 32 (16-key blocks), so keys 32-39 still count. A kernel that ignored its key start
-    # would give the full mask's result.
-    mask = torch.ones(2, 45, dtype=torch.bool)
-    q, k, v = random_inputs(2, 20, 45, torch.float32, seed=5)
-    launches.forge["forward"] = torch.tensor([40, 0], device=DEVICE)
+    # A key start past the mask's first True (here: every key visible) hides every whole block before it. Key 256
+    # begins a block for every key-block size the kernels use (16 in the interpreter, 32 to 256 on a GPU), so the
+    # loop starts there whatever the tile. A kernel that ignored its key start would give the full mask's result.
+    mask = torch.ones(2, SKIP_KEYS, dtype=torch.bool)
+    q, k, v = random_inputs(2, 20, SKIP_KEYS, torch.float32, seed=5)
+    launches.forge["forward"] = torch.tensor([SKIP_START, 0], device=DEVICE)
     out, lse = forward(q, k, v, mask, causal_mode)
     skipped = mask.clone()
-    skipped[0, :32] = False
+    skipped[0, :SKIP_START] = False
     check(out, lse, q, k, v, skipped, causal_mode)
     assert (out[0].cpu() - reference(*float64(q, k, v), mask, causal_mode)[0][0]).abs().max() > 1e-2
 
@@ -236,12 +241,12 @@ def test_gradients_of_left_padded_masks_match_float64(causal_mode, window, softc
 def test_dq_skips_the_key_blocks_before_the_key_start(launches):
     # As for the forward: a key start forged past the mask's first True (every key visible) changes dQ, which it
     # cannot unless dQ's key loop starts at its block. dK and dV do not read it.
-    mask = torch.ones(2, 45, dtype=torch.bool)
-    q, k, v = random_inputs(2, 20, 45, torch.float32, seed=8)
+    mask = torch.ones(2, SKIP_KEYS, dtype=torch.bool)
+    q, k, v = random_inputs(2, 20, SKIP_KEYS, torch.float32, seed=8)
     grad_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(4)).to(DEVICE)
     honest = gradients(q, k, v, grad_out, mask, 0)
     plans_module._PLANS.clear()  # on CUDA the kept plan would replay its recorded launch, past the spy
-    launches.forge["dq"] = torch.tensor([40, 0], device=DEVICE)
+    launches.forge["dq"] = torch.tensor([SKIP_START, 0], device=DEVICE)
     forged = gradients(q, k, v, grad_out, mask, 0)
     assert (forged[0][0] - honest[0][0]).abs().max() > 1e-2
     assert torch.equal(forged[0][1], honest[0][1])  # the entry whose key start is still its first True
@@ -252,11 +257,11 @@ def test_dq_skips_the_key_blocks_before_the_key_start(launches):
 def test_dkdv_of_key_blocks_the_mask_hides_whole_are_zero_even_beside_a_nan_query():
     # A NaN query row makes its own dS row NaN, and dK = dS^T Q takes 0 * NaN = NaN into every key its program
     # visits, hidden ones included. A key block the mask hides whole visits no query block: its dK and dV stay
-    # exactly zero (keys 0-31 here, two whole 16-key blocks, before the first visible key 40).
-    mask = left_padded_mask(77, [(40, False), (0, False)])
-    q, k, v = random_inputs(2, 33, 77, torch.float32, seed=6)
+    # exactly zero (keys 0-255 here, whole blocks for every key-block size, before the first visible key 256).
+    mask = left_padded_mask(SKIP_KEYS, [(SKIP_START, False), (0, False)])
+    q, k, v = random_inputs(2, 33, SKIP_KEYS, torch.float32, seed=6)
     q[:, :, 5] = float("nan")
     grad_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(1)).to(DEVICE)
     _, dk, dv = gradients(q, k, v, grad_out, mask, 0)
-    assert torch.equal(dk[0, :, :32], torch.zeros_like(dk[0, :, :32]))
-    assert torch.equal(dv[0, :, :32], torch.zeros_like(dv[0, :, :32]))
+    assert torch.equal(dk[0, :, :SKIP_START], torch.zeros_like(dk[0, :, :SKIP_START]))
+    assert torch.equal(dv[0, :, :SKIP_START], torch.zeros_like(dv[0, :, :SKIP_START]))

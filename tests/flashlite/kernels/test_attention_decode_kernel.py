@@ -1,4 +1,5 @@
-"""The decoding kernel (``flashlite.kernels.attention_decode``) under the interpreter, against float64.
+"""The decoding kernel (``flashlite.kernels.attention_decode``) against float64: on a CUDA GPU where there is one,
+else under the interpreter.
 
 Query i of entry b sits at position n_b - S_q + i of its n_b keys and sees the keys up to it (a query that sees none
 gets zeros). Odd sizes on purpose: a cache of 301 positions filled to 1, 17, 300 and 0 keys, so that lengths end
@@ -17,6 +18,9 @@ import torch
 import flashlite
 from flashlite.kernels.attention_decode_launch import DecodeConfig, choose_splits, decode_attention, prepare_decode
 
+# The kernel runs CUDA tensors on a GPU machine (no interpreter there) and CPU tensors in the interpreter; the
+# inputs are drawn on the CPU either way, so both see the same values, and the references are computed there.
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 B, H_KV, S_MAX = 4, 2, 301
 FILLED = [1, 17, 300, 0]
 TOLERANCE = {torch.float16: dict(atol=2e-3, rtol=2e-3), torch.float32: dict(atol=1e-5, rtol=1e-5)}
@@ -29,11 +33,12 @@ def make_inputs(seed, dtype, group, seq_q, head_dim, filled=FILLED):
         return torch.randn(*size, generator=gen).to(dtype)
     q = rand(len(filled), H_KV * group, seq_q, head_dim)
     k_cache, v_cache = rand(len(filled), H_KV, S_MAX, head_dim), rand(len(filled), H_KV, S_MAX, head_dim)
-    return q, k_cache, v_cache, torch.tensor(filled, dtype=torch.int32)
+    return tuple(t.to(DEVICE) for t in (q, k_cache, v_cache, torch.tensor(filled, dtype=torch.int32)))
 
 
 def reference(q, k_cache, v_cache, lengths, *, softcap=None, window_left=-1):
     """float64 output [B, H, S_q, D] and natural log-sum-exp [B, H, S_q], written out from the definition."""
+    q, k_cache, v_cache, lengths = (t.cpu() for t in (q, k_cache, v_cache, lengths))
     batch, heads, seq_q, head_dim = q.shape
     group = heads // k_cache.shape[1]
     out = torch.zeros(q.shape, dtype=torch.float64)
@@ -59,6 +64,8 @@ def reference(q, k_cache, v_cache, lengths, *, softcap=None, window_left=-1):
 def paged(caches, block_size, gen):
     """Each cache [B, H_kv, S_max, D] as blocks [blocks, H_kv, block size, D] in one shuffled order with two spare
     blocks, the rows past S_max and the spare blocks NaN (never read), and the int32 table [B, max blocks]."""
+    device = caches[0].device
+    caches = [cache.cpu() for cache in caches]
     batch, kv_heads, capacity, head_dim = caches[0].shape
     per_entry = -(-capacity // block_size)
     order = torch.randperm(batch * per_entry + 2, generator=gen)
@@ -69,13 +76,13 @@ def paged(caches, block_size, gen):
         blocks = padded.reshape(batch, kv_heads, per_entry, block_size, head_dim).permute(0, 2, 1, 3, 4)
         store = torch.full((batch * per_entry + 2, kv_heads, block_size, head_dim), float("nan"), dtype=cache.dtype)
         store[order[:batch * per_entry]] = blocks.reshape(batch * per_entry, kv_heads, block_size, head_dim)
-        stores.append(store)
-    return stores, order[:batch * per_entry].reshape(batch, per_entry).to(torch.int32)
+        stores.append(store.to(device))
+    return stores, order[:batch * per_entry].reshape(batch, per_entry).to(device=device, dtype=torch.int32)
 
 
 def check(out, expected, dtype):
     assert not out.isnan().any()
-    torch.testing.assert_close(out.double(), expected, **TOLERANCE[dtype])
+    torch.testing.assert_close(out.double().cpu(), expected, **TOLERANCE[dtype])
 
 
 @pytest.mark.parametrize("dtype,group,seq_q,head_dim,splits,use_dot", [
@@ -131,6 +138,7 @@ def test_other_memory_layouts_and_the_log_sum_exp():
     for splits in (1, 4):
         out, lse = decode_attention(q, k_cache, v_cache, lengths, num_splits=splits, return_lse=True)
         check(out, expected, torch.float32)
+        lse = lse.cpu()
         assert torch.equal(lse.isinf(), expected_lse.isinf()) and lse.isinf().any()
         finite = ~expected_lse.isinf()
         torch.testing.assert_close(lse.double()[finite], expected_lse[finite], atol=1e-5, rtol=1e-5)
@@ -165,7 +173,8 @@ def test_split_rule_fills_the_gpu_without_short_shares():
 def quantized(cache, gen):
     """cache [B, H_kv, S, D] as fp8 e4m3 with a float32 scale per kv head (the largest magnitude to 448, times a
     random factor so that the scales differ), and the dequantized cache in float64."""
-    scale = cache.abs().amax(dim=(0, 2, 3)).float() / 448 * (1 + torch.rand(cache.shape[1], generator=gen))
+    scale = cache.abs().amax(dim=(0, 2, 3)).float() / 448 * (1 + torch.rand(cache.shape[1], generator=gen)).to(
+        cache.device)
     stored = (cache.float() / scale[None, :, None, None]).to(torch.float8_e4m3fn)
     return stored, scale, stored.double() * scale.double()[None, :, None, None]
 
@@ -224,7 +233,7 @@ def test_fused_merge_matches_float64_and_leaves_its_counters_zero(block_size, se
         call.launches[0]()
         assert counters.dtype == torch.int32 and not counters.any()
         check(call.out, expected, torch.float32)
-        lse = call.lse / math.log2(math.e)
+        lse = call.lse.cpu() / math.log2(math.e)
         assert torch.equal(lse.isinf(), expected_lse.isinf())
         finite = ~expected_lse.isinf()
         torch.testing.assert_close(lse.double()[finite], expected_lse[finite], atol=1e-5, rtol=1e-5)

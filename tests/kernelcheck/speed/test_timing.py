@@ -372,5 +372,7 @@ def test_cuda_events_time_a_matmul_and_detect_extra_work():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_graph_replay_for_tiny_kernels():
     x = torch.randn(256, device="cuda")
-    result = run_comparison(lambda: x * 2, lambda: x * 2 + 1, Budget(max_time=0.5, use_cuda_graph="auto"))
+    # check=False: the two sides compute different things by design (the output check before timing would refuse).
+    result = run_comparison(lambda: x * 2, lambda: x * 2 + 1, Budget(max_time=0.5, use_cuda_graph="auto"),
+                            check=False)
     assert result.method.startswith("cuda-graph x")
