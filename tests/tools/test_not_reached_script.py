@@ -85,6 +85,18 @@ def test_lists_exactly_the_tests_the_pass_did_not_run(tmp_path, monkeypatch, cap
     assert capsys.readouterr().out.splitlines()[0] == "0 of 6 selected tests not reached"
 
 
+def test_a_pass_killed_before_writing_its_xml_counts_every_selected_test_as_not_reached(tmp_path, monkeypatch,
+                                                                                        capsys):
+    # A pass killed after its SIGINT grace writes no JUnit XML: the script said nothing but a FileNotFoundError.
+    _write_suite(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "missing.txt"
+    assert not_reached.main([str(tmp_path / "never_written.xml"), str(out), "--", "pkg"]) == 0
+    assert len(out.read_text().splitlines()) == 9
+    printed = capsys.readouterr().out.splitlines()[0]
+    assert printed.startswith("9 of 9 selected tests not reached (no JUnit XML") and "killed" in printed
+
+
 def test_refuses_a_selection_that_collects_nothing_or_fails(tmp_path, monkeypatch):
     _write_suite(tmp_path)
     monkeypatch.chdir(tmp_path)
