@@ -16,10 +16,10 @@ import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import has_static_value
 
-from flashlite import _env, _runtime
+from flashlite import _env
 from flashlite.attn import gluon as launch_gluon, gluon_bwd as launch_gluon_bwd
 from flashlite.attn import plan as plans
-from flashlite.attn.plan import Plan, has_room
+from flashlite.attn.plan import Plan, records_launches
 from flashlite.attn.problem import (_CAUSAL_ARGUMENT, _NATIVE_PRECISION, Problem, eager_options, kernel_size_limit,
                                     kernel_unsupported, validate)
 from flashlite.attn.run import needs_gradient, run_triton, run_triton_compiled
@@ -179,7 +179,7 @@ def make_plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: Union[b
                 gluon_bwd=backward is not None,
                 any_key_length=_serves_any_key_length(problem, backend, decision, gradient_decision, q, k, v,
                                                       key_padding_mask),
-                record=uses_triton and q.is_cuda and not _runtime.interpreting() and has_room())
+                record=uses_triton and records_launches(q))
     return plan
 
 

@@ -20,7 +20,7 @@ from typing import Optional
 
 import torch
 
-from flashlite import _direct_launch, _runtime
+from flashlite import _direct_launch
 from flashlite.attn import plan as plans
 from flashlite.attn.api import attention
 from flashlite.attn.triton import launch_forward
@@ -319,8 +319,7 @@ def _make_plan(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, ca
                                    key_splits=default_splits(capacity) if num_splits is None else num_splits)
     if is_fp8(k_cache):
         decision = dataclasses.replace(decision, reason=f"{decision.reason}; {_fp8_path(decision, launched)}")
-    return Plan(launched, decision, record=(decision.backend == "triton" and q.is_cuda
-                                            and not _runtime.interpreting() and plans.has_room()))
+    return Plan(launched, decision, record=decision.backend == "triton" and plans.records_launches(q))
 
 
 def _fp8_path(decision, problem) -> str:

@@ -7,7 +7,8 @@ has a plan skips validation, dispatch and, once its launches are recorded, Trito
 launch-bound sizes those cost as much as the kernel. Every entry keeps its plans here, keyed by the one builder
 ``key_of`` (``attention_key`` is its C++ form for ``attention()`` calls, which the custom ops of compiled graphs
 share): ``attention()``, ``attention_varlen``, ``attention_with_kvcache`` and the flat launchers. Imports
-``problem`` and ``flashlite._native`` (the keys packed in C++) only.
+``problem``, ``flashlite._native`` (the keys packed in C++) and ``flashlite._runtime`` (whether the kernels are
+interpreted) only.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from flashlite import _native
+from flashlite import _native, _runtime
 from flashlite.attn.problem import Problem
 from flashlite._intmath import seq_bucket
 
@@ -279,6 +280,25 @@ def fits_any_length_plan(k: torch.Tensor, v: torch.Tensor, key_padding_mask: Opt
 # Past MAX_PLANS distinct keys, new calls are validated and decided on every call.
 _PLANS: dict[Any, Plan] = {}
 MAX_PLANS = 4096
+
+
+def launches_on_gpu(q: torch.Tensor) -> bool:
+    """Whether the kernels launch compiled on a GPU for ``q`` (not in Triton's interpreter): where launches can be
+    recorded."""
+    return q.is_cuda and not _runtime.interpreting()
+
+
+def records_launches(q: torch.Tensor) -> bool:
+    """Whether a Triton plan made now for a call on ``q`` records its launches (every entry's one rule): on a GPU,
+    with room in the cache to keep the plan, and never while torch.compile traces. A traced plan is not kept (its
+    run is the graph's op), and asking the cache's size there made Dynamo guard on it: the op keeps each new size's
+    plan at run time, so every size recompiled a dynamic graph (7 graphs for 7 sizes on an H100).
+
+    Example:
+        >>> records_launches(torch.zeros(1))
+        False
+    """
+    return launches_on_gpu(q) and not torch.compiler.is_compiling() and has_room()
 
 
 def has_room() -> bool:

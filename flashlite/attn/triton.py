@@ -244,7 +244,7 @@ def launcher_plan(problem: Problem, q: torch.Tensor, k: torch.Tensor, v: torch.T
     return Plan(problem, decision, configs=configs or {},
                 gluon=launch_gluon.forward_kernel_for(problem, q, k, v) is not None,
                 gluon_bwd=launch_gluon_bwd.backward_on_gluon(problem, q, k, v),
-                record=record and q.is_cuda and not _runtime.interpreting() and plans.has_room())
+                record=record and plans.records_launches(q))
 
 
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -420,6 +420,17 @@ def test_dynamic_training_graph_is_decided_by_the_rule_in_one_graph(monkeypatch)
     assert "flashlite.attention_forward.default" in graphs[0], graphs[0]
 
 
+def test_a_dynamic_graph_is_not_guarded_on_the_plan_cache_where_launches_are_recorded(monkeypatch):
+    # On a GPU a plan made while tracing asked whether the plan cache had room to keep it (its launches are recorded
+    # only then): Dynamo guarded on the cache's size, and the compiled op, which keeps the plan of each new size at
+    # run time, grew the cache, so every size recompiled the graph (7 graphs for 7 sizes on an H100). The CPU took
+    # no such path (no recording there); here the plans are made as on a GPU.
+    import flashlite.attn.plan as plans_module
+    monkeypatch.setattr(plans_module, "launches_on_gpu", lambda q: True)
+    monkeypatch.setattr(plans_module, "_PLANS", {})  # a cache with room, as in a fresh process
+    test_dynamic_training_graph_is_decided_by_the_rule_in_one_graph(monkeypatch)
+
+
 def test_symbolic_sizes_skip_the_table(monkeypatch):
     from flashlite import dispatch
     use_table(monkeypatch, {"bfloat16/D64/causal/B2/S128/fwd+bwd": {"backend": "triton", "why": "made up"}})
