@@ -26,9 +26,10 @@ from flashlite.attn.api import attention
 from flashlite.attn.triton import launch_forward
 from flashlite.attn.plan import Plan
 from flashlite.attn.decide import decide
+from flashlite.dispatch import Decision
 from flashlite.attn.kvcache_fp8 import check_scale_values, check_scales, dequantized, is_fp8, quantized
 from flashlite.attn.kvcache_writes import check_table_values, check_writable_caches, detached_sources
-from flashlite.attn.problem import (_TRITON_ERROR, CAUSAL_KEY_LENGTH, check_block_table,
+from flashlite.attn.problem import (_TRITON_ERROR, CAUSAL_KEY_LENGTH, Problem, check_block_table,
                                     check_cache_args, check_lengths, validate, value_checks_asked)
 
 if _TRITON_ERROR is None:  # without Triton every call is decided for SDPA before the kernels are reached
@@ -322,7 +323,7 @@ def _make_plan(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, ca
     return Plan(launched, decision, record=decision.backend == "triton" and plans.records_launches(q))
 
 
-def _fp8_path(decision, problem) -> str:
+def _fp8_path(decision: Decision, problem: Problem) -> str:
     """How a decided call reads its fp8 cache, for the decision's reason."""
     if decision.backend == "sdpa":
         return "fp8 cache: dequantized for SDPA"

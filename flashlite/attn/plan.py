@@ -116,14 +116,8 @@ def key_of(entry: str, *fields: Any) -> Optional[Any]:
         ...     "attention", q, True)
         (False, False)
     """
-    if _packed_fields_key is not None:
-        try:
-            packed = _packed_fields_key(entry, *fields)
-        except (AttributeError, TypeError, RuntimeError):
-            packed = None
-        if packed is not None:
-            return packed
-    return python_key_of(entry, *fields)
+    packed = _packed(_packed_fields_key, (entry, *fields))
+    return packed if packed is not None else python_key_of(entry, *fields)
 
 
 def python_key_of(entry: str, *fields: Any) -> Optional[PlanKey]:
@@ -142,11 +136,10 @@ def python_key_of(entry: str, *fields: Any) -> Optional[PlanKey]:
     return key
 
 
+# The C++ forms of key_of, attention_key and any_length_key (``flashlite._native``): the same fields packed into
+# bytes, or None for a call they do not cover (then the Python key); None themselves where the extension was not
+# built.
 _packed_fields_key: Optional[Callable[..., Optional[bytes]]] = _native.fields_key
-
-
-# The C++ forms of attention_key and any_length_key (``flashlite._native``): the same fields packed into bytes, or
-# None for a call they do not cover (then the Python key); None themselves where the extension was not built.
 _packed_key: Optional[Callable[..., Optional[bytes]]] = _native.plan_key
 _packed_any_length_key: Optional[Callable[..., Optional[bytes]]] = _native.any_length_key
 

@@ -34,26 +34,6 @@ MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
 DEFAULT_FP32_PRECISION = "tf32"
 _FP32_PRECISIONS = ("ieee", "tf32", "bf16")
 _NATIVE_PRECISION = {torch.float16: "fp16", torch.bfloat16: "bf16"}
-
-
-def eager_options(q: Any, dims: int, scale: float, precision: str, window_left: int, window_right: int,
-                  softcap: float) -> tuple[Optional[float], Optional[str], Optional[tuple[int, int]], Optional[float]]:
-    """(scale, precision, window, softcap) of the eager call that a custom op's flat arguments stand for: each
-    flat form of an eager default (the default scale of a ``dims``-d q, the dtype's precision, window sides -1,
-    softcap 0.0) read back as None, so that an op's call and the eager call share a plan key.
-
-    Example:
-        >>> eager_options(torch.empty(1, 2, 3, 16), 4, 0.25, "tf32", -1, -1, 0.0)
-        (None, None, None, None)
-        >>> eager_options(torch.empty(1, 2, 3, 16), 4, 0.5, "ieee", 8, 0, 30.0)
-        (0.5, 'ieee', (8, 0), 30.0)
-    """
-    is_tensor = isinstance(q, torch.Tensor)
-    default_scale = is_tensor and q.dim() == dims and scale == 1.0 / math.sqrt(q.shape[dims - 1])
-    default_precision = (_NATIVE_PRECISION.get(q.dtype) if is_tensor else None) or DEFAULT_FP32_PRECISION
-    return (None if default_scale else scale, None if precision == default_precision else precision,
-            None if (window_left, window_right) == (-1, -1) else (window_left, window_right),
-            None if softcap == 0.0 else softcap)
 _PRECISION_ALIASES = {"fp16": "fp16", "float16": "fp16", "half": "fp16", "bf16": "bf16", "bfloat16": "bf16"}
 _SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _BACKENDS = ("auto", "triton", "sdpa")
@@ -232,6 +212,26 @@ def value_checks_wanted(check_values: Optional[bool], like: torch.Tensor) -> boo
 
 # The kernels and SDPA scale and cap scores in float32: a scale or softcap beyond its range is an infinity there.
 _FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+
+
+def eager_options(q: Any, dims: int, scale: float, precision: str, window_left: int, window_right: int,
+                  softcap: float) -> tuple[Optional[float], Optional[str], Optional[tuple[int, int]], Optional[float]]:
+    """(scale, precision, window, softcap) of the eager call that a custom op's flat arguments stand for: each
+    flat form of an eager default (the default scale of a ``dims``-d q, the dtype's precision, window sides -1,
+    softcap 0.0) read back as None, so that an op's call and the eager call share a plan key.
+
+    Example:
+        >>> eager_options(torch.empty(1, 2, 3, 16), 4, 0.25, "tf32", -1, -1, 0.0)
+        (None, None, None, None)
+        >>> eager_options(torch.empty(1, 2, 3, 16), 4, 0.5, "ieee", 8, 0, 30.0)
+        (0.5, 'ieee', (8, 0), 30.0)
+    """
+    is_tensor = isinstance(q, torch.Tensor)
+    default_scale = is_tensor and q.dim() == dims and scale == 1.0 / math.sqrt(q.shape[dims - 1])
+    default_precision = (_NATIVE_PRECISION.get(q.dtype) if is_tensor else None) or DEFAULT_FP32_PRECISION
+    return (None if default_scale else scale, None if precision == default_precision else precision,
+            None if (window_left, window_right) == (-1, -1) else (window_left, window_right),
+            None if softcap == 0.0 else softcap)
 
 
 def check_scale(scale: object, head_dim: int) -> Any:
