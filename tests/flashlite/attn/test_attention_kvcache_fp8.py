@@ -171,8 +171,9 @@ def test_the_accuracy_cost_of_an_fp8_cache_is_bounded():
     # The same cache in float16 and quantized to e4m3 (each head's largest magnitude at 448): the outputs differ by
     # e4m3's rounding of keys and values (3 mantissa bits: up to |x| / 16 per element). Measured with this test's
     # scheme over seeds 1000..1009 (decoding and S_q = 3, the decoding kernel and SDPA, unit-normal float16
-    # inputs): max |out_fp8 - out_fp16| = 0.121 (entries of one key read one value: its rounding in full), typical
-    # 0.05-0.10. Bound: 0.2, a margin of 1.65x over the largest measured.
+    # inputs; tools/kvcache_cpu_probe.py, benchmarks/results/cpu-host-2026-12-08-kvcache-host-work/): max
+    # |out_fp8 - out_fp16| = 0.143 (seed 1008, S_q = 3; entries of one key read one value: its rounding in full),
+    # typical 0.05-0.10. Bound: 0.2, a margin of 1.40x over the largest measured.
     for seed in (1000, 1003, 1008):
         gen = torch.Generator().manual_seed(seed)
         for seq_q in (1, 3):
